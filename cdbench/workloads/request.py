@@ -1,0 +1,40 @@
+"""The unit of work that arrives at the scheduler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cdbench.backends.base import ConstraintSpec
+
+
+@dataclass(slots=True)
+class Request:
+    """One generation request, as the workload generator expands it.
+
+    Attributes
+    ----------
+    request_id : position in the workload, 0-based.
+    arrival_s : arrival time in seconds of virtual time.
+    prompt_len : prompt tokens to prefill.
+    output_len : answer tokens to decode (after thinking), EOS included.
+    spec : the constraint, or ``None`` for a plain (unconstrained) request.
+    spec_id : corpus item id of ``spec``; equal ids mean the same spec (cache reuse).
+    output_tokens : the answer's token ids when a token source produced them
+        (the oracle instance, EOS last); ``None`` when only lengths are modelled.
+    think_len : thinking tokens before the answer (0: no reasoning).
+    thinking_budget : cap on thinking tokens; at the cap only think-end is allowed.
+    """
+
+    request_id: int
+    arrival_s: float
+    prompt_len: int
+    output_len: int
+    spec: ConstraintSpec | None = None
+    spec_id: str | None = None
+    output_tokens: tuple[int, ...] | None = None
+    think_len: int = 0
+    thinking_budget: int | None = None
+
+    @property
+    def structured(self) -> bool:
+        return self.spec is not None
