@@ -19,7 +19,7 @@ items; empirical coverage = compiled and every valid instance accepted ÷ items
 >>> tokens = pd.DataFrame({"backend": ["b"] * 2, "corpus": ["c"] * 2, "kind": ["regex"] * 2,
 ...     "position": [0, 1], "fill_us": [10.0, 30.0], "accept_us": [1.0, 1.0],
 ...     "rollback_us": [None, 2.0], "forced_tokens": [0, 1]})
->>> summarize(items, tokens).loc["b", ["TBM avg µs", "declared coverage", "false rejects"]].tolist()
+>>> summarize(items, tokens).loc["b", ["TBM avg µs", "declared coverage"]].tolist()
 [20.0, 1.0, 0]
 """
 
