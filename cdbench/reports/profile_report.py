@@ -20,7 +20,7 @@ items; empirical coverage = compiled and every valid instance accepted ÷ items
 ...     "position": [0, 1], "fill_us": [10.0, 30.0], "accept_us": [1.0, 1.0],
 ...     "rollback_us": [None, 2.0], "forced_tokens": [0, 1]})
 >>> summarize(items, tokens).loc["b", ["TBM avg µs", "declared coverage"]].tolist()
-[20.0, 1.0, 0]
+[20.0, 1.0]
 """
 
 from __future__ import annotations
