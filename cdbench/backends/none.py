@@ -1,0 +1,73 @@
+"""The unconstrained backend: every token allowed, EOS included, at every step.
+
+It is the baseline a constrained run is compared with, and the backend of
+requests without a constraint.
+
+>>> from cdbench.backends import ConstraintSpec, create_backend
+>>> backend = create_backend("none", "cl100k")
+>>> matcher = backend.matcher(backend.compile(ConstraintSpec("regex", "[0-9]")))
+>>> matcher.accept(backend.vocab.encode("not a digit")[0]), matcher.is_terminated()
+(True, False)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cdbench.backends.base import CompiledGrammar, ConstraintSpec, GrammarBackend, Matcher
+from cdbench.backends.vocab import Vocabulary
+
+
+class NoneMatcher(Matcher):
+    """Accepts every token; terminates once it accepts an EOS token."""
+
+    __slots__ = ("_eos", "_accepted", "_terminated")
+
+    def __init__(self, eos: frozenset[int]) -> None:
+        self._eos = eos
+        self._accepted = 0
+        self._terminated = False
+
+    def fill_mask(self, mask: torch.Tensor, row: int) -> None:
+        mask[row].fill_(-1)
+
+    def accept(self, token: int) -> bool:
+        if self._terminated:
+            return False
+        self._accepted += 1
+        self._terminated = token in self._eos
+        return True
+
+    def rollback(self, k: int) -> None:
+        if k > self._accepted:
+            raise ValueError(f"cannot roll back {k} tokens: only {self._accepted} accepted")
+        if k > 0:
+            self._accepted -= k
+            self._terminated = False  # EOS is always the last token accepted
+
+    def jump_forward(self) -> list[int]:
+        return []
+
+    def is_terminated(self) -> bool:
+        return self._terminated
+
+    def copy(self) -> NoneMatcher:
+        twin = NoneMatcher(self._eos)
+        twin._accepted, twin._terminated = self._accepted, self._terminated
+        return twin
+
+
+class NoneBackend(GrammarBackend):
+    """No constraint: compiles any spec to "anything goes"."""
+
+    name = "none"
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        super().__init__(vocab)
+        self._eos = frozenset(vocab.eos_token_ids)
+
+    def compile(self, spec: ConstraintSpec) -> CompiledGrammar:
+        return CompiledGrammar(self.name, spec, None)
+
+    def matcher(self, grammar: CompiledGrammar) -> NoneMatcher:
+        return NoneMatcher(self._eos)

@@ -1,0 +1,179 @@
+"""outlines-core behind :class:`~cdbench.backends.base.GrammarBackend` (regular languages only).
+
+>>> from cdbench.backends import ConstraintSpec, create_backend
+>>> backend = create_backend("outlines", "cl100k")
+>>> matcher = backend.matcher(backend.compile(ConstraintSpec("regex", "[0-9]{3}")))
+>>> matcher.jump_forward()
+[]
+
+JSON schemas, choices and tool-call tags become regexes; EBNF grammars are
+not regular and raise ``CompileError(reason="unsupported")``. The vocabulary
+map leaves out every special, added and unused id, so none can spell text.
+EOS is handled here: ``Guide.advance`` refuses it even in a final state.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from outlines_core import Guide, Index
+from outlines_core import Vocabulary as OutlinesVocabulary
+from outlines_core.json_schema import build_regex_from_schema
+
+from cdbench.backends import specs
+from cdbench.backends.base import CompileError, CompiledGrammar, ConstraintSpec, GrammarBackend, Matcher
+from cdbench.backends.vocab import Vocabulary
+
+# JSON Schema keywords outlines-core 0.2.14 turns into a regex that does not
+# check them (verified: violating instances are accepted).
+IGNORED_KEYWORDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                              "multipleOf", "uniqueItems", "minProperties", "maxProperties"})
+
+# Placeholder whitespace pattern: outlines puts its whitespace regex around
+# every ':' and ',' and inside brackets; the compact language keeps one space
+# after each separator and nothing elsewhere.
+_WS_MARK = "\ue000"
+
+
+def _compact(regex: str) -> str:
+    for old, new in ((f"{_WS_MARK}:{_WS_MARK}", specs.KEY_SEPARATOR), (f"{_WS_MARK},{_WS_MARK}", specs.ITEM_SEPARATOR),
+                     (f",{_WS_MARK}", specs.ITEM_SEPARATOR), (_WS_MARK, "")):
+        regex = regex.replace(old, new)
+    return regex
+
+
+class OutlinesMatcher(Matcher):
+    """One request's state: an outlines-core ``Guide`` plus the tokens it accepted.
+
+    The token list lets :meth:`copy` replay the state into a new ``Guide`` and
+    lets EOS, which the ``Guide`` does not take, be accepted and rolled back.
+    """
+
+    __slots__ = ("_guide", "_index", "_eos", "_max_rollback", "_tokens", "_terminated")
+
+    def __init__(self, index: Index, eos: int, max_rollback: int) -> None:
+        self._index = index
+        self._eos = eos
+        self._max_rollback = max_rollback
+        self._guide = Guide(index, max_rollback=max_rollback)
+        self._tokens: list[int] = []
+        self._terminated = False
+
+    def fill_mask(self, mask: torch.Tensor, row: int) -> None:
+        # Straight into the tensor's memory: the mask must be a contiguous int32 CPU tensor.
+        self._guide.write_mask_into(mask.data_ptr() + row * mask.stride(0) * 4, mask.shape[1], 4)
+
+    def accept(self, token: int) -> bool:
+        if self._terminated:
+            return False
+        if token == self._eos:
+            if not self._guide.is_finished():
+                return False
+            self._terminated = True
+        else:
+            try:
+                self._guide.advance(token, return_tokens=False)
+            except ValueError:  # "No next state found": the grammar rejects the token
+                return False
+        self._tokens.append(token)
+        return True
+
+    def rollback(self, k: int) -> None:
+        if k > len(self._tokens):
+            raise ValueError(f"cannot roll back {k} tokens: only {len(self._tokens)} accepted")
+        if k <= 0:
+            return
+        undone = self._tokens[-k:]
+        del self._tokens[-k:]
+        if self._terminated:
+            self._terminated = False
+            undone.pop()
+        if undone:
+            self._guide.rollback_state(len(undone))
+
+    def jump_forward(self) -> list[int]:
+        if self._terminated:
+            return []
+        tokens = []
+        state = self._guide.get_state()
+        while True:
+            allowed = self._index.get_allowed_tokens(state)
+            if allowed is None or len(allowed) != 1 or allowed[0] == self._eos:
+                return tokens
+            tokens.append(allowed[0])
+            state = self._index.get_next_state(state, allowed[0])
+
+    def is_terminated(self) -> bool:
+        return self._terminated
+
+    def copy(self) -> OutlinesMatcher:
+        twin = OutlinesMatcher(self._index, self._eos, self._max_rollback)
+        for token in self._tokens:
+            twin.accept(token)
+        return twin
+
+
+class OutlinesBackend(GrammarBackend):
+    """outlines-core bound to one vocabulary.
+
+    Parameters
+    ----------
+    vocab : the vocabulary.
+    whitespace : ``"compact"`` (default: no optional whitespace, separators
+        ``", "`` and ``": "``) or ``"flexible"`` (outlines' own optional ``[ ]?``).
+    max_rollback : how many tokens a matcher can roll back.
+    """
+
+    name = "outlines"
+
+    def __init__(self, vocab: Vocabulary, *, whitespace: str = "compact", max_rollback: int = 64) -> None:
+        super().__init__(vocab)
+        self.whitespace = specs.check_whitespace(whitespace)
+        self.max_rollback = max_rollback
+        self.eos_token_id = vocab.eos_token_ids[0]
+        forbidden = vocab.forbidden_token_ids
+        by_bytes: dict[bytes, list[int]] = {}
+        for tid, raw in enumerate(vocab.token_bytes):
+            if tid not in forbidden:
+                by_bytes.setdefault(raw, []).append(tid)
+        self.outlines_vocabulary = OutlinesVocabulary(self.eos_token_id, by_bytes)
+
+    def options_key(self) -> str:
+        return f"{super().options_key()}:whitespace={self.whitespace}:max_rollback={self.max_rollback}"
+
+    def compile(self, spec: ConstraintSpec) -> CompiledGrammar:
+        warnings: tuple[str, ...] = ()
+        try:
+            if spec.kind == "ebnf":
+                raise CompileError(self.name, spec.kind, "unsupported",
+                                   "outlines-core compiles regular languages only, not grammars")
+            if spec.kind == "json_schema":
+                schema = specs.load_schema(spec, self.name)
+                regex = self._schema_regex(schema)
+                warnings = specs.unenforced_warnings(self.name, schema, IGNORED_KEYWORDS)
+            elif spec.kind == "regex":
+                regex = specs.load_text(spec, self.name)
+            elif spec.kind == "choice":
+                regex = specs.choice_regex(specs.load_choices(spec, self.name))
+            else:
+                tags = specs.load_tool_call_tags(spec, self.name)
+                regex = "(" + "|".join(
+                    specs.regex_literal(t.begin) + "(" + self._schema_regex(t.schema) + ")" + specs.regex_literal(t.end)
+                    for t in tags) + ")"
+                for tag in tags:
+                    warnings += specs.unenforced_warnings(self.name, tag.schema, IGNORED_KEYWORDS)
+            index = Index(regex, self.outlines_vocabulary)
+        except CompileError:
+            raise
+        except Exception as exc:  # outlines-core raises ValueError and TypeError
+            raise specs.failure(self.name, spec, str(exc)) from None
+        return CompiledGrammar(self.name, spec, index, warnings)
+
+    def matcher(self, grammar: CompiledGrammar) -> OutlinesMatcher:
+        return OutlinesMatcher(grammar.handle, self.eos_token_id, self.max_rollback)
+
+    def _schema_regex(self, schema: dict | bool) -> str:
+        if self.whitespace == "flexible":
+            return build_regex_from_schema(json.dumps(schema))
+        return _compact(build_regex_from_schema(json.dumps(schema), whitespace_pattern=_WS_MARK))

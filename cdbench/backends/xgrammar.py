@@ -1,0 +1,151 @@
+"""xgrammar behind :class:`~cdbench.backends.base.GrammarBackend`.
+
+>>> from cdbench.backends import ConstraintSpec, create_backend
+>>> backend = create_backend("xgrammar", "cl100k")
+>>> matcher = backend.matcher(backend.compile(ConstraintSpec("regex", "[0-9]{3}")))
+>>> mask = backend.allocate_mask(1)
+>>> matcher.fill_mask(mask, 0)
+
+The tokenizer info is built from the vocabulary's own byte table with every
+special, added and unused id blanked: ``TokenizerInfo.from_huggingface`` misses
+DeepSeek's added tokens and would let them through inside strings.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+import xgrammar as xgr
+
+from cdbench.backends import specs
+from cdbench.backends.base import CompileError, CompiledGrammar, ConstraintSpec, GrammarBackend, Matcher
+from cdbench.backends.vocab import Vocabulary
+
+# JSON Schema keywords xgrammar 0.2.8 compiles without enforcing them (verified:
+# instances violating each are accepted). allOf is merged only partly.
+IGNORED_KEYWORDS = frozenset({"not", "if", "then", "else", "uniqueItems", "allOf", "contains",
+                              "minContains", "maxContains", "dependentRequired", "dependentSchemas",
+                              "propertyNames", "multipleOf"})
+
+
+class XGrammarMatcher(Matcher):
+    """One request's state: a thin wrapper over ``xgrammar.GrammarMatcher``."""
+
+    __slots__ = ("_matcher", "_vocab")
+
+    def __init__(self, matcher: xgr.GrammarMatcher, vocab: Vocabulary) -> None:
+        self._matcher = matcher
+        self._vocab = vocab
+
+    def fill_mask(self, mask: torch.Tensor, row: int) -> None:
+        self._matcher.fill_next_token_bitmask(mask, row)
+
+    def accept(self, token: int) -> bool:
+        return self._matcher.accept_token(token)
+
+    def rollback(self, k: int) -> None:
+        try:
+            self._matcher.rollback(k)
+        except RuntimeError as exc:  # rolling back past the history
+            raise ValueError(f"cannot roll back {k} tokens: {specs.failure_message(exc)}") from None
+
+    def jump_forward(self) -> list[int]:
+        forced = self._matcher.find_jump_forward_string()
+        if not forced:
+            return []
+        # xgrammar gives text, not tokens; keep only the tokens a forked matcher
+        # accepts, so a tokenization that disagrees with the grammar at a
+        # boundary (or a character cut in half) is never returned.
+        probe = self._matcher.fork()
+        tokens = []
+        for token in self._vocab.encode(forced):
+            if not probe.accept_token(token):
+                break
+            tokens.append(token)
+        return tokens
+
+    def is_terminated(self) -> bool:
+        return self._matcher.is_terminated()
+
+    def copy(self) -> XGrammarMatcher:
+        return XGrammarMatcher(self._matcher.fork(), self._vocab)
+
+
+class XGrammarBackend(GrammarBackend):
+    """xgrammar bound to one vocabulary.
+
+    Parameters
+    ----------
+    vocab : the vocabulary.
+    whitespace : ``"compact"`` (default: no optional whitespace, separators
+        ``", "`` and ``": "``, the language every engine here produces) or
+        ``"flexible"`` (xgrammar's ``any_whitespace``).
+    max_threads : threads of xgrammar's grammar compiler.
+    """
+
+    name = "xgrammar"
+
+    def __init__(self, vocab: Vocabulary, *, whitespace: str = "compact", max_threads: int = 8) -> None:
+        super().__init__(vocab)
+        self.whitespace = specs.check_whitespace(whitespace)
+        self.max_threads = max_threads
+        forbidden = vocab.forbidden_token_ids
+        encoded = [b"" if i in forbidden else raw for i, raw in enumerate(vocab.token_bytes)]
+        self.tokenizer_info = xgr.TokenizerInfo(
+            encoded, xgr.VocabType.RAW, vocab_size=vocab.size, stop_token_ids=list(vocab.eos_token_ids)
+        )
+        self._compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=max_threads)
+
+    def options_key(self) -> str:
+        return f"{super().options_key()}:whitespace={self.whitespace}:max_threads={self.max_threads}"
+
+    def compile(self, spec: ConstraintSpec) -> CompiledGrammar:
+        warnings: tuple[str, ...] = ()
+        try:
+            if spec.kind == "json_schema":
+                schema = specs.load_schema(spec, self.name)
+                handle = self._compiler.compile_json_schema(json.dumps(schema), **self._json_options())
+                warnings = specs.unenforced_warnings(self.name, schema, IGNORED_KEYWORDS)
+            elif spec.kind == "regex":
+                handle = self._compiler.compile_regex(specs.load_text(spec, self.name))
+            elif spec.kind == "choice":
+                handle = self._compiler.compile_regex(specs.choice_regex(specs.load_choices(spec, self.name)))
+            elif spec.kind == "ebnf":
+                text = specs.load_text(spec, self.name)
+                if specs.ebnf_dialect(spec, self.name) == "lark":
+                    handle = self._compiler.compile_lark(text)
+                else:
+                    handle = self._compiler.compile_grammar(text)
+            else:
+                tags = specs.load_tool_call_tags(spec, self.name)
+                handle = self._compiler.compile_structural_tag(self._structural_tag(tags))
+                for tag in tags:
+                    warnings += specs.unenforced_warnings(self.name, tag.schema, IGNORED_KEYWORDS)
+        except CompileError:
+            raise
+        except Exception as exc:  # xgrammar raises RuntimeError, ValueError, pydantic errors, ...
+            raise specs.failure(self.name, spec, str(exc)) from None
+        return CompiledGrammar(self.name, spec, handle, warnings)
+
+    def matcher(self, grammar: CompiledGrammar) -> XGrammarMatcher:
+        return XGrammarMatcher(xgr.GrammarMatcher(grammar.handle), self.vocab)
+
+    def _json_options(self) -> dict:
+        if self.whitespace == "flexible":
+            return {"any_whitespace": True}
+        return {"any_whitespace": False, "separators": (specs.ITEM_SEPARATOR, specs.KEY_SEPARATOR)}
+
+    def _structural_tag(self, tags: list[specs.ToolCallTag]) -> dict:
+        formats = [{"type": "tag", "begin": tag.begin, "content": self._tag_content(tag.schema), "end": tag.end}
+                   for tag in tags]
+        root = formats[0] if len(formats) == 1 else {"type": "or", "elements": formats}
+        return {"type": "structural_tag", "format": root}
+
+    def _tag_content(self, schema: dict | bool) -> dict:
+        if self.whitespace == "flexible":
+            return {"type": "json_schema", "json_schema": schema}
+        # The structural tag's own json_schema content has flexible whitespace;
+        # the compact language goes in as a grammar built with our separators.
+        grammar = xgr.Grammar.from_json_schema(json.dumps(schema), **self._json_options())
+        return {"type": "grammar", "grammar": str(grammar)}
