@@ -18,3 +18,4 @@ app = typer.Typer(
 def version() -> None:
     """Print the cdbench version. Example: cdbench version"""
     typer.echo(cdbench.__version__)
+import cdbench.harness.profile_cli  # noqa: E402,F401  (registers "profile")

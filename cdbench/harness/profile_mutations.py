@@ -145,16 +145,17 @@ def mutate(
     chosen: list[Mutation] = []
     seen: set[str] = set()
     checked = 0
-    # Round-robin over families so a handful of mutations covers several kinds of error.
+    # Round-robin over families, one invalid mutation from each per round, so a
+    # handful of mutations covers several kinds of error.
     while len(chosen) < n and checked < MAX_CANDIDATES and any(families.values()):
-        for label in list(families):
-            if not families[label] or len(chosen) >= n or checked >= MAX_CANDIDATES:
-                continue
-            text = families[label].pop()
-            if text in seen:
-                continue
-            seen.add(text)
-            checked += 1
-            if not is_valid(text):
-                chosen.append(Mutation(label, text))
+        for label, texts in families.items():
+            while texts and len(chosen) < n and checked < MAX_CANDIDATES:
+                text = texts.pop()
+                if text in seen:
+                    continue
+                seen.add(text)
+                checked += 1
+                if not is_valid(text):
+                    chosen.append(Mutation(label, text))
+                    break
     return chosen

@@ -196,7 +196,12 @@ def walk_valid(
                 return pos, f"{decode(tokens[:pos])}[[{decode(tokens[pos:pos + 1])}]] (refused after rollback)"
         times.rollback_us.append(rollback_us)
         if not (accepted and allowed):
-            why = "refused by accept" if not accepted else "accepted but masked out"
+            if accepted:
+                why = "accepted but masked out"
+            elif matcher.is_terminated():
+                why = "refused: the matcher had already terminated"
+            else:
+                why = "refused by accept"
             return pos, f"{decode(tokens[:pos])}[[{decode(tokens[pos:pos + 1])}]] ({why})"
     if not matcher.is_terminated():
         return len(tokens), f"{decode(tokens)}[[]] (not terminated after the last token)"
