@@ -1,0 +1,25 @@
+"""GPU mask kernels (Triton) with torch references, and their measured cost tables.
+
+Public kernels: :func:`apply_bitmask`, :func:`apply_bool_mask`,
+:func:`set_token_filter`, :func:`masked_argmax`. CPU tensors run the torch
+reference (:mod:`cdbench.kernels.reference`) unless ``TRITON_INTERPRET=1``.
+They are imported lazily, so reading a cost table does not import Triton.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_PUBLIC = {
+    "apply_bitmask": "cdbench.kernels.bitmask",
+    "apply_bool_mask": "cdbench.kernels.bitmask",
+    "masked_argmax": "cdbench.kernels.sampling",
+    "set_token_filter": "cdbench.kernels.token_filter",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

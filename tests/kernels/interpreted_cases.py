@@ -1,0 +1,75 @@
+"""Triton kernels vs torch references under ``TRITON_INTERPRET=1`` at tiny shapes.
+
+Not collected directly (no ``test_`` prefix): ``test_kernels_interpreted.py``
+runs this file in a subprocess, because the variable must be set before Triton
+is imported and must not leak into other tests' processes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kernel_cases import (
+    DTYPES, MODES, check_apply_bitmask, check_apply_bool_mask, check_masked_argmax, check_set_token_filter,
+)
+
+assert os.environ.get("TRITON_INTERPRET") == "1", "run through test_kernels_interpreted.py"
+
+FAST = settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+
+
+@FAST
+@given(
+    n_rows=st.integers(1, 4), vocab=st.integers(1, 300), pad=st.sampled_from([0, 0, 7, 40]),
+    dtype=st.sampled_from(DTYPES), allowed=st.sampled_from([0.0, 0.05, 0.5, 0.95, 1.0]),
+    mode=st.sampled_from(MODES), with_indices=st.booleans(), seed=st.integers(0, 2**32 - 1),
+)
+def test_apply_bitmask_matches_reference(n_rows, vocab, pad, dtype, allowed, mode, with_indices, seed):
+    gen = torch.Generator().manual_seed(seed)
+    check_apply_bitmask(gen, n_rows, vocab, vocab + pad, dtype, allowed, mode, "cpu", with_indices)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_apply_bitmask_edge_shapes(mode, dtype):
+    gen = torch.Generator().manual_seed(1)
+    for n_rows, vocab, n_cols in ((1, 33, 33), (3, 64, 64), (4, 100, 160), (2, 31, 31)):
+        check_apply_bitmask(gen, n_rows, vocab, n_cols, dtype, 0.1, mode, "cpu", False)
+        check_apply_bitmask(gen, n_rows, vocab, n_cols, dtype, 0.9, mode, "cpu", True)
+
+
+@FAST
+@given(
+    n_rows=st.integers(1, 4), vocab=st.integers(1, 300), pad=st.sampled_from([0, 5]),
+    dtype=st.sampled_from(DTYPES), allowed=st.sampled_from([0.0, 0.3, 1.0]), with_indices=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_apply_bool_mask_matches_reference(n_rows, vocab, pad, dtype, allowed, with_indices, seed):
+    gen = torch.Generator().manual_seed(seed)
+    check_apply_bool_mask(gen, n_rows, vocab, vocab + pad, dtype, allowed, "cpu", with_indices)
+
+
+@FAST
+@given(
+    n_rows=st.integers(1, 4), vocab=st.integers(1, 300), n_tokens=st.integers(0, 40),
+    allowed=st.booleans(), reset=st.booleans(), seed=st.integers(0, 2**32 - 1),
+)
+def test_set_token_filter_matches_reference(n_rows, vocab, n_tokens, allowed, reset, seed):
+    gen = torch.Generator().manual_seed(seed)
+    check_set_token_filter(gen, n_rows, vocab, n_tokens, allowed, reset, "cpu")
+
+
+@FAST
+@given(
+    n_rows=st.integers(1, 4), vocab=st.integers(1, 300), pad=st.sampled_from([0, 9]),
+    dtype=st.sampled_from(DTYPES), allowed=st.sampled_from([0.0, 0.05, 0.6]),
+    temperature=st.sampled_from([None, 0.5, 1.0, 2.0]), with_indices=st.booleans(), seed=st.integers(0, 2**32 - 1),
+)
+def test_masked_argmax_matches_reference(n_rows, vocab, pad, dtype, allowed, temperature, with_indices, seed):
+    gen = torch.Generator().manual_seed(seed)
+    check_masked_argmax(gen, n_rows, vocab, vocab + pad, dtype, allowed, temperature, "cpu", with_indices)
