@@ -1,0 +1,545 @@
+"""Measured grammar-engine costs of one backend, and a seeded sampler for ``model`` mode.
+
+A :class:`GrammarProfile` summarises, per constraint kind, what a backend cost
+on a corpus: compile times (and which specs failed, and how), the time of each
+per-token mask fill, accept and rollback, and how often the grammar forced the
+next tokens (jump-forward). ``cdbench profile`` writes one with
+:meth:`GrammarProfile.from_measurements`; ``model`` mode draws costs from it
+with :meth:`GrammarProfile.sampler`, an array at a time.
+
+Each time distribution is an empirical quantile function
+(:class:`Distribution`): every sample when there are few, otherwise quantiles
+on a grid that is refined towards the top so that p99, p99.9 and the maximum
+survive (per-token mask times are heavy-tailed, and the tail is what holds a
+batch up). Sampling is inverse-CDF with linear interpolation between stored
+points.
+
+Examples
+--------
+>>> import numpy as np
+>>> walk = WalkMeasurement("s1", "regex", fill_s=np.full(5, 2e-5), accept_s=np.full(5, 1e-6))
+>>> profile = GrammarProfile.from_measurements(
+...     "mybackend", "cl100k", [CompileMeasurement("s1", "regex", "ok", 0.003)], [walk])
+>>> sampler = profile.sampler(seed=0)
+>>> sampler.fill_s(3, "regex")
+array([2.e-05, 2.e-05, 2.e-05])
+>>> sampler.compile_s(["s1", "unseen"], ["regex", "regex"])
+array([0.003, 0.003])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from cdbench.backends.base import CONSTRAINT_KINDS
+
+PROFILE_DIR = Path(__file__).with_name("profiles")
+CompileStatus = Literal["ok", "unsupported", "error", "timeout", "crash"]
+COMPILE_STATUSES: tuple[str, ...] = ("ok", "unsupported", "error", "timeout", "crash")
+EXACT_SAMPLES = 512  # up to this many samples are stored as they are
+_BODY_POINTS = 513
+_TAIL_POINTS = 48
+_SIG_DIGITS = 5
+
+
+class ProfileError(ValueError):
+    """A profile file or measurement that cannot be used; the message names the file or item."""
+
+
+def _round(values: np.ndarray) -> list[float]:
+    # Rounding is monotone, so a sorted array stays sorted; it keeps the files small.
+    return [float(f"{v:.{_SIG_DIGITS}g}") for v in values]
+
+
+class Distribution(BaseModel):
+    """An empirical distribution of durations in seconds.
+
+    ``values[i]`` is the ``probs[i]`` quantile; both are non-decreasing, with
+    ``probs`` from 0 to 1. ``count`` is how many samples it was built from (0:
+    no data). The summary fields are exact over all samples; ``hist_*`` is a
+    log-spaced histogram (10 bins per decade) for plots.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    count: int = Field(ge=0)
+    mean: float = 0.0
+    p50: float = 0.0
+    p90: float = 0.0
+    p99: float = 0.0
+    p999: float = 0.0
+    max: float = 0.0
+    probs: list[float] = []
+    values: list[float] = []
+    hist_edges: list[float] = []
+    hist_counts: list[int] = []
+
+    @model_validator(mode="after")
+    def _well_formed(self) -> Distribution:
+        if len(self.probs) != len(self.values):
+            raise ValueError(f"probs has {len(self.probs)} points but values has {len(self.values)}")
+        if self.count and len(self.values) < 2:
+            raise ValueError("a non-empty distribution needs at least 2 quantile points")
+        if self.values:
+            p, v = np.asarray(self.probs), np.asarray(self.values)
+            if p[0] != 0.0 or p[-1] != 1.0 or np.any(np.diff(p) < 0):
+                raise ValueError("probs must rise from 0 to 1")
+            if v[0] < 0 or np.any(np.diff(v) < 0) or not np.all(np.isfinite(v)):
+                raise ValueError("values must be finite, >= 0 and non-decreasing")
+        if len(self.hist_counts) != max(len(self.hist_edges) - 1, 0):
+            raise ValueError("hist_counts needs one entry per pair of hist_edges")
+        return self
+
+    @classmethod
+    def from_samples(cls, samples: Iterable[float] | np.ndarray) -> Distribution:
+        """Summarise ``samples`` (seconds, finite, >= 0)."""
+        x = np.sort(np.asarray(samples, dtype=np.float64).ravel())
+        n = len(x)
+        if n == 0:
+            return cls(count=0)
+        if not np.all(np.isfinite(x)) or x[0] < 0:
+            raise ProfileError("durations must be finite and >= 0")
+        if n <= EXACT_SAMPLES:
+            probs = np.linspace(0.0, 1.0, n) if n > 1 else np.array([0.0, 1.0])
+            values = x if n > 1 else np.array([x[0], x[0]])
+        else:
+            tail = 1.0 - np.logspace(-2, -math.log10(n), _TAIL_POINTS)
+            probs = np.unique(np.concatenate([np.linspace(0.0, 1.0, _BODY_POINTS), tail]))
+            values = np.quantile(x, probs)
+        q50, q90, q99, q999 = np.quantile(x, [0.5, 0.9, 0.99, 0.999])
+        positive = x[x > 0]
+        edges, counts = [], []
+        if len(positive):
+            lo, hi = math.floor(math.log10(positive[0]) * 10), math.ceil(math.log10(positive[-1]) * 10)
+            edges_arr = 10.0 ** (np.arange(lo, max(hi, lo + 1) + 1) / 10.0)
+            counts = np.histogram(positive, bins=edges_arr)[0].tolist()
+            edges = _round(edges_arr)
+        return cls(count=n, mean=float(x.mean()), p50=float(q50), p90=float(q90), p99=float(q99),
+                   p999=float(q999), max=float(x[-1]), probs=_round(probs), values=_round(values),
+                   hist_edges=edges, hist_counts=counts)
+
+    @classmethod
+    def constant(cls, value: float) -> Distribution:
+        """Always ``value`` (e.g. the zero costs of the ``none`` backend)."""
+        return cls.from_samples([value])
+
+    def quantile(self, q):
+        """The ``q`` quantile(s) of the stored quantile function."""
+        if not self.count:
+            raise ProfileError("quantile of an empty distribution")
+        return np.interp(q, self.probs, self.values)
+
+
+class KindProfile(BaseModel):
+    """A backend's costs on one constraint kind (or on all kinds pooled).
+
+    ``statuses`` counts compile outcomes (``ok``, ``unsupported``, ``error``,
+    ``timeout``, ``crash``). ``compile_s`` covers successful compiles only.
+    ``fill_s`` holds one sample per decoding step (the first fill after each
+    accepted token), ``accept_s`` one per accepted token, ``rollback_s`` one
+    per rollback call. ``jump_forward_fraction`` is the fraction of steps at
+    which the grammar forced at least one token, ``jump_forward_mean_tokens``
+    the mean number forced at those steps.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    statuses: dict[CompileStatus, int] = {}
+    compile_s: Distribution = Distribution(count=0)
+    fill_s: Distribution = Distribution(count=0)
+    accept_s: Distribution = Distribution(count=0)
+    rollback_s: Distribution = Distribution(count=0)
+    jump_forward_fraction: float = Field(default=0.0, ge=0, le=1)
+    jump_forward_mean_tokens: float = Field(default=0.0, ge=0)
+
+    @property
+    def items(self) -> int:
+        return sum(self.statuses.values())
+
+    def rate(self, status: CompileStatus) -> float:
+        """Fraction of compiles that ended in ``status`` (0 when nothing was compiled)."""
+        return self.statuses.get(status, 0) / self.items if self.items else 0.0
+
+    @property
+    def failure_rate(self) -> float:
+        return 1.0 - self.rate("ok") if self.items else 0.0
+
+
+@dataclass(frozen=True)
+class CompileMeasurement:
+    """One cold compile of one spec: its outcome and, for ``ok``, its time in seconds."""
+
+    spec_id: str
+    kind: str
+    status: CompileStatus
+    seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class WalkMeasurement:
+    """Per-token times of walking one instance of a compiled spec, in seconds.
+
+    ``fill_s`` and ``forced_tokens`` (jump-forward tokens available; 0 = none)
+    have one entry per step; ``accept_s`` one per accepted token;
+    ``rollback_s`` one per rollback call.
+    """
+
+    spec_id: str
+    kind: str
+    fill_s: np.ndarray
+    accept_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    rollback_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    forced_tokens: np.ndarray | None = None
+
+
+class GrammarProfile(BaseModel):
+    """Costs of one grammar backend on one vocabulary, measured on a corpus.
+
+    ``kinds`` maps each profiled constraint kind to its :class:`KindProfile`;
+    ``overall`` pools all kinds (used for a kind that was not measured).
+    ``compile_by_spec`` holds the measured compile seconds of each spec id
+    that compiled; ``failed_specs`` the status of each that did not.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    format_version: Literal[1] = 1
+    backend: str
+    vocab: str
+    source: str = Field(default="", description="how it was measured: command, date, versions")
+    kinds: dict[str, KindProfile]
+    overall: KindProfile
+    compile_by_spec: dict[str, float] = {}
+    failed_specs: dict[str, CompileStatus] = {}
+
+    @model_validator(mode="after")
+    def _known_kinds(self) -> GrammarProfile:
+        unknown = set(self.kinds) - set(CONSTRAINT_KINDS)
+        if unknown:
+            raise ValueError(f"unknown constraint kinds {sorted(unknown)}; known: {', '.join(CONSTRAINT_KINDS)}")
+        return self
+
+    @classmethod
+    def from_measurements(
+        cls,
+        backend: str,
+        vocab: str,
+        compiles: Iterable[CompileMeasurement],
+        walks: Iterable[WalkMeasurement],
+        source: str = "",
+    ) -> GrammarProfile:
+        """Build a profile from raw measurements (what ``cdbench profile`` calls).
+
+        A measurement that cannot be right (unknown kind or status, an ``ok``
+        compile without a time, negative or non-finite durations, mismatched
+        array lengths) raises :class:`ProfileError` naming its spec id.
+        A spec compiled several times keeps the median of its times.
+        """
+        statuses: dict[str, dict[str, int]] = {}
+        compile_times: dict[str, list[float]] = {}
+        by_spec: dict[str, list[float]] = {}
+        failed: dict[str, str] = {}
+        for m in compiles:
+            _check_kind(m.spec_id, m.kind)
+            if m.status not in COMPILE_STATUSES:
+                raise ProfileError(f"spec {m.spec_id!r}: unknown compile status {m.status!r}; "
+                                   f"known: {', '.join(COMPILE_STATUSES)}")
+            counts = statuses.setdefault(m.kind, {})
+            counts[m.status] = counts.get(m.status, 0) + 1
+            if m.status == "ok":
+                if m.seconds is None or not math.isfinite(m.seconds) or m.seconds < 0:
+                    raise ProfileError(f"spec {m.spec_id!r}: an ok compile needs a time >= 0, got {m.seconds!r}")
+                compile_times.setdefault(m.kind, []).append(m.seconds)
+                by_spec.setdefault(m.spec_id, []).append(m.seconds)
+            else:
+                failed[m.spec_id] = m.status
+
+        samples: dict[str, dict[str, list[np.ndarray]]] = {}
+        for w in walks:
+            _check_kind(w.spec_id, w.kind)
+            arrays = {name: np.asarray(getattr(w, name), dtype=np.float64).ravel()
+                      for name in ("fill_s", "accept_s", "rollback_s")}
+            for name, arr in arrays.items():
+                if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+                    raise ProfileError(f"spec {w.spec_id!r}: {name} has negative or non-finite durations")
+            forced = (np.zeros(len(arrays["fill_s"]), dtype=np.int64) if w.forced_tokens is None
+                      else np.asarray(w.forced_tokens, dtype=np.int64).ravel())
+            if len(forced) != len(arrays["fill_s"]):
+                raise ProfileError(f"spec {w.spec_id!r}: forced_tokens has {len(forced)} entries, "
+                                   f"fill_s has {len(arrays['fill_s'])}")
+            if np.any(forced < 0):
+                raise ProfileError(f"spec {w.spec_id!r}: forced_tokens must be >= 0")
+            per_kind = samples.setdefault(w.kind, {})
+            for name, arr in (*arrays.items(), ("forced_tokens", forced)):
+                per_kind.setdefault(name, []).append(arr)
+
+        def kind_profile(kinds: Sequence[str]) -> KindProfile:
+            merged_status: dict[str, int] = {}
+            for k in kinds:
+                for s, c in statuses.get(k, {}).items():
+                    merged_status[s] = merged_status.get(s, 0) + c
+
+            def cat(name: str) -> np.ndarray:
+                parts = [a for k in kinds for a in samples.get(k, {}).get(name, [])]
+                return np.concatenate(parts) if parts else np.zeros(0)
+
+            forced = cat("forced_tokens")
+            jumping = forced[forced > 0]
+            return KindProfile(
+                statuses={s: merged_status[s] for s in COMPILE_STATUSES if s in merged_status},
+                compile_s=Distribution.from_samples([t for k in kinds for t in compile_times.get(k, [])]),
+                fill_s=Distribution.from_samples(cat("fill_s")),
+                accept_s=Distribution.from_samples(cat("accept_s")),
+                rollback_s=Distribution.from_samples(cat("rollback_s")),
+                jump_forward_fraction=float(len(jumping) / len(forced)) if len(forced) else 0.0,
+                jump_forward_mean_tokens=float(jumping.mean()) if len(jumping) else 0.0,
+            )
+
+        measured = [k for k in CONSTRAINT_KINDS if k in statuses or k in samples]
+        return cls(
+            backend=backend, vocab=vocab, source=source,
+            kinds={k: kind_profile([k]) for k in measured},
+            overall=kind_profile(measured),
+            compile_by_spec={s: float(np.median(t)) for s, t in sorted(by_spec.items())},
+            failed_specs={s: failed[s] for s in sorted(failed) if s not in by_spec},
+        )
+
+    @classmethod
+    def zero(cls, backend: str, vocab: str, source: str = "no grammar work: every cost is 0") -> GrammarProfile:
+        """A profile whose every cost is zero and that never fails (the ``none`` backend)."""
+        zero = KindProfile(compile_s=Distribution.constant(0.0), fill_s=Distribution.constant(0.0),
+                           accept_s=Distribution.constant(0.0), rollback_s=Distribution.constant(0.0))
+        return cls(backend=backend, vocab=vocab, source=source, kinds={}, overall=zero)
+
+    @classmethod
+    def load(cls, path: str | Path) -> GrammarProfile:
+        """Read a profile; a bad file raises :class:`ProfileError` naming the file and the field."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ProfileError(f"{path}: cannot read grammar profile: {exc}") from exc
+        except json.JSONDecodeError as exc:
+            raise ProfileError(f"{path}: not JSON: {exc}") from exc
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "<root>"
+            raise ProfileError(f"{path}: invalid grammar profile field {where!r}: {first['msg']}") from exc
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.model_dump_json(indent=1) + "\n", encoding="utf-8")
+
+    @classmethod
+    def builtin(cls, backend: str) -> GrammarProfile:
+        """The default profile shipped for ``backend`` (``profiles/<backend>.json``)."""
+        path = PROFILE_DIR / f"{backend}.json"
+        if not path.exists():
+            known = ", ".join(sorted(p.stem for p in PROFILE_DIR.glob("*.json")))
+            raise ProfileError(f"no default grammar profile for backend {backend!r}; known: {known}")
+        return cls.load(path)
+
+    def kind(self, kind: str) -> KindProfile:
+        """The profile of ``kind``, or the pooled one when ``kind`` was not measured."""
+        return self.kinds.get(kind, self.overall)
+
+    def sampler(self, seed: int) -> ProfileSampler:
+        """A seeded sampler of this profile's costs."""
+        return ProfileSampler(self, seed)
+
+
+def _check_kind(spec_id: str, kind: str) -> None:
+    if kind not in CONSTRAINT_KINDS:
+        raise ProfileError(f"spec {spec_id!r}: unknown constraint kind {kind!r}; known: {', '.join(CONSTRAINT_KINDS)}")
+
+
+# Sampling grid shared by all kinds: 4096 equal steps up to p99.9, then 20 steps
+# per decade of 1 - p up to p99.999999, then the maximum. Its regular shape lets
+# a draw find its interval arithmetically instead of by binary search.
+_BODY_TOP, _BODY_STEPS, _TAIL_STEPS, _TAIL_DECADES = 1.0 - 1e-3, 4096, 100, 5.0
+_GRID = np.concatenate([
+    np.linspace(0.0, _BODY_TOP, _BODY_STEPS + 1),
+    1.0 - 10.0 ** -(3.0 + _TAIL_DECADES * np.arange(1, _TAIL_STEPS + 1) / _TAIL_STEPS),
+    [1.0],
+])
+_INV_STEP = 1.0 / np.diff(_GRID)
+
+
+def _grid_interval(u: np.ndarray) -> np.ndarray:
+    """Index ``j`` of the grid interval holding each ``u`` in [0, 1)."""
+    j = (u * (_BODY_STEPS / _BODY_TOP)).astype(np.int64)
+    in_tail = u > _BODY_TOP
+    if in_tail.any():  # rare (0.1 % of draws): only they pay for the logarithm
+        t = u[in_tail]
+        pos = _BODY_STEPS + (-np.log10(1.0 - t) - 3.0) * (_TAIL_STEPS / _TAIL_DECADES)
+        j[in_tail] = np.minimum(pos.astype(np.int64), len(_GRID) - 2)
+    return j
+
+
+KIND_CODES: dict[str, int] = {k: i for i, k in enumerate(CONSTRAINT_KINDS)}
+
+
+@dataclass(frozen=True)
+class _SingleKind:
+    """``n`` draws that all share one kind code."""
+
+    code: int
+    n: int
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class ProfileSampler:
+    """Draws a profile's costs as numpy arrays, reproducibly from ``seed``.
+
+    Kinds are given as a count plus one kind name (``fill_s(256, "json_schema")``)
+    or as an array with one kind per draw, either names or integer codes
+    (:data:`KIND_CODES`, the order of ``CONSTRAINT_KINDS``; codes are faster).
+    A kind the profile did not measure draws from the pooled distribution, and
+    so does code ``-1`` (also what a count without a kind name means).
+
+    Compile outcomes are a property of the spec: a spec id the profile measured
+    gets its measured time and status; an unmeasured one gets a draw that
+    depends only on the seed and the id, so the same spec costs the same
+    every time it is compiled in a run. ``None`` ids draw afresh.
+    """
+
+    _METRICS = ("compile_s", "fill_s", "accept_s", "rollback_s")
+
+    def __init__(self, profile: GrammarProfile, seed: int) -> None:
+        self.profile, self.seed = profile, seed
+        self.rng = np.random.default_rng(seed)
+        # One row per kind code, then the pooled profile last, so code -1 means "pooled".
+        kinds = [profile.kind(k) for k in CONSTRAINT_KINDS] + [profile.overall]
+        self._kinds = kinds
+        self._tables: dict[str, np.ndarray] = {}
+        self._failure = np.array([kp.failure_rate for kp in kinds])
+        self._failure_mix = [self._status_mix(kp) for kp in kinds]
+        self._jf_fraction = np.array([kp.jump_forward_fraction for kp in kinds])
+        self._jf_mean = np.array([max(kp.jump_forward_mean_tokens, 1.0) for kp in kinds])
+        self._spec_cache: dict[tuple[str, str], float] = {}
+
+    def _table(self, metric: str) -> np.ndarray:
+        """Each kind's quantile function of ``metric`` on the shared grid (pooled where unmeasured)."""
+        rows = []
+        for kp in self._kinds:
+            dist = getattr(kp, metric)
+            if not dist.count:
+                dist = getattr(self.profile.overall, metric)
+            if not dist.count:
+                raise ProfileError(f"profile {self.profile.backend}/{self.profile.vocab} has no {metric} measurements")
+            rows.append(np.interp(_GRID, dist.probs, dist.values))
+        return np.vstack(rows)
+
+    @staticmethod
+    def _status_mix(kp: KindProfile) -> tuple[list[str], np.ndarray]:
+        failures = [s for s in COMPILE_STATUSES[1:] if kp.statuses.get(s)]
+        weights = np.array([kp.statuses[s] for s in failures], dtype=np.float64)
+        return failures, np.cumsum(weights) / weights.sum() if failures else weights
+
+    def _codes(self, kinds, kind: str | None) -> np.ndarray:
+        if np.ndim(kinds) == 0:
+            n = int(kinds)
+            if kind is not None and kind not in KIND_CODES:
+                raise ProfileError(f"unknown constraint kind {kind!r}; known: {', '.join(CONSTRAINT_KINDS)}")
+            return _SingleKind(KIND_CODES[kind] if kind else -1, n)
+        arr = np.asarray(kinds)
+        if arr.dtype.kind in "iu":
+            if arr.size and arr.min() < -1:  # codes above the last kind raise IndexError when drawn
+                raise ProfileError(f"kind codes must be in -1..{len(CONSTRAINT_KINDS) - 1}")
+            return arr
+        try:
+            return np.array([KIND_CODES[k] for k in arr.tolist()], dtype=np.int64)
+        except KeyError as exc:
+            raise ProfileError(f"unknown constraint kind {exc.args[0]!r}; known: {', '.join(CONSTRAINT_KINDS)}") from None
+
+    def _draw(self, metric: str, codes: np.ndarray | _SingleKind, u: np.ndarray | None = None) -> np.ndarray:
+        if u is None:
+            u = self.rng.random(len(codes))
+        j = _grid_interval(u)
+        w = (u - _GRID[j]) * _INV_STEP[j]
+        table = self._tables.get(metric)
+        if table is None:
+            table = self._tables[metric] = self._table(metric)
+        if isinstance(codes, _SingleKind):
+            row = table[codes.code]
+            lo, hi = row[j], row[j + 1]
+        else:
+            lo, hi = table[codes, j], table[codes, j + 1]
+        return lo + (hi - lo) * w
+
+    def fill_s(self, kinds, kind: str | None = None) -> np.ndarray:
+        """Seconds of one mask fill per draw."""
+        return self._draw("fill_s", self._codes(kinds, kind))
+
+    def accept_s(self, kinds, kind: str | None = None) -> np.ndarray:
+        """Seconds of one token accept per draw."""
+        return self._draw("accept_s", self._codes(kinds, kind))
+
+    def rollback_s(self, kinds, kind: str | None = None) -> np.ndarray:
+        """Seconds of one rollback call per draw."""
+        return self._draw("rollback_s", self._codes(kinds, kind))
+
+    def jump_forward(self, kinds, kind: str | None = None) -> np.ndarray:
+        """Forced tokens available per draw (0: none): Bernoulli availability, geometric length."""
+        codes = self._codes(kinds, kind)
+        index = codes.code if isinstance(codes, _SingleKind) else codes
+        available = self.rng.random(len(codes)) < self._jf_fraction[index]
+        return np.where(available, self.rng.geometric(1.0 / self._jf_mean[index], size=len(codes)), 0)
+
+    def _spec_uniform(self, spec_id: str, purpose: str) -> float:
+        key = (spec_id, purpose)
+        u = self._spec_cache.get(key)
+        if u is None:
+            digest = hashlib.blake2b(f"{self.seed}\0{purpose}\0{spec_id}".encode(), digest_size=8).digest()
+            u = self._spec_cache[key] = int.from_bytes(digest, "little") / 2.0**64
+        return u
+
+    def _spec_uniforms(self, spec_ids: Sequence[str | None], purpose: str) -> np.ndarray:
+        fresh = self.rng.random(len(spec_ids))
+        return np.array([fresh[i] if s is None else self._spec_uniform(s, purpose) for i, s in enumerate(spec_ids)])
+
+    def _spec_codes(self, spec_ids: Sequence[str | None], kinds) -> np.ndarray:
+        codes = self._codes(kinds, None)
+        if isinstance(codes, _SingleKind) or len(codes) != len(spec_ids):
+            raise ValueError(f"need one kind per spec id: {len(spec_ids)} spec ids, kinds {kinds!r}")
+        return codes
+
+    def compile_s(self, spec_ids: Sequence[str | None], kinds) -> np.ndarray:
+        """Compile seconds per spec: measured where known, else drawn (stable per spec id).
+
+        Failed compiles also get a time from the kind's successful-compile
+        distribution (the profile does not record time to failure).
+        """
+        codes = self._spec_codes(spec_ids, kinds)
+        out = self._draw("compile_s", codes, self._spec_uniforms(spec_ids, "compile"))
+        measured = self.profile.compile_by_spec
+        for i, s in enumerate(spec_ids):
+            if s is not None and s in measured:
+                out[i] = measured[s]
+        return out
+
+    def compile_status(self, spec_ids: Sequence[str | None], kinds) -> np.ndarray:
+        """Compile outcome per spec (``"ok"`` or a failure status): measured where known, else drawn."""
+        codes = self._spec_codes(spec_ids, kinds)
+        u = self._spec_uniforms(spec_ids, "status")
+        out = np.full(len(codes), "ok", dtype=object)
+        for i, (s, c) in enumerate(zip(spec_ids, codes, strict=True)):
+            if s is not None and s in self.profile.compile_by_spec:
+                continue
+            if s is not None and s in self.profile.failed_specs:
+                out[i] = self.profile.failed_specs[s]
+                continue
+            rate = self._failure[c]
+            if u[i] < rate:
+                names, cum = self._failure_mix[c]
+                out[i] = names[min(int(np.searchsorted(cum, u[i] / rate, side="right")), len(names) - 1)]
+        return out
