@@ -1,0 +1,135 @@
+"""The asynchronous compile service: per-rank thread pools and the compiled-grammar cache.
+
+Compiles are submitted in time order, so a pool of ``N`` threads is exact as a
+heap of thread free times: a compile starts on the earliest free thread (FIFO
+when all are busy) and ends ``seconds`` later. Each of ``R`` ranks has its own
+pool and compiles every spec itself, with its own jitter.
+
+>>> pools = CompilePools(ranks=1, threads=1)
+>>> pools.submit(0.0, 0.010, np.random.default_rng(0))[1].tolist()   # ends
+[0.01]
+>>> pools.submit(0.002, 0.010, np.random.default_rng(0))[0].tolist()  # queued behind the first
+[0.01]
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+
+class CompilePools:
+    """``ranks`` independent pools of ``threads`` compile threads each.
+
+    ``jitter`` is the sigma of a lognormal factor drawn per rank and compile.
+    """
+
+    def __init__(self, ranks: int, threads: int, jitter: float = 0.0) -> None:
+        self.ranks, self.threads, self.jitter = ranks, threads, jitter
+        self._free = [[(0.0, tid) for tid in range(threads)] for _ in range(ranks)]
+
+    def submit(self, t: float, seconds: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Queue a compile of ``seconds`` at ``t``; per rank ``(start, end, thread)``."""
+        durations = np.full(self.ranks, float(seconds))
+        if self.jitter > 0:
+            durations *= rng.lognormal(0.0, self.jitter, size=self.ranks)
+        start = np.empty(self.ranks)
+        end = np.empty(self.ranks)
+        thread = np.empty(self.ranks, np.int64)
+        for r, heap in enumerate(self._free):
+            free_at, tid = heapq.heappop(heap)
+            start[r] = max(t, free_at)
+            end[r] = start[r] + durations[r]
+            thread[r] = tid
+            heapq.heappush(heap, (end[r], tid))
+        return start, end, thread
+
+
+Lookup = Literal["hit", "invalid", "inflight", "miss"]
+
+
+@dataclass(slots=True)
+class _InFlight:
+    done_at: np.ndarray  # per rank
+    ok: bool
+
+
+class GrammarCache:
+    """The compiled-grammar cache, keyed by spec.
+
+    Parameters
+    ----------
+    enabled : with ``False`` every request compiles (no sharing at all).
+    write : ``"harvest"`` — an entry appears when the scheduler harvests a
+        finished compile (SGLang); ``"compile"`` — when the compile ends
+        (xgrammar's own cache, used by vLLM).
+    dedup : a miss on a key that is compiling waits for that compile.
+    capacity : LRU entry limit (``None``: unbounded).
+    cache_failures : failed and timed-out keys are cached as invalid.
+
+    >>> cache = GrammarCache(True, "compile", dedup=True)
+    >>> cache.submitted(7, np.array([0.01]), ok=True)
+    >>> cache.lookup(7, 0.005)[0], cache.lookup(7, 0.02)[0]
+    ('inflight', 'hit')
+    """
+
+    def __init__(self, enabled: bool, write: Literal["harvest", "compile"], dedup: bool,
+                 capacity: int | None = None, cache_failures: bool = False) -> None:
+        self.enabled, self.write, self.dedup = enabled, write, dedup
+        self.capacity, self.cache_failures = capacity, cache_failures
+        self._entries: OrderedDict[int, bool] = OrderedDict()  # key -> valid
+        self._inflight: dict[int, _InFlight] = {}
+
+    def lookup(self, key: int, t: float) -> tuple[Lookup, np.ndarray | None]:
+        """What a request for ``key`` finds at ``t``; for ``inflight`` also the compile's per-rank end."""
+        if not self.enabled:
+            return "miss", None
+        flight = self._inflight.get(key)
+        if flight is not None and self.write == "compile" and flight.done_at.max() <= t:
+            del self._inflight[key]
+            if flight.ok:
+                self._put(key, True)
+            elif self.cache_failures:
+                self._put(key, False)
+            flight = None
+        valid = self._entries.get(key)
+        if valid is not None:
+            self._entries.move_to_end(key)
+            return ("hit" if valid else "invalid"), None
+        if flight is not None and self.dedup:
+            return "inflight", flight.done_at
+        return "miss", None
+
+    def submitted(self, key: int, done_at: np.ndarray, ok: bool) -> None:
+        """A compile of ``key`` was queued; it ends at ``done_at`` (per rank) with outcome ``ok``."""
+        if self.enabled and key not in self._inflight:
+            self._inflight[key] = _InFlight(done_at, ok)
+
+    def harvested(self, key: int, ok: bool) -> None:
+        """The scheduler took a finished compile of ``key``; with ``write="harvest"`` it enters the cache."""
+        if not self.enabled or self.write != "harvest":
+            return
+        self._inflight.pop(key, None)
+        if ok:
+            self._put(key, True)
+        elif self.cache_failures:
+            self._put(key, False)
+
+    def timed_out(self, key: int) -> None:
+        """Waiting for ``key`` timed out; cached as invalid when failures are cached."""
+        if not self.enabled:
+            return
+        self._inflight.pop(key, None)
+        if self.cache_failures:
+            self._put(key, False)
+
+    def _put(self, key: int, valid: bool) -> None:
+        self._entries[key] = valid
+        self._entries.move_to_end(key)
+        if self.capacity is not None:
+            while len(self._entries) > self.capacity:
+                self._entries.popitem(last=False)

@@ -1,0 +1,380 @@
+"""Where the scheduler's costs come from.
+
+GPU work (forward, bitmask copy, apply kernel, sampling) always comes from a
+:class:`GpuCosts`. Grammar work comes from a :class:`GrammarExecutor`:
+
+* :class:`ModelExecutor` (``model`` mode) draws compile, fill, accept and
+  rollback times from a cost source (a backend profile, or :class:`FixedGrammarCosts`),
+  vectorized over the rows of a step;
+* :class:`~cdbench.harness.hybrid.HybridExecutor` (``hybrid`` mode) calls a real
+  backend for every token and times each call.
+
+Both answer one question per step, :meth:`GrammarExecutor.step`: given the rows
+that sample now, what did mask building cost, how many tokens does each row
+emit, and what did processing the results cost? The answer is a
+:class:`StepWork` of numpy arrays, so the scheduler never loops over rows.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from collections.abc import Sequence
+from typing import Literal, Protocol
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from cdbench.backends.base import ConstraintSpec
+from cdbench.harness.costs.forward import ForwardCostModel, attention_pairs
+from cdbench.harness.costs.grammar_profile import KIND_CODES, GrammarProfile
+from cdbench.harness.costs.mask import MaskCost
+from cdbench.workloads.request import Request
+
+
+# ----------------------------------------------------------------------------- GPU costs
+
+
+class GpuCosts(Protocol):
+    """GPU-side time of one step, in seconds."""
+
+    def forward_s(self, prefill_chunks: np.ndarray, prefill_cached: np.ndarray, decode_rows: int, decode_kv_tokens: int) -> float:
+        """Forward of prefill chunks (new tokens, tokens already cached) and ``decode_rows`` decoding rows."""
+
+    def copy_s(self, mask_rows: int, pinned: bool) -> float:
+        """Host-to-device copy of a ``mask_rows``-row bitmask."""
+
+    def apply_s(self, mask_rows: int) -> float:
+        """The apply kernel over ``mask_rows`` rows."""
+
+    def sample_s(self, rows: int) -> float:
+        """Sampling ``rows`` logits rows."""
+
+
+class FixedGpuCosts(BaseModel):
+    """Linear GPU costs with explicit coefficients: hand-computable, for tests and what-ifs.
+
+    A step's forward is ``forward_s + prefill_token_s·prefill tokens +
+    decode_row_s·decode rows + kv_token_s·KV tokens read`` (0 when empty);
+    copy, apply and sample are ``base + per_row·rows`` (0 for no rows).
+
+    >>> FixedGpuCosts(forward_base_s=0.01, decode_row_s=1e-4).forward_s(np.zeros(0), np.zeros(0), 10, 0)
+    0.011
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["fixed"] = "fixed"
+    forward_base_s: float = Field(0.01, ge=0)
+    prefill_token_s: float = Field(0.0, ge=0)
+    decode_row_s: float = Field(0.0, ge=0)
+    kv_token_s: float = Field(0.0, ge=0)
+    copy_base_s: float = Field(0.0, ge=0)
+    copy_row_s: float = Field(0.0, ge=0)
+    apply_base_s: float = Field(0.0, ge=0)
+    apply_row_s: float = Field(0.0, ge=0)
+    sample_base_s: float = Field(0.0, ge=0)
+    sample_row_s: float = Field(0.0, ge=0)
+
+    def forward_s(self, prefill_chunks, prefill_cached, decode_rows, decode_kv_tokens) -> float:
+        tokens = float(np.sum(prefill_chunks))
+        if tokens + decode_rows <= 0:
+            return 0.0
+        return (self.forward_base_s + self.prefill_token_s * tokens + self.decode_row_s * decode_rows
+                + self.kv_token_s * decode_kv_tokens)
+
+    def copy_s(self, mask_rows: int, pinned: bool) -> float:
+        return self.copy_base_s + self.copy_row_s * mask_rows if mask_rows else 0.0
+
+    def apply_s(self, mask_rows: int) -> float:
+        return self.apply_base_s + self.apply_row_s * mask_rows if mask_rows else 0.0
+
+    def sample_s(self, rows: int) -> float:
+        return self.sample_base_s + self.sample_row_s * rows if rows else 0.0
+
+
+class RooflineGpuCosts:
+    """GPU costs from the roofline forward model and the measured mask-cost tables."""
+
+    def __init__(self, forward: ForwardCostModel, mask: MaskCost) -> None:
+        self.forward, self.mask = forward, mask
+
+    def forward_s(self, prefill_chunks, prefill_cached, decode_rows, decode_kv_tokens) -> float:
+        tokens = float(np.sum(prefill_chunks))
+        pairs = float(np.sum(attention_pairs(prefill_chunks, prefill_cached))) if tokens else 0.0
+        return self.forward.step_s(tokens, pairs, decode_rows, decode_kv_tokens)
+
+    def copy_s(self, mask_rows: int, pinned: bool) -> float:
+        return self.mask.copy_s(mask_rows, pinned) if mask_rows else 0.0
+
+    def apply_s(self, mask_rows: int) -> float:
+        return self.mask.apply_s(mask_rows) if mask_rows else 0.0
+
+    def sample_s(self, rows: int) -> float:
+        return self.mask.sample_s(rows) if rows else 0.0
+
+
+# ----------------------------------------------------------------------------- grammar work
+
+
+@dataclass(slots=True)
+class CompileOutcome:
+    """One spec compiled once: how long it took and whether it failed (``error`` names why)."""
+
+    seconds: float
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class StepRows:
+    """The rows that sample in one step (parallel arrays, one entry a request).
+
+    ``grammar``: the row's grammar is active (structured and past thinking);
+    ``drafts``: draft tokens to verify (0 on a prefill row); ``gen_left``:
+    tokens the request still has to emit; ``think_left``: thinking tokens left
+    (a thinking row emits at most that many this step).
+    """
+
+    rid: np.ndarray
+    grammar: np.ndarray
+    drafts: np.ndarray
+    gen_left: np.ndarray
+    think_left: np.ndarray
+
+
+@dataclass(slots=True)
+class StepWork:
+    """What the grammar side did in one step (arrays parallel to :class:`StepRows`).
+
+    ``fill_s``: CPU seconds building each row's mask rows (fills, plus the
+    temporary accepts of drafts); ``mask_rows``: mask rows per row (1 + drafts
+    on grammar rows, else 0); ``produced``: tokens emitted (accepted drafts + 1,
+    plus forced tokens); ``accepted``/``rolled_back``: drafts verified /
+    rejected drafts rolled back in the grammar; ``jumped``: tokens emitted by
+    jump-forward; ``rejected``: the grammar refused a sampled token;
+    ``process_s``: CPU seconds to advance the grammars after sampling (accept,
+    rollback, jump-forward), all rows together.
+    """
+
+    fill_s: np.ndarray
+    mask_rows: np.ndarray
+    produced: np.ndarray
+    accepted: np.ndarray
+    rolled_back: np.ndarray
+    jumped: np.ndarray
+    rejected: np.ndarray
+    process_s: float
+
+
+def accepted_drafts(rng: np.random.Generator, drafts: np.ndarray, alpha: float) -> np.ndarray:
+    """Leading drafts the target accepts when each is accepted with probability ``alpha``.
+
+    >>> accepted_drafts(np.random.default_rng(0), np.array([0, 3]), 1.0).tolist()
+    [0, 3]
+    """
+    if alpha >= 1.0:
+        return drafts.copy()
+    if alpha <= 0.0:
+        return np.zeros_like(drafts)
+    return np.minimum(rng.geometric(1.0 - alpha, size=len(drafts)) - 1, drafts)
+
+
+@dataclass(frozen=True)
+class SpecKeys:
+    """The run's distinct specs (index = compile-cache key) and each request's key (-1: none)."""
+
+    texts: list[str]
+    kinds: list[str]
+    specs: list[ConstraintSpec]
+    spec_ids: list[str | None]
+    request_key: np.ndarray
+
+    @classmethod
+    def of(cls, requests: Sequence[Request]) -> SpecKeys:
+        """Number the distinct specs of ``requests`` (by spec id, else by canonical text) in order of first use."""
+        index: dict[str, int] = {}
+        texts: list[str] = []
+        kinds: list[str] = []
+        specs: list[ConstraintSpec] = []
+        spec_ids: list[str | None] = []
+        request_key = np.full(len(requests), -1, np.int64)
+        for i, r in enumerate(requests):
+            if r.spec is None:
+                continue
+            text = f"{r.spec.kind}:{r.spec_id}" if r.spec_id is not None else r.spec.canonical()
+            key = index.get(text)
+            if key is None:
+                key = index[text] = len(texts)
+                texts.append(text)
+                kinds.append(r.spec.kind)
+                specs.append(r.spec)
+                spec_ids.append(r.spec_id)
+            request_key[i] = key
+        return cls(texts, kinds, specs, spec_ids, request_key)
+
+
+class GrammarExecutor(ABC):
+    """The grammar side of the loop: compile once per spec, then work per step."""
+
+    #: seconds spent inside backend calls (hybrid); 0 in model mode
+    backend_call_s: float = 0.0
+
+    def prepare(self, requests: Sequence[Request], keys: SpecKeys) -> None:
+        """Called once with the run's requests (in scheduler order) and their spec keys."""
+        self.requests, self.keys = requests, keys
+
+    @abstractmethod
+    def compile(self, key: int) -> CompileOutcome:
+        """Compile spec ``key`` once (its time is reused for every simulated compile of it)."""
+
+    def finish(self, rid: int) -> bool | None:
+        """Request ``rid`` ended; its output's validity, or ``None`` when not checked."""
+        return None
+
+    @abstractmethod
+    def step(self, rows: StepRows, rng: np.random.Generator) -> StepWork:
+        """Build masks, verify drafts, emit tokens and advance grammars for one step."""
+
+
+class GrammarCosts(Protocol):
+    """Grammar costs the model executor draws, one per element of ``kinds`` (kind codes,
+    :data:`~cdbench.harness.costs.grammar_profile.KIND_CODES`)."""
+
+    def compile(self, spec_id: str | None, key_text: str, kind: str) -> CompileOutcome: ...
+
+    def fill_s(self, kinds: np.ndarray) -> np.ndarray: ...
+
+    def accept_s(self, kinds: np.ndarray) -> np.ndarray: ...
+
+    def rollback_s(self, kinds: np.ndarray) -> np.ndarray: ...
+
+    def jump_forward(self, kinds: np.ndarray) -> np.ndarray:
+        """Tokens the grammar forces at this point (0: none), one per element."""
+
+
+class FixedGrammarCosts(BaseModel):
+    """Constant grammar costs: hand-computable, for tests and what-ifs.
+
+    ``compile_by_key`` overrides ``compile_time_s`` per spec (by spec id, or
+    ``kind:spec_id``); specs in ``failing_keys`` fail to compile after their
+    compile time. ``forced_tokens`` is how many tokens the grammar forces after
+    every token (used by the jump-forward what-if).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["fixed"] = "fixed"
+    compile_time_s: float = Field(0.02, ge=0)
+    compile_by_key: dict[str, float] = Field(default_factory=dict)
+    failing_keys: list[str] = Field(default_factory=list)
+    fill_time_s: float = Field(20e-6, ge=0)
+    accept_time_s: float = Field(3e-6, ge=0)
+    rollback_time_s: float = Field(5e-6, ge=0)
+    forced_tokens: int = Field(0, ge=0)
+
+    def compile(self, spec_id: str | None, key_text: str, kind: str) -> CompileOutcome:
+        names = {key_text} | ({spec_id} if spec_id is not None else set())
+        seconds = next((self.compile_by_key[n] for n in names if n in self.compile_by_key), self.compile_time_s)
+        failed = any(n in self.failing_keys for n in names)
+        return CompileOutcome(seconds, "invalid: listed in failing_keys" if failed else None)
+
+    def fill_s(self, kinds: np.ndarray) -> np.ndarray:
+        return np.full(len(kinds), self.fill_time_s)
+
+    def accept_s(self, kinds: np.ndarray) -> np.ndarray:
+        return np.full(len(kinds), self.accept_time_s)
+
+    def rollback_s(self, kinds: np.ndarray) -> np.ndarray:
+        return np.full(len(kinds), self.rollback_time_s)
+
+    def jump_forward(self, kinds: np.ndarray) -> np.ndarray:
+        return np.full(len(kinds), self.forced_tokens, np.int64)
+
+
+class ProfileGrammarCosts:
+    """Grammar costs drawn from a backend's measured :class:`GrammarProfile` (seeded)."""
+
+    def __init__(self, profile: GrammarProfile, seed: int) -> None:
+        self.profile = profile
+        self.sampler = profile.sampler(seed)
+
+    def compile(self, spec_id: str | None, key_text: str, kind: str) -> CompileOutcome:
+        ids = [spec_id if spec_id is not None else key_text]
+        seconds = float(self.sampler.compile_s(ids, [kind])[0])
+        status = str(self.sampler.compile_status(ids, [kind])[0])
+        return CompileOutcome(seconds, None if status == "ok" else status)
+
+    def fill_s(self, kinds: np.ndarray) -> np.ndarray:
+        return self.sampler.fill_s(kinds)
+
+    def accept_s(self, kinds: np.ndarray) -> np.ndarray:
+        return self.sampler.accept_s(kinds)
+
+    def rollback_s(self, kinds: np.ndarray) -> np.ndarray:
+        return self.sampler.rollback_s(kinds)
+
+    def jump_forward(self, kinds: np.ndarray) -> np.ndarray:
+        return self.sampler.jump_forward(kinds)
+
+
+class ModelExecutor(GrammarExecutor):
+    """``model`` mode: grammar costs drawn from ``costs``, vectorized over a step's rows.
+
+    Parameters
+    ----------
+    costs : the cost source (a backend profile, or fixed numbers).
+    alpha : per-draft acceptance probability of the target model.
+    jump_forward : emit forced tokens without a forward step (what-if).
+
+    Per grammar row and step: ``1 + k`` fills and ``k`` draft accepts build the
+    mask; after verification one rollback call undoes the rejected drafts and
+    one accept takes the sampled token; jump-forward accepts the forced tokens.
+    """
+
+    def __init__(self, costs: GrammarCosts, alpha: float = 0.0, jump_forward: bool = False) -> None:
+        self.costs, self.alpha, self.jump_forward = costs, alpha, jump_forward
+        self.kind_code = np.zeros(0, np.int64)
+
+    def prepare(self, requests: Sequence[Request], keys: SpecKeys) -> None:
+        super().prepare(requests, keys)
+        codes = np.array([KIND_CODES[k] for k in keys.kinds] + [-1], np.int64)
+        self.kind_code = codes[keys.request_key]  # key -1 picks the trailing "pooled" code
+
+    def compile(self, key: int) -> CompileOutcome:
+        k = self.keys
+        return self.costs.compile(k.spec_ids[key], k.texts[key], k.kinds[key])
+
+    def step(self, rows: StepRows, rng: np.random.Generator) -> StepWork:
+        n = len(rows.rid)
+        grammar, drafts = rows.grammar, rows.drafts
+        accepted = accepted_drafts(rng, drafts, self.alpha) if drafts.any() else np.zeros(n, np.int64)
+        produced = np.minimum(accepted + 1, rows.gen_left)
+        thinking = rows.think_left > 0
+        if thinking.any():
+            produced = np.where(thinking, np.minimum(produced, rows.think_left), produced)
+        accepted = np.minimum(accepted, produced - 1)
+        mask_rows = np.where(grammar, 1 + drafts, 0)
+        fill_s = np.zeros(n)
+        rolled_back = np.zeros(n, np.int64)
+        jumped = np.zeros(n, np.int64)
+        process_s = 0.0
+        g = np.flatnonzero(grammar)
+        if len(g):
+            codes = self.kind_code[rows.rid[g]]
+            per_row = mask_rows[g]
+            draws = self.costs.fill_s(np.repeat(codes, per_row))
+            fill_s[g] = np.add.reduceat(draws, np.concatenate(([0], np.cumsum(per_row)[:-1])))
+            accept_one = self.costs.accept_s(codes)
+            if drafts[g].any():
+                fill_s[g] += accept_one * drafts[g]  # drafts enter the grammar to fill their rows
+                rolled_back[g] = drafts[g] - accepted[g]
+                undo = rolled_back[g] > 0
+                if undo.any():
+                    process_s += float(self.costs.rollback_s(codes[undo]).sum())
+            process_s += float(accept_one.sum())  # the sampled (bonus / correction) token
+            if self.jump_forward:
+                room = rows.gen_left[g] - produced[g]
+                forced = np.minimum(self.costs.jump_forward(codes), room)
+                jumped[g] = forced
+                if forced.any():
+                    process_s += float(np.dot(accept_one, forced))
+                produced = produced + jumped
+        return StepWork(fill_s, mask_rows, produced, accepted, rolled_back, jumped, np.zeros(n, bool), process_s)

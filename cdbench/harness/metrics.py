@@ -1,0 +1,238 @@
+"""The run summary: vLLM's serving-benchmark metrics plus constrained-decoding ones.
+
+Definitions follow vLLM's ``benchmark_serving``: TTFT = first token − issue,
+TPOT = (E2E − TTFT) / (output tokens − 1), ITL = gaps between successive
+outputs of a request (a speculative step's tokens arrive together), E2EL =
+finish − issue; throughputs divide by the span from the first issue to the
+last finish. Field names match its JSON output where one exists.
+
+Per-token quantities (ITL, per-row mask time) are kept in a
+:class:`LogHistogram` instead of per-token records; its quantiles are exact to
+the bin width (about 1.2 %).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class LogHistogram:
+    """A fixed log-spaced histogram of positive seconds (100 ns to 10⁴ s, 200 bins a decade).
+
+    >>> h = LogHistogram()
+    >>> h.add(np.array([0.001, 0.002, 0.003]))
+    >>> round(h.quantile(0.5) * 1e3, 1), h.mean()
+    (2.0, 0.002)
+    """
+
+    LOW, DECADES, PER_DECADE = -7, 11, 200
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(self.DECADES * self.PER_DECADE + 1)
+        self.total = 0.0
+        self.weight = 0.0
+        self.sq_total = 0.0
+
+    def add(self, values: np.ndarray, weights: np.ndarray | None = None) -> None:
+        """Count ``values`` (seconds), each ``weights`` times (default once)."""
+        if len(values) == 0:
+            return
+        v = np.maximum(values, 10.0**self.LOW)
+        idx = np.minimum(((np.log10(v) - self.LOW) * self.PER_DECADE).astype(np.int64), len(self.counts) - 1)
+        w = np.ones(len(v)) if weights is None else weights.astype(np.float64)
+        self.counts += np.bincount(idx, w, minlength=len(self.counts))
+        self.total += float(np.dot(values, w))
+        self.sq_total += float(np.dot(values * values, w))
+        self.weight += float(w.sum())
+
+    def mean(self) -> float:
+        return self.total / self.weight if self.weight else math.nan
+
+    def std(self) -> float:
+        if not self.weight:
+            return math.nan
+        return math.sqrt(max(self.sq_total / self.weight - self.mean() ** 2, 0.0))
+
+    def quantile(self, q: float) -> float:
+        """The ``q``-quantile (geometric centre of its bin)."""
+        if not self.weight:
+            return math.nan
+        cum = np.cumsum(self.counts)
+        i = int(np.searchsorted(cum, q * self.weight, side="left"))
+        return 10.0 ** (self.LOW + (i + 0.5) / self.PER_DECADE)
+
+
+class SLO(BaseModel):
+    """Service-level objectives for goodput (vLLM's ``--goodput``); ``None`` means no limit."""
+
+    model_config = ConfigDict(extra="forbid")
+    ttft_ms: float | None = Field(None, gt=0)
+    tpot_ms: float | None = Field(None, gt=0)
+    e2el_ms: float | None = Field(None, gt=0)
+
+
+class Summary(BaseModel):
+    """One run's metrics; serializes to ``summary.json``. Latencies in ms, throughputs per second."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # --- vLLM serving-benchmark fields
+    duration: float
+    completed: int
+    failed: int
+    total_input_tokens: int
+    total_output_tokens: int
+    request_throughput: float
+    request_goodput: float | None
+    output_throughput: float
+    total_token_throughput: float
+    mean_ttft_ms: float
+    median_ttft_ms: float
+    std_ttft_ms: float
+    p90_ttft_ms: float
+    p99_ttft_ms: float
+    mean_tpot_ms: float
+    median_tpot_ms: float
+    std_tpot_ms: float
+    p90_tpot_ms: float
+    p99_tpot_ms: float
+    mean_itl_ms: float
+    median_itl_ms: float
+    std_itl_ms: float
+    p90_itl_ms: float
+    p99_itl_ms: float
+    mean_e2el_ms: float
+    median_e2el_ms: float
+    std_e2el_ms: float
+    p90_e2el_ms: float
+    p99_e2el_ms: float
+
+    # --- constrained decoding
+    structured_requests: int
+    aborts_by_reason: dict[str, int]
+    mean_grammar_wait_ms: float
+    median_grammar_wait_ms: float
+    p99_grammar_wait_ms: float
+    compiles: int
+    mean_compile_ms: float
+    p99_compile_ms: float
+    cache_hit_rate: float
+    inflight_shared: int
+    drafted_tokens: int
+    accepted_tokens: int
+    rolled_back_tokens: int
+    rollback_rate: float
+    jump_forward_tokens: int
+    forced_think_ends: int
+    validity_rate: float | None
+    validated: int
+    mean_rank_skew_ms: float
+    max_rank_skew_ms: float
+    mask_share: float
+    mask_row_p50_us: float
+    mask_row_p99_us: float
+    mask_row_p999_us: float
+    cpu_exposed_s: float
+    cpu_hidden_by_overlap_s: float
+    steps: int
+    idle_iterations: int
+
+
+def _stats_ms(values: np.ndarray) -> tuple[float, float, float, float, float]:
+    v = values[~np.isnan(values)] * 1e3
+    if len(v) == 0:
+        return (math.nan,) * 5
+    p90, p99 = np.percentile(v, [90, 99])
+    return float(v.mean()), float(np.median(v)), float(v.std()), float(p90), float(p99)
+
+
+def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: LogHistogram, mask_rows: LogHistogram,
+              slo: SLO | None = None) -> Summary:
+    """Compute the :class:`Summary` of a run from its records."""
+    ok = requests["abort_reason"] == ""
+    done = requests[ok]
+    issued = requests["issued_s"].to_numpy()
+    finish = requests["finish_s"].to_numpy()
+    duration = float(np.nanmax(finish) - np.nanmin(issued)) if len(requests) and ok.any() else 0.0
+    ttft = (done["first_token_s"] - done["issued_s"]).to_numpy()
+    e2el = (done["finish_s"] - done["issued_s"]).to_numpy()
+    out = done["output_tokens"].to_numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out > 1, (e2el - ttft) / np.maximum(out - 1, 1), np.nan)
+    per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
+    goodput = None
+    if slo is not None:
+        good = np.ones(len(done), bool)
+        if slo.ttft_ms is not None:
+            good &= ttft * 1e3 <= slo.ttft_ms
+        if slo.tpot_ms is not None:
+            good &= np.nan_to_num(tpot, nan=0.0) * 1e3 <= slo.tpot_ms
+        if slo.e2el_ms is not None:
+            good &= e2el * 1e3 <= slo.e2el_ms
+        goodput = per_s(float(good.sum()))
+
+    structured = requests[requests["structured"]]
+    wait = (structured["grammar_ready_s"] - structured["issued_s"]).to_numpy()
+    misses = structured[structured["cache"] == "miss"]
+    compile_ms = (misses["compile_end_s"] - misses["compile_start_s"]).to_numpy()
+    hits = int((structured["cache"] == "hit").sum())
+    drafted = int(requests["drafted"].sum())
+    rolled = int(requests["rolled_back"].sum())
+    valid = requests["valid"].dropna()
+    skew = structured["rank_skew_s"].to_numpy()
+    skew = skew[~np.isnan(skew)]
+    total_step = float(steps["duration_s"].sum()) if len(steps) else 0.0
+    mask_time = float((steps["fill_s"] + steps["copy_s"] + steps["apply_s"]).sum()) if len(steps) else 0.0
+    reasons = requests.loc[~ok, "abort_reason"].astype(str).value_counts()
+
+    t = _stats_ms(ttft)
+    p = _stats_ms(tpot)
+    e = _stats_ms(e2el)
+    w = _stats_ms(wait)
+    c = _stats_ms(compile_ms)
+    ms = 1e3
+    return Summary(
+        duration=duration,
+        completed=int(ok.sum()),
+        failed=int((~ok).sum()),
+        total_input_tokens=int(done["prompt_len"].sum()),
+        total_output_tokens=int(out.sum()),
+        request_throughput=per_s(float(len(done))),
+        request_goodput=goodput,
+        output_throughput=per_s(float(out.sum())),
+        total_token_throughput=per_s(float(out.sum() + done["prompt_len"].sum())),
+        mean_ttft_ms=t[0], median_ttft_ms=t[1], std_ttft_ms=t[2], p90_ttft_ms=t[3], p99_ttft_ms=t[4],
+        mean_tpot_ms=p[0], median_tpot_ms=p[1], std_tpot_ms=p[2], p90_tpot_ms=p[3], p99_tpot_ms=p[4],
+        mean_itl_ms=itl.mean() * ms, median_itl_ms=itl.quantile(0.5) * ms, std_itl_ms=itl.std() * ms,
+        p90_itl_ms=itl.quantile(0.9) * ms, p99_itl_ms=itl.quantile(0.99) * ms,
+        mean_e2el_ms=e[0], median_e2el_ms=e[1], std_e2el_ms=e[2], p90_e2el_ms=e[3], p99_e2el_ms=e[4],
+        structured_requests=len(structured),
+        aborts_by_reason={str(k): int(v) for k, v in reasons.items() if v},
+        mean_grammar_wait_ms=w[0], median_grammar_wait_ms=w[1], p99_grammar_wait_ms=w[4],
+        compiles=len(misses),
+        mean_compile_ms=c[0], p99_compile_ms=c[4],
+        cache_hit_rate=hits / len(structured) if len(structured) else math.nan,
+        inflight_shared=int((structured["cache"] == "inflight").sum()),
+        drafted_tokens=drafted,
+        accepted_tokens=int(requests["accepted"].sum()),
+        rolled_back_tokens=rolled,
+        rollback_rate=rolled / drafted if drafted else 0.0,
+        jump_forward_tokens=int(requests["jump_forward_tokens"].sum()),
+        forced_think_ends=int(requests["forced_think_end"].sum()),
+        validity_rate=float(valid.mean()) if len(valid) else None,
+        validated=len(valid),
+        mean_rank_skew_ms=float(skew.mean() * ms) if len(skew) else 0.0,
+        max_rank_skew_ms=float(skew.max() * ms) if len(skew) else 0.0,
+        mask_share=mask_time / total_step if total_step else 0.0,
+        mask_row_p50_us=mask_rows.quantile(0.5) * 1e6,
+        mask_row_p99_us=mask_rows.quantile(0.99) * 1e6,
+        mask_row_p999_us=mask_rows.quantile(0.999) * 1e6,
+        cpu_exposed_s=float(steps["exposed_cpu_s"].sum()) if len(steps) else 0.0,
+        cpu_hidden_by_overlap_s=float(steps["hidden_cpu_s"].sum()) if len(steps) else 0.0,
+        steps=int((steps["kind"] != "idle").sum()) if len(steps) else 0,
+        idle_iterations=int((steps["kind"] == "idle").sum()) if len(steps) else 0,
+    )

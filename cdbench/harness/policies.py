@@ -1,0 +1,184 @@
+"""Scheduler policies: the ``sglang`` and ``vllm`` presets of the one scheduler loop.
+
+A policy is only configuration. :class:`SchedulerConfig` names every mechanism
+the loop models; :func:`policy` returns a preset with any field overridden:
+
+>>> cfg = policy("sglang", poll_interval_s=0.001)
+>>> cfg.grammar_wait, cfg.readiness, cfg.poll_interval_s
+('grammar_queue', 'blocking_poll', 0.001)
+>>> policy("vllm").fill_parallel_threshold
+128
+
+Defaults follow the engines (sources in the project's engine notes):
+
+========================  ===============================  ===============================
+mechanism                 sglang                           vllm
+========================  ===============================  ===============================
+compile pool              ``min(32, cpus + 4)`` threads     ``(cpus + 1) // 2`` threads
+compile cache             written at harvest, no in-flight  written when compiled (xgrammar
+                          de-dup, failures cached           cache), in-flight shared, hits
+                                                            still take a pool round trip
+while compiling           separate grammar queue; ready     stays in the waiting queue at
+                          requests rejoin at the tail       its place; later ones pass it
+readiness                 one blocking poll per iteration   a 100 µs check per unready
+                          (5 ms in 0.5 ms naps), timeout    request inspected, no timeout
+                          after 10 000 polls
+rank sync                 all_gather of (ready, failed)     none (one scheduler)
+batching                  prefill and decode batches apart  mixed (chunked prefill)
+mask fill                 serial                            parallel above 128 rows, chunks
+                                                            of 16 on ``min(cpus//2, 8)``
+========================  ===============================  ===============================
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class SchedulerConfig(BaseModel):
+    """Every parameter of the scheduler loop. Times are seconds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field("custom", description="preset this configuration came from")
+
+    # --- continuous batching
+    max_running_requests: int = Field(256, ge=1, description="vLLM max_num_seqs / SGLang max_running_requests")
+    max_batched_tokens: int = Field(
+        8192, ge=1, description="token budget per iteration (vLLM max_num_batched_tokens, SGLang chunked_prefill_size)"
+    )
+    chunked_prefill: bool = Field(True, description="split prompts longer than the remaining token budget")
+    mixed_batches: bool = Field(
+        True, description="decode rows and prefill chunks share an iteration (vLLM); False: prefill batches run alone (SGLang)"
+    )
+
+    # --- compile pool and cache
+    compile_threads: int = Field(16, ge=1, description="worker threads of the async compile pool (per rank)")
+    cache: bool = Field(True, description="compiled-grammar cache on")
+    cache_write: Literal["harvest", "compile"] = Field(
+        "compile", description="when a compiled grammar enters the cache: when the scheduler harvests it (SGLang) or when compiling ends (xgrammar's cache)"
+    )
+    cache_dedup_inflight: bool = Field(True, description="a miss for a key already compiling waits for that compile")
+    cache_capacity: int | None = Field(None, ge=1, description="LRU entry limit; None: unbounded")
+    cache_failures: bool = Field(False, description="a failed or timed-out key is cached as invalid; later requests abort at once")
+    cache_hit_path: Literal["direct", "pool"] = Field(
+        "pool", description="a hit is ready at once (SGLang) or still makes a round trip through the compile pool (vLLM)"
+    )
+    cache_hit_s: float = Field(20e-6, ge=0, description="cost of a cache hit (copy, or the pool task)")
+
+    # --- waiting for the grammar
+    grammar_wait: Literal["grammar_queue", "in_place"] = Field(
+        "in_place", description="grammar_queue: separate queue, tail on release (SGLang); in_place: keeps its waiting-queue place (vLLM)"
+    )
+    readiness: Literal["blocking_poll", "per_request_check"] = Field(
+        "per_request_check", description="how the scheduler learns a compile finished"
+    )
+    poll_interval_s: float = Field(0.005, gt=0, description="SGLang: one poll blocks up to this long")
+    poll_naps: int = Field(10, ge=1, description="SGLang: readiness checks per poll (naps of interval/naps)")
+    poll_early_exit: bool = Field(True, description="SGLang: a poll ends at the first check where everything is ready")
+    max_poll_iterations: int | None = Field(
+        None, ge=1, description="SGLang: abort after this many polls not ready; None: never time out"
+    )
+    check_timeout_s: float = Field(100e-6, ge=0, description="vLLM: result(timeout) per unready request inspected")
+
+    # --- ranks
+    ranks: int = Field(1, ge=1, description="TP/DP ranks that each compile every grammar and agree by all_gather")
+    rank_jitter: float = Field(0.0, ge=0, description="per-rank compile-time jitter: lognormal sigma")
+    all_gather_s: float = Field(150e-6, ge=0, description="cost of one all_gather_object of (ready, failed) when ranks > 1")
+
+    # --- scheduler CPU
+    schedule_s: float = Field(0.0, ge=0, description="CPU per iteration to form the batch")
+    process_row_s: float = Field(0.0, ge=0, description="CPU per sampled row to process results (detokenize, stop checks)")
+
+    # --- mask building
+    fill_parallel_threshold: int | None = Field(
+        None, ge=0, description="fill in parallel when more structured rows than this (and no spec); None: always serial"
+    )
+    fill_chunk: int = Field(16, ge=1, description="requests per parallel fill task")
+    fill_threads: int = Field(8, ge=1, description="threads of the parallel fill pool")
+    pinned_mask: bool = Field(True, description="bitmask in pinned host memory (non-blocking copy)")
+
+    abort_on_reject: bool = Field(
+        False, description="a token the grammar rejects aborts the request (SGLang); False: logged and ignored (vLLM)"
+    )
+
+    # --- pipeline
+    overlap: bool = Field(True, description="overlap scheduling (SGLang) / async scheduling (vLLM)")
+    spec_grammar_overlap: bool = Field(
+        True, description="with spec decoding, grammar CPU work still overlaps the verify forward; False: serialise such steps"
+    )
+
+    # --- speculative decoding, reasoning, jump-forward
+    spec_tokens: int = Field(0, ge=0, description="draft tokens per request per step (1 + k mask rows)")
+    strict_thinking: bool = Field(False, description="while thinking, structured rows carry a token-filter mask")
+    think_filter_s: float = Field(5e-6, ge=0, description="CPU per token-filter row (strict thinking, forced think-end)")
+    jump_forward: bool = Field(False, description="what-if: tokens the grammar forces are emitted without a forward step")
+
+    # --- idle
+    idle_spin_s: float = Field(
+        50e-6, gt=0, description="shortest iteration while requests wait but nothing can run (the loop spins)"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> SchedulerConfig:
+        if self.readiness == "blocking_poll" and self.grammar_wait != "grammar_queue":
+            raise ValueError("readiness 'blocking_poll' polls the grammar queue: set grammar_wait='grammar_queue'")
+        return self
+
+
+def _sglang(cpus: int) -> dict:
+    return dict(
+        name="sglang",
+        max_running_requests=256,
+        max_batched_tokens=8192,
+        mixed_batches=False,
+        compile_threads=min(32, cpus + 4),
+        cache_write="harvest",
+        cache_dedup_inflight=False,
+        cache_failures=True,
+        cache_hit_path="direct",
+        cache_hit_s=5e-6,
+        grammar_wait="grammar_queue",
+        readiness="blocking_poll",
+        max_poll_iterations=10_000,
+        fill_parallel_threshold=None,
+        spec_grammar_overlap=False,
+        abort_on_reject=True,
+    )
+
+
+def _vllm(cpus: int) -> dict:
+    return dict(
+        name="vllm",
+        max_running_requests=256,
+        max_batched_tokens=8192,
+        mixed_batches=True,
+        compile_threads=max(1, (cpus + 1) // 2),
+        cache_write="compile",
+        cache_dedup_inflight=True,
+        cache_failures=False,
+        cache_hit_path="pool",
+        grammar_wait="in_place",
+        readiness="per_request_check",
+        max_poll_iterations=None,
+        fill_parallel_threshold=128,
+        fill_chunk=16,
+        fill_threads=max(1, min(cpus // 2, 8)),
+        spec_grammar_overlap=True,
+    )
+
+
+PRESETS = {"sglang": _sglang, "vllm": _vllm}
+
+
+def policy(name: str, host_cpus: int = 32, **overrides: object) -> SchedulerConfig:
+    """The preset ``name`` for an engine host with ``host_cpus`` CPUs, with ``overrides`` applied.
+
+    Raises ``KeyError`` for an unknown preset and pydantic's ``ValidationError``
+    for an unknown or invalid override.
+    """
+    if name not in PRESETS:
+        raise KeyError(f"unknown scheduler policy {name!r}; known: {', '.join(sorted(PRESETS))}")
+    return SchedulerConfig(**{**PRESETS[name](host_cpus), **overrides})

@@ -1,0 +1,165 @@
+"""What a run records: one row per request and one row per scheduler iteration.
+
+Records are columnar (numpy arrays filled in place while the loop runs) and
+become pandas DataFrames at the end; :class:`RequestRecord` and
+:class:`StepRecord` document the columns and give typed access to one row.
+Times are seconds of virtual time; ``NaN`` means "did not happen".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import pandas as pd
+
+ABORT_REASONS = ("", "compile_error", "grammar_timeout", "cached_invalid", "grammar_rejected")
+CACHE_RESULTS = ("", "miss", "hit", "inflight")  # "" for an unconstrained request
+STEP_KINDS = ("idle", "decode", "prefill", "mixed")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One request's outcome (a row of ``requests.parquet``).
+
+    Attributes
+    ----------
+    request_id : the workload's id.
+    arrival_s : when the workload meant it to arrive.
+    issued_s : when it reached the engine (later than ``arrival_s`` only
+        under a closed loop's concurrency limit); latencies count from here.
+    prompt_len, output_len : prompt tokens; answer tokens (EOS included).
+    think_tokens : tokens of the thinking phase, think-end included (0: none).
+    structured : carries a constraint.
+    spec_key : index of its distinct spec (-1 unconstrained).
+    cache : ``miss``, ``hit`` or ``inflight`` (shared a running compile); ``""`` unconstrained.
+    compile_start_s, compile_end_s : its compile (earliest start, latest end
+        over ranks; for ``inflight`` the shared compile's end).
+    grammar_ready_s : when the scheduler released it as ready to run.
+    rank_skew_s : latest minus earliest rank compile end.
+    admitted_s, first_token_s, finish_s : entered the batch; first output token; done or aborted.
+    output_tokens : tokens emitted (thinking included).
+    drafted, accepted, rolled_back : draft tokens proposed, accepted by the
+        target, and rolled back in the grammar (rejected drafts of grammar rows).
+    jump_forward_tokens : tokens emitted by jump-forward without a forward step.
+    forced_think_end : the thinking budget cut thinking short.
+    abort_reason : ``""`` or one of :data:`ABORT_REASONS`.
+    valid : output checked against its spec (hybrid); ``None`` when not checked.
+    """
+
+    request_id: int
+    arrival_s: float
+    issued_s: float
+    prompt_len: int
+    output_len: int
+    think_tokens: int
+    structured: bool
+    spec_key: int
+    cache: str
+    compile_start_s: float
+    compile_end_s: float
+    grammar_ready_s: float
+    rank_skew_s: float
+    admitted_s: float
+    first_token_s: float
+    finish_s: float
+    output_tokens: int
+    drafted: int
+    accepted: int
+    rolled_back: int
+    jump_forward_tokens: int
+    forced_think_end: bool
+    abort_reason: str
+    valid: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One scheduler iteration (a row of ``steps.parquet``).
+
+    Attributes
+    ----------
+    start_s, duration_s : the iteration's span.
+    kind : ``decode``, ``prefill``, ``mixed`` or ``idle`` (nothing ran; the loop spun).
+    rows : rows that sampled; decode_rows : of them, decoding;
+    prefill_tokens : prompt tokens run; grammar_rows : sampling rows whose grammar was active;
+    mask_rows : bitmask rows built (1 + drafts per grammar row, plus token-filter rows).
+    tokens : tokens emitted.
+    schedule_s, poll_s, sync_s, check_s : scheduler CPU (batch forming,
+        SGLang's blocking poll, the rank all_gather, vLLM's readiness checks).
+    forward_s, fill_s, copy_s, apply_s, sample_s, process_s : the parts.
+    exposed_cpu_s, hidden_cpu_s : CPU time on the critical path / overlapped with the GPU.
+    """
+
+    start_s: float
+    duration_s: float
+    kind: str
+    rows: int
+    decode_rows: int
+    prefill_tokens: int
+    grammar_rows: int
+    mask_rows: int
+    tokens: int
+    schedule_s: float
+    poll_s: float
+    sync_s: float
+    check_s: float
+    forward_s: float
+    fill_s: float
+    copy_s: float
+    apply_s: float
+    sample_s: float
+    process_s: float
+    exposed_cpu_s: float
+    hidden_cpu_s: float
+
+
+STEP_COLUMNS = tuple(f.name for f in fields(StepRecord))
+REQUEST_COLUMNS = tuple(f.name for f in fields(RequestRecord))
+
+
+class RequestTable:
+    """Per-request columns as numpy arrays, written in place by the scheduler."""
+
+    _FLOAT = ("arrival_s", "issued_s", "compile_start_s", "compile_end_s", "grammar_ready_s", "rank_skew_s",
+              "admitted_s", "first_token_s", "finish_s")
+    _INT = ("request_id", "prompt_len", "output_len", "think_tokens", "spec_key", "output_tokens", "drafted",
+            "accepted", "rolled_back", "jump_forward_tokens")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        for name in self._FLOAT:
+            setattr(self, name, np.full(n, np.nan))
+        for name in self._INT:
+            setattr(self, name, np.zeros(n, np.int64))
+        self.structured = np.zeros(n, bool)
+        self.forced_think_end = np.zeros(n, bool)
+        self.cache = np.zeros(n, np.int8)  # index into CACHE_RESULTS
+        self.abort = np.zeros(n, np.int8)  # index into ABORT_REASONS
+        self.valid = np.full(n, -1, np.int8)  # -1 unchecked, 0 invalid, 1 valid
+
+    def to_frame(self) -> pd.DataFrame:
+        data = {name: getattr(self, name) for name in REQUEST_COLUMNS
+                if name not in ("cache", "abort_reason", "valid")}
+        data["cache"] = pd.Categorical.from_codes(self.cache, CACHE_RESULTS)
+        data["abort_reason"] = pd.Categorical.from_codes(self.abort, ABORT_REASONS)
+        data["valid"] = pd.array(np.where(self.valid < 0, None, self.valid == 1), dtype="boolean")
+        return pd.DataFrame(data, columns=list(REQUEST_COLUMNS))
+
+    def record(self, i: int) -> RequestRecord:
+        """Row ``i`` as a typed record."""
+        row = self.to_frame().iloc[i].to_dict()
+        row["valid"] = None if pd.isna(row["valid"]) else bool(row["valid"])
+        return RequestRecord(**row)
+
+
+class StepLog:
+    """Per-iteration rows, appended as tuples in :data:`STEP_COLUMNS` order."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple] = []
+
+    def to_frame(self) -> pd.DataFrame:
+        frame = pd.DataFrame.from_records(self.rows, columns=list(STEP_COLUMNS))
+        frame["kind"] = pd.Categorical(frame["kind"], categories=list(STEP_KINDS))
+        return frame

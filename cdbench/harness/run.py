@@ -1,0 +1,76 @@
+"""Run a simulation: :func:`run` for a whole :class:`~cdbench.harness.config.RunConfig`,
+:func:`simulate` for requests and cost sources you built yourself.
+
+>>> from cdbench.harness.executors import FixedGpuCosts, FixedGrammarCosts, ModelExecutor
+>>> from cdbench.harness.policies import policy
+>>> from cdbench.workloads.request import Request
+>>> result = simulate([Request(0, 0.0, 100, 4)], policy("vllm", overlap=False),
+...                   ModelExecutor(FixedGrammarCosts()), FixedGpuCosts(forward_base_s=0.01))
+>>> result.requests["finish_s"].tolist(), result.summary.completed
+([0.04], 1)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from cdbench.harness.executors import GpuCosts, GrammarExecutor
+from cdbench.harness.metrics import SLO, Summary, summarize
+from cdbench.harness.policies import SchedulerConfig
+from cdbench.harness.scheduler import Scheduler
+from cdbench.harness.timeline import Timeline
+from cdbench.workloads.request import Request
+
+Progress = Callable[[float], None]
+
+
+@dataclass
+class RunResult:
+    """A finished run.
+
+    Attributes
+    ----------
+    requests : one row a request (:class:`~cdbench.harness.records.RequestRecord` columns).
+    steps : one row a scheduler iteration (:class:`~cdbench.harness.records.StepRecord` columns).
+    summary : the metrics (``summary.json``).
+    timeline : spans of the first iterations, for the Chrome trace.
+    wall_s : wall-clock seconds the simulation took.
+    backend_call_s : wall seconds spent inside grammar-backend calls (hybrid; 0 in model mode).
+    """
+
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    summary: Summary
+    timeline: Timeline = field(default_factory=Timeline)
+    wall_s: float = 0.0
+    backend_call_s: float = 0.0
+
+    @property
+    def outside_backend_share(self) -> float:
+        """Share of wall time spent outside backend calls (hybrid's overhead)."""
+        return 1.0 - self.backend_call_s / self.wall_s if self.wall_s else 0.0
+
+
+def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: GrammarExecutor, gpu: GpuCosts,
+             seed: int = 0, max_concurrency: int | None = None, slo: SLO | None = None,
+             trace_steps: int = 2000, progress: Progress | None = None) -> RunResult:
+    """Simulate ``requests`` under ``scheduler`` with the given cost sources.
+
+    ``progress`` is called with the fraction of requests ended (0..1) now and then.
+    """
+    start = time.perf_counter()
+    timeline = Timeline(max_steps=trace_steps)
+    total = max(len(requests), 1)
+    on_progress = (lambda ended: progress(ended / total)) if progress is not None else None
+    sched = Scheduler(scheduler, requests, executor, gpu, seed=seed, max_concurrency=max_concurrency,
+                      timeline=timeline if trace_steps else None, on_progress=on_progress)
+    sched.run()
+    requests_frame = sched.rec.to_frame()
+    steps_frame = sched.steps.to_frame()
+    summary = summarize(requests_frame, steps_frame, sched.itl, sched.fill_hist, slo)
+    return RunResult(requests_frame, steps_frame, summary, timeline, time.perf_counter() - start,
+                     executor.backend_call_s)

@@ -1,0 +1,610 @@
+"""The scheduler loop: one discrete-event model of SGLang's and vLLM's schedulers.
+
+One :class:`Scheduler` runs every mechanism; :class:`~cdbench.harness.policies.SchedulerConfig`
+says which variant of each (a preset is a configuration, not a code path of its own).
+
+Each iteration, at virtual time ``t``:
+
+1. **Grammar readiness.** SGLang: when the grammar queue is not empty, one
+   blocking poll (readiness checks every ``interval/naps``, an early exit when
+   everything is ready, ``max_poll_iterations`` before a timeout), then with
+   ``R`` ranks an all_gather: ready = ready on every rank, failed = failed on
+   any. vLLM: each waiting request whose grammar is not ready costs up to
+   ``check_timeout_s`` when the admission loop inspects it.
+2. **Batch.** Decode rows and continuing prefill chunks, then new requests in
+   waiting-queue order while rows and the token budget last (chunked
+   prefill). With ``mixed_batches=False`` a prefill batch runs alone.
+3. **Grammar work** from the executor: mask fill per row (serial, or parallel
+   above a row threshold), drafts (1 + k mask rows), verification, rollback,
+   jump-forward — as arrays over the step's rows.
+4. **Time.** Without overlap: ``pre + max(forward, fill + copy) + apply +
+   sample + process``. With overlap, a batch holding any grammar row waits
+   for the previous step's processing and this step's mask:
+   ``max(forward, pre + process(prev) + fill + copy) + apply + sample``; a
+   batch without one: ``max(forward + sample, pre + process(prev))``.
+
+Per-request Python runs only at events (arrival, release, admission, finish,
+abort); everything per token is a numpy operation over the running batch,
+which is kept as a struct of arrays.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from cdbench.harness.compile_service import CompilePools, GrammarCache
+from cdbench.harness.events import EventKind, EventQueue
+from cdbench.harness.executors import CompileOutcome, GpuCosts, GrammarExecutor, SpecKeys, StepRows
+from cdbench.harness.metrics import LogHistogram
+from cdbench.harness.policies import SchedulerConfig
+from cdbench.harness.records import ABORT_REASONS, CACHE_RESULTS, RequestTable, StepLog
+from cdbench.harness.timeline import Timeline
+from cdbench.workloads.request import Request
+
+_ABORT = {name: i for i, name in enumerate(ABORT_REASONS)}
+_CACHE = {name: i for i, name in enumerate(CACHE_RESULTS)}
+_KIND_DECODE, _KIND_PREFILL, _KIND_MIXED = "decode", "prefill", "mixed"
+
+
+def parallel_makespan(per_request_s: np.ndarray, chunk: int, threads: int) -> float:
+    """Wall time to fill masks in chunks of ``chunk`` requests on ``threads`` threads (FIFO).
+
+    >>> parallel_makespan(np.full(64, 1.0), chunk=16, threads=2)
+    32.0
+    """
+    n = len(per_request_s)
+    starts = np.arange(0, n, chunk)
+    tasks = np.add.reduceat(per_request_s, starts) if n else np.zeros(0)
+    free = [0.0] * min(threads, max(1, len(tasks)))
+    for task in tasks:
+        heapq.heapreplace(free, free[0] + task)
+    return float(max(free))
+
+
+class _Batch:
+    """The running batch as a struct of arrays (one entry a running request)."""
+
+    __slots__ = ("rid", "prefill_left", "cached", "gen_left", "think_left", "structured", "forced", "last_tok")
+
+    def __init__(self) -> None:
+        self.rid = np.zeros(0, np.int64)
+        self.prefill_left = np.zeros(0, np.int64)
+        self.cached = np.zeros(0, np.int64)
+        self.gen_left = np.zeros(0, np.int64)
+        self.think_left = np.zeros(0, np.int64)
+        self.structured = np.zeros(0, bool)
+        self.forced = np.zeros(0, bool)
+        self.last_tok = np.zeros(0)
+
+    def __len__(self) -> int:
+        return len(self.rid)
+
+    def append(self, rid, prefill_left, gen_left, think_left, structured, forced) -> None:
+        self.rid = np.concatenate((self.rid, rid))
+        self.prefill_left = np.concatenate((self.prefill_left, prefill_left))
+        self.cached = np.concatenate((self.cached, np.zeros(len(rid), np.int64)))
+        self.gen_left = np.concatenate((self.gen_left, gen_left))
+        self.think_left = np.concatenate((self.think_left, think_left))
+        self.structured = np.concatenate((self.structured, structured))
+        self.forced = np.concatenate((self.forced, forced))
+        self.last_tok = np.concatenate((self.last_tok, np.full(len(rid), np.nan)))
+
+    def keep(self, mask: np.ndarray) -> None:
+        for name in self.__slots__:
+            setattr(self, name, getattr(self, name)[mask])
+
+
+class Scheduler:
+    """Simulate ``requests`` under ``config``.
+
+    Parameters
+    ----------
+    config : the policy (every mechanism's parameters).
+    requests : the workload, in any order (sorted by arrival here).
+    executor : the grammar cost source (model profile or real backend).
+    gpu : the GPU cost model.
+    seed : fixes every random choice (compile jitter, sampled costs, draft acceptance).
+    max_concurrency : closed loop — at most this many requests in the engine
+        at once; the next is issued when one ends (``None``: open loop).
+    timeline : spans to record (``None``: none).
+    on_progress : called with the number of ended requests every few hundred iterations.
+    """
+
+    def __init__(self, config: SchedulerConfig, requests: Sequence[Request], executor: GrammarExecutor,
+                 gpu: GpuCosts, seed: int = 0, max_concurrency: int | None = None,
+                 timeline: Timeline | None = None, on_progress: Callable[[int], None] | None = None) -> None:
+        self.cfg, self.executor, self.gpu = config, executor, gpu
+        self.timeline, self.on_progress = timeline, on_progress
+        self.max_concurrency = max_concurrency
+        seeds = np.random.SeedSequence(seed).spawn(2)
+        self.rng_compile = np.random.default_rng(seeds[0])
+        self.rng_step = np.random.default_rng(seeds[1])
+
+        ordered = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
+        self.requests = ordered
+        n = self.n = len(ordered)
+        rec = self.rec = RequestTable(n)
+        rec.request_id[:] = [r.request_id for r in ordered]
+        rec.arrival_s[:] = [r.arrival_s for r in ordered]
+        rec.prompt_len[:] = [max(1, r.prompt_len) for r in ordered]
+        rec.output_len[:] = [max(1, r.output_len) for r in ordered]
+        rec.structured[:] = [r.structured for r in ordered]
+        think_len = np.array([r.think_len for r in ordered], np.int64)
+        budget = np.array([r.thinking_budget if r.thinking_budget is not None else -1 for r in ordered], np.int64)
+        capped = np.where((budget >= 0) & (think_len > budget), budget, think_len)
+        rec.think_tokens[:] = np.where(think_len > 0, capped + 1, 0)  # +1: the think-end token
+        rec.forced_think_end[:] = (think_len > 0) & (budget >= 0) & (think_len > budget)
+        self.gen_total = rec.think_tokens + rec.output_len
+
+        self.keys = SpecKeys.of(ordered)
+        rec.spec_key[:] = self.keys.request_key
+        executor.prepare(ordered, self.keys)
+        self._outcomes: dict[int, CompileOutcome] = {}
+
+        R = config.ranks
+        self.done_at = np.full((n, R), np.inf)
+        self.grammar_ok = np.ones(n, bool)
+        self.wait_ct = np.zeros((n, R), np.int64)
+        self.pools = CompilePools(R, config.compile_threads, config.rank_jitter)
+        self.cache = GrammarCache(config.cache, config.cache_write, config.cache_dedup_inflight,
+                                  config.cache_capacity, config.cache_failures)
+
+        self.queue = EventQueue()
+        self.waiting: deque[int] = deque()
+        self.grammar_queue: list[int] = []
+        self.batch = _Batch()
+        self.steps = StepLog()
+        self.itl = LogHistogram()
+        self.fill_hist = LogHistogram()
+        self.ended = 0
+        self.idle_iterations = 0
+        self._carry_process_s = 0.0  # overlap: last step's result processing, paid in the next iteration
+        self._carry_cpu_s = 0.0  # scheduler-thread work done at events (cache-hit copies)
+        self._next_arrival = 0
+        self._in_flight = 0
+        self._idle = True
+
+    # ------------------------------------------------------------------ driver
+
+    def run(self) -> None:
+        """Run until every request has finished or aborted."""
+        q = self.queue
+        for _ in range(self.max_concurrency or 1):
+            self._issue_next(0.0)
+        iterations = 0
+        while len(q):
+            t, kind, payload = q.pop()
+            if kind is EventKind.ARRIVAL:
+                self._arrive(payload, t)
+                if self.max_concurrency is None:
+                    self._issue_next(t)
+                if self._idle:
+                    self._idle = False
+                    q.push(t, EventKind.ITERATION)
+            else:
+                duration = self._iterate(t)
+                if duration is None:
+                    self._idle = True
+                else:
+                    q.push(t + duration, EventKind.ITERATION)
+                iterations += 1
+                if self.on_progress is not None and iterations % 256 == 0:
+                    self.on_progress(self.ended)
+        if self.on_progress is not None:
+            self.on_progress(self.ended)
+
+    def _issue_next(self, now: float) -> None:
+        """Put the next request's arrival on the event queue (under a closed loop, only if a slot is free)."""
+        if self._next_arrival >= self.n:
+            return
+        if self.max_concurrency is not None:
+            if self._in_flight >= self.max_concurrency:
+                return
+            self._in_flight += 1
+        i = self._next_arrival
+        self._next_arrival += 1
+        self.queue.push(max(now, float(self.rec.arrival_s[i])), EventKind.ARRIVAL, i)
+
+    # ------------------------------------------------------------------ arrival and compile
+
+    def _outcome(self, key: int) -> CompileOutcome:
+        outcome = self._outcomes.get(key)
+        if outcome is None:
+            outcome = self._outcomes[key] = self.executor.compile(key)
+        return outcome
+
+    def _arrive(self, rid: int, t: float) -> None:
+        rec, cfg = self.rec, self.cfg
+        rec.issued_s[rid] = t
+        if not rec.structured[rid]:
+            self.waiting.append(rid)
+            return
+        key = int(rec.spec_key[rid])
+        found, shared_end = self.cache.lookup(key, t)
+        rec.cache[rid] = _CACHE["hit" if found in ("hit", "invalid") else found]
+        if found == "invalid":
+            self._abort(rid, "cached_invalid", t)
+            return
+        if found == "hit" and cfg.cache_hit_path == "direct":
+            self._carry_cpu_s += cfg.cache_hit_s
+            self.done_at[rid] = t
+            rec.grammar_ready_s[rid] = t
+            rec.rank_skew_s[rid] = 0.0
+            self.waiting.append(rid)
+            return
+        if found == "hit":  # a round trip through the compile pool
+            start, end, thread = self.pools.submit(t, cfg.cache_hit_s, self.rng_compile)
+            self._trace_compile(start, end, thread, "cache hit")
+        elif found == "inflight":
+            start, end = np.full(cfg.ranks, t), shared_end
+            self.grammar_ok[rid] = self._outcome(key).error is None
+        else:
+            outcome = self._outcome(key)
+            start, end, thread = self.pools.submit(t, outcome.seconds, self.rng_compile)
+            self.grammar_ok[rid] = outcome.error is None
+            self.cache.submitted(key, end, self.grammar_ok[rid])
+            self._trace_compile(start, end, thread, f"compile {self.keys.texts[key][:40]}")
+        self.done_at[rid] = end
+        rec.compile_start_s[rid] = start.min()
+        rec.compile_end_s[rid] = end.max()
+        rec.rank_skew_s[rid] = end.max() - end.min()
+        if cfg.grammar_wait == "grammar_queue":
+            self.grammar_queue.append(rid)
+        else:
+            self.waiting.append(rid)
+
+    def _trace_compile(self, start, end, thread, name) -> None:
+        tl = self.timeline
+        if tl is not None and tl.recording:
+            for r in range(len(start)):
+                tl.span(f"rank{r}/compile{thread[r]}", name, float(start[r]), float(end[r] - start[r]))
+
+    def _abort(self, rid: int, reason: str, t: float) -> None:
+        self.rec.abort[rid] = _ABORT[reason]
+        self.rec.finish_s[rid] = t
+        self._end(rid, t)
+
+    def _end(self, rid: int, t: float) -> None:
+        self.ended += 1
+        if self.max_concurrency is not None:
+            self._in_flight -= 1
+            self._issue_next(t)
+
+    def _release(self, rid: int, t: float) -> bool:
+        """A finished compile is taken by the scheduler; False when it failed (the request aborts)."""
+        key = int(self.rec.spec_key[rid])
+        ok = bool(self.grammar_ok[rid])
+        self.cache.harvested(key, ok)
+        if not ok:
+            self._abort(rid, "compile_error", t)
+            return False
+        self.rec.grammar_ready_s[rid] = t
+        return True
+
+    # ------------------------------------------------------------------ readiness
+
+    def _poll(self, t0: float) -> tuple[float, float]:
+        """SGLang's blocking poll of the grammar queue at ``t0``; returns (poll seconds, all_gather seconds)."""
+        cfg = self.cfg
+        queued = np.array(self.grammar_queue, np.int64)
+        nap = cfg.poll_interval_s / cfg.poll_naps
+        last = cfg.poll_naps - 1
+        # index of the first readiness check (every nap) that sees each compile done, per rank
+        with np.errstate(invalid="ignore"):
+            first_seen = np.maximum(np.ceil((self.done_at[queued] - t0) / nap - 1e-9), 0.0)
+        seen = first_seen <= last
+        if cfg.poll_early_exit:
+            all_seen = seen.all(axis=0)
+            exit_check = np.where(seen, first_seen, 0.0).max(axis=0)
+            per_rank = np.where(all_seen, exit_check * nap, cfg.poll_interval_s)
+        else:
+            per_rank = np.full(cfg.ranks, cfg.poll_interval_s)
+        poll_s = float(per_rank.max())
+        sync_s = cfg.all_gather_s if cfg.ranks > 1 else 0.0
+        self.wait_ct[queued] += ~seen
+        if cfg.max_poll_iterations is not None:
+            failed = (self.wait_ct[queued] >= cfg.max_poll_iterations).any(axis=1)
+        else:
+            failed = np.zeros(len(queued), bool)
+        ready = seen.all(axis=1) & ~failed
+        t_release = t0 + poll_s + sync_s
+        if ready.any() or failed.any():
+            keep = []
+            for rid, is_ready, has_failed in zip(queued.tolist(), ready.tolist(), failed.tolist()):
+                if is_ready:
+                    if self._release(rid, t_release):
+                        self.waiting.append(rid)  # rejoins at the tail
+                elif has_failed:
+                    self.cache.timed_out(int(self.rec.spec_key[rid]))
+                    self._abort(rid, "grammar_timeout", t_release)
+                else:
+                    keep.append(rid)
+            self.grammar_queue = keep
+        return poll_s, sync_s
+
+    def _check(self, rid: int, t: float) -> tuple[bool, float]:
+        """vLLM's readiness check of one request at ``t``: (ready, seconds it cost)."""
+        done = self.done_at[rid].max()
+        if done <= t:
+            return True, 0.0
+        if done <= t + self.cfg.check_timeout_s:
+            return True, done - t
+        return False, self.cfg.check_timeout_s
+
+    def _check_grammar_queue(self, t: float) -> float:
+        """Per-request checks over a grammar queue (a ``grammar_queue`` + ``per_request_check`` policy)."""
+        cost = 0.0
+        keep = []
+        for rid in self.grammar_queue:
+            ready, c = self._check(rid, t + cost)
+            cost += c
+            if not ready:
+                keep.append(rid)
+            elif self._release(rid, t + cost):
+                self.waiting.append(rid)
+        self.grammar_queue = keep
+        return cost
+
+    # ------------------------------------------------------------------ admission
+
+    def _admit(self, t: float, budget: int, room: int) -> tuple[list[int], list[int], float]:
+        """New requests from the waiting queue: (ids, prefill chunks, readiness-check seconds)."""
+        cfg, rec = self.cfg, self.rec
+        waiting = self.waiting
+        admitted: list[int] = []
+        chunks: list[int] = []
+        skipped: list[int] = []
+        check_s = 0.0
+        while waiting and budget > 0 and room > 0:
+            rid = waiting.popleft()
+            if rec.structured[rid] and math.isnan(rec.grammar_ready_s[rid]):
+                ready, cost = self._check(rid, t + check_s)
+                check_s += cost
+                if not ready:
+                    skipped.append(rid)  # keeps its place; later requests may pass it
+                    continue
+                if not self._release(rid, t + check_s):
+                    continue
+            prompt = int(rec.prompt_len[rid])
+            if prompt <= budget:
+                chunk = prompt
+            elif cfg.chunked_prefill:
+                chunk = budget
+            elif not admitted and len(self.batch) == 0:
+                chunk = prompt  # a prompt over the budget still runs alone
+            else:
+                waiting.appendleft(rid)
+                break
+            admitted.append(rid)
+            chunks.append(chunk)
+            budget -= chunk
+            room -= 1
+        if skipped:
+            waiting.extendleft(reversed(skipped))
+        return admitted, chunks, check_s
+
+    # ------------------------------------------------------------------ one iteration
+
+    def _iterate(self, t: float) -> float | None:
+        """Run one scheduler iteration starting at ``t``; its duration, or ``None`` when idle."""
+        cfg, rec, batch = self.cfg, self.rec, self.batch
+        schedule_s = cfg.schedule_s + self._carry_cpu_s
+        self._carry_cpu_s = 0.0
+        poll_s = sync_s = check_s = 0.0
+        if self.grammar_queue:
+            if cfg.readiness == "blocking_poll":
+                poll_s, sync_s = self._poll(t + schedule_s)
+            else:
+                check_s = self._check_grammar_queue(t + schedule_s)
+        pre = schedule_s + poll_s + sync_s + check_s
+
+        k = cfg.spec_tokens
+        decoding = batch.prefill_left == 0
+        room = cfg.max_running_requests - len(batch)
+        pf_rows = np.flatnonzero(~decoding)
+        new_ids: list[int] = []
+        new_chunks: list[int] = []
+        if cfg.mixed_batches:
+            dec_rows = np.flatnonzero(decoding)
+            drafts = np.minimum(k, batch.gen_left[dec_rows] - 1) if k else np.zeros(len(dec_rows), np.int64)
+            budget = cfg.max_batched_tokens - int(len(dec_rows) + drafts.sum())
+            pf_chunks = self._allocate(pf_rows, budget)
+            budget -= int(pf_chunks.sum())
+            if self.waiting and room > 0 and budget > 0:
+                new_ids, new_chunks, c = self._admit(t + pre, budget, room)
+                check_s += c
+        else:
+            pf_chunks = self._allocate(pf_rows, cfg.max_batched_tokens)
+            if len(pf_rows) or (self.waiting and room > 0):
+                budget = cfg.max_batched_tokens - int(pf_chunks.sum())
+                if self.waiting and room > 0 and budget > 0:
+                    new_ids, new_chunks, c = self._admit(t + pre, budget, room)
+                    check_s += c
+            if pf_chunks.sum() + sum(new_chunks) > 0:
+                dec_rows = np.zeros(0, np.int64)
+            else:
+                dec_rows = np.flatnonzero(decoding)
+            drafts = np.minimum(k, batch.gen_left[dec_rows] - 1) if k else np.zeros(len(dec_rows), np.int64)
+        pre = schedule_s + poll_s + sync_s + check_s
+
+        if new_ids:
+            ids = np.array(new_ids, np.int64)
+            rec.admitted_s[ids] = t + pre
+            first_new = len(batch)
+            batch.append(ids, rec.prompt_len[ids], self.gen_total[ids], rec.think_tokens[ids],
+                         rec.structured[ids], rec.forced_think_end[ids])
+            pf_rows = np.concatenate((pf_rows, np.arange(first_new, len(batch))))
+            pf_chunks = np.concatenate((pf_chunks, np.array(new_chunks, np.int64)))
+        if len(pf_rows):
+            live = pf_chunks > 0
+            pf_rows, pf_chunks = pf_rows[live], pf_chunks[live]
+
+        if len(dec_rows) == 0 and len(pf_rows) == 0:
+            return self._idle_iteration(t, pre, schedule_s, poll_s, sync_s, check_s)
+
+        # rows that sample: decode rows and prefill rows whose last chunk runs now
+        completing = pf_chunks == batch.prefill_left[pf_rows]
+        first_rows = pf_rows[completing]
+        s_rows = np.concatenate((dec_rows, first_rows)) if len(first_rows) else dec_rows
+        n_sample = len(s_rows)
+        s_drafts = np.concatenate((drafts, np.zeros(len(first_rows), np.int64))) if len(first_rows) else drafts
+        s_rid = batch.rid[s_rows]
+        think_left = batch.think_left[s_rows]
+        structured = batch.structured[s_rows]
+        grammar = structured & (think_left == 0)
+        work = self.executor.step(StepRows(s_rid, grammar, s_drafts, batch.gen_left[s_rows], think_left),
+                                  self.rng_step)
+
+        # --- mask building (CPU)
+        n_filter = int(np.count_nonzero(structured & (think_left > 0)
+                                        & (cfg.strict_thinking | (batch.forced[s_rows] & (think_left == 1)))))
+        grammar_rows = int(np.count_nonzero(work.mask_rows))
+        threshold = cfg.fill_parallel_threshold
+        if grammar_rows and threshold is not None and grammar_rows > threshold and k == 0:
+            fill_s = parallel_makespan(work.fill_s[work.mask_rows > 0], cfg.fill_chunk, cfg.fill_threads)
+        else:
+            fill_s = float(work.fill_s.sum())
+        if grammar_rows:
+            per_row = work.fill_s[work.mask_rows > 0] / work.mask_rows[work.mask_rows > 0]
+            self.fill_hist.add(per_row, work.mask_rows[work.mask_rows > 0])
+        fill_s += n_filter * cfg.think_filter_s
+        mask_rows = int(work.mask_rows.sum()) + n_filter
+
+        # --- GPU
+        dec_tokens = int(len(dec_rows) + drafts.sum())
+        kv = int(batch.cached[dec_rows].sum()) if len(dec_rows) else 0
+        forward_s = self.gpu.forward_s(pf_chunks, batch.cached[pf_rows], dec_tokens, kv)
+        sample_rows = n_sample + int(s_drafts.sum())
+        copy_s = self.gpu.copy_s(mask_rows, cfg.pinned_mask) if mask_rows else 0.0
+        apply_s = self.gpu.apply_s(mask_rows) if mask_rows else 0.0
+        sample_s = self.gpu.sample_s(sample_rows)
+        process_s = work.process_s + cfg.process_row_s * n_sample
+
+        # --- the step's duration (see the module docstring)
+        has_grammar = bool(structured.any())
+        carry = self._carry_process_s
+        sync = (not cfg.overlap) or (k > 0 and has_grammar and not cfg.spec_grammar_overlap)
+        if sync:
+            mask_path = fill_s + copy_s
+            duration = pre + carry + max(forward_s, mask_path) + apply_s + sample_s + process_s
+            t_token = t + duration - process_s
+            exposed = pre + carry + max(0.0, mask_path - forward_s) + process_s
+            cpu_total = pre + carry + fill_s + copy_s + process_s
+            self._carry_process_s = 0.0
+        else:
+            if has_grammar:
+                chain = pre + carry + fill_s + copy_s
+                duration = max(forward_s, chain) + apply_s + sample_s
+            else:
+                chain = pre + carry
+                duration = max(forward_s + sample_s, chain)
+            t_token = t + duration
+            exposed = max(0.0, chain - forward_s)
+            cpu_total = chain
+            self._carry_process_s = process_s
+        hidden = cpu_total - exposed
+
+        # --- advance the batch
+        produced = work.produced
+        batch.prefill_left[pf_rows] -= pf_chunks
+        batch.cached[pf_rows] += pf_chunks
+        batch.gen_left[s_rows] -= produced
+        batch.think_left[s_rows] = np.maximum(think_left - produced, 0)
+        batch.cached[s_rows] += produced
+        if len(dec_rows):
+            gaps = t_token - batch.last_tok[dec_rows]
+            self.itl.add(gaps, None)
+        batch.last_tok[s_rows] = t_token
+        if len(first_rows):
+            rec.first_token_s[batch.rid[first_rows]] = t_token
+        rec.output_tokens[s_rid] += produced
+        if k:
+            rec.drafted[s_rid] += s_drafts
+            rec.accepted[s_rid] += work.accepted
+            rec.rolled_back[s_rid] += work.rolled_back
+        if cfg.jump_forward:
+            rec.jump_forward_tokens[s_rid] += work.jumped
+
+        done = batch.gen_left[s_rows] <= 0
+        rejected = work.rejected & cfg.abort_on_reject if work.rejected.any() else None
+        if done.any() or rejected is not None:
+            gone = np.zeros(len(batch), bool)
+            if rejected is not None:
+                for rid in s_rid[rejected].tolist():
+                    self._abort(rid, "grammar_rejected", t_token)
+                gone[s_rows[rejected]] = True
+                done &= ~rejected
+            finished = s_rid[done]
+            rec.finish_s[finished] = t_token
+            for rid in finished.tolist():
+                valid = self.executor.finish(rid)
+                if valid is not None:
+                    rec.valid[rid] = int(valid)
+                self._end(rid, t_token)
+            gone[s_rows[done]] = True
+            batch.keep(~gone)
+
+        kind = _KIND_MIXED if len(dec_rows) and len(pf_rows) else (_KIND_DECODE if len(dec_rows) else _KIND_PREFILL)
+        self.steps.rows.append((t, duration, kind, n_sample, len(dec_rows), int(pf_chunks.sum()), grammar_rows,
+                                mask_rows, int(produced.sum()), schedule_s, poll_s, sync_s, check_s, forward_s,
+                                fill_s, copy_s, apply_s, sample_s, process_s, exposed, hidden))
+        tl = self.timeline
+        if tl is not None and tl.recording:
+            tl.steps_seen += 1
+            self._trace_step(t, sync, has_grammar, schedule_s, poll_s + sync_s + check_s, carry, forward_s, fill_s,
+                             copy_s, apply_s, sample_s, process_s, duration)
+        return duration
+
+    def _allocate(self, rows: np.ndarray, budget: int) -> np.ndarray:
+        """Prefill chunks for continuing rows, first come first served, within ``budget`` tokens."""
+        if len(rows) == 0:
+            return np.zeros(0, np.int64)
+        left = self.batch.prefill_left[rows]
+        if not self.cfg.chunked_prefill:
+            fits = np.cumsum(left) <= max(budget, 0)
+            return np.where(fits, left, 0)
+        before = np.cumsum(left) - left
+        return np.clip(budget - before, 0, left)
+
+    def _idle_iteration(self, t, pre, schedule_s, poll_s, sync_s, check_s) -> float | None:
+        """Nothing to run: spin while requests wait for grammars, else sleep until the next arrival."""
+        carry = self._carry_process_s
+        self._carry_process_s = 0.0
+        if self.grammar_queue or self.waiting:
+            self.idle_iterations += 1
+            duration = max(pre + carry, self.cfg.idle_spin_s)
+            self.steps.rows.append((t, duration, "idle", 0, 0, 0, 0, 0, 0, schedule_s, poll_s, sync_s, check_s,
+                                    0.0, 0.0, 0.0, 0.0, 0.0, 0.0, pre + carry, 0.0))
+            return duration
+        return None
+
+    def _trace_step(self, t, sync, has_grammar, schedule_s, wait_s, carry, forward_s, fill_s, copy_s, apply_s,
+                    sample_s, process_s, duration) -> None:
+        tl = self.timeline
+        tl.span("scheduler", "schedule", t, schedule_s)
+        tl.span("scheduler", "grammar poll/check", t + schedule_s, wait_s)
+        cpu = t + schedule_s + wait_s
+        if sync:
+            tl.span("scheduler", "process (previous)", cpu, carry)
+            cpu += carry
+            gpu_start = cpu
+        else:
+            gpu_start = t
+            tl.span("scheduler", "process (previous)", cpu, carry)
+            cpu += carry
+        tl.span("gpu", "forward", gpu_start, forward_s)
+        tl.span("scheduler", "mask fill", cpu, fill_s)
+        tl.span("scheduler", "mask copy", cpu + fill_s, copy_s)
+        if has_grammar or sync:
+            mask_end = max(gpu_start + forward_s, cpu + fill_s + copy_s)
+        else:
+            mask_end = gpu_start + forward_s
+        tl.span("gpu", "apply mask", mask_end, apply_s)
+        tl.span("gpu", "sample", mask_end + apply_s, sample_s)
+        if sync:
+            tl.span("scheduler", "process", mask_end + apply_s + sample_s, process_s)
