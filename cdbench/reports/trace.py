@@ -6,8 +6,9 @@ and ``thread_name`` metadata events so the UI shows named tracks. Open the file
 at https://ui.perfetto.dev or chrome://tracing.
 
 A span's ``track`` names its process and thread as ``"process/thread"``
-(``"compile pool/worker 3"``); a track with no slash is a process with a single
-thread of the same name.
+(``"rank0/compile3"``: thread ``compile3`` of process ``rank0``); a track with
+no slash is a process with a single thread of the same name. The scheduler's
+timeline spans (:class:`cdbench.harness.timeline.Span`) fit as they are.
 
 Examples
 --------
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,7 +33,7 @@ class Span(Protocol):
     track: str
     name: str
     start_s: float
-    end_s: float
+    duration_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +43,8 @@ class TraceSpan:
     track: str
     name: str
     start_s: float
-    end_s: float
-    args: Mapping[str, Any] = field(default_factory=dict)
+    duration_s: float
+    args: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +102,7 @@ def chrome_trace(spans: Iterable[Span], max_spans: int | None = 200_000) -> Chro
             "cat": process,
             "ph": "X",
             "ts": round(span.start_s * 1e6, 3),
-            "dur": round(max(span.end_s - span.start_s, 0.0) * 1e6, 3),
+            "dur": round(max(span.duration_s, 0.0) * 1e6, 3),
             "pid": pids[process],
             "tid": tids[key],
         }

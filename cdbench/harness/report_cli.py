@@ -1,0 +1,31 @@
+"""``cdbench report``: rebuild a run folder's report.md and plots from its saved results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from cdbench.harness.cli import app
+from cdbench.harness.cli_support import console, user_errors
+from cdbench.harness.results import load_run
+from cdbench.reports.run_report import build_report
+from cdbench.reports.tables import summary_sections, to_rich
+
+
+@app.command()
+def report(
+    run_dir: Path = typer.Argument(..., help="Run folder written by `cdbench run` (holds summary.json)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only print where the report is."),
+) -> None:
+    """(Re)build report.md and plots/*.png of a run from its saved results; the run is not repeated.
+
+    Example: cdbench report runs/default
+    """
+    with user_errors(run_dir / "run.log"):
+        run = load_run(run_dir)
+        path = build_report(run)
+    if not quiet:
+        for section in summary_sections(run.summary):
+            console.print(to_rich(section))
+    console.print(f"report: {path}")

@@ -1,0 +1,87 @@
+"""Side-by-side comparison of runs: every metric per run and its ratio to the first run.
+
+Examples
+--------
+>>> table = comparison_table({"xgrammar": {"mean_ttft_ms": 10.0}, "llguidance": {"mean_ttft_ms": 15.0}})
+>>> table.loc["mean_ttft_ms"].tolist()
+[10.0, 15.0, 1.5]
+>>> list(table.columns)
+['xgrammar', 'llguidance', 'llguidance / xgrammar']
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+from rich.table import Table
+
+from cdbench.reports.gate import Direction, metric_direction, numeric_metrics
+from cdbench.reports.tables import format_value
+
+_LATENCY_ORDER = re.compile(r"^(mean|median|p\d+)_(ttft|tpot|itl|e2el)_ms$")
+
+
+def _metric_order(name: str) -> tuple[int, str]:
+    # Headline serving metrics first (vLLM's order), then the rest alphabetically.
+    if "throughput" in name or "goodput" in name or name == "completed":
+        return (0, name)
+    match = _LATENCY_ORDER.match(name)
+    if match:
+        return (1 + ("ttft", "tpot", "itl", "e2el").index(match.group(2)), name)
+    return (9, name)
+
+
+def comparison_table(summaries: Mapping[str, Mapping[str, object]]) -> pd.DataFrame:
+    """Metrics as rows; one column per run, then ``run / first`` ratio columns.
+
+    A ratio is NaN where the first run's value is 0 or either value is missing.
+    """
+    labels = list(summaries)
+    numeric = {label: numeric_metrics(summary) for label, summary in summaries.items()}
+    metrics = sorted({m for values in numeric.values() for m in values}, key=_metric_order)
+    table = pd.DataFrame({label: [numeric[label].get(m, np.nan) for m in metrics] for label in labels}, index=metrics)
+    first = table[labels[0]].replace(0.0, np.nan)
+    for label in labels[1:]:
+        table[f"{label} / {labels[0]}"] = table[label] / first
+    table.index.name = "metric"
+    return table
+
+
+def _ratio_style(metric: str, ratio: float) -> str:
+    if np.isnan(ratio) or abs(ratio - 1.0) < 0.005:
+        return ""
+    direction = metric_direction(metric)
+    if direction is Direction.INFORMATIONAL:
+        return ""
+    better = ratio < 1.0 if direction is Direction.LOWER_IS_BETTER else ratio > 1.0
+    return "green" if better else "red"
+
+
+def comparison_rich(table: pd.DataFrame, n_runs: int) -> Table:
+    """The comparison as a rich table; ratios coloured green (better) or red (worse) by the metric's direction."""
+    rich_table = Table(title="Comparison (ratios relative to the first run)", title_justify="left")
+    rich_table.add_column("metric")
+    for column in table.columns:
+        rich_table.add_column(str(column), justify="right")
+    for metric, row in table.iterrows():
+        cells = [format_value(v) for v in row.iloc[:n_runs]]
+        for ratio in row.iloc[n_runs:]:
+            style = _ratio_style(str(metric), float(ratio))
+            text = "-" if np.isnan(ratio) else f"{ratio:.3f}x"
+            cells.append(f"[{style}]{text}[/]" if style else text)
+        rich_table.add_row(str(metric), *cells)
+    return rich_table
+
+
+def comparison_markdown(table: pd.DataFrame, n_runs: int) -> str:
+    """The comparison as a markdown table (ratios as ``1.234x``)."""
+    header = ["metric", *map(str, table.columns)]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    for metric, row in table.iterrows():
+        cells = [format_value(v) for v in row.iloc[:n_runs]]
+        cells += ["-" if np.isnan(r) else f"{r:.3f}x" for r in row.iloc[n_runs:]]
+        lines.append("| " + " | ".join([str(metric), *cells]) + " |")
+    return "\n".join(lines)

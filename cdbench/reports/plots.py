@@ -1,0 +1,153 @@
+"""Plots for run reports, comparisons and sweeps (matplotlib, Agg backend, PNG files).
+
+Each function takes plain arrays or frames (already in the units to show),
+draws one figure, writes it to ``path`` and returns the path. Callers decide
+which columns to plot; nothing here reads a run folder.
+
+Examples
+--------
+>>> import numpy as np, tempfile, pathlib
+>>> out = pathlib.Path(tempfile.mkdtemp()) / "cdf.png"
+>>> cdf_plot({"run": np.array([1.0, 2.0, 3.0])}, "TTFT (ms)", "TTFT", out).name
+'cdf.png'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never open a window (CI, ssh, workers)
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+_DPI = 110
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)
+    return path
+
+
+def cdf_plot(series: Mapping[str, np.ndarray], xlabel: str, title: str, path: Path, log_x: bool = False) -> Path:
+    """Empirical CDFs of one quantity, one line per label (NaNs dropped)."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for label, values in series.items():
+        values = np.sort(np.asarray(values, dtype=float)[~np.isnan(np.asarray(values, dtype=float))])
+        if values.size == 0:
+            continue
+        ax.step(values, np.arange(1, values.size + 1) / values.size, where="post", label=f"{label} (n={values.size})")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("fraction of requests")
+    ax.set_ylim(0, 1.02)
+    if log_x:
+        ax.set_xscale("log")
+    ax.grid(alpha=0.3)
+    ax.set_title(title)
+    ax.legend(fontsize="small", loc="lower right")
+    return _save(fig, path)
+
+
+def histogram_plot(values: np.ndarray, xlabel: str, title: str, path: Path, log_x: bool = False,
+                   weights: np.ndarray | None = None, ylabel: str = "count") -> Path:
+    """A histogram (log-spaced bins when ``log_x``) with the median and p99 marked."""
+    values = np.asarray(values, dtype=float)
+    keep = ~np.isnan(values)
+    values = values[keep]
+    weights = None if weights is None else np.asarray(weights, dtype=float)[keep]
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    if values.size:
+        positive = values[values > 0]
+        # Log bins only with real spread; near-equal values (float noise) would give non-increasing edges.
+        if log_x and positive.size and positive.max() > positive.min() * 1.01:
+            bins = np.geomspace(positive.min(), positive.max(), 50)
+            ax.set_xscale("log")
+        else:
+            bins = 50
+        hist_range = None
+        if np.ptp(values) <= 1e-9 * np.abs(values).max():  # (nearly) one value: one bar around it
+            centre = float(values.mean())
+            half = abs(centre) * 0.05 or 0.5
+            bins, hist_range = 1, (centre - half, centre + half)
+        ax.hist(values, bins=bins, range=hist_range, weights=weights, color="#4C72B0", alpha=0.85)
+        for q, style in ((50, "--"), (99, ":")):
+            x = _weighted_quantile(values, q / 100, weights)
+            ax.axvline(x, color="black", linestyle=style, linewidth=1, label=f"p{q} = {x:.4g}")
+        ax.legend(fontsize="small")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def _weighted_quantile(values: np.ndarray, q: float, weights: np.ndarray | None) -> float:
+    if weights is None:
+        return float(np.quantile(values, q))
+    order = np.argsort(values)
+    cum = np.cumsum(weights[order])
+    return float(values[order][min(np.searchsorted(cum, q * cum[-1]), values.size - 1)])
+
+
+def stacked_area_plot(x: np.ndarray, parts: Mapping[str, np.ndarray], xlabel: str, ylabel: str, title: str,
+                      path: Path, overlay: Mapping[str, np.ndarray] | None = None) -> Path:
+    """Stacked areas of ``parts`` over ``x``; ``overlay`` lines drawn on top (e.g. the step time itself)."""
+    fig, ax = plt.subplots(figsize=(7.2, 4.0))
+    labels = list(parts)
+    ax.stackplot(x, *(np.asarray(parts[k], dtype=float) for k in labels), labels=labels, alpha=0.85)
+    for label, values in (overlay or {}).items():
+        ax.plot(x, values, color="black", linewidth=0.8, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize="small", loc="upper left", ncols=3)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def bar_plot(labels: Sequence[str], values: Mapping[str, Sequence[float]], xlabel: str, ylabel: str, title: str,
+             path: Path) -> Path:
+    """Grouped bars: one group per label, one bar per key of ``values``."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    x = np.arange(len(labels))
+    width = 0.8 / max(len(values), 1)
+    for i, (name, heights) in enumerate(values.items()):
+        ax.bar(x + (i - (len(values) - 1) / 2) * width, heights, width, label=name)
+    ax.set_xticks(x, list(labels))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if len(values) > 1:
+        ax.legend(fontsize="small")
+    ax.grid(alpha=0.3, axis="y")
+    return _save(fig, path)
+
+
+def tradeoff_plot(table: pd.DataFrame, x: str, y: str, series: Sequence[str], order_by: str | None, title: str,
+                  path: Path) -> Path:
+    """Throughput-vs-latency style curves: one line per combination of ``series`` columns, points ordered by ``order_by``."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    groups = table.groupby(list(series), sort=False) if series else [((), table)]
+    for key, group in groups:
+        if order_by:
+            group = group.sort_values(order_by)
+        key = key if isinstance(key, tuple) else (key,)
+        label = ", ".join(f"{s}={k}" for s, k in zip(series, key)) or "grid"
+        ax.plot(group[x], group[y], marker="o", label=label)
+        if order_by:
+            for _, row in group.iterrows():
+                ax.annotate(f"{row[order_by]}", (row[x], row[y]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, path)

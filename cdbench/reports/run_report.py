@@ -1,0 +1,162 @@
+"""A run folder's ``report.md`` and ``plots/*.png``, built from its saved results alone.
+
+Which plots appear depends on what the run did: the rollback plot needs
+speculative decoding, the rank-skew plot more than one rank, the compile plot
+at least one compile. A plot that has no data is left out and the report says
+why, rather than showing an empty figure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from cdbench.harness.results import SavedRun
+from cdbench.reports import plots
+from cdbench.reports.tables import summary_sections, to_markdown
+
+STEP_PARTS = ("forward_s", "fill_s", "copy_s", "apply_s", "sample_s", "schedule_s", "poll_s", "sync_s", "check_s",
+              "process_s")
+"""Per-step time components of ``steps.parquet`` shown in the breakdown (seconds)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    """One plot of a report: where it is, its caption, or why it was left out."""
+
+    name: str
+    caption: str
+    path: Path | None
+    skipped_because: str | None = None
+
+
+def request_latencies_ms(requests: pd.DataFrame) -> pd.DataFrame:
+    """TTFT, TPOT and E2EL per completed request, in milliseconds (vLLM's definitions; TPOT needs ≥ 2 tokens)."""
+    done = requests[(requests["abort_reason"].astype(str) == "") & requests["first_token_s"].notna()]
+    ttft = (done["first_token_s"] - done["issued_s"]) * 1e3
+    e2el = (done["finish_s"] - done["issued_s"]) * 1e3
+    tokens = done["output_tokens"].astype(float)
+    tpot = ((e2el - ttft) / (tokens - 1)).where(tokens > 1)
+    return pd.DataFrame({"ttft_ms": ttft, "tpot_ms": tpot, "e2el_ms": e2el, "structured": done["structured"]})
+
+
+def _latency_cdfs(requests: pd.DataFrame, plot_dir: Path) -> list[Figure]:
+    lat = request_latencies_ms(requests)
+    if lat.empty:
+        return [Figure("latency_cdf", "TTFT and TPOT CDFs", None, "no request completed")]
+    figures = []
+    for metric, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
+        series = {"all": lat[metric].to_numpy()}
+        if lat["structured"].any() and not lat["structured"].all():
+            series["structured"] = lat.loc[lat["structured"], metric].to_numpy()
+            series["unconstrained"] = lat.loc[~lat["structured"], metric].to_numpy()
+        path = plots.cdf_plot(series, f"{label} (ms)", f"{label} CDF", plot_dir / f"{metric[:-3]}_cdf.png")
+        figures.append(Figure(f"{metric[:-3]}_cdf", f"{label} CDF (structured vs unconstrained requests when mixed)", path))
+    return figures
+
+
+def _step_breakdown(steps: pd.DataFrame, plot_dir: Path) -> list[Figure]:
+    busy = steps[steps["kind"].astype(str) != "idle"]
+    if busy.empty:
+        return [Figure("step_breakdown", "Step-time breakdown", None, "no step ran")]
+    # Bin steps over virtual time so a long run stays readable: mean per-step time of each part per bin.
+    bins = min(200, len(busy))
+    edges = np.linspace(busy["start_s"].min(), busy["start_s"].max() + 1e-12, bins + 1)
+    which = np.clip(np.digitize(busy["start_s"], edges) - 1, 0, bins - 1)
+    grouped = busy.assign(_bin=which).groupby("_bin")
+    centers = (edges[:-1] + edges[1:]) / 2
+    idx = grouped.size().index.to_numpy()
+    parts = {c.removesuffix("_s"): grouped[c].mean().to_numpy() * 1e3 for c in STEP_PARTS
+             if c in busy and busy[c].sum() > 0}
+    overlay = {"step duration": grouped["duration_s"].mean().to_numpy() * 1e3}
+    path = plots.stacked_area_plot(centers[idx], parts, "virtual time (s)", "mean time per step (ms)",
+                                   "Step-time breakdown (parts may overlap: see exposed vs hidden)",
+                                   plot_dir / "step_breakdown.png", overlay)
+    totals = {"exposed": [busy["exposed_cpu_s"].sum()], "hidden by overlap": [busy["hidden_cpu_s"].sum()]}
+    overlap = plots.bar_plot(["CPU time in steps"], totals, "", "seconds (virtual)",
+                             "Scheduler CPU time: exposed vs hidden by overlap", plot_dir / "overlap.png")
+    return [
+        Figure("step_breakdown", "Mean per-step time of each part over the run; the black line is the step duration", path),
+        Figure("overlap", "CPU time on the critical path (exposed) vs overlapped with the GPU (hidden)", overlap),
+    ]
+
+
+def _compile_times(requests: pd.DataFrame, plot_dir: Path) -> Figure:
+    misses = requests[requests["cache"].astype(str) == "miss"]
+    seconds = (misses["compile_end_s"] - misses["compile_start_s"]).dropna()
+    if seconds.empty:
+        return Figure("compile_time", "Compile-time distribution", None, "no grammar was compiled (no cache miss)")
+    path = plots.histogram_plot(seconds.to_numpy() * 1e3, "compile time (ms)", "Compile time per cache miss",
+                                plot_dir / "compile_time.png", log_x=True)
+    return Figure("compile_time", "Compile time of every cache miss (log scale)", path)
+
+
+def _mask_times(steps: pd.DataFrame, plot_dir: Path) -> Figure:
+    masked = steps[steps["mask_rows"] > 0]
+    if masked.empty:
+        return Figure("mask_time", "Per-token mask time", None, "no step built a mask")
+    per_row_us = (masked["fill_s"] / masked["mask_rows"]).to_numpy() * 1e6
+    path = plots.histogram_plot(per_row_us, "mask fill time per row (µs)", "Per-token mask fill time",
+                                plot_dir / "mask_time.png", log_x=True, weights=masked["mask_rows"].to_numpy(),
+                                ylabel="mask rows")
+    return Figure("mask_time", "Mask fill time per row, each step's mean weighted by its rows", path)
+
+
+def _rollbacks(requests: pd.DataFrame, plot_dir: Path) -> Figure:
+    drafted = requests[requests["drafted"] > 0]
+    if drafted.empty:
+        return Figure("rollback", "Rollbacks", None, "no speculative decoding (no draft tokens)")
+    rate = (drafted["rolled_back"] / drafted["drafted"]).to_numpy()
+    path = plots.histogram_plot(rate, "rolled-back ÷ drafted tokens", "Rollback rate per request",
+                                plot_dir / "rollback.png")
+    return Figure("rollback", "Rollback rate per request (per draft position needs per-position records)", path)
+
+
+def _rank_skew(requests: pd.DataFrame, plot_dir: Path) -> Figure:
+    skew = requests["rank_skew_s"].dropna()
+    if skew.empty or not (skew > 0).any():
+        return Figure("rank_skew", "Per-rank release skew", None, "a single rank (or no compile), so no skew")
+    path = plots.histogram_plot(skew.to_numpy() * 1e3, "latest − earliest rank compile end (ms)",
+                                "Per-rank release skew", plot_dir / "rank_skew.png")
+    return Figure("rank_skew", "How much later the slowest rank finished each compile than the fastest", path)
+
+
+def build_figures(run: SavedRun) -> list[Figure]:
+    """Draw every plot the run has data for into ``run.folder / "plots"``."""
+    plot_dir = run.folder / "plots"
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    return [
+        *_latency_cdfs(run.requests, plot_dir),
+        *_step_breakdown(run.steps, plot_dir),
+        _compile_times(run.requests, plot_dir),
+        _mask_times(run.steps, plot_dir),
+        _rollbacks(run.requests, plot_dir),
+        _rank_skew(run.requests, plot_dir),
+    ]
+
+
+def build_report(run: SavedRun) -> Path:
+    """Write ``report.md`` (config, summary tables, plots) into the run folder and return its path."""
+    figures = build_figures(run)
+    lines = [f"# cdbench run `{run.folder.name}`", ""]
+    trace_note = run.trace_note()
+    lines += ["Files: `summary.json`, `requests.parquet`, `steps.parquet`, `config.yaml`, "
+              f"`trace.json` (open in https://ui.perfetto.dev){'; ' + trace_note if trace_note else ''}.", ""]
+    lines += ["## Summary", ""]
+    for section in summary_sections(run.summary):
+        lines += [f"### {section.title}", "", to_markdown(section), ""]
+    lines += ["## Plots", ""]
+    for figure in figures:
+        if figure.path is None:
+            lines += [f"- *{figure.caption}*: not drawn — {figure.skipped_because}.", ""]
+        else:
+            rel = figure.path.relative_to(run.folder).as_posix()
+            lines += [f"### {figure.caption}", "", f"![{figure.name}]({rel})", ""]
+    lines += ["## Configuration", "", "```yaml", yaml.safe_dump(run.config, sort_keys=False).rstrip(), "```", ""]
+    path = run.folder / "report.md"
+    path.write_text("\n".join(lines))
+    return path
