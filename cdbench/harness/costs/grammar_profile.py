@@ -49,6 +49,7 @@ EXACT_SAMPLES = 512  # up to this many samples are stored as they are
 _BODY_POINTS = 513
 _TAIL_POINTS = 48
 _SIG_DIGITS = 5
+_REPORTED_TAIL = np.array([0.99, 0.999, 0.9999])  # kept exactly: the percentiles reports quote
 
 
 class ProfileError(ValueError):
@@ -112,7 +113,7 @@ class Distribution(BaseModel):
             values = x if n > 1 else np.array([x[0], x[0]])
         else:
             tail = 1.0 - np.logspace(-2, -math.log10(n), _TAIL_POINTS)
-            probs = np.unique(np.concatenate([np.linspace(0.0, 1.0, _BODY_POINTS), tail]))
+            probs = np.unique(np.concatenate([np.linspace(0.0, 1.0, _BODY_POINTS), tail, _REPORTED_TAIL]))
             values = np.quantile(x, probs)
         q50, q90, q99, q999 = np.quantile(x, [0.5, 0.9, 0.99, 0.999])
         positive = x[x > 0]
