@@ -167,12 +167,18 @@ def parse_tolerances(items: list[str]) -> dict[str, float]:
 
 
 def numeric_metrics(summary: Mapping[str, object]) -> dict[str, float]:
-    """The finite numeric fields of a summary (booleans, strings, nested values and NaN dropped)."""
+    """The finite numeric fields of a summary; nested mappings become ``outer.inner`` names.
+
+    Booleans, strings, ``None`` and NaN are dropped.
+
+    >>> numeric_metrics({"completed": 9, "aborts_by_reason": {"compile_error": 1}, "backend": "x"})
+    {'completed': 9.0, 'aborts_by_reason.compile_error': 1.0}
+    """
     out: dict[str, float] = {}
     for name, value in summary.items():
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            continue
-        if math.isfinite(value):
+        if isinstance(value, Mapping):
+            out.update({f"{name}.{k}": v for k, v in numeric_metrics(value).items()})
+        elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
             out[name] = float(value)
     return out
 

@@ -74,7 +74,13 @@ def summary_sections(summary: Mapping[str, object]) -> list[Section]:
     """Group a flat summary into sections; empty sections are left out."""
     latency: dict[str, dict[str, object]] = {}
     leftover: dict[str, object] = {}
+    flat: dict[str, object] = {}
     for key, value in summary.items():
+        if isinstance(value, Mapping):
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
+    for key, value in flat.items():
         match = _LATENCY_FIELD.match(key)
         if match:
             latency.setdefault(match.group(2), {})[match.group(1)] = value

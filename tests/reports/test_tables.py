@@ -28,3 +28,8 @@ def test_format_value():
     assert format_value(1234.5678) == "1235"
     assert format_value(0.00012345) == "0.000123"
     assert format_value(True) == "true"
+
+
+def test_nested_counts_are_flattened():
+    sections = {s.title: s for s in summary_sections({"aborts_by_reason": {"grammar_timeout": 3}})}
+    assert sections["Aborts and failures"].rows == (("aborts_by_reason.grammar_timeout", 3),)
