@@ -229,6 +229,11 @@ def run_sweep(
     return outcomes
 
 
+def grid_columns(spec: SweepSpec) -> list[str]:
+    """The column names of the grid parameters in :func:`sweep_table` (leaf names unless they clash)."""
+    return [_short_key(k, list(spec.grid)) for k in spec.grid]
+
+
 def sweep_table(spec: SweepSpec, outcomes: list[PointOutcome]) -> pd.DataFrame:
     """One row a point: its grid values, status, and the numeric summary metrics of finished points."""
     rows = []

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from rich.table import Table
 
+from cdbench.harness.results import SavedRun
+from cdbench.reports import plots
 from cdbench.reports.gate import Direction, metric_direction, numeric_metrics
+from cdbench.reports.run_report import request_latencies_ms
 from cdbench.reports.tables import format_value
 
 _LATENCY_ORDER = re.compile(r"^(mean|median|p\d+)_(ttft|tpot|itl|e2el)_ms$")
@@ -85,3 +89,24 @@ def comparison_markdown(table: pd.DataFrame, n_runs: int) -> str:
         cells += ["-" if np.isnan(r) else f"{r:.3f}x" for r in row.iloc[n_runs:]]
         lines.append("| " + " | ".join([str(metric), *cells]) + " |")
     return "\n".join(lines)
+
+
+def write_comparison(runs: Mapping[str, SavedRun], out_dir: Path) -> Path:
+    """Write ``comparison.md`` (the table) and overlaid TTFT/TPOT CDFs into ``out_dir``; returns the markdown path."""
+    out_dir = Path(out_dir)
+    plot_dir = out_dir / "plots"
+    table = comparison_table({label: run.summary for label, run in runs.items()})
+    latencies = {label: request_latencies_ms(run.requests) for label, run in runs.items()}
+    figures = []
+    for metric, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2el_ms", "E2EL")):
+        path = plots.cdf_plot({label: lat[metric].to_numpy() for label, lat in latencies.items()},
+                              f"{name} (ms)", f"{name} CDF", plot_dir / f"{metric[:-3]}_cdf.png")
+        figures.append((name, path))
+    lines = ["# cdbench comparison", "", "Runs: " + ", ".join(f"`{label}` ({run.folder})" for label, run in runs.items()),
+             "", comparison_markdown(table, len(runs)), ""]
+    for name, path in figures:
+        lines += [f"## {name} CDF", "", f"![{name}]({path.relative_to(out_dir).as_posix()})", ""]
+    md = out_dir / "comparison.md"
+    md.write_text("\n".join(lines))
+    table.to_csv(out_dir / "comparison.csv")
+    return md

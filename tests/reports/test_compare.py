@@ -19,3 +19,18 @@ def test_columns_per_run_and_ratios_to_the_first():
     assert "| mean_ttft_ms | 10 | 20 | 5 | 2.000x | 0.500x |" in markdown
     assert comparison_rich(table, 3).row_count == 3
 
+
+
+def test_write_comparison_has_table_and_overlaid_cdfs(tmp_path):
+    from synthetic_run import write_synthetic_run
+
+    from cdbench.reports.compare import write_comparison
+
+    runs = {name: write_synthetic_run(tmp_path / name, seed=i) for i, name in enumerate(["xgrammar", "llguidance"])}
+    md = write_comparison(runs, tmp_path / "cmp")
+    text = md.read_text()
+    assert "| metric | xgrammar | llguidance | llguidance / xgrammar |" in text
+    assert "| request_throughput | 20 | 21 | 1.050x |" in text
+    for name in ("ttft", "tpot", "e2el"):
+        assert (tmp_path / "cmp" / "plots" / f"{name}_cdf.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "cmp" / "comparison.csv").is_file()

@@ -1,5 +1,5 @@
 import pytest
-from conftest import write_synthetic_run
+from synthetic_run import write_synthetic_run
 
 from cdbench.harness.results import ResultsError, load_run
 from cdbench.reports.run_report import build_report, request_latencies_ms
