@@ -25,16 +25,19 @@ import numpy as np
 class CompilePools:
     """``ranks`` independent pools of ``threads`` compile threads each.
 
-    ``jitter`` is the sigma of a lognormal factor drawn per rank and compile.
+    ``jitter`` is the sigma of a lognormal factor drawn per rank and compile;
+    ``scale`` multiplies each rank's compile times (a slow rank).
     """
 
-    def __init__(self, ranks: int, threads: int, jitter: float = 0.0) -> None:
+    def __init__(self, ranks: int, threads: int, jitter: float = 0.0,
+                 scale: tuple[float, ...] | None = None) -> None:
         self.ranks, self.threads, self.jitter = ranks, threads, jitter
+        self.scale = np.ones(ranks) if scale is None else np.asarray(scale, dtype=np.float64)
         self._free = [[(0.0, tid) for tid in range(threads)] for _ in range(ranks)]
 
     def submit(self, t: float, seconds: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Queue a compile of ``seconds`` at ``t``; per rank ``(start, end, thread)``."""
-        durations = np.full(self.ranks, float(seconds))
+        durations = float(seconds) * self.scale
         if self.jitter > 0:
             durations *= rng.lognormal(0.0, self.jitter, size=self.ranks)
         start = np.empty(self.ranks)

@@ -218,9 +218,10 @@ class GrammarExecutor(ABC):
     #: seconds spent inside backend calls (hybrid); 0 in model mode
     backend_call_s: float = 0.0
 
-    def prepare(self, requests: Sequence[Request], keys: SpecKeys) -> None:
-        """Called once with the run's requests (in scheduler order) and their spec keys."""
-        self.requests, self.keys = requests, keys
+    def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False) -> None:
+        """Called once with the run's requests (in scheduler order), their spec keys, and whether
+        forced tokens are emitted without a forward step (the jump-forward what-if)."""
+        self.requests, self.keys, self.jump_forward = requests, keys, jump_forward
 
     @abstractmethod
     def compile(self, key: int) -> CompileOutcome:
@@ -322,19 +323,18 @@ class ModelExecutor(GrammarExecutor):
     ----------
     costs : the cost source (a backend profile, or fixed numbers).
     alpha : per-draft acceptance probability of the target model.
-    jump_forward : emit forced tokens without a forward step (what-if).
 
     Per grammar row and step: ``1 + k`` fills and ``k`` draft accepts build the
     mask; after verification one rollback call undoes the rejected drafts and
     one accept takes the sampled token; jump-forward accepts the forced tokens.
     """
 
-    def __init__(self, costs: GrammarCosts, alpha: float = 0.0, jump_forward: bool = False) -> None:
-        self.costs, self.alpha, self.jump_forward = costs, alpha, jump_forward
+    def __init__(self, costs: GrammarCosts, alpha: float = 0.0) -> None:
+        self.costs, self.alpha = costs, alpha
         self.kind_code = np.zeros(0, np.int64)
 
-    def prepare(self, requests: Sequence[Request], keys: SpecKeys) -> None:
-        super().prepare(requests, keys)
+    def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False) -> None:
+        super().prepare(requests, keys, jump_forward)
         codes = np.array([KIND_CODES[k] for k in keys.kinds] + [-1], np.int64)
         self.kind_code = codes[keys.request_key]  # key -1 picks the trailing "pooled" code
 

@@ -151,8 +151,12 @@ def _stats_ms(values: np.ndarray) -> tuple[float, float, float, float, float]:
 
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: LogHistogram, mask_rows: LogHistogram,
-              slo: SLO | None = None) -> Summary:
-    """Compute the :class:`Summary` of a run from its records."""
+              slo: SLO | None = None, idle_iterations: int | None = None) -> Summary:
+    """Compute the :class:`Summary` of a run from its records.
+
+    ``idle_iterations`` overrides the count of idle rows in ``steps`` (one row
+    may stand for a stride of identical idle iterations).
+    """
     ok = requests["abort_reason"] == ""
     done = requests[ok]
     issued = requests["issued_s"].to_numpy()
@@ -234,5 +238,6 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: LogHistogram, ma
         cpu_exposed_s=float(steps["exposed_cpu_s"].sum()) if len(steps) else 0.0,
         cpu_hidden_by_overlap_s=float(steps["hidden_cpu_s"].sum()) if len(steps) else 0.0,
         steps=int((steps["kind"] != "idle").sum()) if len(steps) else 0,
-        idle_iterations=int((steps["kind"] == "idle").sum()) if len(steps) else 0,
+        idle_iterations=idle_iterations if idle_iterations is not None else
+        int((steps["kind"] == "idle").sum()) if len(steps) else 0,
     )

@@ -86,6 +86,9 @@ class SchedulerConfig(BaseModel):
     # --- ranks
     ranks: int = Field(1, ge=1, description="TP/DP ranks that each compile every grammar and agree by all_gather")
     rank_jitter: float = Field(0.0, ge=0, description="per-rank compile-time jitter: lognormal sigma")
+    rank_compile_scale: tuple[float, ...] | None = Field(
+        None, description="per-rank compile-time factors, one per rank (e.g. a slow rank); None: all 1"
+    )
     all_gather_s: float = Field(150e-6, ge=0, description="cost of one all_gather_object of (ready, failed) when ranks > 1")
 
     # --- scheduler CPU
@@ -123,6 +126,8 @@ class SchedulerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> SchedulerConfig:
+        if self.rank_compile_scale is not None and len(self.rank_compile_scale) != self.ranks:
+            raise ValueError(f"rank_compile_scale has {len(self.rank_compile_scale)} factors for {self.ranks} ranks")
         if self.readiness == "blocking_poll" and self.grammar_wait != "grammar_queue":
             raise ValueError("readiness 'blocking_poll' polls the grammar queue: set grammar_wait='grammar_queue'")
         return self

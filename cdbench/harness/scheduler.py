@@ -143,14 +143,14 @@ class Scheduler:
 
         self.keys = SpecKeys.of(ordered)
         rec.spec_key[:] = self.keys.request_key
-        executor.prepare(ordered, self.keys)
+        executor.prepare(ordered, self.keys, jump_forward=config.jump_forward)
         self._outcomes: dict[int, CompileOutcome] = {}
 
         R = config.ranks
         self.done_at = np.full((n, R), np.inf)
         self.grammar_ok = np.ones(n, bool)
         self.wait_ct = np.zeros((n, R), np.int64)
-        self.pools = CompilePools(R, config.compile_threads, config.rank_jitter)
+        self.pools = CompilePools(R, config.compile_threads, config.rank_jitter, config.rank_compile_scale)
         self.cache = GrammarCache(config.cache, config.cache_write, config.cache_dedup_inflight,
                                   config.cache_capacity, config.cache_failures)
 
@@ -572,16 +572,62 @@ class Scheduler:
         return np.clip(budget - before, 0, left)
 
     def _idle_iteration(self, t, pre, schedule_s, poll_s, sync_s, check_s) -> float | None:
-        """Nothing to run: spin while requests wait for grammars, else sleep until the next arrival."""
+        """Nothing to run: spin while requests wait for grammars, else sleep until the next arrival.
+
+        While nothing can change (no arrival, no compile ending, no poll
+        ending early), the loop repeats identical iterations; they are taken
+        in one stride, their polls counted as if run one by one.
+        """
         carry = self._carry_process_s
         self._carry_process_s = 0.0
-        if self.grammar_queue or self.waiting:
-            self.idle_iterations += 1
-            duration = max(pre + carry, self.cfg.idle_spin_s)
-            self.steps.rows.append((t, duration, "idle", 0, 0, 0, 0, 0, 0, schedule_s, poll_s, sync_s, check_s,
-                                    0.0, 0.0, 0.0, 0.0, 0.0, 0.0, pre + carry, 0.0))
-            return duration
-        return None
+        if not (self.grammar_queue or self.waiting):
+            if pre > 0:  # a last poll (e.g. the one that timed the queue out) still ran
+                self.idle_iterations += 1
+                self.steps.rows.append((t, pre + carry, "idle", 0, 0, 0, 0, 0, 0, schedule_s, poll_s, sync_s,
+                                        check_s, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, pre + carry, 0.0))
+            return None
+        cfg = self.cfg
+        duration = max(pre + carry, cfg.idle_spin_s)
+        repeats = self._idle_repeats(t + duration, poll_s, check_s)
+        if repeats:
+            step = max(cfg.schedule_s + poll_s + sync_s + check_s, cfg.idle_spin_s)
+            duration += repeats * step
+            poll_s, sync_s, check_s = (1 + repeats) * poll_s, (1 + repeats) * sync_s, (1 + repeats) * check_s
+        self.idle_iterations += 1 + repeats
+        self.steps.rows.append((t, duration, "idle", 0, 0, 0, 0, 0, 0, schedule_s, poll_s, sync_s, check_s,
+                                0.0, 0.0, 0.0, 0.0, 0.0, 0.0, duration, 0.0))
+        return duration
+
+    def _idle_repeats(self, t_next: float, poll_s: float, check_s: float) -> int:
+        """How many identical idle iterations follow one that ends at ``t_next`` (0 when unsure)."""
+        cfg = self.cfg
+        full_poll = self.grammar_queue and cfg.readiness == "blocking_poll" and poll_s == cfg.poll_interval_s
+        waiting_unready = [rid for rid in self.waiting if math.isnan(self.rec.grammar_ready_s[rid])]
+        if not full_poll and not (check_s > 0 and len(waiting_unready) == len(self.waiting)):
+            return 0
+        if cfg.readiness == "blocking_poll" and self.waiting:
+            return 0
+        step = max(cfg.schedule_s + poll_s + (cfg.all_gather_s if cfg.ranks > 1 and full_poll else 0.0) + check_s,
+                   cfg.idle_spin_s)
+        pending = np.array(self.grammar_queue + waiting_unready, np.int64)
+        done = self.done_at[pending]
+        change = min(self.queue.peek_time(), float(done.max(axis=1).min()))
+        if full_poll and cfg.poll_early_exit:
+            change = min(change, float(done.max(axis=0).min()))
+        repeats = int((change - t_next) // step) - 1
+        if repeats <= 0:
+            return 0
+        if full_poll:
+            queued = np.array(self.grammar_queue, np.int64)
+            if cfg.max_poll_iterations is not None:
+                repeats = min(repeats, cfg.max_poll_iterations - 1 - int(self.wait_ct[queued].max()))
+                if repeats <= 0:
+                    return 0
+            # poll j (1..repeats) starts at t_next + (j-1)·step; its last check sees compiles done by then
+            last_check = t_next + cfg.schedule_s + (cfg.poll_naps - 1) * cfg.poll_interval_s / cfg.poll_naps
+            seen_at = np.ceil((self.done_at[queued] - last_check) / step - 1e-9) + 1
+            self.wait_ct[queued] += np.clip(seen_at - 1, 0, repeats).astype(np.int64)
+        return repeats
 
     def _trace_step(self, t, sync, has_grammar, schedule_s, wait_s, carry, forward_s, fill_s, copy_s, apply_s,
                     sample_s, process_s, duration) -> None:
