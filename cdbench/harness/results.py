@@ -88,7 +88,7 @@ def save_run(result: RunResult, config: RunConfig, folder: Path, trace_max_spans
     result.requests.to_parquet(folder / "requests.parquet", index=False)
     result.steps.to_parquet(folder / "steps.parquet", index=False)
     chrome_trace(result.timeline.spans, max_spans=trace_max_spans).write(folder / "trace.json")
-    summary = result.summary.model_dump(mode="json")
+    summary = json.loads(result.summary.model_dump_json())  # strict JSON: NaN becomes null
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return SavedRun(folder, config.model_dump(mode="json"), summary, result.requests, result.steps)
 
