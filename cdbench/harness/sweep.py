@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
+import sys
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -147,17 +149,21 @@ def run_point(config_tree: dict[str, Any], folder: str) -> str | None:
         return f"{type(err).__name__}: {err} (details in {Path(folder) / 'error.log'})"
 
 
+PointRunner = Callable[[dict[str, Any], str], "str | None"]
+"""Runs one point's configuration into a folder; returns ``None`` or a one-line error. Must be picklable."""
+
+
 def _local_results(
-    jobs: list[tuple[SweepPoint, dict[str, Any], Path]], workers: int
+    jobs: list[tuple[SweepPoint, dict[str, Any], Path]], workers: int, runner: PointRunner
 ) -> Iterator[tuple[SweepPoint, Path, str | None]]:
     if workers <= 1:
         for point, tree, folder in jobs:
-            yield point, folder, run_point(tree, str(folder))
+            yield point, folder, runner(tree, str(folder))
         return
     # spawn, not fork: the parent may hold torch / grammar-engine threads that fork would copy mid-lock.
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
         pending: dict[Future[str | None], tuple[SweepPoint, Path]] = {
-            pool.submit(run_point, tree, str(folder)): (point, folder) for point, tree, folder in jobs
+            pool.submit(runner, tree, str(folder)): (point, folder) for point, tree, folder in jobs
         }
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -170,15 +176,20 @@ def _local_results(
 
 
 def _ray_results(
-    jobs: list[tuple[SweepPoint, dict[str, Any], Path]], address: str
+    jobs: list[tuple[SweepPoint, dict[str, Any], Path]], address: str, runner: PointRunner
 ) -> Iterator[tuple[SweepPoint, Path, str | None]]:
     try:
         import ray
     except ImportError:
         raise ConfigError("--ray needs the optional extra: pip install 'cdbench[ray]'") from None
     if not ray.is_initialized():
-        ray.init(address=None if address == "local" else address, include_dashboard=False, log_to_driver=False)
-    remote = ray.remote(run_point)
+        if address == "local":
+            # Local workers import exactly what this process can (editable checkouts, user backends).
+            env = {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}}
+            ray.init(runtime_env=env, include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(address=address, log_to_driver=False)
+    remote = ray.remote(runner)
     refs = {remote.remote(tree, str(folder)): (point, folder) for point, tree, folder in jobs}
     while refs:
         ready, _ = ray.wait(list(refs), num_returns=1)
@@ -196,6 +207,7 @@ def run_sweep(
     workers: int = 1,
     ray_address: str | None = None,
     on_outcome: Callable[[PointOutcome], None] | None = None,
+    runner: PointRunner = run_point,
 ) -> list[PointOutcome]:
     """Run every unfinished point of the grid into ``out_dir/<point name>``.
 
@@ -204,6 +216,7 @@ def run_sweep(
     address such as ``"ray://head:10001"`` or ``"auto"``). A point whose folder
     already holds a summary is skipped. A failing point is recorded and the
     others still run. ``on_outcome`` is called as each point ends (progress bars).
+    ``runner`` runs one point (default :func:`run_point`: simulate, save, report).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -219,7 +232,7 @@ def run_sweep(
                 on_outcome(outcome)
         else:
             jobs.append((point, point_config(base, point), folder))
-    results = _ray_results(jobs, ray_address) if ray_address else _local_results(jobs, workers)
+    results = _ray_results(jobs, ray_address, runner) if ray_address else _local_results(jobs, workers, runner)
     for point, folder, error in results:
         outcome = PointOutcome(point, folder, "failed" if error else "done", error)
         outcomes.append(outcome)
