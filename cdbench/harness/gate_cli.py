@@ -49,17 +49,17 @@ def gate(
     Example: cdbench gate runs/ci --baseline ci/baseline.json --tolerance p99_ttft_ms=5
     """
     with user_errors():
+        tolerances = parse_tolerances(tolerance)
         run = load_run(run_dir)
         current = numeric_metrics(run.summary)
         if update:
             old = Baseline.load(baseline) if baseline.is_file() else Baseline(metrics={})
             new = old.model_copy(update={"metrics": current, "source": f"cdbench gate --update from {run_dir}"})
-            if tolerance:
-                new.tolerances_pct.update(parse_tolerances(tolerance))
+            new.tolerances_pct.update(tolerances)
             new.save(baseline)
             console.print(f"baseline {baseline} updated with {len(current)} metrics from {run_dir}")
             return
-        result = evaluate_gate(current, Baseline.load(baseline), parse_tolerances(tolerance))
+        result = evaluate_gate(current, Baseline.load(baseline), tolerances)
     console.print(gate_table(result))
     if result.passed:
         console.print(f"[green]gate passed[/]: no regression against {baseline}")
