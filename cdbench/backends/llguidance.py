@@ -43,17 +43,20 @@ class _ByteTableTokenizer:
 class LLGuidanceMatcher(Matcher):
     """One request's state: a thin wrapper over ``llguidance.LLMatcher``.
 
-    llguidance stops by itself once nothing but EOS can follow; the matcher
-    reports termination only after EOS is accepted, as the other engines do.
+    llguidance stops by itself once nothing but EOS can follow, and a stopped
+    matcher does not record EOS in its history. The matcher reports
+    termination only after EOS is accepted, as the other engines do, and keeps
+    track of whether llguidance counted that EOS, so rollback stays exact.
     """
 
-    __slots__ = ("_matcher", "_row_bytes", "_eos", "_terminated")
+    __slots__ = ("_matcher", "_row_bytes", "_eos", "_terminated", "_eos_uncounted")
 
-    def __init__(self, matcher: llg.LLMatcher, row_bytes: int, eos: frozenset[int], terminated: bool = False) -> None:
+    def __init__(self, matcher: llg.LLMatcher, row_bytes: int, eos: frozenset[int]) -> None:
         self._matcher = matcher
         self._row_bytes = row_bytes
         self._eos = eos
-        self._terminated = terminated
+        self._terminated = False
+        self._eos_uncounted = False
 
     def fill_mask(self, mask: torch.Tensor, row: int) -> None:
         # Straight into the tensor's memory: the mask must be a contiguous int32 CPU tensor.
@@ -66,17 +69,17 @@ class LLGuidanceMatcher(Matcher):
             if token in self._eos:
                 self._terminated = True
             return True
-        # A matcher that stopped by itself takes EOS only through consume_token.
         if token in self._eos and not self._terminated and self._matcher.is_stopped():
-            self._terminated = self._matcher.consume_token(token)
-            return self._terminated
+            self._terminated = self._eos_uncounted = True
+            return True
         return False
 
     def rollback(self, k: int) -> None:
-        if not self._matcher.rollback(k):
+        if k > 0 and self._terminated:
+            k -= self._eos_uncounted
+            self._terminated = self._eos_uncounted = False
+        if k > 0 and not self._matcher.rollback(k):
             raise ValueError(f"cannot roll back {k} tokens: {self._matcher.get_error()}")
-        if k > 0:
-            self._terminated = False  # EOS is always the last token accepted
 
     def jump_forward(self) -> list[int]:
         return self._matcher.compute_ff_tokens()
@@ -85,7 +88,9 @@ class LLGuidanceMatcher(Matcher):
         return self._terminated
 
     def copy(self) -> LLGuidanceMatcher:
-        return LLGuidanceMatcher(self._matcher.deep_copy(), self._row_bytes, self._eos, self._terminated)
+        twin = LLGuidanceMatcher(self._matcher.deep_copy(), self._row_bytes, self._eos)
+        twin._terminated, twin._eos_uncounted = self._terminated, self._eos_uncounted
+        return twin
 
 
 class LLGuidanceBackend(GrammarBackend):

@@ -26,9 +26,11 @@ from cdbench.backends.base import CompileError, CompiledGrammar, ConstraintSpec,
 from cdbench.backends.vocab import Vocabulary
 
 # JSON Schema keywords outlines-core 0.2.14 turns into a regex that does not
-# check them (verified: violating instances are accepted).
-IGNORED_KEYWORDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-                              "multipleOf", "uniqueItems", "minProperties", "maxProperties"})
+# check them (each verified with an instance that violates it and is accepted).
+IGNORED_KEYWORDS = frozenset({"not", "if", "then", "else", "oneOf", "uniqueItems", "contains", "minContains",
+                              "maxContains", "dependentRequired", "dependentSchemas", "propertyNames",
+                              "multipleOf", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                              "minProperties", "maxProperties"})
 
 # Placeholder whitespace pattern: outlines puts its whitespace regex around
 # every ':' and ',' and inside brackets; the compact language keeps one space

@@ -119,21 +119,23 @@ def load_tool_call_tags(spec: ConstraintSpec, backend: str) -> list[ToolCallTag]
 def failure(backend: str, spec: ConstraintSpec, message: str) -> CompileError:
     """A :class:`CompileError` for an engine that refused ``spec`` with ``message``.
 
-    The reason is ``invalid`` when the spec is malformed by a yardstick outside
-    the engine (Python's ``re`` for regexes, the JSON Schema meta-schema for
-    schemas), else ``unsupported`` when the engine says it lacks the feature.
+    The reason is ``invalid`` for a schema (or a tool call's schema) that fails the JSON Schema
+    meta-schema; else ``unsupported`` when the engine says it lacks the
+    feature, or for a regex Python's ``re`` compiles (anchors, lookaround);
+    else ``invalid``.
     """
     message = failure_message(message)
+    if not all(_meets_metaschema(schema) for schema in _schemas_in(spec)):
+        return CompileError(backend, spec.kind, "invalid", message)
+    if _UNSUPPORTED_WORDS.search(message):
+        return CompileError(backend, spec.kind, "unsupported", message)
     if spec.kind == "regex" and isinstance(spec.spec, str):
         try:
             re.compile(spec.spec)
         except re.error:
             return CompileError(backend, spec.kind, "invalid", message)
         return CompileError(backend, spec.kind, "unsupported", message)
-    if spec.kind == "json_schema" and not _meets_metaschema(spec.spec):
-        return CompileError(backend, spec.kind, "invalid", message)
-    reason = "unsupported" if _UNSUPPORTED_WORDS.search(message) else "invalid"
-    return CompileError(backend, spec.kind, reason, message)
+    return CompileError(backend, spec.kind, "invalid", message)
 
 
 def failure_message(message: object) -> str:
@@ -142,6 +144,15 @@ def failure_message(message: object) -> str:
     xgrammar prefixes ``[hh:mm:ss] /project/cpp/file.cc:123:``, which says nothing to a user.
     """
     return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(message).strip())
+
+
+def _schemas_in(spec: ConstraintSpec) -> list[Any]:
+    if spec.kind == "json_schema":
+        return [spec.spec]
+    if spec.kind == "structural_tag" and isinstance(spec.spec, Mapping):
+        items = spec.spec.get("tags", [spec.spec])
+        return [item["schema"] for item in items if isinstance(item, Mapping) and "schema" in item]
+    return []
 
 
 def _meets_metaschema(schema: Any) -> bool:
