@@ -23,8 +23,14 @@ from cdbench.harness.config_io import ConfigError
 from cdbench.harness.costs.hardware import SpecFileError, UnknownSpecError
 from cdbench.reports.gate import GateError
 
-console = Console()
-err_console = Console(stderr=True)
+def _console(stderr: bool = False) -> Console:
+    # Rich assumes 80 columns when output is not a terminal (CI logs, pipes); tables need more.
+    probe = Console(stderr=stderr)
+    return probe if probe.is_terminal else Console(stderr=stderr, width=140)
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 USER_ERRORS: tuple[type[BaseException], ...] = (
     ConfigError,

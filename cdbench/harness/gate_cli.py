@@ -15,14 +15,18 @@ from cdbench.reports.tables import format_value
 
 _STYLE = {Verdict.REGRESSED: "bold red", Verdict.MISSING: "bold red", Verdict.IMPROVED: "green", Verdict.OK: "",
           Verdict.NEW: "cyan", Verdict.INFO: "dim"}
+_ORDER = [Verdict.REGRESSED, Verdict.MISSING, Verdict.IMPROVED, Verdict.OK, Verdict.NEW, Verdict.INFO]
 
 
 def gate_table(result: GateResult) -> Table:
     table = Table(title="Regression gate", title_justify="left")
-    for name, justify in (("metric", "left"), ("better", "left"), ("baseline", "right"), ("current", "right"),
-                          ("change", "right"), ("tolerance", "right"), ("verdict", "left")):
+    widest = max((len(c.metric) for c in result.checks), default=6)
+    table.add_column("metric", no_wrap=True, min_width=widest)
+    for name, justify in (("better", "left"), ("baseline", "right"), ("current", "right"), ("change", "right"),
+                          ("tolerance", "right"), ("verdict", "left")):
         table.add_column(name, justify=justify)
-    for check in result.checks:
+    # Regressions first, so a CI log shows what failed without scrolling.
+    for check in sorted(result.checks, key=lambda c: (_ORDER.index(c.verdict), c.metric)):
         change = "-" if check.change_pct is None else f"{check.change_pct:+.2f}%"
         style = _STYLE[check.verdict]
         verdict = f"[{style}]{check.verdict.value}[/]" if style else check.verdict.value

@@ -10,7 +10,7 @@ from cdbench.harness.cli import app
 from cdbench.harness.cli_support import console, user_errors
 from cdbench.harness.results import load_run
 from cdbench.reports.run_report import build_report
-from cdbench.reports.tables import summary_sections, to_rich
+from cdbench.reports.tables import console_sections, to_rich
 
 
 @app.command()
@@ -26,6 +26,6 @@ def report(
         run = load_run(run_dir)
         path = build_report(run)
     if not quiet:
-        for section in summary_sections(run.summary):
+        for section in console_sections(run.summary):
             console.print(to_rich(section))
     console.print(f"report: {path}")

@@ -17,7 +17,7 @@ from cdbench.harness.cli import app
 from cdbench.harness.cli_support import console, progress_bar, user_errors
 from cdbench.harness.config_io import apply_overrides, builtin_config_path, read_yaml_mapping
 from cdbench.harness.results import SavedRun, record_run, validate_run_config
-from cdbench.reports.tables import summary_sections, to_rich
+from cdbench.reports.tables import console_sections, to_rich
 
 RUN_OPTION_PATHS: dict[str, str] = {
     "backend": "backend.name",
@@ -121,6 +121,6 @@ def run_command(
         tree, source = load_run_tree(config, options, set_)
     out = out or default_out_dir()
     saved = execute(tree, source, out)
-    for section in summary_sections(saved.summary):
+    for section in console_sections(saved.summary):
         console.print(to_rich(section))
     console.print(f"results: {out}/  (report: {out / 'report.md'}, trace: {out / 'trace.json'} for ui.perfetto.dev)")

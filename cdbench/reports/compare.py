@@ -67,7 +67,7 @@ def _ratio_style(metric: str, ratio: float) -> str:
 def comparison_rich(table: pd.DataFrame, n_runs: int) -> Table:
     """The comparison as a rich table; ratios coloured green (better) or red (worse) by the metric's direction."""
     rich_table = Table(title="Comparison (ratios relative to the first run)", title_justify="left")
-    rich_table.add_column("metric")
+    rich_table.add_column("metric", no_wrap=True, min_width=max((len(str(m)) for m in table.index), default=6))
     for column in table.columns:
         rich_table.add_column(str(column), justify="right")
     for metric, row in table.iterrows():

@@ -29,7 +29,7 @@ LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 _LATENCY_FIELD = re.compile(r"^(mean|median|std|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 _TOPICS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("Throughput", re.compile(r"throughput|goodput|^completed$|^duration|^total_(input|output)_tokens$|^num_")),
-    ("Grammar compile and wait", re.compile(r"compile|wait|cache|poll")),
+    ("Grammar compile and wait", re.compile(r"compile|wait|cache|poll|inflight")),
     ("Aborts and failures", re.compile(r"abort|timeout|fail|error")),
     ("Masks and overlap", re.compile(r"mask|fill|apply|copy|overlap|hidden|exposed|share")),
     ("Speculative decoding, jump-forward, validity", re.compile(r"draft|rollback|rolled|accept|jump|valid")),
@@ -111,11 +111,30 @@ def to_markdown(section: Section) -> str:
     return "\n".join(lines)
 
 
+HEADLINE = ("completed", "failed", "request_throughput", "output_throughput", "request_goodput",
+            "mean_grammar_wait_ms", "p99_grammar_wait_ms", "mean_compile_ms", "cache_hit_rate", "rollback_rate",
+            "validity_rate", "mask_share", "mask_row_p99_us", "cpu_hidden_by_overlap_s", "mean_rank_skew_ms")
+"""Fields shown in the console summary after the latency grid (the report has them all)."""
+
+
+def console_sections(summary: Mapping[str, object]) -> list[Section]:
+    """The console summary: the latency grid and one table of :data:`HEADLINE` fields present in ``summary``."""
+    sections = [s for s in summary_sections(summary) if s.title == "Latency (ms)"]
+    rows = tuple((k, summary[k]) for k in HEADLINE if k in summary)
+    if rows:
+        sections.append(Section("Throughput and grammar", ("metric", "value"), rows))
+    return sections
+
+
 def to_rich(section: Section) -> Table:
     """A rich table for the console; numeric columns right-aligned."""
-    table = Table(title=section.title, title_justify="left")
+    table = Table(title=section.title, title_justify="left", min_width=len(section.title))
+    widest = max((len(str(row[0])) for row in section.rows), default=6)
     for i, name in enumerate(section.header):
-        table.add_column(name, justify="left" if i == 0 else "right")
+        if i == 0:
+            table.add_column(name, no_wrap=True, min_width=widest)
+        else:
+            table.add_column(name, justify="right")
     for row in section.rows:
         table.add_row(*(format_value(c) for c in row))
     return table

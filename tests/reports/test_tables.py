@@ -33,3 +33,11 @@ def test_format_value():
 def test_nested_counts_are_flattened():
     sections = {s.title: s for s in summary_sections({"aborts_by_reason": {"grammar_timeout": 3}})}
     assert sections["Aborts and failures"].rows == (("aborts_by_reason.grammar_timeout", 3),)
+
+
+def test_console_sections_are_the_latency_grid_and_headline_fields():
+    from cdbench.reports.tables import console_sections
+
+    sections = console_sections({"mean_ttft_ms": 1.0, "request_throughput": 2.0, "steps": 9, "failed": 0})
+    assert [s.title for s in sections] == ["Latency (ms)", "Throughput and grammar"]
+    assert sections[1].rows == (("failed", 0), ("request_throughput", 2.0))
