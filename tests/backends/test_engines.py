@@ -1,0 +1,277 @@
+"""Engine-specific behaviour: options, warnings, the none backend, known engine differences."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+from cases import ENGINES, allowed_ids, is_allowed
+
+import cdbench.backends as backends_api
+from cdbench.backends import CompileError, ConstraintSpec, MaskFormat, create_backend
+from cdbench.backends.llguidance import LLGuidanceBackend
+from cdbench.backends.none import NoneBackend
+from cdbench.backends.outlines import OutlinesBackend
+from cdbench.backends.specs import choice_regex, regex_literal, unenforced_keywords
+from cdbench.backends.xgrammar import XGrammarBackend
+
+VOCAB = "cl100k"
+
+
+def _accepts(backend, grammar, text: str) -> bool:
+    """Whether ``text`` followed by EOS is accepted token by token."""
+    matcher = backend.matcher(grammar)
+    return all(matcher.accept(t) for t in [*backend.vocab.encode(text), backend.vocab.eos_token_ids[0]])
+
+
+def test_public_api_is_exported():
+    for name in ("available_backends", "create_backend", "register_backend", "ConstraintSpec", "CompileError",
+                 "CompiledGrammar", "GrammarBackend", "Matcher", "MaskFormat", "Vocabulary", "load_vocab",
+                 "available_vocabs"):
+        assert hasattr(backends_api, name), name
+
+
+@pytest.mark.parametrize(("name", "cls"), [("xgrammar", XGrammarBackend), ("llguidance", LLGuidanceBackend),
+                                           ("outlines", OutlinesBackend), ("none", NoneBackend)])
+def test_registry_builds_each_engine(engines, name, cls):
+    backend = engines.backend(name, VOCAB) if name != "none" else create_backend("none", VOCAB)
+    assert type(backend) is cls and backend.name == name
+    assert backend.mask_format is MaskFormat.BITMASK
+    mask = backend.allocate_mask(2)
+    assert mask.dtype == torch.int32 and mask.shape == (2, (backend.vocab.size + 31) // 32)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_fill_mask_writes_only_its_row(engines, engine):
+    backend = engines.backend(engine, VOCAB)
+    matcher = backend.matcher(engines.compiled(engine, VOCAB, ConstraintSpec("regex", "[0-9]{3}")))
+    mask = backend.allocate_mask(3)
+    mask[0].fill_(7)
+    mask[2].fill_(11)
+    matcher.fill_mask(mask, 1)
+    assert bool((mask[0] == 7).all()) and bool((mask[2] == 11).all())
+    digits = {backend.vocab.encode(str(d))[0] for d in range(10)}
+    assert digits <= set(allowed_ids(mask, 1, backend.vocab.size).tolist())
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_whitespace_option_sets_the_language(engine):
+    compact = create_backend(engine, VOCAB)
+    flexible = create_backend(engine, VOCAB, whitespace="flexible")
+    assert compact.options_key() != flexible.options_key()
+    spec = ConstraintSpec("json_schema", {"type": "object", "properties": {"a": {"type": "integer"}},
+                                          "required": ["a"], "additionalProperties": False})
+    assert _accepts(compact, compact.compile(spec), '{"a": 1}')
+    assert not _accepts(compact, compact.compile(spec), '{"a":1}')
+    assert _accepts(flexible, flexible.compile(spec), '{"a":1}')
+    assert _accepts(flexible, flexible.compile(spec), '{"a": 1}')
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_unknown_whitespace_style_is_refused(engine):
+    with pytest.raises(ValueError, match="'tabs'.*compact, flexible"):
+        create_backend(engine, VOCAB, whitespace="tabs")
+
+
+def test_xgrammar_compiler_threads_are_part_of_the_key():
+    keys = {create_backend("xgrammar", VOCAB, max_threads=n).options_key() for n in (1, 2)}
+    assert len(keys) == 2
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_several_tool_call_tags_accept_either(engines, engine):
+    backend = engines.backend(engine, VOCAB)
+    spec = ConstraintSpec("structural_tag", {"tags": [
+        {"begin": "<a>", "schema": {"type": "integer"}, "end": "</a>"},
+        {"begin": "<b>", "schema": {"type": "boolean"}, "end": "</b>"},
+    ]})
+    grammar = backend.compile(spec)
+    assert _accepts(backend, grammar, "<a>12</a>")
+    assert _accepts(backend, grammar, "<b>true</b>")
+    assert not _accepts(backend, grammar, "<a>true</a>")
+
+
+@pytest.mark.parametrize(("engine", "schema", "violating"), [
+    ("xgrammar", {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "[1, 1]"),
+    ("xgrammar", {"type": "string", "not": {"const": "abc"}}, '"abc"'),
+    ("xgrammar", {"type": "integer", "allOf": [{"minimum": 3}]}, "1"),
+    ("outlines", {"type": "integer", "minimum": 3}, "1"),
+    ("outlines", {"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 1},
+     '{"a": 1, "b": 2}'),
+])
+def test_unenforced_keywords_are_reported_truthfully(engines, engine, schema, violating):
+    backend = engines.backend(engine, VOCAB)
+    grammar = backend.compile(ConstraintSpec("json_schema", schema))
+    ignored = next(k for k in ("uniqueItems", "not", "allOf", "minimum", "maxProperties") if k in schema)
+    assert any(f"'{ignored}' at #" in w for w in grammar.warnings), grammar.warnings
+    assert _accepts(backend, grammar, violating), "the warning says unenforced, but the engine enforces it"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_fully_enforced_schema_has_no_warnings(engines, engine):
+    schema = {"type": "object", "properties": {"n": {"type": "string", "maxLength": 3}}, "required": ["n"]}
+    assert engines.backend(engine, VOCAB).compile(ConstraintSpec("json_schema", schema)).warnings == ()
+
+
+def test_llguidance_refuses_what_it_cannot_enforce(engines):
+    with pytest.raises(CompileError) as info:
+        engines.backend("llguidance", VOCAB).compile(ConstraintSpec("json_schema", {"not": {"type": "string"}}))
+    assert info.value.reason == "unsupported" and "not" in info.value.message
+
+
+def test_walker_reports_nested_uses_and_skips_property_names():
+    schema = {
+        "type": "object",
+        "properties": {"not": {"type": "string"}, "list": {"type": "array", "uniqueItems": True}},
+        "$defs": {"x/y": {"anyOf": [{"not": {"type": "null"}}]}},
+        "const": {"uniqueItems": True},
+    }
+    found = unenforced_keywords(schema, frozenset({"not", "uniqueItems"}))
+    assert found == ("'uniqueItems' at #/properties/list", "'not' at #/$defs/x~1y/anyOf/0")
+
+
+def test_regex_literal_escapes_only_metacharacters():
+    text = "a.b*c (d) [e] {f} ^g$ h|i \\j+k?\nl-m #n"
+    assert re.fullmatch(regex_literal(text), text)
+    assert "\\ " not in regex_literal(text)
+    assert choice_regex(["a", "b.c"]) == "(a|b\\.c)"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_choice_options_with_metacharacters_are_literal(engines, engine):
+    backend = engines.backend(engine, VOCAB)
+    grammar = backend.compile(ConstraintSpec("choice", ["a+b", "(c)", "d.e"]))
+    assert _accepts(backend, grammar, "a+b") and _accepts(backend, grammar, "(c)")
+    assert not _accepts(backend, grammar, "aab") and not _accepts(backend, grammar, "dxe")
+
+
+@pytest.mark.parametrize(("engine", "reason"), [("xgrammar", "unsupported"), ("llguidance", None), ("outlines", None)])
+def test_unicode_property_classes(engines, engine, reason):
+    backend = engines.backend(engine, VOCAB)
+    spec = ConstraintSpec("regex", r"\p{L}+")
+    if reason:
+        with pytest.raises(CompileError) as info:
+            backend.compile(spec)
+        assert info.value.reason == reason
+    else:
+        assert _accepts(backend, backend.compile(spec), "héllo")
+
+
+def test_outlines_refuses_anchors_and_grammars(engines):
+    backend = engines.backend("outlines", VOCAB)
+    with pytest.raises(CompileError) as info:
+        backend.compile(ConstraintSpec("regex", "^abc$"))
+    assert info.value.reason == "unsupported"
+    with pytest.raises(CompileError) as info:
+        backend.compile(ConstraintSpec("ebnf", 'root ::= "a"', {"dialect": "gbnf"}))
+    assert info.value.reason == "unsupported"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_rollback_past_the_history_raises(engines, engine):
+    backend = engines.backend(engine, VOCAB)
+    matcher = backend.matcher(engines.compiled(engine, VOCAB, ConstraintSpec("regex", "[0-9]{3}")))
+    assert matcher.accept(backend.vocab.encode("1")[0])
+    with pytest.raises(ValueError):
+        matcher.rollback(5)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_eos_after_a_grammar_that_must_end(engines, engine):
+    """A grammar that cannot continue allows only EOS, and terminates only once EOS is accepted."""
+    backend = engines.backend(engine, VOCAB)
+    voc = backend.vocab
+    matcher = backend.matcher(engines.compiled(engine, VOCAB, ConstraintSpec("choice", ["done"])))
+    for token in voc.encode("done"):
+        assert matcher.accept(token)
+    assert not matcher.is_terminated()
+    mask = backend.allocate_mask(1)
+    matcher.fill_mask(mask, 0)
+    assert allowed_ids(mask, 0, voc.size).tolist() == [voc.eos_token_ids[0]]
+    assert matcher.accept(voc.eos_token_ids[0]) and matcher.is_terminated()
+    matcher.rollback(2)
+    assert not matcher.is_terminated()
+    matcher.fill_mask(mask, 0)
+    assert not is_allowed(mask, 0, voc.eos_token_ids[0])
+
+
+def test_outlines_drops_tokens_that_leave_a_final_state(engines):
+    """Known outlines-core 0.2.14 difference: from a state where the regex may
+    end, tokens into a state where it may not are missing from the index.
+
+    After "1" of ``1(a[0-9]+)?`` xgrammar allows "a"; outlines allows only EOS.
+    If this test fails, outlines-core fixed it: let the conformance cases pass
+    through such states again.
+    """
+    spec = ConstraintSpec("regex", "1(a[0-9]+)?")
+    voc = engines.backend("xgrammar", VOCAB).vocab
+    a = voc.encode("a")[0]
+    allowed = {}
+    for engine in ("xgrammar", "outlines"):
+        backend = engines.backend(engine, VOCAB)
+        matcher = backend.matcher(backend.compile(spec))
+        assert matcher.accept(voc.encode("1")[0])
+        mask = backend.allocate_mask(1)
+        matcher.fill_mask(mask, 0)
+        allowed[engine] = is_allowed(mask, 0, a)
+    assert allowed == {"xgrammar": True, "outlines": False}
+
+
+def test_compile_error_names_backend_kind_and_reason(engines):
+    with pytest.raises(CompileError) as info:
+        engines.backend("xgrammar", VOCAB).compile(ConstraintSpec("regex", "[a-z"))
+    error = info.value
+    assert (error.backend, error.kind, error.reason) == ("xgrammar", "regex", "invalid")
+    assert "xgrammar cannot compile regex: invalid" in str(error) and not error.message.startswith("[")
+
+
+def test_schema_given_as_json_text_compiles(engines):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    backend = engines.backend("llguidance", VOCAB)
+    assert _accepts(backend, backend.compile(ConstraintSpec("json_schema", json.dumps(schema))), '{"a": 3}')
+
+
+class TestNoneBackend:
+    @pytest.fixture(scope="class")
+    def backend(self):
+        return create_backend("none", VOCAB)
+
+    def test_everything_is_allowed_including_eos(self, backend):
+        matcher = backend.matcher(backend.compile(ConstraintSpec("regex", "[0-9]")))
+        mask = torch.zeros((2, (backend.vocab.size + 31) // 32), dtype=torch.int32)
+        matcher.fill_mask(mask, 1)
+        assert allowed_ids(mask, 1, backend.vocab.size).size == backend.vocab.size
+        assert bool((mask[0] == 0).all())
+
+    def test_accepts_anything_until_eos(self, backend):
+        voc = backend.vocab
+        matcher = backend.matcher(backend.compile(ConstraintSpec("json_schema", {"type": "integer"})))
+        assert all(matcher.accept(t) for t in voc.encode("not an integer"))
+        assert not matcher.is_terminated()
+        assert matcher.jump_forward() == []
+        twin = matcher.copy()
+        assert matcher.accept(voc.eos_token_ids[0]) and matcher.is_terminated()
+        assert not matcher.accept(voc.encode("x")[0])
+        assert not twin.is_terminated()
+        matcher.rollback(1)
+        assert not matcher.is_terminated()
+        with pytest.raises(ValueError):
+            matcher.rollback(100)
+
+    def test_compiles_any_spec(self, backend):
+        grammar = backend.compile(ConstraintSpec("ebnf", "not even a grammar", {"dialect": "gbnf"}))
+        assert grammar.backend == "none" and grammar.warnings == ()
+
+
+def test_mask_bit_layout_is_token_32w_plus_i(engines):
+    """Bit i of word w is token 32*w+i: the allowed ids equal the ones computed from the byte table."""
+    backend = engines.backend("xgrammar", VOCAB)
+    voc = backend.vocab
+    matcher = backend.matcher(engines.compiled("xgrammar", VOCAB, ConstraintSpec("choice", ["yes"])))
+    mask = backend.allocate_mask(1)
+    matcher.fill_mask(mask, 0)
+    expected = [i for i, raw in enumerate(voc.token_bytes)
+                if raw and b"yes".startswith(raw) and i not in voc.forbidden_token_ids]
+    assert allowed_ids(mask, 0, voc.size).tolist() == expected
