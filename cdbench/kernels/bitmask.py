@@ -2,9 +2,15 @@
 
 The bitmask kernel works on 16-byte packs (4 fp32 or 8 bf16/fp16 logits), so
 every thread moves whole 16 B vectors, and each pack's bits come from one
-bitmask word. Three strategies (``mode``):
+bitmask word. Strategies (``mode``):
 
-``"skip"`` (default)
+``"auto"`` (default)
+    ``"rmw"`` for small launches, ``"adaptive"`` for large ones (see
+    :data:`ADAPTIVE_MIN_BYTES`).
+``"adaptive"``
+    per block of tokens: ``"store"`` where at least 7/8 of the block is
+    allowed, ``"skip"`` elsewhere.
+``"skip"``
     read-modify-write, but packs whose tokens are all disallowed are written
     as -inf without being read, and packs whose tokens are all allowed are
     neither read nor written. Never moves more bytes than ``"rmw"``.
@@ -41,38 +47,67 @@ import triton.language as tl
 from cdbench.kernels import reference
 from cdbench.kernels._launch import as_index_tensor, check_bitmask, check_logits, pick_block, use_triton
 
-ApplyMode = Literal["skip", "rmw", "store"]
-_MODES = {"rmw": 0, "skip": 1, "store": 2}
+ApplyMode = Literal["auto", "adaptive", "skip", "rmw", "store"]
+_MODES = ("auto", "adaptive", "skip", "rmw", "store")
+#: Logits bytes from which ``mode="auto"`` is ``"adaptive"`` rather than ``"rmw"``. Skipping makes
+#: each logits access wait for its bitmask word; in a launch this small that extra memory latency
+#: costs more than the bytes it saves (measured: reports/kernels/README.md).
+ADAPTIVE_MIN_BYTES = 1 << 20
 
 
 @triton.jit
+def _store_neg_inf_lanes(logits_row, bitmask_row, col0, n_cols, n_words, one, BLOCK: tl.constexpr):
+    """Store -inf at the disallowed tokens of ``[col0, col0 + BLOCK)`` without reading logits."""
+    # Multiplying by a run-time 1 hides contiguity from the compiler, so it gives each lane one
+    # token (a warp stores 32 consecutive tokens) instead of per-thread vectors of scalar stores.
+    cols = (col0 + tl.arange(0, BLOCK)) * one
+    word_idx = cols // 32
+    word = tl.load(bitmask_row + word_idx, mask=word_idx < n_words, other=0)
+    allowed = ((word.to(tl.uint32, bitcast=True) >> (cols % 32).to(tl.uint32)) & 1) != 0
+    neg_inf = tl.full([BLOCK], float("-inf"), logits_row.dtype.element_ty)
+    tl.store(logits_row + cols, neg_inf, mask=(cols < n_cols) & ~allowed)
+
+
+@triton.jit(do_not_specialize=["one"])
 def _apply_bitmask_packs(
-    logits_ptr, bitmask_ptr, indices_ptr, n_cols, n_words, logits_stride, bitmask_stride,
+    logits_ptr, bitmask_ptr, indices_ptr, n_cols, n_words, logits_stride, bitmask_stride, one,
     HAS_INDICES: tl.constexpr, PACK: tl.constexpr, BLOCK: tl.constexpr, SKIP: tl.constexpr,
+    ADAPTIVE: tl.constexpr,
 ):
     if HAS_INDICES:
         row = tl.load(indices_ptr + tl.program_id(1)).to(tl.int64)
     else:
         row = tl.program_id(1).to(tl.int64)
-    pack_start = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK // PACK) * PACK
+    logits_row = logits_ptr + row * logits_stride
+    bitmask_row = bitmask_ptr + row * bitmask_stride
+    col0 = tl.program_id(0) * BLOCK
+    pack_start = col0 + tl.arange(0, BLOCK // PACK) * PACK
     word_idx = pack_start // 32
-    word = tl.load(bitmask_ptr + row * bitmask_stride + word_idx, mask=word_idx < n_words, other=0)
+    word = tl.load(bitmask_row + word_idx, mask=word_idx < n_words, other=0)
     # PACK divides 32, so a pack's bits never straddle two words.
     pack_bits = (word.to(tl.uint32, bitcast=True) >> (pack_start % 32).to(tl.uint32)) & ((1 << PACK) - 1)
     lane = tl.arange(0, PACK)
     cols = pack_start[:, None] + lane[None, :]
     allowed = ((pack_bits[:, None] >> lane[None, :].to(tl.uint32)) & 1) != 0
     in_row = cols < n_cols
-    ptrs = logits_ptr + row * logits_stride + cols
-    if SKIP:
-        # Per-pack predicates keep each thread's 16 B access a single vector load/store.
-        load_mask = in_row & (pack_bits != 0)[:, None]
-        store_mask = in_row & (pack_bits != (1 << PACK) - 1)[:, None]
+    store_only = False
+    if ADAPTIVE:
+        # Mostly-allowed blocks: writing -inf at the few disallowed tokens beats reading everything.
+        n_allowed = tl.sum(tl.sum((allowed & in_row).to(tl.int32), axis=1), axis=0)
+        store_only = n_allowed * 8 >= tl.minimum(n_cols - col0, BLOCK) * 7
+    if store_only:
+        _store_neg_inf_lanes(logits_row, bitmask_row, col0, n_cols, n_words, one, BLOCK)
     else:
-        load_mask = in_row
-        store_mask = in_row
-    x = tl.load(ptrs, mask=load_mask, other=float("-inf"))
-    tl.store(ptrs, tl.where(allowed, x, float("-inf")), mask=store_mask)
+        if SKIP:
+            # Per-pack predicates keep each thread's 16 B access a single vector load/store: packs
+            # with no allowed token are not read, packs with every token allowed are not written.
+            load_mask = in_row & (pack_bits != 0)[:, None]
+            store_mask = in_row & (pack_bits != (1 << PACK) - 1)[:, None]
+        else:
+            load_mask = in_row
+            store_mask = in_row
+        x = tl.load(logits_row + cols, mask=load_mask, other=float("-inf"))
+        tl.store(logits_row + cols, tl.where(allowed, x, float("-inf")), mask=store_mask)
 
 
 @triton.jit(do_not_specialize=["one"])
@@ -84,14 +119,8 @@ def _apply_bitmask_store(
         row = tl.load(indices_ptr + tl.program_id(1)).to(tl.int64)
     else:
         row = tl.program_id(1).to(tl.int64)
-    # Multiplying by a run-time 1 hides contiguity from the compiler, so it gives each lane one
-    # token (a warp stores 32 consecutive tokens) instead of per-thread vectors of scalar stores.
-    cols = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)) * one
-    word_idx = cols // 32
-    word = tl.load(bitmask_ptr + row * bitmask_stride + word_idx, mask=word_idx < n_words, other=0)
-    allowed = ((word.to(tl.uint32, bitcast=True) >> (cols % 32).to(tl.uint32)) & 1) != 0
-    neg_inf = tl.full([BLOCK], float("-inf"), logits_ptr.dtype.element_ty)
-    tl.store(logits_ptr + row * logits_stride + cols, neg_inf, mask=(cols < n_cols) & ~allowed)
+    _store_neg_inf_lanes(logits_ptr + row * logits_stride, bitmask_ptr + row * bitmask_stride,
+                         tl.program_id(0) * BLOCK, n_cols, n_words, one, BLOCK)
 
 
 def apply_bitmask(
@@ -99,7 +128,7 @@ def apply_bitmask(
     bitmask: torch.Tensor,
     indices: torch.Tensor | Sequence[int] | None = None,
     *,
-    mode: ApplyMode = "skip",
+    mode: ApplyMode = "auto",
 ) -> None:
     """Set disallowed logits to -inf in place.
 
@@ -109,7 +138,8 @@ def apply_bitmask(
     bitmask : int32 ``[B, W]``; bit ``t % 32`` of word ``t // 32`` is 1 when token ``t`` is allowed.
         Columns ``t >= 32 * W`` are disallowed.
     indices : rows to mask (others are left untouched); default all rows.
-    mode : ``"skip"``, ``"rmw"`` or ``"store"`` (see the module docstring); all give the same result.
+    mode : ``"auto"``, ``"adaptive"``, ``"skip"``, ``"rmw"`` or ``"store"`` (see the module docstring);
+        all give the same result.
     """
     check_logits(logits)
     check_bitmask(bitmask, logits.shape[0])
@@ -130,10 +160,13 @@ def apply_bitmask(
         _apply_bitmask_store[grid](*common, 1, HAS_INDICES=rows is not None, BLOCK=block,
                                    num_warps=4 if block <= 2048 else 8)
         return
+    if mode == "auto":
+        mode = "adaptive" if n_rows * n_cols * logits.element_size() >= ADAPTIVE_MIN_BYTES else "rmw"
     block = pick_block(n_rows, n_cols, logits.device)
     grid = (triton.cdiv(n_cols, block), n_rows)
-    _apply_bitmask_packs[grid](*common, HAS_INDICES=rows is not None, PACK=16 // logits.element_size(),
-                               BLOCK=block, SKIP=mode == "skip", num_warps=4 if block <= 2048 else 8)
+    _apply_bitmask_packs[grid](*common, 1, HAS_INDICES=rows is not None, PACK=16 // logits.element_size(),
+                               BLOCK=block, SKIP=mode in ("skip", "adaptive"), ADAPTIVE=mode == "adaptive",
+                               num_warps=4 if block <= 2048 else 8)
 
 
 @triton.jit

@@ -14,7 +14,7 @@ from cdbench.kernels import apply_bitmask, apply_bool_mask, masked_argmax, set_t
 from cdbench.kernels import reference
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-MODES = ("skip", "rmw", "store")
+MODES = ("auto", "adaptive", "skip", "rmw", "store")
 
 
 def random_bitmask(gen: torch.Generator, n_rows: int, vocab: int, allowed: float, device) -> torch.Tensor:
