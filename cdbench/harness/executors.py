@@ -93,24 +93,44 @@ class FixedGpuCosts(BaseModel):
 
 
 class RooflineGpuCosts:
-    """GPU costs from the roofline forward model and the measured mask-cost tables."""
+    """GPU costs from the roofline forward model and the measured mask-cost tables.
+
+    Mask and sampling times depend only on a row count; they are memoized per
+    count, since the loop asks for the same few counts again and again.
+    """
 
     def __init__(self, forward: ForwardCostModel, mask: MaskCost) -> None:
         self.forward, self.mask = forward, mask
+        self._copy: dict[tuple[int, bool], float] = {}
+        self._apply: dict[int, float] = {}
+        self._sample: dict[int, float] = {}
 
     def forward_s(self, prefill_chunks, prefill_cached, decode_rows, decode_kv_tokens) -> float:
-        tokens = float(np.sum(prefill_chunks))
-        pairs = float(np.sum(attention_pairs(prefill_chunks, prefill_cached))) if tokens else 0.0
+        if len(prefill_chunks):
+            tokens = float(prefill_chunks.sum())
+            pairs = float(attention_pairs(prefill_chunks, prefill_cached).sum())
+        else:
+            tokens = pairs = 0.0
         return self.forward.step_s(tokens, pairs, decode_rows, decode_kv_tokens)
 
     def copy_s(self, mask_rows: int, pinned: bool) -> float:
-        return self.mask.copy_s(mask_rows, pinned) if mask_rows else 0.0
+        key = (mask_rows, pinned)
+        value = self._copy.get(key)
+        if value is None:
+            value = self._copy[key] = self.mask.copy_s(mask_rows, pinned) if mask_rows else 0.0
+        return value
 
     def apply_s(self, mask_rows: int) -> float:
-        return self.mask.apply_s(mask_rows) if mask_rows else 0.0
+        value = self._apply.get(mask_rows)
+        if value is None:
+            value = self._apply[mask_rows] = self.mask.apply_s(mask_rows) if mask_rows else 0.0
+        return value
 
     def sample_s(self, rows: int) -> float:
-        return self.mask.sample_s(rows) if rows else 0.0
+        value = self._sample.get(rows)
+        if value is None:
+            value = self._sample[rows] = self.mask.sample_s(rows) if rows else 0.0
+        return value
 
 
 # ----------------------------------------------------------------------------- grammar work
@@ -217,6 +237,8 @@ class GrammarExecutor(ABC):
 
     #: seconds spent inside backend calls (hybrid); 0 in model mode
     backend_call_s: float = 0.0
+    #: seconds spent checking finished outputs against their specs (hybrid)
+    validation_s: float = 0.0
 
     def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False) -> None:
         """Called once with the run's requests (in scheduler order), their spec keys, and whether
@@ -293,9 +315,17 @@ class FixedGrammarCosts(BaseModel):
 class ProfileGrammarCosts:
     """Grammar costs drawn from a backend's measured :class:`GrammarProfile` (seeded)."""
 
+    _NAMES = {code: kind for kind, code in KIND_CODES.items()}
+
     def __init__(self, profile: GrammarProfile, seed: int) -> None:
         self.profile = profile
         self.sampler = profile.sampler(seed)
+
+    def _kinds(self, kinds: np.ndarray):
+        """The sampler's cheaper (count, kind) form when every draw has the same kind."""
+        if len(kinds) and kinds[0] == kinds[-1] and kinds.min() == kinds.max():
+            return len(kinds), self._NAMES.get(int(kinds[0]))
+        return kinds, None
 
     def compile(self, spec_id: str | None, key_text: str, kind: str) -> CompileOutcome:
         ids = [spec_id if spec_id is not None else key_text]
@@ -304,16 +334,16 @@ class ProfileGrammarCosts:
         return CompileOutcome(seconds, None if status == "ok" else status)
 
     def fill_s(self, kinds: np.ndarray) -> np.ndarray:
-        return self.sampler.fill_s(kinds)
+        return self.sampler.fill_s(*self._kinds(kinds))
 
     def accept_s(self, kinds: np.ndarray) -> np.ndarray:
-        return self.sampler.accept_s(kinds)
+        return self.sampler.accept_s(*self._kinds(kinds))
 
     def rollback_s(self, kinds: np.ndarray) -> np.ndarray:
-        return self.sampler.rollback_s(kinds)
+        return self.sampler.rollback_s(*self._kinds(kinds))
 
     def jump_forward(self, kinds: np.ndarray) -> np.ndarray:
-        return self.sampler.jump_forward(kinds)
+        return self.sampler.jump_forward(*self._kinds(kinds))
 
 
 class ModelExecutor(GrammarExecutor):

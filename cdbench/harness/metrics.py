@@ -31,34 +31,54 @@ class LogHistogram:
 
     LOW, DECADES, PER_DECADE = -7, 11, 200
 
+    BUFFER = 1 << 16  # values buffered before they are binned (binning in bulk is cheaper)
+
     def __init__(self) -> None:
         self.counts = np.zeros(self.DECADES * self.PER_DECADE + 1)
         self.total = 0.0
         self.weight = 0.0
         self.sq_total = 0.0
+        self._values: list[np.ndarray] = []
+        self._weights: list[np.ndarray | None] = []
+        self._buffered = 0
 
     def add(self, values: np.ndarray, weights: np.ndarray | None = None) -> None:
         """Count ``values`` (seconds), each ``weights`` times (default once)."""
         if len(values) == 0:
             return
+        self._values.append(values)
+        self._weights.append(weights)
+        self._buffered += len(values)
+        if self._buffered >= self.BUFFER:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._values:
+            return
+        values = np.concatenate(self._values)
+        weights = np.concatenate([np.ones(len(v)) if w is None else w.astype(np.float64)
+                                  for v, w in zip(self._values, self._weights)])
+        self._values, self._weights, self._buffered = [], [], 0
         v = np.maximum(values, 10.0**self.LOW)
         idx = np.minimum(((np.log10(v) - self.LOW) * self.PER_DECADE).astype(np.int64), len(self.counts) - 1)
-        w = np.ones(len(v)) if weights is None else weights.astype(np.float64)
-        self.counts += np.bincount(idx, w, minlength=len(self.counts))
-        self.total += float(np.dot(values, w))
-        self.sq_total += float(np.dot(values * values, w))
-        self.weight += float(w.sum())
+        self.counts += np.bincount(idx, weights, minlength=len(self.counts))
+        self.total += float(np.dot(values, weights))
+        self.sq_total += float(np.dot(values * values, weights))
+        self.weight += float(weights.sum())
 
     def mean(self) -> float:
+        self._flush()
         return self.total / self.weight if self.weight else math.nan
 
     def std(self) -> float:
+        self._flush()
         if not self.weight:
             return math.nan
         return math.sqrt(max(self.sq_total / self.weight - self.mean() ** 2, 0.0))
 
     def quantile(self, q: float) -> float:
         """The ``q``-quantile (geometric centre of its bin)."""
+        self._flush()
         if not self.weight:
             return math.nan
         cum = np.cumsum(self.counts)

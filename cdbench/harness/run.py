@@ -40,6 +40,7 @@ class RunResult:
     timeline : spans of the first iterations, for the Chrome trace.
     wall_s : wall-clock seconds the simulation took.
     backend_call_s : wall seconds spent inside grammar-backend calls (hybrid; 0 in model mode).
+    validation_s : wall seconds spent checking finished outputs against their specs (hybrid).
     """
 
     requests: pd.DataFrame
@@ -48,11 +49,12 @@ class RunResult:
     timeline: Timeline = field(default_factory=Timeline)
     wall_s: float = 0.0
     backend_call_s: float = 0.0
+    validation_s: float = 0.0
 
     @property
     def outside_backend_share(self) -> float:
-        """Share of wall time spent outside backend calls (hybrid's overhead)."""
-        return 1.0 - self.backend_call_s / self.wall_s if self.wall_s else 0.0
+        """Share of wall time spent outside backend calls and output validation (hybrid's own overhead)."""
+        return 1.0 - (self.backend_call_s + self.validation_s) / self.wall_s if self.wall_s else 0.0
 
 
 def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: GrammarExecutor, gpu: GpuCosts,
@@ -73,4 +75,4 @@ def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: 
     steps_frame = sched.steps.to_frame()
     summary = summarize(requests_frame, steps_frame, sched.itl, sched.fill_hist, slo, sched.idle_iterations)
     return RunResult(requests_frame, steps_frame, summary, timeline, time.perf_counter() - start,
-                     executor.backend_call_s)
+                     executor.backend_call_s, executor.validation_s)

@@ -1,0 +1,96 @@
+"""Speed of ``model`` mode: simulate N requests (512 prompt + 200 output tokens) with every mechanism on.
+
+Run from the repository root (one core)::
+
+    taskset -c 0 python benchmarks/bench_scheduler.py --requests 100000
+
+Mechanisms on: half the requests structured over 2,000 specs with Zipf
+popularity (compile pool, cache with its policy's write/de-dup rules, failed
+specs), SGLang's blocking poll with 2 ranks (jitter, all_gather) or vLLM's
+checks, continuous batching with chunked prefill, overlap, speculative
+decoding (k = 3, alpha = 0.7), thinking on a fifth of the requests with a
+budget, strict thinking, and jump-forward. Grammar costs come from a backend
+profile (``--profile``: a profile JSON; by default a synthetic lognormal
+profile built here), GPU costs from the roofline model and the H200 mask table.
+Prints start-up time (building requests and the scheduler), simulation time
+and the simulated throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from cdbench.backends.base import ConstraintSpec
+from cdbench.harness.costs.forward import ForwardCostModel
+from cdbench.harness.costs.grammar_profile import CompileMeasurement, GrammarProfile, WalkMeasurement
+from cdbench.harness.costs.mask import MaskCost
+from cdbench.harness.executors import ModelExecutor, ProfileGrammarCosts, RooflineGpuCosts
+from cdbench.harness.policies import policy
+from cdbench.harness.run import simulate
+from cdbench.workloads.request import Request
+
+
+def synthetic_profile(seed: int = 0) -> GrammarProfile:
+    """A profile with xgrammar-like magnitudes (compile ~tens of ms, fill ~tens of µs, heavy tail)."""
+    rng = np.random.default_rng(seed)
+    compiles = [CompileMeasurement(f"c{i}", "json_schema", "ok" if i % 50 else "error",
+                                   float(rng.lognormal(np.log(0.03), 0.8))) for i in range(400)]
+    walks = [WalkMeasurement(f"c{i}", "json_schema", fill_s=rng.lognormal(np.log(2e-5), 0.7, 200),
+                             accept_s=rng.lognormal(np.log(3e-6), 0.3, 200),
+                             rollback_s=rng.lognormal(np.log(8e-6), 0.3, 50),
+                             forced_tokens=np.where(rng.random(200) < 0.1, rng.integers(1, 5, 200), 0))
+             for i in range(40)]
+    return GrammarProfile.from_measurements("synthetic", "cl100k", compiles, walks)
+
+
+def workload(n: int, rate: float, seed: int) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
+    structured = rng.random(n) < 0.5
+    spec_ids = np.minimum(rng.zipf(1.2, n), 2000)
+    thinking = rng.random(n) < 0.2
+    think_len = np.where(thinking, rng.integers(20, 120, n), 0)
+    spec = ConstraintSpec("json_schema", {"type": "object"})
+    return [Request(i, float(arrivals[i]), 512, 200, spec if structured[i] else None,
+                    f"schema-{spec_ids[i]}" if structured[i] else None, None, int(think_len[i]),
+                    64 if thinking[i] else None)
+            for i in range(n)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=100_000)
+    parser.add_argument("--rate", type=float, default=400.0, help="Poisson arrivals per second")
+    parser.add_argument("--policy", default="sglang", choices=["sglang", "vllm"])
+    parser.add_argument("--profile", default=None, help="grammar profile JSON (default: synthetic)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    t0 = time.perf_counter()
+    requests = workload(args.requests, args.rate, args.seed)
+    profile = GrammarProfile.load(args.profile) if args.profile else synthetic_profile(args.seed)
+    cfg = policy(args.policy, ranks=2, rank_jitter=0.2, spec_tokens=3, strict_thinking=True, jump_forward=True,
+                 max_running_requests=512, schedule_s=2e-4, process_row_s=2e-6)
+    gpu = RooflineGpuCosts(ForwardCostModel("llama-3.1-8b", "h200"), MaskCost.for_gpu("h200", vocab_size=100_277))
+    executor = ModelExecutor(ProfileGrammarCosts(profile, args.seed), alpha=0.7)
+    startup = time.perf_counter() - t0
+
+    t1 = time.perf_counter()
+    result = simulate(requests, cfg, executor, gpu, seed=args.seed, trace_steps=0)
+    elapsed = time.perf_counter() - t1
+    s = result.summary
+    print(f"policy={args.policy} requests={args.requests} rate={args.rate}/s")
+    print(f"startup_s={startup:.2f} simulate_s={elapsed:.2f} ({args.requests / elapsed:.0f} simulated req/s per wall s)")
+    print(f"steps={s.steps} idle_iterations={s.idle_iterations} completed={s.completed} failed={s.failed} "
+          f"output_tokens={s.total_output_tokens}")
+    print(f"virtual duration={s.duration:.1f}s request_throughput={s.request_throughput:.1f}/s "
+          f"mean_ttft_ms={s.mean_ttft_ms:.1f} mean_tpot_ms={s.mean_tpot_ms:.2f} cache_hit_rate={s.cache_hit_rate:.3f} "
+          f"rollback_rate={s.rollback_rate:.3f} jump_forward_tokens={s.jump_forward_tokens} "
+          f"mask_share={s.mask_share:.3f}")
+
+
+if __name__ == "__main__":
+    main()

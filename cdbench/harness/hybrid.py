@@ -1,0 +1,232 @@
+"""``hybrid`` mode: the real grammar backend does every compile, fill, accept and rollback.
+
+Each backend call is timed with ``time.perf_counter_ns`` and its measured
+time is what the virtual clock advances by (the GPU side still comes from the
+cost model). Structured requests must carry their answer tokens
+(``Request.output_tokens``, EOS last, e.g. a tokenized valid instance): they
+are the oracle the simulated model "samples". Drafts for speculative decoding
+come from a :class:`DraftSource`; by default :class:`OracleDrafts` proposes the
+oracle's next tokens, each right with probability ``alpha``.
+
+Thinking tokens never reach the matcher (like vLLM, the grammar does not
+advance while the model reasons), so they are counted but not materialised.
+Unconstrained rows need no backend; their drafts are accepted with
+probability ``alpha`` as in ``model`` mode.
+
+Every finished structured output is decoded and checked against its spec
+(:func:`cdbench.workloads.validate.check_instance`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from time import perf_counter_ns
+from typing import Protocol
+
+import numpy as np
+
+from cdbench.backends.base import CompiledGrammar, CompileError, GrammarBackend, Matcher
+from cdbench.harness.executors import CompileOutcome, GrammarExecutor, SpecKeys, StepRows, StepWork, accepted_drafts
+from cdbench.workloads.request import Request
+from cdbench.workloads.validate import InvalidInstance, check_instance
+
+_NS = 1e-9
+
+
+class HybridError(ValueError):
+    """A request hybrid mode cannot run (the message names it and says why)."""
+
+
+class DraftSource(Protocol):
+    """Proposes ``k`` draft tokens for ``request`` after ``position`` answer tokens."""
+
+    def propose(self, request: Request, position: int, k: int) -> Sequence[int]: ...
+
+
+class OracleDrafts:
+    """Drafts that match the oracle's next tokens, each with probability ``alpha`` until the first miss.
+
+    A missed draft and those after it are random ordinary tokens (seeded; never
+    special tokens, which a draft model does not propose inside an answer).
+
+    >>> drafts = OracleDrafts(1.0, token_ids=np.arange(100), seed=0)
+    >>> list(drafts.propose(Request(0, 0.0, 1, 3, output_tokens=(5, 6, 7)), 0, 2))
+    [5, 6]
+    """
+
+    def __init__(self, alpha: float, token_ids: np.ndarray, seed: int = 0) -> None:
+        self.alpha, self.token_ids = alpha, token_ids
+        self.rng = np.random.default_rng(seed)
+
+    def propose(self, request: Request, position: int, k: int) -> list[int]:
+        oracle = request.output_tokens or ()
+        out: list[int] = []
+        for j in range(k):
+            if position + j < len(oracle) and self.rng.random() < self.alpha:
+                out.append(oracle[position + j])
+            else:
+                out.extend(self.rng.choice(self.token_ids, k - j).tolist())
+                break
+        return out
+
+
+class HybridExecutor(GrammarExecutor):
+    """Grammar work by a real backend, timed call by call.
+
+    Parameters
+    ----------
+    backend : the grammar engine (bound to the run's vocabulary).
+    alpha : draft acceptance for unconstrained rows (and of the default draft source).
+    drafts : where drafts come from (default :class:`OracleDrafts`).
+    seed : seeds the default draft source.
+    """
+
+    def __init__(self, backend: GrammarBackend, alpha: float = 0.0, drafts: DraftSource | None = None,
+                 seed: int = 0) -> None:
+        self.backend, self.alpha = backend, alpha
+        if drafts is None:
+            vocab = backend.vocab
+            ordinary = np.setdiff1d(np.arange(vocab.size), np.fromiter(vocab.forbidden_token_ids, np.int64))
+            drafts = OracleDrafts(alpha, ordinary, seed)
+        self.drafts = drafts
+        self.backend_call_s = 0.0
+        self.validation_s = 0.0
+        self._compiled: dict[int, CompiledGrammar] = {}
+        self._matchers: dict[int, Matcher] = {}
+        self._position: dict[int, int] = {}
+        self._rejected: set[int] = set()
+        self._eos = frozenset(backend.vocab.eos_token_ids)
+        self._mask = backend.allocate_mask(1)
+
+    def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False) -> None:
+        super().prepare(requests, keys, jump_forward)
+        for r in requests:
+            if r.spec is not None and not r.output_tokens:
+                raise HybridError(f"request {r.request_id}: hybrid mode needs output_tokens (a tokenized "
+                                  f"instance of its {r.spec.kind} spec); use a token source or model mode")
+
+    def _timed(self, fn, *args):
+        start = perf_counter_ns()
+        value = fn(*args)
+        elapsed = (perf_counter_ns() - start) * _NS
+        self.backend_call_s += elapsed
+        return value, elapsed
+
+    def compile(self, key: int) -> CompileOutcome:
+        start = perf_counter_ns()
+        try:
+            self._compiled[key] = self.backend.compile(self.keys.specs[key])
+            error = None
+        except CompileError as exc:
+            error = f"{exc.reason}: {exc.message}" if exc.message else exc.reason
+        elapsed = (perf_counter_ns() - start) * _NS
+        self.backend_call_s += elapsed
+        return CompileOutcome(elapsed, error)
+
+    def _matcher(self, rid: int) -> Matcher:
+        matcher = self._matchers.get(rid)
+        if matcher is None:
+            key = int(self.keys.request_key[rid])
+            matcher, _ = self._timed(self.backend.matcher, self._compiled[key])
+            self._matchers[rid] = matcher
+            self._position[rid] = 0
+        return matcher
+
+    def step(self, rows: StepRows, rng: np.random.Generator) -> StepWork:
+        n = len(rows.rid)
+        drafts = rows.drafts
+        # unconstrained and thinking rows: no backend, drafts accepted with probability alpha
+        accepted = accepted_drafts(rng, drafts, self.alpha) if drafts.any() else np.zeros(n, np.int64)
+        produced = np.minimum(accepted + 1, rows.gen_left)
+        thinking = rows.think_left > 0
+        produced = np.where(thinking, np.minimum(produced, rows.think_left), produced)
+        accepted = np.minimum(accepted, produced - 1)
+        fill_s = np.zeros(n)
+        mask_rows = np.zeros(n, np.int64)
+        rolled_back = np.zeros(n, np.int64)
+        jumped = np.zeros(n, np.int64)
+        rejected = np.zeros(n, bool)
+        # Per-row Python is the overhead hybrid mode pays on top of the backend: keep it to
+        # local lookups and one clock read around each backend call.
+        clock = perf_counter_ns
+        backend_ns = 0
+        process_ns = 0
+        mask = self._mask
+        requests, positions, propose = self.requests, self._position, self.drafts.propose
+        rids, lefts, ks = rows.rid.tolist(), rows.gen_left.tolist(), drafts.tolist()
+        for i in np.flatnonzero(rows.grammar).tolist():
+            rid, left, k = rids[i], lefts[i], ks[i]
+            request = requests[rid]
+            oracle = request.output_tokens
+            matcher = self._matchers.get(rid) or self._matcher(rid)
+            pos = positions[rid]
+            if mask.shape[0] < k + 1:
+                mask = self._mask = self.backend.allocate_mask(k + 1)
+            # mask building: fill, then accept each draft and fill its row (the grammar-valid prefix)
+            proposed = list(propose(request, pos, k)) if k else ()
+            t0 = clock()
+            matcher.fill_mask(mask, 0)
+            valid = 0
+            for token in proposed:
+                if not matcher.accept(int(token)):
+                    break
+                valid += 1
+                matcher.fill_mask(mask, valid)
+            t1 = clock()
+            fill_s[i] = (t1 - t0) * _NS
+            backend_ns += t1 - t0
+            mask_rows[i] = 1 + valid
+            # verification against the oracle: keep the matching prefix, roll back the rest
+            match = 0
+            while match < valid and proposed[match] == oracle[pos + match]:
+                match += 1
+            match = min(match, left - 1)
+            t0 = clock()
+            if valid - match:
+                matcher.rollback(valid - match)
+            ok = matcher.accept(oracle[pos + match])
+            t1 = clock()
+            process_ns += t1 - t0
+            if not ok:
+                rejected[i] = True
+                self._rejected.add(rid)
+            accepted[i], rolled_back[i] = match, valid - match
+            pos += match + 1
+            emitted = match + 1
+            if self.jump_forward and pos < len(oracle) and not matcher.is_terminated():
+                t0 = clock()
+                forced = matcher.jump_forward()
+                forced_ok = 0
+                for token in forced[: left - emitted]:
+                    if token != oracle[pos + forced_ok] or not matcher.accept(token):
+                        break
+                    forced_ok += 1
+                t1 = clock()
+                process_ns += t1 - t0
+                jumped[i] = forced_ok
+                pos += forced_ok
+                emitted += forced_ok
+            produced[i] = emitted
+            positions[rid] = pos
+        process_s = process_ns * _NS
+        self.backend_call_s += (backend_ns + process_ns) * _NS
+        return StepWork(fill_s, mask_rows, produced, accepted, rolled_back, jumped, rejected, process_s)
+
+    def finish(self, rid: int) -> bool | None:
+        """Decode the answer and check it against the spec (``None`` for unconstrained requests)."""
+        request = self.requests[rid]
+        self._matchers.pop(rid, None)
+        if request.spec is None:
+            return None
+        position = self._position.pop(rid, 0)
+        if rid in self._rejected:
+            return False
+        tokens = [t for t in request.output_tokens[:position] if t not in self._eos]
+        start = perf_counter_ns()
+        try:
+            check_instance(request.spec, self.backend.vocab.decode(tokens))
+            return True
+        except InvalidInstance:
+            return False
+        finally:
+            self.validation_s += (perf_counter_ns() - start) * _NS

@@ -1,0 +1,109 @@
+"""End-to-end hybrid runs: the real xgrammar backend on cl100k, outputs validated."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cdbench.backends import create_backend
+from cdbench.backends.base import ConstraintSpec
+from cdbench.backends.vocab import load_vocab
+from cdbench.harness.executors import FixedGpuCosts
+from cdbench.harness.hybrid import HybridError, HybridExecutor
+from cdbench.harness.policies import policy
+from cdbench.harness.run import simulate
+from cdbench.workloads.request import Request
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                           "tags": {"type": "array", "items": {"type": "string"}}},
+          "required": ["name", "age", "tags"]}
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return create_backend("xgrammar", load_vocab("cl100k"))
+
+
+def _requests(vocab, n=12, broken: bool = False):
+    eos = vocab.eos_token_ids[0]
+    out = []
+    for i in range(n):
+        if i % 4 == 3:
+            out.append(Request(i, 0.002 * i, 40, 5))
+            continue
+        if i % 4 == 2:
+            spec, sid, text = ConstraintSpec("regex", r"\d{3}-\d{4}"), "phone", f"555-{i:04d}"
+        elif i % 4 == 1:
+            spec, sid, text = ConstraintSpec("choice", ["yes", "no", "maybe"]), "yn", ["yes", "no", "maybe"][i % 3]
+        else:
+            spec, sid = ConstraintSpec("json_schema", SCHEMA), "person"
+            text = json.dumps({"name": f"Person {i}", "age": i, "tags": ["a", f"t{i}"]})
+        if broken and i == 0:
+            text = '{"name": 7}'
+        tokens = tuple(vocab.encode(text)) + (eos,)
+        out.append(Request(i, 0.002 * i, 40, len(tokens), spec, sid, tokens))
+    return out
+
+
+def _run(backend, requests, name, **overrides):
+    executor = HybridExecutor(backend, alpha=overrides.pop("alpha", 0.0), seed=1)
+    return simulate(requests, policy(name, **overrides), executor, FixedGpuCosts(forward_base_s=0.01), seed=1,
+                    trace_steps=50)
+
+
+@pytest.mark.parametrize("name", ["sglang", "vllm"])
+def test_hybrid_outputs_are_valid_and_backend_time_is_measured(backend, name):
+    result = _run(backend, _requests(backend.vocab), name)
+    frame = result.requests
+    assert (frame["abort_reason"] == "").all()
+    assert frame.loc[frame["structured"], "valid"].all()
+    assert frame.loc[~frame["structured"], "valid"].isna().all()
+    assert (frame["output_tokens"] == frame["output_len"]).all()
+    assert result.summary.validity_rate == 1.0
+    assert 0 < result.backend_call_s < result.wall_s
+    assert result.steps["fill_s"].sum() > 0
+    assert any(s.track == "rank0/compile0" for s in result.timeline.spans)
+
+
+def test_hybrid_spec_decoding_rolls_back_and_stays_valid(backend):
+    result = _run(backend, _requests(backend.vocab), "vllm", spec_tokens=3, alpha=0.6)
+    frame = result.requests
+    structured = frame[frame["structured"]]
+    assert structured["valid"].all()
+    assert structured["rolled_back"].sum() > 0
+    assert (structured["rolled_back"] <= structured["drafted"] - structured["accepted"]).all()
+    assert (frame["output_tokens"] == frame["output_len"]).all()
+
+
+def test_hybrid_jump_forward_emits_forced_tokens_and_stays_valid(backend):
+    result = _run(backend, _requests(backend.vocab), "sglang", jump_forward=True)
+    frame = result.requests
+    assert frame.loc[frame["spec_key"] == 0, "jump_forward_tokens"].min() > 0  # JSON keys are forced
+    assert frame.loc[frame["structured"], "valid"].all()
+
+
+def test_grammar_rejection_aborts_under_sglang_and_marks_invalid_under_vllm(backend):
+    requests = _requests(backend.vocab, n=4, broken=True)
+    assert row_of(_run(backend, requests, "sglang"), 0)["abort_reason"] == "grammar_rejected"
+    vllm = row_of(_run(backend, requests, "vllm"), 0)
+    assert vllm["abort_reason"] == ""
+    assert not vllm["valid"]
+
+
+def test_compile_error_aborts_and_the_rest_of_the_run_finishes(backend):
+    requests = _requests(backend.vocab, n=4)
+    requests.append(Request(9, 0.0, 10, 2, ConstraintSpec("regex", "(unclosed"), "bad", (1, 2)))
+    result = _run(backend, requests, "vllm")
+    assert row_of(result, 9)["abort_reason"] == "compile_error"
+    assert result.summary.completed == 4
+
+
+def test_hybrid_needs_oracle_tokens(backend):
+    with pytest.raises(HybridError, match="request 0: hybrid mode needs output_tokens"):
+        _run(backend, [Request(0, 0.0, 10, 3, ConstraintSpec("regex", "a+"), "a")], "vllm")
+
+
+def row_of(result, request_id):
+    frame = result.requests
+    return frame[frame["request_id"] == request_id].iloc[0].to_dict()
