@@ -7,8 +7,13 @@ table yet and uses a simple bandwidth model (see :meth:`MaskCost.sample_s`).
 :meth:`MaskCost.for_gpu` picks the table: a measured table for that GPU when
 one ships in ``cdbench/kernels/cost_tables/``, otherwise the H200 reference
 table scaled by the ratio of HBM bandwidths (apply) and of PCIe bandwidths
-(copy) — both bandwidth-bound at the sizes that matter. The choice is recorded
-in :attr:`MaskCost.provenance` so reports can state it.
+(copy). Only the part above the one-row time is scaled: small batches are
+bound by launch latency, which does not follow bandwidth, large ones by bytes.
+(Checked against the H100 table in ``reports/kernels/h100-run1``, 1 to 1024
+rows: within 10 % for a device copy, 13 % for xgrammar's CUDA kernel, 26 %
+for its Triton kernel; the host-to-device copy of that host was up to 25 %
+slower than the estimate.) The choice is recorded in
+:attr:`MaskCost.provenance` so reports can state it.
 
 Examples
 --------
@@ -55,8 +60,9 @@ class MaskCost:
         density, ``sparse`` ≈ a few % allowed, typical of grammar masks).
     kernel : apply implementation in the table; default ``table.kernel``.
     gpu : the GPU whose HBM bandwidth prices sampling; default the table's GPU.
-    apply_scale, copy_scale : multiply the table's apply / copy times (used
-        when a table measured on another GPU stands in).
+    apply_scale, copy_scale : multiply the table's apply / copy times above
+        their one-row (latency) value; used when a table measured on another
+        GPU stands in.
     provenance : how the numbers were obtained, for reports.
     """
 
@@ -129,15 +135,17 @@ class MaskCost:
         counts = range(len(self._apply), n)
         nbytes = [bitmask_bytes(r, self.vocab_size) for r in counts]
         v, dt, de = self.vocab_size, self.dtype, self.density
-        new_apply = [self.table.apply_us(r, v, dt, de) for r in counts]
-        new_pinned = [self.table.copy_us(b, pinned=True) for b in nbytes]
-        new_pageable = [self.table.copy_us(b, pinned=False) for b in nbytes]
+        one_row = bitmask_bytes(1, v)
+        new_apply = _scale_above([self.table.apply_us(r, v, dt, de) for r in counts],
+                                 self.table.apply_us(1, v, dt, de), self.apply_scale)
+        new_pinned = _scale_above([self.table.copy_us(b, pinned=True) for b in nbytes],
+                                  self.table.copy_us(one_row, pinned=True), self.copy_scale)
+        new_pageable = _scale_above([self.table.copy_us(b, pinned=False) for b in nbytes],
+                                    self.table.copy_us(one_row, pinned=False), self.copy_scale)
         # Small-size measurements are noisy (launch and VM effects); more rows never cost less.
-        self._apply = np.maximum.accumulate(np.concatenate([self._apply, 1e-6 * self.apply_scale * np.array(new_apply)]))
-        self._copy_pinned = np.maximum.accumulate(
-            np.concatenate([self._copy_pinned, 1e-6 * self.copy_scale * np.array(new_pinned)]))
-        self._copy_pageable = np.maximum.accumulate(
-            np.concatenate([self._copy_pageable, 1e-6 * self.copy_scale * np.array(new_pageable)]))
+        self._apply = np.maximum.accumulate(np.concatenate([self._apply, 1e-6 * new_apply]))
+        self._copy_pinned = np.maximum.accumulate(np.concatenate([self._copy_pinned, 1e-6 * new_pinned]))
+        self._copy_pageable = np.maximum.accumulate(np.concatenate([self._copy_pageable, 1e-6 * new_pageable]))
 
     def _lookup(self, lut_name: str, rows):
         scalar = np.ndim(rows) == 0
@@ -171,6 +179,12 @@ class MaskCost:
             raise ValueError(f"rows must be >= 0, got {rows}")
         cost = np.where(rows_arr > 0, SAMPLE_LAUNCH_S + self._sample_s_per_row * rows_arr, 0.0)
         return cost if np.ndim(rows) else float(cost)
+
+
+def _scale_above(us: list[float], latency_us: float, scale: float) -> np.ndarray:
+    """Scale times above the one-row latency by ``scale``; 0 (no rows) stays 0."""
+    arr = np.asarray(us, dtype=np.float64)
+    return np.where(arr > 0, latency_us + (arr - latency_us) * scale, 0.0)
 
 
 def find_measured_table(gpu: GPUSpec) -> tuple[Path, MaskCostTable] | None:

@@ -89,15 +89,22 @@ def test_sample_model(reference: MaskCostTable) -> None:
     assert cost.sample_s(0) == 0.0
 
 
-def test_gpu_choice_and_scaling() -> None:
+def test_gpu_choice_and_scaling(tmp_path, monkeypatch) -> None:
+    from cdbench.harness.costs import mask
+
+    monkeypatch.setattr(mask, "TABLE_DIR", tmp_path)  # no measured tables: only the reference
     h200 = MaskCost.for_gpu("h200", 151936)
     assert not h200.scaled and "reference" in h200.provenance
     h100 = MaskCost.for_gpu("h100", 151936)
     assert h100.scaled and "estimated" in h100.provenance and "h100" in h100.provenance
-    assert h100.apply_s(1024) == pytest.approx(h200.apply_s(1024) * 4.8 / 3.35)
+    # the one-row (launch-latency) time stays, the bandwidth-bound rest scales with HBM bandwidth
+    assert h100.apply_s(1) == pytest.approx(h200.apply_s(1))
+    latency = h200.apply_s(1)
+    assert h100.apply_s(1024) == pytest.approx(latency + (h200.apply_s(1024) - latency) * 4.8 / 3.35)
     assert h100.copy_s(1024) == pytest.approx(h200.copy_s(1024))  # same PCIe generation
     a100 = MaskCost.for_gpu("a100", 151936)
-    assert a100.copy_s(1024) == pytest.approx(2 * h200.copy_s(1024))  # PCIe Gen4 vs Gen5
+    latency = h200.copy_s(1)
+    assert a100.copy_s(1024) == pytest.approx(latency + 2 * (h200.copy_s(1024) - latency))  # PCIe Gen4 vs Gen5
 
 
 def test_measured_table_is_preferred(tmp_path, monkeypatch) -> None:
