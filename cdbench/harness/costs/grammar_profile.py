@@ -532,15 +532,46 @@ class ProfileSampler:
         """Compile outcome per spec (``"ok"`` or a failure status): measured where known, else drawn."""
         codes = self._spec_codes(spec_ids, kinds)
         u = self._spec_uniforms(spec_ids, "status")
-        out = np.full(len(codes), "ok", dtype=object)
-        for i, (s, c) in enumerate(zip(spec_ids, codes, strict=True)):
-            if s is not None and s in self.profile.compile_by_spec:
-                continue
-            if s is not None and s in self.profile.failed_specs:
-                out[i] = self.profile.failed_specs[s]
-                continue
-            rate = self._failure[c]
-            if u[i] < rate:
-                names, cum = self._failure_mix[c]
-                out[i] = names[min(int(np.searchsorted(cum, u[i] / rate, side="right")), len(names) - 1)]
-        return out
+        return np.array([self._status_one(s, int(c), float(x)) for s, c, x in zip(spec_ids, codes, u, strict=True)],
+                        dtype=object)
+
+    def compile_one(self, spec_id: str | None, kind: str) -> tuple[float, str]:
+        """One spec's compile seconds and outcome, as :meth:`compile_s` and :meth:`compile_status` give them.
+
+        The scalar form, for callers that compile one spec at a time (no arrays to build).
+        """
+        code = KIND_CODES.get(kind)
+        if code is None:
+            raise ProfileError(f"unknown constraint kind {kind!r}; known: {', '.join(CONSTRAINT_KINDS)}")
+        if spec_id is None:
+            u_time, u_status = self.rng.random(2).tolist()
+        else:
+            u_time, u_status = self._spec_uniform(spec_id, "compile"), self._spec_uniform(spec_id, "status")
+        seconds = self.profile.compile_by_spec.get(spec_id) if spec_id is not None else None
+        if seconds is None:
+            seconds = self._quantile_one("compile_s", code, u_time)
+        return seconds, self._status_one(spec_id, code, u_status)
+
+    def _quantile_one(self, metric: str, code: int, u: float) -> float:
+        table = self._tables.get(metric)
+        if table is None:
+            table = self._tables[metric] = self._table(metric)
+        if u <= _BODY_TOP:
+            j = int(u * (_BODY_STEPS / _BODY_TOP))
+        else:
+            j = min(int(_BODY_STEPS + (-math.log10(1.0 - u) - 3.0) * (_TAIL_STEPS / _TAIL_DECADES)), len(_GRID) - 2)
+        row = table[code]
+        lo, hi = float(row[j]), float(row[j + 1])
+        return lo + (hi - lo) * (u - float(_GRID[j])) * float(_INV_STEP[j])
+
+    def _status_one(self, spec_id: str | None, code: int, u: float) -> str:
+        if spec_id is not None:
+            if spec_id in self.profile.compile_by_spec:
+                return "ok"
+            if spec_id in self.profile.failed_specs:
+                return self.profile.failed_specs[spec_id]
+        rate = float(self._failure[code])
+        if u >= rate:
+            return "ok"
+        names, cum = self._failure_mix[code]
+        return names[min(int(np.searchsorted(cum, u / rate, side="right")), len(names) - 1)]

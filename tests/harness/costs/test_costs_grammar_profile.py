@@ -196,6 +196,19 @@ def test_compile_draws(profile: GrammarProfile) -> None:
         s.compile_s(["a", "b"], ["regex"])
 
 
+def test_compile_one_matches_the_array_forms(profile: GrammarProfile) -> None:
+    s = profile.sampler(4)
+    ids = ["js3", "js-err", "fresh-1", "fresh-2", "fresh-3"]
+    kinds = ["json_schema", "json_schema", "regex", "json_schema", "choice"]
+    seconds, status = s.compile_s(ids, kinds), s.compile_status(ids, kinds)
+    for i, (spec_id, kind) in enumerate(zip(ids, kinds)):
+        one_s, one_status = s.compile_one(spec_id, kind)
+        assert one_s == pytest.approx(seconds[i], rel=1e-12) and one_status == status[i]
+    assert s.compile_one(None, "regex")[0] > 0
+    with pytest.raises(ProfileError, match="unknown constraint kind"):
+        s.compile_one("x", "sql")
+
+
 def test_unseen_spec_failure_rate_follows_the_kind(profile: GrammarProfile) -> None:
     s = profile.sampler(0)
     ids = [f"new{i}" for i in range(20_000)]
