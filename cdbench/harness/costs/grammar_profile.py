@@ -58,6 +58,7 @@ class ProfileError(ValueError):
 
 def _round(values: np.ndarray) -> list[float]:
     # Rounding is monotone, so a sorted array stays sorted; it keeps the files small.
+    # Only for durations: probabilities such as 1 - 1e-6 need every digit.
     return [float(f"{v:.{_SIG_DIGITS}g}") for v in values]
 
 
@@ -124,7 +125,7 @@ class Distribution(BaseModel):
             counts = np.histogram(positive, bins=edges_arr)[0].tolist()
             edges = _round(edges_arr)
         return cls(count=n, mean=float(x.mean()), p50=float(q50), p90=float(q90), p99=float(q99),
-                   p999=float(q999), max=float(x[-1]), probs=_round(probs), values=_round(values),
+                   p999=float(q999), max=float(x[-1]), probs=probs.tolist(), values=_round(values),
                    hist_edges=edges, hist_counts=counts)
 
     @classmethod
