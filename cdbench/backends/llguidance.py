@@ -59,8 +59,9 @@ class LLGuidanceMatcher(Matcher):
         self._eos_uncounted = False
 
     def fill_mask(self, mask: torch.Tensor, row: int) -> None:
-        # Straight into the tensor's memory: the mask must be a contiguous int32 CPU tensor.
-        self._matcher.unsafe_compute_mask_ptr(mask.data_ptr() + row * mask.stride(0) * 4, self._row_bytes)
+        # Straight into the tensor's memory: the mask must be a contiguous
+        # int32 CPU tensor of ceil(V/32) words a row, as allocate_mask makes.
+        self._matcher.unsafe_compute_mask_ptr(mask.data_ptr() + row * self._row_bytes, self._row_bytes)
 
     def accept(self, token: int) -> bool:
         # try_consume_tokens leaves the state unchanged on rejection;

@@ -52,32 +52,36 @@ class OutlinesMatcher(Matcher):
     lets EOS, which the ``Guide`` does not take, be accepted and rolled back.
     """
 
-    __slots__ = ("_guide", "_index", "_eos", "_max_rollback", "_tokens", "_terminated")
+    __slots__ = ("_guide", "_index", "_eos", "_max_rollback", "_row_bytes", "_tokens", "_terminated")
 
-    def __init__(self, index: Index, eos: int, max_rollback: int) -> None:
+    def __init__(self, index: Index, eos: int, max_rollback: int, row_bytes: int) -> None:
         self._index = index
         self._eos = eos
         self._max_rollback = max_rollback
+        self._row_bytes = row_bytes
         self._guide = Guide(index, max_rollback=max_rollback)
         self._tokens: list[int] = []
         self._terminated = False
 
     def fill_mask(self, mask: torch.Tensor, row: int) -> None:
-        # Straight into the tensor's memory: the mask must be a contiguous int32 CPU tensor.
-        self._guide.write_mask_into(mask.data_ptr() + row * mask.stride(0) * 4, mask.shape[1], 4)
+        # Straight into the tensor's memory: the mask must be a contiguous
+        # int32 CPU tensor of ceil(V/32) words a row, as allocate_mask makes.
+        self._guide.write_mask_into(mask.data_ptr() + row * self._row_bytes, self._row_bytes >> 2, 4)
 
     def accept(self, token: int) -> bool:
-        if self._terminated:
+        if token == self._eos or self._terminated:
+            return self._accept_eos(token)
+        try:
+            self._guide.advance(token, return_tokens=False)
+        except ValueError:  # "No next state found": the grammar rejects the token
             return False
-        if token == self._eos:
-            if not self._guide.is_finished():
-                return False
-            self._terminated = True
-        else:
-            try:
-                self._guide.advance(token, return_tokens=False)
-            except ValueError:  # "No next state found": the grammar rejects the token
-                return False
+        self._tokens.append(token)
+        return True
+
+    def _accept_eos(self, token: int) -> bool:
+        if self._terminated or not self._guide.is_finished():
+            return False
+        self._terminated = True
         self._tokens.append(token)
         return True
 
@@ -110,7 +114,7 @@ class OutlinesMatcher(Matcher):
         return self._terminated
 
     def copy(self) -> OutlinesMatcher:
-        twin = OutlinesMatcher(self._index, self._eos, self._max_rollback)
+        twin = OutlinesMatcher(self._index, self._eos, self._max_rollback, self._row_bytes)
         for token in self._tokens:
             twin.accept(token)
         return twin
@@ -173,7 +177,7 @@ class OutlinesBackend(GrammarBackend):
         return CompiledGrammar(self.name, spec, index, warnings)
 
     def matcher(self, grammar: CompiledGrammar) -> OutlinesMatcher:
-        return OutlinesMatcher(grammar.handle, self.eos_token_id, self.max_rollback)
+        return OutlinesMatcher(grammar.handle, self.eos_token_id, self.max_rollback, (self.vocab.size + 31) // 32 * 4)
 
     def _schema_regex(self, schema: dict | bool) -> str:
         if self.whitespace == "flexible":
