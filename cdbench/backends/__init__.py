@@ -11,10 +11,13 @@
 from cdbench.backends.base import CompileError, CompiledGrammar, ConstraintSpec, GrammarBackend, Matcher, MaskFormat
 from cdbench.backends.registry import available_backends, create_backend, register_backend
 from cdbench.backends.vocab import Vocabulary, available_vocabs, load_vocab
-
-# The compile cache's module adds its exports (CompileCache, AsyncCompiler) here.
+from cdbench.backends.cache import AsyncCompiler, CacheStats, CompileCache, CompileTimeout
 
 __all__ = [
+    "AsyncCompiler",
+    "CacheStats",
+    "CompileCache",
+    "CompileTimeout",
     "CompileError",
     "CompiledGrammar",
     "ConstraintSpec",

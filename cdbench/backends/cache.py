@@ -5,6 +5,7 @@ spec.canonical())``; :class:`AsyncCompiler` compiles on a thread pool and
 returns futures, like SGLang's grammar backend (``ThreadPoolExecutor`` plus a
 dict cache) and vLLM's structured-output manager.
 
+>>> from cdbench.backends import ConstraintSpec, create_backend
 >>> cache = CompileCache(create_backend("xgrammar", "qwen3.6"))
 >>> spec = ConstraintSpec("regex", "[0-9]{3}")
 >>> first, second = cache.matcher(spec), cache.matcher(spec)   # one compile, two matchers

@@ -186,9 +186,12 @@ class ReasonerMatcher(Matcher):
     the inner matcher since (``-1`` while thinking). ``rollback`` moves back
     through both: the inner matcher is rolled back by its own tokens only, then
     the think-end token returns the matcher to thinking.
-    """
 
-    __slots__ = ("_backend", "inner", "thinking_budget", "think_tokens", "answer_tokens", "_thought")
+    Speed: in the answer phase ``fill_mask`` is the inner matcher's own bound
+    method, set on the instance, so the wrapper adds no Python call to a fill.
+    A ``fill_mask`` bound by the caller belongs to the phase it was taken in:
+    take it again after an ``accept`` or ``rollback`` that crosses think-end.
+    """
 
     def __init__(
         self,
@@ -201,8 +204,18 @@ class ReasonerMatcher(Matcher):
         self.inner = inner
         self.thinking_budget = thinking_budget
         self.think_tokens = 0
-        self.answer_tokens = -1 if thinking else 0
+        self.answer_tokens = -1
         self._thought = thinking  # False: started in the answer, no think span to roll back into
+        if not thinking:
+            self._enter_answer()
+
+    def _enter_answer(self) -> None:
+        self.answer_tokens = 0
+        self.fill_mask = self.inner.fill_mask  # type: ignore[method-assign]
+
+    def _enter_thinking(self) -> None:
+        self.answer_tokens = -1
+        del self.fill_mask  # back to the class's fill_mask
 
     @property
     def thinking(self) -> bool:
@@ -213,7 +226,7 @@ class ReasonerMatcher(Matcher):
         return self.thinking_budget is not None and self.think_tokens >= self.thinking_budget
 
     def fill_mask(self, mask: torch.Tensor, row: int) -> None:
-        if self.answer_tokens >= 0:
+        if self.answer_tokens >= 0:  # only through a fill_mask bound while thinking
             self.inner.fill_mask(mask, row)
             return
         backend = self._backend
@@ -232,7 +245,7 @@ class ReasonerMatcher(Matcher):
             return False
         backend = self._backend
         if token == backend.think_end_id:
-            self.answer_tokens = 0
+            self._enter_answer()
             return True
         if not 0 <= token < backend.vocab.size or self._budget_spent():
             return False
@@ -261,7 +274,7 @@ class ReasonerMatcher(Matcher):
                 k -= undo_inner
             if k == 0:
                 return
-            self.answer_tokens = -1  # the think-end token
+            self._enter_thinking()  # undoes the think-end token
             k -= 1
         self.think_tokens -= k
 
@@ -284,6 +297,10 @@ class ReasonerMatcher(Matcher):
 
     def copy(self) -> ReasonerMatcher:
         twin = ReasonerMatcher(self._backend, self.inner.copy(), self._thought, self.thinking_budget)
-        twin.think_tokens, twin.answer_tokens = self.think_tokens, self.answer_tokens
+        twin.think_tokens = self.think_tokens
+        if self.answer_tokens >= 0:
+            if twin.answer_tokens < 0:
+                twin._enter_answer()
+            twin.answer_tokens = self.answer_tokens
         return twin
 

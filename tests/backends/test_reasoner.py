@@ -241,6 +241,16 @@ def test_budget_forces_think_end_once_spent():
     assert _allowed(backend, m) == list(range(TINY.size))
 
 
+def test_fill_mask_bound_while_thinking_still_fills_the_answer():
+    backend = _reasoner()
+    m = backend.matcher(backend.compile(LITERAL))
+    fill = m.fill_mask
+    m.accept(THINK_END)
+    mask = backend.allocate_mask(1)
+    fill(mask, 0)
+    assert torch.equal(mask[0], _row_allowing(backend, set(TINY.encode("a"))))
+
+
 def test_budget_is_overridable_per_matcher():
     backend = _reasoner(thinking_budget=2)
     grammar = backend.compile(LITERAL)
@@ -360,7 +370,8 @@ class Reference:
 def _ops(candidates: list[int]):
     accept = st.tuples(st.just("accept"), st.sampled_from(candidates))
     rollback = st.tuples(st.just("rollback"), st.integers(0, 4))
-    return st.lists(st.one_of(accept, accept, rollback), max_size=30)
+    copy = st.tuples(st.just("copy"), st.just(0))
+    return st.lists(st.one_of(accept, accept, rollback, copy), max_size=30)
 
 
 def _check_against_reference(backend, spec, candidates, data):
@@ -378,6 +389,8 @@ def _check_against_reference(backend, spec, candidates, data):
     for op, arg in data.draw(_ops(candidates), label="ops"):
         if op == "accept":
             assert m.accept(arg) == ref.accept(arg), (op, arg)
+        elif op == "copy":
+            m = m.copy()  # the copy carries on; the reference is unchanged
         else:
             k = min(arg, len(ref.events))
             m.rollback(k)
