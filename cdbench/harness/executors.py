@@ -259,19 +259,20 @@ class GrammarExecutor(ABC):
 
 
 class GrammarCosts(Protocol):
-    """Grammar costs the model executor draws, one per element of ``kinds`` (kind codes,
-    :data:`~cdbench.harness.costs.grammar_profile.KIND_CODES`)."""
+    """Grammar costs the model executor draws: ``n`` draws of constraint kind ``kinds`` — one kind
+    code for all draws, or an array of codes, one per draw
+    (:data:`~cdbench.harness.costs.grammar_profile.KIND_CODES`; -1 pools all kinds)."""
 
     def compile(self, spec_id: str | None, key_text: str, kind: str) -> CompileOutcome: ...
 
-    def fill_s(self, kinds: np.ndarray) -> np.ndarray: ...
+    def fill_s(self, n: int, kinds: int | np.ndarray) -> np.ndarray: ...
 
-    def accept_s(self, kinds: np.ndarray) -> np.ndarray: ...
+    def accept_s(self, n: int, kinds: int | np.ndarray) -> np.ndarray: ...
 
-    def rollback_s(self, kinds: np.ndarray) -> np.ndarray: ...
+    def rollback_s(self, n: int, kinds: int | np.ndarray) -> np.ndarray: ...
 
-    def jump_forward(self, kinds: np.ndarray) -> np.ndarray:
-        """Tokens the grammar forces at this point (0: none), one per element."""
+    def jump_forward(self, n: int, kinds: int | np.ndarray) -> np.ndarray:
+        """Tokens the grammar forces at this point (0: none), one per draw."""
 
 
 class FixedGrammarCosts(BaseModel):
@@ -299,33 +300,46 @@ class FixedGrammarCosts(BaseModel):
         failed = any(n in self.failing_keys for n in names)
         return CompileOutcome(seconds, "invalid: listed in failing_keys" if failed else None)
 
-    def fill_s(self, kinds: np.ndarray) -> np.ndarray:
-        return np.full(len(kinds), self.fill_time_s)
+    def fill_s(self, n: int, kinds: int | np.ndarray) -> np.ndarray:
+        return np.full(n, self.fill_time_s)
 
-    def accept_s(self, kinds: np.ndarray) -> np.ndarray:
-        return np.full(len(kinds), self.accept_time_s)
+    def accept_s(self, n: int, kinds: int | np.ndarray) -> np.ndarray:
+        return np.full(n, self.accept_time_s)
 
-    def rollback_s(self, kinds: np.ndarray) -> np.ndarray:
-        return np.full(len(kinds), self.rollback_time_s)
+    def rollback_s(self, n: int, kinds: int | np.ndarray) -> np.ndarray:
+        return np.full(n, self.rollback_time_s)
 
-    def jump_forward(self, kinds: np.ndarray) -> np.ndarray:
-        return np.full(len(kinds), self.forced_tokens, np.int64)
+    def jump_forward(self, n: int, kinds: int | np.ndarray) -> np.ndarray:
+        return np.full(n, self.forced_tokens, np.int64)
 
 
 class ProfileGrammarCosts:
-    """Grammar costs drawn from a backend's measured :class:`GrammarProfile` (seeded)."""
+    """Grammar costs drawn from a backend's measured :class:`GrammarProfile` (seeded).
+
+    Draws of one kind are taken from blocks of ``block`` draws made ahead of
+    time: the same independent draws as one call per step, at a fraction of the
+    per-call cost (the loop asks for a few hundred draws per step).
+    """
 
     _NAMES = {code: kind for kind, code in KIND_CODES.items()}
 
-    def __init__(self, profile: GrammarProfile, seed: int) -> None:
+    def __init__(self, profile: GrammarProfile, seed: int, block: int = 1 << 16) -> None:
         self.profile = profile
         self.sampler = profile.sampler(seed)
+        self.block = block
+        self._pools: dict[tuple[str, int], tuple[np.ndarray, int]] = {}
 
-    def _kinds(self, kinds: np.ndarray):
-        """The sampler's cheaper (count, kind) form when every draw has the same kind."""
-        if len(kinds) and kinds[0] == kinds[-1] and kinds.min() == kinds.max():
-            return len(kinds), self._NAMES.get(int(kinds[0]))
-        return kinds, None
+    def _draw(self, metric: str, n: int, kinds: int | np.ndarray) -> np.ndarray:
+        draw = getattr(self.sampler, metric)
+        if isinstance(kinds, np.ndarray):
+            return draw(kinds)
+        key = (metric, kinds)
+        pool, at = self._pools.get(key, (np.zeros(0), 0))
+        if at + n > len(pool):
+            pool = np.concatenate((pool[at:], draw(max(self.block, n), self._NAMES.get(kinds))))
+            at = 0
+        self._pools[key] = (pool, at + n)
+        return pool[at:at + n]
 
     def compile(self, spec_id: str | None, key_text: str, kind: str) -> CompileOutcome:
         ids = [spec_id if spec_id is not None else key_text]
@@ -333,17 +347,17 @@ class ProfileGrammarCosts:
         status = str(self.sampler.compile_status(ids, [kind])[0])
         return CompileOutcome(seconds, None if status == "ok" else status)
 
-    def fill_s(self, kinds: np.ndarray) -> np.ndarray:
-        return self.sampler.fill_s(*self._kinds(kinds))
+    def fill_s(self, n: int, kinds: int | np.ndarray) -> np.ndarray:
+        return self._draw("fill_s", n, kinds)
 
-    def accept_s(self, kinds: np.ndarray) -> np.ndarray:
-        return self.sampler.accept_s(*self._kinds(kinds))
+    def accept_s(self, n: int, kinds: int | np.ndarray) -> np.ndarray:
+        return self._draw("accept_s", n, kinds)
 
-    def rollback_s(self, kinds: np.ndarray) -> np.ndarray:
-        return self.sampler.rollback_s(*self._kinds(kinds))
+    def rollback_s(self, n: int, kinds: int | np.ndarray) -> np.ndarray:
+        return self._draw("rollback_s", n, kinds)
 
-    def jump_forward(self, kinds: np.ndarray) -> np.ndarray:
-        return self.sampler.jump_forward(*self._kinds(kinds))
+    def jump_forward(self, n: int, kinds: int | np.ndarray) -> np.ndarray:
+        return self._draw("jump_forward", n, kinds)
 
 
 class ModelExecutor(GrammarExecutor):
@@ -367,6 +381,8 @@ class ModelExecutor(GrammarExecutor):
         super().prepare(requests, keys, jump_forward)
         codes = np.array([KIND_CODES[k] for k in keys.kinds] + [-1], np.int64)
         self.kind_code = codes[keys.request_key]  # key -1 picks the trailing "pooled" code
+        # one kind for the whole run: draw with a single code (the sampler's cheaper path)
+        self.single_kind = int(codes[0]) if len(set(keys.kinds)) == 1 else None
 
     def compile(self, key: int) -> CompileOutcome:
         k = self.keys
@@ -387,24 +403,31 @@ class ModelExecutor(GrammarExecutor):
         jumped = np.zeros(n, np.int64)
         process_s = 0.0
         g = np.flatnonzero(grammar)
-        if len(g):
-            codes = self.kind_code[rows.rid[g]]
+        ng = len(g)
+        if ng:
+            single = self.single_kind
+            codes = self.kind_code[rows.rid[g]] if single is None else single
             per_row = mask_rows[g]
-            draws = self.costs.fill_s(np.repeat(codes, per_row))
-            fill_s[g] = np.add.reduceat(draws, np.concatenate(([0], np.cumsum(per_row)[:-1])))
-            accept_one = self.costs.accept_s(codes)
-            if drafts[g].any():
-                fill_s[g] += accept_one * drafts[g]  # drafts enter the grammar to fill their rows
-                rolled_back[g] = drafts[g] - accepted[g]
-                undo = rolled_back[g] > 0
-                if undo.any():
-                    process_s += float(self.costs.rollback_s(codes[undo]).sum())
+            total = int(per_row.sum())
+            if total == ng:
+                fill_s[g] = self.costs.fill_s(ng, codes)
+            else:
+                draws = self.costs.fill_s(total, codes if single is not None else np.repeat(codes, per_row))
+                fill_s[g] = np.add.reduceat(draws, np.concatenate(([0], np.cumsum(per_row)[:-1])))
+            accept_one = self.costs.accept_s(ng, codes)
+            g_drafts = drafts[g]
+            if total > ng:
+                fill_s[g] += accept_one * g_drafts  # drafts enter the grammar to fill their rows
+                rolled = g_drafts - accepted[g]
+                rolled_back[g] = rolled
+                undo = np.flatnonzero(rolled)
+                if len(undo):
+                    process_s += float(self.costs.rollback_s(len(undo), codes if single is not None
+                                                              else codes[undo]).sum())
             process_s += float(accept_one.sum())  # the sampled (bonus / correction) token
             if self.jump_forward:
-                room = rows.gen_left[g] - produced[g]
-                forced = np.minimum(self.costs.jump_forward(codes), room)
+                forced = np.minimum(self.costs.jump_forward(ng, codes), rows.gen_left[g] - produced[g])
                 jumped[g] = forced
-                if forced.any():
-                    process_s += float(np.dot(accept_one, forced))
+                process_s += float(accept_one @ forced)
                 produced = produced + jumped
         return StepWork(fill_s, mask_rows, produced, accepted, rolled_back, jumped, np.zeros(n, bool), process_s)

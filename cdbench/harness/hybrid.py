@@ -8,8 +8,11 @@ are the oracle the simulated model "samples". Drafts for speculative decoding
 come from a :class:`DraftSource`; by default :class:`OracleDrafts` proposes the
 oracle's next tokens, each right with probability ``alpha``.
 
-Thinking tokens never reach the matcher (like vLLM, the grammar does not
-advance while the model reasons), so they are counted but not materialised.
+Thinking: with the ``reasoner`` backend, a thinking request's matcher starts in
+its thinking phase (with the request's budget) and is fed seeded random
+ordinary tokens, then the think-end token; with any other backend the grammar
+does not advance while the model reasons (vLLM's behaviour), so thinking tokens
+are counted but never materialised.
 Unconstrained rows need no backend; their drafts are accepted with
 probability ``alpha`` as in ``model`` mode.
 
@@ -26,6 +29,7 @@ from typing import Protocol
 import numpy as np
 
 from cdbench.backends.base import CompiledGrammar, CompileError, GrammarBackend, Matcher
+from cdbench.backends.reasoner import ReasonerBackend
 from cdbench.harness.executors import CompileOutcome, GrammarExecutor, SpecKeys, StepRows, StepWork, accepted_drafts
 from cdbench.workloads.request import Request
 from cdbench.workloads.validate import InvalidInstance, check_instance
@@ -84,11 +88,12 @@ class HybridExecutor(GrammarExecutor):
     def __init__(self, backend: GrammarBackend, alpha: float = 0.0, drafts: DraftSource | None = None,
                  seed: int = 0) -> None:
         self.backend, self.alpha = backend, alpha
-        if drafts is None:
-            vocab = backend.vocab
-            ordinary = np.setdiff1d(np.arange(vocab.size), np.fromiter(vocab.forbidden_token_ids, np.int64))
-            drafts = OracleDrafts(alpha, ordinary, seed)
-        self.drafts = drafts
+        vocab = backend.vocab
+        self._ordinary = np.setdiff1d(np.arange(vocab.size), np.fromiter(vocab.forbidden_token_ids, np.int64))
+        self._think_rng = np.random.default_rng([seed, 1])
+        end = getattr(backend, "think_end_id", -1)
+        self._think_tokens = self._ordinary[self._ordinary != end]
+        self.drafts = drafts if drafts is not None else OracleDrafts(alpha, self._ordinary, seed)
         self.backend_call_s = 0.0
         self.validation_s = 0.0
         self._compiled: dict[int, CompiledGrammar] = {}
@@ -127,7 +132,12 @@ class HybridExecutor(GrammarExecutor):
         matcher = self._matchers.get(rid)
         if matcher is None:
             key = int(self.keys.request_key[rid])
-            matcher, _ = self._timed(self.backend.matcher, self._compiled[key])
+            request = self.requests[rid]
+            if isinstance(self.backend, ReasonerBackend):
+                matcher, _ = self._timed(lambda g: self.backend.matcher(
+                    g, thinking=request.think_len > 0, thinking_budget=request.thinking_budget), self._compiled[key])
+            else:
+                matcher, _ = self._timed(self.backend.matcher, self._compiled[key])
             self._matchers[rid] = matcher
             self._position[rid] = 0
         return matcher
@@ -208,9 +218,31 @@ class HybridExecutor(GrammarExecutor):
                 emitted += forced_ok
             produced[i] = emitted
             positions[rid] = pos
+        if isinstance(self.backend, ReasonerBackend) and thinking.any():
+            process_ns += self._think(rows, produced)
         process_s = process_ns * _NS
         self.backend_call_s += (backend_ns + process_ns) * _NS
         return StepWork(fill_s, mask_rows, produced, accepted, rolled_back, jumped, rejected, process_s)
+
+    def _think(self, rows: StepRows, produced: np.ndarray) -> int:
+        """Feed thinking rows' tokens to reasoner matchers (the think-end token last); nanoseconds spent."""
+        spent = 0
+        request_key = self.keys.request_key
+        for i in np.flatnonzero(rows.think_left > 0).tolist():
+            rid = int(rows.rid[i])
+            if request_key[rid] < 0:
+                continue
+            matcher = self._matchers.get(rid) or self._matcher(rid)
+            count = int(produced[i])
+            ends = count == int(rows.think_left[i])
+            tokens = self._think_rng.choice(self._think_tokens, count - ends).tolist()
+            if ends:
+                tokens.append(self.backend.think_end_id)
+            start = perf_counter_ns()
+            for token in tokens:
+                matcher.accept(token)
+            spent += perf_counter_ns() - start
+        return spent
 
     def finish(self, rid: int) -> bool | None:
         """Decode the answer and check it against the spec (``None`` for unconstrained requests)."""

@@ -448,45 +448,68 @@ class Scheduler:
             return self._idle_iteration(t, pre, schedule_s, poll_s, sync_s, check_s)
 
         # rows that sample: decode rows and prefill rows whose last chunk runs now
-        completing = pf_chunks == batch.prefill_left[pf_rows]
-        first_rows = pf_rows[completing]
-        s_rows = np.concatenate((dec_rows, first_rows)) if len(first_rows) else dec_rows
-        n_sample = len(s_rows)
-        s_drafts = np.concatenate((drafts, np.zeros(len(first_rows), np.int64))) if len(first_rows) else drafts
+        if len(pf_rows):
+            completing = pf_chunks == batch.prefill_left[pf_rows]
+            first_rows = pf_rows[completing]
+        else:
+            first_rows = pf_rows
+        everyone = len(first_rows) == 0 and len(dec_rows) == len(batch)
+        if everyone:  # the common decode step: slices (views) instead of gathers
+            s_rows = slice(None)
+            s_drafts = drafts
+        elif len(first_rows):
+            s_rows = np.concatenate((dec_rows, first_rows))
+            s_drafts = np.concatenate((drafts, np.zeros(len(first_rows), np.int64)))
+        else:
+            s_rows, s_drafts = dec_rows, drafts
         s_rid = batch.rid[s_rows]
+        n_sample = len(s_rid)
         think_left = batch.think_left[s_rows]
         structured = batch.structured[s_rows]
-        grammar = structured & (think_left == 0)
+        thinking = think_left > 0
+        grammar = structured & ~thinking
         work = self.executor.step(StepRows(s_rid, grammar, s_drafts, batch.gen_left[s_rows], think_left),
                                   self.rng_step)
 
         # --- mask building (CPU)
-        n_filter = int(np.count_nonzero(structured & (think_left > 0)
-                                        & (cfg.strict_thinking | (batch.forced[s_rows] & (think_left == 1)))))
-        grammar_rows = int(np.count_nonzero(work.mask_rows))
-        threshold = cfg.fill_parallel_threshold
-        if grammar_rows and threshold is not None and grammar_rows > threshold and k == 0:
-            fill_s = parallel_makespan(work.fill_s[work.mask_rows > 0], cfg.fill_chunk, cfg.fill_threads)
+        if thinking.any():
+            filtered = structured & thinking
+            if not cfg.strict_thinking:
+                filtered &= batch.forced[s_rows] & (think_left == 1)
+            n_filter = int(np.count_nonzero(filtered))
         else:
-            fill_s = float(work.fill_s.sum())
+            n_filter = 0
+        has_mask = work.mask_rows > 0
+        grammar_rows = int(np.count_nonzero(has_mask))
+        mask_rows = n_filter
+        fill_s = 0.0
         if grammar_rows:
-            per_row = work.fill_s[work.mask_rows > 0] / work.mask_rows[work.mask_rows > 0]
-            self.fill_hist.add(per_row, work.mask_rows[work.mask_rows > 0])
+            row_fill, row_masks = work.fill_s[has_mask], work.mask_rows[has_mask]
+            threshold = cfg.fill_parallel_threshold
+            if threshold is not None and grammar_rows > threshold and k == 0:
+                fill_s = parallel_makespan(row_fill, cfg.fill_chunk, cfg.fill_threads)
+            else:
+                fill_s = float(row_fill.sum())
+            self.fill_hist.add(row_fill / row_masks, row_masks)
+            mask_rows += int(row_masks.sum())
         fill_s += n_filter * cfg.think_filter_s
-        mask_rows = int(work.mask_rows.sum()) + n_filter
 
         # --- GPU
-        dec_tokens = int(len(dec_rows) + drafts.sum())
-        kv = int(batch.cached[dec_rows].sum()) if len(dec_rows) else 0
+        n_drafts = int(drafts.sum()) if k else 0
+        dec_tokens = len(dec_rows) + n_drafts
+        if everyone:
+            kv = int(batch.cached.sum())
+        else:
+            kv = int(batch.cached[dec_rows].sum()) if len(dec_rows) else 0
         forward_s = self.gpu.forward_s(pf_chunks, batch.cached[pf_rows], dec_tokens, kv)
-        sample_rows = n_sample + int(s_drafts.sum())
+        sample_rows = n_sample + n_drafts
         copy_s = self.gpu.copy_s(mask_rows, cfg.pinned_mask) if mask_rows else 0.0
         apply_s = self.gpu.apply_s(mask_rows) if mask_rows else 0.0
         sample_s = self.gpu.sample_s(sample_rows)
         process_s = work.process_s + cfg.process_row_s * n_sample
 
         # --- the step's duration (see the module docstring)
-        has_grammar = bool(structured.any())
+        has_grammar = bool(structured.any())  # one grammar row makes the whole batch wait
         carry = self._carry_process_s
         sync = (not cfg.overlap) or (k > 0 and has_grammar and not cfg.spec_grammar_overlap)
         if sync:
@@ -514,11 +537,11 @@ class Scheduler:
         batch.prefill_left[pf_rows] -= pf_chunks
         batch.cached[pf_rows] += pf_chunks
         batch.gen_left[s_rows] -= produced
-        batch.think_left[s_rows] = np.maximum(think_left - produced, 0)
+        if thinking.any():
+            batch.think_left[s_rows] = np.maximum(think_left - produced, 0)
         batch.cached[s_rows] += produced
         if len(dec_rows):
-            gaps = t_token - batch.last_tok[dec_rows]
-            self.itl.add(gaps, None)
+            self.itl.add(t_token - (batch.last_tok if everyone else batch.last_tok[dec_rows]), None)
         batch.last_tok[s_rows] = t_token
         if len(first_rows):
             rec.first_token_s[batch.rid[first_rows]] = t_token
@@ -532,12 +555,13 @@ class Scheduler:
 
         done = batch.gen_left[s_rows] <= 0
         rejected = work.rejected & cfg.abort_on_reject if work.rejected.any() else None
-        if done.any() or rejected is not None:
+        if rejected is not None or done.any():
+            positions = np.arange(len(batch))[s_rows]  # batch row of each sampled row
             gone = np.zeros(len(batch), bool)
             if rejected is not None:
                 for rid in s_rid[rejected].tolist():
                     self._abort(rid, "grammar_rejected", t_token)
-                gone[s_rows[rejected]] = True
+                gone[positions[rejected]] = True
                 done &= ~rejected
             finished = s_rid[done]
             rec.finish_s[finished] = t_token
@@ -546,7 +570,7 @@ class Scheduler:
                 if valid is not None:
                     rec.valid[rid] = int(valid)
                 self._end(rid, t_token)
-            gone[s_rows[done]] = True
+            gone[positions[done]] = True
             batch.keep(~gone)
 
         kind = _KIND_MIXED if len(dec_rows) and len(pf_rows) else (_KIND_DECODE if len(dec_rows) else _KIND_PREFILL)
