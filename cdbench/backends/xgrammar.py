@@ -30,7 +30,10 @@ IGNORED_KEYWORDS = frozenset({"not", "if", "then", "else", "uniqueItems", "allOf
 
 
 class XGrammarMatcher(Matcher):
-    """One request's state: a thin wrapper over ``xgrammar.GrammarMatcher``."""
+    """One request's state: a thin wrapper over ``xgrammar.GrammarMatcher``.
+
+    A terminated matcher has no next mask: ``fill_mask`` raises ``RuntimeError``.
+    """
 
     __slots__ = ("_matcher", "_vocab")
 

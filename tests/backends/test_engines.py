@@ -7,6 +7,8 @@ import re
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from cases import ENGINES, allowed_ids, is_allowed
 
 import cdbench.backends as backends_api
@@ -142,8 +144,9 @@ def test_regex_literal_escapes_only_metacharacters():
 @pytest.mark.parametrize("engine", ENGINES)
 def test_choice_options_with_metacharacters_are_literal(engines, engine):
     backend = engines.backend(engine, VOCAB)
-    grammar = backend.compile(ConstraintSpec("choice", ["a+b", "(c)", "d.e"]))
+    grammar = backend.compile(ConstraintSpec("choice", ["a+b", "(c)", "d.e", "line\nbreak"]))
     assert _accepts(backend, grammar, "a+b") and _accepts(backend, grammar, "(c)")
+    assert _accepts(backend, grammar, "line\nbreak")
     assert not _accepts(backend, grammar, "aab") and not _accepts(backend, grammar, "dxe")
 
 
@@ -227,6 +230,13 @@ def test_compile_error_names_backend_kind_and_reason(engines):
     assert "xgrammar cannot compile regex: invalid" in str(error) and not error.message.startswith("[")
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_structural_tag_given_as_json_text_compiles(engines, engine):
+    backend = engines.backend(engine, VOCAB)
+    spec = ConstraintSpec("structural_tag", json.dumps({"begin": "<f>", "schema": {"type": "integer"}, "end": "</f>"}))
+    assert _accepts(backend, backend.compile(spec), "<f>42</f>")
+
+
 def test_schema_given_as_json_text_compiles(engines):
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     backend = engines.backend("llguidance", VOCAB)
@@ -275,3 +285,49 @@ def test_mask_bit_layout_is_token_32w_plus_i(engines):
     expected = [i for i, raw in enumerate(voc.token_bytes)
                 if raw and b"yes".startswith(raw) and i not in voc.forbidden_token_ids]
     assert allowed_ids(mask, 0, voc.size).tolist() == expected
+
+
+PHONE = r"[0-9]{3}-[0-9]{4}"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(alphabet="0123456789-x", max_size=10))
+def test_acceptance_matches_python_re(engines, engine, text):
+    """Token by token plus EOS, a matcher accepts exactly the strings ``re.fullmatch`` accepts."""
+    backend = engines.backend(engine, VOCAB)
+    grammar = engines.compiled(engine, VOCAB, ConstraintSpec("regex", PHONE))
+    assert _accepts(backend, grammar, text) == bool(re.fullmatch(PHONE, text))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_accept_rollback_copy_sequence_matches_a_replay(engines, engine, data):
+    """After random accepts (allowed tokens), rollbacks and copies, the mask equals
+    that of a fresh matcher fed the tokens still accepted."""
+    backend = engines.backend(engine, VOCAB)
+    voc = backend.vocab
+    grammar = engines.compiled(engine, VOCAB, ConstraintSpec("regex", r"[a-c]{1,6}(x|yz)?"))
+    matcher, accepted = backend.matcher(grammar), []
+    mask, replayed = backend.allocate_mask(1), backend.allocate_mask(1)
+    for _ in range(data.draw(st.integers(1, 12), label="steps")):
+        op = data.draw(st.sampled_from(["accept", "accept", "rollback", "copy"]), label="op")
+        if op == "accept" and not matcher.is_terminated():
+            matcher.fill_mask(mask, 0)
+            token = data.draw(st.sampled_from(allowed_ids(mask, 0, voc.size).tolist()), label="token")
+            assert matcher.accept(token)
+            accepted.append(token)
+        elif op == "rollback" and accepted:
+            k = data.draw(st.integers(1, len(accepted)), label="k")
+            matcher.rollback(k)
+            del accepted[-k:]
+        elif op == "copy":
+            matcher = matcher.copy()
+        fresh = backend.matcher(grammar)
+        assert all(fresh.accept(t) for t in accepted)
+        assert matcher.is_terminated() == fresh.is_terminated()
+        if not matcher.is_terminated():  # a finished request has no next mask (xgrammar raises)
+            matcher.fill_mask(mask, 0)
+            fresh.fill_mask(replayed, 0)
+            assert torch.equal(mask, replayed), f"after {op} with {voc.decode(accepted)!r}"
