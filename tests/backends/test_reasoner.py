@@ -425,10 +425,10 @@ def test_phase_machine_matches_reference_on_tiny_engine(data):
 
 ENGINES = ["xgrammar", "llguidance", "outlines"]
 # No repeated group: outlines-core 0.2.14 allows only EOS after a final state
-# that a starred group could continue (`[0-9](a[0-9])*` after "1"). Unbounded at
-# the end, so llguidance never stops by itself before EOS (our llguidance matcher
-# rolls back one token too many after an EOS accepted in that state).
-REGEX = ConstraintSpec("regex", "[0-9]{1,3},[0-9]+")
+# that a starred group could continue (`[0-9](a[0-9])*` after "1"). Bounded, so
+# "12,345" leaves llguidance stopped by itself before EOS, a case its rollback
+# must count right.
+REGEX = ConstraintSpec("regex", "[0-9]{1,3},[0-9]{1,3}")
 
 
 def _engine_available(name: str) -> bool:
