@@ -212,8 +212,9 @@ class CompileCache:
         """Cache ``spec``'s key as invalid because its compile took too long.
 
         Later lookups raise the returned :class:`CompileTimeout` without
-        compiling, also after the slow compile finishes. Callers still waiting
-        on its future get its result.
+        compiling, also after the slow compile finishes (unless ``max_entries``
+        is 0: then nothing is remembered). Callers still waiting on its future
+        get its result.
         """
         key = self.key(spec)
         err = CompileTimeout(self.backend.name, spec.kind, timeout_s)
@@ -255,12 +256,14 @@ class AsyncCompiler:
     dedupe_in_flight : concurrent submits of one key share one future; ``None``
         takes the cache's setting (on without a cache).
 
-    >>> with AsyncCompiler(backend, threads=8, cache=CompileCache(backend)) as pool:
-    ...     future = pool.submit(spec)
-    ...     try:
-    ...         grammar = future.result(timeout=30.0)
-    ...     except concurrent.futures.TimeoutError:
-    ...         pool.mark_timed_out(spec, 30.0)     # next submits fail at once
+    A scheduler's poll, SGLang style::
+
+        with AsyncCompiler(backend, threads=8, cache=CompileCache(backend)) as pool:
+            future = pool.submit(spec)
+            try:
+                grammar = future.result(timeout=30.0)
+            except concurrent.futures.TimeoutError:
+                pool.mark_timed_out(spec, 30.0)  # later submits of spec fail at once
     """
 
     def __init__(
