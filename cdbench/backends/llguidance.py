@@ -166,7 +166,7 @@ class LLGuidanceBackend(GrammarBackend):
             parts = [_lark_string(tag.begin), f"json_{i}"] + ([_lark_string(tag.end)] if tag.end else [])
             rules.append(f"tag_{i}: " + " ".join(parts))
             # Whitespace options ride in the schema: %json has no other way to receive them.
-            schema = tag.schema if isinstance(tag.schema, bool) else {**tag.schema, "x-guidance": self._json_options()}
+            schema = {**tag.schema, "x-guidance": self._json_options()}
             rules.append(f"json_{i}: %json {json.dumps(schema)}")
         return "\n".join(rules) + "\n"
 

@@ -179,7 +179,7 @@ class OutlinesBackend(GrammarBackend):
     def matcher(self, grammar: CompiledGrammar) -> OutlinesMatcher:
         return OutlinesMatcher(grammar.handle, self.eos_token_id, self.max_rollback, (self.vocab.size + 31) // 32 * 4)
 
-    def _schema_regex(self, schema: dict | bool) -> str:
+    def _schema_regex(self, schema: dict) -> str:
         if self.whitespace == "flexible":
             return build_regex_from_schema(json.dumps(schema))
         return _compact(build_regex_from_schema(json.dumps(schema), whitespace_pattern=_WS_MARK))

@@ -48,8 +48,12 @@ def check_whitespace(whitespace: str) -> str:
     return whitespace
 
 
-def load_schema(spec: ConstraintSpec, backend: str) -> dict[str, Any] | bool:
-    """The JSON Schema of a ``json_schema`` spec as an object; ``CompileError`` if it is not one."""
+def load_schema(spec: ConstraintSpec, backend: str) -> dict[str, Any]:
+    """The JSON Schema of a ``json_schema`` spec as an object; ``CompileError`` if it is not one.
+
+    The boolean schema ``true`` becomes ``{}`` (engines differ on booleans);
+    ``false`` admits no instance and is refused.
+    """
     schema = spec.spec
     if isinstance(schema, str):
         try:
@@ -59,7 +63,13 @@ def load_schema(spec: ConstraintSpec, backend: str) -> dict[str, Any] | bool:
     if not isinstance(schema, (dict, bool)):
         raise CompileError(backend, spec.kind, "invalid",
                            f"a JSON Schema is an object or a boolean, not {type(schema).__name__}")
-    return schema
+    return _object_schema(schema, backend, spec.kind)
+
+
+def _object_schema(schema: dict[str, Any] | bool, backend: str, kind: str) -> dict[str, Any]:
+    if schema is False:
+        raise CompileError(backend, kind, "invalid", "the schema false admits no instance")
+    return {} if schema is True else schema
 
 
 def load_choices(spec: ConstraintSpec, backend: str) -> list[str]:
@@ -91,7 +101,7 @@ class ToolCallTag:
     """One tool call of a ``structural_tag`` spec: ``begin``, a JSON value matching ``schema``, ``end``."""
 
     begin: str
-    schema: dict[str, Any] | bool
+    schema: dict[str, Any]
     end: str
 
 
@@ -112,7 +122,7 @@ def load_tool_call_tags(spec: ConstraintSpec, backend: str) -> list[ToolCallTag]
                 and isinstance(item.get("end"), str) and isinstance(item.get("schema"), (dict, bool))):
             raise CompileError(backend, spec.kind, "invalid",
                                "a tag is {'begin': non-empty str, 'schema': JSON Schema, 'end': str}")
-        tags.append(ToolCallTag(item["begin"], item["schema"], item["end"]))
+        tags.append(ToolCallTag(item["begin"], _object_schema(item["schema"], backend, spec.kind), item["end"]))
     return tags
 
 

@@ -85,23 +85,29 @@ class XGrammarBackend(GrammarBackend):
         ``", "`` and ``": "``, the language every engine here produces) or
         ``"flexible"`` (xgrammar's ``any_whitespace``).
     max_threads : threads of xgrammar's grammar compiler.
+    compiler_cache : xgrammar's own compile cache; turn it off to time every
+        compile cold (cdbench's compile cache sits above it either way).
     """
 
     name = "xgrammar"
 
-    def __init__(self, vocab: Vocabulary, *, whitespace: str = "compact", max_threads: int = 8) -> None:
+    def __init__(self, vocab: Vocabulary, *, whitespace: str = "compact", max_threads: int = 8,
+                 compiler_cache: bool = True) -> None:
         super().__init__(vocab)
         self.whitespace = specs.check_whitespace(whitespace)
         self.max_threads = max_threads
+        self.compiler_cache = compiler_cache
         forbidden = vocab.forbidden_token_ids
         encoded = [b"" if i in forbidden else raw for i, raw in enumerate(vocab.token_bytes)]
         self.tokenizer_info = xgr.TokenizerInfo(
             encoded, xgr.VocabType.RAW, vocab_size=vocab.size, stop_token_ids=list(vocab.eos_token_ids)
         )
-        self._compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=max_threads)
+        self._compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=max_threads,
+                                             cache_enabled=compiler_cache)
 
     def options_key(self) -> str:
-        return f"{super().options_key()}:whitespace={self.whitespace}:max_threads={self.max_threads}"
+        return (f"{super().options_key()}:whitespace={self.whitespace}:max_threads={self.max_threads}"
+                f":compiler_cache={self.compiler_cache}")
 
     def compile(self, spec: ConstraintSpec) -> CompiledGrammar:
         warnings: tuple[str, ...] = ()
@@ -145,7 +151,7 @@ class XGrammarBackend(GrammarBackend):
         root = formats[0] if len(formats) == 1 else {"type": "or", "elements": formats}
         return {"type": "structural_tag", "format": root}
 
-    def _tag_content(self, schema: dict | bool) -> dict:
+    def _tag_content(self, schema: dict) -> dict:
         if self.whitespace == "flexible":
             return {"type": "json_schema", "json_schema": schema}
         # The structural tag's own json_schema content has flexible whitespace;

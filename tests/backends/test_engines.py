@@ -77,9 +77,12 @@ def test_unknown_whitespace_style_is_refused(engine):
         create_backend(engine, VOCAB, whitespace="tabs")
 
 
-def test_xgrammar_compiler_threads_are_part_of_the_key():
-    keys = {create_backend("xgrammar", VOCAB, max_threads=n).options_key() for n in (1, 2)}
-    assert len(keys) == 2
+def test_xgrammar_compiler_options_are_part_of_the_key():
+    keys = {create_backend("xgrammar", VOCAB, max_threads=n, compiler_cache=c).options_key()
+            for n in (1, 2) for c in (True, False)}
+    assert len(keys) == 4
+    uncached = create_backend("xgrammar", VOCAB, compiler_cache=False)
+    assert _accepts(uncached, uncached.compile(ConstraintSpec("regex", "[0-9]+")), "123")
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -235,6 +238,15 @@ def test_structural_tag_given_as_json_text_compiles(engines, engine):
     backend = engines.backend(engine, VOCAB)
     spec = ConstraintSpec("structural_tag", json.dumps({"begin": "<f>", "schema": {"type": "integer"}, "end": "</f>"}))
     assert _accepts(backend, backend.compile(spec), "<f>42</f>")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_boolean_schemas(engines, engine):
+    backend = engines.backend(engine, VOCAB)
+    assert _accepts(backend, backend.compile(ConstraintSpec("json_schema", True)), '[1, "a"]')
+    with pytest.raises(CompileError) as info:
+        backend.compile(ConstraintSpec("json_schema", False))
+    assert info.value.reason == "invalid"
 
 
 def test_schema_given_as_json_text_compiles(engines):
