@@ -224,6 +224,11 @@ class Scheduler:
             outcome = self._outcomes[key] = self.executor.compile(key)
         return outcome
 
+    @property
+    def compile_errors(self) -> dict[str, str]:
+        """Specs that failed to compile (cache key text → the backend's reason)."""
+        return {self.keys.texts[k]: o.error for k, o in sorted(self._outcomes.items()) if o.error is not None}
+
     def _arrive(self, rid: int, t: float) -> None:
         rec, cfg = self.rec, self.cfg
         rec.issued_s[rid] = t

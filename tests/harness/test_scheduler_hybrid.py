@@ -97,6 +97,8 @@ def test_compile_error_aborts_and_the_rest_of_the_run_finishes(backend):
     result = _run(backend, requests, "vllm")
     assert row_of(result, 9)["abort_reason"] == "compile_error"
     assert result.summary.completed == 4
+    (key, reason), = result.compile_errors.items()
+    assert key == "regex:bad" and reason
 
 
 def test_hybrid_needs_oracle_tokens(backend):
