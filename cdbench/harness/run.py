@@ -1,6 +1,9 @@
 """Run a simulation: :func:`run` for a whole :class:`~cdbench.harness.config.RunConfig`,
 :func:`simulate` for requests and cost sources you built yourself.
 
+``run`` generates the workload, builds the backend (``hybrid``) or the grammar
+profile (``model``) and the GPU cost model, and simulates.
+
 >>> from cdbench.harness.executors import FixedGpuCosts, FixedGrammarCosts, ModelExecutor
 >>> from cdbench.harness.policies import policy
 >>> from cdbench.workloads.request import Request
@@ -15,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -24,6 +28,9 @@ from cdbench.harness.policies import SchedulerConfig
 from cdbench.harness.scheduler import Scheduler
 from cdbench.harness.timeline import Timeline
 from cdbench.workloads.request import Request
+
+if TYPE_CHECKING:
+    from cdbench.harness.config import RunConfig
 
 Progress = Callable[[float], None]
 
@@ -41,6 +48,8 @@ class RunResult:
     wall_s : wall-clock seconds the simulation took.
     backend_call_s : wall seconds spent inside grammar-backend calls (hybrid; 0 in model mode).
     validation_s : wall seconds spent checking finished outputs against their specs (hybrid).
+    compile_errors : specs that failed to compile (spec key → reason); their
+        requests ended with ``abort_reason="compile_error"``.
     """
 
     requests: pd.DataFrame
@@ -50,6 +59,7 @@ class RunResult:
     wall_s: float = 0.0
     backend_call_s: float = 0.0
     validation_s: float = 0.0
+    compile_errors: dict[str, str] = field(default_factory=dict)
 
     @property
     def outside_backend_share(self) -> float:
@@ -75,4 +85,35 @@ def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: 
     steps_frame = sched.steps.to_frame()
     summary = summarize(requests_frame, steps_frame, sched.itl, sched.fill_hist, slo, sched.idle_iterations)
     return RunResult(requests_frame, steps_frame, summary, timeline, time.perf_counter() - start,
-                     executor.backend_call_s, executor.validation_s)
+                     executor.backend_call_s, executor.validation_s, sched.compile_errors)
+
+
+def run(config: RunConfig, progress: Progress | None = None) -> RunResult:
+    """Run ``config``: generate its workload, build its cost sources, simulate.
+
+    ``progress`` is called with the fraction of requests ended (0..1).
+    """
+    # Imported here so that simulate() stays usable without the workload generator's dependencies.
+    from cdbench.backends.registry import create_backend
+    from cdbench.backends.vocab import load_vocab
+    from cdbench.harness.executors import ModelExecutor
+    from cdbench.harness.hybrid import HybridExecutor
+    from cdbench.workloads.drafts import DraftSource
+    from cdbench.workloads.generator import generate
+
+    vocab = load_vocab(config.vocab)
+    workload = generate(config.workload, vocab)
+    spec_decode = workload.config.spec_decode
+    k = spec_decode.k if spec_decode is not None else 0
+    alpha = spec_decode.alpha if spec_decode is not None else 0.0
+    scheduler = config.scheduler_config(spec_tokens=k)
+    gpu = config.costs.gpu_costs(vocab.size)
+    if config.mode == "hybrid":
+        backend = create_backend(config.backend.name, vocab, **config.backend.options)
+        executor: GrammarExecutor = HybridExecutor(backend, alpha, DraftSource(alpha, vocab, config.seed),
+                                                   seed=config.seed)
+    else:
+        executor = ModelExecutor(config.costs.grammar_costs(config.backend.name, config.seed), alpha)
+    return simulate(workload.requests, scheduler, executor, gpu, seed=config.seed,
+                    max_concurrency=workload.config.max_concurrency, slo=config.slo,
+                    trace_steps=config.trace_steps, progress=progress)
