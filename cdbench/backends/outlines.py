@@ -45,6 +45,22 @@ def _compact(regex: str) -> str:
     return regex
 
 
+def _without_outer_anchors(regex: str) -> str:
+    """``regex`` less a leading ``^`` and a trailing unescaped ``$``.
+
+    A regex constraint matches the whole output, so these change nothing (as
+    in xgrammar and llguidance); outlines-core refuses anchored patterns, which
+    most JSON Schema patterns are. Anchors elsewhere stay and are refused.
+    """
+    if regex.startswith("^"):
+        regex = regex[1:]
+    if regex.endswith("$"):
+        body = regex[:-1]
+        if (len(body) - len(body.rstrip("\\"))) % 2 == 0:  # an odd run of backslashes escapes the $
+            regex = body
+    return regex
+
+
 class OutlinesMatcher(Matcher):
     """One request's state: an outlines-core ``Guide`` plus the tokens it accepted.
 
@@ -159,7 +175,7 @@ class OutlinesBackend(GrammarBackend):
                 regex = self._schema_regex(schema)
                 warnings = specs.unenforced_warnings(self.name, schema, IGNORED_KEYWORDS)
             elif spec.kind == "regex":
-                regex = specs.load_text(spec, self.name)
+                regex = _without_outer_anchors(specs.load_text(spec, self.name))
             elif spec.kind == "choice":
                 regex = specs.choice_regex(specs.load_choices(spec, self.name))
             else:

@@ -170,9 +170,7 @@ def _corpus(name: str) -> dict[str, dict]:
     return {item["id"]: item for item in items}
 
 
-# Corpus regexes (JSON Schema patterns) with instances written for them. The
-# anchors are dropped: a regex constraint matches the whole output anyway, and
-# outlines-core refuses anchored patterns.
+# Corpus regexes (anchored JSON Schema patterns) with instances written for them.
 _CORPUS_REGEXES = {
     "regex/003be4bdfe1179ca": ("0123456789abcdef0123456789ABCDEF01234567",),
     "regex/05187f96c6e3fe35": ("12.50", "0.99"),
@@ -201,8 +199,7 @@ def corpus_cases() -> tuple[Case, ...]:
     regexes = _corpus("regex_from_json_schemas.jsonl")
     for item_id, valid in _CORPUS_REGEXES.items():
         if item_id in regexes:
-            pattern = regexes[item_id]["spec"].removeprefix("^").removesuffix("$")
-            cases.append(Case(item_id, ConstraintSpec("regex", pattern), valid, eos_only_at_end=False))
+            cases.append(Case(item_id, ConstraintSpec("regex", regexes[item_id]["spec"]), valid, eos_only_at_end=False))
     schemas = {}
     for name in ("jsonschemabench_github_trivial.jsonl",):
         schemas.update(_corpus(name))

@@ -165,10 +165,18 @@ def test_unicode_property_classes(engines, engine, reason):
         assert _accepts(backend, backend.compile(spec), "héllo")
 
 
-def test_outlines_refuses_anchors_and_grammars(engines):
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize(("regex", "text", "valid"), [("^abc$", "abc", True), ("^ab\\$", "ab$", True),
+                                                      ("^ab\\$", "ab", False), ("^a+", "aaa", True)])
+def test_outer_anchors_change_nothing(engines, engine, regex, text, valid):
+    backend = engines.backend(engine, VOCAB)
+    assert _accepts(backend, backend.compile(ConstraintSpec("regex", regex)), text) is valid
+
+
+def test_outlines_refuses_inner_anchors_and_grammars(engines):
     backend = engines.backend("outlines", VOCAB)
     with pytest.raises(CompileError) as info:
-        backend.compile(ConstraintSpec("regex", "^abc$"))
+        backend.compile(ConstraintSpec("regex", "^a$|^b$"))
     assert info.value.reason == "unsupported"
     with pytest.raises(CompileError) as info:
         backend.compile(ConstraintSpec("ebnf", 'root ::= "a"', {"dialect": "gbnf"}))
