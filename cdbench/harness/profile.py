@@ -22,6 +22,7 @@ Example
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import signal
@@ -60,6 +61,9 @@ class ProfileConfig(BaseModel):
     order). ``valid_instances`` oracle instances and up to ``invalid_instances``
     mutations are checked per item. Every ``rollback_every``-th accepted token
     is rolled back (timed) and accepted again; 0 disables that.
+    ``backend_options`` go to ``create_backend`` per backend name; the default
+    turns xgrammar's compile cache off, so every compile is cold (backends are
+    built once per worker; their construction is not compile time).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -76,7 +80,10 @@ class ProfileConfig(BaseModel):
     invalid_instances: int = Field(default=3, ge=0)
     rollback_every: int = Field(default=4, ge=0)
     plugins: list[str] = Field(default_factory=list)
-    backend_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # Compiles are timed cold: engine-side compile caches are off.
+    backend_options: dict[str, dict[str, Any]] = Field(
+        default_factory=lambda: {"xgrammar": {"compiler_cache": False}}
+    )
 
     def results_identity(self) -> dict[str, Any]:
         """The fields that must be equal for stored results to be reused on resume."""
@@ -383,31 +390,36 @@ def profile_tasks(
 def prepare_tasks(config: ProfileConfig, progress: bool = True) -> PreparedTasks:
     """Load the corpora and build each item's valid and invalid instances (seeded)."""
     from cdbench.backends.vocab import load_vocab
+    from cdbench.harness import profile_sources as sources
     from cdbench.harness.profile_mutations import mutate
-    from cdbench.workloads import profile_sources as sources
 
     vocab = load_vocab(config.vocab)
     eos = vocab.eos_token_ids[0]
     prepared = PreparedTasks(tasks=[])
-    loaded = []
+    loaded: list[sources.SourceItem] = []
     for corpus in config.corpora:
         items, skipped = sources.load_items(corpus, config.limit)
         prepared.skipped.extend(skipped)
         loaded.extend(items)
+
+    def instance(text: str, label: str) -> Instance:
+        return Instance(text, tuple(vocab.encode(text)) + (eos,), label)
+
     with _progress(progress) as bar:
         bar_id = bar.add_task("instances", total=len(loaded)) if bar is not None else None
-        for index, (corpus, item_id, spec) in enumerate(loaded):
-            rng = np.random.default_rng([config.seed, index])
-            texts, failure = sources.valid_texts(spec, item_id, vocab, config.valid_instances, config.seed)
-            valid = tuple(Instance(text, tuple(vocab.encode(text)) + (eos,)) for text in texts)
-            invalid: list[Instance] = []
-            if texts and config.invalid_instances:
-                is_valid = sources.validator(spec)
-                if is_valid is not None:
-                    for mutation in mutate(spec, texts[0], is_valid, rng, config.invalid_instances):
-                        tokens = tuple(vocab.encode(mutation.text)) + (eos,)
-                        invalid.append(Instance(mutation.text, tokens, mutation.label))
-            prepared.tasks.append(ProfileTask(corpus, item_id, spec, valid, tuple(invalid), failure))
+        for item in loaded:
+            # One stream per item id, so an item's instances do not depend on the other items.
+            digest = hashlib.blake2b(f"{item.corpus}/{item.item_id}".encode(), digest_size=8).digest()
+            rng = np.random.default_rng([config.seed, int.from_bytes(digest, "little")])
+            texts, failure = sources.oracle_texts(item.spec, config.valid_instances, rng)
+            invalid = []
+            if texts:
+                mutations = mutate(item.spec, texts[0], sources.validator(item.spec), rng, config.invalid_instances)
+                invalid = [instance(m.text, m.label) for m in mutations]
+            prepared.tasks.append(ProfileTask(
+                item.corpus, item.item_id, item.spec,
+                tuple(instance(t, "oracle") for t in texts), tuple(invalid), failure,
+            ))
             if bar is not None:
                 bar.advance(bar_id)
     return prepared

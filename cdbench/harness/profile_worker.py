@@ -140,12 +140,7 @@ def _allowed(mask_row: Any, token: int, mask_format: MaskFormat) -> bool:
     return bool((int(mask_row[token >> 5]) >> (token & 31)) & 1)
 
 
-def _compile_cold(backend: GrammarBackend, spec: ConstraintSpec):
-    # Cold means no engine-side compile cache: a backend exposing clear_cache()
-    # (xgrammar's GrammarCompiler keeps one) is cleared before each timed compile.
-    clear = getattr(backend, "clear_cache", None)
-    if callable(clear):
-        clear()
+def _compile_timed(backend: GrammarBackend, spec: ConstraintSpec):
     start = time.perf_counter_ns()
     grammar = backend.compile(spec)
     return grammar, (time.perf_counter_ns() - start) / 1e6
@@ -240,7 +235,7 @@ def profile_item(
     if notify:
         notify(("compiling",))
     try:
-        grammar, result.compile_ms = _compile_cold(backend, task.spec)
+        grammar, result.compile_ms = _compile_timed(backend, task.spec)
     except CompileError as exc:
         result.status = "unsupported" if exc.unsupported else "error"
         result.message = exc.message or str(exc)
