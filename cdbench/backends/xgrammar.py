@@ -54,6 +54,8 @@ class XGrammarMatcher(Matcher):
             raise ValueError(f"cannot roll back {k} tokens: {specs.failure_message(exc)}") from None
 
     def jump_forward(self) -> list[int]:
+        if self._matcher.is_terminated():  # xgrammar raises past the end; nothing is forced there
+            return []
         forced = self._matcher.find_jump_forward_string()
         if not forced:
             return []

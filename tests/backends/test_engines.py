@@ -205,6 +205,7 @@ def test_eos_after_a_grammar_that_must_end(engines, engine):
     matcher.fill_mask(mask, 0)
     assert allowed_ids(mask, 0, voc.size).tolist() == [voc.eos_token_ids[0]]
     assert matcher.accept(voc.eos_token_ids[0]) and matcher.is_terminated()
+    assert matcher.jump_forward() == []
     matcher.rollback(2)
     assert not matcher.is_terminated()
     matcher.fill_mask(mask, 0)
