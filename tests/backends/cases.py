@@ -62,7 +62,8 @@ PERSON_SCHEMA = {
 
 # No free strings: the engines disagree on which characters a JSON string may
 # hold raw (outlines forbids U+007F-U+009F, xgrammar allows them), so only
-# string-free schemas compare mask for mask.
+# string-free schemas compare mask for mask. additionalProperties is false
+# because by default llguidance allows undeclared properties and the others do not.
 ORDER_SCHEMA = {
     "type": "object",
     "properties": {

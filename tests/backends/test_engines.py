@@ -234,6 +234,15 @@ def test_outlines_drops_tokens_that_leave_a_final_state(engines):
     assert allowed == {"xgrammar": True, "outlines": False}
 
 
+def test_only_llguidance_allows_undeclared_properties_by_default(engines):
+    """Known engine difference: without ``additionalProperties``, llguidance follows
+    JSON Schema (extra properties allowed); xgrammar (strict mode) and outlines do not."""
+    spec = ConstraintSpec("json_schema", {"type": "object", "properties": {"a": {"type": "integer"}}})
+    allows = {e: _accepts(engines.backend(e, VOCAB), engines.compiled(e, VOCAB, spec), '{"a": 1, "b": 2}')
+              for e in ENGINES}
+    assert allows == {"xgrammar": False, "llguidance": True, "outlines": False}
+
+
 def test_compile_error_names_backend_kind_and_reason(engines):
     with pytest.raises(CompileError) as info:
         engines.backend("xgrammar", VOCAB).compile(ConstraintSpec("regex", "[a-z"))
