@@ -104,6 +104,9 @@ class KernelResult:
     floor_us: float
     exact: bool | None
     error: str = ""
+    gpu_temp_c: float | None = None
+    sm_mhz: float | None = None
+    throttle: str = ""
 
 
 @dataclass
@@ -280,13 +283,14 @@ def run_sweep(
         if progress:
             progress(f"V={case.vocab} B={case.batch} {case.dtype} {case.density}")
         floor_us = case.floor_bytes / (copy_gbs * 1e3) if copy_gbs else float("nan")
+        state = gpu_state() if device == "cuda" else {}
         set_bytes = case.batch * case.vocab * case.elem
         n_sets = rotation_count(set_bytes, rotate_bytes, hi=512 if device == "cuda" else 4)
         sets = make_inputs(case, n_sets, rng, device, with_dst=any(v.kind == "copy" for v in variants))
         rotation = Rotation(sets)
         for variant in variants:
             base = dict(vocab=case.vocab, batch=case.batch, dtype=case.dtype, density=case.density,
-                        variant=variant.name, kind=variant.kind, floor_us=floor_us)
+                        variant=variant.name, kind=variant.kind, floor_us=floor_us, **state)
             try:
                 exact = check_variant(variant, make_inputs(case, 1, rng, device, variant.kind == "copy")[0])
                 timing = _time(variant, rotation, device, warmup_ms, rep_ms)
@@ -321,6 +325,23 @@ def _time(variant: Variant, rotation: Rotation[InputSet], device: str, warmup_ms
     if device == "cuda":
         return event_time(variant.run, rotation, warmup_ms, rep_ms)
     return wall_time(lambda: variant.run(rotation.next()), reps=10)
+
+
+def gpu_state() -> dict[str, object]:
+    """Temperature, SM clock and active clock-slowdown reasons (NVML), to flag throttled rows."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        reasons = pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle)
+        # Idle and application-clock settings are not slowdowns.
+        reasons &= ~(pynvml.nvmlClocksThrottleReasonGpuIdle | pynvml.nvmlClocksThrottleReasonApplicationsClocksSetting)
+        return {"gpu_temp_c": float(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)),
+                "sm_mhz": float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+                "throttle": hex(reasons) if reasons else ""}
+    except Exception:  # noqa: BLE001 - NVML is optional; the columns stay empty without it
+        return {}
 
 
 def _dispatch_us(variant: Variant, rotation: Rotation[InputSet], calls: int = 200) -> float:

@@ -30,12 +30,13 @@ def results_frame(results: Sequence[KernelResult]) -> pd.DataFrame:
 
 def load_run(folder: Path) -> tuple[list[KernelResult], list[CopyResult], BenchEnv]:
     """Read back what :func:`write_reports` wrote (to re-render a run's reports)."""
-    frame = pd.read_csv(folder / "results.csv", dtype={"error": str}, keep_default_na=False, na_values={
-        "median_us": [""], "q20_us": [""], "q80_us": [""], "floor_us": [""], "exact": [""]})
+    frame = pd.read_csv(folder / "results.csv", dtype={"error": str, "throttle": str}, keep_default_na=False,
+                        na_values={k: [""] for k in ("median_us", "q20_us", "q80_us", "floor_us", "exact",
+                                                     "gpu_temp_c", "sm_mhz")})
     results = []
     for row in frame.to_dict("records"):
-        for key in ("median_us", "q20_us", "q80_us", "exact"):
-            if isinstance(row[key], float) and math.isnan(row[key]):
+        for key in ("median_us", "q20_us", "q80_us", "exact", "gpu_temp_c", "sm_mhz"):
+            if key in row and isinstance(row[key], float) and math.isnan(row[key]):
                 row[key] = None
         if row["exact"] is not None:
             row["exact"] = row["exact"] in (True, "True")
@@ -123,6 +124,14 @@ def summary_markdown(frame: pd.DataFrame, copies: Sequence[CopyResult], env: Ben
     checked = frame[frame.timing != "graph"]
     parts.append(f"- correctness: {int((checked.exact == True).sum())}/{len(checked)} variant×case checks exact "  # noqa: E712
                  "against the torch reference (fresh inputs, torch.equal)")
+    if "throttle" in frame and (frame.throttle.fillna("") != "").any():
+        hot = frame[frame.throttle.fillna("") != ""].drop_duplicates(["vocab", "batch", "dtype", "density"])
+        parts.append(f"- WARNING: GPU clock slowdown reported (NVML) at the start of {len(hot)} cases, e.g. "
+                     + ", ".join(f"V={r.vocab} B={r.batch} {r.dtype} {r.density} ({r.throttle}, {r.gpu_temp_c:.0f} °C)"
+                                 for r in hot.head(5).itertuples()))
+    if "gpu_temp_c" in frame and frame.gpu_temp_c.notna().any():
+        parts.append(f"- GPU temperature over the sweep: {frame.gpu_temp_c.min():.0f}–{frame.gpu_temp_c.max():.0f} °C, "
+                     f"SM clock {frame.sm_mhz.min():.0f}–{frame.sm_mhz.max():.0f} MHz")
     for _, row in bad.iterrows():
         parts.append(f"  - {row.variant} V={row.vocab} B={row.batch} {row.dtype} {row.density} {row.timing}: "
                      f"{'error ' + row.error if row.error else 'NOT EXACT'}")

@@ -1,12 +1,14 @@
 """Apply a grammar mask to logits in place: int32 bitmask or bool mask, all rows or some.
 
-The bitmask kernel works on 16-byte packs (4 fp32 or 8 bf16/fp16 logits), so
-every thread moves whole 16 B vectors, and each pack's bits come from one
-bitmask word. Strategies (``mode``):
+The bitmask kernel works on packs of 16 or 32 bytes (4-8 fp32 or 8-16
+bf16/fp16 logits), so every thread moves whole vectors, and each pack's bits
+come from one bitmask word. Strategies (``mode``):
 
 ``"auto"`` (default)
-    ``"rmw"`` for small launches, ``"adaptive"`` for large ones (see
-    :data:`ADAPTIVE_MIN_BYTES`).
+    ``"rmw"`` for small launches (see :data:`ADAPTIVE_MIN_BYTES`); for larger
+    ones ``"adaptive"`` with fp32 logits and ``"skip"`` with 16-bit logits
+    (where the adaptive kernel's extra reduction costs more than it saves;
+    measured in reports/kernels/README.md).
 ``"adaptive"``
     per block of tokens: ``"store"`` where at least 7/8 of the block is
     allowed, ``"skip"`` elsewhere.
@@ -53,6 +55,17 @@ _MODES = ("auto", "adaptive", "skip", "rmw", "store")
 #: each logits access wait for its bitmask word; in a launch this small that extra memory latency
 #: costs more than the bytes it saves (measured: reports/kernels/README.md).
 ADAPTIVE_MIN_BYTES = 1 << 20
+# (mode, logits element bytes) -> (largest block of tokens, warps, bytes per thread access), from
+# the launch-shape sweep on an H100 (benchmarks/kernels_block_sweep.py, reports/kernels/README.md).
+_LAUNCH = {
+    ("skip", 2): (4096, 8, 32),
+    ("skip", 4): (2048, 8, 16),
+    ("adaptive", 2): (2048, 4, 16),
+    ("adaptive", 4): (2048, 4, 16),
+    ("store", 2): (2048, 8, 0),
+    ("store", 4): (1024, 8, 0),
+}
+_LAUNCH_DEFAULT = (8192, 8, 16)
 
 
 @triton.jit
@@ -72,7 +85,7 @@ def _store_neg_inf_lanes(logits_row, bitmask_row, col0, n_cols, n_words, one, BL
 def _apply_bitmask_packs(
     logits_ptr, bitmask_ptr, indices_ptr, n_cols, n_words, logits_stride, bitmask_stride, one,
     HAS_INDICES: tl.constexpr, PACK: tl.constexpr, BLOCK: tl.constexpr, SKIP: tl.constexpr,
-    ADAPTIVE: tl.constexpr,
+    ADAPTIVE: tl.constexpr, STORE_EIGHTHS: tl.constexpr = 7,
 ):
     if HAS_INDICES:
         row = tl.load(indices_ptr + tl.program_id(1)).to(tl.int64)
@@ -94,7 +107,7 @@ def _apply_bitmask_packs(
     if ADAPTIVE:
         # Mostly-allowed blocks: writing -inf at the few disallowed tokens beats reading everything.
         n_allowed = tl.sum(tl.sum((allowed & in_row).to(tl.int32), axis=1), axis=0)
-        store_only = n_allowed * 8 >= tl.minimum(n_cols - col0, BLOCK) * 7
+        store_only = n_allowed * 8 >= tl.minimum(n_cols - col0, BLOCK) * STORE_EIGHTHS
     if store_only:
         _store_neg_inf_lanes(logits_row, bitmask_row, col0, n_cols, n_words, one, BLOCK)
     else:
@@ -153,20 +166,20 @@ def apply_bitmask(
     n_cols = logits.shape[1]
     if n_rows == 0 or n_cols == 0:
         return
-    common = (logits, bitmask, rows, n_cols, bitmask.shape[1], logits.stride(0), bitmask.stride(0))
-    if mode == "store":
-        block = pick_block(n_rows, n_cols, logits.device, largest=4096)
-        grid = (triton.cdiv(n_cols, block), n_rows)
-        _apply_bitmask_store[grid](*common, 1, HAS_INDICES=rows is not None, BLOCK=block,
-                                   num_warps=4 if block <= 2048 else 8)
-        return
+    elem = logits.element_size()
     if mode == "auto":
-        mode = "adaptive" if n_rows * n_cols * logits.element_size() >= ADAPTIVE_MIN_BYTES else "rmw"
-    block = pick_block(n_rows, n_cols, logits.device)
+        small = n_rows * n_cols * elem < ADAPTIVE_MIN_BYTES
+        mode = "rmw" if small else ("adaptive" if elem == 4 else "skip")
+    largest, num_warps, pack_bytes = _LAUNCH.get((mode, elem), _LAUNCH_DEFAULT)
+    block = pick_block(n_rows, n_cols, logits.device, largest=largest)
+    num_warps = num_warps if block > 1024 else 4
     grid = (triton.cdiv(n_cols, block), n_rows)
-    _apply_bitmask_packs[grid](*common, 1, HAS_INDICES=rows is not None, PACK=16 // logits.element_size(),
-                               BLOCK=block, SKIP=mode in ("skip", "adaptive"), ADAPTIVE=mode == "adaptive",
-                               num_warps=4 if block <= 2048 else 8)
+    common = (logits, bitmask, rows, n_cols, bitmask.shape[1], logits.stride(0), bitmask.stride(0), 1)
+    if mode == "store":
+        _apply_bitmask_store[grid](*common, HAS_INDICES=rows is not None, BLOCK=block, num_warps=num_warps)
+        return
+    _apply_bitmask_packs[grid](*common, HAS_INDICES=rows is not None, PACK=pack_bytes // elem, BLOCK=block,
+                               SKIP=mode in ("skip", "adaptive"), ADAPTIVE=mode == "adaptive", num_warps=num_warps)
 
 
 @triton.jit

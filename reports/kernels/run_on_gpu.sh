@@ -18,8 +18,10 @@ export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_extensions}
   # xgrammar's CUDA backend is JIT-built by nvcc (about a minute): start it beside the tests.
   python3 -c "import xgrammar.kernels.apply_token_bitmask_inplace_cuda" > /tmp/xgr_build.log 2>&1 &
   build=$!
-  echo "== GPU tests"
-  timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -m gpu -p no:cacheprovider -n 4 tests/kernels/test_kernels_gpu.py 2>&1 | tail -25
+  if [ "${SKIP_TESTS:-0}" != 1 ]; then
+    echo "== GPU tests"
+    timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -m gpu -p no:cacheprovider -n 4 tests/kernels/test_kernels_gpu.py 2>&1 | tail -25
+  fi
   wait $build; echo "xgrammar cuda build exit $?"; tail -5 /tmp/xgr_build.log
   echo "== benchmark"
   # = `cdbench kernels ...`, without importing the other subcommands' dependencies

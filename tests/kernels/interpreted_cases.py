@@ -73,3 +73,11 @@ def test_set_token_filter_matches_reference(n_rows, vocab, n_tokens, allowed, re
 def test_masked_argmax_matches_reference(n_rows, vocab, pad, dtype, allowed, temperature, with_indices, seed):
     gen = torch.Generator().manual_seed(seed)
     check_masked_argmax(gen, n_rows, vocab, vocab + pad, dtype, allowed, temperature, "cpu", with_indices)
+
+
+@pytest.mark.parametrize("dtype,n_rows", [(torch.float32, 4), (torch.bfloat16, 8)])
+def test_auto_mode_large_launch_matches_reference(dtype, n_rows):
+    # 1 MiB of logits: "auto" takes its large-launch path (adaptive for fp32, skip for bf16).
+    gen = torch.Generator().manual_seed(5)
+    for allowed in (0.05, 0.97):
+        check_apply_bitmask(gen, n_rows, 65536, 65536, dtype, allowed, "auto", "cpu", False)
