@@ -432,7 +432,7 @@ class ModelExecutor(GrammarExecutor):
                 fill_s[g] = self.costs.fill_s(ng, codes)
             else:
                 draws = self.costs.fill_s(total, codes if single is not None else np.repeat(codes, per_row))
-                fill_s[g] = np.add.reduceat(draws, np.concatenate(([0], np.cumsum(per_row)[:-1])))
+                fill_s[g] = np.add.reduceat(draws, np.add.accumulate(per_row) - per_row)  # per-row sums
             accept_one = self.costs.accept_s(ng, codes)
             g_drafts = drafts[g]
             if total > ng:

@@ -603,9 +603,9 @@ class Scheduler:
             return _NO_ROWS
         left = self.batch.prefill_left[rows]
         if not self.cfg.chunked_prefill:
-            fits = np.cumsum(left) <= max(budget, 0)
+            fits = np.add.accumulate(left) <= max(budget, 0)
             return np.where(fits, left, 0)
-        before = np.cumsum(left) - left
+        before = np.add.accumulate(left) - left
         return np.clip(budget - before, 0, left)
 
     def _idle_iteration(self, t, pre, schedule_s, poll_s, sync_s, check_s) -> float | None:
