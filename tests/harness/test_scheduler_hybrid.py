@@ -109,3 +109,20 @@ def test_hybrid_needs_oracle_tokens(backend):
 def row_of(result, request_id):
     frame = result.requests
     return frame[frame["request_id"] == request_id].iloc[0].to_dict()
+
+
+@pytest.mark.slow
+def test_hybrid_reasoner_thinks_then_answers_validly():
+    vocab = load_vocab("qwen3.6")
+    backend = create_backend("reasoner", vocab, inner="xgrammar")
+    eos = vocab.eos_token_ids[0]
+    requests = []
+    for i in range(6):
+        tokens = tuple(vocab.encode(f"555-{i:04d}")) + (eos,)
+        requests.append(Request(i, 0.001 * i, 50, len(tokens), ConstraintSpec("regex", r"\d{3}-\d{4}"), "p", tokens,
+                                think_len=10 if i % 2 else 0, thinking_budget=4 if i % 3 == 0 else None))
+    result = _run(backend, requests, "sglang", spec_tokens=2, alpha=0.5)
+    frame = result.requests
+    assert frame["valid"].all()
+    assert frame["think_tokens"].tolist() == [0, 11, 0, 5, 0, 11]
+    assert (frame["output_tokens"] == frame["output_len"] + frame["think_tokens"]).all()
