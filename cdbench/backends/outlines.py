@@ -28,7 +28,7 @@ from cdbench.backends.vocab import Vocabulary
 # JSON Schema keywords outlines-core 0.2.14 turns into a regex that does not
 # check them (each verified with an instance that violates it and is accepted).
 IGNORED_KEYWORDS = frozenset({"not", "if", "then", "else", "oneOf", "uniqueItems", "contains", "minContains",
-                              "maxContains", "dependentRequired", "dependentSchemas", "propertyNames",
+                              "maxContains", "dependentRequired", "dependentSchemas", "dependencies", "propertyNames",
                               "multipleOf", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
                               "minProperties", "maxProperties"})
 

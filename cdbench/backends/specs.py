@@ -36,7 +36,7 @@ _UNSUPPORTED_WORDS = re.compile(
 # Schema keywords whose value is one subschema, a map of subschemas, or a list of them.
 _SUBSCHEMA = ("additionalProperties", "items", "additionalItems", "contains", "propertyNames",
               "not", "if", "then", "else", "unevaluatedProperties", "unevaluatedItems")
-_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
 _SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
 
 

@@ -26,7 +26,7 @@ from cdbench.backends.vocab import Vocabulary
 # verified with an instance that violates it and is accepted). allOf is merged
 # only partly; oneOf is compiled as anyOf.
 IGNORED_KEYWORDS = frozenset({"not", "if", "then", "else", "uniqueItems", "allOf", "oneOf", "contains",
-                              "dependentRequired", "dependentSchemas"})
+                              "dependentRequired", "dependentSchemas", "dependencies"})
 
 
 class XGrammarMatcher(Matcher):

@@ -102,6 +102,8 @@ def test_several_tool_call_tags_accept_either(engines, engine):
     ("xgrammar", {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "[1, 1]"),
     ("xgrammar", {"type": "string", "not": {"const": "abc"}}, '"abc"'),
     ("xgrammar", {"type": "integer", "allOf": [{"minimum": 3}]}, "1"),
+    ("xgrammar", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                  "dependencies": {"a": ["b"]}}, '{"a": 1}'),
     ("outlines", {"type": "integer", "minimum": 3}, "1"),
     ("outlines", {"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 1},
      '{"a": 1, "b": 2}'),
@@ -109,7 +111,8 @@ def test_several_tool_call_tags_accept_either(engines, engine):
 def test_unenforced_keywords_are_reported_truthfully(engines, engine, schema, violating):
     backend = engines.backend(engine, VOCAB)
     grammar = backend.compile(ConstraintSpec("json_schema", schema))
-    ignored = next(k for k in ("uniqueItems", "not", "allOf", "minimum", "maxProperties") if k in schema)
+    keywords = ("uniqueItems", "not", "allOf", "dependencies", "minimum", "maxProperties")
+    ignored = next(k for k in keywords if k in schema)
     assert any(f"'{ignored}' at #" in w for w in grammar.warnings), grammar.warnings
     assert _accepts(backend, grammar, violating), "the warning says unenforced, but the engine enforces it"
 
