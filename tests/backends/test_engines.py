@@ -246,6 +246,16 @@ def test_eos_after_a_grammar_that_must_end(engines, engine):
     assert not is_allowed(mask, 0, voc.eos_token_ids[0])
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_jump_forward_returns_the_only_possible_token(engines, engine):
+    backend = engines.backend(engine, VOCAB)
+    voc = backend.vocab
+    matcher = backend.matcher(engines.compiled(engine, VOCAB, ConstraintSpec("regex", "x{3}")))
+    assert voc.encode("xx") == [voc.encode("xx")[0]]  # one token, so one "x" is left
+    assert matcher.accept(voc.encode("xx")[0])
+    assert matcher.jump_forward() == voc.encode("x")
+
+
 def test_outlines_drops_tokens_that_leave_a_final_state(engines):
     """Known outlines-core 0.2.14 difference: from a state where the regex may
     end, tokens into a state where it may not are missing from the index.
