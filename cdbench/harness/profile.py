@@ -392,6 +392,7 @@ def prepare_tasks(config: ProfileConfig, progress: bool = True) -> PreparedTasks
     from cdbench.backends.vocab import load_vocab
     from cdbench.harness import profile_sources as sources
     from cdbench.harness.profile_mutations import mutate
+    from cdbench.workloads.instances import PoolCache
 
     vocab = load_vocab(config.vocab)
     eos = vocab.eos_token_ids[0]
@@ -405,20 +406,21 @@ def prepare_tasks(config: ProfileConfig, progress: bool = True) -> PreparedTasks
     def instance(text: str, label: str) -> Instance:
         return Instance(text, tuple(vocab.encode(text)) + (eos,), label)
 
+    cache = PoolCache()
     with _progress(progress) as bar:
         bar_id = bar.add_task("instances", total=len(loaded)) if bar is not None else None
         for item in loaded:
-            # One stream per item id, so an item's instances do not depend on the other items.
-            digest = hashlib.blake2b(f"{item.corpus}/{item.item_id}".encode(), digest_size=8).digest()
-            rng = np.random.default_rng([config.seed, int.from_bytes(digest, "little")])
-            texts, failure = sources.oracle_texts(item.spec, config.valid_instances, rng)
+            valid, failure = sources.oracle_instances(item, vocab, config.valid_instances, config.seed, cache)
             invalid = []
-            if texts:
-                mutations = mutate(item.spec, texts[0], sources.validator(item.spec), rng, config.invalid_instances)
+            if valid:
+                # One stream per item id, so an item's mutations do not depend on the other items.
+                digest = hashlib.blake2b(f"{item.corpus}/{item.item_id}".encode(), digest_size=8).digest()
+                rng = np.random.default_rng([config.seed, int.from_bytes(digest, "little")])
+                mutations = mutate(item.spec, valid[0][0], sources.validator(item.spec), rng, config.invalid_instances)
                 invalid = [instance(m.text, m.label) for m in mutations]
             prepared.tasks.append(ProfileTask(
                 item.corpus, item.item_id, item.spec,
-                tuple(instance(t, "oracle") for t in texts), tuple(invalid), failure,
+                tuple(Instance(text, tokens) for text, tokens in valid), tuple(invalid), failure,
             ))
             if bar is not None:
                 bar.advance(bar_id)

@@ -1,24 +1,23 @@
 """Where ``cdbench profile``'s items and instances come from: :mod:`cdbench.workloads`.
 
-Corpus items, their oracle instances (valid texts, each validated) and the
-spec validators all come from the workloads package; this module only shapes
-them into what the profile runner needs.
+Corpus items (:func:`cdbench.workloads.corpora.load_corpus`), their oracle
+instances (validated, tokenized, EOS last, cached on disk by
+:class:`cdbench.workloads.instances.PoolCache`) and the spec validators
+(:func:`cdbench.workloads.validate.check_instance`) all come from the workloads
+package; this module only shapes them into what the profile runner needs.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from cdbench.backends.base import ConstraintSpec
+from cdbench.backends.vocab import Vocabulary
+from cdbench.workloads.corpora import load_corpus
+from cdbench.workloads.instances import InstanceFailure, PoolCache
 from cdbench.workloads.validate import InvalidInstance, check_instance
-
-# Fresh draws tried per wanted instance before giving up on a spec.
-DRAWS_PER_INSTANCE = 8
 
 
 @dataclass(frozen=True)
@@ -28,6 +27,27 @@ class SourceItem:
     corpus: str
     item_id: str
     spec: ConstraintSpec
+
+
+def load_items(corpus: str, limit: int | None) -> tuple[list[SourceItem], list[str]]:
+    """The first ``limit`` items of ``corpus`` (a name or a JSONL path) and the lines skipped."""
+    loaded = load_corpus(corpus, limit=limit)
+    name = Path(str(corpus)).stem
+    items = [SourceItem(name, item.id, item.to_spec()) for item in loaded.items]
+    return items, [str(line) for line in loaded.skipped]
+
+
+def oracle_instances(
+    item: SourceItem, vocab: Vocabulary, n: int, seed: int, cache: PoolCache
+) -> tuple[list[tuple[str, tuple[int, ...]]], str]:
+    """Up to ``n`` valid ``(text, tokens)`` of ``item``, or ``([], reason)`` when none exists."""
+    if n == 0:
+        return [], ""
+    try:
+        pool = cache.get(item.item_id, item.spec, vocab, size=n, seed=seed)
+    except InstanceFailure as failure:
+        return [], failure.reason
+    return list(zip(pool.texts, pool.tokens, strict=True)), ""
 
 
 def validator(spec: ConstraintSpec) -> Callable[[str], bool]:
@@ -41,49 +61,3 @@ def validator(spec: ConstraintSpec) -> Callable[[str], bool]:
         return True
 
     return is_valid
-
-
-def _draw(spec: ConstraintSpec, rng: np.random.Generator) -> str:
-    if spec.kind == "json_schema":
-        from cdbench.workloads.json_instances import json_instance
-
-        schema = json.loads(spec.spec) if isinstance(spec.spec, str) else spec.spec
-        # The whitespace convention every backend compiles to by default.
-        return json.dumps(json_instance(schema, rng), ensure_ascii=False, separators=(", ", ": "))
-    if spec.kind == "regex":
-        from cdbench.workloads.regex_instances import regex_instance
-
-        return regex_instance(spec.spec, rng)
-    if spec.kind == "choice":
-        return str(spec.spec[int(rng.integers(len(spec.spec)))])
-    raise ValueError(f"no instance generator for kind {spec.kind!r}")
-
-
-def oracle_texts(spec: ConstraintSpec, n: int, rng: np.random.Generator) -> tuple[list[str], str]:
-    """Up to ``n`` distinct valid texts of ``spec`` and, if fewer, the reason."""
-    texts: list[str] = []
-    reason = ""
-    for _ in range(n * DRAWS_PER_INSTANCE):
-        if len(texts) == n:
-            break
-        try:
-            text = _draw(spec, rng)
-            check_instance(spec, text)
-        except (InvalidInstance, ValueError, RecursionError, KeyError, TypeError) as exc:
-            reason = f"{type(exc).__name__}: {str(exc)[:200]}"
-            if isinstance(exc, ValueError) and str(exc).startswith("no instance generator"):
-                break
-            continue
-        if text not in texts:
-            texts.append(text)
-    return texts, ("" if len(texts) == n else reason or "only duplicate instances")
-
-
-def load_items(corpus: str, limit: int | None) -> tuple[list[SourceItem], list[str]]:
-    """The first ``limit`` items of ``corpus`` (a name or a JSONL path) and the lines skipped."""
-    from cdbench.workloads.corpora import load_corpus
-
-    loaded = load_corpus(corpus, limit=limit)
-    name = Path(str(corpus)).stem
-    items = [SourceItem(name, item.id, item.to_spec()) for item in loaded.items]
-    return items, [str(line) for line in loaded.skipped]
