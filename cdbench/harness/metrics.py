@@ -38,33 +38,41 @@ class LogHistogram:
         self.total = 0.0
         self.weight = 0.0
         self.sq_total = 0.0
+        self._plain: list[np.ndarray] = []
         self._values: list[np.ndarray] = []
-        self._weights: list[np.ndarray | None] = []
+        self._weights: list[np.ndarray] = []
         self._buffered = 0
 
     def add(self, values: np.ndarray, weights: np.ndarray | None = None) -> None:
         """Count ``values`` (seconds), each ``weights`` times (default once)."""
-        if len(values) == 0:
-            return
-        self._values.append(values)
-        self._weights.append(weights)
+        if weights is None:
+            self._plain.append(values)
+        else:
+            self._values.append(values)
+            self._weights.append(weights)
         self._buffered += len(values)
         if self._buffered >= self.BUFFER:
             self._flush()
 
-    def _flush(self) -> None:
-        if not self._values:
-            return
-        values = np.concatenate(self._values)
-        weights = np.concatenate([np.ones(len(v)) if w is None else w.astype(np.float64)
-                                  for v, w in zip(self._values, self._weights)])
-        self._values, self._weights, self._buffered = [], [], 0
+    def _bins(self, values: np.ndarray) -> np.ndarray:
         v = np.maximum(values, 10.0**self.LOW)
-        idx = np.minimum(((np.log10(v) - self.LOW) * self.PER_DECADE).astype(np.int64), len(self.counts) - 1)
-        self.counts += np.bincount(idx, weights, minlength=len(self.counts))
-        self.total += float(np.dot(values, weights))
-        self.sq_total += float(np.dot(values * values, weights))
-        self.weight += float(weights.sum())
+        return np.minimum(((np.log10(v) - self.LOW) * self.PER_DECADE).astype(np.int64), len(self.counts) - 1)
+
+    def _flush(self) -> None:
+        if self._plain:
+            values = np.concatenate(self._plain)
+            self.counts += np.bincount(self._bins(values), minlength=len(self.counts))
+            self.total += float(values.sum())
+            self.sq_total += float(values @ values)
+            self.weight += len(values)
+        if self._values:
+            values = np.concatenate(self._values)
+            weights = np.concatenate(self._weights).astype(np.float64)
+            self.counts += np.bincount(self._bins(values), weights, minlength=len(self.counts))
+            self.total += float(values @ weights)
+            self.sq_total += float((values * values) @ weights)
+            self.weight += float(weights.sum())
+        self._plain, self._values, self._weights, self._buffered = [], [], [], 0
 
     def mean(self) -> float:
         self._flush()
