@@ -23,6 +23,9 @@ class Request:
         (the oracle instance, EOS last); ``None`` when only lengths are modelled.
     think_len : thinking tokens before the answer (0: no reasoning).
     thinking_budget : cap on thinking tokens; at the cap only think-end is allowed.
+    closed_loop : the scheduler decides the arrival (closed-loop clients);
+        ``arrival_s`` is then 0.
+    instance_index : which instance of the spec's pool ``output_tokens`` is.
     """
 
     request_id: int
@@ -34,6 +37,8 @@ class Request:
     output_tokens: tuple[int, ...] | None = None
     think_len: int = 0
     thinking_budget: int | None = None
+    closed_loop: bool = False
+    instance_index: int | None = None
 
     @property
     def structured(self) -> bool:

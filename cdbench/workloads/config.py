@@ -1,0 +1,85 @@
+"""The typed, seeded description of a workload.
+
+>>> cfg = WorkloadConfig(num_requests=10, arrival={"process": "gamma", "rate": 5, "burstiness": 0.5})
+>>> cfg.arrival.burstiness, cfg.max_concurrency
+(0.5, None)
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cdbench.workloads.arrivals import ArrivalProcess, PoissonArrivals
+from cdbench.workloads.lengths import FixedLengths, LengthDist
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SpecReuse(_Config):
+    """How often specs repeat across requests.
+
+    - ``unique``: every structured request gets a distinct spec (a cold compile
+      cache, like vLLM's ``json-unique``). Corpus items are used once each in a
+      seeded order; past the end they are reused as *copies* made distinct: a
+      JSON Schema gets ``"$comment": "cdbench copy <n>"`` (ignored by
+      validators), any other kind gets ``options["unique_copy"] = n``. Either way
+      the spec's canonical text, hence its compile-cache key, differs.
+    - ``same``: one spec for all.
+    - ``zipf``: item of popularity rank r (seeded order) is drawn with
+      probability proportional to ``1 / r ** zipf_s``.
+    """
+
+    mode: Literal["unique", "same", "zipf"] = "unique"
+    zipf_s: float = Field(default=1.1, gt=0)
+
+
+class ReasoningConfig(_Config):
+    """Which requests think, for how long, and under what budget."""
+
+    fraction: float = Field(default=0.0, ge=0, le=1)
+    think_len: LengthDist = FixedLengths(value=512)
+    thinking_budget: int | None = Field(default=None, ge=0)
+
+
+class SpecDecodeConfig(_Config):
+    """Speculative decoding: ``k`` draft tokens per step, each accepted with probability ``alpha``."""
+
+    k: int = Field(default=0, ge=0)
+    alpha: float = Field(default=1.0, ge=0, le=1)
+
+
+class WorkloadConfig(_Config):
+    """Everything that decides a workload; same config + seed → identical requests.
+
+    ``token_source``: ``oracle`` (a validated instance of the spec is the
+    output, so ``output_len = len(output_tokens)``, EOS included),
+    ``random_walk`` (tokens are drawn from the mask at run time;
+    ``output_len`` from ``output_len`` is the token cap) or ``lengths`` (only
+    lengths). Plain requests always take ``output_len`` from the distribution.
+    """
+
+    num_requests: int = Field(gt=0)
+    seed: int = 0
+    corpus: list[str] = Field(default_factory=lambda: ["embedded"], min_length=1)
+    kinds: list[Literal["json_schema", "regex", "choice", "ebnf", "structural_tag"]] | None = None
+    id_prefix: str | None = None
+    corpus_sample: int | None = Field(default=None, gt=0)
+    corpus_limit: int | None = Field(default=None, gt=0)
+    structured_ratio: float = Field(default=1.0, ge=0, le=1)
+    spec_reuse: SpecReuse = SpecReuse()
+    arrival: ArrivalProcess = PoissonArrivals(rate=10.0)
+    prompt_len: LengthDist = FixedLengths(value=256)
+    output_len: LengthDist = FixedLengths(value=128)
+    token_source: Literal["oracle", "random_walk", "lengths"] = "oracle"
+    instances_per_spec: int = Field(default=4, gt=0)
+    reasoning: ReasoningConfig = ReasoningConfig()
+    spec_decode: SpecDecodeConfig = SpecDecodeConfig()
+
+    @property
+    def max_concurrency(self) -> int | None:
+        """Concurrent clients of a closed loop; ``None`` for open-loop arrivals."""
+        return getattr(self.arrival, "max_concurrency", None)

@@ -1,0 +1,228 @@
+"""Corpora of real constraint specs, read from JSON Lines.
+
+One JSON object per line with ``id``, ``kind``, ``spec``, ``source``,
+``license`` and, for ``ebnf``, ``dialect`` and ``start`` (the format of the
+shared developer corpus). A bad line is skipped and reported with its file and
+line number; the rest loads.
+
+>>> load = load_corpus("embedded", kinds=["regex"], limit=3)
+>>> len(load.items), load.items[0].kind
+(3, 'regex')
+>>> load.items[0].to_spec().kind
+'regex'
+
+Named corpora: ``embedded`` (a sample shipped in the package) and, when the
+shared corpus folder exists (``$CDBENCH_CORPORA``, else
+``$CDBENCH_SHARED/corpora``, else ``<repo>/../shared/corpora``), every
+``*.jsonl`` file there by its stem.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cdbench.backends.base import CONSTRAINT_KINDS, ConstraintSpec
+
+EMBEDDED_SAMPLE = Path(__file__).parent / "data" / "embedded_sample.jsonl"
+_REQUIRED = ("id", "kind", "spec", "source", "license")
+
+
+class UnknownCorpusError(ValueError):
+    """A corpus name that is neither known nor an existing file."""
+
+
+@dataclass(frozen=True)
+class CorpusItem:
+    """One spec of a corpus, with its provenance.
+
+    ``extra`` keeps the other fields of the line (``lark_imports``, ``tools``,
+    ``origin``, ...).
+    """
+
+    id: str
+    kind: str
+    spec: Any
+    source: str
+    license: str
+    dialect: str | None = None
+    start: str | None = None
+    library: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_spec(self) -> ConstraintSpec:
+        """The constraint; ``ebnf`` items carry ``dialect`` and ``start`` in ``options``."""
+        options: dict[str, Any] = {}
+        if self.kind == "ebnf":
+            options["dialect"] = self.dialect
+            if self.start is not None:
+                options["start"] = self.start
+        return ConstraintSpec(self.kind, self.spec, options)  # type: ignore[arg-type]
+
+    def to_json(self) -> dict[str, Any]:
+        """The corpus line for this item (the inverse of parsing it)."""
+        line: dict[str, Any] = {"id": self.id, "kind": self.kind}
+        if self.dialect is not None:
+            line["dialect"] = self.dialect
+        line |= {"spec": self.spec, "source": self.source, "license": self.license}
+        if self.kind == "ebnf":
+            line["start"] = self.start
+        if self.library:
+            line["library"] = True
+        return line | dict(self.extra)
+
+
+@dataclass(frozen=True)
+class SkippedLine:
+    """A corpus line that was not loaded, and why."""
+
+    path: str
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.reason}"
+
+
+@dataclass
+class CorpusLoad:
+    """Items that loaded, lines that did not, and library grammars set aside.
+
+    ``library_ids``: Lark terminal libraries (``library: true``); they are not
+    standalone grammars, so they are not workload items unless asked for.
+    """
+
+    items: list[CorpusItem]
+    skipped: list[SkippedLine] = field(default_factory=list)
+    library_ids: list[str] = field(default_factory=list)
+
+
+def parse_item(obj: Any) -> CorpusItem:
+    """A :class:`CorpusItem` from one parsed line; ``ValueError`` names what is wrong."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"line is a JSON {type(obj).__name__}, not an object")
+    missing = [k for k in _REQUIRED if k not in obj]
+    if missing:
+        raise ValueError(f"missing field(s) {', '.join(missing)}")
+    kind = obj["kind"]
+    if kind not in CONSTRAINT_KINDS:
+        raise ValueError(f"unknown kind {kind!r} (known: {', '.join(CONSTRAINT_KINDS)})")
+    spec = obj["spec"]
+    expected = {"json_schema": (dict, bool), "regex": str, "choice": list, "ebnf": str, "structural_tag": dict}[kind]
+    if not isinstance(spec, expected):
+        raise ValueError(f"spec of a {kind} item must be {getattr(expected, '__name__', 'an object')}, got {type(spec).__name__}")
+    if kind == "choice" and not all(isinstance(c, str) for c in spec):
+        raise ValueError("choice spec must be a list of strings")
+    dialect = obj.get("dialect")
+    if kind == "ebnf" and dialect not in ("gbnf", "lark"):
+        raise ValueError(f"ebnf item needs dialect gbnf or lark, got {dialect!r}")
+    known = set(_REQUIRED) | {"dialect", "start", "library"}
+    return CorpusItem(
+        id=str(obj["id"]),
+        kind=kind,
+        spec=spec,
+        source=str(obj["source"]),
+        license=str(obj["license"]),
+        dialect=dialect,
+        start=obj.get("start", "root" if dialect == "gbnf" else None),
+        library=bool(obj.get("library", False)),
+        extra={k: v for k, v in obj.items() if k not in known},
+    )
+
+
+def read_corpus(
+    path: str | Path,
+    *,
+    kinds: Iterable[str] | None = None,
+    id_prefix: str | None = None,
+    limit: int | None = None,
+    sample: int | None = None,
+    seed: int = 0,
+    include_library: bool = False,
+) -> CorpusLoad:
+    """Load a JSONL corpus file, filtered.
+
+    Parameters
+    ----------
+    kinds : keep only these kinds.
+    id_prefix : keep only ids starting with this.
+    sample : draw this many items without replacement (seeded), kept in file order.
+    limit : keep at most this many (after sampling), the first in file order.
+    include_library : keep ``library: true`` grammars as items.
+    """
+    path = Path(path)
+    wanted = set(kinds) if kinds is not None else None
+    items: list[CorpusItem] = []
+    skipped: list[SkippedLine] = []
+    libraries: list[str] = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                item = parse_item(json.loads(line))
+            except json.JSONDecodeError as exc:
+                skipped.append(SkippedLine(str(path), number, f"broken JSON: {exc.msg} at column {exc.colno}"))
+                continue
+            except ValueError as exc:
+                skipped.append(SkippedLine(str(path), number, str(exc)))
+                continue
+            if item.library and not include_library:
+                libraries.append(item.id)
+                continue
+            if wanted is not None and item.kind not in wanted:
+                continue
+            if id_prefix is not None and not item.id.startswith(id_prefix):
+                continue
+            items.append(item)
+    if sample is not None and sample < len(items):
+        chosen = np.sort(np.random.default_rng(seed).choice(len(items), size=sample, replace=False))
+        items = [items[i] for i in chosen]
+    if limit is not None:
+        items = items[:limit]
+    return CorpusLoad(items, skipped, libraries)
+
+
+def shared_corpora_dir() -> Path | None:
+    """The shared corpus folder, or ``None`` when it is absent."""
+    explicit = os.environ.get("CDBENCH_CORPORA")
+    if explicit:
+        candidate = Path(explicit)
+    else:
+        shared = os.environ.get("CDBENCH_SHARED")
+        base = Path(shared) if shared else Path(__file__).resolve().parents[2].parent / "shared"
+        candidate = base / "corpora"
+    return candidate if candidate.is_dir() else None
+
+
+def known_corpora() -> dict[str, Path]:
+    """Corpus name → file: ``embedded`` and the stems of the shared folder's files."""
+    known = {"embedded": EMBEDDED_SAMPLE}
+    folder = shared_corpora_dir()
+    if folder is not None:
+        known |= {p.stem: p for p in sorted(folder.glob("*.jsonl"))}
+    return known
+
+
+def resolve_corpus(name_or_path: str | Path) -> Path:
+    """The file of a named corpus, or ``name_or_path`` itself when it is a file."""
+    known = known_corpora()
+    if str(name_or_path) in known:
+        return known[str(name_or_path)]
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    raise UnknownCorpusError(
+        f"unknown corpus {str(name_or_path)!r}: not a file and not a known name; known: {', '.join(known)}"
+    )
+
+
+def load_corpus(name_or_path: str | Path, **filters: Any) -> CorpusLoad:
+    """:func:`read_corpus` of a named corpus or a path."""
+    return read_corpus(resolve_corpus(name_or_path), **filters)

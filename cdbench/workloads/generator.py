@@ -1,0 +1,180 @@
+"""Expanding a :class:`WorkloadConfig` into requests.
+
+>>> from cdbench.backends.vocab import load_vocab
+>>> wl = generate(WorkloadConfig(num_requests=5, kinds=["choice"]), load_vocab("cl100k"), progress=False)
+>>> len(wl.requests), wl.requests[0].output_tokens[-1] in load_vocab("cl100k").eos_token_ids
+(5, True)
+
+Every random choice draws from its own stream of ``SeedSequence(config.seed)``
+(arrivals, structured mix, specs, lengths, reasoning, instances), so changing
+one aspect of the config does not reshuffle the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from rich.progress import Progress
+
+from cdbench.backends.base import ConstraintSpec
+from cdbench.backends.vocab import Vocabulary
+from cdbench.workloads.config import WorkloadConfig
+from cdbench.workloads.corpora import CorpusItem, SkippedLine, load_corpus
+from cdbench.workloads.drafts import DraftSource
+from cdbench.workloads.instances import InstanceFailure, InstancePool, PoolCache
+from cdbench.workloads.request import Request
+
+_STREAMS = ("arrivals", "structured", "specs", "prompt", "output", "reasoning", "instances")
+
+
+@dataclass
+class Workload:
+    """Requests sorted by arrival, with what the run needs besides them.
+
+    ``pools`` maps each structured request's ``spec_id`` to its instance pool
+    (oracle source only); ``failures`` lists specs with no valid instance (not
+    used); ``skipped_lines`` the corpus lines that did not load.
+    """
+
+    config: WorkloadConfig
+    vocab_name: str
+    requests: list[Request]
+    pools: dict[str, InstancePool] = field(default_factory=dict)
+    failures: list[InstanceFailure] = field(default_factory=list)
+    skipped_lines: list[SkippedLine] = field(default_factory=list)
+    library_ids: list[str] = field(default_factory=list)
+
+    @property
+    def max_concurrency(self) -> int | None:
+        return self.config.max_concurrency
+
+    def draft_source(self, vocab: Vocabulary) -> DraftSource:
+        """Drafts at the config's acceptance rate, seeded by the config."""
+        return DraftSource(self.config.spec_decode.alpha, vocab, self.config.seed, self.pools)
+
+
+def unique_copy(item: CorpusItem, copy: int) -> tuple[str, ConstraintSpec]:
+    """A spec equal in meaning to ``item`` but distinct in canonical text (see SpecReuse)."""
+    spec = item.to_spec()
+    if copy == 0:
+        return item.id, spec
+    if spec.kind == "json_schema" and isinstance(spec.spec, dict):
+        return f"{item.id}#copy{copy}", ConstraintSpec(spec.kind, {**spec.spec, "$comment": f"cdbench copy {copy}"}, spec.options)
+    return f"{item.id}#copy{copy}", ConstraintSpec(spec.kind, spec.spec, {**spec.options, "unique_copy": copy})
+
+
+class _SpecPicker:
+    """Draws specs for structured requests, building pools lazily and skipping failed specs."""
+
+    def __init__(self, config: WorkloadConfig, items: list[CorpusItem], vocab: Vocabulary,
+                 rng: np.random.Generator, cache: PoolCache, progress: Progress | None) -> None:
+        self.config, self.vocab, self.rng, self.cache, self.progress = config, vocab, rng, cache, progress
+        self.order = [items[i] for i in rng.permutation(len(items))]
+        self.pools: dict[str, InstancePool] = {}
+        self.failed: dict[str, InstanceFailure] = {}
+        self.next_unique = 0
+        if config.spec_reuse.mode == "zipf" and self.order:
+            weights = 1.0 / np.arange(1, len(self.order) + 1) ** config.spec_reuse.zipf_s
+            self.zipf_p = weights / weights.sum()
+        self.task = progress.add_task("instance pools", total=None) if progress else None
+
+    def pool(self, item: CorpusItem) -> InstancePool | None:
+        """The item's pool (``None`` without an oracle source); failures are remembered."""
+        if self.config.token_source != "oracle":
+            return None
+        if item.id not in self.pools and item.id not in self.failed:
+            try:
+                self.pools[item.id] = self.cache.get(item.id, item.to_spec(), self.vocab,
+                                                     size=self.config.instances_per_spec, seed=self.config.seed)
+            except InstanceFailure as failure:
+                self.failed[item.id] = failure
+            if self.progress is not None:
+                self.progress.advance(self.task)
+        return self.pools.get(item.id)
+
+    def usable(self, item: CorpusItem) -> bool:
+        self.pool(item)
+        return item.id not in self.failed
+
+    def draw(self) -> tuple[CorpusItem, int]:
+        """The next (item, copy number)."""
+        mode = self.config.spec_reuse.mode
+        n = len(self.order)
+        for _ in range(10 * n + 100):
+            if len(self.failed) >= n:
+                break
+            if mode == "same":
+                item = next((it for it in self.order if self.usable(it)), None)
+                if item is None:
+                    break
+                return item, 0
+            if mode == "unique":
+                index = self.next_unique
+                self.next_unique += 1
+                item, copy = self.order[index % n], index // n
+            else:
+                item, copy = self.order[int(self.rng.choice(n, p=self.zipf_p))], 0
+            if self.usable(item):
+                return item, copy
+        raise ValueError(f"no spec of the corpus has a valid instance ({len(self.failed)} failed)")
+
+
+def generate(config: WorkloadConfig, vocab: Vocabulary, *, cache: PoolCache | None = None,
+             progress: bool = True) -> Workload:
+    """Expand ``config`` into a :class:`Workload` of ``config.num_requests`` requests."""
+    streams = dict(zip(_STREAMS, (np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(len(_STREAMS)))))
+    n = config.num_requests
+    items: list[CorpusItem] = []
+    skipped: list[SkippedLine] = []
+    libraries: list[str] = []
+    structured = streams["structured"].random(n) < config.structured_ratio
+    if structured.any():
+        for name in config.corpus:
+            load = load_corpus(name, kinds=config.kinds, id_prefix=config.id_prefix,
+                               sample=config.corpus_sample, seed=config.seed, limit=config.corpus_limit)
+            items += load.items
+            skipped += load.skipped
+            libraries += load.library_ids
+        if not items:
+            raise ValueError(f"corpus {config.corpus} has no items after filtering (kinds={config.kinds}, "
+                             f"id_prefix={config.id_prefix!r})")
+    arrivals = config.arrival.times(n, streams["arrivals"])
+    prompt = np.maximum(config.prompt_len.sample(n, streams["prompt"]), 1)
+    output = np.maximum(config.output_len.sample(n, streams["output"]), 1)
+    thinks = streams["reasoning"].random(n) < config.reasoning.fraction
+    think_len = config.reasoning.think_len.sample(n, streams["reasoning"])
+    instance_rng = streams["instances"]
+
+    bar = Progress(transient=True, disable=not progress)
+    requests: list[Request] = []
+    with bar:
+        picker = _SpecPicker(config, items, vocab, streams["specs"], cache or PoolCache(), bar if progress else None)
+        pools: dict[str, InstancePool] = {}
+        for i in range(n):
+            spec = spec_id = tokens = index = None
+            out_len = int(output[i])
+            if structured[i]:
+                item, copy = picker.draw()
+                spec_id, spec = unique_copy(item, copy)
+                pool = picker.pool(item)
+                if pool is not None:
+                    index = int(instance_rng.integers(len(pool.tokens)))
+                    tokens = pool.tokens[index]
+                    out_len = len(tokens)
+                    pools[spec_id] = pool
+            requests.append(Request(
+                request_id=i,
+                arrival_s=float(arrivals[i]),
+                prompt_len=int(prompt[i]),
+                output_len=out_len,
+                spec=spec,
+                spec_id=spec_id,
+                output_tokens=tokens,
+                think_len=int(think_len[i]) if thinks[i] else 0,
+                thinking_budget=config.reasoning.thinking_budget if thinks[i] else None,
+                closed_loop=config.arrival.closed_loop,
+                instance_index=index,
+            ))
+    # Arrival times are already sorted (cumulative gaps); keep ids in arrival order.
+    return Workload(config, vocab.name, requests, pools, list(picker.failed.values()), skipped, libraries)
