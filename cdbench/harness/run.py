@@ -98,22 +98,19 @@ def run(config: RunConfig, progress: Progress | None = None) -> RunResult:
     from cdbench.backends.vocab import load_vocab
     from cdbench.harness.executors import ModelExecutor
     from cdbench.harness.hybrid import HybridExecutor
-    from cdbench.workloads.drafts import DraftSource
     from cdbench.workloads.generator import generate
 
     vocab = load_vocab(config.vocab)
-    workload = generate(config.workload, vocab)
+    workload = generate(config.workload, vocab, progress=False)  # the caller owns the progress display
     spec_decode = workload.config.spec_decode
-    k = spec_decode.k if spec_decode is not None else 0
-    alpha = spec_decode.alpha if spec_decode is not None else 0.0
-    scheduler = config.scheduler_config(spec_tokens=k)
+    scheduler = config.scheduler_config(spec_tokens=spec_decode.k)
     gpu = config.costs.gpu_costs(vocab.size)
     if config.mode == "hybrid":
         backend = create_backend(config.backend.name, vocab, **config.backend.options)
-        executor: GrammarExecutor = HybridExecutor(backend, alpha, DraftSource(alpha, vocab, config.seed),
+        executor: GrammarExecutor = HybridExecutor(backend, spec_decode.alpha, workload.draft_source(vocab),
                                                    seed=config.seed)
     else:
-        executor = ModelExecutor(config.costs.grammar_costs(config.backend.name, config.seed), alpha)
+        executor = ModelExecutor(config.costs.grammar_costs(config.backend.name, config.seed), spec_decode.alpha)
     return simulate(workload.requests, scheduler, executor, gpu, seed=config.seed,
-                    max_concurrency=workload.config.max_concurrency, slo=config.slo,
+                    max_concurrency=workload.max_concurrency, slo=config.slo,
                     trace_steps=config.trace_steps, progress=progress)

@@ -1,0 +1,117 @@
+"""The configuration of a whole run, as one pydantic model (YAML / CLI).
+
+Every section forbids unknown keys, so a misspelt key is an error that names
+it. Example (YAML)::
+
+    mode: model                 # or hybrid (default)
+    seed: 0
+    vocab: qwen3.6
+    backend: {name: xgrammar, options: {}}
+    policy: {name: sglang, host_cpus: 32}
+    scheduler: {poll_interval_s: 0.001, ranks: 2}   # overrides of the policy preset
+    costs: {model: qwen3-8b, gpu: h100-sxm}         # + grammar_profile / fixed_grammar / fixed_gpu
+    workload: {num_requests: 200, arrival: {...}, ...}   # cdbench.workloads.config.WorkloadConfig
+    slo: {ttft_ms: 2000, tpot_ms: 100}
+
+>>> cfg = RunConfig.model_validate({"policy": {"name": "vllm"}, "scheduler": {"compile_threads": 4}})
+>>> cfg.scheduler_config().compile_threads, cfg.scheduler_config().name
+(4, 'vllm')
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from cdbench.harness.costs.forward import ForwardConfig
+from cdbench.harness.costs.grammar_profile import GrammarProfile
+from cdbench.harness.costs.mask import MaskCost
+from cdbench.harness.executors import (
+    FixedGpuCosts,
+    FixedGrammarCosts,
+    GpuCosts,
+    GrammarCosts,
+    ProfileGrammarCosts,
+    RooflineGpuCosts,
+)
+from cdbench.harness.metrics import SLO
+from cdbench.harness.policies import PRESETS, SchedulerConfig, policy
+from cdbench.workloads.config import WorkloadConfig
+
+
+class BackendConfig(BaseModel):
+    """The grammar backend: a registry name and its constructor options."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = "xgrammar"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class PolicyConfig(BaseModel):
+    """The scheduler preset, and the engine host's CPU count its defaults derive from."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: Literal[tuple(PRESETS)] = "sglang"  # type: ignore[valid-type]
+    host_cpus: int = Field(32, ge=1, description="CPUs of the simulated engine host (compile and fill pools)")
+
+
+SchedulerOverrides = create_model(
+    "SchedulerOverrides",
+    __config__=ConfigDict(extra="forbid"),
+    __doc__="Overrides of the policy preset: any :class:`SchedulerConfig` field; unset fields keep the preset.",
+    **{name: (Optional[field.annotation], None)  # noqa: UP045 (create_model needs a runtime type)
+       for name, field in SchedulerConfig.model_fields.items() if name != "name"},
+)
+
+
+class CostConfig(ForwardConfig):
+    """Cost models: the forward roofline (model, GPU, TP, calibration), mask and grammar costs.
+
+    ``fixed_gpu`` replaces the roofline and mask tables with constants;
+    ``grammar_profile`` (``model`` mode) is a profile JSON path or a backend
+    name whose shipped profile to use (default: the run's backend);
+    ``fixed_grammar`` replaces the profile with constants.
+    """
+
+    mask_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    fixed_gpu: FixedGpuCosts | None = None
+    grammar_profile: str | None = None
+    fixed_grammar: FixedGrammarCosts | None = None
+
+    def gpu_costs(self, vocab_size: int) -> GpuCosts:
+        if self.fixed_gpu is not None:
+            return self.fixed_gpu
+        return RooflineGpuCosts(self.build(), MaskCost.for_gpu(self.gpu, vocab_size, dtype=self.mask_dtype))
+
+    def grammar_costs(self, backend: str, seed: int) -> GrammarCosts:
+        if self.fixed_grammar is not None:
+            return self.fixed_grammar
+        source = self.grammar_profile or backend
+        path = Path(source)
+        profile = GrammarProfile.load(path) if path.suffix == ".json" else GrammarProfile.builtin(source)
+        return ProfileGrammarCosts(profile, seed)
+
+
+class RunConfig(BaseModel):
+    """One run: what arrives, which engine model schedules it, and where costs come from."""
+
+    model_config = ConfigDict(extra="forbid")
+    mode: Literal["model", "hybrid"] = "hybrid"
+    seed: int = 0
+    vocab: str = "qwen3.6"
+    backend: BackendConfig = Field(default_factory=BackendConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    scheduler: SchedulerOverrides = Field(default_factory=SchedulerOverrides)  # type: ignore[valid-type]
+    costs: CostConfig = Field(default_factory=CostConfig)
+    workload: WorkloadConfig = Field(default_factory=lambda: WorkloadConfig(num_requests=200))
+    slo: SLO | None = None
+    trace_steps: int = Field(2000, ge=0, description="iterations whose spans go to the Chrome trace")
+
+    def scheduler_config(self, spec_tokens: int | None = None) -> SchedulerConfig:
+        """The policy preset with the overrides applied (``spec_tokens`` from the workload unless overridden)."""
+        overrides = self.scheduler.model_dump(exclude_unset=True)
+        if spec_tokens is not None:
+            overrides.setdefault("spec_tokens", spec_tokens)
+        return policy(self.policy.name, self.policy.host_cpus, **overrides)

@@ -1,0 +1,81 @@
+"""RunConfig: one model for the whole run; wrong keys are errors; sections build the cost sources."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from cdbench.harness.config import RunConfig
+from cdbench.harness.costs.grammar_profile import CompileMeasurement, GrammarProfile, ProfileError, WalkMeasurement
+from cdbench.harness.executors import FixedGpuCosts, FixedGrammarCosts, ProfileGrammarCosts, RooflineGpuCosts
+
+
+def test_policy_preset_with_overrides():
+    cfg = RunConfig.model_validate({"policy": {"name": "vllm", "host_cpus": 8},
+                                    "scheduler": {"overlap": False, "ranks": 2}})
+    sched = cfg.scheduler_config(spec_tokens=3)
+    assert (sched.name, sched.compile_threads, sched.fill_threads) == ("vllm", 4, 4)
+    assert (sched.overlap, sched.ranks, sched.spec_tokens) == (False, 2, 3)
+    explicit = RunConfig.model_validate({"scheduler": {"spec_tokens": 1, "max_poll_iterations": None}})
+    assert explicit.scheduler_config(spec_tokens=3).spec_tokens == 1  # an explicit override wins
+    assert explicit.scheduler_config().max_poll_iterations is None  # null turns the timeout off
+
+
+@pytest.mark.parametrize("tree, where", [
+    ({"scheduler": {"poll_intervall": 1}}, "scheduler.poll_intervall"),
+    ({"policy": {"name": "tgi"}}, "policy.name"),
+    ({"mode": "live"}, "mode"),
+    ({"costs": {"fixed_gpu": {"forward_s": 1}}}, "costs.fixed_gpu.forward_s"),
+    ({"backend": {"nme": "xgrammar"}}, "backend.nme"),
+])
+def test_wrong_keys_and_values_name_the_path(tree, where):
+    with pytest.raises(ValidationError) as info:
+        RunConfig.model_validate(tree)
+    assert where in str(info.value)
+
+
+def test_cost_sections_build_the_cost_sources(tmp_path):
+    fixed = RunConfig.model_validate({"costs": {"fixed_gpu": {"forward_base_s": 0.02},
+                                                "fixed_grammar": {"fill_time_s": 1e-5}}})
+    assert isinstance(fixed.costs.gpu_costs(1000), FixedGpuCosts)
+    assert isinstance(fixed.costs.grammar_costs("xgrammar", 0), FixedGrammarCosts)
+    roofline = RunConfig.model_validate({"costs": {"model": "llama-3.1-8b", "gpu": "h200"}})
+    gpu = roofline.costs.gpu_costs(100_000)
+    assert isinstance(gpu, RooflineGpuCosts) and gpu.forward_s(np.zeros(0), np.zeros(0), 8, 8000) > 0
+    profile = GrammarProfile.from_measurements(
+        "mine", "cl100k", [CompileMeasurement("s", "regex", "ok", 0.01)],
+        [WalkMeasurement("s", "regex", fill_s=np.full(4, 1e-5), accept_s=np.full(4, 1e-6),
+                         rollback_s=np.full(2, 1e-6))])
+    path = tmp_path / "mine.json"
+    profile.save(path)
+    from_file = RunConfig.model_validate({"costs": {"grammar_profile": str(path)}})
+    assert isinstance(from_file.costs.grammar_costs("xgrammar", 0), ProfileGrammarCosts)
+    with pytest.raises(ProfileError, match="no default grammar profile for backend 'nonesuch'"):
+        RunConfig().costs.grammar_costs("nonesuch", 0)
+
+
+def _embedded(tmp_path, mode: str, **workload):
+    from cdbench.harness.run import run
+
+    tree = {"mode": mode, "vocab": "cl100k", "seed": 1,
+            "workload": {"num_requests": 12, "kinds": ["regex", "choice"], "structured_ratio": 0.75,
+                         "arrival": {"process": "poisson", "rate": 50.0}, "prompt_len": {"dist": "fixed", "value": 64},
+                         "output_len": {"dist": "fixed", "value": 8}, **workload},
+            "costs": {"fixed_grammar": {}, "fixed_gpu": {"forward_base_s": 0.01}}}
+    return run(RunConfig.model_validate(tree))
+
+
+def test_run_from_config_in_hybrid_mode_validates_real_outputs(tmp_path):
+    result = _embedded(tmp_path, "hybrid", spec_decode={"k": 2, "alpha": 0.7})
+    frame = result.requests
+    assert len(frame) == 12 and (frame["abort_reason"] == "").all()
+    assert frame.loc[frame["structured"], "valid"].all()
+    assert frame["drafted"].sum() > 0
+    assert result.backend_call_s > 0
+
+
+def test_run_from_config_in_model_mode_is_deterministic(tmp_path):
+    a, b = _embedded(tmp_path, "model"), _embedded(tmp_path, "model")
+    assert a.summary.completed == 12
+    assert a.requests.equals(b.requests)
