@@ -436,6 +436,8 @@ def kernels_command(
         bad = sorted(set(values or []) - set(allowed_values))
         if bad:
             raise typer.BadParameter(f"unknown {name} {', '.join(bad)}; choose from {', '.join(allowed_values)}")
+    if cost_table and device != "cuda":
+        raise typer.BadParameter("--cost-table needs GPU measurements; this run had no CUDA device")
     vocabs = vocab or (QUICK_VOCABS if quick else FULL_VOCABS)
     batches = batch or (QUICK_BATCHES if quick else FULL_BATCHES)
     cases = [Case(v, b, d, m) for m in (density or DENSITIES) for v in vocabs for d in (dtype or ("fp32", "bf16"))
@@ -472,8 +474,6 @@ def kernels_command(
     summary = write_reports(results, copies, env, out)
     typer.echo(summary)
     if cost_table:
-        if device != "cuda":
-            raise typer.BadParameter("--cost-table needs GPU measurements; this run had no CUDA device")
         table = build_cost_table(results, copies, env, gpu_short_name(torch.cuda.get_device_name(0)))
         path = Path(cost_table) if cost_table != "auto" else None
         from cdbench.kernels.cost_table import TABLE_DIR

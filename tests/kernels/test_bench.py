@@ -1,0 +1,49 @@
+"""`cdbench kernels --quick` on the CPU: runs, checks, writes its files, and refuses a CPU cost table."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import typer
+from typer.testing import CliRunner
+
+from cdbench.kernels.bench import gpu_short_name, kernels_command
+from cdbench.kernels.bench_report import load_run, summary_markdown, results_frame
+from cdbench.kernels.timing import rotation_count
+
+app = typer.Typer()
+app.command("kernels")(kernels_command)
+app.command("unused")(lambda: None)  # two commands keep "kernels" as a subcommand name
+
+
+def test_quick_run_on_cpu_writes_reports(tmp_path):
+    out = tmp_path / "k"
+    result = CliRunner().invoke(app, ["kernels", "--quick", "--batch", "2", "--dtype", "fp32", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "timing needs CUDA" in result.output
+    frame = pd.read_csv(out / "results.csv")
+    assert set(frame.variant) >= {"copy", "naive", "cdbench", "cdbench-argmax"}
+    assert frame.exact.all() and (frame.timing == "wall").all()
+    assert (out / "kernels.png").stat().st_size > 0
+    assert json.loads((out / "env.json").read_text())["device"] == "cpu"
+    results, copies, env = load_run(out)
+    assert len(results) == len(frame) and copies == []
+    assert summary_markdown(results_frame(results), copies, env) == (out / "summary.md").read_text()
+
+
+def test_cost_table_needs_a_gpu_and_bad_options_are_named(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(app, ["kernels", "--quick", "--batch", "1", "--dtype", "fp32", "--density", "sparse",
+                                 "--out", str(tmp_path), "--cost-table", str(tmp_path / "t.json")])
+    assert result.exit_code != 0 and "needs GPU measurements" in result.output
+    result = runner.invoke(app, ["kernels", "--quick", "--dtype", "fp64", "--out", str(tmp_path)])
+    assert result.exit_code != 0 and "fp64" in result.output
+    result = runner.invoke(app, ["kernels", "--quick", "--variant", "nope", "--out", str(tmp_path)])
+    assert result.exit_code != 0 and "nope" in result.output
+
+
+def test_helpers():
+    assert gpu_short_name("NVIDIA H100 80GB HBM3") == "h100"
+    assert gpu_short_name("NVIDIA H200") == "h200"
+    assert rotation_count(600 << 20) == 2 and rotation_count(1 << 20) == 512
