@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import pytest
+
+from cdbench.backends.base import ConstraintSpec
+from cdbench.workloads import instances
+from cdbench.workloads.instances import InstanceFailure, build_pool
+
+SPEC = ConstraintSpec("json_schema", {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]})
+
+
+def test_pool_is_tokenized_with_eos_last(vocab):
+    pool = build_pool("s", SPEC, vocab, size=3, seed=0)
+    assert len(pool.texts) == len(pool.tokens) >= 1
+    for text, tokens in zip(pool.texts, pool.tokens):
+        assert tokens[-1] == vocab.eos_token_ids[0]
+        assert vocab.decode(tokens[:-1]) == text
+    assert len(set(pool.texts)) == len(pool.texts)
+    assert pool.token_set() >= set(pool.tokens[0])
+
+
+def test_pool_cache_persists_pools_and_failures(vocab, pool_cache, monkeypatch):
+    first = pool_cache.get("s", SPEC, vocab, size=2, seed=0)
+    bad = ConstraintSpec("choice", [])
+    with pytest.raises(InstanceFailure, match="empty choice"):
+        pool_cache.get("bad", bad, vocab, size=2, seed=0)
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("cache miss")
+
+    monkeypatch.setattr(instances, "build_pool", no_build)
+    assert pool_cache.get("s", SPEC, vocab, size=2, seed=0) == first
+    with pytest.raises(InstanceFailure, match="empty choice"):
+        pool_cache.get("bad", bad, vocab, size=2, seed=0)
+    with pytest.raises(AssertionError, match="cache miss"):  # another seed is another key
+        pool_cache.get("s", SPEC, vocab, size=2, seed=1)
+
+
+def test_every_kind_produces_valid_instances():
+    from cdbench.workloads.validate import check_instance
+
+    specs = [SPEC, ConstraintSpec("regex", r"\d{3}"), ConstraintSpec("choice", ["yes", "no"]),
+             ConstraintSpec("ebnf", 'root ::= "x" [a-c]+', {"dialect": "gbnf", "start": "root"})]
+    for spec in specs:
+        for text in instances.valid_instances("k", spec, 3, 5):
+            check_instance(spec, text)
