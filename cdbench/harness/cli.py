@@ -21,6 +21,7 @@ import cdbench.harness.sweep_cli  # noqa: E402,F401  (registers "sweep")
 import cdbench.harness.report_cli  # noqa: E402,F401  (registers "report")
 import cdbench.harness.gate_cli  # noqa: E402,F401  (registers "gate")
 import cdbench.harness.profile_cli  # noqa: E402,F401  (registers "profile")
+app.command("kernels")(__import__("cdbench.kernels.bench", fromlist=["kernels_command"]).kernels_command)
 
 
 @app.command()
