@@ -35,6 +35,9 @@ from cdbench.kernels.cost_table import TABLE_DIR, Density, Dtype, MaskCostTable
 
 REFERENCE_TABLE = TABLE_DIR / "h200_reference.json"
 REFERENCE_GPU = "h200"
+# xgrammar's apply_token_bitmask_inplace on CUDA picks its Triton kernel; SGLang
+# runs an equivalent Triton kernel and vLLM's V1 runner calls xgrammar's.
+DEFAULT_KERNEL = "xgr-triton"
 SAMPLE_LAUNCH_S = 10e-6  # a few small kernel launches (softmax, sampling) per step
 _DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 _INITIAL_ROWS = 1024
@@ -106,14 +109,19 @@ class MaskCost:
         density: Density = "sparse",
         kernel: str | None = None,
     ) -> MaskCost:
-        """The mask cost on ``gpu``: its own measured table, else the H200 reference scaled."""
+        """The mask cost on ``gpu``: its own measured table, else the H200 reference scaled.
+
+        ``kernel`` defaults to :data:`DEFAULT_KERNEL` (what SGLang and vLLM run
+        today) when the table has it, else to the table's own default.
+        """
         spec = resolve_gpu(gpu)
         measured = find_measured_table(spec)
         if measured is not None:
             path, table = measured
-            return cls(table, vocab_size, dtype, density, kernel, spec,
+            return cls(table, vocab_size, dtype, density, kernel or _default_kernel(table), spec,
                        provenance=f"measured on {table.gpu} ({path.name}): {table.source}")
         table = MaskCostTable.load(REFERENCE_TABLE)
+        kernel = kernel or _default_kernel(table)
         ref = resolve_gpu(REFERENCE_GPU)
         if spec.name == ref.name:
             return cls(table, vocab_size, dtype, density, kernel, spec,
@@ -179,6 +187,10 @@ class MaskCost:
             raise ValueError(f"rows must be >= 0, got {rows}")
         cost = np.where(rows_arr > 0, SAMPLE_LAUNCH_S + self._sample_s_per_row * rows_arr, 0.0)
         return cost if np.ndim(rows) else float(cost)
+
+
+def _default_kernel(table: MaskCostTable) -> str:
+    return DEFAULT_KERNEL if any(r.kernel == DEFAULT_KERNEL for r in table.apply) else table.kernel
 
 
 def _scale_above(us: list[float], latency_us: float, scale: float) -> np.ndarray:

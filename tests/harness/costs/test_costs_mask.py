@@ -94,7 +94,7 @@ def test_gpu_choice_and_scaling(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(mask, "TABLE_DIR", tmp_path)  # no measured tables: only the reference
     h200 = MaskCost.for_gpu("h200", 151936)
-    assert not h200.scaled and "reference" in h200.provenance
+    assert not h200.scaled and "reference" in h200.provenance and h200.kernel == "xgr-triton"
     h100 = MaskCost.for_gpu("h100", 151936)
     assert h100.scaled and "estimated" in h100.provenance and "h100" in h100.provenance
     # the one-row (launch-latency) time stays, the bandwidth-bound rest scales with HBM bandwidth
@@ -120,10 +120,16 @@ def test_measured_table_is_preferred(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(mask, "TABLE_DIR", tmp_path)
     cost = MaskCost.for_gpu("h100-sxm", 1000)
     assert not cost.scaled and "measured on NVIDIA H100" in cost.provenance
+    assert cost.kernel == "mine"  # the table has no xgr-triton rows: its own default
     assert cost.apply_s(10) == pytest.approx(10e-6)
     (tmp_path / "h100_measured.json").write_text("{broken")
     with pytest.raises(ValueError, match="h100_measured.json"):
         MaskCost.for_gpu("h100-sxm", 1000)
+
+
+def test_shipped_measured_tables_default_to_the_engines_kernel() -> None:
+    for gpu in ("h100", "h200", "a100"):
+        assert MaskCost.for_gpu(gpu, 151936).kernel == "xgr-triton"
 
 
 def test_missing_kernel_is_a_clear_error(reference: MaskCostTable) -> None:
