@@ -177,7 +177,9 @@ class StepWork:
     rejected drafts rolled back in the grammar; ``jumped``: tokens emitted by
     jump-forward; ``rejected``: the grammar refused a sampled token (``None``: no row did);
     ``process_s``: CPU seconds to advance the grammars after sampling (accept,
-    rollback, jump-forward), all rows together.
+    rollback, jump-forward), all rows together; ``ended``: rows whose output
+    ended before its planned length (the grammar terminated; ``None``: none);
+    ``drafted``: drafts actually verified per row (``None``: as scheduled).
     """
 
     fill_s: np.ndarray
@@ -188,6 +190,8 @@ class StepWork:
     jumped: np.ndarray
     rejected: np.ndarray | None
     process_s: float
+    ended: np.ndarray | None = None
+    drafted: np.ndarray | None = None
 
 
 def accepted_drafts(rng: np.random.Generator, drafts: np.ndarray, alpha: float) -> np.ndarray:

@@ -2,9 +2,12 @@
 
 Each backend call is timed with ``time.perf_counter_ns`` and its measured
 time is what the virtual clock advances by (the GPU side still comes from the
-cost model). Structured requests must carry their answer tokens
-(``Request.output_tokens``, EOS last, e.g. a tokenized valid instance): they
-are the oracle the simulated model "samples". Drafts for speculative decoding
+cost model). Structured requests carry their answer tokens (``Request.output_tokens``, EOS
+last, e.g. a tokenized valid instance): they are the oracle the simulated
+model "samples". A structured request without them is a random walk: the
+token at each position is drawn from the mask row the backend just filled
+(:class:`~cdbench.workloads.token_sources.RandomWalk`), and the request ends
+when its grammar terminates (or at ``output_len``). Drafts for speculative decoding
 come from a :class:`DraftSource`; by default :class:`OracleDrafts` proposes the
 oracle's next tokens, each right with probability ``alpha``.
 
@@ -32,13 +35,10 @@ from cdbench.backends.base import CompiledGrammar, CompileError, GrammarBackend,
 from cdbench.backends.reasoner import ReasonerBackend
 from cdbench.harness.executors import CompileOutcome, GrammarExecutor, SpecKeys, StepRows, StepWork, accepted_drafts
 from cdbench.workloads.request import Request
+from cdbench.workloads.token_sources import RandomWalk
 from cdbench.workloads.validate import InvalidInstance, check_instance
 
 _NS = 1e-9
-
-
-class HybridError(ValueError):
-    """A request hybrid mode cannot run (the message names it and says why)."""
 
 
 class DraftSource(Protocol):
@@ -48,7 +48,8 @@ class DraftSource(Protocol):
 
 
 class OracleDrafts:
-    """Drafts that match the oracle's next tokens, each with probability ``alpha`` until the first miss.
+    """Drafts that match the oracle's next tokens, each with probability ``alpha`` until the first miss
+    (a simple stand-in for the workload's draft source).
 
     A missed draft and those after it are random ordinary tokens (seeded; never
     special tokens, which a draft model does not propose inside an answer).
@@ -63,7 +64,10 @@ class OracleDrafts:
         self.rng = np.random.default_rng(seed)
 
     def propose(self, request: Request, position: int, k: int) -> list[int]:
-        oracle = request.output_tokens or ()
+        """``k`` drafts after ``position`` answer tokens (none for a request without oracle tokens)."""
+        oracle = request.output_tokens
+        if not oracle:
+            return []
         out: list[int] = []
         for j in range(k):
             if position + j < len(oracle) and self.rng.random() < self.alpha:
@@ -82,12 +86,16 @@ class HybridExecutor(GrammarExecutor):
     backend : the grammar engine (bound to the run's vocabulary).
     alpha : draft acceptance for unconstrained rows (and of the default draft source).
     drafts : where drafts come from (default :class:`OracleDrafts`).
-    seed : seeds the default draft source.
+    seed : seeds the default draft source (and the default random walk).
+    walk : draws tokens for structured requests without oracle tokens
+        (default: a :class:`RandomWalk` over the backend's vocabulary).
     """
 
     def __init__(self, backend: GrammarBackend, alpha: float = 0.0, drafts: DraftSource | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, walk: RandomWalk | None = None) -> None:
         self.backend, self.alpha = backend, alpha
+        self.walk = walk or RandomWalk(backend.vocab.eos_token_ids, backend.vocab.size, seed)
+        self._emitted: dict[int, list[int]] = {}  # random-walk requests: the tokens they emitted
         vocab = backend.vocab
         self._ordinary = np.setdiff1d(np.arange(vocab.size), np.fromiter(vocab.forbidden_token_ids, np.int64))
         self._think_rng = np.random.default_rng([seed, 1])
@@ -102,13 +110,6 @@ class HybridExecutor(GrammarExecutor):
         self._rejected: set[int] = set()
         self._eos = frozenset(backend.vocab.eos_token_ids)
         self._mask = backend.allocate_mask(1)
-
-    def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False) -> None:
-        super().prepare(requests, keys, jump_forward)
-        for r in requests:
-            if r.spec is not None and not r.output_tokens:
-                raise HybridError(f"request {r.request_id}: hybrid mode needs output_tokens (a tokenized "
-                                  f"instance of its {r.spec.kind} spec); use a token source or model mode")
 
     def _timed(self, fn, *args):
         start = perf_counter_ns()
@@ -156,6 +157,8 @@ class HybridExecutor(GrammarExecutor):
         rolled_back = np.zeros(n, np.int64)
         jumped = np.zeros(n, np.int64)
         rejected = np.zeros(n, bool)
+        ended = None
+        verified = drafts.copy() if drafts.any() else None
         # Per-row Python is the overhead hybrid mode pays on top of the backend: keep it to
         # local lookups and one clock read around each backend call.
         clock = perf_counter_ns
@@ -174,6 +177,8 @@ class HybridExecutor(GrammarExecutor):
                 mask = self._mask = self.backend.allocate_mask(k + 1)
             # mask building: fill, then accept each draft and fill its row (the grammar-valid prefix)
             proposed = list(propose(request, pos, k)) if k else ()
+            if verified is not None:
+                verified[i] = len(proposed)
             t0 = clock()
             matcher.fill_mask(mask, 0)
             valid = 0
@@ -186,15 +191,20 @@ class HybridExecutor(GrammarExecutor):
             fill_s[i] = (t1 - t0) * _NS
             backend_ns += t1 - t0
             mask_rows[i] = 1 + valid
-            # verification against the oracle: keep the matching prefix, roll back the rest
+            # verification against what the target samples: keep the matching prefix, roll back the rest
+            if oracle is None:  # random walk: the target samples from each filled row
+                sampled = [self.walk.next_token(mask[j], request_id=request.request_id, position=pos + j)
+                           for j in range(valid + 1)]
+            else:
+                sampled = oracle[pos:pos + valid + 1]
             match = 0
-            while match < valid and proposed[match] == oracle[pos + match]:
+            while match < valid and proposed[match] == sampled[match]:
                 match += 1
             match = min(match, left - 1)
             t0 = clock()
             if valid - match:
                 matcher.rollback(valid - match)
-            ok = matcher.accept(oracle[pos + match])
+            ok = matcher.accept(sampled[match])
             t1 = clock()
             process_ns += t1 - t0
             if not ok:
@@ -203,26 +213,36 @@ class HybridExecutor(GrammarExecutor):
             accepted[i], rolled_back[i] = match, valid - match
             pos += match + 1
             emitted = match + 1
-            if self.jump_forward and pos < len(oracle) and not matcher.is_terminated():
+            if oracle is None:
+                self._emitted.setdefault(rid, []).extend(sampled[:match + 1])
+            more = pos < len(oracle) if oracle is not None else not matcher.is_terminated()
+            if self.jump_forward and more and emitted < left and not matcher.is_terminated():
                 t0 = clock()
                 forced = matcher.jump_forward()
                 forced_ok = 0
                 for token in forced[: left - emitted]:
-                    if token != oracle[pos + forced_ok] or not matcher.accept(token):
+                    if oracle is not None and token != oracle[pos + forced_ok] or not matcher.accept(token):
                         break
                     forced_ok += 1
                 t1 = clock()
                 process_ns += t1 - t0
+                if oracle is None:
+                    self._emitted[rid].extend(forced[:forced_ok])
                 jumped[i] = forced_ok
                 pos += forced_ok
                 emitted += forced_ok
+            if oracle is None and emitted < left and matcher.is_terminated():
+                if ended is None:
+                    ended = np.zeros(n, bool)
+                ended[i] = True
             produced[i] = emitted
             positions[rid] = pos
         if isinstance(self.backend, ReasonerBackend) and thinking.any():
             process_ns += self._think(rows, produced)
         process_s = process_ns * _NS
         self.backend_call_s += (backend_ns + process_ns) * _NS
-        return StepWork(fill_s, mask_rows, produced, accepted, rolled_back, jumped, rejected, process_s)
+        return StepWork(fill_s, mask_rows, produced, accepted, rolled_back, jumped, rejected, process_s, ended,
+                        verified)
 
     def _think(self, rows: StepRows, produced: np.ndarray) -> int:
         """Feed thinking rows' tokens to reasoner matchers (the think-end token last); nanoseconds spent."""
@@ -253,7 +273,9 @@ class HybridExecutor(GrammarExecutor):
         position = self._position.pop(rid, 0)
         if rid in self._rejected:
             return False
-        tokens = [t for t in request.output_tokens[:position] if t not in self._eos]
+        emitted = self._emitted.pop(rid, None)
+        source = request.output_tokens[:position] if request.output_tokens is not None else emitted or []
+        tokens = [t for t in source if t not in self._eos]
         start = perf_counter_ns()
         try:
             check_instance(request.spec, self.backend.vocab.decode(tokens))

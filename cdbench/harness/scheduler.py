@@ -560,13 +560,15 @@ class Scheduler:
             rec.first_token_s[batch.rid[first_rows]] = t_token
         rec.output_tokens[s_rid] += produced
         if k:
-            rec.drafted[s_rid] += s_drafts
+            rec.drafted[s_rid] += s_drafts if work.drafted is None else work.drafted
             rec.accepted[s_rid] += work.accepted
             rec.rolled_back[s_rid] += work.rolled_back
         if cfg.jump_forward:
             rec.jump_forward_tokens[s_rid] += work.jumped
 
         done = batch.gen_left[s_rows] <= 0
+        if work.ended is not None:
+            done |= work.ended
         rejected = work.rejected & cfg.abort_on_reject if work.rejected is not None and _any(work.rejected) else None
         if rejected is not None or _any(done):
             positions = np.arange(len(batch))[s_rows]  # batch row of each sampled row

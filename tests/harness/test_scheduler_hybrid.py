@@ -10,7 +10,7 @@ from cdbench.backends import create_backend
 from cdbench.backends.base import ConstraintSpec
 from cdbench.backends.vocab import load_vocab
 from cdbench.harness.executors import FixedGpuCosts
-from cdbench.harness.hybrid import HybridError, HybridExecutor
+from cdbench.harness.hybrid import HybridExecutor
 from cdbench.harness.policies import policy
 from cdbench.harness.run import simulate
 from cdbench.workloads.request import Request
@@ -101,9 +101,15 @@ def test_compile_error_aborts_and_the_rest_of_the_run_finishes(backend):
     assert key == "regex:bad" and reason
 
 
-def test_hybrid_needs_oracle_tokens(backend):
-    with pytest.raises(HybridError, match="request 0: hybrid mode needs output_tokens"):
-        _run(backend, [Request(0, 0.0, 10, 3, ConstraintSpec("regex", "a+"), "a")], "vllm")
+def test_requests_without_oracle_tokens_random_walk_until_the_grammar_terminates(backend):
+    specs = [ConstraintSpec("regex", r"\d{3}-\d{4}"), ConstraintSpec("choice", ["yes", "no"])]
+    requests = [Request(i, 0.001 * i, 10, 40, specs[i % 2], f"walk{i % 2}") for i in range(6)]
+    result = _run(backend, requests, "vllm", spec_tokens=2, alpha=0.5)
+    frame = result.requests
+    assert (frame["abort_reason"] == "").all()
+    assert frame["valid"].all()
+    assert (frame["output_tokens"] < frame["output_len"]).all()  # ended by the grammar, not the cap
+    assert (frame["drafted"] == 0).all()  # no oracle, no drafts
 
 
 def row_of(result, request_id):
