@@ -404,7 +404,7 @@ def gpu_short_name(name: str) -> str:
     """
     import re
 
-    match = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b", name.upper())
+    match = re.search(r"\b([A-Z]{1,2}\d{1,4}[A-Z]?)\b", name.upper())
     return match.group(1).lower() if match else re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
