@@ -33,7 +33,7 @@ import numpy as np
 
 from cdbench.backends.base import CompiledGrammar, CompileError, GrammarBackend, Matcher
 from cdbench.backends.reasoner import ReasonerBackend
-from cdbench.harness.executors import CompileOutcome, GrammarExecutor, SpecKeys, StepRows, StepWork, accepted_drafts
+from cdbench.harness.executors import CompileOutcome, GrammarExecutor, StepRows, StepWork, accepted_drafts
 from cdbench.workloads.request import Request
 from cdbench.workloads.token_sources import RandomWalk
 from cdbench.workloads.validate import InvalidInstance, check_instance
