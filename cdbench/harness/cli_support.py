@@ -20,8 +20,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from cdbench.backends.registry import UnknownBackendError
 from cdbench.backends.vocab import UnknownVocabularyError
 from cdbench.harness.config_io import ConfigError
+from cdbench.harness.costs.grammar_profile import ProfileError
 from cdbench.harness.costs.hardware import SpecFileError, UnknownSpecError
 from cdbench.reports.gate import GateError
+from cdbench.workloads.corpora import UnknownCorpusError
+from cdbench.workloads.trace import TraceError
 
 def _console(stderr: bool = False) -> Console:
     # Rich assumes 80 columns when output is not a terminal (CI logs, pipes); tables need more.
@@ -39,6 +42,9 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     UnknownVocabularyError,
     UnknownSpecError,
     SpecFileError,
+    ProfileError,
+    UnknownCorpusError,
+    TraceError,
     FileNotFoundError,
 )
 """Exceptions that mean the user asked for something that cannot be done (exit code 2)."""
