@@ -110,7 +110,7 @@ def valid_instances(spec_id: str, spec: ConstraintSpec, size: int, seed: int) ->
                 if isinstance(exc, GrammarError) and not texts:
                     break  # the grammar itself does not load: no draw will help
                 continue
-            except (RecursionError, ValueError, OverflowError, TypeError, KeyError, IndexError) as exc:
+            except Exception as exc:  # noqa: BLE001 - odd specs break generators in odd ways; report, go on
                 reason = f"generator error {type(exc).__name__}: {str(exc)[:200]}"
                 continue
             if text not in texts:
