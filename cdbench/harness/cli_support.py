@@ -11,7 +11,9 @@ from __future__ import annotations
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -19,9 +21,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from cdbench.backends.registry import UnknownBackendError
 from cdbench.backends.vocab import UnknownVocabularyError
-from cdbench.harness.config_io import ConfigError
+from cdbench.harness.config_io import ConfigError, apply_overrides, builtin_config_path, read_yaml_mapping
 from cdbench.harness.costs.grammar_profile import ProfileError
 from cdbench.harness.costs.hardware import SpecFileError, UnknownSpecError
+from cdbench.harness.results import SavedRun, record_run, validate_run_config
 from cdbench.reports.gate import GateError
 from cdbench.workloads.corpora import UnknownCorpusError
 from cdbench.workloads.trace import TraceError
@@ -91,3 +94,96 @@ def progress_bar(transient: bool = False) -> Progress:
         console=err_console,
         transient=transient,
     )
+
+
+# ----------------------------------------------------------------------------- run options (run, compare)
+
+RUN_OPTION_PATHS: dict[str, tuple[str, ...]] = {
+    "backend": ("backend.name",),
+    "policy": ("policy.name",),
+    "mode": ("mode",),
+    "model": ("costs.model",),
+    "gpu": ("costs.gpu",),
+    "corpus": ("workload.corpus",),
+    "requests": ("workload.num_requests",),
+    "rate": ("workload.arrival.rate",),
+    "seed": ("seed", "workload.seed"),  # one seed fixes both the requests and the run's own draws
+}
+"""Command-line option → the configuration paths it sets."""
+
+
+def option_overrides(options: dict[str, Any]) -> dict[str, Any]:
+    """Dotted-path overrides for the run options that were given (``None`` = not given).
+
+    >>> option_overrides({"seed": 3, "corpus": "embedded,regex_from_json_schemas", "rate": None})
+    {'seed': 3, 'workload.seed': 3, 'workload.corpus': ['embedded', 'regex_from_json_schemas']}
+    """
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        if value is None:
+            continue
+        if name == "corpus":
+            value = [c.strip() for c in str(value).split(",") if c.strip()]
+        for path in RUN_OPTION_PATHS[name]:
+            out[path] = value
+    return out
+
+ConfigArg = Annotated[
+    Path | None, typer.Argument(help="Run-config YAML; without it the built-in default (cdbench/configs/default.yaml).")
+]
+BackendOpt = Annotated[str | None, typer.Option("--backend", help="Grammar backend: xgrammar, llguidance, outlines, none.")]
+PolicyOpt = Annotated[str | None, typer.Option("--policy", help="Scheduler policy preset: sglang or vllm.")]
+ModeOpt = Annotated[str | None, typer.Option("--mode", help="model (profiled grammar costs) or hybrid (real backend).")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Model for the cost model, e.g. qwen3-8b, or a spec file.")]
+GpuOpt = Annotated[str | None, typer.Option("--gpu", help="GPU for the cost model, e.g. h100-sxm, h200, or a spec file.")]
+CorpusOpt = Annotated[str | None, typer.Option("--corpus", help="Workload corpora, comma-separated: a name (embedded, ...) or a JSONL path.")]
+RequestsOpt = Annotated[int | None, typer.Option("--requests", "-n", help="Number of requests.")]
+RateOpt = Annotated[float | None, typer.Option("--rate", help="Arrival rate (requests per second).")]
+SeedOpt = Annotated[int | None, typer.Option("--seed", help="Seed of every random choice.")]
+SetOpt = Annotated[
+    list[str], typer.Option("--set", "-s", help="Any config path: --set scheduler.poll_interval_s=0.001 (repeatable).")
+]
+
+
+def parse_set_options(items: list[str]) -> dict[str, Any]:
+    """``path=value`` strings to overrides; values are parsed as YAML (numbers, booleans, lists)."""
+    import yaml
+
+    from cdbench.harness.config_io import ConfigError
+
+    out: dict[str, Any] = {}
+    for item in items:
+        path, sep, raw = item.partition("=")
+        if not sep or not path.strip():
+            raise ConfigError(f"--set {item!r} is not PATH=VALUE (e.g. scheduler.overlap=false)")
+        try:
+            out[path.strip()] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise ConfigError(f"--set {item!r}: {raw!r} is not a valid value") from None
+    return out
+
+
+def load_run_tree(config: Path | None, options: dict[str, Any], sets: list[str]) -> tuple[dict[str, Any], str]:
+    """The configuration mapping: the file (or built-in default), then options, then ``--set`` values."""
+    path = config if config is not None else builtin_config_path("default")
+    source = str(config) if config is not None else "built-in default config"
+    tree = read_yaml_mapping(path)
+    tree = apply_overrides(tree, option_overrides(options))
+    tree = apply_overrides(tree, parse_set_options(sets))
+    return tree, source
+
+
+def default_out_dir(prefix: str = "") -> Path:
+    """``runs/<prefix><UTC timestamp>``, unique to the second."""
+    return Path("runs") / f"{prefix}{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+
+
+def execute(tree: dict[str, Any], source: str, out: Path, description: str = "simulating") -> SavedRun:
+    """Validate, run with a progress bar, save and report; user mistakes become one-line errors."""
+    with user_errors(out / "run.log"):
+        run_config = validate_run_config(tree, source)
+        with progress_bar(transient=True) as bar:
+            task = bar.add_task(description, total=100)
+            saved = record_run(run_config, out, progress=lambda f: bar.update(task, completed=100 * f))
+            bar.update(task, completed=100)
+    return saved

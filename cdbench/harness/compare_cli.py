@@ -8,11 +8,7 @@ from typing import Annotated
 import typer
 
 from cdbench.harness.cli import app
-from cdbench.harness.cli_support import console, user_errors
-from cdbench.harness.config_io import ConfigError
-from cdbench.harness.results import SavedRun, load_run
-from cdbench.harness.run_cli import (
-    RUN_OPTION_PATHS,
+from cdbench.harness.cli_support import (
     BackendOpt,
     CorpusOpt,
     GpuOpt,
@@ -23,10 +19,15 @@ from cdbench.harness.run_cli import (
     RequestsOpt,
     SeedOpt,
     SetOpt,
+    console,
     default_out_dir,
     execute,
     load_run_tree,
+    option_overrides,
+    user_errors,
 )
+from cdbench.harness.config_io import ConfigError
+from cdbench.harness.results import SavedRun, load_run
 from cdbench.reports.compare import comparison_rich, comparison_table, write_comparison
 
 
@@ -85,7 +86,7 @@ def compare(
 
         for b, p in combos:
             label = "-".join(x for x in (b, p) if x)
-            tree = apply_overrides(base, {RUN_OPTION_PATHS["backend"]: b, RUN_OPTION_PATHS["policy"]: p})
+            tree = apply_overrides(base, option_overrides({"backend": b, "policy": p}))
             runs[label] = execute(tree, f"{source} ({label})", out / label, description=f"simulating {label}")
     with user_errors(out / "compare.log"):
         md = write_comparison(runs, out)

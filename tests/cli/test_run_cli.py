@@ -1,0 +1,71 @@
+import json
+
+import yaml
+from typer.testing import CliRunner
+
+from cdbench.harness.cli import app
+from cdbench.harness.config_io import builtin_config_path
+
+runner = CliRunner()
+
+
+def test_model_run_writes_every_artifact_and_is_deterministic(tmp_path):
+    ci = str(builtin_config_path("ci"))
+    first = runner.invoke(app, ["run", ci, "--requests", "40", "--seed", "7", "--out", str(tmp_path / "a")])
+    assert first.exit_code == 0, first.output
+    assert "Latency (ms)" in first.output and "results:" in first.output
+    folder = tmp_path / "a"
+    for name in ("config.yaml", "requests.parquet", "steps.parquet", "summary.json", "report.md", "trace.json",
+                 "plots/ttft_cdf.png", "plots/step_breakdown.png", "plots/compile_time.png"):
+        assert (folder / name).is_file(), name
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    assert config["seed"] == 7 and config["workload"]["seed"] == 7 and config["workload"]["num_requests"] == 40
+    assert config["scheduler"] is not None and config["policy"]["name"] == "sglang"  # resolved, defaults filled
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["completed"] + summary["failed"] == 40
+    trace = json.loads((folder / "trace.json").read_text())
+    assert any(e["ph"] == "X" for e in trace["traceEvents"])
+
+    again = runner.invoke(app, ["run", ci, "--requests", "40", "--seed", "7", "--out", str(tmp_path / "b")])
+    assert again.exit_code == 0
+    assert (tmp_path / "b" / "summary.json").read_text() == (folder / "summary.json").read_text()
+    other = runner.invoke(app, ["run", ci, "--requests", "40", "--seed", "8", "--out", str(tmp_path / "c")])
+    assert (tmp_path / "c" / "summary.json").read_text() != (folder / "summary.json").read_text()
+
+
+def test_config_mistakes_are_one_line_errors_naming_key_value_and_choices(tmp_path):
+    ci = str(builtin_config_path("ci"))
+    cases = [
+        (["run", ci, "--policy", "trtllm"], "policy.name = 'trtllm': Input should be 'sglang' or 'vllm'"),
+        (["run", ci, "--set", "workload.rte=3"], "unknown key 'workload.rte' (value 3); allowed keys here: arrival"),
+        (["run", ci, "--mode", "live"], "mode = 'live': Input should be 'model' or 'hybrid'"),
+        (["run", str(tmp_path / "missing.yaml")], "missing.yaml does not exist"),
+        (["run", ci, "--set", "nonsense"], "is not PATH=VALUE"),
+    ]
+    for args, expected in cases:
+        result = runner.invoke(app, [*args, "--out", str(tmp_path / "x")])
+        assert result.exit_code == 2, (args, result.output)
+        assert result.output.startswith("error: ") and expected in result.output, result.output
+        assert "Traceback" not in result.output
+
+
+def test_unknown_corpus_fails_cleanly_with_the_known_names(tmp_path):
+    result = runner.invoke(app, ["run", str(builtin_config_path("ci")), "--corpus", "nope", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "unknown corpus 'nope'" in result.output and "embedded" in result.output
+
+
+def test_broken_yaml_names_the_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("mode: model\nworkload: {num_requests: [\n")
+    result = runner.invoke(app, ["run", str(bad)])
+    assert result.exit_code == 2 and "not valid YAML (line" in result.output
+
+
+def test_small_hybrid_run_with_the_real_backend(tmp_path):
+    result = runner.invoke(app, ["run", "--requests", "6", "--rate", "50", "--set", "workload.corpus_limit=6",
+                                 "--set", "workload.kinds=[regex, choice]", "--out", str(tmp_path / "h")])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "h" / "summary.json").read_text())
+    assert summary["completed"] + summary["failed"] == 6
+    assert summary["validated"] > 0 and summary["validity_rate"] == 1.0
