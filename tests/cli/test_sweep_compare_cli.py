@@ -1,0 +1,73 @@
+import json
+
+import pandas as pd
+import yaml
+from typer.testing import CliRunner
+
+from cdbench.harness.cli import app
+from cdbench.harness.config_io import builtin_config_path
+
+runner = CliRunner()
+
+
+def _sweep_file(tmp_path, grid):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "t", "base": str(builtin_config_path("ci")), "overrides": {"workload.num_requests": 30},
+        "grid": grid,
+    }, sort_keys=False))
+    return path
+
+
+def test_sweep_runs_the_grid_resumes_and_plots(tmp_path):
+    path = _sweep_file(tmp_path, {"workload.arrival.rate": [20, 60], "policy.name": ["sglang", "vllm"]})
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["sweep", str(path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "4 run, 0 already done, 0 failed" in result.output
+    table = pd.read_csv(out / "sweep.csv")
+    assert sorted(table["point"]) == sorted(["rate=20,name=sglang", "rate=20,name=vllm", "rate=60,name=sglang",
+                                             "rate=60,name=vllm"])
+    assert (table["completed"] == 30).all()
+    assert (out / "plots" / "p99_ttft_ms_vs_request_throughput.png").is_file()
+    point = yaml.safe_load((out / "rate=60,name=vllm" / "config.yaml").read_text())
+    assert point["workload"]["arrival"]["rate"] == 60 and point["policy"]["name"] == "vllm"
+
+    again = runner.invoke(app, ["sweep", str(path), "--out", str(out)])
+    assert again.exit_code == 0 and "0 run, 4 already done" in again.output
+
+
+def test_sweep_with_a_bad_point_fails_before_running_anything(tmp_path):
+    path = _sweep_file(tmp_path, {"policy.name": ["sglang", "trtllm"]})
+    result = runner.invoke(app, ["sweep", str(path), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert "sweep point name=trtllm: policy.name = 'trtllm'" in result.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_compare_policies_on_the_same_requests_then_compare_saved_folders(tmp_path):
+    ci = str(builtin_config_path("ci"))
+    out = tmp_path / "cmp"
+    result = runner.invoke(app, ["compare", "--policies", "sglang,vllm", "--config", ci, "--requests", "30",
+                                 "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "vllm / sglang" in result.output
+    text = (out / "comparison.md").read_text()
+    assert "| metric | sglang | vllm | vllm / sglang |" in text
+    assert (out / "plots" / "ttft_cdf.png").is_file() and (out / "plots" / "tpot_cdf.png").is_file()
+    arrivals = [pd.read_parquet(out / p / "requests.parquet")["arrival_s"] for p in ("sglang", "vllm")]
+    pd.testing.assert_series_equal(arrivals[0], arrivals[1])  # same workload, same seed
+    completed = json.loads((out / "vllm" / "summary.json").read_text())["completed"]
+
+    again = runner.invoke(app, ["compare", str(out / "vllm"), str(out / "sglang"), "--out", str(tmp_path / "c2")])
+    assert again.exit_code == 0, again.output
+    table = pd.read_csv(tmp_path / "c2" / "comparison.csv", index_col=0)
+    assert list(table.columns) == ["vllm", "sglang", "sglang / vllm"]
+    assert table.loc["completed", "vllm"] == completed
+
+
+def test_compare_needs_something_to_compare(tmp_path):
+    result = runner.invoke(app, ["compare", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "nothing to compare" in result.output
+    both = runner.invoke(app, ["compare", str(tmp_path), "--backends", "a,b"])
+    assert both.exit_code == 2 and "not both" in both.output
