@@ -40,11 +40,34 @@ def _size(item: CorpusItem) -> int:
     return len(json.dumps(item.spec, ensure_ascii=False))
 
 
+# Grammar engines expand bounded repeats and optional-property orders: long
+# length bounds and many optional properties make compiles take seconds.
+MAX_LENGTH_BOUND = 32
+MAX_OPTIONAL_PROPERTIES = 4
+
+
+def cheap_to_compile(node: object) -> bool:
+    """No length bound over MAX_LENGTH_BOUND, no object with many optional properties."""
+    if isinstance(node, list):
+        return all(cheap_to_compile(x) for x in node)
+    if not isinstance(node, dict):
+        return True
+    for key in ("maxLength", "minLength", "maxItems", "minItems"):
+        if isinstance(node.get(key), int) and node[key] > MAX_LENGTH_BOUND:
+            return False
+    props = node.get("properties")
+    if isinstance(props, dict):
+        required = node.get("required") if isinstance(node.get("required"), list) else []
+        if len([p for p in props if p not in required]) > MAX_OPTIONAL_PROPERTIES:
+            return False
+    return all(cheap_to_compile(v) for v in node.values())
+
+
 def select(folder: Path) -> list[CorpusItem]:
     chosen: list[CorpusItem] = []
     for stem, count, max_chars in PLAN:
         load = read_corpus(folder / f"{stem}.jsonl")
-        small = [it for it in load.items if _size(it) <= max_chars]
+        small = [it for it in load.items if _size(it) <= max_chars and cheap_to_compile(it.spec)]
         rng = np.random.default_rng([SEED, len(chosen)])
         kept = 0
         for index in rng.permutation(len(small)):
