@@ -242,7 +242,10 @@ def test_shipped_default_profiles_load_and_sample(backend: str) -> None:
     p = GrammarProfile.builtin(backend)
     assert p.backend == backend and p.vocab == "qwen3.6"
     s = p.sampler(0)
-    assert s.fill_s(10, "json_schema").shape == (10,)
+    kinds = ["json_schema", "regex", "choice", "ebnf", "structural_tag"]
+    for draw in (s.fill_s, s.accept_s, s.rollback_s, s.jump_forward):
+        assert draw(kinds).shape == (5,)
+    assert np.all(s.compile_s([f"new-{k}" for k in kinds], kinds) >= 0)
     if backend != "none":
         assert p.overall.fill_s.count > 100 and p.overall.compile_s.count > 5
 
