@@ -15,6 +15,9 @@ HEADLINE_METRICS = ("request_throughput", "output_throughput", "mean_ttft_ms", "
                     "p99_tpot_ms", "mean_grammar_wait_ms", "failed")
 """Metrics shown in sweep tables (all metrics are in ``sweep.csv``)."""
 
+CONSOLE_METRICS = ("request_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "failed")
+"""The narrower set the console table shows."""
+
 TRADEOFFS = (("request_throughput", "p99_ttft_ms"), ("output_throughput", "mean_tpot_ms"))
 """(throughput, latency) pairs drawn as curves across the grid."""
 
@@ -50,10 +53,11 @@ def write_sweep_report(name: str, grid_columns: Sequence[str], table: pd.DataFra
 
 def sweep_rich(table: pd.DataFrame, grid_columns: Sequence[str]) -> Table:
     """The sweep table for the console: grid values, status, headline metrics."""
-    columns = [*grid_columns, "status", *(m for m in HEADLINE_METRICS if m in table.columns)]
+    columns = [*grid_columns, "status", *(m for m in CONSOLE_METRICS if m in table.columns)]
     rich_table = Table(title="Sweep", title_justify="left")
     for c in columns:
-        rich_table.add_column(c, justify="left" if c in grid_columns or c == "status" else "right")
+        rich_table.add_column(c, justify="left" if c in grid_columns or c == "status" else "right",
+                              no_wrap=True, min_width=len(c))
     for _, row in table.iterrows():
         rich_table.add_row(*(format_value(row.get(c)) for c in columns))
     return rich_table
