@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import uuid
 import warnings
 from dataclasses import dataclass
@@ -37,10 +38,12 @@ from cdbench.workloads.regex_instances import RegexInstanceError, regex_instance
 from cdbench.workloads.validate import InvalidInstance, check_instance
 
 # Bump when generation or serialization changes: old cache entries are ignored.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 # Draws per wanted instance before the spec is reported as failed.
 ATTEMPTS_PER_INSTANCE = 8
 JSON_SEPARATORS = (", ", ": ")
+# Wall-clock cap of the hypothesis-jsonschema fallback per schema.
+HYPOTHESIS_TIME_CAP_S = 3.0
 
 
 @dataclass
@@ -92,8 +95,54 @@ def spec_hash(spec: ConstraintSpec) -> str:
     return hashlib.sha256(spec.canonical().encode()).hexdigest()[:32]
 
 
+class _TimeUp(Exception):
+    pass
+
+
+def hypothesis_json_instance(spec: ConstraintSpec, time_cap_s: float = HYPOTHESIS_TIME_CAP_S) -> str | None:
+    """A validated instance from hypothesis-jsonschema, or ``None`` within ``time_cap_s``.
+
+    The fallback for schemas the direct generator misses: slower, fails on many
+    real schemas, but knows JSON Schema semantics the direct generator does not
+    steer. Derandomized, so the result is deterministic.
+    """
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis.errors import HypothesisException
+    from hypothesis_jsonschema import from_schema
+
+    schema = json.loads(spec.spec) if isinstance(spec.spec, str) else spec.spec
+    deadline = time.monotonic() + time_cap_s
+    found: list[str] = []
+
+    @settings(database=None, derandomize=True, max_examples=25, deadline=None,
+              suppress_health_check=list(HealthCheck), phases=[Phase.generate])
+    @given(from_schema(schema))
+    def probe(value: object) -> None:
+        if time.monotonic() > deadline:
+            raise _TimeUp
+        text = serialize_json(value)
+        try:
+            check_instance(spec, text)
+        except InvalidInstance:
+            return
+        found.append(text)
+        raise _TimeUp  # stop at the first valid value
+
+    try:
+        probe()
+    except _TimeUp:
+        pass
+    except (HypothesisException, Exception):  # noqa: BLE001 - unsupported schema features raise many types
+        return None
+    return found[0] if found else None
+
+
 def valid_instances(spec_id: str, spec: ConstraintSpec, size: int, seed: int) -> list[str]:
-    """Up to ``size`` distinct validated texts; raises :class:`InstanceFailure` if none."""
+    """Up to ``size`` distinct validated texts; raises :class:`InstanceFailure` if none.
+
+    JSON Schemas the direct generator misses fall back to hypothesis-jsonschema
+    (one instance, time-capped).
+    """
     rng = np.random.default_rng([seed, int(spec_hash(spec)[:8], 16)])
     texts: list[str] = []
     reason = "no attempt made"
@@ -117,6 +166,12 @@ def valid_instances(spec_id: str, spec: ConstraintSpec, size: int, seed: int) ->
                 texts.append(text)
             if len(texts) >= size:
                 break
+    if not texts and spec.kind == "json_schema":
+        fallback = hypothesis_json_instance(spec)
+        if fallback is not None:
+            texts.append(fallback)
+        else:
+            reason += " (hypothesis-jsonschema fallback found none)"
     if not texts:
         raise InstanceFailure(spec_id, reason)
     return texts

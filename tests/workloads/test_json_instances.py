@@ -68,3 +68,19 @@ def test_instances_use_the_stated_separators():
     spec = ConstraintSpec("json_schema", SCHEMAS["enum_const"])
     text = valid_instances("s", spec, 1, 0)[0]
     assert text.startswith('{"e": "') and ', "c": 3' in text
+
+
+def test_hypothesis_fallback_covers_what_the_direct_generator_misses():
+    from cdbench.workloads.instances import hypothesis_json_instance
+    from cdbench.workloads.json_instances import json_instance as direct
+    from cdbench.workloads.validate import InvalidInstance, check_instance
+
+    schema = {"type": "string", "not": {"pattern": "^[a-z0-9]*$"}}
+    spec = ConstraintSpec("json_schema", schema)
+    for seed in range(5):  # the direct generator only draws [a-z0-9] strings
+        with pytest.raises(InvalidInstance):
+            check_instance(spec, '"' + direct(schema, np.random.default_rng(seed)) + '"')
+    text = valid_instances("fallback", spec, 2, 0)[0]
+    check_instance(spec, text)
+    assert hypothesis_json_instance(spec) == text  # derandomized: deterministic
+    assert hypothesis_json_instance(ConstraintSpec("json_schema", {"type": "integer", "minimum": 5, "maximum": 1})) is None
