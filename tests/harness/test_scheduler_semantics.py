@@ -275,3 +275,23 @@ def test_closed_loop_issues_the_next_request_when_one_ends():
     result = simulate(reqs, policy("vllm", overlap=False), ModelExecutor(FixedGrammarCosts()),
                       FixedGpuCosts(forward_base_s=FORWARD_S), max_concurrency=1, trace_steps=0)
     assert result.requests["issued_s"].to_numpy() == pytest.approx([0.0, 0.02, 0.04], **EXACT)
+
+
+def test_summary_latencies_throughput_and_goodput():
+    from cdbench.harness.executors import ModelExecutor
+    from cdbench.harness.metrics import SLO
+    from cdbench.harness.policies import policy
+    from cdbench.harness.run import simulate
+
+    reqs = [req(0, 0.0, out=2, spec=None), req(1, 0.0, out=2, spec=None)]
+    result = simulate(reqs, policy("vllm", overlap=False, max_running_requests=1), ModelExecutor(FixedGrammarCosts()),
+                      FixedGpuCosts(forward_base_s=FORWARD_S), slo=SLO(ttft_ms=15), trace_steps=0)
+    s = result.summary
+    # request 0: first token 10 ms, done 20 ms; request 1 waits for the row: 30 ms, 40 ms
+    assert s.duration == pytest.approx(0.040, **EXACT)
+    assert (s.completed, s.total_output_tokens, s.total_input_tokens) == (2, 4, 200)
+    assert s.mean_ttft_ms == pytest.approx(20.0) and s.p99_ttft_ms == pytest.approx(29.8)
+    assert s.mean_tpot_ms == pytest.approx(10.0) and s.mean_e2el_ms == pytest.approx(30.0)
+    assert s.request_throughput == pytest.approx(50.0) and s.output_throughput == pytest.approx(100.0)
+    assert s.request_goodput == pytest.approx(25.0)  # only request 0 meets TTFT <= 15 ms
+    assert s.mean_itl_ms == pytest.approx(10.0, rel=0.02)
