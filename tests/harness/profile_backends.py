@@ -7,7 +7,8 @@ profile's worker processes register them too:
 - ``toy_lenient``: accepts every token (so invalid instances get through);
 - ``toy_strict``: refuses any token containing the byte ``b`` (valid ones fail);
 - ``toy_crashy``: aborts the process when compiling an option containing
-  ``CRASH`` and hangs when one contains ``HANG``.
+  ``CRASH`` and hangs when one contains ``HANG``; with ``WALKCRASH`` /
+  ``WALKHANG`` it does so in the first mask fill instead.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ class ToyMatcher(Matcher):
         return any(option.startswith(text) for option in self.options)
 
     def fill_mask(self, mask: torch.Tensor, row: int) -> None:
+        if self.backend.behaviour == "crashy":
+            if any(b"WALKCRASH" in option for option in self.options):
+                os.abort()
+            if any(b"WALKHANG" in option for option in self.options):
+                time.sleep(3600)
         words = mask.numpy()[row].view(np.uint32)
         words[:] = 0
         allowed = []
@@ -100,9 +106,9 @@ class ToyChoiceBackend(GrammarBackend):
         if not spec.spec:
             raise CompileError(self.name, spec.kind, "invalid", "empty choice list")
         if self.behaviour == "crashy":
-            if any("CRASH" in option for option in spec.spec):
+            if any(option.startswith("CRASH") for option in spec.spec):
                 os.abort()
-            if any("HANG" in option for option in spec.spec):
+            if any(option.startswith("HANG") for option in spec.spec):
                 time.sleep(3600)
         return CompiledGrammar(self.name, spec, tuple(o.encode() for o in spec.spec))
 

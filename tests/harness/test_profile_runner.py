@@ -43,17 +43,25 @@ def test_crash_and_timeout_are_recorded_and_the_profile_goes_on(vocab, tmp_path)
         _task(vocab, "before", ["alpha", "beta"], valid=["alpha"]),
         _task(vocab, "crash", ["CRASH now"], valid=["CRASH now"]),
         _task(vocab, "hang", ["HANG here"], valid=["HANG here"]),
+        _task(vocab, "walkcrash", ["WALKCRASH"], valid=["WALKCRASH"]),
+        _task(vocab, "walkhang", ["WALKHANG"], valid=["WALKHANG"]),
         _task(vocab, "after", ["gamma delta", "epsilon"], valid=["gamma delta"]),
     ]
-    store, new = profile_tasks(_config(["toy_crashy"], compile_timeout_s=3.0), tasks, tmp_path, progress=False)
+    config = _config(["toy_crashy"], compile_timeout_s=3.0, walk_timeout_s=3.0)
+    store, new = profile_tasks(config, tasks, tmp_path, progress=False)
     status = {key[1]: r for key, r in store.results.items()}
-    assert new == 4
+    assert new == 6
     assert status["before"].status == "ok" and status["after"].status == "ok"
     assert status["crash"].status == "crash" and "SIGABRT" in status["crash"].message
     assert status["hang"].status == "timeout" and "compile exceeded 3 s" in status["hang"].message
+    assert status["hang"].compile_ms is None
+    # Deaths and hangs after the compile keep the measured compile time.
+    assert status["walkcrash"].status == "crash" and status["walkcrash"].compile_ms is not None
+    assert status["walkhang"].status == "timeout" and "instance walk exceeded 3 s" in status["walkhang"].message
+    assert status["walkhang"].compile_ms is not None
     # The items after the crash and the hang were still measured, token by token.
     assert status["after"].compile_ms is not None
-    assert len(status["after"].tokens.fill_us) == len(tasks[3].valid[0].tokens)
+    assert len(status["after"].tokens.fill_us) == len(tasks[-1].valid[0].tokens)
     assert status["after"].false_rejects == 0
 
 
