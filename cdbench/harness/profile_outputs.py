@@ -167,10 +167,9 @@ def write_outputs(results: Sequence[ItemResult], config, out_dir: str | Path, co
             "its compile cost shows up in the first fills (TBM), not in TTFM.",
             "Empirical coverage needs an oracle instance: items the instance generator could not serve "
             "count as not covered for every backend.",
-            f"Worker processes: {config.workers} on {os.cpu_count()} CPUs shared with other work "
-            f"(1/5/15-minute load average when this report was written: "
-            f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}); times are wall-clock "
-            "(perf_counter_ns) with GC paused during walks, so they include any CPU contention.",
+            f"Worker processes: {config.workers} on {os.cpu_count()} CPUs; times are wall-clock "
+            "(perf_counter_ns) with GC paused during walks, so they include any CPU contention "
+            "from other work on the machine.",
         ],
     )
     files += write_report(items, tokens, out_dir, info)

@@ -178,12 +178,13 @@ def _messages(items: pd.DataFrame, limit: int = 5) -> list[str]:
     lines = []
     failed = items[items.status.isin(["unsupported", "error", "timeout", "crash"])]
     for backend, group in failed.groupby("backend"):
-        lines.append(f"**{backend}**")
+        lines += [f"**{backend}**", ""]
         short = group.message.fillna("").str.replace(r"\s+", " ", regex=True).str.slice(0, 140)
         for (status, message), count in (
             group.assign(short=short).groupby(["status", "short"]).size().sort_values(ascending=False).head(limit).items()
         ):
             lines.append(f"- {count} × `{status}`: {message.replace('|', '/') or '(no message)'}")
+        lines.append("")
     return lines
 
 
@@ -191,16 +192,20 @@ def _examples(items: pd.DataFrame, limit: int = 5) -> list[str]:
     lines = []
     rejects = items[items.false_rejects > 0]
     for backend, group in rejects.groupby("backend"):
-        lines.append(f"**{backend}** false rejects (first {min(limit, len(group))} of {len(group)} items):")
+        lines += [f"**{backend}** false rejects (first {min(limit, len(group))} of {len(group)} items):", ""]
         for row in group.head(limit).itertuples():
             text = str(row.first_reject_text)
             text = (text if len(text) <= 160 else "…" + text[-160:]).replace("`", "'")
             lines.append(f"- `{row.item_id}` at token {row.first_reject_position}: `{text}`")
+        lines.append("")
     accepts = items[items.false_accepts > 0]
     for backend, group in accepts.groupby("backend"):
         labels = group.false_accept_labels.str.split(",").explode().value_counts()
         lines.append(
-            f"**{backend}** false accepts in {len(group)} items, by mutation: "
+            f"- **{backend}** false accepts in {len(group)} items ("
+            + ", ".join(f"`{item}`" for item in group.item_id.head(limit))
+            + (", …" if len(group) > limit else "")
+            + "), by mutation: "
             + ", ".join(f"{label} {count}" for label, count in labels.items())
         )
     return lines
