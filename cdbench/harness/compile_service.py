@@ -37,19 +37,18 @@ class CompilePools:
 
     def submit(self, t: float, seconds: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Queue a compile of ``seconds`` at ``t``; per rank ``(start, end, thread)``."""
-        durations = float(seconds) * self.scale
+        durations = (float(seconds) * self.scale).tolist()
         if self.jitter > 0:
-            durations *= rng.lognormal(0.0, self.jitter, size=self.ranks)
-        start = np.empty(self.ranks)
-        end = np.empty(self.ranks)
-        thread = np.empty(self.ranks, np.int64)
-        for r, heap in enumerate(self._free):
-            free_at, tid = heapq.heappop(heap)
-            start[r] = max(t, free_at)
-            end[r] = start[r] + durations[r]
-            thread[r] = tid
-            heapq.heappush(heap, (end[r], tid))
-        return start, end, thread
+            durations = [d * f for d, f in zip(durations, rng.lognormal(0.0, self.jitter, size=self.ranks).tolist())]
+        start, end, thread = [], [], []
+        for heap, duration in zip(self._free, durations):
+            free_at, tid = heap[0]
+            begin = t if t > free_at else free_at
+            heapq.heapreplace(heap, (begin + duration, tid))
+            start.append(begin)
+            end.append(begin + duration)
+            thread.append(tid)
+        return np.array(start), np.array(end), np.array(thread)
 
 
 Lookup = Literal["hit", "invalid", "inflight", "miss"]
