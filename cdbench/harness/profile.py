@@ -436,5 +436,5 @@ def run_profile(config: ProfileConfig, out_dir: str | Path, progress: bool = Tru
     store, new = profile_tasks(config, prepared.tasks, out_dir, progress)
     wanted = {(t.corpus, t.item_id, b) for t in prepared.tasks for b in config.backends}
     results = [r for k, r in store.results.items() if k in wanted]
-    files = write_outputs(results, config, out_dir)
+    files = write_outputs(results, config, out_dir, skipped=prepared.skipped)
     return ProfileRun(out_dir, len(results), new, prepared.skipped, files)

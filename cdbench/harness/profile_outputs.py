@@ -130,8 +130,33 @@ def backend_profiles(results: Sequence[ItemResult], vocab: str, source: str) -> 
     return profiles
 
 
-def write_outputs(results: Sequence[ItemResult], config, out_dir: str | Path, command: str | None = None) -> list[Path]:
-    """Write parquet tables, per-backend profiles and the report; returns the paths."""
+def _input_notes(items: pd.DataFrame, skipped: Sequence[str]) -> list[str]:
+    notes = []
+    if skipped:
+        notes.append(f"{len(skipped)} corpus line(s) skipped: " + "; ".join(skipped[:3]) + ("; …" if len(skipped) > 3 else ""))
+    if len(items):
+        failures = items.drop_duplicates(["corpus", "item_id"])
+        failures = failures[failures.instance_failure != ""]
+        if len(failures):
+            top = failures.instance_failure.str.slice(0, 100).value_counts().head(3)
+            notes.append(
+                f"{len(failures)} item(s) without an oracle instance (compiled, not walked); most frequent reasons: "
+                + "; ".join(f"{count} × {reason}" for reason, count in top.items())
+            )
+    return notes
+
+
+def write_outputs(
+    results: Sequence[ItemResult],
+    config,
+    out_dir: str | Path,
+    command: str | None = None,
+    skipped: Sequence[str] = (),
+) -> list[Path]:
+    """Write parquet tables, per-backend profiles and the report; returns the paths.
+
+    ``skipped`` lists the corpus lines that could not be read; the report counts them.
+    """
     from cdbench.reports.profile_report import ProfileReportInfo, write_report
 
     out_dir = Path(out_dir)
@@ -170,6 +195,7 @@ def write_outputs(results: Sequence[ItemResult], config, out_dir: str | Path, co
             f"Worker processes: {config.workers} on {os.cpu_count()} CPUs; times are wall-clock "
             "(perf_counter_ns) with GC paused during walks, so they include any CPU contention "
             "from other work on the machine.",
+            *_input_notes(items, skipped),
         ],
     )
     files += write_report(items, tokens, out_dir, info)
