@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, create_model, model_serializer
 
 from cdbench.harness.costs.forward import ForwardConfig
 from cdbench.harness.costs.grammar_profile import GrammarProfile
@@ -108,6 +108,15 @@ class RunConfig(BaseModel):
     workload: WorkloadConfig = Field(default_factory=lambda: WorkloadConfig(num_requests=200))
     slo: SLO | None = None
     trace_steps: int = Field(2000, ge=0, description="iterations whose spans go to the Chrome trace")
+
+    @model_serializer(mode="wrap")
+    def _resolved(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Dump ``scheduler`` resolved (the preset with its overrides, every field set), so a dumped
+        config reloads to the same run instead of reading unset overrides as ``null``."""
+        data = handler(self)
+        data["scheduler"] = self.scheduler_config(self.workload.spec_decode.k).model_dump(mode="json",
+                                                                                           exclude={"name"})
+        return data
 
     def scheduler_config(self, spec_tokens: int | None = None) -> SchedulerConfig:
         """The policy preset with the overrides applied (``spec_tokens`` from the workload unless overridden)."""

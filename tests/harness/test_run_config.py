@@ -22,6 +22,17 @@ def test_policy_preset_with_overrides():
     assert explicit.scheduler_config().max_poll_iterations is None  # null turns the timeout off
 
 
+def test_dumped_config_reloads_to_the_same_run():
+    cfg = RunConfig.model_validate({"policy": {"name": "vllm"}, "scheduler": {"ranks": 2},
+                                    "workload": {"num_requests": 5, "spec_decode": {"k": 2, "alpha": 0.5}}})
+    dumped = cfg.model_dump(mode="json")
+    assert dumped["scheduler"]["ranks"] == 2 and dumped["scheduler"]["max_poll_iterations"] is None
+    assert dumped["scheduler"]["spec_tokens"] == 2
+    again = RunConfig.model_validate(dumped)
+    assert again.scheduler_config(spec_tokens=2) == cfg.scheduler_config(spec_tokens=2)
+    assert again.model_dump(mode="json") == dumped
+
+
 @pytest.mark.parametrize("tree, where", [
     ({"scheduler": {"poll_intervall": 1}}, "scheduler.poll_intervall"),
     ({"policy": {"name": "tgi"}}, "policy.name"),
