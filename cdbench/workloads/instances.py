@@ -110,7 +110,8 @@ def hypothesis_json_instance(spec: ConstraintSpec, time_cap_s: float = HYPOTHESI
     from hypothesis.errors import HypothesisException
     from hypothesis_jsonschema import from_schema
 
-    schema = json.loads(spec.spec) if isinstance(spec.spec, str) else spec.spec
+    # A fresh copy: hypothesis-jsonschema rewrites the schema it is given in place.
+    schema = json.loads(spec.spec if isinstance(spec.spec, str) else json.dumps(spec.spec))
     deadline = time.monotonic() + time_cap_s
     found: list[str] = []
 

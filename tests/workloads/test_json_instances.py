@@ -84,3 +84,18 @@ def test_hypothesis_fallback_covers_what_the_direct_generator_misses():
     check_instance(spec, text)
     assert hypothesis_json_instance(spec) == text  # derandomized: deterministic
     assert hypothesis_json_instance(ConstraintSpec("json_schema", {"type": "integer", "minimum": 5, "maximum": 1})) is None
+
+
+def test_generation_never_mutates_the_spec():
+    import copy
+
+    # hypothesis-jsonschema inlines a $ref like this one into the dict it is given
+    schema = {"type": "object", "properties": {"a": {"$ref": "#/definitions/x"}},
+              "required": ["a"], "definitions": {"x": {"allOf": [{"type": "string"}, {"minLength": 2}]}}}
+    before = copy.deepcopy(schema)
+    spec = ConstraintSpec("json_schema", schema)
+    from cdbench.workloads.instances import hypothesis_json_instance
+
+    hypothesis_json_instance(spec)
+    valid_instances("m", spec, 3, 0)
+    assert schema == before
