@@ -37,9 +37,16 @@ def _save(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
-def cdf_plot(series: Mapping[str, np.ndarray], xlabel: str, title: str, path: Path, log_x: bool = False) -> Path:
-    """Empirical CDFs of one quantity, one line per label (NaNs dropped)."""
+def cdf_plot(series: Mapping[str, np.ndarray], xlabel: str, title: str, path: Path, log_x: bool | None = None) -> Path:
+    """Empirical CDFs of one quantity, one line per label (NaNs dropped).
+
+    ``log_x=None`` picks a log axis when the positive values span more than two decades.
+    """
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    if log_x is None:
+        values = np.concatenate([np.asarray(v, dtype=float) for v in series.values()] or [np.zeros(0)])
+        positive = values[values > 0]
+        log_x = bool(positive.size) and positive.max() > 100 * positive.min()
     for label, values in series.items():
         values = np.sort(np.asarray(values, dtype=float)[~np.isnan(np.asarray(values, dtype=float))])
         if values.size == 0:
