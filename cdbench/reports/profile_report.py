@@ -25,6 +25,7 @@ items; empirical coverage = compiled and every valid instance accepted ÷ items
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -194,7 +195,8 @@ def _examples(items: pd.DataFrame, limit: int = 5) -> list[str]:
     for backend, group in rejects.groupby("backend"):
         lines += [f"**{backend}** false rejects (first {min(limit, len(group))} of {len(group)} items):", ""]
         for row in group.head(limit).itertuples():
-            text = str(row.first_reject_text)
+            # Escaped (\n, \t, ...) so that the text stays on one markdown line.
+            text = json.dumps(str(row.first_reject_text), ensure_ascii=False)[1:-1]
             text = (text if len(text) <= 160 else "…" + text[-160:]).replace("`", "'")
             lines.append(f"- `{row.item_id}` at token {row.first_reject_position}: `{text}`")
         lines.append("")
