@@ -87,7 +87,11 @@ def save_run(result: RunResult, config: RunConfig, folder: Path, trace_max_spans
     dump_config(config, folder / "config.yaml")
     result.requests.to_parquet(folder / "requests.parquet", index=False)
     result.steps.to_parquet(folder / "steps.parquet", index=False)
-    chrome_trace(result.timeline.spans, max_spans=trace_max_spans).write(folder / "trace.json")
+    timeline = result.timeline
+    # The scheduler records spans of the first max_steps iterations only (RunConfig.trace_steps).
+    partial = timeline.steps_seen >= timeline.max_steps and len(result.steps) > timeline.steps_seen
+    note = f"only the first {timeline.steps_seen} of {len(result.steps)} iterations were recorded" if partial else ""
+    chrome_trace(timeline.spans, max_spans=trace_max_spans, recorded_note=note).write(folder / "trace.json")
     summary = json.loads(result.summary.model_dump_json())  # strict JSON: NaN becomes null
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return SavedRun(folder, config.model_dump(mode="json"), summary, result.requests, result.steps)

@@ -55,11 +55,15 @@ class ChromeTrace:
     spans_written: int
     spans_dropped: int
     cut_at_s: float | None  # spans starting at or after this virtual time were dropped
+    recorded_note: str = ""  # what the recorder itself left out (e.g. only the first N iterations)
 
     def to_json(self) -> dict[str, Any]:
         meta: dict[str, Any] = {"spans_written": self.spans_written, "spans_dropped": self.spans_dropped}
+        notes = [self.recorded_note] if self.recorded_note else []
         if self.cut_at_s is not None:
-            meta["note"] = f"trace capped: spans starting at or after {self.cut_at_s:.6f} s of virtual time were left out"
+            notes.append(f"spans starting at or after {self.cut_at_s:.6f} s of virtual time were left out")
+        if notes:
+            meta["note"] = "trace capped: " + "; ".join(notes)
         return {"traceEvents": self.events, "displayTimeUnit": "ms", "otherData": meta}
 
     def write(self, path: Path) -> None:
@@ -72,7 +76,7 @@ def _split_track(track: str) -> tuple[str, str]:
     return (process, thread) if sep else (track, track)
 
 
-def chrome_trace(spans: Iterable[Span], max_spans: int | None = 200_000) -> ChromeTrace:
+def chrome_trace(spans: Iterable[Span], max_spans: int | None = 200_000, recorded_note: str = "") -> ChromeTrace:
     """Build a trace from ``spans``, keeping the earliest ``max_spans`` of them.
 
     Capping by start time keeps a complete prefix of the run (the first N steps
@@ -110,4 +114,4 @@ def chrome_trace(spans: Iterable[Span], max_spans: int | None = 200_000) -> Chro
         if args:
             event["args"] = dict(args)
         body.append(event)
-    return ChromeTrace(meta + body, len(kept), len(ordered) - len(kept), cut_at)
+    return ChromeTrace(meta + body, len(kept), len(ordered) - len(kept), cut_at, recorded_note)

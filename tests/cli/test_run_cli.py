@@ -29,8 +29,10 @@ def test_model_run_writes_every_artifact_and_is_deterministic(tmp_path):
     again = runner.invoke(app, ["run", ci, "--requests", "40", "--seed", "7", "--out", str(tmp_path / "b")])
     assert again.exit_code == 0
     assert (tmp_path / "b" / "summary.json").read_text() == (folder / "summary.json").read_text()
-    other = runner.invoke(app, ["run", ci, "--requests", "40", "--seed", "8", "--out", str(tmp_path / "c")])
+    other = runner.invoke(app, ["run", ci, "--requests", "40", "--seed", "8", "--set", "trace_steps=5",
+                                "--out", str(tmp_path / "c")])
     assert (tmp_path / "c" / "summary.json").read_text() != (folder / "summary.json").read_text()
+    assert "trace capped: only the first 5 of" in (tmp_path / "c" / "report.md").read_text()
 
 
 def test_config_mistakes_are_one_line_errors_naming_key_value_and_choices(tmp_path):

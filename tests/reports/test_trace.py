@@ -38,3 +38,9 @@ def test_cap_keeps_the_earliest_spans_and_says_so():
     assert [e["name"] for e in trace.events if e["ph"] == "X"] == ["forward 0", "forward 1", "forward 2"]
     assert trace.spans_dropped == 7
     assert "capped" in trace.to_json()["otherData"]["note"]
+
+
+def test_recorder_note_is_kept():
+    trace = chrome_trace([TraceSpan("gpu", "f", 0.0, 1.0)], recorded_note="only the first 10 of 50 iterations were recorded")
+    assert trace.to_json()["otherData"]["note"] == "trace capped: only the first 10 of 50 iterations were recorded"
+    assert "note" not in chrome_trace([TraceSpan("gpu", "f", 0.0, 1.0)]).to_json()["otherData"]
