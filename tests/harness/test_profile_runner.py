@@ -131,3 +131,23 @@ def test_resume_with_different_settings_is_refused(vocab, tmp_path):
     profile_tasks(_config(["toy"]), tasks, tmp_path, progress=False)
     with pytest.raises(ResumeMismatchError, match="seed"):
         profile_tasks(_config(["toy"], seed=7), tasks, tmp_path, progress=False)
+
+
+def test_plugins_load_by_path_or_module_and_bad_ones_are_named(tmp_path, monkeypatch):
+    import sys
+
+    from cdbench.backends.registry import available_backends
+    from cdbench.harness.profile_worker import load_plugin
+
+    load_plugin(PLUGIN)
+    assert {"toy", "toy_lenient", "toy_strict", "toy_crashy"} <= set(available_backends())
+    (tmp_path / "cdbench_hook_plugin.py").write_text("CALLED = []\ndef register():\n    CALLED.append(1)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    load_plugin("cdbench_hook_plugin:register")
+    assert sys.modules["cdbench_hook_plugin"].CALLED == [1]
+    with pytest.raises(ValueError, match="does not exist"):
+        load_plugin(str(tmp_path / "missing.py"))
+    with pytest.raises(ValueError, match="cannot be imported"):
+        load_plugin("no_such_module_for_cdbench")
+    with pytest.raises(ValueError, match="has no callable 'nope'"):
+        load_plugin("json:nope")
