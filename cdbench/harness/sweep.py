@@ -251,7 +251,11 @@ def sweep_table(spec: SweepSpec, outcomes: list[PointOutcome]) -> pd.DataFrame:
     """One row a point: its grid values, status, and the numeric summary metrics of finished points."""
     rows = []
     for outcome in outcomes:
-        row: dict[str, Any] = {_short_key(k, list(spec.grid)): v for k, v in outcome.point.values.items()}
+        # Lists and mappings (e.g. workload.corpus: [a, b]) become text, so the table can group by them.
+        row: dict[str, Any] = {
+            _short_key(k, list(spec.grid)): v if isinstance(v, int | float | str | bool) or v is None else json.dumps(v)
+            for k, v in outcome.point.values.items()
+        }
         row["point"] = outcome.point.name
         row["status"] = outcome.status
         summary_path = outcome.folder / "summary.json"

@@ -71,3 +71,16 @@ def test_compare_needs_something_to_compare(tmp_path):
     assert result.exit_code == 2 and "nothing to compare" in result.output
     both = runner.invoke(app, ["compare", str(tmp_path), "--backends", "a,b"])
     assert both.exit_code == 2 and "not both" in both.output
+
+
+def test_a_point_failing_at_run_time_is_reported_and_the_rest_still_runs(tmp_path):
+    path = _sweep_file(tmp_path, {"workload.corpus": [["embedded"], ["no-such-corpus"]]})
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["sweep", str(path), "--out", str(out)])
+    assert result.exit_code == 1
+    assert "1 run, 0 already done, 1 failed" in result.output
+    assert "unknown corpus 'no-such-corpus'" in result.output
+    table = pd.read_csv(out / "sweep.csv")
+    assert table["status"].tolist() == ["done", "failed"]
+    assert table["corpus"].tolist() == ['["embedded"]', '["no-such-corpus"]']
+    assert len(list(out.glob("*/error.log"))) == 1
