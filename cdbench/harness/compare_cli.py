@@ -21,6 +21,7 @@ from cdbench.harness.cli_support import (
     SetOpt,
     console,
     default_out_dir,
+    err_console,
     execute,
     load_run_tree,
     option_overrides,
@@ -88,7 +89,7 @@ def compare(
             label = "-".join(x for x in (b, p) if x)
             tree = apply_overrides(base, option_overrides({"backend": b, "policy": p}))
             runs[label] = execute(tree, f"{source} ({label})", out / label, description=f"simulating {label}")
-    with user_errors(out / "compare.log"):
+    with user_errors(out / "compare.log"), err_console.status("writing the comparison and its plots"):
         md = write_comparison(runs, out)
     table = comparison_table({label: run.summary for label, run in runs.items()})
     console.print(comparison_rich(table, len(runs)))

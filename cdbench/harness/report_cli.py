@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from cdbench.harness.cli import app
-from cdbench.harness.cli_support import console, user_errors
+from cdbench.harness.cli_support import console, err_console, user_errors
 from cdbench.harness.results import load_run
 from cdbench.reports.run_report import build_report
 from cdbench.reports.tables import console_sections, to_rich
@@ -24,7 +24,8 @@ def report(
     """
     with user_errors(run_dir / "run.log"):
         run = load_run(run_dir)
-        path = build_report(run)
+        with err_console.status("drawing plots and writing report.md"):
+            path = build_report(run)
     if not quiet:
         for section in console_sections(run.summary):
             console.print(to_rich(section))
