@@ -22,12 +22,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from cdbench.backends.base import CompileError, ConstraintSpec, GrammarBackend, MaskFormat, Matcher
 
-ItemStatus = str  # "ok" | "unsupported" | "error" | "timeout" | "crash"
-ITEM_STATUSES: tuple[str, ...] = ("ok", "unsupported", "error", "timeout", "crash")
+ItemStatus = Literal["ok", "unsupported", "error", "timeout", "crash"]
 
 
 @dataclass(frozen=True)

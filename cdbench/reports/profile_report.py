@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-STATUSES = ("ok", "unsupported", "error", "timeout", "crash")
+FAILED_STATUSES = ("unsupported", "error", "timeout", "crash")
 
 
 @dataclass
@@ -177,7 +177,7 @@ def _position_plot(tokens: pd.DataFrame, path: Path) -> None:
 
 def _messages(items: pd.DataFrame, limit: int = 5) -> list[str]:
     lines = []
-    failed = items[items.status.isin(["unsupported", "error", "timeout", "crash"])]
+    failed = items[items.status.isin(FAILED_STATUSES)]
     for backend, group in failed.groupby("backend"):
         lines += [f"**{backend}**", ""]
         short = group.message.fillna("").str.replace(r"\s+", " ", regex=True).str.slice(0, 140)
