@@ -169,9 +169,9 @@ def _position_plot(tokens: pd.DataFrame, path: Path) -> None:
     ax.set_ylabel("TBM (µs)")
     ax.set_title("Mask time against position in the output")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    # Below the axes: inside, it hides the curves whatever corner it takes.
+    ax.legend(fontsize="small", ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.15))
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
