@@ -37,6 +37,18 @@ from cdbench.workloads.request import Request
 _any = np.logical_or.reduce
 _sum = np.add.reduce
 
+
+def _zeros_int(n: int) -> np.ndarray:
+    """A read-only int64 zero vector of length ``n`` (shared: callers only read it)."""
+    z = _ZEROS.get(n)
+    if z is None:
+        z = _ZEROS[n] = np.zeros(n, np.int64)
+        z.flags.writeable = False
+    return z
+
+
+_ZEROS: dict[int, np.ndarray] = {}
+
 # ----------------------------------------------------------------------------- GPU costs
 
 
@@ -336,19 +348,22 @@ class ProfileGrammarCosts:
         self.profile = profile
         self.sampler = profile.sampler(seed)
         self.block = block
-        self._pools: dict[tuple[str, int], tuple[np.ndarray, int]] = {}
+        self._pools: dict[tuple[str, int], list] = {}  # (metric, kind code) -> [draws, next unused, count]
 
     def _draw(self, metric: str, n: int, kinds: int | np.ndarray) -> np.ndarray:
-        draw = getattr(self.sampler, metric)
         if isinstance(kinds, np.ndarray):
-            return draw(kinds)
-        key = (metric, kinds)
-        pool, at = self._pools.get(key, (np.zeros(0), 0))
-        if at + n > len(pool):
-            pool = np.concatenate((pool[at:], draw(max(self.block, n), self._NAMES.get(kinds))))
-            at = 0
-        self._pools[key] = (pool, at + n)
-        return pool[at:at + n]
+            return getattr(self.sampler, metric)(kinds)
+        state = self._pools.get((metric, kinds))
+        if state is None:
+            state = self._pools[(metric, kinds)] = [np.zeros(0), 0, 0]
+        pool, at, size = state
+        end = at + n
+        if end > size:
+            pool = np.concatenate((pool[at:], getattr(self.sampler, metric)(max(self.block, n), self._NAMES.get(kinds))))
+            state[0], state[2] = pool, len(pool)
+            at, end = 0, n
+        state[1] = end
+        return pool[at:end]
 
     def compile(self, spec_id: str | None, key_text: str, kind: str) -> CompileOutcome:
         ids = [spec_id if spec_id is not None else key_text]
@@ -413,43 +428,54 @@ class ModelExecutor(GrammarExecutor):
 
     def step(self, rows: StepRows, rng: np.random.Generator) -> StepWork:
         n = len(rows.rid)
-        grammar, drafts = rows.grammar, rows.drafts
-        accepted = self._accepted(rng, drafts) if _any(drafts) else np.zeros(n, np.int64)
-        produced = np.minimum(accepted + 1, rows.gen_left)
+        grammar, drafts, gen_left = rows.grammar, rows.drafts, rows.gen_left
+        spec = _any(drafts)
+        if spec:
+            accepted = self._accepted(rng, drafts)
+            produced = np.minimum(accepted + 1, gen_left)
+        else:
+            accepted = np.zeros(n, np.int64)
+            produced = np.minimum(1, gen_left)
         thinking = rows.think_left > 0
         if _any(thinking):
             produced = np.where(thinking, np.minimum(produced, rows.think_left), produced)
-        accepted = np.minimum(accepted, produced - 1)
-        mask_rows = np.where(grammar, 1 + drafts, 0)
+        if spec:
+            accepted = np.minimum(accepted, produced - 1)
+        mask_rows = (1 + drafts) * grammar
         fill_s = np.zeros(n)
-        rolled_back = np.zeros(n, np.int64)
-        jumped = np.zeros(n, np.int64)
+        rolled_back = jumped = _zeros_int(n)
         process_s = 0.0
         g = grammar.nonzero()[0]
         ng = len(g)
         if ng:
+            costs = self.costs
             single = self.single_kind
             codes = self.kind_code[rows.rid[g]] if single is None else single
-            per_row = mask_rows[g]
-            total = int(_sum(per_row))
-            if total == ng:
-                fill_s[g] = self.costs.fill_s(ng, codes)
-            else:
-                draws = self.costs.fill_s(total, codes if single is not None else np.repeat(codes, per_row))
-                fill_s[g] = np.add.reduceat(draws, np.add.accumulate(per_row) - per_row)  # per-row sums
-            accept_one = self.costs.accept_s(ng, codes)
             g_drafts = drafts[g]
-            if total > ng:
-                fill_s[g] += accept_one * g_drafts  # drafts enter the grammar to fill their rows
+            total = ng + int(_sum(g_drafts))
+            accept_one = None
+            if total == ng:
+                row_fill = costs.fill_s(ng, codes)
+            else:
+                per_row = g_drafts + 1
+                draws = costs.fill_s(total, codes if single is not None else np.repeat(codes, per_row))
+                row_fill = np.add.reduceat(draws, np.add.accumulate(per_row) - per_row)  # per-row sums
+                accept_one = costs.accept_s(ng, codes)
+                row_fill = row_fill + accept_one * g_drafts  # drafts enter the grammar to fill their rows
                 rolled = g_drafts - accepted[g]
+                rolled_back = np.zeros(n, np.int64)
                 rolled_back[g] = rolled
                 undo = rolled.nonzero()[0]
                 if len(undo):
-                    process_s += float(self.costs.rollback_s(len(undo), codes if single is not None
-                                                              else codes[undo]).sum())
+                    process_s += float(costs.rollback_s(len(undo), codes if single is not None
+                                                        else codes[undo]).sum())
+            if accept_one is None:
+                accept_one = costs.accept_s(ng, codes)
+            fill_s[g] = row_fill
             process_s += float(_sum(accept_one))  # the sampled (bonus / correction) token
             if self.jump_forward:
-                forced = np.minimum(self.costs.jump_forward(ng, codes), rows.gen_left[g] - produced[g])
+                forced = np.minimum(costs.jump_forward(ng, codes), gen_left[g] - produced[g])
+                jumped = np.zeros(n, np.int64)
                 jumped[g] = forced
                 process_s += float(accept_one @ forced)
                 produced = produced + jumped

@@ -19,6 +19,8 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
+_sum = np.add.reduce
+
 
 class LogHistogram:
     """A fixed log-spaced histogram of positive seconds (100 ns to 10⁴ s, 200 bins a decade).
@@ -63,14 +65,16 @@ class LogHistogram:
             values = np.concatenate(self._plain)
             self.counts += np.bincount(self._bins(values), minlength=len(self.counts))
             self.total += float(values.sum())
-            self.sq_total += float(values @ values)
+            # products summed by numpy, not BLAS: a multithreaded BLAS dot is slow on a busy machine
+            # and its rounding depends on the thread count (results must not depend on the host)
+            self.sq_total += float(_sum(values * values))
             self.weight += len(values)
         if self._values:
             values = np.concatenate(self._values)
             weights = np.concatenate(self._weights).astype(np.float64)
             self.counts += np.bincount(self._bins(values), weights, minlength=len(self.counts))
-            self.total += float(values @ weights)
-            self.sq_total += float((values * values) @ weights)
+            self.total += float(_sum(values * weights))
+            self.sq_total += float(_sum(values * values * weights))
             self.weight += float(weights.sum())
         self._plain, self._values, self._weights, self._buffered = [], [], [], 0
 

@@ -73,36 +73,42 @@ def parallel_makespan(per_request_s: np.ndarray, chunk: int, threads: int) -> fl
 
 
 class _Batch:
-    """The running batch as a struct of arrays (one entry a running request)."""
+    """The running batch as a struct of arrays (one entry a running request).
 
-    __slots__ = ("rid", "prefill_left", "cached", "gen_left", "think_left", "structured", "forced", "last_tok")
+    The integer columns are rows of one 2-D array (and the flags of another),
+    so adding and dropping requests is one copy per array rather than one per
+    column; each column is a view. ``out`` ... ``jumped`` accumulate the
+    request's counters while it runs; they go to the request table when it
+    leaves the batch.
+    """
+
+    INTS = ("rid", "prefill_left", "cached", "gen_left", "think_left", "out", "drafted", "accepted",
+            "rolled_back", "jumped")
+    FLAGS = ("structured", "forced")
+    __slots__ = ("ints", "flags", "last_tok", *INTS, *FLAGS)
 
     def __init__(self) -> None:
-        self.rid = np.zeros(0, np.int64)
-        self.prefill_left = np.zeros(0, np.int64)
-        self.cached = np.zeros(0, np.int64)
-        self.gen_left = np.zeros(0, np.int64)
-        self.think_left = np.zeros(0, np.int64)
-        self.structured = np.zeros(0, bool)
-        self.forced = np.zeros(0, bool)
-        self.last_tok = np.zeros(0)
+        self._set(np.zeros((len(self.INTS), 0), np.int64), np.zeros((len(self.FLAGS), 0), bool), np.zeros(0))
+
+    def _set(self, ints: np.ndarray, flags: np.ndarray, last_tok: np.ndarray) -> None:
+        self.ints, self.flags, self.last_tok = ints, flags, last_tok
+        (self.rid, self.prefill_left, self.cached, self.gen_left, self.think_left, self.out, self.drafted,
+         self.accepted, self.rolled_back, self.jumped) = ints
+        self.structured, self.forced = flags
 
     def __len__(self) -> int:
-        return len(self.rid)
+        return len(self.last_tok)
 
     def append(self, rid, prefill_left, gen_left, think_left, structured, forced) -> None:
-        self.rid = np.concatenate((self.rid, rid))
-        self.prefill_left = np.concatenate((self.prefill_left, prefill_left))
-        self.cached = np.concatenate((self.cached, np.zeros(len(rid), np.int64)))
-        self.gen_left = np.concatenate((self.gen_left, gen_left))
-        self.think_left = np.concatenate((self.think_left, think_left))
-        self.structured = np.concatenate((self.structured, structured))
-        self.forced = np.concatenate((self.forced, forced))
-        self.last_tok = np.concatenate((self.last_tok, np.full(len(rid), np.nan)))
+        n = len(rid)
+        ints = np.zeros((len(self.INTS), n), np.int64)
+        ints[0], ints[1], ints[3], ints[4] = rid, prefill_left, gen_left, think_left
+        self._set(np.concatenate((self.ints, ints), axis=1),
+                  np.concatenate((self.flags, np.stack((structured, forced))), axis=1),
+                  np.concatenate((self.last_tok, np.full(n, np.nan))))
 
     def keep(self, mask: np.ndarray) -> None:
-        for name in self.__slots__:
-            setattr(self, name, getattr(self, name)[mask])
+        self._set(self.ints[:, mask], self.flags[:, mask], self.last_tok[mask])
 
 
 class Scheduler:
@@ -558,13 +564,13 @@ class Scheduler:
         batch.last_tok[s_rows] = t_token
         if len(first_rows):
             rec.first_token_s[batch.rid[first_rows]] = t_token
-        rec.output_tokens[s_rid] += produced
+        batch.out[s_rows] += produced
         if k:
-            rec.drafted[s_rid] += s_drafts if work.drafted is None else work.drafted
-            rec.accepted[s_rid] += work.accepted
-            rec.rolled_back[s_rid] += work.rolled_back
+            batch.drafted[s_rows] += s_drafts if work.drafted is None else work.drafted
+            batch.accepted[s_rows] += work.accepted
+            batch.rolled_back[s_rows] += work.rolled_back
         if cfg.jump_forward:
-            rec.jump_forward_tokens[s_rid] += work.jumped
+            batch.jumped[s_rows] += work.jumped
 
         done = batch.gen_left[s_rows] <= 0
         if work.ended is not None:
@@ -586,6 +592,13 @@ class Scheduler:
                     rec.valid[rid] = int(valid)
                 self._end(rid, t_token)
             gone[positions[done]] = True
+            leaving = gone.nonzero()[0]
+            rids = batch.rid[leaving]
+            rec.output_tokens[rids] = batch.out[leaving]
+            rec.drafted[rids] = batch.drafted[leaving]
+            rec.accepted[rids] = batch.accepted[leaving]
+            rec.rolled_back[rids] = batch.rolled_back[leaving]
+            rec.jump_forward_tokens[rids] = batch.jumped[leaving]
             batch.keep(~gone)
 
         kind = _KIND_MIXED if len(dec_rows) and len(pf_rows) else (_KIND_DECODE if len(dec_rows) else _KIND_PREFILL)
