@@ -2,7 +2,7 @@
 
 >>> import numpy as np
 >>> PoissonArrivals(rate=2.0).times(3, np.random.default_rng(0)).round(3).tolist()
-[0.34, 0.456, 0.578]
+[0.34, 0.85, 0.86]
 
 Gamma arrivals follow vLLM's serving benchmark: inter-arrival gaps are
 Gamma(shape = burstiness, scale = 1 / (rate * burstiness)); burstiness 1 is

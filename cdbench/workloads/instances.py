@@ -104,7 +104,9 @@ def hypothesis_json_instance(spec: ConstraintSpec, time_cap_s: float = HYPOTHESI
 
     The fallback for schemas the direct generator misses: slower, fails on many
     real schemas, but knows JSON Schema semantics the direct generator does not
-    steer. Derandomized, so the result is deterministic.
+    steer. Derandomized, so the draws are deterministic; only the wall-clock
+    cap is not (a loaded machine may give up where an idle one succeeds), and
+    the on-disk pool cache pins whatever the first run found.
     """
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis.errors import HypothesisException

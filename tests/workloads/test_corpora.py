@@ -90,3 +90,15 @@ def test_shared_corpora_are_named_by_stem(corpora_dir, monkeypatch):
     assert "jsonschemabench_github_easy" in names
     load = load_corpus("lark_lark_parser")
     assert not load.skipped and "lark/lark-parser/lark/grammars/common" in load.library_ids
+
+
+def test_module_examples_run():
+    """The docstring examples of the workloads modules are executed (they double as documentation)."""
+    import doctest
+    import importlib
+
+    for name in ("arrivals", "lengths", "regex_instances", "json_instances", "grammar_instances", "corpora",
+                 "config", "token_sources", "validate"):
+        module = importlib.import_module(f"cdbench.workloads.{name}")
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0, name
