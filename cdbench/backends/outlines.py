@@ -10,6 +10,23 @@ JSON schemas, choices and tool-call tags become regexes; EBNF grammars are
 not regular and raise ``CompileError(reason="unsupported")``. The vocabulary
 map leaves out every special, added and unused id, so none can spell text.
 EOS is handled here: ``Guide.advance`` refuses it even in a final state.
+
+Known outlines-core 0.2.14 limitations, left as the engine has them (each
+refuses valid text, so it shows as a false reject in ``cdbench profile``):
+
+- Leftmost-first matching: once a preferred branch of the regex has matched,
+  the other branches that would go on are dropped. ``(1|10)`` refuses ``10``,
+  a lazy ``.+?`` stops after one character, ``a|aT[0-9]`` refuses ``aT1``, and
+  a loop may end early (``([a-z]+|[a-z]+:)*`` refuses ``ab:``). The same holds
+  for the regexes outlines builds from a schema (``enum: [1, 10]``). Choices
+  are built here, so they are ordered longest first, which avoids it.
+- From a state where the regex may end, a one-byte token into a state where it
+  may not is missing from the index: after ``1`` of ``1(a[0-9]+)?`` only EOS
+  is allowed, not ``a``.
+- An object schema with ``properties`` admits no other key, even with
+  ``additionalProperties: true``; a ``required`` key not listed there is
+  ignored (``{}`` is accepted, ``{"top": 1}`` refused). ``pattern`` is not
+  checked when ``minLength`` or ``maxLength`` is given.
 """
 
 from __future__ import annotations
@@ -33,16 +50,29 @@ IGNORED_KEYWORDS = frozenset({"not", "if", "then", "else", "oneOf", "uniqueItems
                               "minProperties", "maxProperties"})
 
 # Placeholder whitespace pattern: outlines puts its whitespace regex around
-# every ':' and ',' and inside brackets; the compact language keeps one space
-# after each separator and nothing elsewhere.
+# every ':', next to every ',' and inside brackets; the compact language keeps
+# one space after each separator and nothing elsewhere.
 _WS_MARK = "\ue000"
 
 
 def _compact(regex: str) -> str:
+    """``regex`` (built with ``_WS_MARK`` as whitespace) in the compact convention.
+
+    A ',' may carry the mark on one side only: an optional property ends with
+    its comma, ``(M"a"M:MvalueM,)?M"b"``, and an array item starts with one,
+    ``(,M item)``. Every mark next to a ',' makes it the item separator.
+    """
     for old, new in ((f"{_WS_MARK}:{_WS_MARK}", specs.KEY_SEPARATOR), (f"{_WS_MARK},{_WS_MARK}", specs.ITEM_SEPARATOR),
-                     (f",{_WS_MARK}", specs.ITEM_SEPARATOR), (_WS_MARK, "")):
+                     (f"{_WS_MARK},", specs.ITEM_SEPARATOR), (f",{_WS_MARK}", specs.ITEM_SEPARATOR), (_WS_MARK, "")):
         regex = regex.replace(old, new)
     return regex
+
+
+def _choice_regex(options: list[str]) -> str:
+    # Longest first: outlines-core matches leftmost-first, so in (Inf|Infinity)
+    # the match of Inf would drop Infinity. A longer option is never a prefix
+    # of a shorter one, so no option can cut another off.
+    return specs.choice_regex(sorted(options, key=len, reverse=True))
 
 
 def _without_outer_anchors(regex: str) -> str:
@@ -177,7 +207,7 @@ class OutlinesBackend(GrammarBackend):
             elif spec.kind == "regex":
                 regex = _without_outer_anchors(specs.load_text(spec, self.name))
             elif spec.kind == "choice":
-                regex = specs.choice_regex(specs.load_choices(spec, self.name))
+                regex = _choice_regex(specs.load_choices(spec, self.name))
             else:
                 tags = specs.load_tool_call_tags(spec, self.name)
                 regex = "(" + "|".join(

@@ -278,6 +278,65 @@ def test_outlines_drops_tokens_that_leave_a_final_state(engines):
     assert allowed == {"xgrammar": True, "outlines": False}
 
 
+@pytest.mark.parametrize(("regex", "text"), [("(1|10)", "10"), ("x.+?", "xabc"), ("a|aT[0-9]", "aT1")])
+def test_outlines_matches_leftmost_first(engines, regex, text):
+    """Known outlines-core 0.2.14 difference: once a preferred branch has matched,
+    branches that would go on are dropped, so valid text is refused.
+
+    If this test fails, outlines-core fixed it: drop the note in the outlines
+    module docstring and the longest-first order of choices.
+    """
+    spec = ConstraintSpec("regex", regex)
+    accepts = {e: _accepts(engines.backend(e, VOCAB), engines.compiled(e, VOCAB, spec), text)
+               for e in ("xgrammar", "outlines")}
+    assert accepts == {"xgrammar": True, "outlines": False}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_choice_accepts_options_that_extend_others(engines, engine):
+    backend = engines.backend(engine, VOCAB)
+    grammar = backend.compile(ConstraintSpec("choice", ["1", "10", "100", "Inf", "Infinity"]))
+    assert all(_accepts(backend, grammar, option) for option in ("1", "10", "100", "Inf", "Infinity"))
+    assert not _accepts(backend, grammar, "1000") and not _accepts(backend, grammar, "Infinit")
+
+
+@st.composite
+def _closed_objects(draw, depth: int = 1) -> tuple[dict, dict]:
+    """A closed object schema with optional properties, and one of its instances."""
+    kinds = ["integer", "boolean", "null"] + (["array", "object"] if depth else [])
+    properties, required, instance = {}, [], {}
+    for name in draw(st.lists(st.sampled_from("abcde"), min_size=1, max_size=4, unique=True)):
+        kind = draw(st.sampled_from(kinds))
+        if kind == "object":
+            properties[name], value = draw(_closed_objects(depth - 1))
+        elif kind == "array":
+            properties[name] = {"type": "array", "items": {"type": "integer"}}
+            value = draw(st.lists(st.integers(-99, 99), max_size=3))
+        else:
+            properties[name] = {"type": kind}
+            value = {"integer": draw(st.integers(-999, 999)), "boolean": draw(st.booleans()), "null": None}[kind]
+        if draw(st.booleans()):
+            required.append(name)
+        if name in required or draw(st.booleans()):
+            instance[name] = value
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}, instance
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=_closed_objects())
+def test_compact_whitespace_is_json_dumps(engines, engine, case):
+    """Any mix of required and optional properties: ``json.dumps`` output is
+    accepted and the same value without the separators' spaces is not."""
+    schema, instance = case
+    backend = engines.backend(engine, VOCAB)
+    grammar = backend.compile(ConstraintSpec("json_schema", schema))
+    assert _accepts(backend, grammar, json.dumps(instance))
+    tight = json.dumps(instance, separators=(",", ":"))
+    if tight != json.dumps(instance):
+        assert not _accepts(backend, grammar, tight)
+
+
 def test_only_llguidance_allows_undeclared_properties_by_default(engines):
     """Known engine difference: without ``additionalProperties``, llguidance follows
     JSON Schema (extra properties allowed); xgrammar (strict mode) and outlines do not."""
