@@ -39,6 +39,7 @@ from cdbench.workloads.token_sources import RandomWalk
 from cdbench.workloads.validate import InvalidInstance, check_instance
 
 _NS = 1e-9
+_UNSEEN = object()  # a request the lean path has not looked at yet
 
 
 class DraftSource(Protocol):
@@ -119,6 +120,8 @@ class HybridExecutor(GrammarExecutor):
         self._rejected: set[int] = set()
         self._eos = frozenset(backend.vocab.eos_token_ids)
         self._mask = backend.allocate_mask(1)
+        # oracle requests' bound (fill_mask, accept) and tokens, for the one-fill-one-accept step
+        self._lean: dict[int, tuple | None] = {}
 
     def _timed(self, fn, *args):
         start = perf_counter_ns()
@@ -152,6 +155,13 @@ class HybridExecutor(GrammarExecutor):
             self._position[rid] = 0
         return matcher
 
+    def _lean_entry(self, rid: int) -> tuple | None:
+        """``(fill_mask, accept, oracle tokens)`` of request ``rid``, or ``None`` without oracle tokens."""
+        oracle = self.requests[rid].output_tokens
+        matcher = self._matchers.get(rid) or self._matcher(rid)
+        entry = self._lean[rid] = (matcher.fill_mask, matcher.accept, oracle) if oracle is not None else None
+        return entry
+
     def step(self, rows: StepRows, rng: np.random.Generator) -> StepWork:
         n = len(rows.rid)
         drafts = rows.drafts
@@ -176,31 +186,35 @@ class HybridExecutor(GrammarExecutor):
         mask = self._mask
         requests, positions, propose = self.requests, self._position, self.drafts.propose
         rids, lefts, ks = rows.rid.tolist(), rows.gen_left.tolist(), drafts.tolist()
+        k_max = max(ks, default=0)
         matchers = self._matchers
-        plain_fill: list[int] = []
-        plain_ns: list[int] = []
-        for i in np.flatnonzero(rows.grammar).tolist():
-            rid, left, k = rids[i], lefts[i], ks[i]
+        grammar_rows = np.flatnonzero(rows.grammar).tolist()
+        plain_rows: list[int] = []
+        plain: list[tuple] = []
+        if not self.jump_forward:
+            # the common step, one fill and one accept of an oracle token: batched below
+            lean = self._lean
+            candidates = grammar_rows if k_max == 0 else [i for i in grammar_rows if not ks[i]]
+            entries = [lean.get(rids[i], _UNSEEN) for i in candidates]
+            if _UNSEEN in entries:
+                entries = [self._lean_entry(rids[i]) if e is _UNSEEN else e for i, e in zip(candidates, entries)]
+            if None in entries:  # requests without oracle tokens take the general path
+                plain_rows = [i for i, e in zip(candidates, entries) if e is not None]
+                plain = [e for e in entries if e is not None]
+            else:
+                plain_rows, plain = candidates, entries
+            if len(plain_rows) < len(grammar_rows):
+                lean_rows = set(plain_rows)
+                grammar_rows = [i for i in grammar_rows if i not in lean_rows]
+            else:
+                grammar_rows = []
+        for i in grammar_rows:
+            rid, k = rids[i], ks[i]
+            left = lefts[i]
             request = requests[rid]
             oracle = request.output_tokens
             matcher = matchers.get(rid) or self._matcher(rid)
             pos = positions[rid]
-            if not k and oracle is not None and not self.jump_forward:
-                # the common step: one fill, one accept of the oracle's token
-                t0 = clock()
-                matcher.fill_mask(mask, 0)
-                t1 = clock()
-                ok = matcher.accept(oracle[pos])
-                t2 = clock()
-                plain_fill.append(i)
-                plain_ns.append(t1 - t0)
-                backend_ns += t1 - t0
-                process_ns += t2 - t1
-                if not ok:
-                    rejected[i] = True
-                    self._rejected.add(rid)
-                positions[rid] = pos + 1
-                continue
             if mask.shape[0] < k + 1:
                 mask = self._mask = self.backend.allocate_mask(k + 1)
             # mask building: fill, then accept each draft and fill its row (the grammar-valid prefix)
@@ -265,9 +279,27 @@ class HybridExecutor(GrammarExecutor):
                 ended[i] = True
             produced[i] = emitted
             positions[rid] = pos
-        if plain_fill:
-            fill_s[plain_fill] = np.array(plain_ns) * _NS
-            mask_rows[plain_fill] = 1
+        if plain_rows:
+            # Rows are independent matchers, so all fills run first (each timed: the parallel-fill
+            # model needs per-row times), then all accepts under one clock pair.
+            plain_ns = []
+            for fill, _, _ in plain:
+                t0 = clock()
+                fill(mask, 0)
+                plain_ns.append(clock() - t0)
+            backend_ns += sum(plain_ns)
+            plain_rids = [rids[i] for i in plain_rows]
+            tokens = [oracle[positions[rid]] for rid, (_, _, oracle) in zip(plain_rids, plain)]
+            t0 = clock()
+            oks = [accept(token) for (_, accept, _), token in zip(plain, tokens)]
+            process_ns += clock() - t0
+            for i, rid, ok in zip(plain_rows, plain_rids, oks):
+                positions[rid] += 1
+                if not ok:
+                    rejected[i] = True
+                    self._rejected.add(rid)
+            fill_s[plain_rows] = np.array(plain_ns) * _NS
+            mask_rows[plain_rows] = 1
         if isinstance(self.backend, ReasonerBackend) and thinking.any():
             process_ns += self._think(rows, produced)
         process_s = process_ns * _NS
@@ -299,6 +331,7 @@ class HybridExecutor(GrammarExecutor):
         """Decode the answer and check it against the spec (``None`` for unconstrained requests)."""
         request = self.requests[rid]
         self._matchers.pop(rid, None)
+        self._lean.pop(rid, None)
         if request.spec is None:
             return None
         position = self._position.pop(rid, 0)
@@ -306,8 +339,8 @@ class HybridExecutor(GrammarExecutor):
             return False
         emitted = self._emitted.pop(rid, None)
         source = request.output_tokens[:position] if request.output_tokens is not None else emitted or []
-        tokens = [t for t in source if t not in self._eos]
         start = perf_counter_ns()
+        tokens = [t for t in source if t not in self._eos]
         try:
             check_instance(request.spec, self.backend.vocab.decode(tokens))
             return True
