@@ -34,6 +34,9 @@ class EventKind(enum.IntEnum):
     ITERATION = 1  # the scheduler runs one loop iteration
 
 
+_KINDS = tuple(sorted(EventKind, key=int))  # by value: cheaper than calling EventKind(value) per event
+
+
 class EventQueue:
     """A min-heap of ``(time, kind, seq, payload)`` with a virtual clock.
 
@@ -57,7 +60,7 @@ class EventQueue:
         """Remove the next event, advance the clock to it and return ``(time, kind, payload)``."""
         time, kind, _, payload = heapq.heappop(self._heap)
         self.now = time
-        return time, EventKind(kind), payload
+        return time, _KINDS[kind], payload
 
     def peek_time(self) -> float:
         """Time of the next event (``inf`` when empty)."""

@@ -467,8 +467,8 @@ class ModelExecutor(GrammarExecutor):
                 rolled_back[g] = rolled
                 undo = rolled.nonzero()[0]
                 if len(undo):
-                    process_s += float(costs.rollback_s(len(undo), codes if single is not None
-                                                        else codes[undo]).sum())
+                    process_s += float(_sum(costs.rollback_s(len(undo), codes if single is not None
+                                                             else codes[undo])))
             if accept_one is None:
                 accept_one = costs.accept_s(ng, codes)
             fill_s[g] = row_fill
