@@ -192,7 +192,9 @@ class StepWork:
     ``process_s``: CPU seconds to advance the grammars after sampling (accept,
     rollback, jump-forward), all rows together; ``ended``: rows whose output
     ended before its planned length (the grammar terminated; ``None``: none);
-    ``drafted``: drafts actually verified per row (``None``: as scheduled).
+    ``drafted``: drafts actually verified per row (``None``: as scheduled);
+    ``masked_fill_s``, ``masked_rows``: ``fill_s`` and ``mask_rows`` of just the
+    rows that built masks, in row order (``None``: the scheduler selects them).
     """
 
     fill_s: np.ndarray
@@ -205,6 +207,8 @@ class StepWork:
     process_s: float
     ended: np.ndarray | None = None
     drafted: np.ndarray | None = None
+    masked_fill_s: np.ndarray | None = None
+    masked_rows: np.ndarray | None = None
 
 
 def accepted_drafts(rng: np.random.Generator, drafts: np.ndarray, alpha: float) -> np.ndarray:
@@ -456,6 +460,7 @@ class ModelExecutor(GrammarExecutor):
             accept_one = None
             if total == ng:
                 row_fill = costs.fill_s(ng, codes)
+                per_row = np.ones(ng, np.int64)
             else:
                 per_row = g_drafts + 1
                 draws = costs.fill_s(total, codes if single is not None else np.repeat(codes, per_row))
@@ -479,4 +484,6 @@ class ModelExecutor(GrammarExecutor):
                 jumped[g] = forced
                 process_s += float(accept_one @ forced)
                 produced = produced + jumped
+            return StepWork(fill_s, mask_rows, produced, accepted, rolled_back, jumped, None, process_s,
+                            masked_fill_s=row_fill, masked_rows=per_row)
         return StepWork(fill_s, mask_rows, produced, accepted, rolled_back, jumped, None, process_s)

@@ -541,12 +541,15 @@ class Scheduler:
             n_filter = int(np.count_nonzero(filtered))
         else:
             n_filter = 0
-        has_mask = work.mask_rows > 0
-        grammar_rows = int(np.count_nonzero(has_mask))
+        if work.masked_fill_s is None:
+            has_mask = work.mask_rows > 0
+            row_fill, row_masks = work.fill_s[has_mask], work.mask_rows[has_mask]
+        else:
+            row_fill, row_masks = work.masked_fill_s, work.masked_rows
+        grammar_rows = len(row_fill)
         mask_rows = n_filter
         fill_s = 0.0
         if grammar_rows:
-            row_fill, row_masks = work.fill_s[has_mask], work.mask_rows[has_mask]
             threshold = cfg.fill_parallel_threshold
             if threshold is not None and grammar_rows > threshold and k == 0:
                 fill_s = parallel_makespan(row_fill, cfg.fill_chunk, cfg.fill_threads)
