@@ -14,10 +14,13 @@ the bin width (about 1.2 %).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
+
+from cdbench.harness.records import DraftPositionCounts
 
 _sum = np.add.reduce
 
@@ -158,6 +161,9 @@ class Summary(BaseModel):
     accepted_tokens: int
     rolled_back_tokens: int
     rollback_rate: float
+    drafted_by_position: list[int] = Field(default_factory=list)
+    accepted_by_position: list[int] = Field(default_factory=list)
+    rolled_back_by_position: list[int] = Field(default_factory=list)
     jump_forward_tokens: int
     forced_think_ends: int
     validity_rate: float | None
@@ -183,11 +189,13 @@ def _stats_ms(values: np.ndarray) -> tuple[float, float, float, float, float]:
 
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: LogHistogram, mask_rows: LogHistogram,
-              slo: SLO | None = None, idle_iterations: int | None = None) -> Summary:
+              slo: SLO | None = None, idle_iterations: int | None = None,
+              draft_positions: DraftPositionCounts | None = None) -> Summary:
     """Compute the :class:`Summary` of a run from its records.
 
     ``idle_iterations`` overrides the count of idle rows in ``steps`` (one row
-    may stand for a stride of identical idle iterations).
+    may stand for a stride of identical idle iterations); ``draft_positions``
+    fills the ``*_by_position`` lists (index 0 is the first draft position).
     """
     ok = requests["abort_reason"] == ""
     done = requests[ok]
@@ -225,6 +233,11 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: LogHistogram, ma
     mask_time = float((steps["fill_s"] + steps["copy_s"] + steps["apply_s"]).sum()) if len(steps) else 0.0
     reasons = requests.loc[~ok, "abort_reason"].astype(str).value_counts()
 
+    def by_position(counts: Callable[[DraftPositionCounts], np.ndarray]) -> list[int]:
+        if draft_positions is None or not draft_positions.max_drafts:
+            return []
+        return [int(v) for v in counts(draft_positions)]
+
     t = _stats_ms(ttft)
     p = _stats_ms(tpot)
     e = _stats_ms(e2el)
@@ -257,6 +270,9 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: LogHistogram, ma
         accepted_tokens=int(requests["accepted"].sum()),
         rolled_back_tokens=rolled,
         rollback_rate=rolled / drafted if drafted else 0.0,
+        drafted_by_position=by_position(lambda c: c.drafted()),
+        accepted_by_position=by_position(lambda c: c.accepted()),
+        rolled_back_by_position=by_position(lambda c: c.rolled_back()),
         jump_forward_tokens=int(requests["jump_forward_tokens"].sum()),
         forced_think_ends=int(requests["forced_think_end"].sum()),
         validity_rate=float(valid.mean()) if len(valid) else None,

@@ -163,3 +163,49 @@ class StepLog:
         frame = pd.DataFrame.from_records(self.rows, columns=list(STEP_COLUMNS))
         frame["kind"] = pd.Categorical(frame["kind"], categories=list(STEP_KINDS))
         return frame
+
+
+class DraftPositionCounts:
+    """Speculative-decoding outcomes by draft position (position 1 is the first draft after the sampled token).
+
+    Each step adds, per sampling row, its verified drafts ``d``, drafts the
+    target accepted ``a`` (positions ``1..a``) and drafts rolled back in the
+    grammar ``r`` (positions ``a+1..a+r``). Counting ``d``, ``a`` and ``a + r``
+    per step (three bincounts) is enough to recover the per-position totals.
+
+    >>> counts = DraftPositionCounts(3)
+    >>> counts.add(np.array([3, 3, 0]), np.array([1, 3, 0]), np.array([2, 0, 0]))
+    >>> counts.drafted().tolist(), counts.accepted().tolist(), counts.rolled_back().tolist()
+    ([2, 2, 2], [2, 1, 1], [0, 1, 1])
+    """
+
+    def __init__(self, max_drafts: int) -> None:
+        self.max_drafts = max_drafts
+        self.rows = 0
+        self._drafted = np.zeros(max_drafts + 1, np.int64)  # rows by verified drafts
+        self._accepted = np.zeros(max_drafts + 1, np.int64)  # rows by accepted drafts
+        self._rolled_end = np.zeros(max_drafts + 1, np.int64)  # rows by last rolled-back position
+
+    def add(self, drafted: np.ndarray, accepted: np.ndarray, rolled_back: np.ndarray) -> None:
+        """Count one step's rows (parallel arrays of per-row counts)."""
+        size = self.max_drafts + 1
+        self.rows += len(drafted)
+        self._drafted += np.bincount(drafted, minlength=size)
+        self._accepted += np.bincount(accepted, minlength=size)
+        self._rolled_end += np.bincount(accepted + rolled_back, minlength=size)
+
+    def _at_least(self, by_count: np.ndarray) -> np.ndarray:
+        """Rows whose count reaches each position 1..max_drafts."""
+        return self.rows - np.cumsum(by_count)[:-1]
+
+    def drafted(self) -> np.ndarray:
+        """Drafts verified at each position."""
+        return self._at_least(self._drafted)
+
+    def accepted(self) -> np.ndarray:
+        """Drafts the target accepted at each position."""
+        return self._at_least(self._accepted)
+
+    def rolled_back(self) -> np.ndarray:
+        """Drafts rolled back in the grammar at each position."""
+        return self._at_least(self._rolled_end) - self.accepted()

@@ -83,7 +83,8 @@ def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: 
     sched.run()
     requests_frame = sched.rec.to_frame()
     steps_frame = sched.steps.to_frame()
-    summary = summarize(requests_frame, steps_frame, sched.itl, sched.fill_hist, slo, sched.idle_iterations)
+    summary = summarize(requests_frame, steps_frame, sched.itl, sched.fill_hist, slo, sched.idle_iterations,
+                        sched.draft_positions)
     return RunResult(requests_frame, steps_frame, summary, timeline, time.perf_counter() - start,
                      executor.backend_call_s, executor.validation_s, sched.compile_errors)
 

@@ -43,7 +43,7 @@ from cdbench.harness.events import EventKind, EventQueue
 from cdbench.harness.executors import CompileOutcome, GpuCosts, GrammarExecutor, SpecKeys, StepRows
 from cdbench.harness.metrics import LogHistogram
 from cdbench.harness.policies import SchedulerConfig
-from cdbench.harness.records import ABORT_REASONS, CACHE_RESULTS, RequestTable, StepLog
+from cdbench.harness.records import ABORT_REASONS, CACHE_RESULTS, DraftPositionCounts, RequestTable, StepLog
 from cdbench.harness.timeline import Timeline
 from cdbench.workloads.request import Request
 
@@ -178,6 +178,7 @@ class Scheduler:
         self.steps = StepLog()
         self.itl = LogHistogram()
         self.fill_hist = LogHistogram()
+        self.draft_positions = DraftPositionCounts(config.spec_tokens)
         self.ended = 0
         self.idle_iterations = 0
         self._carry_process_s = 0.0  # overlap: last step's result processing, paid in the next iteration
@@ -613,9 +614,11 @@ class Scheduler:
             rec.first_token_s[batch.rid[first_rows]] = t_token
         batch.out[s_rows] += produced
         if k:
-            batch.drafted[s_rows] += s_drafts if work.drafted is None else work.drafted
+            drafted = s_drafts if work.drafted is None else work.drafted
+            batch.drafted[s_rows] += drafted
             batch.accepted[s_rows] += work.accepted
             batch.rolled_back[s_rows] += work.rolled_back
+            self.draft_positions.add(drafted, work.accepted, work.rolled_back)
         if cfg.jump_forward:
             batch.jumped[s_rows] += work.jumped
 

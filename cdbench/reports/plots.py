@@ -138,6 +138,29 @@ def bar_plot(labels: Sequence[str], values: Mapping[str, Sequence[float]], xlabe
     return _save(fig, path)
 
 
+def draft_position_plot(counts: Mapping[str, Sequence[int]], share: Sequence[float], share_label: str, title: str,
+                        path: Path) -> Path:
+    """Grouped bars of counts per draft position (1, 2, ...) with ``share`` (0..1) as a line on a second axis."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    positions = np.arange(1, len(share) + 1)
+    width = 0.8 / max(len(counts), 1)
+    for i, (name, heights) in enumerate(counts.items()):
+        ax.bar(positions + (i - (len(counts) - 1) / 2) * width, heights, width, label=name)
+    ax.set_xticks(positions)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("draft tokens")
+    ax.grid(alpha=0.3, axis="y")
+    rate_ax = ax.twinx()
+    rate_ax.plot(positions, np.asarray(share, dtype=float) * 100, color="black", marker="o", label=share_label)
+    rate_ax.set_ylabel(f"{share_label} (%)")
+    rate_ax.set_ylim(0, 105)
+    handles = ax.get_legend_handles_labels()[0] + rate_ax.get_legend_handles_labels()[0]
+    ax.legend(handles, [h.get_label() for h in handles], fontsize="small", loc="upper center",
+              bbox_to_anchor=(0.5, -0.15), ncol=2)
+    ax.set_title(title)
+    return _save(fig, path)
+
+
 def tradeoff_plot(table: pd.DataFrame, x: str, y: str, series: Sequence[str], order_by: str | None, title: str,
                   path: Path) -> Path:
     """Throughput-vs-latency style curves: one line per combination of ``series`` columns, points ordered by ``order_by``."""

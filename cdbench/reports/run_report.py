@@ -8,8 +8,10 @@ why, rather than showing an empty figure.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -106,14 +108,17 @@ def _mask_times(steps: pd.DataFrame, plot_dir: Path) -> Figure:
     return Figure("mask_time", "Mask fill time per row, each step's mean weighted by its rows", path)
 
 
-def _rollbacks(requests: pd.DataFrame, plot_dir: Path) -> Figure:
-    drafted = requests[requests["drafted"] > 0]
-    if drafted.empty:
-        return Figure("rollback", "Rollbacks", None, "no speculative decoding (no draft tokens)")
-    rate = (drafted["rolled_back"] / drafted["drafted"]).to_numpy()
-    path = plots.histogram_plot(rate, "rolled-back ÷ drafted tokens", "Rollback rate per request",
-                                plot_dir / "rollback.png")
-    return Figure("rollback", "Rollback rate per request (per draft position needs per-position records)", path)
+def _rollbacks(summary: Mapping[str, Any], plot_dir: Path) -> Figure:
+    drafted = np.asarray(summary.get("drafted_by_position", []), dtype=float)
+    if not drafted.any():
+        return Figure("rollback", "Rollback by draft position", None, "no speculative decoding (no draft tokens)")
+    accepted = summary["accepted_by_position"]
+    rolled = np.asarray(summary["rolled_back_by_position"], dtype=float)
+    share = np.divide(rolled, drafted, out=np.zeros_like(rolled), where=drafted > 0)
+    path = plots.draft_position_plot(
+        {"verified": drafted, "accepted": accepted, "rolled back in the grammar": rolled}, share,
+        "rolled back ÷ verified", "Rollback by draft position", plot_dir / "rollback.png")
+    return Figure("rollback", "Drafts verified, accepted and rolled back at each draft position", path)
 
 
 def _rank_skew(requests: pd.DataFrame, plot_dir: Path) -> Figure:
@@ -134,7 +139,7 @@ def build_figures(run: SavedRun) -> list[Figure]:
         *_step_breakdown(run.steps, plot_dir),
         _compile_times(run.requests, plot_dir),
         _mask_times(run.steps, plot_dir),
-        _rollbacks(run.requests, plot_dir),
+        _rollbacks(run.summary, plot_dir),
         _rank_skew(run.requests, plot_dir),
     ]
 

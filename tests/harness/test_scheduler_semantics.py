@@ -218,6 +218,24 @@ def test_spec_decoding_rolls_back_exactly_the_rejected_drafts():
     assert mask_rows.max() <= 4 * 10  # 1 + k rows per grammar request
 
 
+def test_draft_positions_add_up_to_the_request_totals_and_rollbacks_grow_with_position():
+    reqs = [req(i, 0.001 * i, out=60, spec="s1" if i % 2 else None) for i in range(40)]
+    s = sim(reqs, "vllm", spec_tokens=4, alpha=0.6, seed=5).summary
+    assert len(s.drafted_by_position) == 4
+    assert sum(s.drafted_by_position) == s.drafted_tokens
+    assert sum(s.accepted_by_position) == s.accepted_tokens
+    assert sum(s.rolled_back_by_position) == s.rolled_back_tokens
+    # a draft is accepted only if every earlier one was: acceptance falls and rollbacks rise with position
+    assert s.accepted_by_position == sorted(s.accepted_by_position, reverse=True)
+    share = [r / d for r, d in zip(s.rolled_back_by_position, s.drafted_by_position)]
+    assert share == sorted(share) and share[0] < share[-1]
+
+
+def test_no_drafts_no_positions():
+    s = sim([req(0, 0.0, out=10)], "vllm").summary
+    assert s.drafted_by_position == s.rolled_back_by_position == []
+
+
 def test_spec_with_grammar_serialises_steps_unless_the_engine_overlaps_grammar_with_verify():
     grammar = FixedGrammarCosts(compile_time_s=0.0, fill_time_s=0.001, accept_time_s=0.0, rollback_time_s=0)
     kw = dict(overlap=True, spec_tokens=1, alpha=1.0, grammar=grammar)

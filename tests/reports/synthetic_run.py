@@ -46,7 +46,10 @@ def write_synthetic_run(folder, seed=0, summary=None, **kwargs) -> SavedRun:
     folder.mkdir(parents=True, exist_ok=True)
     summary = summary or {"completed": 60, "request_throughput": 20.0 + seed, "mean_ttft_ms": 30.0 + seed,
                           "median_ttft_ms": 25.0, "p99_ttft_ms": 90.0, "mean_tpot_ms": 10.0, "p99_tpot_ms": 12.0,
-                          "cache_hit_rate": 0.5, "rollback_rate": 0.5}
+                          "cache_hit_rate": 0.5, "rollback_rate": 0.5,
+                          "drafted_by_position": [400, 300, 200] if kwargs.get("drafts", True) else [],
+                          "accepted_by_position": [300, 150, 50] if kwargs.get("drafts", True) else [],
+                          "rolled_back_by_position": [70, 100, 110] if kwargs.get("drafts", True) else []}
     (folder / "summary.json").write_text(json.dumps(summary))
     (folder / "config.yaml").write_text("mode: model\nseed: %d\n" % seed)
     requests.to_parquet(folder / "requests.parquet", index=False)
