@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -47,3 +48,21 @@ def test_helpers():
     assert gpu_short_name("NVIDIA H100 80GB HBM3") == "h100"
     assert gpu_short_name("NVIDIA H200") == "h200"
     assert rotation_count(600 << 20) == 2 and rotation_count(1 << 20) == 512
+
+
+def test_target_stats_judge_small_batches_by_copy_and_large_ones_by_floor():
+    from cdbench.kernels.bench import KernelResult
+    from cdbench.kernels.bench_report import target_stats
+
+    def result(batch, variant, timing, us, floor):
+        return KernelResult(1000, batch, "bf16", "sparse", variant, "apply", timing, us, us, us, floor, True)
+
+    frame = results_frame([
+        result(4, "copy", "graph", 2.0, 1.0), result(4, "cdbench", "graph", 2.2, 1.0),
+        result(64, "copy", "graph", 20.0, 15.0), result(64, "cdbench", "graph", 16.0, 15.0),
+        result(64, "copy", "event", 22.0, 15.0), result(64, "cdbench", "event", 20.0, 15.0),
+    ])
+    stats = target_stats(frame)
+    assert stats["graph_max_ratio_to_copy"] == pytest.approx(1.1)  # B = 64's 0.8 is not a small-batch row
+    assert stats["graph_sparse_b64_min_pct_floor"] == pytest.approx(93.75)
+    assert stats["sparse_b64_min_pct_floor"] == pytest.approx(75.0)
