@@ -178,12 +178,19 @@ def default_out_dir(prefix: str = "") -> Path:
     return Path("runs") / f"{prefix}{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
 
 
-def execute(tree: dict[str, Any], source: str, out: Path, description: str = "simulating") -> SavedRun:
-    """Validate, run with a progress bar, save and report; user mistakes become one-line errors."""
+def execute(tree: dict[str, Any], source: str, out: Path, label: str = "") -> SavedRun:
+    """Validate, run with a progress bar, save and report; user mistakes become one-line errors.
+
+    The bar shows each stage of the run (workload generation, then simulation), prefixed by ``label``.
+    """
+    prefix = f"{label}: " if label else ""
     with user_errors(out / "run.log"):
         run_config = validate_run_config(tree, source)
         with progress_bar(transient=True) as bar:
-            task = bar.add_task(description, total=100)
-            saved = record_run(run_config, out, progress=lambda f: bar.update(task, completed=100 * f))
-            bar.update(task, completed=100)
+            task = bar.add_task(f"{prefix}starting", total=100)
+
+            def show(stage: str, fraction: float) -> None:
+                bar.update(task, description=prefix + stage, completed=100 * fraction)
+
+            saved = record_run(run_config, out, progress=show)
     return saved

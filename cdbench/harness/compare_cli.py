@@ -88,7 +88,7 @@ def compare(
         for b, p in combos:
             label = "-".join(x for x in (b, p) if x)
             tree = apply_overrides(base, option_overrides({"backend": b, "policy": p}))
-            runs[label] = execute(tree, f"{source} ({label})", out / label, description=f"simulating {label}")
+            runs[label] = execute(tree, f"{source} ({label})", out / label, label=label)
     with user_errors(out / "compare.log"), err_console.status("writing the comparison and its plots"):
         md = write_comparison(runs, out)
     table = comparison_table({label: run.summary for label, run in runs.items()})

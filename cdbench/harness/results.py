@@ -118,18 +118,21 @@ def load_run(folder: Path) -> SavedRun:
 def record_run(
     config: RunConfig,
     folder: Path,
-    progress: Callable[[float], None] | None = None,
+    progress: Callable[[str, float], None] | None = None,
     report: bool = True,
 ) -> SavedRun:
     """Run ``config``, save it into ``folder`` and (by default) build its report.
 
-    ``progress`` is handed to :func:`cdbench.harness.run.run`. Raises
+    ``progress`` is handed to :func:`cdbench.harness.run.run`, then told the
+    stage ``saving the results and the report``. Raises
     :class:`ConfigError` for a configuration the run rejects.
     """
     from cdbench.harness.run import run
     from cdbench.reports.run_report import build_report
 
     result = run(config, progress=progress)
+    if progress is not None:
+        progress("saving the results and the report", 1.0)
     saved = save_run(result, config, folder)
     if report:
         build_report(saved)

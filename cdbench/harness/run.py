@@ -32,7 +32,8 @@ from cdbench.workloads.request import Request
 if TYPE_CHECKING:
     from cdbench.harness.config import RunConfig
 
-Progress = Callable[[float], None]
+Progress = Callable[[str, float], None]
+"""Called with the stage (``generating the workload``, ``simulating``) and the fraction of it done (0..1)."""
 
 
 @dataclass
@@ -69,7 +70,7 @@ class RunResult:
 
 def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: GrammarExecutor, gpu: GpuCosts,
              seed: int = 0, max_concurrency: int | None = None, slo: SLO | None = None,
-             trace_steps: int = 2000, progress: Progress | None = None) -> RunResult:
+             trace_steps: int = 2000, progress: Callable[[float], None] | None = None) -> RunResult:
     """Simulate ``requests`` under ``scheduler`` with the given cost sources.
 
     ``progress`` is called with the fraction of requests ended (0..1) now and then.
@@ -92,7 +93,8 @@ def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: 
 def run(config: RunConfig, progress: Progress | None = None) -> RunResult:
     """Run ``config``: generate its workload, build its cost sources, simulate.
 
-    ``progress`` is called with the fraction of requests ended (0..1).
+    ``progress`` is called with the stage and its fraction done: the share of
+    requests built while the workload is generated, then of requests ended.
     """
     # Imported here so that simulate() stays usable without the workload generator's dependencies.
     from cdbench.backends.registry import create_backend
@@ -102,11 +104,14 @@ def run(config: RunConfig, progress: Progress | None = None) -> RunResult:
     from cdbench.workloads.generator import generate
 
     vocab = load_vocab(config.vocab)
-    workload = generate(config.workload, vocab, progress=False)  # the caller owns the progress display
+    workload = generate(config.workload, vocab, progress=False,  # the caller owns the progress display
+                        on_progress=(lambda f: progress("generating the workload", f)) if progress else None)
     spec_decode = workload.config.spec_decode
     scheduler = config.scheduler_config(spec_tokens=spec_decode.k)
     gpu = config.costs.gpu_costs(vocab.size)
     if config.mode == "hybrid":
+        if progress is not None:
+            progress(f"loading {config.backend.name}", 0.0)
         backend = create_backend(config.backend.name, vocab, **config.backend.options)
         executor: GrammarExecutor = HybridExecutor(backend, spec_decode.alpha, workload.draft_source(vocab),
                                                    seed=config.seed)
@@ -114,4 +119,5 @@ def run(config: RunConfig, progress: Progress | None = None) -> RunResult:
         executor = ModelExecutor(config.costs.grammar_costs(config.backend.name, config.seed), spec_decode.alpha)
     return simulate(workload.requests, scheduler, executor, gpu, seed=config.seed,
                     max_concurrency=workload.max_concurrency, slo=config.slo,
-                    trace_steps=config.trace_steps, progress=progress)
+                    trace_steps=config.trace_steps,
+                    progress=(lambda f: progress("simulating", f)) if progress else None)

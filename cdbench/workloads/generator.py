@@ -12,6 +12,7 @@ one aspect of the config does not reshuffle the others.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -121,8 +122,13 @@ class _SpecPicker:
 
 
 def generate(config: WorkloadConfig, vocab: Vocabulary, *, cache: PoolCache | None = None,
-             progress: bool = True) -> Workload:
-    """Expand ``config`` into a :class:`Workload` of ``config.num_requests`` requests."""
+             progress: bool = True, on_progress: Callable[[float], None] | None = None) -> Workload:
+    """Expand ``config`` into a :class:`Workload` of ``config.num_requests`` requests.
+
+    ``progress`` shows this function's own progress bar; ``on_progress``, for a
+    caller that owns the display, is called with the fraction of requests built
+    (at most about a hundred times).
+    """
     streams = dict(zip(_STREAMS, (np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(len(_STREAMS)))))
     n = config.num_requests
     items: list[CorpusItem] = []
@@ -151,7 +157,10 @@ def generate(config: WorkloadConfig, vocab: Vocabulary, *, cache: PoolCache | No
     with bar:
         picker = _SpecPicker(config, items, vocab, streams["specs"], cache or PoolCache(), bar if progress else None)
         pools: dict[str, InstancePool] = {}
+        report_every = max(n // 100, 1)
         for i in range(n):
+            if on_progress is not None and i % report_every == 0:
+                on_progress(i / n)
             spec = spec_id = tokens = index = None
             out_len = int(output[i])
             if structured[i]:

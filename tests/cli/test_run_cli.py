@@ -71,3 +71,20 @@ def test_small_hybrid_run_with_the_real_backend(tmp_path):
     summary = json.loads((tmp_path / "h" / "summary.json").read_text())
     assert summary["completed"] + summary["failed"] == 6
     assert summary["validated"] > 0 and summary["validity_rate"] == 1.0
+
+
+def test_a_failure_that_is_not_a_user_mistake_is_one_line_with_its_traceback_in_run_log(tmp_path, monkeypatch):
+    import cdbench.harness.run as run_module
+
+    def broken_simulate(*args, **kwargs):
+        raise RuntimeError("scheduler invariant broken")
+
+    monkeypatch.setattr(run_module, "simulate", broken_simulate)
+    out = tmp_path / "crashed"
+    result = runner.invoke(app, ["run", str(builtin_config_path("ci")), "--requests", "5", "--out", str(out)])
+    assert result.exit_code == 1
+    assert f"RuntimeError: scheduler invariant broken (details in {out / 'run.log'})" in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+    log = (out / "run.log").read_text()
+    assert log.startswith("Traceback") and "broken_simulate" in log
+    assert not (out / "summary.json").exists()  # an unfinished run is not mistaken for a finished one

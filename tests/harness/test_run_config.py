@@ -66,7 +66,7 @@ def test_cost_sections_build_the_cost_sources(tmp_path):
         RunConfig().costs.grammar_costs("nonesuch", 0)
 
 
-def _embedded(tmp_path, mode: str, **workload):
+def _embedded(tmp_path, mode: str, progress=None, **workload):
     from cdbench.harness.run import run
 
     tree = {"mode": mode, "vocab": "cl100k", "seed": 1,
@@ -74,7 +74,7 @@ def _embedded(tmp_path, mode: str, **workload):
                          "arrival": {"process": "poisson", "rate": 50.0}, "prompt_len": {"dist": "fixed", "value": 64},
                          "output_len": {"dist": "fixed", "value": 8}, **workload},
             "costs": {"fixed_grammar": {}, "fixed_gpu": {"forward_base_s": 0.01}}}
-    return run(RunConfig.model_validate(tree))
+    return run(RunConfig.model_validate(tree), progress=progress)
 
 
 def test_run_from_config_in_hybrid_mode_validates_real_outputs(tmp_path):
@@ -84,6 +84,17 @@ def test_run_from_config_in_hybrid_mode_validates_real_outputs(tmp_path):
     assert frame.loc[frame["structured"], "valid"].all()
     assert frame["drafted"].sum() > 0
     assert result.backend_call_s > 0
+
+
+def test_run_reports_each_stage_in_order_with_rising_fractions(tmp_path):
+    seen: list[tuple[str, float]] = []
+    _embedded(tmp_path, "hybrid", progress=lambda stage, fraction: seen.append((stage, fraction)))
+    stages = list(dict.fromkeys(stage for stage, _ in seen))
+    assert stages == ["generating the workload", "loading xgrammar", "simulating"]
+    for stage in stages:
+        fractions = [f for s, f in seen if s == stage]
+        assert fractions == sorted(fractions) and all(0.0 <= f <= 1.0 for f in fractions)
+    assert seen[-1] == ("simulating", 1.0)
 
 
 def test_run_from_config_in_model_mode_is_deterministic(tmp_path):
