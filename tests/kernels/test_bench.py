@@ -66,3 +66,5 @@ def test_target_stats_judge_small_batches_by_copy_and_large_ones_by_floor():
     assert stats["graph_max_ratio_to_copy"] == pytest.approx(1.1)  # B = 64's 0.8 is not a small-batch row
     assert stats["graph_sparse_b64_min_pct_floor"] == pytest.approx(93.75)
     assert stats["sparse_b64_min_pct_floor"] == pytest.approx(75.0)
+    assert stats["sparse_b64_min_pct_floor_bf16"] == pytest.approx(75.0)  # per dtype too
+    assert stats["graph_sparse_b64_min_pct_floor_bf16"] == pytest.approx(93.75)

@@ -1,4 +1,4 @@
-"""MaskCostTable: writer/reader round trip, interpolation of apply_us and copy_us, the shipped H100 table."""
+"""MaskCostTable: writer/reader round trip, interpolation of apply_us and copy_us, the shipped GPU tables."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ def test_build_save_load_round_trip(tmp_path):
     assert loaded.kernel == "cdbench" and loaded.gpu == "testgpu"
     by_key = {(r.kernel, r.batch): r.us for r in loaded.apply}
     assert by_key == {("cdbench", 1): 2.0, ("cdbench", 64): 20.0, ("xgr-cuda", 64): 25.0}  # graph time wins
+    assert "graph replay per call where measured (B <= 1)" in loaded.source
     assert {(c.bytes, c.pinned, c.us) for c in loaded.copy_h2d} == {(4096, True, 10.0), (4096, False, 20.0)}
 
 
@@ -68,9 +69,10 @@ def test_copy_us_interpolates_and_separates_pinned_from_pageable():
     assert table.copy_us(1000, pinned=False) == pytest.approx(30.0)
 
 
-def test_shipped_h100_table_is_measured_and_complete():
-    table = MaskCostTable.builtin("h100")
-    assert table.kernel == "cdbench" and "H100" in table.source
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_shipped_table_is_measured_and_complete(gpu):
+    table = MaskCostTable.builtin(gpu)
+    assert table.kernel == "cdbench" and gpu.upper() in table.source
     kernels = {r.kernel for r in table.apply}
     assert {"cdbench", "xgr-triton", "xgr-cuda", "naive", "copy"} <= kernels
     for dtype in ("fp32", "bf16"):

@@ -18,8 +18,8 @@ slower than the estimate.) The choice is recorded in
 Examples
 --------
 >>> cost = MaskCost.for_gpu("h200", vocab_size=151936)
->>> round(cost.apply_s(1024) * 1e6)   # µs, xgrammar's default Triton kernel, bf16
-512
+>>> round(cost.apply_s(1024) * 1e6)   # µs, xgrammar's default Triton kernel, bf16 (measured H200 table)
+515
 >>> cost.copy_s(0)
 0.0
 """
