@@ -4,7 +4,8 @@
 
 Each spec gets up to ATTEMPTS_PER_INSTANCE seeded draws (seed 0); a draw
 counts only after the spec's validator accepts it. Writes a markdown report
-with the coverage per corpus and the most frequent failure reasons.
+with the coverage per corpus, the most frequent failure reasons and, in an
+appendix (collapsed sections), every failing spec id with its full reason.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ def reason_class(reason: str) -> str:
     return head[:90]
 
 
+def _cell(text: str) -> str:
+    """``text`` as one markdown table cell."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("corpora", nargs="*", default=DEFAULT)
@@ -42,6 +48,7 @@ def main() -> None:
     rows = []
     reasons: dict[str, collections.Counter] = {}
     examples: dict[tuple[str, str], str] = {}
+    failing: dict[str, list[tuple[str, str]]] = {}
     with Progress() as progress:
         for name in args.corpora:
             load = load_corpus(name)
@@ -54,6 +61,7 @@ def main() -> None:
                     valid_instances(item.id, item.to_spec(), 1, 0)
                     ok += 1
                 except InstanceFailure as failure:
+                    failing.setdefault(name, []).append((item.id, failure.reason))
                     key = reason_class(failure.reason)
                     counter[key] += 1
                     examples.setdefault((name, key), item.id)
@@ -86,9 +94,14 @@ def main() -> None:
         lines.append("| count | reason | example spec |")
         lines.append("| ---: | --- | --- |")
         for key, count in counter.most_common(10):
-            cell = key.replace("|", "\\|")
-            lines.append(f"| {count} | {cell} | `{examples[(name, key)]}` |")
+            lines.append(f"| {count} | {_cell(key)} | `{examples[(name, key)]}` |")
         lines.append("")
+    lines += ["## Appendix: every failing spec", ""]
+    for name, failures in failing.items():
+        lines += [f"<details><summary>{name}: {len(failures)} failing</summary>", "",
+                  "| spec id | reason |", "| --- | --- |"]
+        lines += [f"| `{spec_id}` | {_cell(reason)} |" for spec_id, reason in failures]
+        lines += ["", "</details>", ""]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"wrote {args.out}")

@@ -56,7 +56,13 @@ class ConstraintSpec:
             )
 
     def canonical(self) -> str:
-        """A stable text form: equal specs give equal text (the compile-cache key)."""
+        """A stable text form: equal specs give equal text (the compile-cache key).
+
+        The spec keeps its key order: the order of a schema's ``properties``
+        is the order engines generate them in, so two schemas that differ only
+        there are different grammars. Options are sorted (their order means
+        nothing); JSON text and the same value as a dict give the same form.
+        """
         spec = self.spec
         if self.kind in ("json_schema", "structural_tag") and isinstance(spec, str):
             try:
@@ -64,8 +70,7 @@ class ConstraintSpec:
             except json.JSONDecodeError:
                 pass  # malformed text stays as written; compile reports it
         return json.dumps(
-            {"kind": self.kind, "spec": spec, "options": dict(self.options)},
-            sort_keys=True,
+            {"kind": self.kind, "spec": spec, "options": dict(sorted(self.options.items()))},
             separators=(",", ":"),
             ensure_ascii=False,
         )
@@ -80,8 +85,10 @@ class ConstraintSpec:
 class CompileError(Exception):
     """A spec a backend cannot compile.
 
-    ``reason`` is ``unsupported`` for features the engine does not have, or
-    ``invalid`` for a malformed spec; ``message`` is the engine's own words.
+    ``reason`` is ``unsupported`` for features the engine does not have,
+    ``invalid`` for a malformed spec, or ``timeout`` for a compile that took
+    too long (:class:`~cdbench.backends.cache.CompileTimeout`); ``message`` is
+    the engine's own words.
     """
 
     def __init__(self, backend: str, kind: str, reason: str, message: str = "") -> None:
@@ -108,19 +115,36 @@ class CompiledGrammar:
 
 
 class Matcher(ABC):
-    """One request's grammar state."""
+    """One request's grammar state.
+
+    Every method either does what it says or raises leaving the state as it
+    was, so a refused call never corrupts a matcher.
+    """
 
     @abstractmethod
     def fill_mask(self, mask: torch.Tensor, row: int) -> None:
-        """Write the allowed next tokens into ``mask[row]`` (the backend's mask format)."""
+        """Write the allowed next tokens into ``mask[row]`` (the backend's mask format).
+
+        ``mask`` is a contiguous CPU tensor as ``allocate_mask`` makes
+        (``TypeError`` or ``ValueError`` otherwise) and is not resized in
+        place while in use (see :class:`MaskChecks`); a ``row`` outside it
+        raises ``IndexError``.
+        """
 
     @abstractmethod
     def accept(self, token: int) -> bool:
-        """Advance by ``token``; ``False`` (state unchanged) if the grammar rejects it."""
+        """Advance by ``token``; ``False`` (state unchanged) if the grammar rejects it.
+
+        An id outside the vocabulary (negative, or ``>= vocab.size``) is rejected too.
+        """
 
     @abstractmethod
     def rollback(self, k: int) -> None:
-        """Undo the last ``k`` accepted tokens."""
+        """Undo the last ``k`` accepted tokens.
+
+        ``ValueError`` (state unchanged) when ``k`` is negative or more than
+        the matcher can undo.
+        """
 
     @abstractmethod
     def jump_forward(self) -> list[int]:
@@ -133,6 +157,65 @@ class Matcher(ABC):
     @abstractmethod
     def copy(self) -> Matcher:
         """A matcher at the same state, sharing the compiled grammar, not the state."""
+
+
+def check_mask(mask: object, mask_format: MaskFormat, vocab_size: int, backend: str) -> tuple[int, int]:
+    """``(data pointer, rows)`` of ``mask`` once it is known to be safe to fill.
+
+    Matchers write rows straight into the tensor's memory, so a mask must be a
+    contiguous CPU tensor of ``mask_format``'s dtype and row width whose storage
+    holds all of it. Raises ``TypeError`` or ``ValueError`` naming what is wrong.
+    """
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{backend} fill_mask: the mask must be a torch.Tensor, not {type(mask).__name__}")
+    bitmask = mask_format is MaskFormat.BITMASK
+    dtype, width = (torch.int32, (vocab_size + 31) // 32) if bitmask else (torch.bool, vocab_size)
+    problems = []
+    if mask.dtype != dtype:
+        problems.append(f"dtype {mask.dtype}")
+    if mask.device.type != "cpu":
+        problems.append(f"device {mask.device}")
+    if mask.dim() != 2 or mask.shape[1] != width:
+        problems.append(f"shape {list(mask.shape)}")
+    elif not mask.is_contiguous():
+        problems.append(f"strides {list(mask.stride())} (not contiguous)")
+    elif mask.untyped_storage().nbytes() < (mask.storage_offset() + mask.numel()) * mask.element_size():
+        problems.append("a storage smaller than its shape")
+    if problems:
+        raise ValueError(f"{backend} fill_mask: the mask must be a contiguous CPU {dtype} tensor of shape "
+                         f"[batch, {width}] ({mask_format.value} format), not one with {', '.join(problems)}")
+    return mask.data_ptr(), mask.shape[0]
+
+
+class MaskChecks:
+    """The last mask a backend's matchers checked, shared by all of them.
+
+    A server fills one batch mask for every request, so a matcher's fill costs
+    one identity test (``mask is last[0]``) and a new matcher's first fill
+    finds the mask checked already; a full :func:`check_mask` runs only for
+    another tensor. ``last`` is ``(mask, data pointer, rows)``, replaced whole,
+    so one read is consistent even with matchers on several threads.
+
+    The check is per tensor, so a mask must not be resized in place
+    (``resize_``, ``set_``) while matchers use it: allocate a new one.
+    """
+
+    __slots__ = ("last", "_format", "_vocab_size", "_backend")
+
+    def __init__(self, mask_format: MaskFormat, vocab_size: int, backend: str) -> None:
+        self.last: tuple[torch.Tensor | None, int, int] = (None, 0, 0)
+        self._format, self._vocab_size, self._backend = mask_format, vocab_size, backend
+
+    def check(self, mask: object) -> tuple[torch.Tensor, int, int]:
+        """Check ``mask`` (:func:`check_mask`) and make it the last one."""
+        base, rows = check_mask(mask, self._format, self._vocab_size, self._backend)
+        self.last = checked = (mask, base, rows)  # type: ignore[assignment]
+        return checked  # type: ignore[return-value]
+
+
+def row_error(backend: str, row: object, rows: int) -> IndexError:
+    """The error for a ``fill_mask`` row that is not one of the mask's ``rows``."""
+    return IndexError(f"{backend} fill_mask: row {row!r} is not a row of a mask with {rows} rows")
 
 
 class GrammarBackend(ABC):

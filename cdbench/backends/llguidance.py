@@ -22,7 +22,8 @@ import llguidance as llg
 import torch
 
 from cdbench.backends import specs
-from cdbench.backends.base import CompileError, CompiledGrammar, ConstraintSpec, GrammarBackend, Matcher
+from cdbench.backends.base import (CompileError, CompiledGrammar, ConstraintSpec, GrammarBackend, MaskChecks, Matcher,
+                                   row_error)
 from cdbench.backends.vocab import Vocabulary
 
 
@@ -47,40 +48,65 @@ class LLGuidanceMatcher(Matcher):
     matcher does not record EOS in its history. The matcher reports
     termination only after EOS is accepted, as the other engines do, and keeps
     track of whether llguidance counted that EOS, so rollback stays exact.
+
+    llguidance turns a refused rollback or an id past its vocabulary into an
+    error state it never leaves, so both are refused here before it sees them.
     """
 
-    __slots__ = ("_matcher", "_row_bytes", "_eos", "_terminated", "_eos_uncounted")
+    __slots__ = ("_matcher", "_fill", "_try_consume", "_checks", "_row_bytes", "_size", "_eos", "_accepted",
+                 "_terminated", "_eos_uncounted")
 
-    def __init__(self, matcher: llg.LLMatcher, row_bytes: int, eos: frozenset[int]) -> None:
+    def __init__(self, matcher: llg.LLMatcher, checks: MaskChecks, row_bytes: int, size: int,
+                 eos: frozenset[int]) -> None:
         self._matcher = matcher
+        self._checks = checks
+        # Bound once: fill_mask and accept run per token, and an attribute lookup there is measurable.
+        self._fill = matcher.unsafe_compute_mask_ptr
+        self._try_consume = matcher.try_consume_tokens
         self._row_bytes = row_bytes
+        self._size = size
         self._eos = eos
+        self._accepted = 0  # tokens rollback can undo, an uncounted EOS included
         self._terminated = False
         self._eos_uncounted = False
 
     def fill_mask(self, mask: torch.Tensor, row: int) -> None:
-        # Straight into the tensor's memory: the mask must be a contiguous
-        # int32 CPU tensor of ceil(V/32) words a row, as allocate_mask makes.
-        self._matcher.unsafe_compute_mask_ptr(mask.data_ptr() + row * self._row_bytes, self._row_bytes)
+        # llguidance writes through a raw pointer: the mask was checked when the
+        # backend first saw it, the row is checked here.
+        checked = self._checks.last
+        if mask is not checked[0]:
+            checked = self._checks.check(mask)
+        if not 0 <= row < checked[2]:
+            raise row_error("llguidance", row, checked[2])
+        size = self._row_bytes
+        self._fill(checked[1] + row * size, size)
 
     def accept(self, token: int) -> bool:
         # try_consume_tokens leaves the state unchanged on rejection;
         # consume_token would put the matcher into its error state for good.
-        if self._matcher.try_consume_tokens([token]) == 1:
+        if not 0 <= token < self._size:
+            return False
+        if self._try_consume([token]):
+            self._accepted += 1
             if token in self._eos:
                 self._terminated = True
             return True
         if token in self._eos and not self._terminated and self._matcher.is_stopped():
             self._terminated = self._eos_uncounted = True
+            self._accepted += 1
             return True
         return False
 
     def rollback(self, k: int) -> None:
-        if k > 0 and self._terminated:
-            k -= self._eos_uncounted
-            self._terminated = self._eos_uncounted = False
-        if k > 0 and not self._matcher.rollback(k):
+        if not 0 <= k <= self._accepted:
+            raise ValueError(f"cannot roll back {k} tokens: {self._accepted} accepted")
+        if k == 0:
+            return
+        counted = k - self._eos_uncounted  # an EOS llguidance did not record is not rolled back there
+        if counted and not self._matcher.rollback(counted):
             raise ValueError(f"cannot roll back {k} tokens: {self._matcher.get_error()}")
+        self._terminated = self._eos_uncounted = False
+        self._accepted -= k
 
     def jump_forward(self) -> list[int]:
         return self._matcher.compute_ff_tokens()
@@ -89,8 +115,8 @@ class LLGuidanceMatcher(Matcher):
         return self._terminated
 
     def copy(self) -> LLGuidanceMatcher:
-        twin = LLGuidanceMatcher(self._matcher.deep_copy(), self._row_bytes, self._eos)
-        twin._terminated, twin._eos_uncounted = self._terminated, self._eos_uncounted
+        twin = LLGuidanceMatcher(self._matcher.deep_copy(), self._checks, self._row_bytes, self._size, self._eos)
+        twin._accepted, twin._terminated, twin._eos_uncounted = self._accepted, self._terminated, self._eos_uncounted
         return twin
 
 
@@ -118,6 +144,7 @@ class LLGuidanceBackend(GrammarBackend):
             eos_token=list(vocab.eos_token_ids),
         )
         self._row_bytes = (vocab.size + 31) // 32 * 4
+        self._checks = MaskChecks(self.mask_format, vocab.size, self.name)
         self._eos = frozenset(vocab.eos_token_ids)
         # One LLMatcher must not be used by two threads at once ("Already borrowed").
         self._template_lock = threading.Lock()
@@ -139,7 +166,8 @@ class LLGuidanceBackend(GrammarBackend):
 
     def matcher(self, grammar: CompiledGrammar) -> LLGuidanceMatcher:
         with self._template_lock:
-            return LLGuidanceMatcher(grammar.handle.deep_copy(), self._row_bytes, self._eos)
+            return LLGuidanceMatcher(grammar.handle.deep_copy(), self._checks, self._row_bytes, self.vocab.size,
+                                     self._eos)
 
     def _grammar(self, spec: ConstraintSpec) -> str:
         if spec.kind == "json_schema":

@@ -41,8 +41,10 @@ from cdbench.backends.base import (
     CompiledGrammar,
     ConstraintSpec,
     GrammarBackend,
+    MaskChecks,
     MaskFormat,
     Matcher,
+    row_error,
 )
 from cdbench.backends.registry import create_backend
 from cdbench.backends.vocab import Vocabulary
@@ -108,6 +110,7 @@ class ReasonerBackend(GrammarBackend):
             inner = create_backend(inner, vocab, **inner_options)
         self.inner = inner
         self.mask_format = inner.mask_format
+        self._checks = MaskChecks(self.mask_format, vocab.size, self.name)
         try:
             self.think_end_id = vocab.token_id(think_end)
         except ValueError as err:
@@ -202,6 +205,7 @@ class ReasonerMatcher(Matcher):
     ) -> None:
         self._backend = backend
         self.inner = inner
+        self._inner_accept = inner.accept  # bound once: the answer phase calls it per token
         self.thinking_budget = thinking_budget
         self.think_tokens = 0
         self.answer_tokens = -1
@@ -230,6 +234,11 @@ class ReasonerMatcher(Matcher):
             self.inner.fill_mask(mask, row)
             return
         backend = self._backend
+        checked = backend._checks.last
+        if mask is not checked[0]:
+            checked = backend._checks.check(mask)
+        if not 0 <= row < checked[2]:
+            raise row_error("reasoner", row, checked[2])
         if self._budget_spent():
             mask[row].copy_(backend._end_only_row)
         elif backend._strict_row is not None:
@@ -239,7 +248,7 @@ class ReasonerMatcher(Matcher):
 
     def accept(self, token: int) -> bool:
         if self.answer_tokens >= 0:
-            if self.inner.accept(token):
+            if self._inner_accept(token):
                 self.answer_tokens += 1
                 return True
             return False

@@ -7,6 +7,9 @@ the JSON Schema keywords an engine compiles but does not enforce.
 
 >>> unenforced_keywords({"type": "array", "uniqueItems": True}, frozenset({"uniqueItems"}))
 ("'uniqueItems' at #",)
+>>> beside_pattern = IgnoredWhen("maxLength", lambda node: "pattern" in node, "beside 'pattern'")
+>>> unenforced_keywords({"type": "string", "pattern": "a+", "maxLength": 3}, frozenset(), (beside_pattern,))
+("'maxLength' at # (beside 'pattern')",)
 >>> choice_regex(["a.b", "c"])
 '(a\\.b|c)'
 """
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,41 +183,63 @@ def _meets_metaschema(schema: Any) -> bool:
     return True
 
 
-def unenforced_keywords(schema: Any, ignored: frozenset[str]) -> tuple[str, ...]:
-    """Where ``schema`` uses keywords in ``ignored``, as ``"'keyword' at <json pointer>"``.
+@dataclass(frozen=True)
+class IgnoredWhen:
+    """A keyword an engine ignores only in some schemas: where ``applies(node)`` holds.
+
+    ``node`` is the schema object that holds ``keyword``; ``why`` says what
+    makes the engine drop it (shown in the warning).
+    """
+
+    keyword: str
+    applies: Callable[[Mapping[str, Any]], bool]
+    why: str
+
+
+def unenforced_keywords(schema: Any, ignored: frozenset[str],
+                        ignored_when: tuple[IgnoredWhen, ...] = ()) -> tuple[str, ...]:
+    """Where ``schema`` uses keywords in ``ignored``, or ``ignored_when`` applies, as ``"'keyword' at <pointer>"``.
 
     Walks only schema positions, so a property *named* ``not`` is not reported.
     """
-    found = dict.fromkeys(f"'{key}' at {path}" for key, path in _walk(schema, "#") if key in ignored)
+    found: dict[str, None] = {}
+    for node, path in _nodes(schema, "#"):
+        for key in node:
+            if key in ignored:
+                found[f"'{key}' at {path}"] = None
+        for rule in ignored_when:
+            if rule.keyword in node and rule.applies(node):
+                found[f"'{rule.keyword}' at {path} ({rule.why})"] = None
     return tuple(found)
 
 
-def _walk(schema: Any, path: str) -> Iterator[tuple[str, str]]:
+def _nodes(schema: Any, path: str) -> Iterator[tuple[Mapping[str, Any], str]]:
+    """Every schema object in ``schema`` with its JSON pointer."""
     if not isinstance(schema, Mapping):
         return
-    for key in schema:
-        yield key, path
+    yield schema, path
     for key in _SUBSCHEMA:
         if isinstance(schema.get(key), Mapping):
-            yield from _walk(schema[key], f"{path}/{key}")
+            yield from _nodes(schema[key], f"{path}/{key}")
     for key in _SUBSCHEMA_MAPS:
         if isinstance(schema.get(key), Mapping):
             for name, sub in schema[key].items():
-                yield from _walk(sub, f"{path}/{key}/{_pointer_escape(name)}")
+                yield from _nodes(sub, f"{path}/{key}/{_pointer_escape(name)}")
     for key in _SUBSCHEMA_LISTS:
         if isinstance(schema.get(key), list):
             for i, sub in enumerate(schema[key]):
-                yield from _walk(sub, f"{path}/{key}/{i}")
+                yield from _nodes(sub, f"{path}/{key}/{i}")
 
 
 def _pointer_escape(name: str) -> str:
     return str(name).replace("~", "~0").replace("/", "~1")
 
 
-def unenforced_warnings(backend: str, schema: Any, ignored: frozenset[str]) -> tuple[str, ...]:
+def unenforced_warnings(backend: str, schema: Any, ignored: frozenset[str],
+                        ignored_when: tuple[IgnoredWhen, ...] = ()) -> tuple[str, ...]:
     """Warnings for :attr:`CompiledGrammar.warnings`: one per ignored keyword use."""
     return tuple(f"{backend} compiles but does not enforce {where}"
-                 for where in unenforced_keywords(schema, ignored))
+                 for where in unenforced_keywords(schema, ignored, ignored_when))
 
 
 _REGEX_META = frozenset("\\.+*?()|[]{}^$")

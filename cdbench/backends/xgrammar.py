@@ -19,7 +19,8 @@ import torch
 import xgrammar as xgr
 
 from cdbench.backends import specs
-from cdbench.backends.base import CompileError, CompiledGrammar, ConstraintSpec, GrammarBackend, Matcher
+from cdbench.backends.base import (CompileError, CompiledGrammar, ConstraintSpec, GrammarBackend, MaskChecks, Matcher,
+                                   row_error)
 from cdbench.backends.vocab import Vocabulary
 
 # JSON Schema keywords xgrammar 0.2.8 compiles without enforcing them (each
@@ -27,6 +28,15 @@ from cdbench.backends.vocab import Vocabulary
 # only partly; oneOf is compiled as anyOf.
 IGNORED_KEYWORDS = frozenset({"not", "if", "then", "else", "uniqueItems", "allOf", "oneOf", "contains",
                               "dependentRequired", "dependentSchemas", "dependencies"})
+# Keywords xgrammar 0.2.8 drops only in some schemas (each verified the same way):
+# a $ref outside the document compiles to any JSON value, and a string's
+# length bounds are dropped beside a pattern (xgrammar logs as much).
+IGNORED_WHEN = (
+    specs.IgnoredWhen("$ref", lambda node: isinstance(node["$ref"], str) and not node["$ref"].startswith("#"),
+                      "not a '#' reference: compiled as any JSON value"),
+    specs.IgnoredWhen("minLength", lambda node: "pattern" in node, "beside 'pattern'"),
+    specs.IgnoredWhen("maxLength", lambda node: "pattern" in node, "beside 'pattern'"),
+)
 
 
 class XGrammarMatcher(Matcher):
@@ -35,22 +45,42 @@ class XGrammarMatcher(Matcher):
     A terminated matcher has no next mask: ``fill_mask`` raises ``RuntimeError``.
     """
 
-    __slots__ = ("_matcher", "_vocab")
+    __slots__ = ("_matcher", "_vocab", "_checks", "_fill", "_accept")
 
-    def __init__(self, matcher: xgr.GrammarMatcher, vocab: Vocabulary) -> None:
+    def __init__(self, matcher: xgr.GrammarMatcher, vocab: Vocabulary, checks: MaskChecks) -> None:
         self._matcher = matcher
         self._vocab = vocab
+        self._checks = checks
+        # GrammarMatcher's methods are one-line Python frames over its native
+        # handle (xgrammar 0.2.8); bound here once, so this class's frame is
+        # the only Python one per call, as it would be without cdbench.
+        self._fill = matcher._handle.fill_next_token_bitmask
+        self._accept = matcher._handle.accept_token
 
     def fill_mask(self, mask: torch.Tensor, row: int) -> None:
-        self._matcher.fill_next_token_bitmask(mask, row)
+        # xgrammar checks dtype, width and row on every call but writes a
+        # strided mask as if it were contiguous: that is checked once per tensor.
+        if mask is not self._checks.last[0]:
+            self._checks.check(mask)
+        if not 0 <= row <= 0x7FFFFFFF:  # xgrammar would wrap a larger row around to another one
+            raise row_error("xgrammar", row, mask.shape[0])
+        try:
+            self._fill(mask, row, False)
+        except RuntimeError:  # costs nothing unless raised
+            if row >= mask.shape[0]:
+                raise row_error("xgrammar", row, mask.shape[0]) from None
+            raise
 
     def accept(self, token: int) -> bool:
-        return self._matcher.accept_token(token)
+        # An id outside the vocabulary is rejected by xgrammar itself (with a logged warning).
+        return self._accept(token, False)
 
     def rollback(self, k: int) -> None:
+        if k < 0:
+            raise ValueError(f"cannot roll back {k} tokens")
         try:
             self._matcher.rollback(k)
-        except RuntimeError as exc:  # rolling back past the history
+        except RuntimeError as exc:  # rolling back past the history; xgrammar changes nothing then
             raise ValueError(f"cannot roll back {k} tokens: {specs.failure_message(exc)}") from None
 
     def jump_forward(self) -> list[int]:
@@ -74,7 +104,7 @@ class XGrammarMatcher(Matcher):
         return self._matcher.is_terminated()
 
     def copy(self) -> XGrammarMatcher:
-        return XGrammarMatcher(self._matcher.fork(), self._vocab)
+        return XGrammarMatcher(self._matcher.fork(), self._vocab, self._checks)
 
 
 class XGrammarBackend(GrammarBackend):
@@ -106,6 +136,7 @@ class XGrammarBackend(GrammarBackend):
         )
         self._compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=max_threads,
                                              cache_enabled=compiler_cache)
+        self._checks = MaskChecks(self.mask_format, vocab.size, self.name)
 
     def options_key(self) -> str:
         return (f"{super().options_key()}:whitespace={self.whitespace}:max_threads={self.max_threads}"
@@ -117,7 +148,7 @@ class XGrammarBackend(GrammarBackend):
             if spec.kind == "json_schema":
                 schema = specs.load_schema(spec, self.name)
                 handle = self._compiler.compile_json_schema(json.dumps(schema), **self._json_options())
-                warnings = specs.unenforced_warnings(self.name, schema, IGNORED_KEYWORDS)
+                warnings = specs.unenforced_warnings(self.name, schema, IGNORED_KEYWORDS, IGNORED_WHEN)
             elif spec.kind == "regex":
                 handle = self._compiler.compile_regex(specs.load_text(spec, self.name))
             elif spec.kind == "choice":
@@ -132,7 +163,7 @@ class XGrammarBackend(GrammarBackend):
                 tags = specs.load_tool_call_tags(spec, self.name)
                 handle = self._compiler.compile_structural_tag(self._structural_tag(tags))
                 for tag in tags:
-                    warnings += specs.unenforced_warnings(self.name, tag.schema, IGNORED_KEYWORDS)
+                    warnings += specs.unenforced_warnings(self.name, tag.schema, IGNORED_KEYWORDS, IGNORED_WHEN)
         except CompileError:
             raise
         except Exception as exc:  # xgrammar raises RuntimeError, ValueError, pydantic errors, ...
@@ -140,7 +171,7 @@ class XGrammarBackend(GrammarBackend):
         return CompiledGrammar(self.name, spec, handle, warnings)
 
     def matcher(self, grammar: CompiledGrammar) -> XGrammarMatcher:
-        return XGrammarMatcher(xgr.GrammarMatcher(grammar.handle), self.vocab)
+        return XGrammarMatcher(xgr.GrammarMatcher(grammar.handle), self.vocab, self._checks)
 
     def _json_options(self) -> dict:
         if self.whitespace == "flexible":

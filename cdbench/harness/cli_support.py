@@ -48,7 +48,11 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     ProfileError,
     UnknownCorpusError,
     TraceError,
+    # A path the user gave that is the wrong kind of thing or off limits (``--out /``, a folder as a file).
     FileNotFoundError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
 )
 """Exceptions that mean the user asked for something that cannot be done (exit code 2)."""
 
@@ -81,6 +85,14 @@ def user_errors(log_file: Path | None = None) -> Iterator[None]:
         log_file.parent.mkdir(parents=True, exist_ok=True)
         log_file.write_text(traceback.format_exc())
         raise fail(f"{type(err).__name__}: {_message(err)} (details in {log_file})", code=1) from None
+
+
+def print_workload_issues(run: SavedRun) -> None:
+    """One console line counting what did not make it into the run's requests, and where each is listed."""
+    issues = run.workload_issues
+    if issues is not None and issues.total:
+        console.print(f"[yellow]workload:[/] {issues.describe()} (each with its reason in "
+                      f"{run.folder / issues.details})", highlight=False)
 
 
 def progress_bar(transient: bool = False) -> Progress:
@@ -176,6 +188,14 @@ def load_run_tree(config: Path | None, options: dict[str, Any], sets: list[str])
 def default_out_dir(prefix: str = "") -> Path:
     """``runs/<prefix><UTC timestamp>``, unique to the second."""
     return Path("runs") / f"{prefix}{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+
+
+def output_folder(out: Path | None, default: Path) -> Path:
+    """``out`` (or ``default``) once it is known to be usable as a results folder, else a :class:`ConfigError`."""
+    folder = out if out is not None else default
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"--out {folder} is a file; it must be a folder (new or existing)")
+    return folder
 
 
 def execute(tree: dict[str, Any], source: str, out: Path, label: str = "") -> SavedRun:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -25,10 +25,11 @@ from cdbench.harness.cli_support import (
     execute,
     load_run_tree,
     option_overrides,
+    output_folder,
     user_errors,
 )
-from cdbench.harness.config_io import ConfigError
-from cdbench.harness.results import SavedRun, load_run
+from cdbench.harness.config_io import ConfigError, apply_overrides
+from cdbench.harness.results import SavedRun, load_run, validate_run_config
 from cdbench.reports.compare import comparison_rich, comparison_table, write_comparison
 
 
@@ -70,7 +71,7 @@ def compare(
             raise ConfigError("give either run folders or --backends/--policies, not both")
         if not run_dirs and not (backend_list or policy_list):
             raise ConfigError("nothing to compare: give run folders, --backends a,b or --policies a,b")
-        out = out or default_out_dir("compare-")
+        out = output_folder(out, default_out_dir("compare-"))
         runs: dict[str, SavedRun] = {}
         if run_dirs:
             for i, folder in enumerate(run_dirs):
@@ -81,13 +82,17 @@ def compare(
             options = dict(backend=backend, policy=policy, mode=mode, model=model, gpu=gpu, corpus=corpus,
                            requests=requests, rate=rate, seed=seed)
             base, source = load_run_tree(config, options, set_)
-            combos = [(b, p) for b in (backend_list or [None]) for p in (policy_list or [None])]
+            # Every combination is validated before any runs, so a typo in the last one fails in a second.
+            trees: dict[str, dict[str, Any]] = {}
+            for b in backend_list or [None]:
+                for p in policy_list or [None]:
+                    label = "-".join(x for x in (b, p) if x)
+                    if label in trees:
+                        raise ConfigError(f"{label!r} is listed twice in --backends/--policies")
+                    trees[label] = apply_overrides(base, option_overrides({"backend": b, "policy": p}))
+                    validate_run_config(trees[label], f"{source} ({label})")
     if not run_dirs:
-        from cdbench.harness.config_io import apply_overrides
-
-        for b, p in combos:
-            label = "-".join(x for x in (b, p) if x)
-            tree = apply_overrides(base, option_overrides({"backend": b, "policy": p}))
+        for label, tree in trees.items():
             runs[label] = execute(tree, f"{source} ({label})", out / label, label=label)
     with user_errors(out / "compare.log"), err_console.status("writing the comparison and its plots"):
         md = write_comparison(runs, out)

@@ -15,6 +15,7 @@ pool and compiles every spec itself, with its own jitter.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
@@ -37,6 +38,9 @@ class CompilePools:
 
     def submit(self, t: float, seconds: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Queue a compile of ``seconds`` at ``t``; per rank ``(start, end, thread)``."""
+        if self.ranks == 1:
+            start, end, thread = self.submit_one(t, seconds, rng)
+            return np.array([start]), np.array([end]), np.array([thread])
         durations = (float(seconds) * self.scale).tolist()
         if self.jitter > 0:
             durations = [d * f for d, f in zip(durations, rng.lognormal(0.0, self.jitter, size=self.ranks).tolist())]
@@ -50,6 +54,23 @@ class CompilePools:
             thread.append(tid)
         return np.array(start), np.array(end), np.array(thread)
 
+    def submit_one(self, t: float, seconds: float, rng: np.random.Generator) -> tuple[float, float, int]:
+        """:meth:`submit` for a single rank, as scalars: ``(start, end, thread)``.
+
+        The scheduler calls this once per compile or pooled cache hit; building
+        and reducing one-element arrays would cost more than the compile's bookkeeping.
+        """
+        if self.ranks != 1:
+            raise ValueError(f"submit_one needs one rank, these pools have {self.ranks}")
+        duration = float(seconds) * float(self.scale[0])
+        if self.jitter > 0:
+            duration *= rng.lognormal(0.0, self.jitter)  # the same draw as submit's one-element array
+        heap = self._free[0]
+        free_at, tid = heap[0]
+        begin = t if t > free_at else free_at
+        heapq.heapreplace(heap, (begin + duration, tid))
+        return begin, begin + duration, tid
+
 
 Lookup = Literal["hit", "invalid", "inflight", "miss"]
 
@@ -58,6 +79,7 @@ Lookup = Literal["hit", "invalid", "inflight", "miss"]
 class _InFlight:
     done_at: np.ndarray  # per rank
     ok: bool
+    last: float  # done_at.max(), compared on every lookup of the key
 
 
 class GrammarCache:
@@ -85,19 +107,17 @@ class GrammarCache:
         self.capacity, self.cache_failures = capacity, cache_failures
         self._entries: OrderedDict[int, bool] = OrderedDict()  # key -> valid
         self._inflight: dict[int, _InFlight] = {}
+        # write="compile": running compiles by end time, to enter the cache in the order they finish
+        self._finishing: list[tuple[float, int, int, _InFlight]] = []
+        self._seq = itertools.count()
 
     def lookup(self, key: int, t: float) -> tuple[Lookup, np.ndarray | None]:
         """What a request for ``key`` finds at ``t``; for ``inflight`` also the compile's per-rank end."""
         if not self.enabled:
             return "miss", None
+        if self._finishing and self._finishing[0][0] <= t:
+            self._settle(t)
         flight = self._inflight.get(key)
-        if flight is not None and self.write == "compile" and flight.done_at.max() <= t:
-            del self._inflight[key]
-            if flight.ok:
-                self._put(key, True)
-            elif self.cache_failures:
-                self._put(key, False)
-            flight = None
         valid = self._entries.get(key)
         if valid is not None:
             self._entries.move_to_end(key)
@@ -109,7 +129,23 @@ class GrammarCache:
     def submitted(self, key: int, done_at: np.ndarray, ok: bool) -> None:
         """A compile of ``key`` was queued; it ends at ``done_at`` (per rank) with outcome ``ok``."""
         if self.enabled and key not in self._inflight:
-            self._inflight[key] = _InFlight(done_at, ok)
+            flight = self._inflight[key] = _InFlight(done_at, ok, float(done_at.max()))
+            if self.write == "compile":
+                heapq.heappush(self._finishing, (flight.last, next(self._seq), key, flight))
+
+    def _settle(self, t: float) -> None:
+        """Compiles finished by ``t`` enter the cache in the order they finished (``write="compile"``),
+        so that a capacity evicts by when entries were written, whichever key is looked up."""
+        finishing = self._finishing
+        while finishing and finishing[0][0] <= t:
+            _, _, key, flight = heapq.heappop(finishing)
+            if self._inflight.get(key) is not flight:  # timed out meanwhile
+                continue
+            del self._inflight[key]
+            if flight.ok:
+                self._put(key, True)
+            elif self.cache_failures:
+                self._put(key, False)
 
     def harvested(self, key: int, ok: bool) -> None:
         """The scheduler took a finished compile of ``key``; with ``write="harvest"`` it enters the cache."""

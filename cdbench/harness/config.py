@@ -20,11 +20,23 @@ it. Example (YAML)::
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, create_model, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    create_model,
+    field_validator,
+    model_serializer,
+)
 
+from cdbench.backends.registry import available_backends
+from cdbench.backends.reasoner import ReasonerBackend
 from cdbench.harness.costs.forward import ForwardConfig
 from cdbench.harness.costs.grammar_profile import GrammarProfile
 from cdbench.harness.costs.mask import MaskCost
@@ -41,12 +53,23 @@ from cdbench.harness.policies import PRESETS, SchedulerConfig, policy
 from cdbench.workloads.config import WorkloadConfig
 
 
+_REASONER_INNER = inspect.signature(ReasonerBackend).parameters["inner"].default
+
+
 class BackendConfig(BaseModel):
     """The grammar backend: a registry name and its constructor options."""
 
     model_config = ConfigDict(extra="forbid")
     name: str = "xgrammar"
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        # Checked here, not when the backend is built, so a typo fails before any run of a sweep or comparison.
+        if name not in available_backends():
+            raise ValueError(f"not a registered backend; registered: {', '.join(available_backends())}")
+        return name
 
 
 class PolicyConfig(BaseModel):
@@ -85,9 +108,20 @@ class CostConfig(ForwardConfig):
             return self.fixed_gpu
         return RooflineGpuCosts(self.build(), MaskCost.for_gpu(self.gpu, vocab_size, dtype=self.mask_dtype))
 
-    def grammar_costs(self, backend: str, seed: int) -> GrammarCosts:
+    def grammar_costs(self, backend: str, seed: int, options: Mapping[str, Any] | None = None) -> GrammarCosts:
+        """The ``model``-mode grammar costs of ``backend`` (built with ``options``).
+
+        The ``reasoner`` backend's grammar work is its inner backend's (thinking
+        adds only token filters, which the scheduler costs itself), so it draws
+        from the inner backend's profile.
+        """
         if self.fixed_grammar is not None:
             return self.fixed_grammar
+        if backend == "reasoner":
+            inner = (options or {}).get("inner", _REASONER_INNER)
+            if not isinstance(inner, str):
+                raise ValueError(f"reasoner option inner={inner!r}: model mode needs the inner backend's name")
+            backend = inner
         source = self.grammar_profile or backend
         path = Path(source)
         profile = GrammarProfile.load(path) if path.suffix == ".json" else GrammarProfile.builtin(source)

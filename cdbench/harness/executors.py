@@ -39,16 +39,23 @@ _any = np.count_nonzero
 _sum = np.add.reduce
 
 
-def _zeros_int(n: int) -> np.ndarray:
-    """A read-only int64 zero vector of length ``n`` (shared: callers only read it)."""
-    z = _ZEROS.get(n)
-    if z is None:
-        z = _ZEROS[n] = np.zeros(n, np.int64)
-        z.flags.writeable = False
-    return z
+def constant_ints(value: int, n: int) -> np.ndarray:
+    """A read-only int64 vector of ``n`` copies of ``value`` (shared: callers only read it).
+
+    >>> constant_ints(1, 3).tolist(), constant_ints(1, 3) is constant_ints(1, 3)
+    ([1, 1, 1], True)
+    """
+    key = (value, n)
+    v = _CONSTANTS.get(key)
+    if v is None:
+        v = _CONSTANTS[key] = np.full(n, value, np.int64)
+        v.flags.writeable = False
+    return v
 
 
-_ZEROS: dict[int, np.ndarray] = {}
+_CONSTANTS: dict[tuple[int, int], np.ndarray] = {}
+NO_FILL = np.zeros(0)  # fill_s of a step without grammar rows
+NO_FILL.flags.writeable = False
 
 # ----------------------------------------------------------------------------- GPU costs
 
@@ -94,7 +101,7 @@ class FixedGpuCosts(BaseModel):
     sample_row_s: float = Field(0.0, ge=0)
 
     def forward_s(self, prefill_chunks, prefill_cached, decode_rows, decode_kv_tokens) -> float:
-        tokens = float(np.sum(prefill_chunks))
+        tokens = float(_sum(prefill_chunks))
         if tokens + decode_rows <= 0:
             return 0.0
         return (self.forward_base_s + self.prefill_token_s * tokens + self.decode_row_s * decode_rows
@@ -181,20 +188,21 @@ class StepRows:
 
 @dataclass(slots=True)
 class StepWork:
-    """What the grammar side did in one step (arrays parallel to :class:`StepRows`).
+    """What the grammar side did in one step.
 
-    ``fill_s``: CPU seconds building each row's mask rows (fills, plus the
-    temporary accepts of drafts); ``mask_rows``: mask rows per row (1 + drafts
-    on grammar rows, else 0); ``produced``: tokens emitted (accepted drafts + 1,
-    plus forced tokens); ``accepted``/``rolled_back``: drafts verified /
-    rejected drafts rolled back in the grammar; ``jumped``: tokens emitted by
-    jump-forward; ``rejected``: the grammar refused a sampled token (``None``: no row did);
-    ``process_s``: CPU seconds to advance the grammars after sampling (accept,
-    rollback, jump-forward), all rows together; ``ended``: rows whose output
-    ended before its planned length (the grammar terminated; ``None``: none);
-    ``drafted``: drafts actually verified per row (``None``: as scheduled);
-    ``masked_fill_s``, ``masked_rows``: ``fill_s`` and ``mask_rows`` of just the
-    rows that built masks, in row order (``None``: the scheduler selects them).
+    ``fill_s`` and ``mask_rows`` cover the rows that built masks (the grammar
+    rows), in row order: CPU seconds building each one's mask rows (fills,
+    plus the temporary accepts of drafts) and how many it built (1 + its
+    grammar-valid drafts). The other arrays are parallel to :class:`StepRows`:
+    ``produced``: tokens emitted (accepted drafts + 1, plus forced tokens);
+    ``accepted``/``rolled_back``: drafts verified / rejected drafts rolled
+    back in the grammar; ``jumped``: tokens emitted by jump-forward;
+    ``rejected``: the grammar refused a sampled token (``None``: no row did);
+    ``ended``: rows whose output ended before its planned length (the grammar
+    terminated; ``None``: none); ``drafted``: drafts actually verified per row
+    (``None``: as scheduled). ``process_s``: CPU seconds to advance the
+    grammars after sampling (accept, rollback, jump-forward), all rows together.
+    Executors may return shared read-only arrays; the scheduler only reads them.
     """
 
     fill_s: np.ndarray
@@ -207,8 +215,6 @@ class StepWork:
     process_s: float
     ended: np.ndarray | None = None
     drafted: np.ndarray | None = None
-    masked_fill_s: np.ndarray | None = None
-    masked_rows: np.ndarray | None = None
 
 
 def accepted_drafts(rng: np.random.Generator, drafts: np.ndarray, alpha: float) -> np.ndarray:
@@ -445,9 +451,7 @@ class ModelExecutor(GrammarExecutor):
             produced = np.where(rows.think_left > 0, np.minimum(produced, rows.think_left), produced)
         if spec:
             accepted = np.minimum(accepted, produced - 1)
-        mask_rows = (1 + drafts) * grammar
-        fill_s = np.zeros(n)
-        rolled_back = jumped = _zeros_int(n)
+        rolled_back = jumped = constant_ints(0, n)
         process_s = 0.0
         g = grammar.nonzero()[0]
         ng = len(g)
@@ -460,7 +464,7 @@ class ModelExecutor(GrammarExecutor):
             accept_one = None
             if total == ng:
                 row_fill = costs.fill_s(ng, codes)
-                per_row = np.ones(ng, np.int64)
+                per_row = constant_ints(1, ng)
             else:
                 per_row = g_drafts + 1
                 draws = costs.fill_s(total, codes if single is not None else np.repeat(codes, per_row))
@@ -476,7 +480,6 @@ class ModelExecutor(GrammarExecutor):
                                                              else codes[undo])))
             if accept_one is None:
                 accept_one = costs.accept_s(ng, codes)
-            fill_s[g] = row_fill
             process_s += float(_sum(accept_one))  # the sampled (bonus / correction) token
             if self.jump_forward:
                 forced = np.minimum(costs.jump_forward(ng, codes), gen_left[g] - produced[g])
@@ -484,6 +487,5 @@ class ModelExecutor(GrammarExecutor):
                 jumped[g] = forced
                 process_s += float(accept_one @ forced)
                 produced = produced + jumped
-            return StepWork(fill_s, mask_rows, produced, accepted, rolled_back, jumped, None, process_s,
-                            masked_fill_s=row_fill, masked_rows=per_row)
-        return StepWork(fill_s, mask_rows, produced, accepted, rolled_back, jumped, None, process_s)
+            return StepWork(row_fill, per_row, produced, accepted, rolled_back, jumped, None, process_s)
+        return StepWork(NO_FILL, constant_ints(0, 0), produced, accepted, rolled_back, jumped, None, process_s)

@@ -10,7 +10,15 @@ from rich.table import Table
 from cdbench.harness.cli import app
 from cdbench.harness.cli_support import console, err_console, user_errors
 from cdbench.harness.results import load_run
-from cdbench.reports.gate import Baseline, GateResult, Verdict, evaluate_gate, numeric_metrics, parse_tolerances
+from cdbench.reports.gate import (
+    Baseline,
+    GateResult,
+    Verdict,
+    check_tolerance_names,
+    evaluate_gate,
+    numeric_metrics,
+    parse_tolerances,
+)
 from cdbench.reports.tables import format_value
 
 _STYLE = {Verdict.REGRESSED: "bold red", Verdict.MISSING: "bold red", Verdict.IMPROVED: "green", Verdict.OK: "",
@@ -57,6 +65,7 @@ def gate(
         run = load_run(run_dir)
         current = numeric_metrics(run.summary)
         if update:
+            check_tolerance_names(tolerances, current, "--tolerance")
             old = Baseline.load(baseline) if baseline.is_file() else Baseline(metrics={})
             new = old.model_copy(update={"metrics": current, "source": f"cdbench gate --update from {run_dir}"})
             new.tolerances_pct.update(tolerances)

@@ -2,14 +2,21 @@
 
 Each backend call is timed with ``time.perf_counter_ns`` and its measured
 time is what the virtual clock advances by (the GPU side still comes from the
-cost model). Structured requests carry their answer tokens (``Request.output_tokens``, EOS
+cost model). The times are wall-clock on purpose: an engine's scheduler waits
+for the call's wall time, and CPU-time clocks get it wrong both ways —
+``thread_time`` misses the work xgrammar's compiler does on its own threads,
+``process_time`` counts every thread of the process (and costs several times
+more per read). The price is noise: on a busy host a preempted call measures
+long (the run's ``mask_row_p99_us`` shows it).
+
+Structured requests carry their answer tokens (``Request.output_tokens``, EOS
 last, e.g. a tokenized valid instance): they are the oracle the simulated
 model "samples". A structured request without them is a random walk: the
 token at each position is drawn from the mask row the backend just filled
 (:class:`~cdbench.workloads.token_sources.RandomWalk`), and the request ends
-when its grammar terminates (or at ``output_len``). Drafts for speculative decoding
-come from a :class:`DraftSource`; by default :class:`OracleDrafts` proposes the
-oracle's next tokens, each right with probability ``alpha``.
+when its grammar terminates (or at ``output_len``). Drafts for speculative
+decoding come from the workload's :class:`~cdbench.workloads.drafts.DraftSource`
+(a request without oracle tokens proposes none).
 
 Thinking: with the ``reasoner`` backend, a thinking request's matcher starts in
 its thinking phase (with the request's budget) and is fed seeded random
@@ -20,72 +27,109 @@ Unconstrained rows need no backend; their drafts are accepted with
 probability ``alpha`` as in ``model`` mode.
 
 Every finished structured output is decoded and checked against its spec
-(:func:`cdbench.workloads.validate.check_instance`).
+(:func:`cdbench.workloads.validate.check_instance`; JSON schemas through a
+validator compiled once per spec).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from operator import itemgetter
 from time import perf_counter_ns
-from typing import Protocol
 
 import numpy as np
 
-from cdbench.backends.base import CompiledGrammar, CompileError, GrammarBackend, Matcher
+from cdbench.backends.base import CompiledGrammar, CompileError, ConstraintSpec, GrammarBackend, Matcher
 from cdbench.backends.reasoner import ReasonerBackend
-from cdbench.harness.executors import CompileOutcome, GrammarExecutor, StepRows, StepWork, accepted_drafts
+from cdbench.harness.executors import (
+    NO_FILL,
+    CompileOutcome,
+    GrammarExecutor,
+    SpecKeys,
+    StepRows,
+    StepWork,
+    accepted_drafts,
+    constant_ints,
+)
+from cdbench.workloads.drafts import DraftSource, OracleTokens
 from cdbench.workloads.request import Request
 from cdbench.workloads.token_sources import RandomWalk
-from cdbench.workloads.validate import InvalidInstance, check_instance
+from cdbench.workloads.validate import InvalidInstance, check_instance, json_validator
 
 _NS = 1e-9
-_UNSEEN = object()  # a request the lean path has not looked at yet
+_any = np.count_nonzero
+_NO_ROWS = constant_ints(0, 0)
+_VERDICTS_PER_SPEC = 4096  # remembered output verdicts per spec (a bound on memory, not a tuning knob)
 
 
-class DraftSource(Protocol):
-    """Proposes ``k`` draft tokens for ``request`` after ``position`` answer tokens."""
+def _gaps_s(stamps: list[int]) -> np.ndarray:
+    """Seconds between consecutive ``perf_counter_ns`` stamps (an explicit dtype converts the list
+    about three times faster than ``np.diff`` inferring one)."""
+    ns = np.array(stamps, np.int64)
+    return (ns[1:] - ns[:-1]) * _NS
 
-    def propose(self, request: Request, position: int, k: int) -> Sequence[int]: ...
 
+def output_check(spec: ConstraintSpec) -> Callable[[str], bool]:
+    """Whether an output text satisfies ``spec`` — :func:`check_instance`'s verdict, cheaper per call.
 
-class OracleDrafts:
-    """Drafts that match the oracle's next tokens, each with probability ``alpha`` until the first miss
-    (a simple stand-in for the workload's draft source).
+    A JSON schema's validator is built once here, and a valid output costs one
+    ``is_valid`` pass (the reason for a failure is never needed).
 
-    A missed draft and those after it are random ordinary tokens (seeded; never
-    special tokens, which a draft model does not propose inside an answer).
-
-    >>> drafts = OracleDrafts(1.0, token_ids=np.arange(100), seed=0)
-    >>> list(drafts.propose(Request(0, 0.0, 1, 3, output_tokens=(5, 6, 7)), 0, 2))
-    [5, 6]
+    >>> check = output_check(ConstraintSpec("json_schema", {"type": "integer"}))
+    >>> check("3"), check("3.5"), check("{")
+    (True, False, False)
     """
+    if spec.kind == "json_schema":
+        schema = json.loads(spec.spec) if isinstance(spec.spec, str) else spec.spec
+        try:
+            validator = json_validator(schema)
+        except Exception:  # noqa: BLE001 - check_instance counts a schema the validator cannot take as invalid
+            return lambda text: False
 
-    def __init__(self, alpha: float, token_ids: np.ndarray, seed: int = 0) -> None:
-        self.alpha, self.token_ids = alpha, token_ids
-        self.rng = np.random.default_rng(seed)
-        self._uniform: list[float] = []
-        self._random: list[int] = []
+        def check_json(text: str) -> bool:
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                return False
+            try:
+                return bool(validator.is_valid(value))
+            except Exception:  # noqa: BLE001 - as check_instance: a malformed schema can break the validator
+                return False
 
-    def _refill(self) -> None:
-        # draws in blocks: one generator call per 4096 draws rather than one per draft
-        self._uniform = self.rng.random(4096).tolist()
-        self._random = self.token_ids[self.rng.integers(0, len(self.token_ids), 4096)].tolist()
+        return check_json
 
-    def propose(self, request: Request, position: int, k: int) -> list[int]:
-        """``k`` drafts after ``position`` answer tokens (none for a request without oracle tokens)."""
-        oracle = request.output_tokens
-        if not oracle:
-            return []
-        out: list[int] = []
-        for j in range(k):
-            if len(self._uniform) < 1 or len(self._random) < k:
-                self._refill()
-            if position + j < len(oracle) and self._uniform.pop() < self.alpha:
-                out.append(oracle[position + j])
-            else:
-                out.extend(self._random.pop() for _ in range(k - j))
-                break
-        return out
+    def check_other(text: str) -> bool:
+        try:
+            check_instance(spec, text)
+        except InvalidInstance:
+            return False
+        return True
+
+    return check_other
+
+
+@dataclass(slots=True)
+class _Step:
+    """One step's results as the executor's paths fill them (arrays parallel to the step's rows)."""
+
+    produced: np.ndarray
+    accepted: np.ndarray
+    verified: np.ndarray | None
+    fill_s: np.ndarray  # per row (grammar rows written by the paths)
+    mask_rows: np.ndarray
+    rolled_back: np.ndarray | None = None
+    jumped: np.ndarray | None = None
+    rejected: list[int] = field(default_factory=list)  # rows whose sampled token the grammar refused
+    ended: list[int] = field(default_factory=list)  # random-walk rows whose grammar terminated
+    backend_ns: int = 0  # mask building
+    process_ns: int = 0  # accepts, rollbacks, jump-forward after sampling
+
+    def roll_back(self, rows: np.ndarray, counts: Sequence[int]) -> None:
+        if self.rolled_back is None:
+            self.rolled_back = np.zeros(len(self.produced), np.int64)
+        self.rolled_back[rows] = counts
 
 
 class HybridExecutor(GrammarExecutor):
@@ -95,40 +139,56 @@ class HybridExecutor(GrammarExecutor):
     ----------
     backend : the grammar engine (bound to the run's vocabulary).
     alpha : draft acceptance for unconstrained rows (and of the default draft source).
-    drafts : where drafts come from (default :class:`OracleDrafts`).
-    seed : seeds the default draft source (and the default random walk).
+    drafts : where drafts come from (default: a :class:`DraftSource` with ``alpha``, without instance pools).
+    seed : seeds the default draft source, the default random walk and thinking tokens.
     walk : draws tokens for structured requests without oracle tokens
         (default: a :class:`RandomWalk` over the backend's vocabulary).
+
+    A step's grammar rows take one of two paths. The common one — an oracle
+    token, no drafts, no jump-forward — is one fill and one accept per row:
+    all fills run first (each timed, with one clock read between
+    consecutive fills, since the parallel-fill model and the mask-time
+    histogram need per-row times), then all accepts under one clock pair (rows
+    are independent matchers, so the order does not matter); token lookup and
+    position advance are array operations. Every other row (drafts, random
+    walk, jump-forward) runs the general per-row path.
     """
 
     def __init__(self, backend: GrammarBackend, alpha: float = 0.0, drafts: DraftSource | None = None,
                  seed: int = 0, walk: RandomWalk | None = None) -> None:
         self.backend, self.alpha = backend, alpha
-        self.walk = walk or RandomWalk(backend.vocab.eos_token_ids, backend.vocab.size, seed)
-        self._emitted: dict[int, list[int]] = {}  # random-walk requests: the tokens they emitted
         vocab = backend.vocab
-        self._ordinary = np.setdiff1d(np.arange(vocab.size), np.fromiter(vocab.forbidden_token_ids, np.int64))
+        self.walk = walk or RandomWalk(vocab.eos_token_ids, vocab.size, seed)
+        self.drafts = drafts if drafts is not None else DraftSource(alpha, vocab, seed)
+        ordinary = np.setdiff1d(np.arange(vocab.size), np.fromiter(vocab.forbidden_token_ids, np.int64))
+        self._think_tokens = ordinary[ordinary != getattr(backend, "think_end_id", -1)]
         self._think_rng = np.random.default_rng([seed, 1])
-        end = getattr(backend, "think_end_id", -1)
-        self._think_tokens = self._ordinary[self._ordinary != end]
-        self.drafts = drafts if drafts is not None else OracleDrafts(alpha, self._ordinary, seed)
+        self._reasoner = isinstance(backend, ReasonerBackend)
         self.backend_call_s = 0.0
         self.validation_s = 0.0
         self._compiled: dict[int, CompiledGrammar] = {}
+        self._checks: dict[int, Callable[[str], bool]] = {}
+        self._verdicts: dict[int, dict[str, bool]] = {}  # per spec key: output text -> valid
         self._matchers: dict[int, Matcher] = {}
-        self._position: dict[int, int] = {}
+        self._emitted: dict[int, list[int]] = {}  # random-walk requests: the tokens they emitted
         self._rejected: set[int] = set()
-        self._eos = frozenset(backend.vocab.eos_token_ids)
+        self._eos = frozenset(vocab.eos_token_ids)
         self._mask = backend.allocate_mask(1)
-        # oracle requests' bound (fill_mask, accept) and tokens, for the one-fill-one-accept step
-        self._lean: dict[int, tuple | None] = {}
 
-    def _timed(self, fn, *args):
-        start = perf_counter_ns()
-        value = fn(*args)
-        elapsed = (perf_counter_ns() - start) * _NS
-        self.backend_call_s += elapsed
-        return value, elapsed
+    def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False) -> None:
+        super().prepare(requests, keys, jump_forward)
+        n = len(requests)
+        short = [r.request_id for r in requests
+                 if r.output_tokens is not None and r.spec is not None and len(r.output_tokens) < r.output_len]
+        if short:
+            raise ValueError(f"requests {short[:10]} have fewer output_tokens than output_len "
+                             f"({len(short)} in all): the oracle must cover every answer token")
+        oracle = self._oracle = OracleTokens.of(requests)
+        self._has_oracle, self._flat, self._offset = oracle.present, oracle.tokens, oracle.start
+        # _at - _offset is each request's answer position (so _at indexes _flat at its next oracle token)
+        self._at = self._offset.copy()
+        self._fills: list[Callable | None] = [None] * n  # bound fill_mask / accept of each live matcher
+        self._accepts: list[Callable | None] = [None] * n
 
     def compile(self, key: int) -> CompileOutcome:
         start = perf_counter_ns()
@@ -144,170 +204,284 @@ class HybridExecutor(GrammarExecutor):
     def _matcher(self, rid: int) -> Matcher:
         matcher = self._matchers.get(rid)
         if matcher is None:
-            key = int(self.keys.request_key[rid])
+            grammar = self._compiled[int(self.keys.request_key[rid])]
             request = self.requests[rid]
-            if isinstance(self.backend, ReasonerBackend):
-                matcher, _ = self._timed(lambda g: self.backend.matcher(
-                    g, thinking=request.think_len > 0, thinking_budget=request.thinking_budget), self._compiled[key])
+            start = perf_counter_ns()
+            if self._reasoner:
+                matcher = self.backend.matcher(grammar, thinking=request.think_len > 0,
+                                               thinking_budget=request.thinking_budget)
             else:
-                matcher, _ = self._timed(self.backend.matcher, self._compiled[key])
+                matcher = self.backend.matcher(grammar)
+            self.backend_call_s += (perf_counter_ns() - start) * _NS
             self._matchers[rid] = matcher
-            self._position[rid] = 0
+            self._fills[rid], self._accepts[rid] = matcher.fill_mask, matcher.accept
         return matcher
-
-    def _lean_entry(self, rid: int) -> tuple | None:
-        """``(fill_mask, accept, oracle tokens)`` of request ``rid``, or ``None`` without oracle tokens."""
-        oracle = self.requests[rid].output_tokens
-        matcher = self._matchers.get(rid) or self._matcher(rid)
-        entry = self._lean[rid] = (matcher.fill_mask, matcher.accept, oracle) if oracle is not None else None
-        return entry
 
     def step(self, rows: StepRows, rng: np.random.Generator) -> StepWork:
         n = len(rows.rid)
-        drafts = rows.drafts
+        rid, grammar, drafts, gen_left, think_left = rows.rid, rows.grammar, rows.drafts, rows.gen_left, rows.think_left
         # unconstrained and thinking rows: no backend, drafts accepted with probability alpha
-        accepted = accepted_drafts(rng, drafts, self.alpha) if drafts.any() else np.zeros(n, np.int64)
-        produced = np.minimum(accepted + 1, rows.gen_left)
-        thinking = rows.think_left > 0
-        produced = np.where(thinking, np.minimum(produced, rows.think_left), produced)
-        accepted = np.minimum(accepted, produced - 1)
-        fill_s = np.zeros(n)
-        mask_rows = np.zeros(n, np.int64)
-        rolled_back = np.zeros(n, np.int64)
-        jumped = np.zeros(n, np.int64)
-        rejected = np.zeros(n, bool)
+        spec = _any(drafts)
+        if spec:
+            accepted = accepted_drafts(rng, drafts, self.alpha)
+            produced = np.minimum(accepted + 1, gen_left)
+        else:
+            accepted = np.zeros(n, np.int64)
+            produced = np.minimum(1, gen_left)
+        thinking = _any(think_left)  # (never negative)
+        if thinking:
+            produced = np.where(think_left > 0, np.minimum(produced, think_left), produced)
+        if spec:
+            accepted = np.minimum(accepted, produced - 1)
+        out = _Step(produced, accepted, drafts.copy() if spec else None, NO_FILL, _NO_ROWS)
+        n_grammar = _any(grammar)
+        fill_s, mask_rows = NO_FILL, _NO_ROWS
+        if n_grammar:
+            if self.jump_forward:
+                lean = drafted = _NO_ROWS
+                general = np.flatnonzero(grammar)
+            else:
+                oracle = grammar & self._has_oracle[rid]
+                if spec:
+                    is_drafted = oracle & (drafts > 0)
+                    drafted = np.flatnonzero(is_drafted)
+                    lean = np.flatnonzero(oracle ^ is_drafted)
+                else:
+                    lean, drafted = np.flatnonzero(oracle), _NO_ROWS
+                general = np.flatnonzero(grammar ^ oracle) if len(lean) + len(drafted) < n_grammar else _NO_ROWS
+            if len(lean) == n_grammar:  # the common step: the grammar rows are the lean rows
+                fill_s, mask_rows = self._lean(rows, lean, out), constant_ints(1, n_grammar)
+            else:
+                out.fill_s, out.mask_rows = np.zeros(n), np.zeros(n, np.int64)
+                if len(lean):
+                    out.fill_s[lean] = self._lean(rows, lean, out)
+                    out.mask_rows[lean] = 1
+                if len(drafted):
+                    self._drafted(rows, drafted, out)
+                if len(general):
+                    self._general(rows, general, out)
+                built = np.flatnonzero(grammar)
+                fill_s, mask_rows = out.fill_s[built], out.mask_rows[built]
+        if self._reasoner and thinking:
+            out.process_ns += self._think(rows, produced)
+        self.backend_call_s += (out.backend_ns + out.process_ns) * _NS
+        rejected = None
+        if out.rejected:
+            rejected = np.zeros(n, bool)
+            rejected[out.rejected] = True
         ended = None
-        verified = drafts.copy() if drafts.any() else None
-        # Per-row Python is the overhead hybrid mode pays on top of the backend: keep it to
-        # local lookups and one clock read around each backend call.
-        clock = perf_counter_ns
-        backend_ns = 0
-        process_ns = 0
+        if out.ended:
+            ended = np.zeros(n, bool)
+            ended[out.ended] = True
+        zeros = constant_ints(0, n)
+        return StepWork(fill_s, mask_rows, out.produced, out.accepted,
+                        zeros if out.rolled_back is None else out.rolled_back,
+                        zeros if out.jumped is None else out.jumped, rejected, out.process_ns * _NS, ended,
+                        out.verified)
+
+    def _row_matchers(self, rids: list[int]) -> None:
+        """Make the matchers of requests in their first grammar step (timed, as backend calls)."""
+        for r in rids:
+            if self._fills[r] is None:
+                self._matcher(r)
+
+    def _lean(self, rows: StepRows, lean: np.ndarray, out: _Step) -> np.ndarray:
+        """One fill and one accept of the oracle token per row; the rows' fill seconds."""
+        lean_rids = rows.rid[lean]
+        lean_list = lean_rids.tolist()
+        # the rows' bound methods, gathered in C (a 1-row getter returns the item itself)
+        pick = itemgetter(*lean_list) if len(lean_list) > 1 else lambda seq: (seq[lean_list[0]],)
+        row_fills = pick(self._fills)
+        if None in row_fills:
+            self._row_matchers(lean_list)
+            row_fills = pick(self._fills)
+        row_accepts = pick(self._accepts)
         mask = self._mask
-        requests, positions, propose = self.requests, self._position, self.drafts.propose
-        rids, lefts, ks = rows.rid.tolist(), rows.gen_left.tolist(), drafts.tolist()
-        k_max = max(ks, default=0)
-        matchers = self._matchers
-        grammar_rows = np.flatnonzero(rows.grammar).tolist()
-        plain_rows: list[int] = []
-        plain: list[tuple] = []
-        if not self.jump_forward:
-            # the common step, one fill and one accept of an oracle token: batched below
-            lean = self._lean
-            candidates = grammar_rows if k_max == 0 else [i for i in grammar_rows if not ks[i]]
-            entries = [lean.get(rids[i], _UNSEEN) for i in candidates]
-            if _UNSEEN in entries:
-                entries = [self._lean_entry(rids[i]) if e is _UNSEEN else e for i, e in zip(candidates, entries)]
-            if None in entries:  # requests without oracle tokens take the general path
-                plain_rows = [i for i, e in zip(candidates, entries) if e is not None]
-                plain = [e for e in entries if e is not None]
-            else:
-                plain_rows, plain = candidates, entries
-            if len(plain_rows) < len(grammar_rows):
-                lean_rows = set(plain_rows)
-                grammar_rows = [i for i in grammar_rows if i not in lean_rows]
-            else:
-                grammar_rows = []
-        for i in grammar_rows:
-            rid, k = rids[i], ks[i]
-            left = lefts[i]
-            request = requests[rid]
-            oracle = request.output_tokens
-            matcher = matchers.get(rid) or self._matcher(rid)
-            pos = positions[rid]
-            if mask.shape[0] < k + 1:
-                mask = self._mask = self.backend.allocate_mask(k + 1)
-            # mask building: fill, then accept each draft and fill its row (the grammar-valid prefix)
-            proposed = list(propose(request, pos, k)) if k else ()
-            if verified is not None:
-                verified[i] = len(proposed)
-            t0 = clock()
+        clock = perf_counter_ns
+        stamps = [clock()]
+        stamp = stamps.append
+        for fill in row_fills:
+            fill(mask, 0)
+            stamp(clock())
+        out.backend_ns += stamps[-1] - stamps[0]
+        at = self._at
+        tokens = self._flat[at[lean_rids]].tolist()
+        t0 = clock()
+        oks = [accept(token) for accept, token in zip(row_accepts, tokens)]
+        out.process_ns += clock() - t0
+        at[lean_rids] += 1
+        if not all(oks):
+            bad = [i for i, ok in zip(lean.tolist(), oks) if not ok]
+            out.rejected.extend(bad)
+            self._rejected.update(rows.rid[bad].tolist())
+        return _gaps_s(stamps)
+
+    def _drafted(self, rows: StepRows, drafted: np.ndarray, out: _Step) -> None:
+        """Oracle rows with drafts, in phases: propose all, build every row's masks (fill, then accept
+        each draft and fill its row: the grammar-valid prefix), verify against the oracle, then roll
+        back the rejected drafts and accept the sampled token.
+
+        Phases rather than row by row: the Python between backend calls runs with the caches the
+        fills left cold, so interleaving it with them makes it several times slower.
+        """
+        d_rids = rows.rid[drafted]
+        d_list = d_rids.tolist()
+        at = self._at
+        positions = at[d_rids] - self._offset[d_rids]
+        starts = positions.tolist()
+        requests = self.requests
+        k_drafts = rows.drafts[drafted]
+        ks = k_drafts.tolist()
+        proposals = self.drafts.propose_rows(requests, self._oracle, d_rids, positions, k_drafts)
+        if None in [self._fills[r] for r in d_list]:
+            self._row_matchers(d_list)
+        matchers = [self._matchers[r] for r in d_list]
+        if self._mask.shape[0] < max(ks) + 1:
+            self._mask = self.backend.allocate_mask(max(ks) + 1)
+        mask = self._mask
+        clock = perf_counter_ns
+        valids: list[int] = []
+        filled_rows: list[int] = []
+        stamps = [clock()]
+        for matcher, proposed in zip(matchers, proposals):
             matcher.fill_mask(mask, 0)
-            valid = 0
+            valid = filled = 0
             for token in proposed:
-                if not matcher.accept(int(token)):
+                if not matcher.accept(token):
                     break
                 valid += 1
-                matcher.fill_mask(mask, valid)
-            t1 = clock()
-            fill_s[i] = (t1 - t0) * _NS
-            backend_ns += t1 - t0
-            mask_rows[i] = 1 + valid
+                if matcher.is_terminated():  # a draft ended the answer: no next row (the engines skip it)
+                    break
+                filled += 1
+                matcher.fill_mask(mask, filled)
+            valids.append(valid)
+            filled_rows.append(filled)
+            stamps.append(clock())
+        out.backend_ns += stamps[-1] - stamps[0]
+        # verification: the target keeps the drafts that match its own tokens (never past the output's end)
+        matches: list[int] = []
+        sampled: list[int] = []
+        for r, pos, proposed, valid, left in zip(d_list, starts, proposals, valids, rows.gen_left[drafted].tolist()):
+            oracle = requests[r].output_tokens
+            match = 0
+            while match < valid and proposed[match] == oracle[pos + match]:
+                match += 1
+            match = min(match, left - 1)
+            matches.append(match)
+            sampled.append(oracle[pos + match])
+        rolled = [valid - match for valid, match in zip(valids, matches)]
+        t0 = clock()
+        oks = []
+        for matcher, back, token in zip(matchers, rolled, sampled):
+            if back:
+                matcher.rollback(back)
+            oks.append(matcher.accept(token))
+        out.process_ns += clock() - t0
+        if not all(oks):
+            bad = [j for j, ok in enumerate(oks) if not ok]
+            out.rejected.extend(drafted[bad].tolist())
+            self._rejected.update(d_rids[bad].tolist())
+        emitted = np.array(matches) + 1
+        at[d_rids] += emitted
+        out.fill_s[drafted] = _gaps_s(stamps)
+        out.mask_rows[drafted] = np.array(filled_rows) + 1
+        out.accepted[drafted] = matches
+        out.produced[drafted] = emitted
+        out.verified[drafted] = [len(p) for p in proposals]
+        out.roll_back(drafted, rolled)
+
+    def _general(self, rows: StepRows, general: np.ndarray, out: _Step) -> None:
+        """Random-walk rows, and every row under jump-forward, one row at a time."""
+        g_rids = rows.rid[general]
+        at, offset = self._at, self._offset
+        starts = (at[g_rids] - offset[g_rids]).tolist()
+        g_fill: list[int] = []
+        g_masks: list[int] = []
+        g_accepted: list[int] = []
+        g_rolled: list[int] = []
+        g_jumped: list[int] = []
+        g_emitted: list[int] = []
+        g_verified: list[int] = []
+        clock = perf_counter_ns
+        requests, propose, walk = self.requests, self.drafts.propose, self.walk
+        jump = self.jump_forward
+        for j, (rid, k, left, pos) in enumerate(zip(g_rids.tolist(), rows.drafts[general].tolist(),
+                                                    rows.gen_left[general].tolist(), starts)):
+            request = requests[rid]
+            oracle = request.output_tokens
+            matcher = self._matchers.get(rid) or self._matcher(rid)
+            if self._mask.shape[0] < k + 1:
+                self._mask = self.backend.allocate_mask(k + 1)
+            mask = self._mask
+            # mask building: fill, then accept each draft and fill its row (the grammar-valid prefix)
+            proposed = propose(request, pos, k) if k else ()
+            g_verified.append(len(proposed))
+            t0 = clock()
+            matcher.fill_mask(mask, 0)
+            valid = filled = 0
+            for token in proposed:
+                if not matcher.accept(token):
+                    break
+                valid += 1
+                if matcher.is_terminated():
+                    break
+                filled += 1
+                matcher.fill_mask(mask, filled)
+            g_fill.append(clock() - t0)
+            g_masks.append(1 + filled)
             # verification against what the target samples: keep the matching prefix, roll back the rest
             if oracle is None:  # random walk: the target samples from each filled row
-                sampled = [self.walk.next_token(mask[j], request_id=request.request_id, position=pos + j)
-                           for j in range(valid + 1)]
+                sampled = [walk.next_token(mask[i], request_id=request.request_id, position=pos + i,
+                                           params=request.random_walk) for i in range(filled + 1)]
             else:
                 sampled = oracle[pos:pos + valid + 1]
             match = 0
-            while match < valid and proposed[match] == sampled[match]:
+            while match < min(valid, len(sampled) - 1) and proposed[match] == sampled[match]:
                 match += 1
             match = min(match, left - 1)
             t0 = clock()
             if valid - match:
                 matcher.rollback(valid - match)
             ok = matcher.accept(sampled[match])
-            t1 = clock()
-            process_ns += t1 - t0
+            out.process_ns += clock() - t0
             if not ok:
-                rejected[i] = True
+                out.rejected.append(int(general[j]))
                 self._rejected.add(rid)
-            accepted[i], rolled_back[i] = match, valid - match
-            pos += match + 1
+            g_accepted.append(match)
+            g_rolled.append(valid - match)
             emitted = match + 1
             if oracle is None:
-                self._emitted.setdefault(rid, []).extend(sampled[:match + 1])
-            more = pos < len(oracle) if oracle is not None else not matcher.is_terminated()
-            if self.jump_forward and more and emitted < left and not matcher.is_terminated():
+                self._emitted.setdefault(rid, []).extend(sampled[:emitted])
+            forced_ok = 0
+            more = pos + emitted < len(oracle) if oracle is not None else not matcher.is_terminated()
+            if jump and more and emitted < left and not matcher.is_terminated():
                 t0 = clock()
                 forced = matcher.jump_forward()
-                forced_ok = 0
                 for token in forced[: left - emitted]:
-                    if oracle is not None and token != oracle[pos + forced_ok] or not matcher.accept(token):
+                    if oracle is not None and token != oracle[pos + emitted + forced_ok] or not matcher.accept(token):
                         break
                     forced_ok += 1
-                t1 = clock()
-                process_ns += t1 - t0
+                out.process_ns += clock() - t0
                 if oracle is None:
                     self._emitted[rid].extend(forced[:forced_ok])
-                jumped[i] = forced_ok
-                pos += forced_ok
                 emitted += forced_ok
+            g_jumped.append(forced_ok)
             if oracle is None and emitted < left and matcher.is_terminated():
-                if ended is None:
-                    ended = np.zeros(n, bool)
-                ended[i] = True
-            produced[i] = emitted
-            positions[rid] = pos
-        if plain_rows:
-            # Rows are independent matchers, so all fills run first (each timed: the parallel-fill
-            # model needs per-row times; one clock read between consecutive fills), then all
-            # accepts under one clock pair.
-            stamps = [clock()]
-            stamp = stamps.append
-            for fill, _, _ in plain:
-                fill(mask, 0)
-                stamp(clock())
-            plain_ns = np.diff(stamps)
-            backend_ns += stamps[-1] - stamps[0]
-            plain_rids = [rids[i] for i in plain_rows]
-            tokens = [oracle[positions[rid]] for rid, (_, _, oracle) in zip(plain_rids, plain)]
-            t0 = clock()
-            oks = [accept(token) for (_, accept, _), token in zip(plain, tokens)]
-            process_ns += clock() - t0
-            for i, rid, ok in zip(plain_rows, plain_rids, oks):
-                positions[rid] += 1
-                if not ok:
-                    rejected[i] = True
-                    self._rejected.add(rid)
-            fill_s[plain_rows] = plain_ns * _NS
-            mask_rows[plain_rows] = 1
-        if isinstance(self.backend, ReasonerBackend) and thinking.any():
-            process_ns += self._think(rows, produced)
-        process_s = process_ns * _NS
-        self.backend_call_s += (backend_ns + process_ns) * _NS
-        return StepWork(fill_s, mask_rows, produced, accepted, rolled_back, jumped, rejected, process_s, ended,
-                        verified)
+                out.ended.append(int(general[j]))
+            g_emitted.append(emitted)
+        out.backend_ns += sum(g_fill)
+        out.fill_s[general] = np.array(g_fill) * _NS
+        out.mask_rows[general] = g_masks
+        out.accepted[general] = g_accepted
+        out.produced[general] = g_emitted
+        at[g_rids] += g_emitted
+        if out.verified is not None:
+            out.verified[general] = g_verified
+        out.roll_back(general, g_rolled)
+        if jump:
+            if out.jumped is None:
+                out.jumped = np.zeros(len(rows.rid), np.int64)
+            out.jumped[general] = g_jumped
 
     def _think(self, rows: StepRows, produced: np.ndarray) -> int:
         """Feed thinking rows' tokens to reasoner matchers (the think-end token last); nanoseconds spent."""
@@ -332,21 +506,31 @@ class HybridExecutor(GrammarExecutor):
     def finish(self, rid: int) -> bool | None:
         """Decode the answer and check it against the spec (``None`` for unconstrained requests)."""
         request = self.requests[rid]
-        self._matchers.pop(rid, None)
-        self._lean.pop(rid, None)
+        start = perf_counter_ns()
+        self._matchers.pop(rid, None)  # dropping the last references frees the backend's matcher
+        self._fills[rid] = self._accepts[rid] = None
+        self.backend_call_s += (perf_counter_ns() - start) * _NS
+        emitted = self._emitted.pop(rid, None)
         if request.spec is None:
             return None
-        position = self._position.pop(rid, 0)
         if rid in self._rejected:
             return False
-        emitted = self._emitted.pop(rid, None)
-        source = request.output_tokens[:position] if request.output_tokens is not None else emitted or []
+        if request.output_tokens is not None:
+            source: Sequence[int] = request.output_tokens[:int(self._at[rid] - self._offset[rid])]
+        else:
+            source = emitted or []
         start = perf_counter_ns()
-        tokens = [t for t in source if t not in self._eos]
-        try:
-            check_instance(request.spec, self.backend.vocab.decode(tokens))
-            return True
-        except InvalidInstance:
-            return False
-        finally:
-            self.validation_s += (perf_counter_ns() - start) * _NS
+        key = int(self.keys.request_key[rid])
+        eos = self._eos
+        text = self.backend.vocab.decode([t for t in source if t not in eos])
+        verdicts = self._verdicts.get(key)
+        if verdicts is None:
+            verdicts = self._verdicts[key] = {}
+            self._checks[key] = output_check(self.keys.specs[key])
+        valid = verdicts.get(text)
+        if valid is None:  # a text seen before (instances repeat in a workload) is not checked again
+            if len(verdicts) >= _VERDICTS_PER_SPEC:
+                verdicts.clear()
+            valid = verdicts[text] = self._checks[key](text)
+        self.validation_s += (perf_counter_ns() - start) * _NS
+        return valid

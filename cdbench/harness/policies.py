@@ -16,8 +16,9 @@ mechanism                 sglang                           vllm
 ========================  ===============================  ===============================
 compile pool              ``min(32, cpus + 4)`` threads     ``(cpus + 1) // 2`` threads
 compile cache             written at harvest, no in-flight  written when compiled (xgrammar
-                          de-dup, failures cached           cache), in-flight shared, hits
-                                                            still take a pool round trip
+                          de-dup, failures cached,          cache, LRU of 1000 entries),
+                          unbounded                         in-flight shared, hits still
+                                                            take a pool round trip
 while compiling           separate grammar queue; ready     stays in the waiting queue at
                           requests rejoin at the tail       its place; later ones pass it
 readiness                 one blocking poll per iteration   a 100 µs check per unready
@@ -163,6 +164,7 @@ def _vllm(cpus: int) -> dict:
         compile_threads=max(1, (cpus + 1) // 2),
         cache_write="compile",
         cache_dedup_inflight=True,
+        cache_capacity=1000,  # engine default: a 512 MB xgrammar compiler cache, about 1000 JSON schemas
         cache_failures=False,
         cache_hit_path="pool",
         grammar_wait="in_place",

@@ -9,10 +9,12 @@ invalid ones (see :mod:`cdbench.harness.profile_mutations`) rejected.
 
 Isolation: a compile still running after ``compile_timeout_s`` is killed and
 recorded as ``timeout``; a worker that dies (segfault, abort) records ``crash``
-for its item; either way the worker is restarted and the profile goes on.
+for its item; either way a fresh worker takes the next job and the profile goes on.
+Workers die with the parent process, even when it is killed with SIGKILL.
 
 Resumable: each item's result is appended to ``items.jsonl`` as soon as it is
-known; a rerun with the same output folder skips what is there.
+known; a rerun with the same output folder skips what is there. A rerun with
+settings that change the results is refused before anything is built.
 
 Example
 -------
@@ -33,7 +35,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -46,6 +48,9 @@ from cdbench.harness.profile_worker import (
     load_plugin,
     worker_main,
 )
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 ITEMS_JSONL = "items.jsonl"
 CONFIG_JSON = "profile_config.json"
@@ -187,9 +192,14 @@ def _death_message(exitcode: int | None) -> str:
 
 
 class WorkerPool:
-    """Worker processes (``spawn``) that each serve any backend, restarted after a crash or timeout.
+    """Worker processes that each serve any backend; one that crashed or timed out is replaced.
 
-    Use as a context manager; :meth:`run` yields one :class:`ItemResult` per job.
+    Workers are ``spawn``-ed children of this process, so that they die with it
+    (:func:`~cdbench.harness.profile_worker.die_with_parent`; a ``forkserver``
+    child would outlive it, its parent being the fork server, which waits for
+    its children). The kernel ties a worker to the thread that started it, so
+    drive a pool from one thread. Use as a context manager; :meth:`run` yields
+    one :class:`ItemResult` per job.
     """
 
     def __init__(self, config: ProfileConfig) -> None:
@@ -236,17 +246,19 @@ class WorkerPool:
             instance_failure=task.instance_failure,
         )
 
-    def _replace(self, worker: _Worker) -> None:
+    def _retire(self, worker: _Worker) -> None:
         worker.process.kill()
         self._stop(worker)
-        self._workers[self._workers.index(worker)] = self._start()
+        self._workers.remove(worker)
 
     def run(self, jobs: Iterable[tuple[str, ProfileTask]]) -> Iterator[ItemResult]:
         """Profile each ``(backend, task)`` job; results come in completion order."""
         pending = deque(jobs)
-        while len(self._workers) < min(self.config.workers, len(pending)):
-            self._workers.append(self._start())
         while pending or any(w.job is not None for w in self._workers):
+            # Start workers (again, after a crash or timeout) only while jobs wait for them.
+            free = sum(1 for w in self._workers if w.job is None)
+            for _ in range(min(self.config.workers - len(self._workers), len(pending) - free)):
+                self._workers.append(self._start())
             for worker in self._workers:
                 if worker.phase == "idle" and pending:
                     worker.job = pending.popleft()
@@ -283,7 +295,7 @@ class WorkerPool:
             if worker.job is None:
                 raise RuntimeError(f"a profile worker failed to start ({_death_message(worker.process.exitcode)})")
             result = self._failed(worker, "crash", _death_message(worker.process.exitcode))
-            self._replace(worker)
+            self._retire(worker)
             return result
         if time.monotonic() >= worker.deadline:
             if worker.job is None:
@@ -295,7 +307,7 @@ class WorkerPool:
             else:
                 message = f"backend construction exceeded {STARTUP_TIMEOUT_S:g} s"
             result = self._failed(worker, "timeout", message)
-            self._replace(worker)
+            self._retire(worker)
             return result
         return None
 
@@ -305,7 +317,7 @@ class WorkerPool:
 
 
 @contextmanager
-def _progress(enabled: bool) -> Iterator[Any]:
+def _progress(enabled: bool, console: Console | None = None) -> Iterator[Any]:
     if not enabled:
         yield None
         return
@@ -325,11 +337,14 @@ def _progress(enabled: bool) -> Iterator[Any]:
         TimeElapsedColumn(),
         TextColumn("eta"),
         TimeRemainingColumn(),
+        console=console,
     ) as bar:
         yield bar
 
 
-def _check_resume(config: ProfileConfig, out_dir: Path) -> None:
+def check_resume(config: ProfileConfig, out_dir: str | Path) -> None:
+    """Raise :class:`ResumeMismatchError` if ``out_dir`` holds results made with other settings."""
+    out_dir = Path(out_dir)
     path = out_dir / CONFIG_JSON
     if path.exists():
         stored = json.loads(path.read_text(encoding="utf-8"))
@@ -340,6 +355,10 @@ def _check_resume(config: ProfileConfig, out_dir: Path) -> None:
                 f"{out_dir} holds a profile made with different {', '.join(differing)} "
                 f"({', '.join(f'{k}={stored.get(k)!r}' for k in differing)}); use another --out"
             )
+
+
+def _record_config(config: ProfileConfig, out_dir: Path) -> None:
+    path = out_dir / CONFIG_JSON
     path.write_text(json.dumps(config.model_dump(), indent=2) + "\n", encoding="utf-8")
 
 
@@ -349,15 +368,18 @@ def profile_tasks(
     out_dir: str | Path,
     progress: bool = True,
     on_result: Callable[[ItemResult], None] | None = None,
+    console: Console | None = None,
 ) -> tuple[ResultStore, int]:
     """Profile ``tasks`` on every backend of ``config`` into ``out_dir/items.jsonl``.
 
-    Jobs already stored there are skipped (resume). Returns the store and the
-    number of new results.
+    Jobs already stored there are skipped (resume). With ``progress``, one bar
+    per backend counts its items done (stored ones included) on ``console``
+    (rich's default when ``None``). Returns the store and the number of new results.
     """
     out_dir = Path(out_dir)
+    check_resume(config, out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _check_resume(config, out_dir)
+    _record_config(config, out_dir)
     for plugin in config.plugins:
         load_plugin(plugin)
     store = ResultStore(out_dir)
@@ -369,7 +391,7 @@ def profile_tasks(
     ]
     new = 0
     try:
-        with _progress(progress) as bar, WorkerPool(config) as pool:
+        with _progress(progress, console) as bar, WorkerPool(config) as pool:
             bars = {}
             if bar is not None:
                 for backend in config.backends:
@@ -432,6 +454,8 @@ def run_profile(config: ProfileConfig, out_dir: str | Path, progress: bool = Tru
     from cdbench.harness.profile_outputs import write_outputs
 
     out_dir = Path(out_dir)
+    # Before the instances are built (and cached on disk): a refused resume leaves no trace.
+    check_resume(config, out_dir)
     prepared = prepare_tasks(config, progress)
     store, new = profile_tasks(config, prepared.tasks, out_dir, progress)
     wanted = {(t.corpus, t.item_id, b) for t in prepared.tasks for b in config.backends}

@@ -2,7 +2,9 @@
 
 - ``items.parquet``: one row per item × backend (status, compile time, correctness counts);
 - ``tokens.parquet``: every timed token, raw (no sketch): fill, accept, rollback µs and
-  the number of forced (jump-forward) tokens at that step;
+  the number of forced (jump-forward) tokens at that step, counted by each backend's own
+  rule (:data:`cdbench.reports.profile_report.FORCED_TOKEN_RULES`), so the counts do not
+  compare across backends;
 - ``profile_<backend>.json``: a :class:`~cdbench.harness.costs.grammar_profile.GrammarProfile`
   built from these measurements, the input of ``model`` mode;
 - ``report.md`` and PNG plots (:mod:`cdbench.reports.profile_report`).
@@ -179,6 +181,7 @@ def write_outputs(
             "limit per corpus": config.limit,
             "seed": config.seed,
             "compile timeout s": config.compile_timeout_s,
+            "walk timeout s": config.walk_timeout_s,
             "valid instances per item": config.valid_instances,
             "invalid instances per item": config.invalid_instances,
             "workers": config.workers,
@@ -188,7 +191,8 @@ def write_outputs(
             "TBM = first mask fill after each token of the oracle instances (repeat fills are not timed: "
             "llguidance caches masks per state); tokens.parquet holds every timed token, raw.",
             "TTFM = cold compile of the items that compiled (timeouts and crashes are not in it; "
-            "they are counted in their own columns). llguidance builds its lexer lazily, so part of "
+            "they are counted in their own columns: a compile timeout was killed before its compile "
+            "ended, a walk timeout compiled and was killed walking its instances). llguidance builds its lexer lazily, so part of "
             "its compile cost shows up in the first fills (TBM), not in TTFM.",
             "Empirical coverage needs an oracle instance: items the instance generator could not serve "
             "count as not covered for every backend.",

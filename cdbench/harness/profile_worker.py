@@ -11,14 +11,20 @@ instances to check they are rejected. It talks to the parent over a pipe:
 
 Engine calls run here and not in the parent so that a hang can be killed and a
 segfault only takes this process down (see :mod:`cdbench.harness.profile`).
+A worker ends with its parent, even one killed by SIGKILL
+(:func:`die_with_parent`), so a compile hanging in it never outlives the run.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import importlib
 import importlib.util
+import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,6 +137,42 @@ def load_plugin(plugin: str) -> None:
         if not callable(hook):
             raise ValueError(f"plugin {plugin!r}: {module_name} has no callable {attr!r}")
         hook()
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def watch_parent(poll_s: float = 1.0) -> None:
+    """End this process (exit status 1) once its parent has gone, checked every ``poll_s`` seconds.
+
+    The portable fallback of :func:`die_with_parent`: a daemon thread notices
+    that ``os.getppid()`` changed (the process was re-parented). It needs the
+    GIL, so an engine call that holds the GIL delays it until the call returns.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
+
+
+def die_with_parent() -> str:
+    """Make this process end when its parent does; returns the means used.
+
+    On Linux the kernel kills it with SIGKILL the moment the parent dies
+    (``prctl(PR_SET_PDEATHSIG)``), whatever this process is doing; elsewhere
+    :func:`watch_parent` polls. A parent that died before this call is noticed
+    at the next read or write of the worker's pipe.
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+            return "prctl"
+    watch_parent()
+    return "watcher"
 
 
 def _allowed(mask_row: Any, token: int, mask_format: MaskFormat) -> bool:
@@ -273,6 +315,7 @@ def profile_item(
 
 def worker_main(conn: Any, vocab_name: str, plugins: list[str], rollback_every: int, backend_options: dict) -> None:
     """Serve tasks from ``conn`` until it sends ``None`` (the entry point of a worker process)."""
+    die_with_parent()
     from cdbench.backends.registry import create_backend
     from cdbench.backends.vocab import load_vocab
 

@@ -123,8 +123,9 @@ class RequestTable:
 
     _FLOAT = ("arrival_s", "issued_s", "compile_start_s", "compile_end_s", "grammar_ready_s", "rank_skew_s",
               "admitted_s", "first_token_s", "finish_s")
-    _INT = ("request_id", "prompt_len", "output_len", "think_tokens", "spec_key", "output_tokens", "drafted",
-            "accepted", "rolled_back", "jump_forward_tokens")
+    _INT = ("request_id", "prompt_len", "output_len", "think_tokens", "spec_key")
+    #: the counters a request accumulates while it runs, rows of :attr:`counts` (written in one go when it ends)
+    COUNTS = ("output_tokens", "drafted", "accepted", "rolled_back", "jump_forward_tokens")
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -132,6 +133,9 @@ class RequestTable:
             setattr(self, name, np.full(n, np.nan))
         for name in self._INT:
             setattr(self, name, np.zeros(n, np.int64))
+        self.counts = np.zeros((len(self.COUNTS), n), np.int64)
+        for name, column in zip(self.COUNTS, self.counts):
+            setattr(self, name, column)
         self.structured = np.zeros(n, bool)
         self.forced_think_end = np.zeros(n, bool)
         self.cache = np.zeros(n, np.int8)  # index into CACHE_RESULTS

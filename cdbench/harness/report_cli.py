@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from cdbench.harness.cli import app
-from cdbench.harness.cli_support import console, err_console, user_errors
+from cdbench.harness.cli_support import console, err_console, print_workload_issues, user_errors
 from cdbench.harness.results import load_run
 from cdbench.reports.run_report import build_report
 from cdbench.reports.tables import console_sections, to_rich
@@ -29,4 +29,5 @@ def report(
     if not quiet:
         for section in console_sections(run.summary):
             console.print(to_rich(section))
+        print_workload_issues(run)
     console.print(f"report: {path}")

@@ -28,6 +28,8 @@ from cdbench.harness.cli_support import (
     default_out_dir,
     execute,
     load_run_tree,
+    output_folder,
+    print_workload_issues,
     user_errors,
 )
 from cdbench.reports.tables import console_sections, to_rich
@@ -58,8 +60,9 @@ def run_command(
                    requests=requests, rate=rate, seed=seed)
     with user_errors():
         tree, source = load_run_tree(config, options, set_)
-    out = out or default_out_dir()
+        out = output_folder(out, default_out_dir())
     saved = execute(tree, source, out)
     for section in console_sections(saved.summary):
         console.print(to_rich(section))
+    print_workload_issues(saved)
     console.print(f"results: {out}/  (report: {out / 'report.md'}, trace: {out / 'trace.json'} for ui.perfetto.dev)")

@@ -40,7 +40,7 @@ import numpy as np
 
 from cdbench.harness.compile_service import CompilePools, GrammarCache
 from cdbench.harness.events import EventKind, EventQueue
-from cdbench.harness.executors import CompileOutcome, GpuCosts, GrammarExecutor, SpecKeys, StepRows
+from cdbench.harness.executors import CompileOutcome, GpuCosts, GrammarExecutor, SpecKeys, StepRows, constant_ints
 from cdbench.harness.metrics import LogHistogram
 from cdbench.harness.policies import SchedulerConfig
 from cdbench.harness.records import ABORT_REASONS, CACHE_RESULTS, DraftPositionCounts, RequestTable, StepLog
@@ -57,6 +57,7 @@ _ABORT = {name: i for i, name in enumerate(ABORT_REASONS)}
 _CACHE = {name: i for i, name in enumerate(CACHE_RESULTS)}
 _KIND_DECODE, _KIND_PREFILL, _KIND_MIXED = "decode", "prefill", "mixed"
 _NO_ROWS = np.zeros(0, np.int64)
+_COUNTERS = slice(5, 10)  # the batch's out ... jumped rows: RequestTable.COUNTS, in the same order
 
 
 def parallel_makespan(per_request_s: np.ndarray, chunk: int, threads: int) -> float:
@@ -69,7 +70,7 @@ def parallel_makespan(per_request_s: np.ndarray, chunk: int, threads: int) -> fl
     starts = np.arange(0, n, chunk)
     tasks = np.add.reduceat(per_request_s, starts) if n else np.zeros(0)
     free = [0.0] * min(threads, max(1, len(tasks)))
-    for task in tasks:
+    for task in tasks.tolist():  # Python floats: cheaper heap arithmetic than numpy scalars
         heapq.heapreplace(free, free[0] + task)
     return float(max(free))
 
@@ -159,6 +160,7 @@ class Scheduler:
 
         R = config.ranks
         self.done_at = np.full((n, R), np.inf)
+        self._ready_at = [math.inf] * n  # done_at's maximum per request (the last rank's end), for checks
         self.grammar_ok = np.ones(n, bool)
         self.wait_ct = np.zeros((n, R), np.int64)
         self.pools = CompilePools(R, config.compile_threads, config.rank_jitter, config.rank_compile_scale)
@@ -270,34 +272,43 @@ class Scheduler:
         if found == "hit" and cfg.cache_hit_path == "direct":
             self._carry_cpu_s += cfg.cache_hit_s
             self.done_at[rid] = t
+            self._ready_at[rid] = t
             rec.grammar_ready_s[rid] = t
             rec.rank_skew_s[rid] = 0.0
             self.waiting.append(rid)
             return
-        if found == "hit":  # a round trip through the compile pool
-            start, end, thread = self.pools.submit(t, cfg.cache_hit_s, self.rng_compile)
-            self._trace_compile(start, end, thread, "cache hit")
-        elif found == "inflight":
-            start, end = np.full(cfg.ranks, t), shared_end
+        if found == "inflight":
+            end = shared_end
             self.grammar_ok[rid] = self._outcome(key).error is None
+            first, last, skew = t, float(end.max()), float(end.max() - end.min())
         else:
-            outcome = self._outcome(key)
-            start, end, thread = self.pools.submit(t, outcome.seconds, self.rng_compile)
-            self.grammar_ok[rid] = outcome.error is None
-            self.cache.submitted(key, end, self.grammar_ok[rid])
-            self._trace_compile(start, end, thread, f"compile {self.keys.texts[key][:40]}")
-        self.done_at[rid] = end
-        rec.compile_start_s[rid] = start.min()
-        rec.compile_end_s[rid] = end.max()
-        rec.rank_skew_s[rid] = end.max() - end.min()
+            # a pooled cache hit makes a round trip through the compile pool; a miss compiles
+            seconds = cfg.cache_hit_s if found == "hit" else self._outcome(key).seconds
+            if cfg.ranks == 1:  # scalars: one-element arrays cost more than the bookkeeping itself
+                first, last, thread = self.pools.submit_one(t, seconds, self.rng_compile)
+                end, skew = None, 0.0
+                self._trace_compile((first,), (last,), (thread,), key, found)
+            else:
+                start, end, threads = self.pools.submit(t, seconds, self.rng_compile)
+                first, last, skew = float(start.min()), float(end.max()), float(end.max() - end.min())
+                self._trace_compile(start, end, threads, key, found)
+            if found == "miss":
+                self.grammar_ok[rid] = self._outcome(key).error is None
+                self.cache.submitted(key, np.array([last]) if end is None else end, bool(self.grammar_ok[rid]))
+        self.done_at[rid] = last if end is None else end
+        self._ready_at[rid] = last
+        rec.compile_start_s[rid] = first
+        rec.compile_end_s[rid] = last
+        rec.rank_skew_s[rid] = skew
         if cfg.grammar_wait == "grammar_queue":
             self.grammar_queue.append(rid)
         else:
             self.waiting.append(rid)
 
-    def _trace_compile(self, start, end, thread, name) -> None:
+    def _trace_compile(self, start, end, thread, key: int, found: str) -> None:
         tl = self.timeline
         if tl is not None and tl.recording:
+            name = "cache hit" if found == "hit" else f"compile {self.keys.texts[key][:40]}"
             for r in range(len(start)):
                 tl.span(f"rank{r}/compile{thread[r]}", name, float(start[r]), float(end[r] - start[r]))
 
@@ -366,7 +377,7 @@ class Scheduler:
 
     def _check(self, rid: int, t: float) -> tuple[bool, float]:
         """vLLM's readiness check of one request at ``t``: (ready, seconds it cost)."""
-        done = self.done_at[rid].max()
+        done = self._ready_at[rid]
         if done <= t:
             return True, 0.0
         if done <= t + self.cfg.check_timeout_s:
@@ -389,14 +400,16 @@ class Scheduler:
 
     # ------------------------------------------------------------------ admission
 
-    def _admit(self, t: float, budget: int, room: int) -> tuple[list[int], list[int], float]:
-        """New requests from the waiting queue: (ids, prefill chunks, readiness-check seconds)."""
+    def _admit(self, t: float, budget: int, room: int) -> tuple[list[int], list[int], float, bool]:
+        """New requests from the waiting queue: (ids, prefill chunks, readiness-check seconds, whether
+        every admitted prompt runs whole in this step)."""
         cfg, rec = self.cfg, self.rec
         waiting = self.waiting
         admitted: list[int] = []
         chunks: list[int] = []
         skipped: list[int] = []
         check_s = 0.0
+        whole = True
         while waiting and budget > 0 and room > 0:
             rid = waiting.popleft()
             if rec.structured[rid] and math.isnan(rec.grammar_ready_s[rid]):
@@ -412,6 +425,7 @@ class Scheduler:
                 chunk = prompt
             elif cfg.chunked_prefill:
                 chunk = budget
+                whole = False
             elif not admitted and len(self.batch) == 0:
                 chunk = prompt  # a prompt over the budget still runs alone
             else:
@@ -423,7 +437,7 @@ class Scheduler:
             room -= 1
         if skipped:
             waiting.extendleft(reversed(skipped))
-        return admitted, chunks, check_s
+        return admitted, chunks, check_s, whole
 
     # ------------------------------------------------------------------ one iteration
 
@@ -456,24 +470,28 @@ class Scheduler:
             all_decode = True
         new_ids: list[int] = []
         new_chunks: list[int] = []
+        new_whole = True
         if cfg.mixed_batches:
             if k:
                 drafts = np.minimum(k, (batch.gen_left if all_decode else batch.gen_left[dec_rows]) - 1)
                 n_drafts = int(_sum(drafts))
             else:
-                drafts, n_drafts = np.zeros(len(dec_rows), np.int64), 0
+                n_drafts = 0
             budget = cfg.max_batched_tokens - len(dec_rows) - n_drafts
-            pf_chunks = self._allocate(pf_rows, budget)
-            budget -= int(_sum(pf_chunks))
+            if len(pf_rows):
+                pf_chunks = self._allocate(pf_rows, budget)
+                budget -= int(_sum(pf_chunks))
+            else:
+                pf_chunks = _NO_ROWS
             if self.waiting and room > 0 and budget > 0:
-                new_ids, new_chunks, c = self._admit(t + pre, budget, room)
+                new_ids, new_chunks, c, new_whole = self._admit(t + pre, budget, room)
                 check_s += c
         else:
             pf_chunks = self._allocate(pf_rows, cfg.max_batched_tokens)
             if len(pf_rows) or (self.waiting and room > 0):
                 budget = cfg.max_batched_tokens - int(_sum(pf_chunks))
                 if self.waiting and room > 0 and budget > 0:
-                    new_ids, new_chunks, c = self._admit(t + pre, budget, room)
+                    new_ids, new_chunks, c, new_whole = self._admit(t + pre, budget, room)
                     check_s += c
             if new_chunks or (len(pf_chunks) and _sum(pf_chunks) > 0):
                 dec_rows = _NO_ROWS
@@ -482,45 +500,57 @@ class Scheduler:
                 drafts = np.minimum(k, (batch.gen_left if all_decode else batch.gen_left[dec_rows]) - 1)
                 n_drafts = int(_sum(drafts))
             else:
-                drafts, n_drafts = np.zeros(len(dec_rows), np.int64), 0
+                n_drafts = 0
         pre = schedule_s + poll_s + sync_s + check_s
 
+        if len(pf_rows):  # continuing prompts: those the budget reached run a chunk
+            live = pf_chunks > 0
+            pf_rows, pf_chunks = pf_rows[live], pf_chunks[live]
+        continuing = len(pf_rows) > 0
         if new_ids:
             ids = np.array(new_ids, np.int64)
             rec.admitted_s[ids] = t + pre
             first_new = len(batch)
             batch.append(self._entry_ints[:, ids], self._entry_flags[:, ids])
-            pf_rows = np.concatenate((pf_rows, np.arange(first_new, len(batch))))
-            pf_chunks = np.concatenate((pf_chunks, np.array(new_chunks, np.int64)))
-        if len(pf_rows):
-            live = pf_chunks > 0
-            pf_rows, pf_chunks = pf_rows[live], pf_chunks[live]
+            new_rows = np.arange(first_new, len(batch))
+            # (admitted chunks are never empty)
+            new_chunk_arr = np.array(new_chunks, np.int64)
+            if continuing:
+                pf_rows = np.concatenate((pf_rows, new_rows))
+                pf_chunks = np.concatenate((pf_chunks, new_chunk_arr))
+            else:
+                pf_rows, pf_chunks = new_rows, new_chunk_arr
 
         if len(dec_rows) == 0 and len(pf_rows) == 0:
             return self._idle_iteration(t, pre, schedule_s, poll_s, sync_s, check_s)
 
         # rows that sample: decode rows and prefill rows whose last chunk runs now
-        if len(pf_rows):
+        if new_ids and new_whole and not continuing:  # just the new prompts, each whole
+            first_rows = pf_rows
+        elif len(pf_rows):
             completing = pf_chunks == batch.prefill_left[pf_rows]
             first_rows = pf_rows[completing]
         else:
             first_rows = pf_rows
         n_dec = len(dec_rows)
-        everyone = len(first_rows) == 0 and n_dec == len(batch)
+        n_first = len(first_rows)
+        everyone = n_first == 0 and n_dec == len(batch)
         # decode rows are the batch's first n_dec rows when no prefill was in flight before this step
         dec_sel = slice(0, n_dec) if all_decode else dec_rows
-        if everyone:  # the common decode step: slices (views) instead of gathers
+        if everyone or (all_decode and n_dec + n_first == len(batch)):
+            # the common steps (all decode; or every new prompt fits now): the sampling rows are the
+            # whole batch, in order, so slices (views) instead of gathers
             s_rows = slice(None)
-            s_drafts = drafts
-        elif all_decode and n_dec + len(first_rows) == len(batch):
-            # every new request's prompt fits now: the sampling rows are the whole batch, in order
-            s_rows = slice(None)
-            s_drafts = np.concatenate((drafts, np.zeros(len(first_rows), np.int64)))
-        elif len(first_rows):
+        elif n_first:
             s_rows = np.concatenate((dec_rows, first_rows))
-            s_drafts = np.concatenate((drafts, np.zeros(len(first_rows), np.int64)))
         else:
-            s_rows, s_drafts = dec_rows, drafts
+            s_rows = dec_rows
+        if not k:
+            s_drafts = constant_ints(0, n_dec + n_first)
+        elif n_first:
+            s_drafts = np.concatenate((drafts, constant_ints(0, n_first)))
+        else:
+            s_drafts = drafts
         s_rid = batch.rid[s_rows]
         n_sample = len(s_rid)
         think_left = batch.think_left[s_rows]
@@ -542,11 +572,7 @@ class Scheduler:
             n_filter = int(np.count_nonzero(filtered))
         else:
             n_filter = 0
-        if work.masked_fill_s is None:
-            has_mask = work.mask_rows > 0
-            row_fill, row_masks = work.fill_s[has_mask], work.mask_rows[has_mask]
-        else:
-            row_fill, row_masks = work.masked_fill_s, work.masked_rows
+        row_fill, row_masks = work.fill_s, work.mask_rows
         grammar_rows = len(row_fill)
         mask_rows = n_filter
         fill_s = 0.0
@@ -561,6 +587,10 @@ class Scheduler:
         fill_s += n_filter * cfg.think_filter_s
 
         # --- GPU
+        if work.drafted is not None:
+            # the batch reserved k tokens per decode row; the forward verifies the drafts actually
+            # proposed (hybrid: fewer near an oracle's end, none for a random walk)
+            n_drafts = int(_sum(work.drafted))
         dec_tokens = len(dec_rows) + n_drafts
         if everyone:
             kv = int(_sum(batch.cached))
@@ -575,7 +605,8 @@ class Scheduler:
         process_s = work.process_s + cfg.process_row_s * n_sample
 
         # --- the step's duration (see the module docstring)
-        has_grammar = bool(_any(structured))  # one grammar row makes the whole batch wait
+        # one grammar row makes the whole batch wait (without thinking rows, every structured row built a mask)
+        has_grammar = bool(_any(structured)) if any_thinking else grammar_rows > 0
         carry = self._carry_process_s
         sync = (not cfg.overlap) or (k > 0 and has_grammar and not cfg.spec_grammar_overlap)
         if sync:
@@ -625,14 +656,11 @@ class Scheduler:
         done = batch.gen_left[s_rows] <= 0
         if work.ended is not None:
             done |= work.ended
-        rejected = work.rejected & cfg.abort_on_reject if work.rejected is not None and _any(work.rejected) else None
+        rejected = work.rejected if cfg.abort_on_reject else None
         if rejected is not None or _any(done):
-            positions = np.arange(len(batch))[s_rows]  # batch row of each sampled row
-            gone = np.zeros(len(batch), bool)
             if rejected is not None:
                 for rid in s_rid[rejected].tolist():
                     self._abort(rid, "grammar_rejected", t_token)
-                gone[positions[rejected]] = True
                 done &= ~rejected
             finished = s_rid[done]
             rec.finish_s[finished] = t_token
@@ -641,14 +669,14 @@ class Scheduler:
                 if valid is not None:
                     rec.valid[rid] = int(valid)
                 self._end(rid, t_token)
-            gone[positions[done]] = True
+            left = done if rejected is None else done | rejected  # per sampled row
+            if isinstance(s_rows, slice):  # the sampled rows are the whole batch, in order
+                gone = left
+            else:
+                gone = np.zeros(len(batch), bool)
+                gone[s_rows[left]] = True
             leaving = gone.nonzero()[0]
-            rids = batch.rid[leaving]
-            rec.output_tokens[rids] = batch.out[leaving]
-            rec.drafted[rids] = batch.drafted[leaving]
-            rec.accepted[rids] = batch.accepted[leaving]
-            rec.rolled_back[rids] = batch.rolled_back[leaving]
-            rec.jump_forward_tokens[rids] = batch.jumped[leaving]
+            rec.counts[:, batch.rid[leaving]] = batch.ints[_COUNTERS, leaving]
             batch.keep(~gone)
 
         kind = _KIND_MIXED if len(dec_rows) and len(pf_rows) else (_KIND_DECODE if len(dec_rows) else _KIND_PREFILL)

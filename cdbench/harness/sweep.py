@@ -32,17 +32,20 @@ import os
 import re
 import sys
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cdbench.harness.config_io import ConfigError, apply_overrides, builtin_config_path, read_yaml_mapping
+
+if TYPE_CHECKING:
+    from cdbench.harness.config import RunConfig
 
 
 class SweepSpec(BaseModel):
@@ -110,7 +113,7 @@ def load_sweep(path: Path) -> tuple[SweepSpec, dict[str, Any]]:
     from cdbench.harness.config_io import validate_config
 
     path = Path(path)
-    spec = validate_config(SweepSpec, read_yaml_mapping(path), source=f"sweep file {path}")
+    spec = validate_config(SweepSpec, read_yaml_mapping(path, "sweep file"), source=f"sweep file {path}")
     base_path = Path(spec.base)
     if not base_path.suffix:
         base_path = builtin_config_path(spec.base)
@@ -123,6 +126,35 @@ def load_sweep(path: Path) -> tuple[SweepSpec, dict[str, Any]]:
 def point_config(base: Mapping[str, Any], point: SweepPoint) -> dict[str, Any]:
     """The configuration mapping of one point: ``base`` with the point's values set."""
     return apply_overrides(base, point.values)
+
+
+def _why_no_effect(key: str, config: RunConfig) -> str | None:
+    """Why grid parameter ``key`` cannot change this point's results (``None`` when it can)."""
+    model, costs = config.mode == "model", config.costs
+    if key == "backend.name" and model and costs.fixed_grammar is not None:
+        return "model mode with costs.fixed_grammar: grammar costs are those constants whatever the backend"
+    if key == "backend.name" and model and costs.grammar_profile is not None:
+        return "model mode with costs.grammar_profile: that profile is used whatever the backend"
+    if key.startswith("backend.options") and model:
+        return "model mode draws grammar costs from a profile; backend options matter in hybrid mode only"
+    if key.startswith("costs.grammar_profile") and not model:
+        return "hybrid mode times the real backend; grammar profiles matter in model mode only"
+    if key.startswith("costs.grammar_profile") and costs.fixed_grammar is not None:
+        return "costs.fixed_grammar replaces the profile"
+    if key.startswith("costs.fixed_grammar") and not model:
+        return "hybrid mode times the real backend; costs.fixed_grammar matters in model mode only"
+    return None
+
+
+def ineffective_parameters(spec: SweepSpec, configs: Sequence[RunConfig]) -> list[str]:
+    """One warning per grid parameter that changes nothing at any point (given how the points get their
+    grammar costs), so such a sweep is not mistaken for a measured comparison."""
+    warnings = []
+    for key in spec.grid:
+        reasons = [_why_no_effect(key, config) for config in configs]
+        if configs and all(reasons):
+            warnings.append(f"grid parameter {key} has no effect here ({reasons[0]}); its points differ only in name")
+    return warnings
 
 
 def is_finished(folder: Path) -> bool:

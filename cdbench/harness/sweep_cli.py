@@ -8,12 +8,13 @@ from typing import Annotated
 import typer
 
 from cdbench.harness.cli import app
-from cdbench.harness.cli_support import console, err_console, progress_bar, user_errors
+from cdbench.harness.cli_support import console, err_console, output_folder, progress_bar, user_errors
 from cdbench.harness.results import validate_run_config
 from cdbench.harness.sweep import (
     PointOutcome,
     expand_grid,
     grid_columns,
+    ineffective_parameters,
     load_sweep,
     point_config,
     run_sweep,
@@ -41,9 +42,11 @@ def sweep(
         spec, base = load_sweep(sweep_file)
         points = expand_grid(spec)
         # Validate every point before running any, so a typo fails in a second, not an hour in.
-        for point in points:
-            validate_run_config(point_config(base, point), source=f"sweep point {point.name}")
-    out = out or Path("runs") / f"sweep-{spec.name}"
+        configs = [validate_run_config(point_config(base, point), source=f"sweep point {point.name}")
+                   for point in points]
+        out = output_folder(out, Path("runs") / f"sweep-{spec.name}")
+    for warning in ineffective_parameters(spec, configs):
+        err_console.print(f"[bold yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     failures: list[PointOutcome] = []
     with user_errors(out / "sweep.log"), progress_bar() as bar:
         task = bar.add_task(f"sweep {spec.name} ({len(points)} points)", total=len(points))

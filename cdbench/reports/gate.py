@@ -19,10 +19,11 @@ False
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -55,7 +56,8 @@ class Verdict(str, Enum):
 _DIRECTION_RULES: tuple[tuple[re.Pattern[str], Direction], ...] = tuple(
     (re.compile(pattern), direction)
     for pattern, direction in [
-        (r"(abort|timeout|fail|error|invalid|rollback|rolled_back|skew|wait|exposed)", Direction.LOWER_IS_BETTER),
+        (r"(abort|timeout|fail|error|invalid|rollback|rolled_back|skew|wait|exposed|skipped|bad_|duplicate)",
+         Direction.LOWER_IS_BETTER),
         (r"(throughput|goodput|hit_rate|validity|valid_rate|hidden|completed|jump_forward)", Direction.HIGHER_IS_BETTER),
         (r"(_ms|_s|_us|ttft|tpot|itl|e2el|latency|duration|share|compile)$", Direction.LOWER_IS_BETTER),
         (r"(ttft|tpot|itl|e2el|latency|compile_time|mask_time)", Direction.LOWER_IS_BETTER),
@@ -107,14 +109,24 @@ class Baseline(BaseModel):
             return cls.model_validate_json(Path(path).read_text())
         except FileNotFoundError:
             raise GateError(f"baseline file {path} does not exist") from None
+        except IsADirectoryError:
+            raise GateError(f"baseline file {path} is a directory, not a JSON file") from None
+        except OSError as err:  # permissions, a broken mount, ...
+            raise GateError(f"baseline file {path} cannot be read: {err.strerror or err}") from None
+        except UnicodeDecodeError:
+            raise GateError(f"baseline file {path} is not UTF-8 text") from None
         except ValidationError as err:
             first = err.errors()[0]
             where = ".".join(str(part) for part in first["loc"]) or "(top level)"
             raise GateError(f"baseline file {path}: {where}: {first['msg']}") from None
 
     def save(self, path: Path) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(self.model_dump(), indent=2, sort_keys=True) + "\n")
+        """Write the baseline as JSON; a path that cannot be written raises :class:`GateError`."""
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(json.dumps(self.model_dump(), indent=2, sort_keys=True) + "\n")
+        except OSError as err:
+            raise GateError(f"baseline file {path} cannot be written: {err.strerror or err}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +203,26 @@ def _change_pct(baseline: float, current: float) -> float:
     return (current - baseline) / abs(baseline) * 100.0
 
 
+def check_tolerance_names(tolerances: Mapping[str, float], known: Collection[str], origin: str) -> None:
+    """Raise :class:`GateError` when ``tolerances`` name a metric not in ``known`` (a typo would otherwise
+    leave the real metric at the default tolerance without a word), suggesting the closest names.
+
+    >>> check_tolerance_names({"p99_tft_ms": 5}, ["p99_ttft_ms", "p99_tpot_ms"], "--tolerance")
+    Traceback (most recent call last):
+    ...
+    cdbench.reports.gate.GateError: --tolerance names a metric neither the run nor the baseline has: 'p99_tft_ms' (did you mean p99_ttft_ms, p99_tpot_ms?)
+    """
+    unknown = sorted(set(tolerances) - set(known))
+    if not unknown:
+        return
+    names = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, sorted(known), n=3)
+        names.append(f"{name!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+    plural = "metrics" if len(unknown) > 1 else "a metric"
+    raise GateError(f"{origin} names {plural} neither the run nor the baseline has: {'; '.join(names)}")
+
+
 def evaluate_gate(
     current: Mapping[str, float],
     baseline: Baseline,
@@ -198,8 +230,12 @@ def evaluate_gate(
 ) -> GateResult:
     """Check every metric of ``baseline`` (and any new one in ``current``).
 
-    ``tolerances`` (percent) override the baseline's own per-metric tolerances.
+    ``tolerances`` (percent) override the baseline's own per-metric tolerances. A tolerance
+    (either kind) for a metric that neither has raises :class:`GateError`.
     """
+    known = set(baseline.metrics) | set(current)
+    check_tolerance_names(baseline.tolerances_pct, known, "the baseline's tolerances_pct")
+    check_tolerance_names(tolerances or {}, known, "--tolerance")
     merged = {**baseline.tolerances_pct, **(tolerances or {})}
     checks: list[MetricCheck] = []
     for name in sorted(set(baseline.metrics) | set(current)):

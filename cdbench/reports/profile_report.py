@@ -11,6 +11,13 @@ position (µs), over all tokens of all valid-instance walks; TTFM is the cold
 compile time (ms) of the items that compiled. Declared coverage = compiled ÷
 items; empirical coverage = compiled and every valid instance accepted ÷ items
 (an item without an oracle instance cannot count as empirically covered).
+Timeouts are split by what ran past its limit: a *compile timeout* has no
+compile time (the compile, or the backend's construction before it, was
+killed); a *walk timeout* compiled, then its instance walks were killed.
+
+Forced (jump-forward) tokens are counted by each backend's own rule
+(:data:`FORCED_TOKEN_RULES`), so their counts compare within a backend, not
+across backends.
 
 >>> import pandas as pd
 >>> items = pd.DataFrame({"corpus": ["c"], "item_id": ["i"], "kind": ["regex"], "backend": ["b"],
@@ -34,6 +41,20 @@ import numpy as np
 import pandas as pd
 
 FAILED_STATUSES = ("unsupported", "error", "timeout", "crash")
+
+# What "forced tokens" means per backend (cdbench/backends); the rules differ,
+# so the counts do not compare across backends.
+FORCED_TOKEN_RULES = {
+    "xgrammar": "the string xgrammar's find_jump_forward_string says every continuation starts with, "
+    "tokenized by the vocabulary's own tokenizer and cut at the first token the matcher refuses",
+    "llguidance": "llguidance's compute_ff_tokens (its forced bytes, tokenized by llguidance)",
+    "outlines": "the chain of states where exactly one token (not EOS) is allowed; a forced string "
+    "that several tokenizations could spell counts 0",
+}
+FORCED_TOKENS_CAVEAT = (
+    "Forced (jump-forward) tokens are counted by each backend's own rule, so compare them within "
+    "a backend, not across backends"
+)
 
 
 @dataclass
@@ -79,7 +100,8 @@ def summarize(items: pd.DataFrame, tokens: pd.DataFrame, by: Sequence[str] = ("b
             "false accepts": int(group.false_accepts.sum()),
             "unsupported": int((group.status == "unsupported").sum()),
             "errors": int((group.status == "error").sum()),
-            "timeouts": int((group.status == "timeout").sum()),
+            "compile timeouts": int(((group.status == "timeout") & group.compile_ms.isna()).sum()),
+            "walk timeouts": int(((group.status == "timeout") & group.compile_ms.notna()).sum()),
             "crashes": int((group.status == "crash").sum()),
             "warned items": int((group.n_warnings > 0).sum()),
         }
@@ -238,7 +260,16 @@ def write_report(items: pd.DataFrame, tokens: pd.DataFrame, out_dir: str | Path,
     lines += [f"- {note}" for note in info.notes] + ([""] if info.notes else [])
     lines += ["## All items", "", _markdown(summarize(items, tokens)), ""]
     if len(tokens):
-        lines += ["## Accept, rollback, jump-forward", "", _markdown(token_costs(tokens)), ""]
+        rules = [f"  - {b}: {FORCED_TOKEN_RULES[b]}." for b in backends if b in FORCED_TOKEN_RULES]
+        lines += [
+            "## Accept, rollback, jump-forward",
+            "",
+            _markdown(token_costs(tokens)),
+            "",
+            f"- {FORCED_TOKENS_CAVEAT}" + (":" if rules else "."),
+            *rules,
+            "",
+        ]
     lines += [
         "## By corpus file and kind",
         "",

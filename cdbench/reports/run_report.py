@@ -17,9 +17,10 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from cdbench.harness.results import SavedRun
+from cdbench.harness.results import WORKLOAD_TRACE_FILE, SavedRun
 from cdbench.reports import plots
 from cdbench.reports.tables import summary_sections, to_markdown
+from cdbench.workloads.generator import WorkloadReport
 
 STEP_PARTS = ("forward_s", "fill_s", "copy_s", "apply_s", "sample_s", "schedule_s", "poll_s", "sync_s", "check_s",
               "process_s")
@@ -144,6 +145,36 @@ def build_figures(run: SavedRun) -> list[Figure]:
     ]
 
 
+WORKLOAD_ENTRIES_SHOWN = 20
+"""Entries of each kind of workload issue listed in ``report.md`` (the details file has them all)."""
+
+
+def workload_issue_lines(run: SavedRun) -> list[str]:
+    """Markdown for what did not make it into the run's requests, each entry with its reason."""
+    issues = run.workload_issues
+    if issues is None:
+        return []
+    if not issues.total:
+        return ["## Workload issues", "", "None: every corpus line loaded and every spec was used.", ""]
+    lines = ["## Workload issues", "", f"{issues.describe()}; all of them, with reasons, in `{issues.details}`.", ""]
+    path = run.folder / issues.details
+    try:
+        details = WorkloadReport.model_validate_json(path.read_text())
+    except (OSError, ValueError) as err:  # ValidationError is a ValueError
+        return [*lines, f"*`{issues.details}` could not be read: {err}*", ""]
+    kinds = (("Corpus lines skipped", [f"`{e.path}:{e.line}`: {e.reason}" for e in details.skipped_lines]),
+             ("Specs without a valid instance", [f"`{e.spec_id}`: {e.reason}" for e in details.spec_failures]),
+             ("Trace lines skipped", [f"line {e.line}: {e.reason}" for e in details.bad_trace_lines]),
+             ("Corpus items dropped as duplicate specs",
+              [f"`{dup}` (same spec as `{kept}`)" for dup, kept in details.duplicate_specs.items()]))
+    for title, entries in kinds:
+        if entries:
+            more = len(entries) - WORKLOAD_ENTRIES_SHOWN
+            lines += [f"### {title}", "", *(f"- {e}" for e in entries[:WORKLOAD_ENTRIES_SHOWN])]
+            lines += [f"- ... and {more} more", ""] if more > 0 else [""]
+    return lines
+
+
 def build_report(run: SavedRun) -> Path:
     """Write ``report.md`` (config, summary tables, plots) into the run folder and return its path."""
     figures = build_figures(run)
@@ -151,9 +182,14 @@ def build_report(run: SavedRun) -> Path:
     trace_note = run.trace_note()
     lines += ["Files: `summary.json`, `requests.parquet`, `steps.parquet`, `config.yaml`, "
               f"`trace.json` (open in https://ui.perfetto.dev){'; ' + trace_note if trace_note else ''}.", ""]
+    replay = run.folder / WORKLOAD_TRACE_FILE
+    if replay.is_file():
+        lines += [f"The requests are in `{replay.name}`: `--set workload.trace={replay}` runs the same workload again.",
+                  ""]
     lines += ["## Summary", ""]
     for section in summary_sections(run.summary):
         lines += [f"### {section.title}", "", to_markdown(section), ""]
+    lines += workload_issue_lines(run)
     lines += ["## Plots", ""]
     for figure in figures:
         if figure.path is None:

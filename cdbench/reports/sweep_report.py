@@ -51,13 +51,39 @@ def write_sweep_report(name: str, grid_columns: Sequence[str], table: pd.DataFra
     return md
 
 
+def _folded(name: str, width: int = 12) -> str:
+    """A column header broken at underscores into lines of about ``width`` characters.
+
+    >>> _folded("request_throughput"), _folded("p99_ttft_ms")
+    ('request_\\nthroughput', 'p99_ttft_ms')
+    """
+    lines: list[str] = []
+    for word in name.split("_"):
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += "_" + word
+        else:
+            lines.append(word)
+    return "_\n".join(lines)
+
+
 def sweep_rich(table: pd.DataFrame, grid_columns: Sequence[str]) -> Table:
-    """The sweep table for the console: grid values, status, headline metrics."""
-    columns = [*grid_columns, "status", *(m for m in CONSOLE_METRICS if m in table.columns)]
-    rich_table = Table(title="Sweep", title_justify="left")
-    for c in columns:
-        rich_table.add_column(c, justify="left" if c in grid_columns or c == "status" else "right",
-                              no_wrap=True, min_width=len(c))
+    """The sweep table for the console: the grid values that vary, status, headline metrics.
+
+    Grid parameters with one value across every point go to the title instead
+    of a column, and long headers fold at underscores, so the table fits a
+    140-column log without cutting values.
+    """
+    fixed = [c for c in grid_columns if table[c].nunique(dropna=False) <= 1]
+    varying = [c for c in grid_columns if c not in fixed]
+    title = "Sweep" + (f" (same for every point: {', '.join(f'{c}={format_value(table[c].iloc[0])}' for c in fixed)})"
+                       if fixed and len(table) else "")
+    metrics = [m for m in CONSOLE_METRICS if m in table.columns]
+    rich_table = Table(title=title, title_justify="left")
+    for c in varying:
+        rich_table.add_column(c, justify="left", overflow="fold")
+    rich_table.add_column("status", justify="left", no_wrap=True)
+    for m in metrics:
+        rich_table.add_column(_folded(m), justify="right", no_wrap=True)
     for _, row in table.iterrows():
-        rich_table.add_row(*(format_value(row.get(c)) for c in columns))
+        rich_table.add_row(*(format_value(row.get(c)) for c in [*varying, "status", *metrics]))
     return rich_table

@@ -76,6 +76,8 @@ def summary_sections(summary: Mapping[str, object]) -> list[Section]:
     leftover: dict[str, object] = {}
     flat: dict[str, object] = {}
     for key, value in summary.items():
+        if key == "workload_issues":
+            continue  # not a measurement: the run report gives it a section of its own
         if isinstance(value, Mapping):
             flat.update({f"{key}.{k}": v for k, v in value.items()})
         else:

@@ -9,7 +9,8 @@
   ``grammar_instances``; validators in ``validate``);
 - :mod:`~cdbench.workloads.token_sources` (random walk over a mask row), :mod:`~cdbench.workloads.drafts`
   (speculative-decoding drafts);
-- :mod:`~cdbench.workloads.trace`: JSONL trace export and replay (``docs/trace_format.md``).
+- :mod:`~cdbench.workloads.trace`: JSONL trace export, validated import and replay
+  (``WorkloadConfig.trace``; ``docs/trace_format.md``).
 
 Submodules are imported on use, so ``import cdbench.workloads.request`` stays light.
 """

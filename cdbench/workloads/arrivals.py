@@ -70,10 +70,10 @@ class ClosedLoopArrivals(_Arrivals):
 
 
 class ReplayArrivals(_Arrivals):
-    """Recorded arrival times (seconds), sorted; requests beyond the list are an error."""
+    """Recorded arrival times (seconds, finite, >= 0), sorted; requests beyond the list are an error."""
 
     process: Literal["replay"] = "replay"
-    timestamps: list[float] = Field(min_length=1)
+    timestamps: list[Annotated[float, Field(ge=0, allow_inf_nan=False)]] = Field(min_length=1)
 
     def times(self, n: int, rng: np.random.Generator) -> np.ndarray:
         if n > len(self.timestamps):

@@ -7,9 +7,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cdbench.workloads.arrivals import ArrivalProcess, PoissonArrivals
 from cdbench.workloads.lengths import FixedLengths, LengthDist
@@ -52,17 +53,39 @@ class SpecDecodeConfig(_Config):
     alpha: float = Field(default=1.0, ge=0, le=1)
 
 
+class RandomWalkConfig(_Config):
+    """The ``random_walk`` token source: each structured request's tokens are drawn
+    from its mask rows at run time (:class:`~cdbench.workloads.token_sources.RandomWalk`).
+
+    ``eos_bias``: probability of ending at each position where EOS is allowed.
+    ``max_tokens``: from this position on, EOS is taken whenever allowed (a soft
+    cap; the request's ``output_len`` is the hard cap). The walk's seed is drawn
+    from the workload seed.
+    """
+
+    eos_bias: float = Field(default=0.05, ge=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=0)
+
+
 class WorkloadConfig(_Config):
     """Everything that decides a workload; same config + seed → identical requests.
 
     ``token_source``: ``oracle`` (a validated instance of the spec is the
     output, so ``output_len = len(output_tokens)``, EOS included),
-    ``random_walk`` (tokens are drawn from the mask at run time;
-    ``output_len`` from ``output_len`` is the token cap) or ``lengths`` (only
-    lengths). Plain requests always take ``output_len`` from the distribution.
+    ``random_walk`` (tokens are drawn from the mask at run time with the
+    ``random_walk`` settings, carried on each structured request; ``output_len``
+    from ``output_len`` is the hard token cap) or ``lengths`` (only lengths).
+    Plain requests always take ``output_len`` from the distribution.
+
+    ``trace``: replay this trace file (``docs/trace_format.md``) instead of
+    generating: the requests, their specs and oracle tokens and the workload
+    config are the trace's, so the other fields here do not apply, except
+    ``spec_decode``, which is always this config's (one trace replays under
+    several draft settings). ``num_requests`` is then optional.
     """
 
-    num_requests: int = Field(gt=0)
+    num_requests: int | None = Field(default=None, gt=0)
+    trace: Path | None = None
     seed: int = 0
     corpus: list[str] = Field(default_factory=lambda: ["embedded"], min_length=1)
     kinds: list[Literal["json_schema", "regex", "choice", "ebnf", "structural_tag"]] | None = None
@@ -78,6 +101,13 @@ class WorkloadConfig(_Config):
     instances_per_spec: int = Field(default=4, gt=0)
     reasoning: ReasoningConfig = ReasoningConfig()
     spec_decode: SpecDecodeConfig = SpecDecodeConfig()
+    random_walk: RandomWalkConfig = RandomWalkConfig()
+
+    @model_validator(mode="after")
+    def _sized(self) -> WorkloadConfig:
+        if self.num_requests is None and self.trace is None:
+            raise ValueError("num_requests is required (unless trace names a trace to replay)")
+        return self
 
     @property
     def max_concurrency(self) -> int | None:

@@ -2,8 +2,9 @@
 
 One JSON object per line with ``id``, ``kind``, ``spec``, ``source``,
 ``license`` and, for ``ebnf``, ``dialect`` and ``start`` (the format of the
-shared developer corpus). A bad line is skipped and reported with its file and
-line number; the rest loads.
+shared developer corpus). A bad line (invalid UTF-8, broken JSON, unknown
+kind, a missing or empty field, a spec of the wrong shape, an id seen before)
+is skipped and reported with its file and line number; the rest loads.
 
 >>> load = load_corpus("embedded", kinds=["regex"], limit=3)
 >>> len(load.items), load.items[0].kind
@@ -22,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,8 @@ class CorpusItem:
     """One spec of a corpus, with its provenance.
 
     ``extra`` keeps the other fields of the line (``lark_imports``, ``tools``,
-    ``origin``, ...).
+    ``origin``, ...). ``path`` and ``line`` say where the item was read (for
+    reports; not part of its identity).
     """
 
     id: str
@@ -55,6 +57,8 @@ class CorpusItem:
     start: str | None = None
     library: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
+    path: str = field(default="", compare=False)
+    line: int = field(default=0, compare=False)
 
     def to_spec(self) -> ConstraintSpec:
         """The constraint; ``ebnf`` items carry ``dialect`` and ``start`` in ``options``."""
@@ -102,6 +106,36 @@ class CorpusLoad:
     skipped: list[SkippedLine] = field(default_factory=list)
     library_ids: list[str] = field(default_factory=list)
 
+    @property
+    def skipped_count(self) -> int:
+        return len(self.skipped)
+
+
+_SPEC_TYPES: dict[str, tuple[type, ...]] = {
+    "json_schema": (dict, bool), "regex": (str,), "choice": (list,), "ebnf": (str,), "structural_tag": (dict,)}
+
+
+def check_spec(kind: Any, spec: Any, dialect: Any = None) -> None:
+    """``ValueError`` unless ``spec`` has the shape of a ``kind`` spec (``ebnf`` also needs a ``dialect``)."""
+    if kind not in CONSTRAINT_KINDS:
+        raise ValueError(f"unknown kind {kind!r} (known: {', '.join(CONSTRAINT_KINDS)})")
+    expected = _SPEC_TYPES[kind]
+    if not isinstance(spec, expected):
+        names = " or ".join("an object" if t is dict else t.__name__ for t in expected)
+        raise ValueError(f"spec of a {kind} item must be {names}, got {type(spec).__name__}")
+    if kind == "choice" and not all(isinstance(c, str) for c in spec):
+        raise ValueError("choice spec must be a list of strings")
+    if kind == "ebnf" and dialect not in ("gbnf", "lark"):
+        raise ValueError(f"ebnf item needs dialect gbnf or lark, got {dialect!r}")
+
+
+def _text_field(obj: dict[str, Any], key: str) -> str:
+    value = obj[key]
+    if not isinstance(value, str) or not value:
+        shown = "null" if value is None else repr(value)
+        raise ValueError(f"field {key} must be a non-empty string, got {shown}")
+    return value
+
 
 def parse_item(obj: Any) -> CorpusItem:
     """A :class:`CorpusItem` from one parsed line; ``ValueError`` names what is wrong."""
@@ -110,25 +144,17 @@ def parse_item(obj: Any) -> CorpusItem:
     missing = [k for k in _REQUIRED if k not in obj]
     if missing:
         raise ValueError(f"missing field(s) {', '.join(missing)}")
-    kind = obj["kind"]
-    if kind not in CONSTRAINT_KINDS:
-        raise ValueError(f"unknown kind {kind!r} (known: {', '.join(CONSTRAINT_KINDS)})")
-    spec = obj["spec"]
-    expected = {"json_schema": (dict, bool), "regex": str, "choice": list, "ebnf": str, "structural_tag": dict}[kind]
-    if not isinstance(spec, expected):
-        raise ValueError(f"spec of a {kind} item must be {getattr(expected, '__name__', 'an object')}, got {type(spec).__name__}")
-    if kind == "choice" and not all(isinstance(c, str) for c in spec):
-        raise ValueError("choice spec must be a list of strings")
-    dialect = obj.get("dialect")
-    if kind == "ebnf" and dialect not in ("gbnf", "lark"):
-        raise ValueError(f"ebnf item needs dialect gbnf or lark, got {dialect!r}")
+    item_id = _text_field(obj, "id")
+    source, license_ = _text_field(obj, "source"), _text_field(obj, "license")
+    kind, spec, dialect = obj["kind"], obj["spec"], obj.get("dialect")
+    check_spec(kind, spec, dialect)
     known = set(_REQUIRED) | {"dialect", "start", "library"}
     return CorpusItem(
-        id=str(obj["id"]),
+        id=item_id,
         kind=kind,
         spec=spec,
-        source=str(obj["source"]),
-        license=str(obj["license"]),
+        source=source,
+        license=license_,
         dialect=dialect,
         start=obj.get("start", "root" if dialect == "gbnf" else None),
         library=bool(obj.get("library", False)),
@@ -161,8 +187,15 @@ def read_corpus(
     items: list[CorpusItem] = []
     skipped: list[SkippedLine] = []
     libraries: list[str] = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    first_line: dict[str, int] = {}
+    # Bytes, decoded line by line: one line of invalid UTF-8 is a skipped line, not a failed load.
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                skipped.append(SkippedLine(str(path), number, f"invalid UTF-8 at byte {exc.start} of the line"))
+                continue
             if not line.strip():
                 continue
             try:
@@ -173,6 +206,13 @@ def read_corpus(
             except ValueError as exc:
                 skipped.append(SkippedLine(str(path), number, str(exc)))
                 continue
+            # Ids name specs everywhere downstream (compile-cache keys, pools, traces): one id, one spec.
+            if item.id in first_line:
+                skipped.append(SkippedLine(str(path), number,
+                                           f"duplicate id {item.id!r} (first on line {first_line[item.id]})"))
+                continue
+            first_line[item.id] = number
+            item = replace(item, path=str(path), line=number)
             if item.library and not include_library:
                 libraries.append(item.id)
                 continue
@@ -226,3 +266,22 @@ def resolve_corpus(name_or_path: str | Path) -> Path:
 def load_corpus(name_or_path: str | Path, **filters: Any) -> CorpusLoad:
     """:func:`read_corpus` of a named corpus or a path."""
     return read_corpus(resolve_corpus(name_or_path), **filters)
+
+
+def load_corpora(names_or_paths: Iterable[str | Path], **filters: Any) -> CorpusLoad:
+    """:func:`load_corpus` of each, merged; an id already loaded from an earlier file is a skipped line."""
+    merged = CorpusLoad([])
+    seen: dict[str, CorpusItem] = {}
+    for name in names_or_paths:
+        load = load_corpus(name, **filters)
+        merged.skipped += load.skipped
+        merged.library_ids += load.library_ids
+        for item in load.items:
+            first = seen.get(item.id)
+            if first is not None:
+                merged.skipped.append(SkippedLine(item.path, item.line,
+                                                  f"duplicate id {item.id!r} (first in {first.path}:{first.line})"))
+                continue
+            seen[item.id] = item
+            merged.items.append(item)
+    return merged

@@ -7,6 +7,9 @@ valid instance of the same spec has at that position, else a token seen in the
 instance pool), half are a random non-special token, so verification and
 grammar rollback see both grammar-valid and grammar-invalid drafts.
 
+This is the one draft source of the project: ``hybrid`` mode uses it for every
+request that carries oracle tokens (a request without them proposes no drafts).
+
 >>> from cdbench.backends.vocab import load_vocab
 >>> from cdbench.workloads.request import Request
 >>> req = Request(0, 0.0, 8, 3, output_tokens=(10, 11, 12))
@@ -16,7 +19,10 @@ grammar rollback see both grammar-valid and grammar-invalid drafts.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from bisect import bisect_left
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -24,12 +30,65 @@ from cdbench.backends.vocab import Vocabulary
 from cdbench.workloads.instances import InstancePool
 from cdbench.workloads.request import Request
 
+_TO_UNIT = 1.0 / (1 << 53)  # a 53-bit integer times this is a double in [0, 1)
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+# odd multipliers that spread request ids and positions over the 64-bit key space before mixing
+_ROW, _POSITION = np.uint64(0xD1B54A32D192ED03), np.uint64(0xAEF17502108EF2D9)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer, a bijective 64-bit mixer, elementwise on a ``uint64`` array.
+
+    A counter-based stream: numpy has no vectorized one (its Philox takes one
+    key per generator), and a generator per request or call costs about as
+    much as a grammar fill.
+    """
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+@dataclass(frozen=True)
+class OracleTokens:
+    """The output tokens of a list of requests back to back.
+
+    Request ``i``'s tokens are ``tokens[start[i]:start[i] + length[i]]``;
+    ``present[i]`` says whether it has output tokens at all (``length`` is 0
+    without), ``request_id[i]`` is its id.
+    """
+
+    tokens: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    present: np.ndarray
+    request_id: np.ndarray
+
+    @classmethod
+    def of(cls, requests: Sequence[Request]) -> OracleTokens:
+        n = len(requests)
+        oracles = [r.output_tokens for r in requests]
+        length = np.fromiter((len(o) if o is not None else 0 for o in oracles), np.int64, count=n)
+        start = np.zeros(n, np.int64)
+        np.cumsum(length[:-1], out=start[1:])
+        tokens = np.fromiter(chain.from_iterable(o for o in oracles if o), np.int64, count=int(length.sum()))
+        present = np.fromiter((o is not None for o in oracles), bool, count=n)
+        request_id = np.fromiter((r.request_id for r in requests), np.int64, count=n)
+        return cls(tokens, start, length, present, request_id)
+
 
 class DraftSource:
     """Proposes draft tokens; deterministic given ``seed``, request id and position.
 
     ``pools`` maps a request's ``spec_id`` to its instance pool; without it,
     plausible replacements come from the request's own output tokens.
+
+    Three uniforms decide each draft token (replace it? plausible or random?
+    which one?); they are a hash of ``(seed, request id, position, offset)``,
+    so proposals do not depend on call order (the same drafts under every
+    policy) and a longer draft starts with the shorter one's tokens.
+    :meth:`propose_rows` proposes for a whole step's rows with array
+    operations; :meth:`propose` is the same for one request.
     """
 
     def __init__(self, alpha: float, vocab: Vocabulary, seed: int, pools: Mapping[str, InstancePool] | None = None) -> None:
@@ -40,8 +99,10 @@ class DraftSource:
         self.seed = seed
         self.pools = pools or {}
         forbidden = np.fromiter(vocab.forbidden_token_ids, dtype=np.int64)
-        self._plain_ids = np.setdiff1d(np.arange(vocab.size, dtype=np.int64), forbidden)
-        self._seen: dict[str, np.ndarray] = {}
+        self._plain = np.setdiff1d(np.arange(vocab.size, dtype=np.int64), forbidden)
+        self._seed_word = np.uint64(seed % (1 << 64))
+        self._columns = np.zeros(0, np.uint64)
+        self._seen: dict[str, list[int]] = {}  # spec id -> sorted distinct tokens of its pool
 
     def propose(self, request: Request, position: int, k: int) -> list[int]:
         """Up to ``k`` draft tokens following the first ``position`` output tokens.
@@ -49,39 +110,81 @@ class DraftSource:
         Fewer than ``k`` near the end of the output; empty for requests without
         output tokens.
         """
-        oracle = request.output_tokens or ()
-        target = list(oracle[position : position + k])
-        if not target or self.alpha >= 1.0:
-            return target
-        rng = np.random.default_rng([self.seed, request.request_id, position])
-        pool = self.pools.get(request.spec_id or "")
-        draft = []
-        for offset, token in enumerate(target):
-            if rng.random() >= self.alpha:
-                token = self._replacement(request, pool, position + offset, token, rng)
-            draft.append(token)
-        return draft
+        return self.propose_rows([request], OracleTokens.of([request]), np.zeros(1, np.int64),
+                                 np.array([position]), np.array([k]))[0]
 
-    def _replacement(self, request: Request, pool: InstancePool | None, pos: int, token: int,
-                     rng: np.random.Generator) -> int:
-        if rng.random() < 0.5:
-            if pool is not None:
-                others = [seq[pos] for i, seq in enumerate(pool.tokens)
-                          if i != request.instance_index and pos < len(seq) and seq[pos] != token]
-                if others:
-                    return int(others[int(rng.integers(len(others)))])
-            seen = self._seen_tokens(request, pool)
-            seen = seen[seen != token]
-            if seen.size:
-                return int(seen[int(rng.integers(seen.size))])
-        while True:
-            candidate = int(self._plain_ids[int(rng.integers(self._plain_ids.size))])
-            if candidate != token:
-                return candidate
+    def propose_rows(self, requests: Sequence[Request], oracle: OracleTokens, rows: np.ndarray,
+                     positions: np.ndarray, ks: np.ndarray) -> list[list[int]]:
+        """:meth:`propose` for ``requests[rows[i]]`` at ``positions[i]`` with ``ks[i]`` drafts, each i;
+        ``oracle`` holds the output tokens of ``requests``."""
+        drafts = np.maximum(np.minimum(ks, oracle.length[rows] - positions), 0)  # fewer near the end
+        k = int(drafts.max()) if len(drafts) else 0
+        if k == 0:
+            return [[] for _ in range(len(rows))]
+        at = (oracle.start[rows] + positions)[:, None] + np.arange(k)
+        full = int(drafts.min()) == k
+        live = None if full else np.arange(k) < drafts[:, None]
+        target = oracle.tokens[at if full else np.where(live, at, 0)]
+        if self.alpha < 1.0:
+            u = self._uniforms(oracle.request_id[rows], positions, k)
+            replace = u[:, :, 0] >= self.alpha
+            if live is not None:
+                replace &= live
+            if replace.any():
+                target = self._replace(requests, oracle, rows, positions, target, replace, u)
+        if full:
+            return target.tolist()
+        return [row[:n] for row, n in zip(target.tolist(), drafts.tolist())]
 
-    def _seen_tokens(self, request: Request, pool: InstancePool | None) -> np.ndarray:
-        key = request.spec_id if pool is not None else f"#request{request.request_id}"
-        if key not in self._seen:
-            tokens = pool.token_set() if pool is not None else set(request.output_tokens or ())
-            self._seen[key] = np.array(sorted(tokens), dtype=np.int64)
-        return self._seen[key]
+    def _uniforms(self, request_ids: np.ndarray, positions: np.ndarray, k: int) -> np.ndarray:
+        """Uniforms [row, offset, replace/kind/pick] for drafts at ``positions`` of ``request_ids``."""
+        row = _mix(self._seed_word + request_ids.astype(np.uint64) * _ROW + positions.astype(np.uint64) * _POSITION)
+        if len(self._columns) < 3 * k:  # one key offset per (draft offset, uniform)
+            self._columns = np.arange(1, 3 * k + 1, dtype=np.uint64) * _GOLDEN
+        words = _mix(row[:, None] + self._columns[: 3 * k])
+        return ((words >> np.uint64(11)) * _TO_UNIT).reshape(len(row), k, 3)
+
+    def _replace(self, requests: Sequence[Request], oracle: OracleTokens, rows: np.ndarray, positions: np.ndarray,
+                 target: np.ndarray, replace: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """``target`` with the tokens ``replace`` marks swapped for different ones."""
+        at_row, at_offset = np.nonzero(replace)
+        token = target[at_row, at_offset]
+        kind, pick = u[at_row, at_offset, 1], u[at_row, at_offset, 2]
+        # random: a non-special token (the next id when the drawn one is the target)
+        plain = self._plain
+        i = (pick * len(plain)).astype(np.int64)
+        chosen = np.where(plain[i] != token, plain[i], plain[(i + 1) % len(plain)])
+        # plausible: a token of the request's own output that differs from the target (else random)
+        start, length = oracle.start[rows][at_row], oracle.length[rows][at_row]
+        j = (pick * length).astype(np.int64)
+        own = oracle.tokens[start + j]
+        own = np.where(own != token, own, oracle.tokens[start + (j + 1) % length])
+        chosen = np.where((kind < 0.5) & (own != token), own, chosen)
+        if self.pools:  # plausible replacements of requests with an instance pool come from the pool
+            chosen = chosen.tolist()
+            for e, (r, offset) in enumerate(zip(at_row.tolist(), at_offset.tolist())):
+                request = requests[int(rows[r])]
+                pool = self.pools.get(request.spec_id or "")
+                if pool is not None and kind[e] < 0.5:
+                    found = self._from_pool(request, pool, int(positions[r]) + offset, int(token[e]), float(pick[e]))
+                    if found is not None:
+                        chosen[e] = found
+        out = target.copy()
+        out[at_row, at_offset] = chosen
+        return out
+
+    def _from_pool(self, request: Request, pool: InstancePool, pos: int, token: int, pick: float) -> int | None:
+        """The token another instance has at ``pos``, else a token seen in the pool; ``None``: none differs."""
+        others = [seq[pos] for i, seq in enumerate(pool.tokens)
+                  if i != request.instance_index and pos < len(seq) and seq[pos] != token]
+        if others:
+            return others[int(pick * len(others))]
+        seen = self._seen.get(pool.spec_id)
+        if seen is None:
+            seen = self._seen[pool.spec_id] = sorted(pool.token_set())
+        skip = bisect_left(seen, token)
+        n = len(seen) - (skip < len(seen) and seen[skip] == token)  # the seen tokens other than the target
+        if not n:
+            return None
+        i = int(pick * n)
+        return seen[i + 1] if i >= skip and n < len(seen) else seen[i]

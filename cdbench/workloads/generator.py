@@ -6,27 +6,80 @@
 (5, True)
 
 Every random choice draws from its own stream of ``SeedSequence(config.seed)``
-(arrivals, structured mix, specs, lengths, reasoning, instances), so changing
-one aspect of the config does not reshuffle the others.
+(arrivals, structured mix, specs, lengths, reasoning, instances, random walk),
+so changing one aspect of the config does not reshuffle the others.
+
+Corpus items are told apart by their spec, not their id: items whose spec has
+the same canonical text as an earlier item are dropped (listed in
+``Workload.duplicate_specs``), and instance pools are keyed by the spec's hash.
+A config with ``trace`` replays that trace instead (:func:`cdbench.workloads.trace.replay`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 from rich.progress import Progress
 
 from cdbench.backends.base import ConstraintSpec
 from cdbench.backends.vocab import Vocabulary
 from cdbench.workloads.config import WorkloadConfig
-from cdbench.workloads.corpora import CorpusItem, SkippedLine, load_corpus
+from cdbench.workloads.corpora import CorpusItem, SkippedLine, load_corpora
 from cdbench.workloads.drafts import DraftSource
-from cdbench.workloads.instances import InstanceFailure, InstancePool, PoolCache
-from cdbench.workloads.request import Request
+from cdbench.workloads.instances import InstanceFailure, InstancePool, PoolCache, spec_hash
+from cdbench.workloads.request import Request, WalkParams
 
-_STREAMS = ("arrivals", "structured", "specs", "prompt", "output", "reasoning", "instances")
+if TYPE_CHECKING:
+    from cdbench.workloads.trace import BadTraceLine
+
+_STREAMS = ("arrivals", "structured", "specs", "prompt", "output", "reasoning", "instances", "walk")
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SpecFailureRecord(_Record):
+    spec_id: str
+    reason: str
+
+
+class SkippedLineRecord(_Record):
+    path: str
+    line: int
+    reason: str
+
+
+class BadTraceLineRecord(_Record):
+    line: int
+    reason: str
+
+
+class WorkloadReport(_Record):
+    """What a run reports about its workload besides the requests (``Workload.report()``).
+
+    Counts first, then the entries: specs with no valid instance, corpus lines
+    that did not load, trace lines that did not load (replays), and corpus ids
+    dropped because an earlier item has the same spec (id → kept id).
+    """
+
+    requests: int
+    structured_requests: int
+    distinct_specs: int
+    replayed_from: str | None
+    spec_failure_count: int
+    skipped_line_count: int
+    bad_trace_line_count: int
+    duplicate_spec_count: int
+    spec_failures: list[SpecFailureRecord]
+    skipped_lines: list[SkippedLineRecord]
+    bad_trace_lines: list[BadTraceLineRecord]
+    duplicate_specs: dict[str, str]
 
 
 @dataclass
@@ -35,7 +88,10 @@ class Workload:
 
     ``pools`` maps each structured request's ``spec_id`` to its instance pool
     (oracle source only); ``failures`` lists specs with no valid instance (not
-    used); ``skipped_lines`` the corpus lines that did not load.
+    used); ``skipped_lines`` the corpus lines that did not load;
+    ``duplicate_specs`` the corpus ids dropped as repeats of an earlier item's
+    spec (id → kept id). A replayed workload has ``trace_path`` and the trace
+    lines that did not load in ``bad_trace_lines``.
     """
 
     config: WorkloadConfig
@@ -45,14 +101,46 @@ class Workload:
     failures: list[InstanceFailure] = field(default_factory=list)
     skipped_lines: list[SkippedLine] = field(default_factory=list)
     library_ids: list[str] = field(default_factory=list)
+    duplicate_specs: dict[str, str] = field(default_factory=dict)
+    bad_trace_lines: list[BadTraceLine] = field(default_factory=list)
+    trace_path: Path | None = None
 
     @property
     def max_concurrency(self) -> int | None:
         return self.config.max_concurrency
 
+    @property
+    def failure_count(self) -> int:
+        return len(self.failures)
+
+    @property
+    def skipped_line_count(self) -> int:
+        return len(self.skipped_lines)
+
+    @property
+    def bad_trace_line_count(self) -> int:
+        return len(self.bad_trace_lines)
+
     def draft_source(self, vocab: Vocabulary) -> DraftSource:
         """Drafts at the config's acceptance rate, seeded by the config."""
         return DraftSource(self.config.spec_decode.alpha, vocab, self.config.seed, self.pools)
+
+    def report(self) -> WorkloadReport:
+        """Counts and entries of everything that did not make it into the requests (for the run's summary)."""
+        return WorkloadReport(
+            requests=len(self.requests),
+            structured_requests=sum(r.spec is not None for r in self.requests),
+            distinct_specs=len({r.spec_id for r in self.requests if r.spec is not None}),
+            replayed_from=None if self.trace_path is None else str(self.trace_path),
+            spec_failure_count=self.failure_count,
+            skipped_line_count=self.skipped_line_count,
+            bad_trace_line_count=self.bad_trace_line_count,
+            duplicate_spec_count=len(self.duplicate_specs),
+            spec_failures=[SpecFailureRecord(spec_id=f.spec_id, reason=f.reason) for f in self.failures],
+            skipped_lines=[SkippedLineRecord(path=s.path, line=s.line, reason=s.reason) for s in self.skipped_lines],
+            bad_trace_lines=[BadTraceLineRecord(line=b.line, reason=b.reason) for b in self.bad_trace_lines],
+            duplicate_specs=dict(self.duplicate_specs),
+        )
 
 
 def unique_copy(item: CorpusItem, copy: int) -> tuple[str, ConstraintSpec]:
@@ -66,12 +154,18 @@ def unique_copy(item: CorpusItem, copy: int) -> tuple[str, ConstraintSpec]:
 
 
 class _SpecPicker:
-    """Draws specs for structured requests, building pools lazily and skipping failed specs."""
+    """Draws specs for structured requests, building pools lazily and skipping failed specs.
 
-    def __init__(self, config: WorkloadConfig, items: list[CorpusItem], vocab: Vocabulary,
+    Items are distinct by spec (``items`` already deduplicated); pools and
+    failures are keyed by the spec's hash, so an id can never lend its pool to
+    another spec.
+    """
+
+    def __init__(self, config: WorkloadConfig, items: list[CorpusItem], hashes: dict[str, str], vocab: Vocabulary,
                  rng: np.random.Generator, cache: PoolCache, progress: Progress | None) -> None:
         self.config, self.vocab, self.rng, self.cache, self.progress = config, vocab, rng, cache, progress
         self.order = [items[i] for i in rng.permutation(len(items))]
+        self.hashes = hashes
         self.pools: dict[str, InstancePool] = {}
         self.failed: dict[str, InstanceFailure] = {}
         self.next_unique = 0
@@ -84,19 +178,20 @@ class _SpecPicker:
         """The item's pool (``None`` without an oracle source); failures are remembered."""
         if self.config.token_source != "oracle":
             return None
-        if item.id not in self.pools and item.id not in self.failed:
+        key = self.hashes[item.id]
+        if key not in self.pools and key not in self.failed:
             try:
-                self.pools[item.id] = self.cache.get(item.id, item.to_spec(), self.vocab,
-                                                     size=self.config.instances_per_spec, seed=self.config.seed)
+                self.pools[key] = self.cache.get(item.id, item.to_spec(), self.vocab,
+                                                 size=self.config.instances_per_spec, seed=self.config.seed)
             except InstanceFailure as failure:
-                self.failed[item.id] = failure
+                self.failed[key] = failure
             if self.progress is not None:
                 self.progress.advance(self.task)
-        return self.pools.get(item.id)
+        return self.pools.get(key)
 
     def usable(self, item: CorpusItem) -> bool:
         self.pool(item)
-        return item.id not in self.failed
+        return self.hashes[item.id] not in self.failed
 
     def draw(self) -> tuple[CorpusItem, int]:
         """The next (item, copy number)."""
@@ -121,41 +216,70 @@ class _SpecPicker:
         raise ValueError(f"no spec of the corpus has a valid instance ({len(self.failed)} failed)")
 
 
+def distinct_specs(items: list[CorpusItem]) -> tuple[list[CorpusItem], dict[str, str], dict[str, str]]:
+    """``items`` without repeats of an earlier item's spec (canonical text), the dropped ids
+    (id → kept id), and each kept id's spec hash."""
+    kept: list[CorpusItem] = []
+    dropped: dict[str, str] = {}
+    first: dict[str, str] = {}  # spec hash -> first id
+    hashes: dict[str, str] = {}
+    for item in items:
+        h = spec_hash(item.to_spec())
+        if h in first:
+            dropped[item.id] = first[h]
+            continue
+        first[h] = item.id
+        hashes[item.id] = h
+        kept.append(item)
+    return kept, dropped, hashes
+
+
 def generate(config: WorkloadConfig, vocab: Vocabulary, *, cache: PoolCache | None = None,
              progress: bool = True, on_progress: Callable[[float], None] | None = None) -> Workload:
-    """Expand ``config`` into a :class:`Workload` of ``config.num_requests`` requests.
+    """Expand ``config`` into a :class:`Workload` of ``config.num_requests`` requests
+    (or replay ``config.trace``).
 
     ``progress`` shows this function's own progress bar; ``on_progress``, for a
     caller that owns the display, is called with the fraction of requests built
     (at most about a hundred times).
     """
+    if config.trace is not None:
+        from cdbench.workloads.trace import replay  # trace imports this module
+
+        return replay(config, vocab)
+    assert config.num_requests is not None  # WorkloadConfig requires it without a trace
     streams = dict(zip(_STREAMS, (np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(len(_STREAMS)))))
     n = config.num_requests
     items: list[CorpusItem] = []
+    hashes: dict[str, str] = {}
+    duplicates: dict[str, str] = {}
     skipped: list[SkippedLine] = []
     libraries: list[str] = []
     structured = streams["structured"].random(n) < config.structured_ratio
     if structured.any():
-        for name in config.corpus:
-            load = load_corpus(name, kinds=config.kinds, id_prefix=config.id_prefix,
-                               sample=config.corpus_sample, seed=config.seed, limit=config.corpus_limit)
-            items += load.items
-            skipped += load.skipped
-            libraries += load.library_ids
-        if not items:
+        load = load_corpora(config.corpus, kinds=config.kinds, id_prefix=config.id_prefix,
+                            sample=config.corpus_sample, seed=config.seed, limit=config.corpus_limit)
+        skipped, libraries = load.skipped, load.library_ids
+        if not load.items:
             raise ValueError(f"corpus {config.corpus} has no items after filtering (kinds={config.kinds}, "
                              f"id_prefix={config.id_prefix!r})")
+        items, duplicates, hashes = distinct_specs(load.items)
     arrivals = config.arrival.times(n, streams["arrivals"])
     prompt = np.maximum(config.prompt_len.sample(n, streams["prompt"]), 1)
     output = np.maximum(config.output_len.sample(n, streams["output"]), 1)
     thinks = streams["reasoning"].random(n) < config.reasoning.fraction
     think_len = config.reasoning.think_len.sample(n, streams["reasoning"])
     instance_rng = streams["instances"]
+    walk = None
+    if config.token_source == "random_walk":
+        walk = WalkParams(seed=int(streams["walk"].integers(2**63)), eos_bias=config.random_walk.eos_bias,
+                          max_tokens=config.random_walk.max_tokens)
 
     bar = Progress(transient=True, disable=not progress)
     requests: list[Request] = []
     with bar:
-        picker = _SpecPicker(config, items, vocab, streams["specs"], cache or PoolCache(), bar if progress else None)
+        picker = _SpecPicker(config, items, hashes, vocab, streams["specs"], cache or PoolCache(),
+                             bar if progress else None)
         pools: dict[str, InstancePool] = {}
         report_every = max(n // 100, 1)
         for i in range(n):
@@ -184,6 +308,8 @@ def generate(config: WorkloadConfig, vocab: Vocabulary, *, cache: PoolCache | No
                 thinking_budget=config.reasoning.thinking_budget if thinks[i] else None,
                 closed_loop=config.arrival.closed_loop,
                 instance_index=index,
+                random_walk=walk if structured[i] else None,
             ))
     # Arrival times are already sorted (cumulative gaps); keep ids in arrival order.
-    return Workload(config, vocab.name, requests, pools, list(picker.failed.values()), skipped, libraries)
+    return Workload(config, vocab.name, requests, pools, list(picker.failed.values()), skipped, libraries,
+                    duplicates)

@@ -51,7 +51,13 @@ class LogNormalLengths(_Lengths):
     median: float = Field(gt=0)
     sigma: float = Field(ge=0)
     min: int = Field(default=1, ge=0)
-    max: int | None = None
+    max: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LogNormalLengths:
+        if self.max is not None and self.max < self.min:
+            raise ValueError(f"lognormal lengths need min <= max, got min {self.min} > max {self.max}")
+        return self
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         values = np.rint(self.median * np.exp(self.sigma * rng.standard_normal(n))).astype(np.int64)
@@ -62,7 +68,7 @@ class TraceLengths(_Lengths):
     """Lengths taken from a recorded list: in order (cycling), or sampled with replacement."""
 
     dist: Literal["trace"] = "trace"
-    values: list[int] = Field(min_length=1)
+    values: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
     shuffle: bool = False
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:

@@ -7,6 +7,23 @@ from dataclasses import dataclass
 from cdbench.backends.base import ConstraintSpec
 
 
+@dataclass(frozen=True, slots=True)
+class WalkParams:
+    """How a random walk draws a request's tokens from its mask rows at run time.
+
+    Attributes
+    ----------
+    seed : the walk's seed; the token at a position is fixed by (seed, request id, position).
+    eos_bias : probability of ending (taking an allowed EOS) at each position.
+    max_tokens : from this position (0-based) on, EOS is taken whenever the
+        grammar allows it (a soft cap; ``output_len`` stays the hard cap).
+    """
+
+    seed: int
+    eos_bias: float = 0.05
+    max_tokens: int | None = None
+
+
 @dataclass(slots=True)
 class Request:
     """One generation request, as the workload generator expands it.
@@ -26,6 +43,8 @@ class Request:
     closed_loop : the scheduler decides the arrival (closed-loop clients);
         ``arrival_s`` is then 0.
     instance_index : which instance of the spec's pool ``output_tokens`` is.
+    random_walk : for the ``random_walk`` token source, how the executor draws
+        this request's tokens from the mask; ``None`` otherwise.
     """
 
     request_id: int
@@ -39,6 +58,7 @@ class Request:
     thinking_budget: int | None = None
     closed_loop: bool = False
     instance_index: int | None = None
+    random_walk: WalkParams | None = None
 
     @property
     def structured(self) -> bool:

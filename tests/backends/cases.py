@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+import jsonschema
+import lark
 import numpy as np
 import torch
 
@@ -30,9 +33,8 @@ class Case:
     ``invalid`` pairs a valid prefix with a continuation whose first token the
     grammar must reject. ``comparable``: xgrammar, llguidance and outlines must
     allow the same tokens at every step (one fixed whitespace convention, and
-    nothing where the engines legitimately differ). ``eos_only_at_end``: the
-    language has no instance that is a proper prefix of the valid ones, so EOS
-    must be forbidden before their end.
+    nothing where the engines legitimately differ). Where EOS may come is
+    decided by :func:`is_complete`.
     """
 
     id: str
@@ -40,7 +42,6 @@ class Case:
     valid: tuple[str, ...]
     invalid: tuple[tuple[str, str], ...] = ()
     comparable: bool = False
-    eos_only_at_end: bool = True
     free_text: str | None = field(default=None)  # a valid prefix that ends inside free text
 
     @property
@@ -147,12 +148,11 @@ EMBEDDED: tuple[Case, ...] = (
     # Options that are prefixes of others (from choice/00bd2b712754acee). Not
     # comparable: outlines drops one-byte tokens out of the final state "inf".
     Case("infinity", ConstraintSpec("choice", ["inf", "infinity", "Inf", "Infinity"]),
-         valid=("Infinity", "inf", "infinity", "Inf"), invalid=(("Infinity", "!"), ("", "INF")),
-         eos_only_at_end=False),
+         valid=("Infinity", "inf", "infinity", "Inf"), invalid=(("Infinity", "!"), ("", "INF"))),
     Case("arith", ConstraintSpec("ebnf", ARITH_GBNF, {"dialect": "gbnf"}),
-         valid=("(1+2)*34-5", "7"), invalid=(("(1+", ")"), ("12", "x")), eos_only_at_end=False),
+         valid=("(1+2)*34-5", "7"), invalid=(("(1+", ")"), ("12", "x"))),
     Case("arith", ConstraintSpec("ebnf", ARITH_LARK, {"dialect": "lark"}),
-         valid=("(1+2)*34-5", "7"), invalid=(("(1+", ")"), ("12", "x")), eos_only_at_end=False),
+         valid=("(1+2)*34-5", "7"), invalid=(("(1+", ")"), ("12", "x"))),
     Case("tool-call", ConstraintSpec("structural_tag", TOOL_CALL),
          valid=('<tool_call>{"city": "Paris", "days": 3}</tool_call>',),
          invalid=(("<tool_call>", "hello"), ('<tool_call>{"city": "Paris", "days": 3}', " </tool_call>")),
@@ -229,7 +229,7 @@ def corpus_cases() -> tuple[Case, ...]:
     regexes = _corpus("regex_from_json_schemas.jsonl")
     for item_id, valid in _CORPUS_REGEXES.items():
         if item_id in regexes:
-            cases.append(Case(item_id, ConstraintSpec("regex", regexes[item_id]["spec"]), valid, eos_only_at_end=False))
+            cases.append(Case(item_id, ConstraintSpec("regex", regexes[item_id]["spec"]), valid))
     schemas = {}
     for name in ("jsonschemabench_github_trivial.jsonl",):
         schemas.update(_corpus(name))
@@ -239,8 +239,7 @@ def corpus_cases() -> tuple[Case, ...]:
     grammars = _corpus("gbnf_llama_cpp.jsonl")
     for item_id, valid in _CORPUS_GRAMMARS.items():
         if item_id in grammars:
-            cases.append(Case(item_id, ConstraintSpec("ebnf", grammars[item_id]["spec"], {"dialect": "gbnf"}),
-                              valid, eos_only_at_end=False))
+            cases.append(Case(item_id, ConstraintSpec("ebnf", grammars[item_id]["spec"], {"dialect": "gbnf"}), valid))
     # Choices: the first lists whose options are short ASCII and none a prefix
     # of another; every option is a valid instance.
     picked = 0
@@ -268,3 +267,49 @@ def mask_bits(mask: torch.Tensor, row: int, vocab_size: int) -> np.ndarray:
 
 def is_allowed(mask: torch.Tensor, row: int, token: int) -> bool:
     return bool((int(mask[row, token // 32]) >> (token % 32)) & 1)
+
+
+def is_complete(case: Case, text: str) -> bool | None:
+    """Whether ``text`` is itself an instance of ``case``'s language, so EOS may follow it.
+
+    Decided outside the engines: ``re.fullmatch`` for regexes, membership for
+    choices, ``jsonschema`` for JSON (with the tags around it for a tool call),
+    Lark's own parser for Lark grammars. ``None`` for GBNF, which nothing here parses.
+    """
+    spec = case.spec.spec
+    if case.kind == "regex":
+        return re.fullmatch(spec, text) is not None
+    if case.kind == "choice":
+        return text in spec
+    if case.kind == "json_schema":
+        return _is_json_instance(spec, text)
+    if case.kind == "structural_tag":
+        begin, end = spec["begin"], spec["end"]
+        return (len(text) >= len(begin) + len(end) and text.startswith(begin) and text.endswith(end)
+                and _is_json_instance(spec["schema"], text[len(begin):len(text) - len(end)]))
+    if case.spec.options.get("dialect") == "lark":
+        try:
+            _lark_parser(spec).parse(text)
+        except lark.exceptions.LarkError:
+            return False
+        return True
+    return None
+
+
+@cache
+def _lark_parser(grammar: str) -> lark.Lark:
+    return lark.Lark(grammar)
+
+
+def _is_json_instance(schema: dict | str, text: str) -> bool:
+    if isinstance(schema, str):
+        schema = json.loads(schema)
+    try:  # JSON only: no NaN/Infinity, no whitespace around the value (the compact convention)
+        value = json.loads(text, parse_constant=_refuse)
+    except ValueError:
+        return False
+    return text == text.strip() and jsonschema.validators.validator_for(schema)(schema).is_valid(value)
+
+
+def _refuse(constant: str) -> None:
+    raise ValueError(f"{constant} is not JSON")

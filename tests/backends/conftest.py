@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 
 from cdbench.backends import CompiledGrammar, ConstraintSpec, GrammarBackend, create_backend, load_vocab
+from cdbench.backends.reasoner import ReasonerBackend
+
 
 class Engines:
     """Backends and compiled grammars, built on first use and kept for the session."""
@@ -21,6 +23,13 @@ class Engines:
         key = (engine, vocab)
         if key not in self._backends:
             self._backends[key] = create_backend(engine, load_vocab(vocab))
+        return self._backends[key]
+
+    def reasoner(self, inner: str, vocab: str) -> ReasonerBackend:
+        """The reasoner over the session's ``inner`` backend (so it shares its compiled grammars)."""
+        key = (f"reasoner:{inner}", vocab)
+        if key not in self._backends:
+            self._backends[key] = ReasonerBackend(load_vocab(vocab), inner=self.backend(inner, vocab))
         return self._backends[key]
 
     def compiled(self, engine: str, vocab: str, spec: ConstraintSpec) -> CompiledGrammar:

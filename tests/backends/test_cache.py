@@ -116,12 +116,29 @@ def test_key_is_options_and_canonical_spec():
     backend = GatedBackend()
     cache = CompileCache(backend)
     a = ConstraintSpec("json_schema", '{"type": "object", "required": ["x"]}')
-    b = ConstraintSpec("json_schema", {"required": ["x"], "type": "object"})
+    b = ConstraintSpec("json_schema", {"type": "object", "required": ["x"]})
     assert cache.key(a) == cache.key(b) == (backend.options_key(), a.canonical())
     cache.get(a)
     assert b in cache and spec("other") not in cache and "text" not in cache
     assert cache.get(b) is cache.get(a)
     assert backend.compiles == 1
+
+
+def test_option_order_does_not_change_the_key():
+    one = ConstraintSpec("ebnf", "root ::= x", {"dialect": "gbnf", "note": 1})
+    other = ConstraintSpec("ebnf", "root ::= x", {"note": 1, "dialect": "gbnf"})
+    assert one.canonical() == other.canonical() and one == other
+
+
+def test_property_order_is_part_of_the_key():
+    """Engines generate properties in declaration order, so reordered properties are another grammar."""
+    backend = GatedBackend()
+    cache = CompileCache(backend)
+    ab = ConstraintSpec("json_schema", {"type": "object", "properties": {"a": {}, "b": {}}})
+    ba = ConstraintSpec("json_schema", {"type": "object", "properties": {"b": {}, "a": {}}})
+    assert cache.key(ab) != cache.key(ba) and ab != ba
+    assert cache.get(ab) is not cache.get(ba)
+    assert backend.compiles == 2
 
 
 def test_stats_hit_rate():
@@ -348,3 +365,22 @@ def test_real_engine_hit_gives_independent_matchers(engine):
             cache.get(spec("[a-z"))
     stats = cache.stats
     assert (stats.misses, stats.errors, stats.invalid_hits) == (2, 1, 1)
+
+
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance", "outlines"])
+def test_real_engine_keeps_schemas_with_reordered_properties_apart(engine):
+    """A cache that folded property order would hand the a-first grammar to the b-first schema."""
+    backend = create_backend(engine, load_vocab("cl100k"))
+    cache = CompileCache(backend)
+    properties = {"a": {"type": "integer"}, "b": {"type": "integer"}}
+
+    def schema(order: str) -> ConstraintSpec:
+        return ConstraintSpec("json_schema", {"type": "object", "properties": {k: properties[k] for k in order},
+                                              "required": ["a", "b"], "additionalProperties": False})
+
+    for order in ("ab", "ba"):
+        matcher = cache.matcher(schema(order))
+        text = "{" + ", ".join(f'"{k}": {i}' for i, k in enumerate(order, 1)) + "}"
+        tokens = [*backend.vocab.encode(text), backend.vocab.eos_token_ids[0]]
+        assert all(matcher.accept(t) for t in tokens), f"{text} refused under properties order {order!r}"
+    assert cache.stats.misses == 2

@@ -16,9 +16,11 @@ from cdbench.backends import CompileError, ConstraintSpec, MaskFormat, create_ba
 from cdbench.backends.llguidance import LLGuidanceBackend
 from cdbench.backends.none import NoneBackend
 from cdbench.backends.outlines import IGNORED_KEYWORDS as OUTLINES_IGNORED
+from cdbench.backends.outlines import IGNORED_WHEN as OUTLINES_IGNORED_WHEN
 from cdbench.backends.outlines import OutlinesBackend
 from cdbench.backends.specs import choice_regex, load_schema, regex_literal, unenforced_keywords
 from cdbench.backends.xgrammar import IGNORED_KEYWORDS as XGRAMMAR_IGNORED
+from cdbench.backends.xgrammar import IGNORED_WHEN as XGRAMMAR_IGNORED_WHEN
 from cdbench.backends.xgrammar import XGrammarBackend
 
 VOCAB = "cl100k"
@@ -148,6 +150,41 @@ def test_unenforced_keywords_are_reported_truthfully(engines, engine, keyword):
     assert _accepts(backend, grammar, violating), "the warning says unenforced, but the engine enforces it"
 
 
+_LOWER = {"type": "string", "pattern": "^[a-z]+$"}
+# (engine, keyword): (schema where the engine drops it, an instance violating it,
+#                     the same keyword where the engine enforces it, an instance that shows it)
+VIOLATIONS_WHEN = {
+    ("xgrammar", "$ref"): ({"type": "object", "properties": {"a": {"$ref": "https://example.com/int.json"}},
+                           "required": ["a"]}, '{"a": [true, "x"]}',
+                          {"$ref": "#/$defs/int", "$defs": {"int": {"type": "integer"}}}, '"x"'),
+    ("xgrammar", "minLength"): ({**_LOWER, "minLength": 4}, '"ab"', {"type": "string", "minLength": 4}, '"ab"'),
+    ("xgrammar", "maxLength"): ({**_LOWER, "maxLength": 2}, '"abcd"', {"type": "string", "maxLength": 2}, '"abcd"'),
+    ("outlines", "required"): ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["top"]}, "{}",
+                               {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}, "{}"),
+    ("outlines", "pattern"): ({**_LOWER, "maxLength": 5}, '"AB1"', _LOWER, '"AB1"'),
+    ("outlines", "minItems"): ({"type": "array", "prefixItems": [{"type": "integer"}], "items": {"type": "integer"},
+                                "minItems": 3}, "[1]",
+                               {"type": "array", "items": {"type": "integer"}, "minItems": 3}, "[1]"),
+}
+
+
+@pytest.mark.parametrize(("engine", "keyword"), [
+    pytest.param(engine, rule.keyword, id=f"{engine}-{rule.keyword}")
+    for engine, rules in (("xgrammar", XGRAMMAR_IGNORED_WHEN), ("outlines", OUTLINES_IGNORED_WHEN))
+    for rule in rules
+])
+def test_keywords_ignored_in_some_schemas_are_reported_only_there(engines, engine, keyword):
+    """Where the condition holds: warned about and really not enforced; elsewhere: enforced, no warning."""
+    dropped, violating, kept, violating_kept = VIOLATIONS_WHEN[(engine, keyword)]
+    backend = engines.backend(engine, VOCAB)
+    grammar = backend.compile(ConstraintSpec("json_schema", dropped))
+    assert any(f"'{keyword}' at #" in w for w in grammar.warnings), grammar.warnings
+    assert _accepts(backend, grammar, violating), "the warning says unenforced, but the engine enforces it"
+    grammar = backend.compile(ConstraintSpec("json_schema", kept))
+    assert grammar.warnings == ()
+    assert not _accepts(backend, grammar, violating_kept), f"{engine} does not enforce {keyword!r} even here"
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_fully_enforced_schema_has_no_warnings(engines, engine):
     schema = {"type": "object", "properties": {"n": {"type": "string", "maxLength": 3}}, "required": ["n"]}
@@ -169,6 +206,16 @@ def test_walker_reports_nested_uses_and_skips_property_names():
     }
     found = unenforced_keywords(schema, frozenset({"not", "uniqueItems"}))
     assert found == ("'uniqueItems' at #/properties/list", "'not' at #/$defs/x~1y/anyOf/0")
+
+
+def test_walker_applies_conditional_rules_where_they_hold():
+    schema = {"type": "object", "required": ["a"], "properties": {
+        "a": {"type": "object", "properties": {"b": {}}, "required": ["b", "c"]},
+        "d": {"type": "string", "pattern": "x", "maxLength": 2},
+        "e": {"type": "string", "pattern": "x"}}}
+    found = unenforced_keywords(schema, frozenset(), OUTLINES_IGNORED_WHEN)
+    assert found == ("'required' at #/properties/a (names a key not in 'properties')",
+                     "'pattern' at #/properties/d (beside 'minLength'/'maxLength')")
 
 
 def test_regex_literal_escapes_only_metacharacters():

@@ -14,7 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdbench.backends.base import CompiledGrammar, ConstraintSpec, GrammarBackend, Matcher
+from cdbench.backends.base import CompiledGrammar, ConstraintSpec, GrammarBackend, MaskFormat, Matcher
 from cdbench.backends.reasoner import ReasonerBackend, ReasonerMatcher
 from cdbench.backends.registry import create_backend, register_backend
 from cdbench.backends.vocab import Vocabulary, load_vocab
@@ -309,6 +309,60 @@ def test_copy_copies_phase_and_inner_independently():
     answer_twin.rollback(2)
     assert answer_twin.thinking and not m.thinking
     assert answer_twin.thinking_budget == 5
+
+
+# --- the bool mask format ----------------------------------------------------------------
+
+
+class BoolLiteralBackend(LiteralBackend):
+    """The literal engine with bool mask rows (one bool per id, True = allowed)."""
+
+    name = "tiny-literal-bool"
+    mask_format = MaskFormat.BOOL
+
+    def matcher(self, grammar: CompiledGrammar) -> Matcher:
+        return BoolLiteralMatcher(self, grammar.handle)
+
+
+class BoolLiteralMatcher(LiteralMatcher):
+    def fill_mask(self, mask: torch.Tensor, row: int) -> None:
+        mask[row].zero_()
+        nxt = self._next()
+        if nxt is not None:
+            mask[row, nxt] = True
+
+
+def _bool_allowed(backend: GrammarBackend, m: Matcher) -> list[int]:
+    mask = backend.allocate_mask(2)
+    mask.zero_()
+    m.fill_mask(mask, 1)
+    assert not mask[0].any(), "a fill wrote outside its row"
+    return mask[1].nonzero().flatten().tolist()
+
+
+def test_bool_mask_format_goes_through_every_phase():
+    """A bool-format inner makes the reasoner's own rows bool too: free, strict, budget-spent and the answer."""
+    inner = BoolLiteralBackend(TINY)
+    free = ReasonerBackend(TINY, inner=inner, thinking_budget=1)
+    strict = ReasonerBackend(TINY, inner=inner, strict_thinking_tokens=[5, 6])
+    assert free.mask_format is MaskFormat.BOOL
+    mask = free.allocate_mask(3)
+    assert mask.dtype == torch.bool and mask.shape == (3, TINY.size) and bool(mask.all())
+    m = free.matcher(free.compile(LITERAL))
+    assert _bool_allowed(free, m) == list(range(TINY.size))
+    assert m.accept(5)
+    assert _bool_allowed(free, m) == [THINK_END]  # budget spent
+    assert m.accept(THINK_END)
+    assert _bool_allowed(free, m) == [TINY.encode("a")[0]]
+    assert _bool_allowed(strict, strict.matcher(strict.compile(LITERAL))) == [THINK_END, 5, 6]
+
+
+def test_bool_reasoner_refuses_a_bitmask():
+    backend = ReasonerBackend(TINY, inner=BoolLiteralBackend(TINY))
+    m = backend.matcher(backend.compile(LITERAL))
+    bitmask = torch.full((1, (TINY.size + 31) // 32), -1, dtype=torch.int32)
+    with pytest.raises(ValueError, match=rf"reasoner fill_mask: .*torch.bool tensor of shape \[batch, {TINY.size}\]"):
+        m.fill_mask(bitmask, 0)
 
 
 # --- property test: the phase machine against a reference model --------------------------

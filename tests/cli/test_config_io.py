@@ -1,7 +1,12 @@
+import os
 from typing import Literal
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, Field
+
+from cdbench.harness.config import RunConfig
 
 from cdbench.harness.config_io import (
     ConfigError,
@@ -29,7 +34,8 @@ class Outer(BaseModel):
 def test_unknown_key_names_the_key_the_value_and_the_allowed_keys():
     with pytest.raises(ConfigError) as err:
         validate_config(Outer, {"name": "x", "workload": {"rte": 3}})
-    assert str(err.value) == "config: unknown key 'workload.rte' (value 3); allowed keys here: corpus, rate"
+    assert str(err.value) == ("config: unknown key 'workload.rte' (value 3); allowed keys here: corpus, rate; "
+                              "did you mean 'rate'?")
 
 
 def test_bad_value_names_the_key_the_value_and_what_is_allowed():
@@ -64,3 +70,56 @@ def test_yaml_errors_are_one_line(tmp_path):
         read_yaml_mapping(listy)
     with pytest.raises(ConfigError, match="no built-in config"):
         builtin_config_path("nope")
+
+
+def _run_config_error(workload: dict) -> str:
+    with pytest.raises(ConfigError) as err:
+        validate_config(RunConfig, {"workload": {"num_requests": 3, **workload}}, source="run.yaml")
+    return str(err.value)
+
+
+def test_unknown_key_inside_a_tagged_section_names_the_real_path_and_the_keys_of_that_kind():
+    message = _run_config_error({"arrival": {"process": "poisson", "rte": 3}})
+    # One line: the typo explains the "rate is required" pydantic also reports, so that line is dropped.
+    assert message == ("run.yaml: unknown key 'workload.arrival.rte' (value 3); allowed keys here (process: poisson): "
+                       "closed_loop, process, rate; did you mean 'rate'?")
+    gamma = _run_config_error({"arrival": {"process": "gamma", "rate": 3}})
+    assert gamma == "run.yaml: workload.arrival.burstiness is required but missing"
+    lengths = _run_config_error({"output_len": {"dist": "lognormal", "median": 3, "sigma": 1, "mx": 9}})
+    assert lengths.startswith("run.yaml: unknown key 'workload.output_len.mx' (value 9); allowed keys here "
+                              "(dist: lognormal): dist, max, median, min, sigma")
+
+
+def test_a_tagged_section_without_or_with_a_wrong_tag_lists_the_kinds():
+    kinds = "poisson, gamma, constant, closed_loop, replay"
+    assert _run_config_error({"arrival": {"rate": 3}}) == (
+        f"run.yaml: workload.arrival needs 'process' to say which kind it is (one of: {kinds}); given {{rate}}")
+    assert _run_config_error({"arrival": {"process": "bursty", "rate": 3}}) == (
+        f"run.yaml: workload.arrival.process = 'bursty': must be one of {kinds}")
+
+
+@given(st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=12).filter(
+    lambda k: k not in ("closed_loop", "process", "rate")))
+def test_any_unknown_arrival_key_is_named_at_its_path_never_with_the_tag(key):
+    message = _run_config_error({"arrival": {"process": "poisson", "rate": 1, key: 1}})
+    assert message.startswith(f"run.yaml: unknown key 'workload.arrival.{key}' (value 1); allowed keys here")
+    assert "poisson." not in message and "\n" not in message
+
+
+def test_a_directory_or_unreadable_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory, not a YAML file"):
+        read_yaml_mapping(tmp_path)
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
+        read_yaml_mapping(binary)
+
+
+def test_a_file_without_read_permission_is_a_config_error(tmp_path):
+    locked = tmp_path / "locked.yaml"
+    locked.write_text("mode: model\n")
+    locked.chmod(0)
+    if os.access(locked, os.R_OK):
+        pytest.skip("running as root: permissions do not stop reads")
+    with pytest.raises(ConfigError, match="cannot be read: Permission denied"):
+        read_yaml_mapping(locked)

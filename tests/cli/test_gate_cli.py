@@ -42,3 +42,15 @@ def test_user_mistakes_are_one_line_errors(simulated_run, tmp_path):
     assert not_a_run.exit_code == 2 and "not a cdbench run folder" in not_a_run.output
     bad_tol = runner.invoke(app, ["gate", str(simulated_run.folder), "--baseline", "x", "-t", "p99"])
     assert bad_tol.exit_code == 2 and "METRIC=PCT" in bad_tol.output
+
+
+def test_a_misspelt_tolerance_fails_instead_of_passing_silently(simulated_run, tmp_path):
+    baseline = tmp_path / "baseline.json"
+    assert runner.invoke(app, ["gate", str(simulated_run.folder), "-b", str(baseline), "--update"]).exit_code == 0
+    for extra in ([], ["--update"]):
+        result = runner.invoke(app, ["gate", str(simulated_run.folder), "-b", str(baseline), "-t", "p99_tft_ms=5",
+                                     *extra])
+        assert result.exit_code == 2, result.output
+        assert result.output.startswith("error: --tolerance names a metric") and "'p99_tft_ms'" in result.output
+        assert "did you mean p99_ttft_ms" in result.output
+    assert "p99_tft_ms" not in baseline.read_text()  # the failed --update wrote nothing

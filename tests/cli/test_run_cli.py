@@ -71,6 +71,8 @@ def test_small_hybrid_run_with_the_real_backend(tmp_path):
     summary = json.loads((tmp_path / "h" / "summary.json").read_text())
     assert summary["completed"] + summary["failed"] == 6
     assert summary["validated"] > 0 and summary["validity_rate"] == 1.0
+    # The default config carries SLOs, so goodput is measured (not "-"): at most every request meets them.
+    assert 0 <= summary["request_goodput"] <= summary["request_throughput"]
 
 
 def test_a_failure_that_is_not_a_user_mistake_is_one_line_with_its_traceback_in_run_log(tmp_path, monkeypatch):

@@ -84,3 +84,68 @@ def test_a_point_failing_at_run_time_is_reported_and_the_rest_still_runs(tmp_pat
     assert table["status"].tolist() == ["done", "failed"]
     assert table["corpus"].tolist() == ['["embedded"]', '["no-such-corpus"]']
     assert len(list(out.glob("*/error.log"))) == 1
+
+
+def test_compare_backends_in_model_mode_runs_each_backend_on_the_same_requests(tmp_path):
+    out = tmp_path / "cmp"
+    result = runner.invoke(app, ["compare", "--backends", "xgrammar,llguidance", "--mode", "model", "--requests", "20",
+                                 "--set", "workload.corpus_limit=20", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "llguidance / xgrammar" in result.output
+    configs = {b: yaml.safe_load((out / b / "config.yaml").read_text()) for b in ("xgrammar", "llguidance")}
+    assert {b: c["backend"]["name"] for b, c in configs.items()} == {"xgrammar": "xgrammar", "llguidance": "llguidance"}
+    assert configs["xgrammar"]["mode"] == "model"
+    requests = [pd.read_parquet(out / b / "requests.parquet") for b in ("xgrammar", "llguidance")]
+    for column in ("arrival_s", "prompt_len", "spec_key"):
+        pd.testing.assert_series_equal(requests[0][column], requests[1][column])
+    table = pd.read_csv(out / "comparison.csv", index_col=0)
+    assert list(table.columns) == ["xgrammar", "llguidance", "llguidance / xgrammar"]
+
+
+def test_compare_validates_every_combination_before_running_any(tmp_path):
+    out = tmp_path / "cmp"
+    result = runner.invoke(app, ["compare", "--backends", "xgrammar,nope", "--mode", "model", "--out", str(out)])
+    assert result.exit_code == 2
+    # Other tests may register backends of their own, so only the built-in ones are checked.
+    assert result.output.startswith("error: built-in default config (nope): backend.name = 'nope': not a registered "
+                                    "backend; registered: llguidance, none, outlines, reasoner, ")
+    assert "xgrammar" in result.output.splitlines()[0]
+    assert not out.exists()  # xgrammar did not run first
+    twice = runner.invoke(app, ["compare", "--backends", "xgrammar,xgrammar", "--out", str(out)])
+    assert twice.exit_code == 2 and "'xgrammar' is listed twice" in twice.output
+    no_profile = runner.invoke(app, ["compare", "--backends", "xgrammar,reasoner", "--mode", "model",
+                                     "--out", str(out)])
+    assert no_profile.exit_code == 2
+    assert "backend.name = 'reasoner': model mode needs a grammar profile and none is shipped" in no_profile.output
+
+
+def test_a_point_that_died_while_writing_its_report_is_run_again_on_resume(tmp_path, monkeypatch):
+    import cdbench.reports.run_report as run_report
+
+    path = _sweep_file(tmp_path, {"workload.arrival.rate": [20]})
+    out = tmp_path / "out"
+    real_build_report = run_report.build_report
+
+    def dies_midway(run):
+        (run.folder / "report.md").write_text("half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(run_report, "build_report", dies_midway)
+    first = runner.invoke(app, ["sweep", str(path), "--out", str(out)])
+    assert first.exit_code == 1 and "0 run, 0 already done, 1 failed" in first.output
+    assert (out / "rate=20" / "steps.parquet").is_file() and not (out / "rate=20" / "summary.json").exists()
+
+    monkeypatch.setattr(run_report, "build_report", real_build_report)
+    again = runner.invoke(app, ["sweep", str(path), "--out", str(out)])
+    assert again.exit_code == 0 and "1 run, 0 already done, 0 failed" in again.output
+    assert (out / "rate=20" / "report.md").read_text().startswith("# cdbench run")
+
+
+def test_sweeping_the_backend_over_fixed_grammar_costs_warns_that_it_changes_nothing(tmp_path):
+    path = _sweep_file(tmp_path, {"backend.name": ["xgrammar", "llguidance"]})
+    result = runner.invoke(app, ["sweep", str(path), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    assert ("warning: grid parameter backend.name has no effect here (model mode with costs.fixed_grammar"
+            in " ".join(result.output.split()))
+    summaries = [(tmp_path / "o" / p / "summary.json").read_text() for p in ("name=xgrammar", "name=llguidance")]
+    assert summaries[0] == summaries[1]  # what the warning is about

@@ -38,3 +38,24 @@ def test_base_relative_to_the_sweep_file_and_overrides(tmp_path):
     spec, base = load_sweep(path)
     assert base == {"workload": {"rate": 1, "requests": 10}, "seed": 4}
     assert [p.values for p in expand_grid(spec)] == [{"workload.rate": 1}, {"workload.rate": 2}]
+
+
+def test_parameters_that_cannot_change_the_results_are_named():
+    from cdbench.harness.config import RunConfig
+    from cdbench.harness.sweep import ineffective_parameters
+
+    spec = SweepSpec(grid={"backend.name": ["xgrammar", "llguidance"], "workload.arrival.rate": [1, 2]})
+
+    def configs(**tree):
+        return [RunConfig.model_validate({**tree, "backend": {"name": b}}) for b in spec.grid["backend.name"]]
+
+    fixed = configs(mode="model", costs={"fixed_grammar": {"compile_time_s": 0.05}})
+    assert ineffective_parameters(spec, fixed) == [
+        "grid parameter backend.name has no effect here (model mode with costs.fixed_grammar: grammar costs are "
+        "those constants whatever the backend); its points differ only in name"]
+    assert "costs.grammar_profile: that profile" in ineffective_parameters(
+        spec, configs(mode="model", costs={"grammar_profile": "xgrammar"}))[0]
+    assert ineffective_parameters(spec, configs(mode="model")) == []  # each backend's own profile
+    assert ineffective_parameters(spec, configs(mode="hybrid", costs={"fixed_grammar": {}})) == []  # real backend
+    profiles = SweepSpec(grid={"costs.grammar_profile": ["xgrammar", "outlines"]})
+    assert "matter in model mode only" in ineffective_parameters(profiles, [RunConfig(mode="hybrid")])[0]

@@ -45,11 +45,40 @@ def test_process_pool_gives_the_same_results(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install 'cdbench[ray]')")
-def test_local_ray_instance_gives_the_same_results(tmp_path):
-    import ray
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install -e '.[ray]')")
+def test_sweep_on_a_local_ray_instance_matches_local_processes(tmp_path):
+    """``cdbench sweep --ray local`` end to end: real points on Ray workers, the same files as a local run.
 
+    Run with: pip install -e '.[ray]' && pytest -m slow tests/cli/test_sweep_runner.py
+    """
+    import ray
+    import yaml
+    from typer.testing import CliRunner
+
+    from cdbench.harness.cli import app
+    from cdbench.harness.config_io import builtin_config_path
+
+    sweep_file = tmp_path / "sweep.yaml"
+    sweep_file.write_text(yaml.safe_dump({
+        "name": "ray", "base": str(builtin_config_path("ci")), "overrides": {"workload.num_requests": 20},
+        # The unknown corpus passes validation and fails inside the worker: failure isolation on Ray too.
+        "grid": {"workload.arrival.rate": [20, 60], "workload.corpus": [["embedded"], ["no-such-corpus"]]},
+    }))
+    runner = CliRunner()
+    local = runner.invoke(app, ["sweep", str(sweep_file), "--out", str(tmp_path / "local")])
     try:
-        _check(run_sweep(SPEC, BASE, tmp_path, ray_address="local", runner=write_summary), tmp_path)
+        on_ray = runner.invoke(app, ["sweep", str(sweep_file), "--ray", "local", "--out", str(tmp_path / "ray")])
     finally:
         ray.shutdown()
+    for result in (local, on_ray):
+        assert result.exit_code == 1, result.output
+        assert "2 run, 0 already done, 2 failed" in result.output and "unknown corpus 'no-such-corpus'" in result.output
+    done = sorted(p.parent.name for p in (tmp_path / "local").glob("*/summary.json"))
+    assert len(done) == 2 and all("embedded" in point for point in done)
+    for point in done:
+        for name in ("summary.json", "config.yaml"):
+            assert (tmp_path / "ray" / point / name).read_text() == (tmp_path / "local" / point / name).read_text()
+        assert (tmp_path / "ray" / point / "report.md").is_file()
+    # Same table, once the failed points' log paths (which name the sweep folder) are aligned.
+    ray_csv = (tmp_path / "ray" / "sweep.csv").read_text().replace(str(tmp_path / "ray"), str(tmp_path / "local"))
+    assert ray_csv == (tmp_path / "local" / "sweep.csv").read_text()

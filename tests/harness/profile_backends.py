@@ -6,8 +6,14 @@ profile's worker processes register them too:
 - ``toy``: a correct choice matcher;
 - ``toy_lenient``: accepts every token (so invalid instances get through);
 - ``toy_strict``: refuses any token containing the byte ``b`` (valid ones fail);
-- ``toy_crashy``: aborts the process when compiling an option containing
-  ``CRASH`` and hangs when one contains ``HANG``; with ``WALKCRASH`` /
+- ``toy_masky``: accepts tokens containing the byte ``b`` but leaves them out
+  of the mask (the mask and ``accept`` disagree);
+- ``toy_endless``: accepts EOS but never terminates;
+- ``toy_warns``: a correct matcher whose compiled grammar carries a
+  "compiled but not enforced" warning;
+- ``toy_crashy``: aborts the process when compiling an option starting with
+  ``CRASH`` and hangs when one starts with ``HANG`` (``HANG pidfile=PATH``
+  first writes the hanging process's pid to ``PATH``); with ``WALKCRASH`` /
   ``WALKHANG`` it does so in the first mask fill instead.
 """
 
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -49,6 +56,8 @@ class ToyMatcher(Matcher):
                 allowed += [self.backend.ids[rest[:n]] for n in range(1, len(rest) + 1) if rest[:n] in self.backend.ids]
                 if not rest:
                     allowed.append(self.backend.eos)
+        if self.backend.behaviour == "masky":
+            allowed = [t for t in allowed if t == self.backend.eos or b"b" not in self.backend.vocab.token_bytes[t]]
         for token in allowed:
             words[token >> 5] |= np.uint32(1 << (token & 31))
 
@@ -58,7 +67,7 @@ class ToyMatcher(Matcher):
             return False
         if token == self.backend.eos:
             if behaviour == "lenient" or self.prefix in self.options:
-                self.terminated = True
+                self.terminated = behaviour != "endless"
                 self.history.append(b"")
                 return True
             return False
@@ -108,15 +117,21 @@ class ToyChoiceBackend(GrammarBackend):
         if self.behaviour == "crashy":
             if any(option.startswith("CRASH") for option in spec.spec):
                 os.abort()
-            if any(option.startswith("HANG") for option in spec.spec):
-                time.sleep(3600)
-        return CompiledGrammar(self.name, spec, tuple(o.encode() for o in spec.spec))
+            for option in spec.spec:
+                if option.startswith("HANG"):
+                    _, _, pidfile = option.partition(" pidfile=")
+                    if pidfile:
+                        Path(pidfile + ".tmp").write_text(str(os.getpid()))
+                        os.replace(pidfile + ".tmp", pidfile)  # whole or absent for the reader
+                    time.sleep(3600)
+        warnings = ("toy: option order not enforced",) if self.behaviour == "warns" else ()
+        return CompiledGrammar(self.name, spec, tuple(o.encode() for o in spec.spec), warnings)
 
     def matcher(self, grammar: CompiledGrammar) -> Matcher:
         return ToyMatcher(self, grammar.handle)
 
 
-for _behaviour in ("correct", "lenient", "strict", "crashy"):
+for _behaviour in ("correct", "lenient", "strict", "masky", "endless", "warns", "crashy"):
     register_backend(
         "toy" if _behaviour == "correct" else f"toy_{_behaviour}",
         lambda vocab, _b=_behaviour, **options: ToyChoiceBackend(vocab, _b, **options),

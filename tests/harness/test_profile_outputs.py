@@ -41,6 +41,7 @@ def results() -> list[ItemResult]:
                    tokens=_tokens([1000.0, 1000.0, 1000.0, 1000.0])),
         ItemResult("easy", "b", "json_schema", "slow", "unsupported", message="no such keyword"),
         ItemResult("regex", "r", "regex", "slow", "crash", message="worker killed by SIGSEGV"),
+        ItemResult("regex", "w", "regex", "slow", "timeout", message="instance walk exceeded 3 s", compile_ms=4.0),
     ]
 
 
@@ -55,8 +56,12 @@ def test_summary_matches_hand_computed_values(results):
     assert fast["TTFM p50 ms"] == pytest.approx(2.0)
     assert fast["declared coverage"] == pytest.approx(2 / 3)
     assert fast["empirical coverage"] == pytest.approx(1 / 3)
-    assert (fast["false rejects"], fast["false accepts"], fast["timeouts"], fast["warned items"]) == (1, 1, 1, 1)
-    assert (slow["declared coverage"], slow["unsupported"], slow["crashes"]) == (pytest.approx(1 / 3), 1, 1)
+    assert (fast["false rejects"], fast["false accepts"], fast["warned items"]) == (1, 1, 1)
+    # A compile timeout has no compile time; a walk timeout compiled first.
+    assert (fast["compile timeouts"], fast["walk timeouts"]) == (1, 0)
+    assert (slow["compile timeouts"], slow["walk timeouts"]) == (0, 1)
+    assert (slow["declared coverage"], slow["unsupported"], slow["crashes"]) == (pytest.approx(1 / 4), 1, 1)
+    assert slow["TTFM p50 ms"] == 50.0  # the walk timeout's compile is not a TTFM sample
     by_corpus = summarize(items, tokens, ("corpus", "kind", "backend"))
     assert by_corpus.loc[("regex", "regex", "fast"), "items"] == 1
     assert math.isnan(by_corpus.loc[("regex", "regex", "fast"), "TBM p50 µs"])
@@ -73,7 +78,7 @@ def test_write_outputs_writes_tables_profiles_report_and_plots(results, tmp_path
             "tbm_cdf.png", "ttfm_cdf.png", "tbm_by_position.png"} <= names
     items = pd.read_parquet(tmp_path / "items.parquet")
     tokens = pd.read_parquet(tmp_path / "tokens.parquet")
-    assert len(items) == 6 and len(tokens) == 10
+    assert len(items) == 7 and len(tokens) == 10
     assert items.set_index(["item_id", "backend"]).loc[("b", "fast"), "first_reject_position"] == 1
 
     profile = GrammarProfile.load(tmp_path / "profile_fast.json")
@@ -81,13 +86,17 @@ def test_write_outputs_writes_tables_profiles_report_and_plots(results, tmp_path
     assert profile.overall.fill_s.count == 6
     assert profile.overall.fill_s.max == pytest.approx(200e-6)
     assert profile.kinds["regex"].statuses == {"timeout": 1}
+    assert GrammarProfile.load(tmp_path / "profile_slow.json").kinds["regex"].statuses == {"crash": 1, "timeout": 1}
     assert profile.compile_by_spec == {"a": pytest.approx(1e-3), "b": pytest.approx(3e-3)}
     assert profile.overall.rollback_s.count == 2
     assert profile.overall.jump_forward_fraction == pytest.approx(2 / 6)
 
     report = (tmp_path / "report.md").read_text()
     assert "cdbench profile --example" in report
-    assert "| fast | 3 |" in report and "| slow | 3 |" in report
+    assert "| fast | 3 |" in report and "| slow | 4 |" in report
+    assert "| compile timeouts | walk timeouts |" in report
+    assert "walk timeout s=600.0" in report
+    assert "compare them within a backend, not across backends." in report
     assert "worker killed by SIGSEGV" in report
     assert "drop_key 1" in report
     for png in ("tbm_cdf.png", "ttfm_cdf.png", "tbm_by_position.png"):
@@ -98,3 +107,18 @@ def test_tokens_frame_keeps_every_timed_token(results):
     tokens = tokens_frame(results)
     assert tokens.groupby("backend", observed=True).size().to_dict() == {"fast": 6, "slow": 4}
     assert np.isnan(tokens.rollback_us).sum() == 10 - 3
+
+
+def test_report_states_each_backends_forced_token_rule(results, tmp_path):
+    from cdbench.reports.profile_report import FORCED_TOKEN_RULES, ProfileReportInfo, write_report
+
+    items, tokens = items_frame(results), tokens_frame(results)
+    renamed = {"fast": "outlines", "slow": "xgrammar"}
+    items["backend"] = items.backend.map(renamed)
+    tokens["backend"] = tokens.backend.map(renamed)
+    write_report(items, tokens, tmp_path, ProfileReportInfo())
+    report = (tmp_path / "report.md").read_text()
+    assert "not across backends:" in report
+    for backend in ("outlines", "xgrammar"):
+        assert f"  - {backend}: {FORCED_TOKEN_RULES[backend]}." in report
+    assert "llguidance:" not in report  # only the backends in the report

@@ -66,6 +66,14 @@ def test_cost_sections_build_the_cost_sources(tmp_path):
         RunConfig().costs.grammar_costs("nonesuch", 0)
 
 
+def test_model_mode_with_the_reasoner_draws_from_its_inner_backends_profile():
+    costs = RunConfig.model_validate({"mode": "model", "backend": {"name": "reasoner"}}).costs
+    assert costs.grammar_costs("reasoner", 0).profile.backend == "xgrammar"  # the reasoner's default inner
+    assert costs.grammar_costs("reasoner", 0, {"inner": "llguidance"}).profile.backend == "llguidance"
+    with pytest.raises(ValueError, match="inner backend's name"):
+        costs.grammar_costs("reasoner", 0, {"inner": 3})
+
+
 def _embedded(tmp_path, mode: str, progress=None, **workload):
     from cdbench.harness.run import run
 
@@ -101,3 +109,23 @@ def test_run_from_config_in_model_mode_is_deterministic(tmp_path):
     a, b = _embedded(tmp_path, "model"), _embedded(tmp_path, "model")
     assert a.summary.completed == 12
     assert a.requests.equals(b.requests)
+
+
+def test_a_model_mode_run_passes_the_reasoners_inner_backend_to_its_costs(monkeypatch):
+    from cdbench.harness import config as config_module
+    from cdbench.harness.run import run
+
+    seen = []
+    original = config_module.CostConfig.grammar_costs
+
+    def recording(self, backend, seed, options=None):
+        seen.append((backend, dict(options or {})))
+        return original(self, backend, seed, options)
+
+    monkeypatch.setattr(config_module.CostConfig, "grammar_costs", recording)
+    config = RunConfig.model_validate({
+        "mode": "model", "backend": {"name": "reasoner", "options": {"inner": "llguidance"}},
+        "workload": {"num_requests": 5, "corpus": ["embedded"], "token_source": "lengths"},
+    })
+    run(config)
+    assert seen == [("reasoner", {"inner": "llguidance"})]

@@ -13,6 +13,7 @@ from cdbench.harness.executors import FixedGpuCosts
 from cdbench.harness.hybrid import HybridExecutor
 from cdbench.harness.policies import policy
 from cdbench.harness.run import simulate
+from cdbench.workloads.drafts import DraftSource
 from cdbench.workloads.request import Request
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
@@ -110,6 +111,42 @@ def test_requests_without_oracle_tokens_random_walk_until_the_grammar_terminates
     assert frame["valid"].all()
     assert (frame["output_tokens"] < frame["output_len"]).all()  # ended by the grammar, not the cap
     assert (frame["drafted"] == 0).all()  # no oracle, no drafts
+
+
+def test_random_walk_rows_propose_no_drafts_and_pay_no_forward_for_them(backend):
+    # k = 2 is scheduled, but a random walk has no drafts: the forward verifies the row's token alone
+    request = Request(0, 0.0, 10, 12, ConstraintSpec("regex", r"\d{3}-\d{4}"), "walk")
+    executor = HybridExecutor(backend, alpha=0.5, seed=1)
+    gpu = FixedGpuCosts(forward_base_s=0.01, decode_row_s=0.001)
+    result = simulate([request], policy("vllm", spec_tokens=2, overlap=False), executor, gpu, seed=1, trace_steps=0)
+    decode = result.steps[result.steps["kind"] == "decode"]
+    assert len(decode) > 0
+    assert decode["forward_s"].tolist() == pytest.approx([0.011] * len(decode), abs=1e-12)
+    assert result.requests["drafted"].tolist() == [0]
+
+
+class _EndingDrafts(DraftSource):
+    """Drafts the end of the answer first: EOS, then the answer's first token."""
+
+    def propose_rows(self, requests, oracle, rows, positions, ks):
+        eos = self.vocab.eos_token_ids[0]
+        return [[eos, int(oracle.tokens[oracle.start[r]])][:k] for r, k in zip(rows.tolist(), ks.tolist())]
+
+
+def test_a_draft_that_ends_the_answer_builds_no_mask_row_after_it(backend):
+    # "1234567" is [123, 456, 7]; EOS is grammar-valid after any digit, so each decode step's
+    # first draft terminates the matcher: one mask row, and both drafts rolled back or never applied
+    vocab = backend.vocab
+    tokens = tuple(vocab.encode("1234567")) + (vocab.eos_token_ids[0],)
+    request = Request(0, 0.0, 10, len(tokens), ConstraintSpec("regex", r"\d+"), "digits", tokens)
+    executor = HybridExecutor(backend, drafts=_EndingDrafts(0.0, vocab, 0))
+    result = simulate([request], policy("vllm", spec_tokens=2, overlap=False), executor,
+                      FixedGpuCosts(forward_base_s=0.01), trace_steps=0)
+    r = row_of(result, 0)
+    assert (r["abort_reason"], r["valid"], r["output_tokens"]) == ("", True, len(tokens))
+    assert (r["accepted"], r["rolled_back"]) == (0, 2)  # EOS entered the grammar and was rolled back, twice
+    decode = result.steps[result.steps["kind"] == "decode"]
+    assert decode["mask_rows"].tolist() == [1] * len(decode)
 
 
 def row_of(result, request_id):

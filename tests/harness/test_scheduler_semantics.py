@@ -7,6 +7,7 @@ import pytest
 from scheduler_helpers import FORWARD_S, req, row, sim
 
 from cdbench.harness.executors import FixedGpuCosts, FixedGrammarCosts
+from cdbench.harness.policies import policy
 from cdbench.harness.scheduler import parallel_makespan
 
 EXACT = dict(abs=1e-12)
@@ -52,6 +53,14 @@ def test_cache_hit_never_waits():
     assert second["grammar_ready_s"] == second["issued_s"] == 0.05
     # it arrives during request 0's decode step 0.042-0.052, and prefills in the next iteration
     assert second["first_token_s"] == pytest.approx(0.062, **EXACT)
+
+
+def test_vllm_cache_is_an_lru_of_1000_entries():
+    assert policy("vllm").cache_capacity == 1000  # the engine's xgrammar cache (about 1000 schemas)
+    # with room for one entry, b evicts a, so a compiles again
+    reqs = [req(0, 0.0, spec="a"), req(1, 0.1, spec="b"), req(2, 0.2, spec="a"), req(3, 0.3, spec="a")]
+    frame = sim(reqs, "vllm", overlap=False, cache_capacity=1).requests
+    assert frame.sort_values("request_id")["cache"].tolist() == ["miss", "miss", "miss", "hit"]
 
 
 def test_concurrent_identical_misses_compile_twice_without_dedup_and_once_with_it():
@@ -124,18 +133,55 @@ def test_compile_error_aborts_the_request():
 # ---------------------------------------------------------------- queue discipline
 
 
-def _requeue_order(name: str) -> list[int]:
-    reqs = [req(0, 0.0, out=3), req(1, 0.001, out=3, spec=None), req(2, 0.002, out=3, spec=None)]
-    result = sim(reqs, name, overlap=False, max_running_requests=1)
-    return list(result.requests.sort_values("admitted_s")["request_id"])
+def _requeue(name: str) -> dict[int, tuple[float, float]]:
+    """One row; request 0 compiles for 12 ms while unconstrained 1 and 2 wait behind it (all arrive at 0)."""
+    reqs = [req(0, 0.0, out=3), req(1, 0.0, out=3, spec=None), req(2, 0.0, out=3, spec=None)]
+    frame = sim(reqs, name, overlap=False, max_running_requests=1).requests
+    return {int(r.request_id): (r.admitted_s, r.first_token_s) for r in frame.itertuples()}
 
 
 def test_sglang_released_request_rejoins_the_waiting_queue_at_the_tail():
-    assert _requeue_order("sglang") == [1, 2, 0]
+    # 0: a 5 ms poll misses the compile, 1 is admitted after it (5 ms) and prefills (10 ms); the poll at
+    # 15 ms releases 0 behind 2; 1 decodes until 35 ms, then 2 runs (35-65 ms), then 0
+    times = _requeue("sglang")
+    assert times[1] == pytest.approx((0.005, 0.015), **EXACT)
+    assert times[2] == pytest.approx((0.035, 0.045), **EXACT)
+    assert times[0] == pytest.approx((0.065, 0.075), **EXACT)
 
 
 def test_vllm_waiting_for_grammar_keeps_its_place_at_the_head():
-    assert _requeue_order("vllm") == [1, 0, 2]
+    # 0's 100 µs check fails and it keeps its place; 1 passes it (admitted after the check) and runs
+    # 10.1-30.1 ms; then 0 is ready at the head and runs before 2
+    times = _requeue("vllm")
+    assert times[1] == pytest.approx((0.0001, 0.0101), **EXACT)
+    assert times[0] == pytest.approx((0.0301, 0.0401), **EXACT)
+    assert times[2] == pytest.approx((0.0601, 0.0701), **EXACT)
+
+
+def test_vllm_check_of_an_unready_request_costs_100_us_every_iteration():
+    # 0 compiles for 50 ms; every iteration inspects it once (100 µs) before 1's step
+    reqs = [req(0, 0.0, out=2, spec="slow"), req(1, 0.0, out=3, spec=None)]
+    grammar = FixedGrammarCosts(compile_by_key={"slow": 0.05}, fill_time_s=0, accept_time_s=0)
+    result = sim(reqs, "vllm", overlap=False, grammar=grammar)
+    r1 = row(result, 1)
+    assert (r1["admitted_s"], r1["first_token_s"], r1["finish_s"]) == pytest.approx((0.0001, 0.0101, 0.0303), **EXACT)
+    assert result.steps["check_s"].iloc[:3].tolist() == pytest.approx([1e-4] * 3, **EXACT)
+    assert result.steps["duration_s"].iloc[:3].tolist() == pytest.approx([0.0101] * 3, **EXACT)
+
+
+@pytest.mark.parametrize("overlap, step_s", [(False, 0.015), (True, 0.010)])
+def test_sglang_blocking_poll_stretches_a_running_batch_unless_overlap_hides_it(overlap, step_s):
+    # 1 compiles for 1 s, so every iteration blocks 5 ms in the poll; 0 (unconstrained) runs meanwhile:
+    # without overlap each of its steps is poll + forward, with it the poll runs under the forward
+    reqs = [req(0, 0.0, out=4, spec=None), req(1, 0.0, out=2, spec="slow")]
+    grammar = FixedGrammarCosts(compile_by_key={"slow": 1.0}, fill_time_s=0, accept_time_s=0)
+    result = sim(reqs, "sglang", overlap=overlap, grammar=grammar)
+    r0 = row(result, 0)
+    assert r0["first_token_s"] == pytest.approx(step_s, **EXACT)
+    assert r0["finish_s"] == pytest.approx(4 * step_s, **EXACT)
+    first = result.steps.iloc[:4]
+    assert first["poll_s"].tolist() == pytest.approx([0.005] * 4, **EXACT)
+    assert first["duration_s"].tolist() == pytest.approx([step_s] * 4, **EXACT)
 
 
 # ---------------------------------------------------------------- overlap
@@ -205,6 +251,35 @@ def test_spec_decoding_all_accepted_emits_one_plus_k_tokens_per_step():
     assert (r["drafted"], r["accepted"], r["rolled_back"]) == (7, 7, 0)
 
 
+def _spec_run(alpha: float):
+    """One structured request (7 tokens), k = 2, 1 ms per mask row; the forward costs 10 ms + 1 ms a token."""
+    grammar = FixedGrammarCosts(compile_time_s=0.0, fill_time_s=0.001, accept_time_s=0.0, rollback_time_s=0.0)
+    gpu = FixedGpuCosts(forward_base_s=FORWARD_S, decode_row_s=0.001)
+    result = sim([req(0, 0.0, out=7)], "sglang", overlap=False, spec_tokens=2, alpha=alpha, grammar=grammar,
+                 gpu=gpu)
+    return row(result, 0), result.steps[result.steps["kind"] == "decode"]
+
+
+def test_spec_decoding_all_drafts_accepted_exact_times_and_mask_rows():
+    # prefill 10 ms (1 token); decodes verify 2 drafts: forward 10 + 3 ms, 3 mask rows, 3 tokens each
+    r, decode = _spec_run(alpha=1.0)
+    assert r["first_token_s"] == pytest.approx(0.010, **EXACT)
+    assert r["finish_s"] == pytest.approx(0.036, **EXACT)
+    assert (r["drafted"], r["accepted"], r["rolled_back"]) == (4, 4, 0)
+    assert decode["mask_rows"].tolist() == [3, 3]  # 1 + k rows per grammar request
+    assert decode["fill_s"].tolist() == pytest.approx([0.003, 0.003], **EXACT)
+    assert decode["duration_s"].tolist() == pytest.approx([0.013, 0.013], **EXACT)
+
+
+def test_spec_decoding_no_draft_accepted_rolls_back_every_draft():
+    # one token a step; drafts min(2, tokens left - 1): 2, 2, 2, 2, 1, 0 -> every one rejected and rolled back
+    r, decode = _spec_run(alpha=0.0)
+    assert (r["drafted"], r["accepted"], r["rolled_back"]) == (9, 0, 9)
+    assert decode["mask_rows"].tolist() == [3, 3, 3, 3, 2, 1]
+    assert decode["duration_s"].tolist() == pytest.approx([0.013] * 4 + [0.012, 0.011], **EXACT)
+    assert r["finish_s"] == pytest.approx(0.085, **EXACT)
+
+
 def test_spec_decoding_rolls_back_exactly_the_rejected_drafts():
     reqs = [req(i, 0.001 * i, out=40, spec="s1" if i % 2 else None) for i in range(20)]
     result = sim(reqs, "vllm", spec_tokens=3, alpha=0.6, seed=3)
@@ -261,6 +336,18 @@ def test_thinking_budget_forces_think_end():
     assert steps["mask_rows"].tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
     unbounded = row(sim([req(0, 0.0, out=3, think_len=10)], "sglang", overlap=False), 0)
     assert (unbounded["output_tokens"], unbounded["forced_think_end"]) == (14, False)
+
+
+@pytest.mark.parametrize("strict, finish, mask_rows", [
+    (True, 0.117, [1] * 8),  # a 15 ms token-filter row on each of the 5 thinking steps
+    (False, 0.092, [0] * 5 + [1] * 3),  # thinking unfiltered: 10 ms steps
+])
+def test_strict_thinking_filters_every_thinking_step(strict, finish, mask_rows):
+    # ready at 12 ms; 4 thinking tokens + think-end, then 3 answer tokens
+    result = sim([req(0, 0.0, out=3, think_len=4)], "sglang", overlap=False, strict_thinking=strict,
+                 think_filter_s=0.015)
+    assert row(result, 0)["finish_s"] == pytest.approx(finish, **EXACT)
+    assert result.steps.loc[result.steps["kind"] != "idle", "mask_rows"].tolist() == mask_rows
 
 
 def test_jump_forward_emits_forced_tokens_without_a_forward_step():

@@ -30,6 +30,9 @@ from cdbench.reports.gate import (
         ("mean_grammar_wait_ms", Direction.LOWER_IS_BETTER),
         ("completed", Direction.HIGHER_IS_BETTER),
         ("num_prompts", Direction.INFORMATIONAL),
+        ("workload_issues.skipped_corpus_lines", Direction.LOWER_IS_BETTER),
+        ("workload_issues.bad_trace_lines", Direction.LOWER_IS_BETTER),
+        ("workload_issues.duplicate_specs", Direction.LOWER_IS_BETTER),
     ],
 )
 def test_direction_is_inferred_from_the_name(name, direction):
@@ -98,3 +101,16 @@ def test_baseline_round_trip_and_bad_files(tmp_path):
     path.write_text('{"metrics": {"a": "fast"}}')
     with pytest.raises(GateError, match="metrics.a"):
         Baseline.load(path)
+
+
+def test_a_tolerance_for_a_metric_that_does_not_exist_is_an_error_naming_close_matches():
+    baseline = Baseline(metrics={"p99_ttft_ms": 10.0, "p99_tpot_ms": 2.0})
+    current = {"p99_ttft_ms": 10.0, "p99_tpot_ms": 2.0, "mean_ttft_ms": 4.0}
+    with pytest.raises(GateError, match=r"--tolerance names a metric neither the run nor the baseline has: "
+                                        r"'p99_tft_ms' \(did you mean p99_ttft_ms"):
+        evaluate_gate(current, baseline, tolerances={"p99_tft_ms": 5.0})
+    assert evaluate_gate(current, baseline, tolerances={"mean_ttft_ms": 5.0}).passed  # a run-only metric is known
+    stale = Baseline(metrics=baseline.metrics, tolerances_pct={"p99_tpot_ms": 1.0, "zzz": 2.0, "p99_ttft": 3.0})
+    with pytest.raises(GateError, match=r"the baseline's tolerances_pct names metrics .*: 'p99_ttft' \(did you mean "
+                                        r"p99_ttft_ms.*\); 'zzz'$"):
+        evaluate_gate(current, stale)

@@ -41,3 +41,8 @@ def test_console_sections_are_the_latency_grid_and_headline_fields():
     sections = console_sections({"mean_ttft_ms": 1.0, "request_throughput": 2.0, "steps": 9, "failed": 0})
     assert [s.title for s in sections] == ["Latency (ms)", "Throughput and grammar"]
     assert sections[1].rows == (("failed", 0), ("request_throughput", 2.0))
+
+
+def test_workload_issues_are_not_a_summary_section():
+    sections = summary_sections({"completed": 3, "workload_issues": {"spec_failures": 1, "details": "x.json"}})
+    assert [s.title for s in sections] == ["Throughput"]

@@ -3,11 +3,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cdbench.workloads.corpora import (
     EMBEDDED_SAMPLE,
     UnknownCorpusError,
     known_corpora,
+    load_corpora,
     load_corpus,
     read_corpus,
     resolve_corpus,
@@ -102,3 +105,64 @@ def test_module_examples_run():
         module = importlib.import_module(f"cdbench.workloads.{name}")
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0, name
+
+
+def test_invalid_utf8_line_is_a_skipped_line_and_the_rest_loads(tmp_path):
+    path = tmp_path / "c.jsonl"
+    good = json.dumps(GOOD[0]).encode()
+    path.write_bytes(good + b"\n" + b'{"id": "\xff\xfe", "kind": "regex"}\n' + json.dumps(GOOD[1]).encode() + b"\n")
+    load = read_corpus(path)
+    assert [i.id for i in load.items] == ["a", "b"]
+    assert [(s.path, s.line) for s in load.skipped] == [(str(path), 2)] and load.skipped_count == 1
+    assert "invalid UTF-8" in load.skipped[0].reason
+
+
+@pytest.mark.parametrize("field, value, shown", [
+    ("id", None, "null"), ("id", "", "''"), ("id", 7, "7"), ("source", None, "null"), ("license", "", "''"),
+])
+def test_id_source_and_license_must_be_non_empty_strings(tmp_path, field, value, shown):
+    load = read_corpus(write(tmp_path, [dict(GOOD[0], **{field: value}), GOOD[1]]))
+    assert [i.id for i in load.items] == ["b"]
+    assert [(s.line, s.reason) for s in load.skipped] == [(1, f"field {field} must be a non-empty string, got {shown}")]
+
+
+def test_duplicate_ids_are_skipped_lines_within_a_file_and_across_files(tmp_path):
+    path = write(tmp_path, [GOOD[0], dict(GOOD[1], id="a"), GOOD[1]])
+    load = read_corpus(path)
+    assert [i.id for i in load.items] == ["a", "b"] and load.items[0].spec == "[0-9]+"
+    assert [(s.line, s.reason) for s in load.skipped] == [(2, "duplicate id 'a' (first on line 1)")]
+
+    other = tmp_path / "d.jsonl"
+    other.write_text(json.dumps(dict(GOOD[1], id="b", spec=["p", "q"])) + "\n" + json.dumps(dict(GOOD[0], id="c")) + "\n")
+    merged = load_corpora([path, other])
+    assert [i.id for i in merged.items] == ["a", "b", "c"]
+    assert [(s.path, s.line) for s in merged.skipped] == [(str(path), 2), (str(other), 1)]
+    assert merged.skipped[1].reason == f"duplicate id 'b' (first in {path}:3)"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(st.binary(max_size=40), st.sampled_from([json.dumps(g).encode() for g in GOOD])),
+                max_size=12))
+def test_any_bytes_load_without_raising_and_every_line_is_accounted_for(tmp_path, lines):
+    path = tmp_path / "fuzz.jsonl"
+    lines = [line.replace(b"\n", b" ") for line in lines]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    load = read_corpus(path, include_library=True)
+    blank = sum(not line.decode("utf-8", "replace").strip() for line in lines)
+    assert len(load.items) + load.skipped_count + blank == len(lines)
+    assert len({i.id for i in load.items}) == len(load.items)
+    assert all(1 <= s.line <= len(lines) for s in load.skipped)
+
+
+def test_embedded_sample_and_its_provenance_readme_are_package_data():
+    """The wheel must carry the sample's license texts with it (setuptools matches these globs)."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["cdbench"]
+    package = root / "cdbench"
+    shipped = {p for pattern in patterns for p in package.glob(pattern)}
+    readme = EMBEDDED_SAMPLE.parent / "README.md"
+    assert EMBEDDED_SAMPLE in shipped and readme in shipped
+    assert "MIT License" in readme.read_text() and "Apache" in readme.read_text()

@@ -48,8 +48,53 @@ def test_proposals_are_deterministic(vocab):
     b = DraftSource(0.5, vocab, 9, {"s": POOL})
     calls = [(request(r), p, 4) for r in range(5) for p in range(0, 30, 7)]
     assert [a.propose(*c) for c in calls] == [b.propose(*c) for c in reversed(calls)][::-1]
+    # a longer draft starts with the shorter one
+    assert all(a.propose(request(r), p, 2) == a.propose(request(r), p, 5)[:2] for r in range(5) for p in range(30))
 
 
 def test_bad_alpha(vocab):
     with pytest.raises(ValueError, match="alpha"):
         DraftSource(1.5, vocab, 0)
+
+
+def test_alpha_zero_replacements_include_grammar_valid_and_invalid_tokens(vocab):
+    # every draft token is replaced; at each position of a JSON answer, ask the real grammar whether the
+    # replacement could follow the answer so far (plausible ones often can inside strings, random ones rarely)
+    from cdbench.backends import create_backend
+    from cdbench.backends.base import ConstraintSpec
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "note": {"type": "string"}},
+              "required": ["name", "note"]}
+    texts = ('{"name": "Alice Smith", "note": "likes green tea"}', '{"name": "Bob Stone", "note": "reads old maps"}')
+    eos = vocab.eos_token_ids[0]
+    tokens = tuple(tuple(vocab.encode(t)) + (eos,) for t in texts)
+    pool = InstancePool("person", texts, tokens)
+    request = Request(0, 0.0, 10, len(tokens[0]), ConstraintSpec("json_schema", schema), "person", tokens[0],
+                      instance_index=0)
+    backend = create_backend("xgrammar", vocab)
+    matcher = backend.matcher(backend.compile(request.spec))
+    drafts = DraftSource(0.0, vocab, 5, {"person": pool})
+    verdicts = []
+    for position, token in enumerate(tokens[0][:-1]):
+        (draft,) = drafts.propose(request, position, 1)
+        assert draft != token
+        verdicts.append(matcher.copy().accept(draft))
+        assert matcher.accept(token)
+    assert any(verdicts) and not all(verdicts)
+
+
+def test_proposing_for_many_rows_at_once_equals_one_at_a_time(vocab):
+    import numpy as np
+
+    from cdbench.workloads.drafts import OracleTokens
+
+    other = Request(1, 0.0, 10, 30, spec_id="t", output_tokens=tuple(range(3000, 3030)))
+    plain = Request(2, 0.0, 10, 5)  # no output tokens: no drafts
+    requests = [request(0), other, plain, request(7)]
+    drafts = DraftSource(0.4, vocab, 11, {"s": POOL})
+    rows = np.array([3, 0, 1, 2, 0, 1])
+    positions = np.array([4, 38, 29, 0, 0, 10])
+    ks = np.array([4, 4, 3, 2, 1, 5])
+    batch = drafts.propose_rows(requests, OracleTokens.of(requests), rows, positions, ks)
+    assert batch == [drafts.propose(requests[r], p, k) for r, p, k in zip(rows, positions, ks)]
+    assert [len(d) for d in batch] == [4, 2, 1, 0, 1, 5]

@@ -121,3 +121,116 @@ def test_bad_config_is_a_clear_error():
         WorkloadConfig(num_requests=1, structured_ratio=2)
     with pytest.raises(ValueError, match="process"):
         WorkloadConfig(num_requests=1, arrival={"process": "bursty"})
+
+
+def write_corpus(path, items):
+    path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in items) + "\n")
+    return path
+
+
+def test_one_id_one_spec_oracle_tokens_always_satisfy_their_own_spec(vocab, pool_cache, tmp_path):
+    """Regression: two corpus items with one id used to share an instance pool, so requests of the
+    second spec carried instances of the first."""
+    from cdbench.workloads.validate import check_instance
+
+    a = write_corpus(tmp_path / "a.jsonl", [
+        {"id": "x", "kind": "regex", "spec": "[ab]{3}", "source": "s", "license": "MIT"},
+        {"id": "x", "kind": "choice", "spec": ["zzz", "yyy"], "source": "s", "license": "MIT"}])
+    b = write_corpus(tmp_path / "b.jsonl", [
+        {"id": "x", "kind": "json_schema", "spec": {"type": "integer"}, "source": "s", "license": "MIT"},
+        {"id": "y", "kind": "choice", "spec": ["on", "off"], "source": "s", "license": "MIT"}])
+    wl = gen(vocab, pool_cache, num_requests=30, corpus=[str(a), str(b)], spec_reuse={"mode": "zipf"})
+    assert [(s.path, s.line) for s in wl.skipped_lines] == [(str(a), 2), (str(b), 1)]
+    by_id = {}
+    for r in wl.requests:
+        check_instance(r.spec, vocab.decode(r.output_tokens[:-1]))
+        by_id.setdefault(r.spec_id, r.spec.canonical())
+        assert by_id[r.spec_id] == r.spec.canonical()  # an id never names two specs
+    assert set(by_id) == {"x", "y"}
+
+
+def test_unique_reuse_never_repeats_a_spec_held_under_two_ids(vocab, pool_cache, tmp_path):
+    same = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    corpus = write_corpus(tmp_path / "c.jsonl", [
+        {"id": "first", "kind": "json_schema", "spec": same, "source": "s", "license": "MIT"},
+        {"id": "again", "kind": "json_schema", "spec": same, "source": "s", "license": "MIT"},
+        {"id": "r", "kind": "regex", "spec": "[ab]", "source": "s", "license": "MIT"}])
+    wl = gen(vocab, pool_cache, num_requests=9, corpus=[str(corpus)])
+    assert len({r.spec.canonical() for r in wl.requests}) == 9
+    assert wl.duplicate_specs == {"again": "first"}
+    assert not any(r.spec_id.startswith("again") for r in wl.requests)
+
+
+def test_random_walk_requests_carry_seeded_walk_settings_from_the_config(vocab, pool_cache):
+    import torch
+
+    from cdbench.workloads.token_sources import RandomWalk
+
+    cfg = dict(num_requests=50, structured_ratio=0.5, token_source="random_walk",
+               random_walk={"eos_bias": 0.25, "max_tokens": 7}, output_len={"dist": "fixed", "value": 40})
+    wl = gen(vocab, pool_cache, **cfg)
+    walks = {r.random_walk for r in wl.requests if r.structured}
+    assert len(walks) == 1
+    (walk,) = walks
+    assert (walk.eos_bias, walk.max_tokens) == (0.25, 7)
+    assert all(r.random_walk is None for r in wl.requests if not r.structured)
+    assert all(r.output_tokens is None and r.output_len == 40 for r in wl.requests)
+    assert gen(vocab, pool_cache, **cfg).requests == wl.requests
+    assert {r.random_walk.seed for r in gen(vocab, pool_cache, **cfg, seed=1).requests if r.structured} != {walk.seed}
+    lengths = gen(vocab, pool_cache, **{**cfg, "token_source": "lengths"})
+    assert all(r.random_walk is None for r in lengths.requests)
+    assert [r.spec for r in lengths.requests] == [r.spec for r in wl.requests]  # only the token source differs
+
+    # the carried settings steer the walk: past max_tokens EOS is taken as soon as it is allowed
+    eos = vocab.eos_token_ids[0]
+    row = torch.zeros(vocab.size, dtype=torch.bool)
+    row[[11, 12, eos]] = True
+    request = next(r for r in wl.requests if r.structured)
+    walker = RandomWalk(vocab.eos_token_ids, vocab.size, seed=0, eos_bias=0.0)
+    assert walker.next_token(row, request_id=request.request_id, position=7, params=request.random_walk) == eos
+    draws = [walker.next_token(row, request_id=rid, position=p, params=request.random_walk)
+             for rid in range(50) for p in range(6)]
+    assert set(draws) == {11, 12, eos} and 0.15 < draws.count(eos) / len(draws) < 0.35  # the config's bias
+    assert eos not in [walker.next_token(row, request_id=rid, position=0) for rid in range(50)]  # walker's own: 0
+
+
+def test_workload_report_counts_failures_skipped_lines_and_duplicates(vocab, pool_cache, tmp_path):
+    corpus = write_corpus(tmp_path / "c.jsonl", [
+        {"id": "bad", "kind": "json_schema", "spec": {"type": "integer", "minimum": 3, "maximum": 1},
+         "source": "s", "license": "MIT"},
+        "{oops",
+        {"id": "ok", "kind": "choice", "spec": ["a", "b"], "source": "s", "license": "MIT"},
+        {"id": "ok2", "kind": "choice", "spec": ["a", "b"], "source": "s", "license": "MIT"}])
+    wl = gen(vocab, pool_cache, num_requests=10, corpus=[str(corpus)], spec_reuse={"mode": "zipf"})
+    report = wl.report()
+    assert (report.requests, report.structured_requests, report.distinct_specs) == (10, 10, 1)
+    assert (report.spec_failure_count, report.skipped_line_count, report.duplicate_spec_count) == (1, 1, 1)
+    assert (wl.failure_count, wl.skipped_line_count, wl.bad_trace_line_count) == (1, 1, 0)
+    assert report.spec_failures[0].spec_id == "bad" and "empty numeric range" in report.spec_failures[0].reason
+    assert (report.skipped_lines[0].path, report.skipped_lines[0].line) == (str(corpus), 2)
+    assert report.duplicate_specs == {"ok2": "ok"} and report.replayed_from is None
+    assert json.loads(report.model_dump_json())["spec_failure_count"] == 1
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"prompt_len": {"dist": "trace", "values": [5, -1]}}, "prompt_len.trace.values.1"),
+    ({"reasoning": {"think_len": {"dist": "trace", "values": [-3]}}}, "reasoning.think_len.trace.values.0"),
+    ({"reasoning": {"think_len": {"dist": "uniform", "low": -1, "high": 4}}}, "reasoning.think_len.uniform.low"),
+    ({"arrival": {"process": "replay", "timestamps": [0.0, float("nan")]}}, "arrival.replay.timestamps.1"),
+    ({"arrival": {"process": "replay", "timestamps": [float("inf")]}}, "arrival.replay.timestamps.0"),
+    ({"arrival": {"process": "replay", "timestamps": [-0.5]}}, "arrival.replay.timestamps.0"),
+    ({"output_len": {"dist": "lognormal", "median": 9, "sigma": 1, "min": 50, "max": 10}}, "output_len.lognormal"),
+    ({"random_walk": {"eos_bias": 1.5}}, "random_walk.eos_bias"),
+])
+def test_bad_lengths_timestamps_and_walks_are_config_errors_naming_the_field(overrides, field):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as info:
+        WorkloadConfig(num_requests=1, **overrides)
+    assert field in str(info.value)
+
+
+def test_num_requests_is_required_unless_a_trace_is_replayed():
+    with pytest.raises(ValueError, match="num_requests is required"):
+        WorkloadConfig()
+    assert WorkloadConfig(trace="t.jsonl").num_requests is None

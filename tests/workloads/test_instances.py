@@ -44,3 +44,19 @@ def test_every_kind_produces_valid_instances():
     for spec in specs:
         for text in instances.valid_instances("k", spec, 3, 5):
             check_instance(spec, text)
+
+
+def test_sampled_oracle_coverage_of_github_easy(corpora_dir):
+    """50 seeded items of jsonschemabench_github_easy: at least 95 % get a validated instance
+    (the full-file measurement is scripts/oracle_coverage.py)."""
+    from cdbench.workloads.corpora import read_corpus
+
+    items = read_corpus(corpora_dir / "jsonschemabench_github_easy.jsonl", sample=50, seed=7).items
+    assert len(items) == 50
+    failed = []
+    for item in items:
+        try:
+            instances.valid_instances(item.id, item.to_spec(), 1, 0)
+        except InstanceFailure as failure:
+            failed.append(str(failure))
+    assert len(failed) <= 2, failed

@@ -51,3 +51,22 @@ def test_empty_row_is_an_error():
     walk = RandomWalk(eos_token_ids=(99,), vocab_size=V, seed=0)
     with pytest.raises(ValueError, match="allows no token"):
         walk.next_token(bitmask(set()), request_id=3, position=1)
+
+
+def test_request_params_replace_the_walks_seed_bias_and_cap():
+    from cdbench.workloads.request import WalkParams
+
+    row = bitmask({5, 6, 7, 8, 99})
+    walk = RandomWalk(eos_token_ids=(99,), vocab_size=V, seed=0, eos_bias=0.0)
+    ending = WalkParams(seed=0, eos_bias=1.0)
+    assert walk.next_token(row, request_id=0, position=0, params=ending) == 99
+    capped = WalkParams(seed=0, eos_bias=0.0, max_tokens=2)
+    assert walk.next_token(row, request_id=0, position=1, params=capped) != 99
+    assert walk.next_token(row, request_id=0, position=2, params=capped) == 99
+    # the params' seed decides the draws, not the walk's
+    own = [walk.next_token(row, request_id=0, position=p) for p in range(30)]
+    same_seed = [walk.next_token(row, request_id=0, position=p, params=WalkParams(seed=0, eos_bias=0.0))
+                 for p in range(30)]
+    other_seed = [walk.next_token(row, request_id=0, position=p, params=WalkParams(seed=9, eos_bias=0.0))
+                  for p in range(30)]
+    assert own == same_seed != other_seed
