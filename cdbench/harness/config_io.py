@@ -25,6 +25,8 @@ from typing import Annotated, Any, TypeVar, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from cdbench._files import read_user_text
+
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
@@ -43,16 +45,9 @@ def builtin_config_path(name: str) -> Path:
 def read_yaml_mapping(path: Path, what: str = "config file") -> dict[str, Any]:
     """Read a YAML file whose top level is a mapping; anything else is a :class:`ConfigError` naming ``what``."""
     path = Path(path)
+    text = read_user_text(path, what, "YAML", ConfigError)
     try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{what} {path} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{what} {path} is a directory, not a YAML file") from None
-    except OSError as err:  # permissions, a broken mount, ...
-        raise ConfigError(f"{what} {path} cannot be read: {err.strerror or err}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{what} {path} is not UTF-8 text") from None
+        data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""

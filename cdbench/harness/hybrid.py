@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from time import perf_counter_ns
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -57,6 +58,9 @@ from cdbench.workloads.drafts import DraftSource, OracleTokens
 from cdbench.workloads.request import Request
 from cdbench.workloads.token_sources import RandomWalk
 from cdbench.workloads.validate import InvalidInstance, check_instance, json_validator
+
+if TYPE_CHECKING:
+    import torch
 
 _NS = 1e-9
 _any = np.count_nonzero
@@ -108,6 +112,24 @@ def output_check(spec: ConstraintSpec) -> Callable[[str], bool]:
         return True
 
     return check_other
+
+
+def build_draft_masks(matcher: Matcher, mask: torch.Tensor, drafts: Sequence[int]) -> tuple[int, int]:
+    """Fill row 0, then accept each draft and fill its row, up to the first draft the grammar
+    refuses; returns (drafts accepted, draft rows filled). A draft that ends the answer gets no
+    row of its own (the engines skip it). The caller rolls back the accepted drafts it rejects.
+    """
+    matcher.fill_mask(mask, 0)
+    valid = filled = 0
+    for token in drafts:
+        if not matcher.accept(token):
+            break
+        valid += 1
+        if matcher.is_terminated():
+            break
+        filled += 1
+        matcher.fill_mask(mask, filled)
+    return valid, filled
 
 
 @dataclass(slots=True)
@@ -344,16 +366,7 @@ class HybridExecutor(GrammarExecutor):
         filled_rows: list[int] = []
         stamps = [clock()]
         for matcher, proposed in zip(matchers, proposals):
-            matcher.fill_mask(mask, 0)
-            valid = filled = 0
-            for token in proposed:
-                if not matcher.accept(token):
-                    break
-                valid += 1
-                if matcher.is_terminated():  # a draft ended the answer: no next row (the engines skip it)
-                    break
-                filled += 1
-                matcher.fill_mask(mask, filled)
+            valid, filled = build_draft_masks(matcher, mask, proposed)
             valids.append(valid)
             filled_rows.append(filled)
             stamps.append(clock())
@@ -417,16 +430,7 @@ class HybridExecutor(GrammarExecutor):
             proposed = propose(request, pos, k) if k else ()
             g_verified.append(len(proposed))
             t0 = clock()
-            matcher.fill_mask(mask, 0)
-            valid = filled = 0
-            for token in proposed:
-                if not matcher.accept(token):
-                    break
-                valid += 1
-                if matcher.is_terminated():
-                    break
-                filled += 1
-                matcher.fill_mask(mask, filled)
+            valid, filled = build_draft_masks(matcher, mask, proposed)
             g_fill.append(clock() - t0)
             g_masks.append(1 + filled)
             # verification against what the target samples: keep the matching prefix, roll back the rest

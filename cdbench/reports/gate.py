@@ -30,6 +30,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from cdbench._files import read_user_text
+
 
 class Direction(str, Enum):
     """Which way a metric should move."""
@@ -105,16 +107,9 @@ class Baseline(BaseModel):
     @classmethod
     def load(cls, path: Path) -> Baseline:
         """Read a baseline JSON file; a missing or malformed file raises :class:`GateError`."""
+        text = read_user_text(path, "baseline file", "JSON", GateError)
         try:
-            return cls.model_validate_json(Path(path).read_text())
-        except FileNotFoundError:
-            raise GateError(f"baseline file {path} does not exist") from None
-        except IsADirectoryError:
-            raise GateError(f"baseline file {path} is a directory, not a JSON file") from None
-        except OSError as err:  # permissions, a broken mount, ...
-            raise GateError(f"baseline file {path} cannot be read: {err.strerror or err}") from None
-        except UnicodeDecodeError:
-            raise GateError(f"baseline file {path} is not UTF-8 text") from None
+            return cls.model_validate_json(text)
         except ValidationError as err:
             first = err.errors()[0]
             where = ".".join(str(part) for part in first["loc"]) or "(top level)"
