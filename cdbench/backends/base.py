@@ -138,6 +138,11 @@ class Matcher(ABC):
         An id outside the vocabulary (negative, or ``>= vocab.size``) is rejected too.
         """
 
+    @property
+    @abstractmethod
+    def history_length(self) -> int:
+        """Tokens accepted so far (EOS included); ``rollback`` can undo at most this many."""
+
     @abstractmethod
     def rollback(self, k: int) -> None:
         """Undo the last ``k`` accepted tokens.
@@ -190,11 +195,13 @@ def check_mask(mask: object, mask_format: MaskFormat, vocab_size: int, backend: 
 class MaskChecks:
     """The last mask a backend's matchers checked, shared by all of them.
 
-    A server fills one batch mask for every request, so a matcher's fill costs
-    one identity test (``mask is last[0]``) and a new matcher's first fill
-    finds the mask checked already; a full :func:`check_mask` runs only for
-    another tensor. ``last`` is ``(mask, data pointer, rows)``, replaced whole,
-    so one read is consistent even with matchers on several threads.
+    A server fills one batch mask for every request, so a full
+    :func:`check_mask` runs once per tensor: ``check`` of the last mask checked
+    is an identity test. Matchers that write rows through a raw pointer keep
+    the result of their own last ``check`` too (and with it a reference to that
+    mask), so their per-token fill costs one identity test against it. ``last``
+    is ``(mask, data pointer, rows)``, replaced whole, so one read is
+    consistent even with matchers on several threads.
 
     The check is per tensor, so a mask must not be resized in place
     (``resize_``, ``set_``) while matchers use it: allocate a new one.
@@ -207,10 +214,18 @@ class MaskChecks:
         self._format, self._vocab_size, self._backend = mask_format, vocab_size, backend
 
     def check(self, mask: object) -> tuple[torch.Tensor, int, int]:
-        """Check ``mask`` (:func:`check_mask`) and make it the last one."""
-        base, rows = check_mask(mask, self._format, self._vocab_size, self._backend)
-        self.last = checked = (mask, base, rows)  # type: ignore[assignment]
+        """``(mask, data pointer, rows)`` of ``mask``, checked by :func:`check_mask` unless it is the last one."""
+        checked = self.last
+        if mask is not checked[0]:
+            base, rows = check_mask(mask, self._format, self._vocab_size, self._backend)
+            self.last = checked = (mask, base, rows)  # type: ignore[assignment]
         return checked  # type: ignore[return-value]
+
+
+def check_rollback(k: int, accepted: int) -> None:
+    """Raise ``ValueError`` unless ``rollback(k)`` stays within the ``accepted`` tokens."""
+    if not 0 <= k <= accepted:
+        raise ValueError(f"cannot roll back {k} tokens: {accepted} accepted")
 
 
 def row_error(backend: str, row: object, rows: int) -> IndexError:

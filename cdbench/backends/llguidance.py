@@ -23,7 +23,7 @@ import torch
 
 from cdbench.backends import specs
 from cdbench.backends.base import (CompileError, CompiledGrammar, ConstraintSpec, GrammarBackend, MaskChecks, Matcher,
-                                   row_error)
+                                   check_rollback, row_error)
 from cdbench.backends.vocab import Vocabulary
 
 
@@ -53,8 +53,8 @@ class LLGuidanceMatcher(Matcher):
     error state it never leaves, so both are refused here before it sees them.
     """
 
-    __slots__ = ("_matcher", "_fill", "_try_consume", "_checks", "_row_bytes", "_size", "_eos", "_accepted",
-                 "_terminated", "_eos_uncounted")
+    __slots__ = ("_matcher", "_fill", "_try_consume", "_checks", "_mask", "_base", "_rows", "_row_bytes", "_size",
+                 "_eos", "_accepted", "_terminated", "_eos_uncounted")
 
     def __init__(self, matcher: llg.LLMatcher, checks: MaskChecks, row_bytes: int, size: int,
                  eos: frozenset[int]) -> None:
@@ -63,6 +63,7 @@ class LLGuidanceMatcher(Matcher):
         # Bound once: fill_mask and accept run per token, and an attribute lookup there is measurable.
         self._fill = matcher.unsafe_compute_mask_ptr
         self._try_consume = matcher.try_consume_tokens
+        self._mask, self._base, self._rows = checks.last  # the mask this matcher fills, its pointer and rows
         self._row_bytes = row_bytes
         self._size = size
         self._eos = eos
@@ -72,21 +73,19 @@ class LLGuidanceMatcher(Matcher):
 
     def fill_mask(self, mask: torch.Tensor, row: int) -> None:
         # llguidance writes through a raw pointer: the mask was checked when the
-        # backend first saw it, the row is checked here.
-        checked = self._checks.last
-        if mask is not checked[0]:
-            checked = self._checks.check(mask)
-        if not 0 <= row < checked[2]:
-            raise row_error("llguidance", row, checked[2])
-        size = self._row_bytes
-        self._fill(checked[1] + row * size, size)
+        # backend first saw it (the matcher keeps that check), the row is checked here.
+        if mask is not self._mask:
+            self._mask, self._base, self._rows = self._checks.check(mask)
+        if 0 <= row < self._rows:
+            self._fill(self._base + row * self._row_bytes, self._row_bytes)
+        else:
+            raise row_error("llguidance", row, self._rows)
 
     def accept(self, token: int) -> bool:
         # try_consume_tokens leaves the state unchanged on rejection;
-        # consume_token would put the matcher into its error state for good.
-        if not 0 <= token < self._size:
-            return False
-        if self._try_consume([token]):
+        # consume_token would put the matcher into its error state for good,
+        # and so would an id past the vocabulary, hence the range test first.
+        if 0 <= token < self._size and self._try_consume([token]):
             self._accepted += 1
             if token in self._eos:
                 self._terminated = True
@@ -97,9 +96,12 @@ class LLGuidanceMatcher(Matcher):
             return True
         return False
 
+    @property
+    def history_length(self) -> int:
+        return self._accepted
+
     def rollback(self, k: int) -> None:
-        if not 0 <= k <= self._accepted:
-            raise ValueError(f"cannot roll back {k} tokens: {self._accepted} accepted")
+        check_rollback(k, self._accepted)
         if k == 0:
             return
         counted = k - self._eos_uncounted  # an EOS llguidance did not record is not rolled back there

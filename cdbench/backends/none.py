@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from cdbench.backends.base import CompiledGrammar, ConstraintSpec, GrammarBackend, MaskChecks, Matcher, row_error
+from cdbench.backends.base import (CompiledGrammar, ConstraintSpec, GrammarBackend, MaskChecks, Matcher, check_rollback,
+                                   row_error)
 from cdbench.backends.vocab import Vocabulary
 
 
@@ -32,9 +33,7 @@ class NoneMatcher(Matcher):
 
     def fill_mask(self, mask: torch.Tensor, row: int) -> None:
         # The engines' checks, so a bad mask fails alike on every backend.
-        checked = self._checks.last
-        if mask is not checked[0]:
-            checked = self._checks.check(mask)
+        checked = self._checks.check(mask)
         if not 0 <= row < checked[2]:
             raise row_error("none", row, checked[2])
         mask[row].fill_(-1)
@@ -46,9 +45,12 @@ class NoneMatcher(Matcher):
         self._terminated = token in self._eos
         return True
 
+    @property
+    def history_length(self) -> int:
+        return self._accepted
+
     def rollback(self, k: int) -> None:
-        if not 0 <= k <= self._accepted:
-            raise ValueError(f"cannot roll back {k} tokens: {self._accepted} accepted")
+        check_rollback(k, self._accepted)
         if k > 0:
             self._accepted -= k
             self._terminated = False  # EOS is always the last token accepted

@@ -56,7 +56,7 @@ from outlines_core.json_schema import build_regex_from_schema
 
 from cdbench.backends import specs
 from cdbench.backends.base import (CompileError, CompiledGrammar, ConstraintSpec, GrammarBackend, MaskChecks, Matcher,
-                                   row_error)
+                                   check_rollback, row_error)
 from cdbench.backends.vocab import Vocabulary
 
 # JSON Schema keywords outlines-core 0.2.14 turns into a regex that does not
@@ -135,12 +135,13 @@ class OutlinesMatcher(Matcher):
     lets EOS, which the ``Guide`` does not take, be accepted and rolled back.
     """
 
-    __slots__ = ("_guide", "_write", "_advance", "_index", "_checks", "_eos", "_max_rollback", "_row_bytes",
-                 "_tokens", "_terminated")
+    __slots__ = ("_guide", "_write", "_advance", "_index", "_checks", "_mask", "_base", "_rows", "_eos",
+                 "_max_rollback", "_row_bytes", "_tokens", "_terminated")
 
     def __init__(self, index: Index, checks: MaskChecks, eos: int, max_rollback: int, row_bytes: int) -> None:
         self._index = index
         self._checks = checks
+        self._mask, self._base, self._rows = checks.last  # the mask this matcher fills, its pointer and rows
         self._eos = eos
         self._max_rollback = max_rollback
         self._row_bytes = row_bytes
@@ -152,14 +153,13 @@ class OutlinesMatcher(Matcher):
 
     def fill_mask(self, mask: torch.Tensor, row: int) -> None:
         # outlines-core writes through a raw pointer: the mask was checked when
-        # the backend first saw it, the row is checked here.
-        checked = self._checks.last
-        if mask is not checked[0]:
-            checked = self._checks.check(mask)
-        if not 0 <= row < checked[2]:
-            raise row_error("outlines", row, checked[2])
-        size = self._row_bytes
-        self._write(checked[1] + row * size, size >> 2, 4)
+        # the backend first saw it (the matcher keeps that check), the row is checked here.
+        if mask is not self._mask:
+            self._mask, self._base, self._rows = self._checks.check(mask)
+        if 0 <= row < self._rows:
+            self._write(self._base + row * self._row_bytes, self._row_bytes >> 2, 4)
+        else:
+            raise row_error("outlines", row, self._rows)
 
     def accept(self, token: int) -> bool:
         if token == self._eos or self._terminated:
@@ -178,9 +178,12 @@ class OutlinesMatcher(Matcher):
         self._tokens.append(token)
         return True
 
+    @property
+    def history_length(self) -> int:
+        return len(self._tokens)
+
     def rollback(self, k: int) -> None:
-        if not 0 <= k <= len(self._tokens):
-            raise ValueError(f"cannot roll back {k} tokens: {len(self._tokens)} accepted")
+        check_rollback(k, len(self._tokens))
         if k == 0:
             return
         in_guide = k - self._terminated  # EOS never went into the Guide

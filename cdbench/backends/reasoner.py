@@ -184,16 +184,20 @@ def _check_budget(budget: int | None) -> int | None:
 class ReasonerMatcher(Matcher):
     """One request's phase (thinking or answer) plus its inner matcher.
 
-    State is two counters, as in SGLang: ``think_tokens`` accepted while
-    thinking (the think-end token not counted) and ``answer_tokens`` accepted by
-    the inner matcher since (``-1`` while thinking). ``rollback`` moves back
-    through both: the inner matcher is rolled back by its own tokens only, then
-    the think-end token returns the matcher to thinking.
+    State, as in SGLang: ``think_tokens`` accepted while thinking (the
+    think-end token not counted), then the inner matcher's own history
+    (``answer_tokens``: the tokens it accepted since think-end; the inner
+    matcher sees no think token, so that is its ``history_length``).
+    ``rollback`` moves back through both: the inner matcher is rolled back by
+    its own tokens only, then the think-end token returns the matcher to
+    thinking.
 
-    Speed: in the answer phase ``fill_mask`` is the inner matcher's own bound
-    method, set on the instance, so the wrapper adds no Python call to a fill.
-    A ``fill_mask`` bound by the caller belongs to the phase it was taken in:
-    take it again after an ``accept`` or ``rollback`` that crosses think-end.
+    Speed: in the answer phase ``fill_mask`` and ``accept`` are the inner
+    matcher's own bound methods, set on the instance, so the wrapper adds no
+    Python call per token. A method bound by the caller belongs to the phase it
+    was taken in (one bound while thinking still works, through the class's
+    method): take it again after an ``accept`` or ``rollback`` that crosses
+    think-end.
     """
 
     def __init__(
@@ -205,38 +209,41 @@ class ReasonerMatcher(Matcher):
     ) -> None:
         self._backend = backend
         self.inner = inner
-        self._inner_accept = inner.accept  # bound once: the answer phase calls it per token
         self.thinking_budget = thinking_budget
         self.think_tokens = 0
-        self.answer_tokens = -1
+        self._answering = False
         self._thought = thinking  # False: started in the answer, no think span to roll back into
         if not thinking:
             self._enter_answer()
 
     def _enter_answer(self) -> None:
-        self.answer_tokens = 0
+        self._answering = True
         self.fill_mask = self.inner.fill_mask  # type: ignore[method-assign]
+        self.accept = self.inner.accept  # type: ignore[method-assign]
 
     def _enter_thinking(self) -> None:
-        self.answer_tokens = -1
-        del self.fill_mask  # back to the class's fill_mask
+        self._answering = False
+        del self.fill_mask, self.accept  # back to the class's methods
 
     @property
     def thinking(self) -> bool:
         """True while in the thinking phase."""
-        return self.answer_tokens < 0
+        return not self._answering
+
+    @property
+    def answer_tokens(self) -> int:
+        """Tokens accepted since think-end (``-1`` while thinking)."""
+        return self.inner.history_length if self._answering else -1
 
     def _budget_spent(self) -> bool:
         return self.thinking_budget is not None and self.think_tokens >= self.thinking_budget
 
     def fill_mask(self, mask: torch.Tensor, row: int) -> None:
-        if self.answer_tokens >= 0:  # only through a fill_mask bound while thinking
+        if self._answering:  # only through a fill_mask bound while thinking
             self.inner.fill_mask(mask, row)
             return
         backend = self._backend
-        checked = backend._checks.last
-        if mask is not checked[0]:
-            checked = backend._checks.check(mask)
+        checked = backend._checks.check(mask)
         if not 0 <= row < checked[2]:
             raise row_error("reasoner", row, checked[2])
         if self._budget_spent():
@@ -247,11 +254,8 @@ class ReasonerMatcher(Matcher):
             mask[row].fill_(True if backend.mask_format is MaskFormat.BOOL else -1)
 
     def accept(self, token: int) -> bool:
-        if self.answer_tokens >= 0:
-            if self._inner_accept(token):
-                self.answer_tokens += 1
-                return True
-            return False
+        if self._answering:  # only through an accept bound while thinking
+            return self.inner.accept(token)
         backend = self._backend
         if token == backend.think_end_id:
             self._enter_answer()
@@ -275,11 +279,10 @@ class ReasonerMatcher(Matcher):
                 f"cannot roll back {k} tokens: {self.history_length} accepted "
                 f"({self.think_tokens} thinking, {max(self.answer_tokens, 0)} answer)"
             )
-        if self.answer_tokens >= 0:
-            undo_inner = min(k, self.answer_tokens)
+        if self._answering:
+            undo_inner = min(k, self.inner.history_length)
             if undo_inner:
                 self.inner.rollback(undo_inner)
-                self.answer_tokens -= undo_inner
                 k -= undo_inner
             if k == 0:
                 return
@@ -290,12 +293,12 @@ class ReasonerMatcher(Matcher):
     @property
     def history_length(self) -> int:
         """Tokens accepted so far (think tokens, the think-end token, answer tokens)."""
-        if self.answer_tokens < 0:
+        if not self._answering:
             return self.think_tokens
-        return self.think_tokens + int(self._thought) + self.answer_tokens
+        return self.think_tokens + int(self._thought) + self.inner.history_length
 
     def jump_forward(self) -> list[int]:
-        if self.answer_tokens >= 0:
+        if self._answering:
             return self.inner.jump_forward()
         if self._budget_spent() or self._backend._strict_forces_end:
             return [self._backend.think_end_id]
@@ -307,9 +310,6 @@ class ReasonerMatcher(Matcher):
     def copy(self) -> ReasonerMatcher:
         twin = ReasonerMatcher(self._backend, self.inner.copy(), self._thought, self.thinking_budget)
         twin.think_tokens = self.think_tokens
-        if self.answer_tokens >= 0:
-            if twin.answer_tokens < 0:
-                twin._enter_answer()
-            twin.answer_tokens = self.answer_tokens
+        if self._answering and not twin._answering:
+            twin._enter_answer()
         return twin
-

@@ -20,7 +20,7 @@ import xgrammar as xgr
 
 from cdbench.backends import specs
 from cdbench.backends.base import (CompileError, CompiledGrammar, ConstraintSpec, GrammarBackend, MaskChecks, Matcher,
-                                   row_error)
+                                   check_rollback, row_error)
 from cdbench.backends.vocab import Vocabulary
 
 # JSON Schema keywords xgrammar 0.2.8 compiles without enforcing them (each
@@ -45,43 +45,50 @@ class XGrammarMatcher(Matcher):
     A terminated matcher has no next mask: ``fill_mask`` raises ``RuntimeError``.
     """
 
-    __slots__ = ("_matcher", "_vocab", "_checks", "_fill", "_accept")
+    __slots__ = ("_matcher", "_vocab", "_checks", "_mask", "_rows", "_fill", "_accept", "_accepted")
 
     def __init__(self, matcher: xgr.GrammarMatcher, vocab: Vocabulary, checks: MaskChecks) -> None:
         self._matcher = matcher
         self._vocab = vocab
         self._checks = checks
+        self._mask, _, self._rows = checks.last  # the mask this matcher fills and its rows
         # GrammarMatcher's methods are one-line Python frames over its native
         # handle (xgrammar 0.2.8); bound here once, so this class's frame is
         # the only Python one per call, as it would be without cdbench.
         self._fill = matcher._handle.fill_next_token_bitmask
         self._accept = matcher._handle.accept_token
+        self._accepted = 0  # xgrammar does not report its history length
 
     def fill_mask(self, mask: torch.Tensor, row: int) -> None:
         # xgrammar checks dtype, width and row on every call but writes a
-        # strided mask as if it were contiguous: that is checked once per tensor.
-        if mask is not self._checks.last[0]:
-            self._checks.check(mask)
-        if not 0 <= row <= 0x7FFFFFFF:  # xgrammar would wrap a larger row around to another one
-            raise row_error("xgrammar", row, mask.shape[0])
-        try:
+        # strided mask as if it were contiguous: that is checked once per
+        # tensor (the matcher keeps the check). The row is checked here, as
+        # xgrammar would wrap a row past int32 around to another one.
+        if mask is not self._mask:
+            self._mask, _, self._rows = self._checks.check(mask)
+        if 0 <= row < self._rows:
             self._fill(mask, row, False)
-        except RuntimeError:  # costs nothing unless raised
-            if row >= mask.shape[0]:
-                raise row_error("xgrammar", row, mask.shape[0]) from None
-            raise
+        else:
+            raise row_error("xgrammar", row, self._rows)
 
     def accept(self, token: int) -> bool:
         # An id outside the vocabulary is rejected by xgrammar itself (with a logged warning).
-        return self._accept(token, False)
+        if self._accept(token, False):
+            self._accepted += 1
+            return True
+        return False
+
+    @property
+    def history_length(self) -> int:
+        return self._accepted
 
     def rollback(self, k: int) -> None:
-        if k < 0:
-            raise ValueError(f"cannot roll back {k} tokens")
+        check_rollback(k, self._accepted)
         try:
             self._matcher.rollback(k)
-        except RuntimeError as exc:  # rolling back past the history; xgrammar changes nothing then
+        except RuntimeError as exc:  # past what xgrammar keeps; it changes nothing then
             raise ValueError(f"cannot roll back {k} tokens: {specs.failure_message(exc)}") from None
+        self._accepted -= k
 
     def jump_forward(self) -> list[int]:
         if self._matcher.is_terminated():  # xgrammar raises past the end; nothing is forced there
@@ -104,7 +111,9 @@ class XGrammarMatcher(Matcher):
         return self._matcher.is_terminated()
 
     def copy(self) -> XGrammarMatcher:
-        return XGrammarMatcher(self._matcher.fork(), self._vocab, self._checks)
+        twin = XGrammarMatcher(self._matcher.fork(), self._vocab, self._checks)
+        twin._accepted = self._accepted
+        return twin
 
 
 class XGrammarBackend(GrammarBackend):

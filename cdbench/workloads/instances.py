@@ -37,8 +37,8 @@ from cdbench.workloads.json_instances import SchemaInstanceError, json_instance
 from cdbench.workloads.regex_instances import RegexInstanceError, regex_instance
 from cdbench.workloads.validate import InvalidInstance, check_instance
 
-# Bump when generation or serialization changes: old cache entries are ignored.
-GENERATOR_VERSION = 2
+# Bump when generation, validation or serialization changes: old cache entries are ignored.
+GENERATOR_VERSION = 3
 # Draws per wanted instance before the spec is reported as failed.
 ATTEMPTS_PER_INSTANCE = 8
 JSON_SEPARATORS = (", ", ": ")

@@ -72,6 +72,10 @@ class CountingMatcher(Matcher):
         self.n += 1
         return True
 
+    @property
+    def history_length(self) -> int:
+        return self.n
+
     def rollback(self, k: int) -> None:
         self.n -= k
 

@@ -106,7 +106,7 @@ def _check_thinking_allows_everything(engines, subject: Subject, vocab: str, cas
 def test_valid_instances_are_accepted_token_by_token(engines, subject, vocab, case):
     """Each token is allowed before it is accepted, EOS is allowed exactly where
     the text so far is itself an instance (where an oracle exists), and EOS ends it."""
-    backend, start, _ = _setup(engines, subject, vocab, case)
+    backend, start, before_answer = _setup(engines, subject, vocab, case)
     voc = backend.vocab
     if subject.reasoner == "think":
         _check_thinking_allows_everything(engines, subject, vocab, case)
@@ -124,10 +124,11 @@ def test_valid_instances_are_accepted_token_by_token(engines, subject, vocab, ca
                 _check_eos_where_complete(case, voc, tokens[:i], is_allowed(mask, 0, eos))
             assert matcher.accept(token), f"token {i} {voc.decode([token])!r} of {text!r} rejected"
             assert not matcher.is_terminated()
+            assert matcher.history_length == before_answer + i + 1
         matcher.fill_mask(mask, 0)
         assert is_allowed(mask, 0, eos), f"EOS masked at the end of {text!r}"
         assert matcher.accept(eos)
-        assert matcher.is_terminated()
+        assert matcher.is_terminated() and matcher.history_length == before_answer + len(tokens) + 1
         assert not matcher.accept(tokens[0]), "a terminated matcher accepted a token"
 
 
@@ -147,7 +148,7 @@ def _check_eos_where_complete(case: Case, voc, prefix: list[int], eos_allowed: b
                                                                  subjects=ENGINE_SUBJECTS + REASONERS,
                                                                  slow_subjects=REASONERS))
 def test_invalid_strings_are_rejected_at_the_first_bad_token(engines, subject, vocab, case):
-    backend, start, _ = _setup(engines, subject, vocab, case)
+    backend, start, before_answer = _setup(engines, subject, vocab, case)
     voc = backend.vocab
     mask, after = backend.allocate_mask(1), backend.allocate_mask(1)
     for prefix, bad in case.invalid:
@@ -158,6 +159,7 @@ def test_invalid_strings_are_rejected_at_the_first_bad_token(engines, subject, v
         matcher.fill_mask(mask, 0)
         assert not is_allowed(mask, 0, bad_token), f"{voc.decode([bad_token])!r} allowed after {prefix!r}"
         assert matcher.accept(bad_token) is False
+        assert matcher.history_length == before_answer + len(voc.encode(prefix))
         matcher.fill_mask(after, 0)
         assert torch.equal(mask, after), "a rejected token changed the state"
 
@@ -184,6 +186,7 @@ def test_rollback_restores_the_exact_mask(engines, subject, vocab, case):
         if k > n:
             continue
         matcher.rollback(k)
+        assert matcher.history_length == before_answer + n - k
         matcher.fill_mask(row, 0)
         assert torch.equal(row, history[n - k]), f"mask after rollback({k}) differs from step {n - k}"
         for token in tokens[n - k:]:
@@ -195,6 +198,7 @@ def test_rollback_restores_the_exact_mask(engines, subject, vocab, case):
             matcher.rollback(k)
         matcher.fill_mask(row, 0)
         assert torch.equal(row, history[n]), f"a refused rollback({k}) changed the mask"
+        assert matcher.history_length == before_answer + n
     if subject.reasoner == "think":  # back across think-end into thinking, and forward again
         matcher.rollback(n + 1)
         assert matcher.thinking

@@ -78,6 +78,10 @@ class LiteralMatcher(Matcher):
         self.history.append(token)
         return True
 
+    @property
+    def history_length(self) -> int:
+        return len(self.history)
+
     def rollback(self, k: int) -> None:
         del self.history[len(self.history) - k :]
 
@@ -249,6 +253,26 @@ def test_fill_mask_bound_while_thinking_still_fills_the_answer():
     mask = backend.allocate_mask(1)
     fill(mask, 0)
     assert torch.equal(mask[0], _row_allowing(backend, set(TINY.encode("a"))))
+
+
+def test_accept_bound_while_thinking_still_accepts_the_answer():
+    backend = _reasoner()
+    m = backend.matcher(backend.compile(LITERAL))
+    accept = m.accept
+    assert accept(5) and accept(THINK_END)
+    assert accept(TINY.encode("a")[0]) and not accept(5)
+    assert m.answer_tokens == 1 and m.history_length == 3
+
+
+def test_answer_phase_calls_go_straight_to_the_inner_matcher():
+    """No wrapper frame per answer token; the class's methods return with thinking."""
+    backend = _reasoner()
+    m = backend.matcher(backend.compile(LITERAL))
+    assert m.accept(THINK_END)
+    assert m.accept == m.inner.accept and m.fill_mask == m.inner.fill_mask
+    m.rollback(1)
+    assert m.thinking and m.accept != m.inner.accept and m.fill_mask != m.inner.fill_mask
+    assert m.accept(5) and m.think_tokens == 1
 
 
 def test_budget_is_overridable_per_matcher():

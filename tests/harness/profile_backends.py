@@ -80,6 +80,10 @@ class ToyMatcher(Matcher):
         self.history.append(piece)
         return True
 
+    @property
+    def history_length(self) -> int:
+        return len(self.history)
+
     def rollback(self, k: int) -> None:
         for _ in range(k):
             piece = self.history.pop()
