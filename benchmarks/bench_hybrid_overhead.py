@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python benchmarks/bench_hybrid_overhead.py --requests 300 --vocab cl100k
+    python benchmarks/bench_hybrid_overhead.py --requests 300 --vocab cl100k [--repeat 5]
 
 Structured JSON requests (distinct instances of one schema, one compile) and a
 quarter unconstrained ones, arriving at 200/s, through the real xgrammar
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 import yaml
@@ -49,6 +50,8 @@ def main() -> None:
     parser.add_argument("--vocab", default="cl100k")
     parser.add_argument("--default-run", type=int, default=None, metavar="N",
                         help="run the built-in default config with N requests instead")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each case (the median share is printed "
+                        "too: the host's noise moves one run's share by a few points)")
     args = parser.parse_args()
     if args.default_run is not None:
         default_run(args.default_run)
@@ -65,13 +68,21 @@ def main() -> None:
                            "address": {"city": f"City {i % 13}", "zip": f"{10000 + i}"}})
         tokens = tuple(vocab.encode(text)) + (eos,)
         requests.append(Request(i, i / 200, 300, len(tokens), ConstraintSpec("json_schema", SCHEMA), "item", tokens))
-    for name in ("sglang", "vllm"):
-        for k in (0, 3):
-            result = simulate(requests, policy(name, spec_tokens=k), HybridExecutor(backend, alpha=0.6, seed=0),
-                              FixedGpuCosts(forward_base_s=0.02), seed=0, trace_steps=0)
-            print(f"{name:6s} k={k} wall_s={result.wall_s:.3f} backend_s={result.backend_call_s:.3f} "
-                  f"validation_s={result.validation_s:.3f} outside_share={result.outside_backend_share:.3f} "
-                  f"valid={result.summary.validity_rate} steps={result.summary.steps}")
+    shares: dict[str, list[float]] = {}
+    for _ in range(args.repeat):  # cases interleaved, so a noisy spell of the host hits them alike
+        for name in ("sglang", "vllm"):
+            for k in (0, 3):
+                result = simulate(requests, policy(name, spec_tokens=k), HybridExecutor(backend, alpha=0.6, seed=0),
+                                  FixedGpuCosts(forward_base_s=0.02), seed=0, trace_steps=0)
+                case = f"{name:6s} k={k}"
+                shares.setdefault(case, []).append(result.outside_backend_share)
+                print(f"{case} wall_s={result.wall_s:.3f} backend_s={result.backend_call_s:.3f} "
+                      f"validation_s={result.validation_s:.3f} outside_share={result.outside_backend_share:.3f} "
+                      f"valid={result.summary.validity_rate} steps={result.summary.steps}")
+    if args.repeat > 1:
+        for case, values in shares.items():
+            print(f"{case} median outside_share={statistics.median(values):.3f} "
+                  f"(runs: {', '.join(f'{v:.3f}' for v in values)})")
 
 
 def default_run(n: int) -> None:

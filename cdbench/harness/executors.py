@@ -18,7 +18,7 @@ emit, and what did processing the results cost? The answer is a
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -281,9 +281,13 @@ class GrammarExecutor(ABC):
     def compile(self, key: int) -> CompileOutcome:
         """Compile spec ``key`` once (its time is reused for every simulated compile of it)."""
 
-    def finish(self, rid: int) -> bool | None:
-        """Request ``rid`` ended; its output's validity, or ``None`` when not checked."""
-        return None
+    def finish(self, rid: int) -> None:
+        """Request ``rid`` ended: whatever the executor keeps for it can go."""
+
+    def validity(self) -> Iterator[tuple[int, bool]]:
+        """``(request id, whether its output satisfies its spec)`` for the ended requests whose
+        output is checked; called once, after the run (none by default)."""
+        return iter(())
 
     @abstractmethod
     def step(self, rows: StepRows, rng: np.random.Generator) -> StepWork:

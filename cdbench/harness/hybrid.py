@@ -33,7 +33,7 @@ validator compiled once per spec).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from time import perf_counter_ns
@@ -189,8 +189,7 @@ class HybridExecutor(GrammarExecutor):
         self.backend_call_s = 0.0
         self.validation_s = 0.0
         self._compiled: dict[int, CompiledGrammar] = {}
-        self._checks: dict[int, Callable[[str], bool]] = {}
-        self._verdicts: dict[int, dict[str, bool]] = {}  # per spec key: output text -> valid
+        self._ended: list[tuple[int, int | list[int] | None]] = []  # (request, its output: see finish)
         self._matchers: dict[int, Matcher] = {}
         self._emitted: dict[int, list[int]] = {}  # random-walk requests: the tokens they emitted
         self._rejected: set[int] = set()
@@ -349,17 +348,20 @@ class HybridExecutor(GrammarExecutor):
         d_rids = rows.rid[drafted]
         d_list = d_rids.tolist()
         at = self._at
-        positions = at[d_rids] - self._offset[d_rids]
-        starts = positions.tolist()
-        requests = self.requests
-        k_drafts = rows.drafts[drafted]
-        ks = k_drafts.tolist()
-        proposals = self.drafts.propose_rows(requests, self._oracle, d_rids, positions, k_drafts)
-        if None in [self._fills[r] for r in d_list]:
+        here = at[d_rids]  # each row's next oracle token in _flat
+        block, counts = self.drafts.propose_block(self.requests, self._oracle, d_rids, here - self._offset[d_rids],
+                                                  rows.drafts[drafted])
+        k = block.shape[1]
+        proposals = block.tolist()
+        for i in np.flatnonzero(counts < k).tolist():  # the few rows near their output's end
+            proposals[i] = proposals[i][:counts[i]]
+        # the rows' matchers, gathered in C (a 1-row getter returns the item itself)
+        pick = itemgetter(*d_list) if len(d_list) > 1 else lambda seq: (seq[d_list[0]],)
+        if None in pick(self._fills):
             self._row_matchers(d_list)
-        matchers = [self._matchers[r] for r in d_list]
-        if self._mask.shape[0] < max(ks) + 1:
-            self._mask = self.backend.allocate_mask(max(ks) + 1)
+        matchers = pick(self._matchers)
+        if self._mask.shape[0] < k + 1:
+            self._mask = self.backend.allocate_mask(k + 1)
         mask = self._mask
         clock = perf_counter_ns
         valids: list[int] = []
@@ -371,18 +373,17 @@ class HybridExecutor(GrammarExecutor):
             filled_rows.append(filled)
             stamps.append(clock())
         out.backend_ns += stamps[-1] - stamps[0]
-        # verification: the target keeps the drafts that match its own tokens (never past the output's end)
-        matches: list[int] = []
-        sampled: list[int] = []
-        for r, pos, proposed, valid, left in zip(d_list, starts, proposals, valids, rows.gen_left[drafted].tolist()):
-            oracle = requests[r].output_tokens
-            match = 0
-            while match < valid and proposed[match] == oracle[pos + match]:
-                match += 1
-            match = min(match, left - 1)
-            matches.append(match)
-            sampled.append(oracle[pos + match])
-        rolled = [valid - match for valid, match in zip(valids, matches)]
+        # verification: the target keeps the grammar-valid drafts that match its own tokens up to the
+        # first that does not (never past the output's end), then samples its own next token
+        valid = np.array(valids)
+        columns = np.arange(k)
+        oracle_next = self._flat[np.minimum(here[:, None] + columns, len(self._flat) - 1)]
+        kept = (block == oracle_next) & (columns < valid[:, None])
+        # the first draft not kept (a column of False appended: k when all are)
+        first_miss = np.concatenate((kept, np.zeros((len(kept), 1), bool)), axis=1).argmin(axis=1)
+        match = np.minimum(first_miss, rows.gen_left[drafted] - 1)
+        sampled = self._flat[here + match].tolist()
+        rolled = (valid - match).tolist()
         t0 = clock()
         oks = []
         for matcher, back, token in zip(matchers, rolled, sampled):
@@ -394,13 +395,13 @@ class HybridExecutor(GrammarExecutor):
             bad = [j for j, ok in enumerate(oks) if not ok]
             out.rejected.extend(drafted[bad].tolist())
             self._rejected.update(d_rids[bad].tolist())
-        emitted = np.array(matches) + 1
-        at[d_rids] += emitted
+        emitted = match + 1
+        at[d_rids] = here + emitted
         out.fill_s[drafted] = _gaps_s(stamps)
         out.mask_rows[drafted] = np.array(filled_rows) + 1
-        out.accepted[drafted] = matches
+        out.accepted[drafted] = match
         out.produced[drafted] = emitted
-        out.verified[drafted] = [len(p) for p in proposals]
+        out.verified[drafted] = counts
         out.roll_back(drafted, rolled)
 
     def _general(self, rows: StepRows, general: np.ndarray, out: _Step) -> None:
@@ -509,8 +510,13 @@ class HybridExecutor(GrammarExecutor):
                 self._fills[rid], self._accepts[rid] = matcher.fill_mask, matcher.accept
         return spent
 
-    def finish(self, rid: int) -> bool | None:
-        """Decode the answer and check it against the spec (``None`` for unconstrained requests)."""
+    def finish(self, rid: int) -> None:
+        """Free the request's matcher (timed as a backend call) and keep what its output check needs.
+
+        Outputs are checked after the run (:meth:`validity`): one check per
+        ended request either way, but back to back, not each between two
+        steps' fills, where it would run several times slower.
+        """
         request = self.requests[rid]
         start = perf_counter_ns()
         self._matchers.pop(rid, None)  # dropping the last references frees the backend's matcher
@@ -518,25 +524,41 @@ class HybridExecutor(GrammarExecutor):
         self.backend_call_s += (perf_counter_ns() - start) * _NS
         emitted = self._emitted.pop(rid, None)
         if request.spec is None:
-            return None
+            return
         if rid in self._rejected:
-            return False
-        if request.output_tokens is not None:
-            source: Sequence[int] = request.output_tokens[:int(self._at[rid] - self._offset[rid])]
+            self._ended.append((rid, None))
+        elif request.output_tokens is not None:
+            self._ended.append((rid, int(self._at[rid] - self._offset[rid])))  # the oracle's prefix
         else:
-            source = emitted or []
+            self._ended.append((rid, emitted or []))
+
+    def validity(self) -> Iterator[tuple[int, bool]]:
+        """Decode each ended structured request's answer and check it against its spec (one
+        compiled check per spec, each distinct output text checked once); a request whose
+        token the grammar refused is invalid unchecked. Timed as ``validation_s``."""
         start = perf_counter_ns()
-        key = int(self.keys.request_key[rid])
-        eos = self._eos
-        text = self.backend.vocab.decode([t for t in source if t not in eos])
-        verdicts = self._verdicts.get(key)
-        if verdicts is None:
-            verdicts = self._verdicts[key] = {}
-            self._checks[key] = output_check(self.keys.specs[key])
-        valid = verdicts.get(text)
-        if valid is None:  # a text seen before (instances repeat in a workload) is not checked again
-            if len(verdicts) >= _VERDICTS_PER_SPEC:
-                verdicts.clear()
-            valid = verdicts[text] = self._checks[key](text)
+        checks: dict[int, Callable[[str], bool]] = {}
+        verdicts_of: dict[int, dict[str, bool]] = {}
+        decode, eos = self.backend.vocab.decode, self._eos
+        results = []
+        for rid, output in self._ended:
+            if output is None:
+                results.append((rid, False))
+                continue
+            request = self.requests[rid]
+            source = request.output_tokens[:output] if isinstance(output, int) else output
+            key = int(self.keys.request_key[rid])
+            verdicts = verdicts_of.get(key)
+            if verdicts is None:
+                verdicts = verdicts_of[key] = {}
+                checks[key] = output_check(self.keys.specs[key])
+            text = decode([t for t in source if t not in eos])
+            valid = verdicts.get(text)
+            if valid is None:  # a text seen before (instances repeat in a workload) is not checked again
+                if len(verdicts) >= _VERDICTS_PER_SPEC:
+                    verdicts.clear()
+                valid = verdicts[text] = checks[key](text)
+            results.append((rid, valid))
+        self._ended.clear()
         self.validation_s += (perf_counter_ns() - start) * _NS
-        return valid
+        return iter(results)

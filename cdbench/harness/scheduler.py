@@ -202,6 +202,8 @@ class Scheduler:
         gc.disable()
         try:
             self._run()
+            for rid, valid in self.executor.validity():
+                self.rec.valid[rid] = int(valid)
         finally:
             if collecting:
                 gc.enable()
@@ -665,9 +667,7 @@ class Scheduler:
             finished = s_rid[done]
             rec.finish_s[finished] = t_token
             for rid in finished.tolist():
-                valid = self.executor.finish(rid)
-                if valid is not None:
-                    rec.valid[rid] = int(valid)
+                self.executor.finish(rid)
                 self._end(rid, t_token)
             left = done if rejected is None else done | rejected  # per sampled row
             if isinstance(s_rows, slice):  # the sampled rows are the whole batch, in order

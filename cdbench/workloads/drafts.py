@@ -35,6 +35,7 @@ _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 # odd multipliers that spread request ids and positions over the 64-bit key space before mixing
 _ROW, _POSITION = np.uint64(0xD1B54A32D192ED03), np.uint64(0xAEF17502108EF2D9)
+_BLOCK = 64  # requests whose drafts are drawn together, on first use
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
@@ -102,6 +103,9 @@ class DraftSource:
         self._plain = np.setdiff1d(np.arange(vocab.size, dtype=np.int64), forbidden)
         self._seed_word = np.uint64(seed % (1 << 64))
         self._columns = np.zeros(0, np.uint64)
+        self._oracle: OracleTokens | None = None  # the one the drafts table was drawn for
+        self._drafts = np.zeros((0, 0), np.int32)
+        self._drawn = np.zeros(0, bool)  # per block of requests: drafts drawn
         self._seen: dict[str, list[int]] = {}  # spec id -> sorted distinct tokens of its pool
 
     def propose(self, request: Request, position: int, k: int) -> list[int]:
@@ -110,31 +114,73 @@ class DraftSource:
         Fewer than ``k`` near the end of the output; empty for requests without
         output tokens.
         """
-        return self.propose_rows([request], OracleTokens.of([request]), np.zeros(1, np.int64),
-                                 np.array([position]), np.array([k]))[0]
+        n = min(k, len(request.output_tokens or ()) - position)
+        if n <= 0:
+            return []
+        oracle = OracleTokens.of([request])
+        return self._draw([request], oracle, np.zeros(1, np.int64), np.array([position]), n)[0].tolist()
 
     def propose_rows(self, requests: Sequence[Request], oracle: OracleTokens, rows: np.ndarray,
                      positions: np.ndarray, ks: np.ndarray) -> list[list[int]]:
         """:meth:`propose` for ``requests[rows[i]]`` at ``positions[i]`` with ``ks[i]`` drafts, each i;
         ``oracle`` holds the output tokens of ``requests``."""
-        drafts = np.maximum(np.minimum(ks, oracle.length[rows] - positions), 0)  # fewer near the end
-        k = int(drafts.max()) if len(drafts) else 0
+        block, counts = self.propose_block(requests, oracle, rows, positions, ks)
+        lists = block.tolist()
+        if not block.shape[1] or int(counts.min()) == block.shape[1]:
+            return lists
+        return [row[:n] for row, n in zip(lists, counts.tolist())]
+
+    def propose_block(self, requests: Sequence[Request], oracle: OracleTokens, rows: np.ndarray,
+                      positions: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`propose_rows` as arrays: ``(drafts [rows, max count], count per row)``; row ``i``'s
+        drafts are ``drafts[i, :count[i]]`` (the rest of the row is not a draft).
+
+        The drafts of every position of a block of requests are drawn at once,
+        the first time one of them asks (a step's rows then cost one lookup,
+        not a draw each): kept for the last ``oracle`` given.
+        """
+        counts = np.maximum(np.minimum(ks, oracle.length[rows] - positions), 0)  # fewer near the end
+        k = int(counts.max()) if len(counts) else 0
         if k == 0:
-            return [[] for _ in range(len(rows))]
+            return np.zeros((len(rows), 0), np.int32), counts
+        table = self._table(requests, oracle, rows, k)
+        # a row without drafts may point one past the last token: any row serves, it is cut to nothing
+        return table[np.minimum(oracle.start[rows] + positions, len(table) - 1), :k], counts
+
+    def _table(self, requests: Sequence[Request], oracle: OracleTokens, rows: np.ndarray, k: int) -> np.ndarray:
+        """Drafts (``k`` or more columns) at every flat oracle position of the blocks ``rows`` fall in."""
+        if self._oracle is not oracle or self._drafts.shape[1] < k:
+            self._oracle = oracle
+            self._drafts = np.empty((len(oracle.tokens), k), np.int32)  # pages are touched block by block
+            self._drawn = np.zeros(-(-len(oracle.length) // _BLOCK), bool)
+        blocks = rows // _BLOCK
+        if self._drawn[blocks].all():  # the common case: one test, not a sort
+            return self._drafts
+        blocks = np.unique(blocks)
+        for b in blocks[~self._drawn[blocks]].tolist():
+            first, last = b * _BLOCK, min((b + 1) * _BLOCK, len(oracle.length))
+            lengths = oracle.length[first:last]
+            if lengths.any():
+                members = np.repeat(np.arange(first, last), lengths)
+                begin, end = int(oracle.start[first]), int(oracle.start[last - 1] + oracle.length[last - 1])
+                positions = np.arange(begin, end) - oracle.start[members]
+                self._drafts[begin:end] = self._draw(requests, oracle, members, positions, self._drafts.shape[1])
+            self._drawn[b] = True
+        return self._drafts
+
+    def _draw(self, requests: Sequence[Request], oracle: OracleTokens, rows: np.ndarray, positions: np.ndarray,
+              k: int) -> np.ndarray:
+        """``k`` drafts after ``positions[i]`` of ``requests[rows[i]]``, each i; columns past an
+        output's end hold no draft (callers cut them off)."""
         at = (oracle.start[rows] + positions)[:, None] + np.arange(k)
-        full = int(drafts.min()) == k
-        live = None if full else np.arange(k) < drafts[:, None]
-        target = oracle.tokens[at if full else np.where(live, at, 0)]
+        live = np.arange(k) < (oracle.length[rows] - positions)[:, None]
+        target = oracle.tokens[np.where(live, at, 0)]
         if self.alpha < 1.0:
             u = self._uniforms(oracle.request_id[rows], positions, k)
-            replace = u[:, :, 0] >= self.alpha
-            if live is not None:
-                replace &= live
+            replace = (u[:, :, 0] >= self.alpha) & live
             if replace.any():
                 target = self._replace(requests, oracle, rows, positions, target, replace, u)
-        if full:
-            return target.tolist()
-        return [row[:n] for row, n in zip(target.tolist(), drafts.tolist())]
+        return target
 
     def _uniforms(self, request_ids: np.ndarray, positions: np.ndarray, k: int) -> np.ndarray:
         """Uniforms [row, offset, replace/kind/pick] for drafts at ``positions`` of ``request_ids``."""

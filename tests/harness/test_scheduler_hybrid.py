@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from cdbench.backends import create_backend
@@ -128,9 +129,11 @@ def test_random_walk_rows_propose_no_drafts_and_pay_no_forward_for_them(backend)
 class _EndingDrafts(DraftSource):
     """Drafts the end of the answer first: EOS, then the answer's first token."""
 
-    def propose_rows(self, requests, oracle, rows, positions, ks):
+    def propose_block(self, requests, oracle, rows, positions, ks):
         eos = self.vocab.eos_token_ids[0]
-        return [[eos, int(oracle.tokens[oracle.start[r]])][:k] for r, k in zip(rows.tolist(), ks.tolist())]
+        block = np.array([[eos, int(oracle.tokens[oracle.start[r]])] for r in rows.tolist()]).reshape(-1, 2)
+        counts = np.minimum(ks, 2)
+        return block[:, :int(counts.max(initial=0))], counts
 
 
 def test_a_draft_that_ends_the_answer_builds_no_mask_row_after_it(backend):

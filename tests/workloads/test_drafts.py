@@ -98,3 +98,28 @@ def test_proposing_for_many_rows_at_once_equals_one_at_a_time(vocab):
     batch = drafts.propose_rows(requests, OracleTokens.of(requests), rows, positions, ks)
     assert batch == [drafts.propose(requests[r], p, k) for r, p, k in zip(rows, positions, ks)]
     assert [len(d) for d in batch] == [4, 2, 1, 0, 1, 5]
+
+
+def test_drafts_drawn_by_block_match_direct_draws_across_blocks_and_growing_k(vocab):
+    """The drafts table is drawn per block of requests, and redrawn wider when a step asks for more."""
+    import numpy as np
+
+    from cdbench.workloads.drafts import OracleTokens
+
+    requests = [Request(i, 0.0, 10, 12 + i % 5, output_tokens=tuple(range(100 * i, 100 * i + 12 + i % 5)))
+                if i % 9 else Request(i, 0.0, 10, 4) for i in range(200)]  # 200 requests: four blocks
+    oracle = OracleTokens.of(requests)
+    drafts = DraftSource(0.5, vocab, 3)
+    rng = np.random.default_rng(0)
+    for k in (1, 2, 2, 4, 3):
+        rows = rng.choice(len(requests), 30, replace=False)
+        positions = np.array([rng.integers(0, 17) if requests[r].output_tokens else 0 for r in rows.tolist()])
+        positions = np.minimum(positions, oracle.length[rows])
+        ks = np.full(len(rows), k)
+        batch = drafts.propose_rows(requests, oracle, rows, positions, ks)
+        assert batch == [drafts.propose(requests[r], p, k) for r, p in zip(rows.tolist(), positions.tolist())]
+    # the last request at its end (no drafts) beside one that has some: its row points past the last token
+    last = len(requests) - 1
+    ends = drafts.propose_rows(requests, oracle, np.array([last, 1]), np.array([int(oracle.length[last]), 0]),
+                               np.array([3, 3]))
+    assert ends == [[], drafts.propose(requests[1], 0, 3)] and len(ends[1]) == 3
