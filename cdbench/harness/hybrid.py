@@ -209,6 +209,7 @@ class HybridExecutor(GrammarExecutor):
         # _at - _offset is each request's answer position (so _at indexes _flat at its next oracle token)
         self._at = self._offset.copy()
         self._fills: list[Callable | None] = [None] * n  # bound fill_mask / accept of each live matcher
+        self._live = np.zeros(n, bool)  # which requests have a matcher
         self._accepts: list[Callable | None] = [None] * n
 
     def compile(self, key: int) -> CompileOutcome:
@@ -236,6 +237,7 @@ class HybridExecutor(GrammarExecutor):
             self.backend_call_s += (perf_counter_ns() - start) * _NS
             self._matchers[rid] = matcher
             self._fills[rid], self._accepts[rid] = matcher.fill_mask, matcher.accept
+            self._live[rid] = True
         return matcher
 
     def step(self, rows: StepRows, rng: np.random.Generator) -> StepWork:
@@ -300,11 +302,11 @@ class HybridExecutor(GrammarExecutor):
                         zeros if out.jumped is None else out.jumped, rejected, out.process_ns * _NS, ended,
                         out.verified)
 
-    def _row_matchers(self, rids: list[int]) -> None:
-        """Make the matchers of requests in their first grammar step (timed, as backend calls)."""
-        for r in rids:
-            if self._fills[r] is None:
-                self._matcher(r)
+    def _row_matchers(self, rids: np.ndarray) -> None:
+        """Make the matchers of the requests among ``rids`` in their first grammar step (timed, as
+        backend calls)."""
+        for r in rids[~self._live[rids]].tolist():
+            self._matcher(r)
 
     def _lean(self, rows: StepRows, lean: np.ndarray, out: _Step) -> np.ndarray:
         """One fill and one accept of the oracle token per row; the rows' fill seconds."""
@@ -314,7 +316,7 @@ class HybridExecutor(GrammarExecutor):
         pick = itemgetter(*lean_list) if len(lean_list) > 1 else lambda seq: (seq[lean_list[0]],)
         row_fills = pick(self._fills)
         if None in row_fills:
-            self._row_matchers(lean_list)
+            self._row_matchers(lean_rids)
             row_fills = pick(self._fills)
         row_accepts = pick(self._accepts)
         mask = self._mask
@@ -358,7 +360,7 @@ class HybridExecutor(GrammarExecutor):
         # the rows' matchers, gathered in C (a 1-row getter returns the item itself)
         pick = itemgetter(*d_list) if len(d_list) > 1 else lambda seq: (seq[d_list[0]],)
         if None in pick(self._fills):
-            self._row_matchers(d_list)
+            self._row_matchers(d_rids)
         matchers = pick(self._matchers)
         if self._mask.shape[0] < k + 1:
             self._mask = self.backend.allocate_mask(k + 1)
@@ -522,6 +524,7 @@ class HybridExecutor(GrammarExecutor):
         self._matchers.pop(rid, None)  # dropping the last references frees the backend's matcher
         self._fills[rid] = self._accepts[rid] = None
         self.backend_call_s += (perf_counter_ns() - start) * _NS
+        self._live[rid] = False
         emitted = self._emitted.pop(rid, None)
         if request.spec is None:
             return
