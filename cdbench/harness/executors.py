@@ -202,7 +202,9 @@ class StepWork:
     terminated; ``None``: none); ``drafted``: drafts actually verified per row
     (``None``: as scheduled). ``process_s``: CPU seconds to advance the
     grammars after sampling (accept, rollback, jump-forward), all rows together.
-    Executors may return shared read-only arrays; the scheduler only reads them.
+    Executors may return shared read-only arrays; the scheduler only reads them,
+    and keeps the counters until it sums them in bulk, so an executor must not
+    change an array it has returned.
     """
 
     fill_s: np.ndarray

@@ -124,7 +124,7 @@ class RequestTable:
     _FLOAT = ("arrival_s", "issued_s", "compile_start_s", "compile_end_s", "grammar_ready_s", "rank_skew_s",
               "admitted_s", "first_token_s", "finish_s")
     _INT = ("request_id", "prompt_len", "output_len", "think_tokens", "spec_key")
-    #: the counters a request accumulates while it runs, rows of :attr:`counts` (written in one go when it ends)
+    #: the counters a request accumulates while it runs, rows of :attr:`counts` (summed from the steps in bulk)
     COUNTS = ("output_tokens", "drafted", "accepted", "rolled_back", "jump_forward_tokens")
 
     def __init__(self, n: int) -> None:

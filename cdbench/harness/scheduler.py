@@ -57,7 +57,7 @@ _ABORT = {name: i for i, name in enumerate(ABORT_REASONS)}
 _CACHE = {name: i for i, name in enumerate(CACHE_RESULTS)}
 _KIND_DECODE, _KIND_PREFILL, _KIND_MIXED = "decode", "prefill", "mixed"
 _NO_ROWS = np.zeros(0, np.int64)
-_COUNTERS = slice(5, 10)  # the batch's out ... jumped rows: RequestTable.COUNTS, in the same order
+_TALLY_ROWS = 1 << 16  # sampled rows whose counters are buffered before they are summed per request
 
 
 def parallel_makespan(per_request_s: np.ndarray, chunk: int, threads: int) -> float:
@@ -78,37 +78,39 @@ def parallel_makespan(per_request_s: np.ndarray, chunk: int, threads: int) -> fl
 class _Batch:
     """The running batch as a struct of arrays (one entry a running request).
 
-    The integer columns are rows of one 2-D array (and the flags of another),
-    so adding and dropping requests is one copy per array rather than one per
-    column; each column is a view. ``out`` ... ``jumped`` accumulate the
-    request's counters while it runs; they go to the request table when it
-    leaves the batch.
+    The columns (:attr:`INTS`, then ``last_tok`` as the bits of its float64
+    values) are rows of one 2-D array, so adding and dropping requests is one
+    gather rather than one per column; each column is a view.
+
+    Parameters
+    ----------
+    entry : every request's :attr:`INTS` as it enters (one column a request, indexed by ``rid``).
     """
 
-    INTS = ("rid", "prefill_left", "cached", "gen_left", "think_left", "out", "drafted", "accepted",
-            "rolled_back", "jumped")
-    FLAGS = ("structured", "forced")
-    __slots__ = ("ints", "flags", "last_tok", *INTS, *FLAGS)
+    INTS = ("rid", "prefill_left", "cached", "gen_left", "think_left")
+    __slots__ = ("_ints", "_entry", "last_tok", *INTS)
 
-    def __init__(self) -> None:
-        self._set(np.zeros((len(self.INTS), 0), np.int64), np.zeros((len(self.FLAGS), 0), bool), np.zeros(0))
+    def __init__(self, entry: np.ndarray) -> None:
+        nan_bits = np.full(entry.shape[1], np.nan).view(np.int64)  # last_tok: NaN until the first token
+        self._entry = np.vstack((entry, nan_bits))
+        self._set(self._entry[:, :0].copy())
 
-    def _set(self, ints: np.ndarray, flags: np.ndarray, last_tok: np.ndarray) -> None:
-        self.ints, self.flags, self.last_tok = ints, flags, last_tok
-        (self.rid, self.prefill_left, self.cached, self.gen_left, self.think_left, self.out, self.drafted,
-         self.accepted, self.rolled_back, self.jumped) = ints
-        self.structured, self.forced = flags
+    def _set(self, ints: np.ndarray) -> None:
+        self._ints = ints
+        self.rid, self.prefill_left, self.cached, self.gen_left, self.think_left, last_tok = ints
+        self.last_tok = last_tok.view(np.float64)
 
     def __len__(self) -> int:
-        return len(self.last_tok)
+        return len(self.rid)
 
-    def append(self, ints: np.ndarray, flags: np.ndarray) -> None:
-        """Add requests: their :attr:`INTS` and :attr:`FLAGS` columns as they enter (one column a request)."""
-        self._set(np.concatenate((self.ints, ints), axis=1), np.concatenate((self.flags, flags), axis=1),
-                  np.concatenate((self.last_tok, np.full(ints.shape[1], np.nan))))
+    def append(self, rids: np.ndarray) -> None:
+        """Add requests ``rids`` at the end, in that order."""
+        # take: several times cheaper than fancy indexing along the second axis
+        self._set(np.concatenate((self._ints, self._entry.take(rids, axis=1)), axis=1))
 
-    def keep(self, mask: np.ndarray) -> None:
-        self._set(self.ints[:, mask], self.flags[:, mask], self.last_tok[mask])
+    def keep(self, rows: np.ndarray) -> None:
+        """Keep only ``rows`` (increasing row indices), in order."""
+        self._set(self._ints.take(rows, axis=1))
 
 
 class Scheduler:
@@ -170,17 +172,24 @@ class Scheduler:
         self.queue = EventQueue()
         self.waiting: deque[int] = deque()
         self.grammar_queue: list[int] = []
-        self.batch = _Batch()
         # each request's batch columns as it is admitted, so admission is one gather
-        self._entry_ints = np.zeros((len(_Batch.INTS), n), np.int64)
-        self._entry_ints[0], self._entry_ints[1] = np.arange(n), rec.prompt_len
-        self._entry_ints[3], self._entry_ints[4] = self.gen_total, rec.think_tokens
-        self._entry_flags = np.stack((rec.structured, rec.forced_think_end))
+        entry_ints = np.zeros((len(_Batch.INTS), n), np.int64)
+        entry_ints[0], entry_ints[1] = np.arange(n), rec.prompt_len
+        entry_ints[3], entry_ints[4] = self.gen_total, rec.think_tokens
+        self.batch = _Batch(entry_ints)
         self._rows = np.arange(config.max_running_requests if config.max_running_requests < 1 << 16 else 0)
         self.steps = StepLog()
         self.itl = LogHistogram()
         self.fill_hist = LogHistogram()
         self.draft_positions = DraftPositionCounts(config.spec_tokens)
+        # per step: the sampled rows' request ids, then their counters for these request-table columns;
+        # summed per request every _TALLY_ROWS rows (a few bulk operations instead of several small ones
+        # every step)
+        counted = (("output_tokens",) + (("drafted", "accepted", "rolled_back") if config.spec_tokens else ())
+                   + (("jump_forward_tokens",) if config.jump_forward else ()))
+        self._tally_columns = [getattr(rec, name) for name in counted]
+        self._tallies: list[list[np.ndarray]] = []
+        self._tallied_rows = 0
         self.ended = 0
         self.idle_iterations = 0
         self._carry_process_s = 0.0  # overlap: last step's result processing, paid in the next iteration
@@ -202,6 +211,7 @@ class Scheduler:
         gc.disable()
         try:
             self._run()
+            self._sum_tallies()
             for rid, valid in self.executor.validity():
                 self.rec.valid[rid] = int(valid)
         finally:
@@ -513,7 +523,7 @@ class Scheduler:
             ids = np.array(new_ids, np.int64)
             rec.admitted_s[ids] = t + pre
             first_new = len(batch)
-            batch.append(self._entry_ints[:, ids], self._entry_flags[:, ids])
+            batch.append(ids)
             new_rows = np.arange(first_new, len(batch))
             # (admitted chunks are never empty)
             new_chunk_arr = np.array(new_chunks, np.int64)
@@ -522,6 +532,8 @@ class Scheduler:
                 pf_chunks = np.concatenate((pf_chunks, new_chunk_arr))
             else:
                 pf_rows, pf_chunks = new_rows, new_chunk_arr
+        # indexes the prefill rows' columns: a slice (views, not gathers) when they are the new rows alone
+        pf_sel = slice(first_new, None) if new_ids and not continuing else pf_rows
 
         if len(dec_rows) == 0 and len(pf_rows) == 0:
             return self._idle_iteration(t, pre, schedule_s, poll_s, sync_s, check_s)
@@ -530,7 +542,7 @@ class Scheduler:
         if new_ids and new_whole and not continuing:  # just the new prompts, each whole
             first_rows = pf_rows
         elif len(pf_rows):
-            completing = pf_chunks == batch.prefill_left[pf_rows]
+            completing = pf_chunks == batch.prefill_left[pf_sel]
             first_rows = pf_rows[completing]
         else:
             first_rows = pf_rows
@@ -556,7 +568,7 @@ class Scheduler:
         s_rid = batch.rid[s_rows]
         n_sample = len(s_rid)
         think_left = batch.think_left[s_rows]
-        structured = batch.structured[s_rows]
+        structured = rec.structured[s_rid]  # (one gather a step: cheaper than a batch column to add and drop)
         any_thinking = _any(think_left)  # (never negative)
         if any_thinking:
             thinking = think_left > 0
@@ -570,7 +582,7 @@ class Scheduler:
         if any_thinking:
             filtered = structured & thinking
             if not cfg.strict_thinking:
-                filtered &= batch.forced[s_rows] & (think_left == 1)
+                filtered &= rec.forced_think_end[s_rid] & (think_left == 1)
             n_filter = int(np.count_nonzero(filtered))
         else:
             n_filter = 0
@@ -599,7 +611,7 @@ class Scheduler:
         else:
             kv = int(_sum(batch.cached[dec_sel])) if n_dec else 0
         pf_tokens = int(_sum(pf_chunks)) if len(pf_rows) else 0
-        forward_s = self.gpu.forward_s(pf_chunks, batch.cached[pf_rows] if pf_tokens else pf_chunks, dec_tokens, kv)
+        forward_s = self.gpu.forward_s(pf_chunks, batch.cached[pf_sel] if pf_tokens else pf_chunks, dec_tokens, kv)
         sample_rows = n_sample + n_drafts
         copy_s = self.gpu.copy_s(mask_rows, cfg.pinned_mask) if mask_rows else 0.0
         apply_s = self.gpu.apply_s(mask_rows) if mask_rows else 0.0
@@ -634,8 +646,8 @@ class Scheduler:
         # --- advance the batch
         produced = work.produced
         if pf_tokens:
-            batch.prefill_left[pf_rows] -= pf_chunks
-            batch.cached[pf_rows] += pf_chunks
+            batch.prefill_left[pf_sel] -= pf_chunks
+            batch.cached[pf_sel] += pf_chunks
         batch.gen_left[s_rows] -= produced
         if any_thinking:
             batch.think_left[s_rows] = np.maximum(think_left - produced, 0)
@@ -645,15 +657,16 @@ class Scheduler:
         batch.last_tok[s_rows] = t_token
         if len(first_rows):
             rec.first_token_s[batch.rid[first_rows]] = t_token
-        batch.out[s_rows] += produced
+        # kept until summed (the executor's arrays are new each step; rid columns are never written)
+        tally = [s_rid, produced]
         if k:
-            drafted = s_drafts if work.drafted is None else work.drafted
-            batch.drafted[s_rows] += drafted
-            batch.accepted[s_rows] += work.accepted
-            batch.rolled_back[s_rows] += work.rolled_back
-            self.draft_positions.add(drafted, work.accepted, work.rolled_back)
+            tally += (s_drafts if work.drafted is None else work.drafted, work.accepted, work.rolled_back)
         if cfg.jump_forward:
-            batch.jumped[s_rows] += work.jumped
+            tally.append(work.jumped)
+        self._tallies.append(tally)
+        self._tallied_rows += n_sample
+        if self._tallied_rows >= _TALLY_ROWS:
+            self._sum_tallies()
 
         done = batch.gen_left[s_rows] <= 0
         if work.ended is not None:
@@ -675,9 +688,7 @@ class Scheduler:
             else:
                 gone = np.zeros(len(batch), bool)
                 gone[s_rows[left]] = True
-            leaving = gone.nonzero()[0]
-            rec.counts[:, batch.rid[leaving]] = batch.ints[_COUNTERS, leaving]
-            batch.keep(~gone)
+            batch.keep((~gone).nonzero()[0])
 
         kind = _KIND_MIXED if len(dec_rows) and len(pf_rows) else (_KIND_DECODE if len(dec_rows) else _KIND_PREFILL)
         self.steps.rows.append((t, duration, kind, n_sample, len(dec_rows), pf_tokens, grammar_rows,
@@ -689,6 +700,18 @@ class Scheduler:
             self._trace_step(t, sync, has_grammar, schedule_s, poll_s + sync_s + check_s, carry, forward_s, fill_s,
                              copy_s, apply_s, sample_s, process_s, duration)
         return duration
+
+    def _sum_tallies(self) -> None:
+        """Add the buffered steps' counters to the request table and the draft-position counts."""
+        if not self._tallies:
+            return
+        rid, *counters = (np.concatenate(column) for column in zip(*self._tallies))
+        for column, values in zip(self._tally_columns, counters):
+            np.add.at(column, rid, values)
+        if self.cfg.spec_tokens:
+            self.draft_positions.add(*counters[1:4])
+        self._tallies.clear()
+        self._tallied_rows = 0
 
     def _allocate(self, rows: np.ndarray, budget: int) -> np.ndarray:
         """Prefill chunks for continuing rows, first come first served, within ``budget`` tokens."""
