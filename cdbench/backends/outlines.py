@@ -67,12 +67,6 @@ IGNORED_KEYWORDS = frozenset({"not", "if", "then", "else", "oneOf", "uniqueItems
                               "minProperties", "maxProperties"})
 
 
-def _requires_unlisted(node: Mapping[str, Any]) -> bool:
-    properties = node.get("properties", {})
-    return (isinstance(node["required"], list) and isinstance(properties, Mapping)
-            and any(name not in properties for name in node["required"]))
-
-
 def _more_items_than_prefix(node: Mapping[str, Any]) -> bool:
     prefix, least = node.get("prefixItems"), node["minItems"]
     return isinstance(prefix, list) and isinstance(least, int) and least > len(prefix)
@@ -80,7 +74,7 @@ def _more_items_than_prefix(node: Mapping[str, Any]) -> bool:
 
 # Keywords outlines-core 0.2.14 drops only in some schemas (each verified the same way).
 IGNORED_WHEN = (
-    specs.IgnoredWhen("required", _requires_unlisted, "names a key not in 'properties'"),
+    specs.REQUIRED_UNLISTED,
     specs.IgnoredWhen("pattern", lambda node: "minLength" in node or "maxLength" in node,
                       "beside 'minLength'/'maxLength'"),
     specs.IgnoredWhen("minItems", _more_items_than_prefix, "more than the 'prefixItems'"),

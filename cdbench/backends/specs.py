@@ -196,6 +196,17 @@ class IgnoredWhen:
     why: str
 
 
+def _requires_unlisted(node: Mapping[str, Any]) -> bool:
+    properties = node.get("properties", {})
+    return (isinstance(node["required"], list) and isinstance(properties, Mapping)
+            and any(name not in properties for name in node["required"]))
+
+
+#: xgrammar and outlines-core let an object end without a required key that
+#: ``properties`` does not list (whatever ``additionalProperties`` says).
+REQUIRED_UNLISTED = IgnoredWhen("required", _requires_unlisted, "names a key not in 'properties'")
+
+
 def unenforced_keywords(schema: Any, ignored: frozenset[str],
                         ignored_when: tuple[IgnoredWhen, ...] = ()) -> tuple[str, ...]:
     """Where ``schema`` uses keywords in ``ignored``, or ``ignored_when`` applies, as ``"'keyword' at <pointer>"``.

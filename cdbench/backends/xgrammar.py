@@ -29,9 +29,12 @@ from cdbench.backends.vocab import Vocabulary
 IGNORED_KEYWORDS = frozenset({"not", "if", "then", "else", "uniqueItems", "allOf", "oneOf", "contains",
                               "dependentRequired", "dependentSchemas", "dependencies"})
 # Keywords xgrammar 0.2.8 drops only in some schemas (each verified the same way):
-# a $ref outside the document compiles to any JSON value, and a string's
-# length bounds are dropped beside a pattern (xgrammar logs as much).
+# a $ref outside the document compiles to any JSON value, a string's length
+# bounds are dropped beside a pattern (xgrammar logs as much), and a required
+# key outside 'properties' may be left out (its strict mode, on by default as
+# in the engines, also never lets that key be written).
 IGNORED_WHEN = (
+    specs.REQUIRED_UNLISTED,
     specs.IgnoredWhen("$ref", lambda node: isinstance(node["$ref"], str) and not node["$ref"].startswith("#"),
                       "not a '#' reference: compiled as any JSON value"),
     specs.IgnoredWhen("minLength", lambda node: "pattern" in node, "beside 'pattern'"),
