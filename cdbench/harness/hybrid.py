@@ -26,9 +26,9 @@ are counted but never materialised.
 Unconstrained rows need no backend; their drafts are accepted with
 probability ``alpha`` as in ``model`` mode.
 
-Every finished structured output is decoded and checked against its spec
-(:func:`cdbench.workloads.validate.check_instance`; JSON schemas through a
-validator compiled once per spec).
+Every finished structured output is decoded and checked against its spec once
+the run is over (:func:`cdbench.workloads.validate.validity_check`: JSON
+schemas through a validator compiled once per spec).
 """
 
 from __future__ import annotations
@@ -53,10 +53,10 @@ from cdbench.harness.executors import (
     accepted_drafts,
     constant_ints,
 )
-from cdbench.workloads.drafts import DraftSource, OracleTokens
+from cdbench.workloads.drafts import DraftSource, OracleTokens, draft_lists
 from cdbench.workloads.request import Request
 from cdbench.workloads.token_sources import RandomWalk
-from cdbench.workloads.validate import InvalidInstance, check_instance, parse_json, spec_validator
+from cdbench.workloads.validate import validity_check
 
 if TYPE_CHECKING:
     import torch
@@ -72,46 +72,6 @@ def _gaps_s(stamps: list[int]) -> np.ndarray:
     about three times faster than ``np.diff`` inferring one)."""
     ns = np.array(stamps, np.int64)
     return (ns[1:] - ns[:-1]) * _NS
-
-
-def output_check(spec: ConstraintSpec) -> Callable[[str], bool]:
-    """Whether an output text satisfies ``spec`` — :func:`check_instance`'s verdict, cheaper per call.
-
-    A JSON schema's validator (jsonschema-rs, see
-    :class:`~cdbench.workloads.validate.JsonValidator`) is looked up once here,
-    and an output costs one strict JSON parse and one ``is_valid`` pass (the
-    reason for a failure is never needed).
-
-    >>> check = output_check(ConstraintSpec("json_schema", {"type": "integer"}))
-    >>> check("3"), check("3.5"), check("{"), check("NaN")
-    (True, False, False, False)
-    """
-    if spec.kind == "json_schema":
-        try:
-            is_valid = spec_validator(spec).is_valid
-        except Exception:  # noqa: BLE001 - check_instance counts a schema the validator cannot take as invalid
-            return lambda text: False
-
-        def check_json(text: str) -> bool:
-            try:
-                value = parse_json(text)
-            except ValueError:
-                return False
-            try:
-                return bool(is_valid(value))
-            except Exception:  # noqa: BLE001 - as check_instance: a malformed schema can break the validator
-                return False
-
-        return check_json
-
-    def check_other(text: str) -> bool:
-        try:
-            check_instance(spec, text)
-        except InvalidInstance:
-            return False
-        return True
-
-    return check_other
 
 
 def build_draft_masks(matcher: Matcher, mask: torch.Tensor, drafts: Sequence[int]) -> tuple[int, int]:
@@ -209,7 +169,6 @@ class HybridExecutor(GrammarExecutor):
         # _at - _offset is each request's answer position (so _at indexes _flat at its next oracle token)
         self._at = self._offset.copy()
         self._fills: list[Callable | None] = [None] * n  # bound fill_mask / accept of each live matcher
-        self._live = np.zeros(n, bool)  # which requests have a matcher
         self._accepts: list[Callable | None] = [None] * n
 
     def compile(self, key: int) -> CompileOutcome:
@@ -237,7 +196,6 @@ class HybridExecutor(GrammarExecutor):
             self.backend_call_s += (perf_counter_ns() - start) * _NS
             self._matchers[rid] = matcher
             self._fills[rid], self._accepts[rid] = matcher.fill_mask, matcher.accept
-            self._live[rid] = True
         return matcher
 
     def step(self, rows: StepRows, rng: np.random.Generator) -> StepWork:
@@ -302,11 +260,12 @@ class HybridExecutor(GrammarExecutor):
                         zeros if out.jumped is None else out.jumped, rejected, out.process_ns * _NS, ended,
                         out.verified)
 
-    def _row_matchers(self, rids: np.ndarray) -> None:
-        """Make the matchers of the requests among ``rids`` in their first grammar step (timed, as
-        backend calls)."""
-        for r in rids[~self._live[rids]].tolist():
-            self._matcher(r)
+    def _row_matchers(self, rids: list[int], fills: Sequence[Callable | None]) -> None:
+        """Make the matchers of requests in their first grammar step, those among ``rids`` whose bound
+        fill (``fills``, gathered by the caller) is ``None`` (timed, as backend calls)."""
+        for r, fill in zip(rids, fills):
+            if fill is None:
+                self._matcher(r)
 
     def _lean(self, rows: StepRows, lean: np.ndarray, out: _Step) -> np.ndarray:
         """One fill and one accept of the oracle token per row; the rows' fill seconds."""
@@ -316,7 +275,7 @@ class HybridExecutor(GrammarExecutor):
         pick = itemgetter(*lean_list) if len(lean_list) > 1 else lambda seq: (seq[lean_list[0]],)
         row_fills = pick(self._fills)
         if None in row_fills:
-            self._row_matchers(lean_rids)
+            self._row_matchers(lean_list, row_fills)
             row_fills = pick(self._fills)
         row_accepts = pick(self._accepts)
         mask = self._mask
@@ -354,13 +313,12 @@ class HybridExecutor(GrammarExecutor):
         block, counts = self.drafts.propose_block(self.requests, self._oracle, d_rids, here - self._offset[d_rids],
                                                   rows.drafts[drafted])
         k = block.shape[1]
-        proposals = block.tolist()
-        for i in np.flatnonzero(counts < k).tolist():  # the few rows near their output's end
-            proposals[i] = proposals[i][:counts[i]]
+        proposals = draft_lists(block, counts)
         # the rows' matchers, gathered in C (a 1-row getter returns the item itself)
         pick = itemgetter(*d_list) if len(d_list) > 1 else lambda seq: (seq[d_list[0]],)
-        if None in pick(self._fills):
-            self._row_matchers(d_rids)
+        row_fills = pick(self._fills)
+        if None in row_fills:
+            self._row_matchers(d_list, row_fills)
         matchers = pick(self._matchers)
         if self._mask.shape[0] < k + 1:
             self._mask = self.backend.allocate_mask(k + 1)
@@ -524,7 +482,6 @@ class HybridExecutor(GrammarExecutor):
         self._matchers.pop(rid, None)  # dropping the last references frees the backend's matcher
         self._fills[rid] = self._accepts[rid] = None
         self.backend_call_s += (perf_counter_ns() - start) * _NS
-        self._live[rid] = False
         emitted = self._emitted.pop(rid, None)
         if request.spec is None:
             return
@@ -554,7 +511,7 @@ class HybridExecutor(GrammarExecutor):
             verdicts = verdicts_of.get(key)
             if verdicts is None:
                 verdicts = verdicts_of[key] = {}
-                checks[key] = output_check(self.keys.specs[key])
+                checks[key] = validity_check(self.keys.specs[key])
             text = decode([t for t in source if t not in eos])
             valid = verdicts.get(text)
             if valid is None:  # a text seen before (instances repeat in a workload) is not checked again

@@ -415,6 +415,7 @@ def prepare_tasks(config: ProfileConfig, progress: bool = True) -> PreparedTasks
     from cdbench.harness import profile_sources as sources
     from cdbench.harness.profile_mutations import mutate
     from cdbench.workloads.instances import PoolCache
+    from cdbench.workloads.validate import validity_check
 
     vocab = load_vocab(config.vocab)
     eos = vocab.eos_token_ids[0]
@@ -438,7 +439,7 @@ def prepare_tasks(config: ProfileConfig, progress: bool = True) -> PreparedTasks
                 # One stream per item id, so an item's mutations do not depend on the other items.
                 digest = hashlib.blake2b(f"{item.corpus}/{item.item_id}".encode(), digest_size=8).digest()
                 rng = np.random.default_rng([config.seed, int.from_bytes(digest, "little")])
-                mutations = mutate(item.spec, valid[0][0], sources.validator(item.spec), rng, config.invalid_instances)
+                mutations = mutate(item.spec, valid[0][0], validity_check(item.spec), rng, config.invalid_instances)
                 invalid = [instance(m.text, m.label) for m in mutations]
             prepared.tasks.append(ProfileTask(
                 item.corpus, item.item_id, item.spec,

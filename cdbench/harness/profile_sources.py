@@ -1,15 +1,13 @@
 """Where ``cdbench profile``'s items and instances come from: :mod:`cdbench.workloads`.
 
-Corpus items (:func:`cdbench.workloads.corpora.load_corpus`), their oracle
+Corpus items (:func:`cdbench.workloads.corpora.load_corpus`) and their oracle
 instances (validated, tokenized, EOS last, cached on disk by
-:class:`cdbench.workloads.instances.PoolCache`) and the spec validators
-(:func:`cdbench.workloads.validate.check_instance`) all come from the workloads
+:class:`cdbench.workloads.instances.PoolCache`) come from the workloads
 package; this module only shapes them into what the profile runner needs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +15,6 @@ from cdbench.backends.base import ConstraintSpec
 from cdbench.backends.vocab import Vocabulary
 from cdbench.workloads.corpora import load_corpus
 from cdbench.workloads.instances import InstanceFailure, PoolCache
-from cdbench.workloads.validate import InvalidInstance, check_instance
 
 
 @dataclass(frozen=True)
@@ -48,16 +45,3 @@ def oracle_instances(
     except InstanceFailure as failure:
         return [], failure.reason
     return list(zip(pool.texts, pool.tokens, strict=True)), ""
-
-
-def validator(spec: ConstraintSpec) -> Callable[[str], bool]:
-    """``is_valid(text)`` for ``spec``, from the workloads' validator."""
-
-    def is_valid(text: str) -> bool:
-        try:
-            check_instance(spec, text)
-        except InvalidInstance:
-            return False
-        return True
-
-    return is_valid

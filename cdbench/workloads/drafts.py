@@ -50,6 +50,14 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+def draft_lists(block: np.ndarray, counts: np.ndarray) -> list[list[int]]:
+    """Each row's drafts from :meth:`DraftSource.propose_block`: ``block[i, :counts[i]]`` as a list."""
+    lists = block.tolist()
+    for i in np.flatnonzero(counts < block.shape[1]).tolist():  # the few rows near their output's end
+        lists[i] = lists[i][:counts[i]]
+    return lists
+
+
 @dataclass(frozen=True)
 class OracleTokens:
     """The output tokens of a list of requests back to back.
@@ -124,11 +132,7 @@ class DraftSource:
                      positions: np.ndarray, ks: np.ndarray) -> list[list[int]]:
         """:meth:`propose` for ``requests[rows[i]]`` at ``positions[i]`` with ``ks[i]`` drafts, each i;
         ``oracle`` holds the output tokens of ``requests``."""
-        block, counts = self.propose_block(requests, oracle, rows, positions, ks)
-        lists = block.tolist()
-        if not block.shape[1] or int(counts.min()) == block.shape[1]:
-            return lists
-        return [row[:n] for row, n in zip(lists, counts.tolist())]
+        return draft_lists(*self.propose_block(requests, oracle, rows, positions, ks))
 
     def propose_block(self, requests: Sequence[Request], oracle: OracleTokens, rows: np.ndarray,
                       positions: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

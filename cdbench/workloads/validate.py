@@ -46,6 +46,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 import jsonschema
@@ -198,3 +199,42 @@ def check_instance(spec: ConstraintSpec, text: str) -> None:
         grammar_for(spec).check(text)
     else:
         raise InvalidInstance(f"no validator for kind {spec.kind!r}")
+
+
+def validity_check(spec: ConstraintSpec) -> Callable[[str], bool]:
+    """Whether a text satisfies ``spec``: :func:`check_instance`'s verdict, cheaper per call.
+
+    A JSON schema's :class:`JsonValidator` is looked up once here, and a text
+    costs one strict JSON parse and one ``is_valid`` pass (the reason for a
+    failure is never needed).
+
+    >>> check = validity_check(ConstraintSpec("json_schema", {"type": "integer"}))
+    >>> check("3"), check("3.5"), check("{"), check("NaN")
+    (True, False, False, False)
+    """
+    if spec.kind == "json_schema":
+        try:
+            is_valid = spec_validator(spec).is_valid
+        except Exception:  # noqa: BLE001 - check_instance counts a schema the validator cannot take as invalid
+            return lambda text: False
+
+        def check_json(text: str) -> bool:
+            try:
+                value = parse_json(text)
+            except ValueError:
+                return False
+            try:
+                return bool(is_valid(value))
+            except Exception:  # noqa: BLE001 - as check_instance: a malformed schema can break the validator
+                return False
+
+        return check_json
+
+    def check_other(text: str) -> bool:
+        try:
+            check_instance(spec, text)
+        except InvalidInstance:
+            return False
+        return True
+
+    return check_other

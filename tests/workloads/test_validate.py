@@ -6,7 +6,8 @@ import socket
 import pytest
 
 from cdbench.backends.base import ConstraintSpec
-from cdbench.workloads.validate import InvalidInstance, JsonValidator, check_instance, json_validator, spec_validator
+from cdbench.workloads.validate import (InvalidInstance, JsonValidator, check_instance, json_validator, spec_validator,
+                                       validity_check)
 
 ITEMS = {"type": "object", "required": ["id"],
          "properties": {"id": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}}}
@@ -104,3 +105,28 @@ def test_validators_are_cached_per_schema():
     assert spec_validator(spec(text)) is spec_validator(spec(text))
     reordered = dict(reversed(list(ITEMS.items())))
     assert json_validator(reordered) is json_validator(ITEMS) is spec_validator(spec(ITEMS))
+
+
+@pytest.mark.parametrize(("spec", "text"), [
+    (ConstraintSpec("json_schema", ITEMS), '{"id": 1, "tags": ["a"]}'),
+    (ConstraintSpec("json_schema", ITEMS), '{"id": "1"}'),
+    (ConstraintSpec("json_schema", ITEMS), '{"id": NaN}'),
+    (ConstraintSpec("json_schema", ITEMS), '{"id":'),
+    (ConstraintSpec("json_schema", {"$ref": "https://schemas.invalid/x.json"}), "1"),
+    (ConstraintSpec("regex", r"[0-9]+"), "42"),
+    (ConstraintSpec("regex", r"[0-9]+"), "4a"),
+    (ConstraintSpec("choice", ["yes", "no"]), "no"),
+    (ConstraintSpec("choice", ["yes", "no"]), "maybe"),
+])
+def test_validity_check_gives_check_instances_verdict(no_network, spec, text):
+    try:
+        check_instance(spec, text)
+        expected = True
+    except InvalidInstance:
+        expected = False
+    assert validity_check(spec)(text) is expected
+
+
+def test_validity_check_cases_cover_both_verdicts():
+    assert validity_check(ConstraintSpec("json_schema", ITEMS))('{"id": 1}')
+    assert not validity_check(ConstraintSpec("json_schema", ITEMS))('{"id": NaN}')
