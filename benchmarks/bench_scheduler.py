@@ -28,9 +28,14 @@ import numpy as np  # noqa: E402
 
 from cdbench.backends.base import ConstraintSpec  # noqa: E402
 from cdbench.harness.costs.forward import ForwardCostModel  # noqa: E402
-from cdbench.harness.costs.grammar_profile import CompileMeasurement, GrammarProfile, WalkMeasurement  # noqa: E402
+from cdbench.harness.costs.gpu import RooflineGpuCosts  # noqa: E402
+from cdbench.harness.costs.grammar_profile import (  # noqa: E402
+    CompileMeasurement,
+    GrammarProfile,
+    WalkMeasurement,
+)
 from cdbench.harness.costs.mask import MaskCost  # noqa: E402
-from cdbench.harness.executors import ModelExecutor, ProfileGrammarCosts, RooflineGpuCosts  # noqa: E402
+from cdbench.harness.executors.model import ModelExecutor, ProfileGrammarCosts  # noqa: E402
 from cdbench.harness.policies import policy  # noqa: E402
 from cdbench.harness.run import simulate  # noqa: E402
 from cdbench.workloads.request import Request  # noqa: E402

@@ -24,7 +24,13 @@ from cdbench.kernels import apply_bitmask, reference
 from cdbench.kernels._launch import sm_count
 from cdbench.kernels.bench import Case, make_inputs
 from cdbench.kernels.bitmask import _apply_bitmask_packs
-from cdbench.kernels.timing import Rotation, copy_bandwidth_gbs, event_time, graph_time, rotation_count
+from cdbench.kernels.timing import (
+    Rotation,
+    copy_bandwidth_gbs,
+    event_time,
+    graph_time,
+    rotation_count,
+)
 
 
 @triton.jit

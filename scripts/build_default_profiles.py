@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from cdbench.harness.costs.grammar_profile import PROFILE_DIR, GrammarProfile
-from cdbench.harness.profile import ProfileConfig, prepare_tasks, profile_tasks
-from cdbench.harness.profile_outputs import write_outputs
+from cdbench.profile.outputs import write_outputs
+from cdbench.profile.runner import ProfileConfig, prepare_tasks, profile_tasks
 
 BACKENDS = ("xgrammar", "llguidance", "outlines")
 VOCAB = "qwen3.6"

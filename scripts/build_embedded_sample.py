@@ -15,7 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from cdbench.workloads.corpora import EMBEDDED_SAMPLE, CorpusItem, read_corpus, shared_corpora_dir
+from cdbench.workloads.corpora import (
+    EMBEDDED_SAMPLE,
+    CorpusItem,
+    read_corpus,
+    shared_corpora_dir,
+)
 from cdbench.workloads.instances import InstanceFailure, valid_instances
 
 SEED = 20260501

@@ -19,7 +19,12 @@ from pathlib import Path
 from rich.progress import Progress
 
 from cdbench.workloads.corpora import load_corpus
-from cdbench.workloads.instances import ATTEMPTS_PER_INSTANCE, GENERATOR_VERSION, InstanceFailure, valid_instances
+from cdbench.workloads.instances import (
+    ATTEMPTS_PER_INSTANCE,
+    GENERATOR_VERSION,
+    InstanceFailure,
+    valid_instances,
+)
 
 DEFAULT = ["jsonschemabench_github_trivial", "jsonschemabench_github_easy", "jsonschemabench_github_medium",
            "jsonschemabench_github_hard", "jsonschemabench_github_ultra", "jsonschemabench_glaiveai2k",

@@ -8,10 +8,26 @@
 >>> matcher.fill_mask(mask, 0)
 """
 
-from cdbench.backends.base import CompileError, CompiledGrammar, ConstraintSpec, GrammarBackend, Matcher, MaskFormat
-from cdbench.backends.registry import available_backends, create_backend, register_backend
+from cdbench.backends.base import (
+    CompiledGrammar,
+    CompileError,
+    ConstraintSpec,
+    GrammarBackend,
+    MaskFormat,
+    Matcher,
+)
+from cdbench.backends.cache import (
+    AsyncCompiler,
+    CacheStats,
+    CompileCache,
+    CompileTimeout,
+)
+from cdbench.backends.registry import (
+    available_backends,
+    create_backend,
+    register_backend,
+)
 from cdbench.backends.vocab import Vocabulary, available_vocabs, load_vocab
-from cdbench.backends.cache import AsyncCompiler, CacheStats, CompileCache, CompileTimeout
 
 __all__ = [
     "AsyncCompiler",

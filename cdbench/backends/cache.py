@@ -35,7 +35,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
 
-from cdbench.backends.base import CompiledGrammar, CompileError, ConstraintSpec, GrammarBackend, Matcher
+from cdbench.backends.base import (
+    CompiledGrammar,
+    CompileError,
+    ConstraintSpec,
+    GrammarBackend,
+    Matcher,
+)
 
 __all__ = ["AsyncCompiler", "CacheStats", "CompileCache", "CompileTimeout"]
 

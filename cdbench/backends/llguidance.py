@@ -22,8 +22,16 @@ import llguidance as llg
 import torch
 
 from cdbench.backends import specs
-from cdbench.backends.base import (CompileError, CompiledGrammar, ConstraintSpec, GrammarBackend, MaskChecks, Matcher,
-                                   check_rollback, row_error)
+from cdbench.backends.base import (
+    CompiledGrammar,
+    CompileError,
+    ConstraintSpec,
+    GrammarBackend,
+    MaskChecks,
+    Matcher,
+    check_rollback,
+    row_error,
+)
 from cdbench.backends.vocab import Vocabulary
 
 

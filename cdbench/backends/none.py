@@ -14,8 +14,15 @@ from __future__ import annotations
 
 import torch
 
-from cdbench.backends.base import (CompiledGrammar, ConstraintSpec, GrammarBackend, MaskChecks, Matcher, check_rollback,
-                                   row_error)
+from cdbench.backends.base import (
+    CompiledGrammar,
+    ConstraintSpec,
+    GrammarBackend,
+    MaskChecks,
+    Matcher,
+    check_rollback,
+    row_error,
+)
 from cdbench.backends.vocab import Vocabulary
 
 

@@ -55,8 +55,16 @@ from outlines_core import Vocabulary as OutlinesVocabulary
 from outlines_core.json_schema import build_regex_from_schema
 
 from cdbench.backends import specs
-from cdbench.backends.base import (CompileError, CompiledGrammar, ConstraintSpec, GrammarBackend, MaskChecks, Matcher,
-                                   check_rollback, row_error)
+from cdbench.backends.base import (
+    CompiledGrammar,
+    CompileError,
+    ConstraintSpec,
+    GrammarBackend,
+    MaskChecks,
+    Matcher,
+    check_rollback,
+    row_error,
+)
 from cdbench.backends.vocab import Vocabulary
 
 # JSON Schema keywords outlines-core 0.2.14 turns into a regex that does not

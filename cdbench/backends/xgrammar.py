@@ -19,8 +19,16 @@ import torch
 import xgrammar as xgr
 
 from cdbench.backends import specs
-from cdbench.backends.base import (CompileError, CompiledGrammar, ConstraintSpec, GrammarBackend, MaskChecks, Matcher,
-                                   check_rollback, row_error)
+from cdbench.backends.base import (
+    CompiledGrammar,
+    CompileError,
+    ConstraintSpec,
+    GrammarBackend,
+    MaskChecks,
+    Matcher,
+    check_rollback,
+    row_error,
+)
 from cdbench.backends.vocab import Vocabulary
 
 # JSON Schema keywords xgrammar 0.2.8 compiles without enforcing them (each

@@ -35,23 +35,20 @@ from pydantic import (
     model_serializer,
 )
 
-from cdbench.backends.registry import available_backends
 from cdbench.backends.reasoner import ReasonerBackend
+from cdbench.backends.registry import available_backends
 from cdbench.harness.costs.forward import ForwardConfig
+from cdbench.harness.costs.gpu import FixedGpuCosts, GpuCosts, RooflineGpuCosts
 from cdbench.harness.costs.grammar_profile import GrammarProfile
 from cdbench.harness.costs.mask import MaskCost
-from cdbench.harness.executors import (
-    FixedGpuCosts,
+from cdbench.harness.executors.model import (
     FixedGrammarCosts,
-    GpuCosts,
     GrammarCosts,
     ProfileGrammarCosts,
-    RooflineGpuCosts,
 )
 from cdbench.harness.metrics import SLO
 from cdbench.harness.policies import PRESETS, SchedulerConfig, policy
 from cdbench.workloads.config import WorkloadConfig
-
 
 _REASONER_INNER = inspect.signature(ReasonerBackend).parameters["inner"].default
 

@@ -4,7 +4,9 @@
 ``run`` generates the workload, builds the backend (``hybrid``) or the grammar
 profile (``model``) and the GPU cost model, and simulates.
 
->>> from cdbench.harness.executors import FixedGpuCosts, FixedGrammarCosts, ModelExecutor
+>>> from cdbench.harness.costs.gpu import FixedGpuCosts
+
+>>> from cdbench.harness.executors.model import FixedGrammarCosts, ModelExecutor
 >>> from cdbench.harness.policies import policy
 >>> from cdbench.workloads.request import Request
 >>> result = simulate([Request(0, 0.0, 100, 4)], policy("vllm", overlap=False),
@@ -22,7 +24,8 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from cdbench.harness.executors import GpuCosts, GrammarExecutor
+from cdbench.harness.costs.gpu import GpuCosts
+from cdbench.harness.executors.base import GrammarExecutor
 from cdbench.harness.metrics import SLO, Summary, summarize
 from cdbench.harness.policies import SchedulerConfig
 from cdbench.harness.scheduler import Scheduler
@@ -31,7 +34,7 @@ from cdbench.workloads.request import Request
 
 if TYPE_CHECKING:
     from cdbench.harness.config import RunConfig
-    from cdbench.workloads.generator import Workload
+    from cdbench.workloads.workload import Workload
 
 Progress = Callable[[str, float], None]
 """Called with the stage (``generating the workload``, ``simulating``) and the fraction of it done (0..1)."""
@@ -107,8 +110,8 @@ def run(config: RunConfig, progress: Progress | None = None) -> RunResult:
     # Imported here so that simulate() stays usable without the workload generator's dependencies.
     from cdbench.backends.registry import create_backend
     from cdbench.backends.vocab import load_vocab
-    from cdbench.harness.executors import ModelExecutor
-    from cdbench.harness.hybrid import HybridExecutor
+    from cdbench.harness.executors.hybrid import HybridExecutor
+    from cdbench.harness.executors.model import ModelExecutor
     from cdbench.workloads.generator import generate
 
     vocab = load_vocab(config.vocab)

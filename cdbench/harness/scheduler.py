@@ -39,11 +39,24 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from cdbench.harness.compile_service import CompilePools, GrammarCache
+from cdbench.harness.costs.gpu import GpuCosts
 from cdbench.harness.events import EventKind, EventQueue
-from cdbench.harness.executors import CompileOutcome, GpuCosts, GrammarExecutor, SpecKeys, StepRows, constant_ints
+from cdbench.harness.executors.base import (
+    CompileOutcome,
+    GrammarExecutor,
+    SpecKeys,
+    StepRows,
+    constant_ints,
+)
 from cdbench.harness.metrics import LogHistogram
 from cdbench.harness.policies import SchedulerConfig
-from cdbench.harness.records import ABORT_REASONS, CACHE_RESULTS, DraftPositionCounts, RequestTable, StepLog
+from cdbench.harness.records import (
+    ABORT_REASONS,
+    CACHE_RESULTS,
+    DraftPositionCounts,
+    RequestTable,
+    StepLog,
+)
 from cdbench.harness.timeline import Timeline
 from cdbench.workloads.request import Request
 

@@ -1,4 +1,4 @@
-"""Spans of the simulated timeline (``cdbench.reports.trace`` writes them as a Chrome / Perfetto trace).
+"""Spans of the simulated timeline (``cdbench.results.chrome_trace`` writes them as a Chrome / Perfetto trace).
 
 Tracks: ``scheduler`` (the scheduler thread's CPU work), ``gpu`` (the GPU
 stream), and ``rank<r>/compile<t>`` (compile-pool thread ``t`` of rank ``r``).

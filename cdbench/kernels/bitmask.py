@@ -47,7 +47,13 @@ import triton
 import triton.language as tl
 
 from cdbench.kernels import reference
-from cdbench.kernels._launch import as_index_tensor, check_bitmask, check_logits, pick_block, use_triton
+from cdbench.kernels._launch import (
+    as_index_tensor,
+    check_bitmask,
+    check_logits,
+    pick_block,
+    use_triton,
+)
 
 ApplyMode = Literal["auto", "adaptive", "skip", "rmw", "store"]
 _MODES = ("auto", "adaptive", "skip", "rmw", "store")

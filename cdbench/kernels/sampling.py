@@ -30,7 +30,13 @@ import triton
 import triton.language as tl
 
 from cdbench.kernels import reference
-from cdbench.kernels._launch import as_index_tensor, check_bitmask, check_logits, pick_block, use_triton
+from cdbench.kernels._launch import (
+    as_index_tensor,
+    check_bitmask,
+    check_logits,
+    pick_block,
+    use_triton,
+)
 
 _NO_TOKEN = 2**31 - 1
 

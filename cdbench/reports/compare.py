@@ -19,11 +19,11 @@ import numpy as np
 import pandas as pd
 from rich.table import Table
 
-from cdbench.harness.results import SavedRun
 from cdbench.reports import plots
 from cdbench.reports.gate import Direction, metric_direction, numeric_metrics
 from cdbench.reports.run_report import request_latencies_ms
 from cdbench.reports.tables import format_value
+from cdbench.results.run_folder import SavedRun
 
 _LATENCY_ORDER = re.compile(r"^(mean|median|p\d+)_(ttft|tpot|itl|e2el)_ms$")
 

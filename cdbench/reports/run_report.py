@@ -17,10 +17,10 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from cdbench.harness.results import WORKLOAD_TRACE_FILE, SavedRun
 from cdbench.reports import plots
 from cdbench.reports.tables import summary_sections, to_markdown
-from cdbench.workloads.generator import WorkloadReport
+from cdbench.results.run_folder import WORKLOAD_TRACE_FILE, SavedRun
+from cdbench.workloads.workload import WorkloadReport
 
 STEP_PARTS = ("forward_s", "fill_s", "copy_s", "apply_s", "sample_s", "schedule_s", "poll_s", "sync_s", "check_s",
               "process_s")

@@ -6,12 +6,15 @@ grammar. Lark text is loaded by Lark's own grammar loader, which resolves
 ``%import common.X`` against Lark's bundled grammars. Either way one
 :class:`EbnfGrammar` results: a seeded walk over its rules produces instances
 (:meth:`EbnfGrammar.instance`) and Lark's Earley parser checks that the grammar
-accepts a text (:meth:`EbnfGrammar.check`).
+accepts a text (:meth:`EbnfGrammar.rejection`).
 
 >>> import numpy as np
 >>> g = EbnfGrammar.from_text('root ::= "a" [0-9]+ ("!" | "?")', "gbnf", "root")
 >>> text = g.instance(np.random.default_rng(0))
->>> g.check(text)  # raises InvalidInstance if not accepted
+>>> g.rejection(text) is None
+True
+>>> g.rejection('b')[:22]
+'grammar rejects the te'
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ import numpy as np
 
 from cdbench.backends.base import ConstraintSpec
 from cdbench.workloads.regex_instances import RegexInstanceError, regex_instance
-from cdbench.workloads.validate import InvalidInstance
 
 # Walk limits: past either, the walk takes the cheapest expansion everywhere.
 MAX_DEPTH = 40
@@ -421,12 +423,13 @@ class EbnfGrammar:
         # Where whitespace is ignored, a space keeps adjacent tokens apart.
         return (" " + text) if separated and self.space_separates else text
 
-    def check(self, text: str) -> None:
-        """Raise :class:`InvalidInstance` unless the grammar accepts ``text``."""
+    def rejection(self, text: str) -> str | None:
+        """Why the grammar rejects ``text``, or ``None`` when it accepts it."""
         try:
             self.parser.parse(text)
         except lark.exceptions.LarkError as exc:
-            raise InvalidInstance(f"grammar rejects the text: {str(exc).strip().splitlines()[0][:160]}") from exc
+            return f"grammar rejects the text: {str(exc).strip().splitlines()[0][:160]}"
+        return None
 
 
 @functools.lru_cache(maxsize=256)

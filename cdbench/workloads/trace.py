@@ -26,9 +26,9 @@ from cdbench.backends.base import ConstraintSpec
 from cdbench.backends.vocab import UnknownVocabularyError, Vocabulary, load_vocab
 from cdbench.workloads.config import WorkloadConfig
 from cdbench.workloads.corpora import check_spec
-from cdbench.workloads.generator import Workload
 from cdbench.workloads.instances import InstanceFailure
 from cdbench.workloads.request import Request, WalkParams
+from cdbench.workloads.workload import BadTraceLine, Workload
 
 # 2: requests carry ``random_walk``; the config has ``random_walk`` and ``trace``.
 FORMAT_VERSION = 2
@@ -100,15 +100,6 @@ class TraceRequest(_Line):
         if self.random_walk is not None and self.output_tokens is not None:
             raise ValueError("random_walk and output_tokens exclude each other (tokens are walked or given)")
         return self
-
-
-@dataclass(frozen=True)
-class BadTraceLine:
-    line: int
-    reason: str
-
-    def __str__(self) -> str:
-        return f"line {self.line}: {self.reason}"
 
 
 @dataclass

@@ -54,6 +54,7 @@ import jsonschema_rs
 import referencing
 
 from cdbench.backends.base import ConstraintSpec
+from cdbench.workloads.grammar_instances import grammar_for
 
 _MESSAGE_CHARS = 200
 
@@ -194,9 +195,9 @@ def check_instance(spec: ConstraintSpec, text: str) -> None:
         if text not in spec.spec:
             raise InvalidInstance(f"{text[:80]!r} is not one of the choices")
     elif spec.kind == "ebnf":
-        from cdbench.workloads.grammar_instances import grammar_for
-
-        grammar_for(spec).check(text)
+        reason = grammar_for(spec).rejection(text)
+        if reason is not None:
+            raise InvalidInstance(reason)
     else:
         raise InvalidInstance(f"no validator for kind {spec.kind!r}")
 

@@ -25,7 +25,7 @@ export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_extensions}
   wait $build; echo "xgrammar cuda build exit $?"; tail -5 /tmp/xgr_build.log
   echo "== benchmark"
   # = `cdbench kernels ...`, without importing the other subcommands' dependencies
-  timeout ${BENCH_TIMEOUT:-330} python3 -c "import typer; from cdbench.kernels.bench import kernels_command as k; typer.run(k)" \
+  timeout ${BENCH_TIMEOUT:-330} python3 -c "import typer; from cdbench.cli.kernels import kernels_command as k; typer.run(k)" \
     --out "$OUT" --cost-table "$OUT/cost_table.json" "$@" 2>&1 | grep -v "━"
   nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu --format=csv
 } 2>&1 | tee "$OUT/run.log"

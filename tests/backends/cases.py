@@ -21,7 +21,6 @@ import torch
 
 from cdbench.backends import ConstraintSpec
 
-
 ENGINES = ("xgrammar", "llguidance", "outlines")
 VOCABS = ("deepseek-v4", "qwen3.6", "cl100k")
 

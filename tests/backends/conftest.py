@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from cdbench.backends import CompiledGrammar, ConstraintSpec, GrammarBackend, create_backend, load_vocab
+from cdbench.backends import (
+    CompiledGrammar,
+    ConstraintSpec,
+    GrammarBackend,
+    create_backend,
+    load_vocab,
+)
 from cdbench.backends.reasoner import ReasonerBackend
 
 

@@ -13,8 +13,19 @@ import threading
 import pytest
 import torch
 
-from cdbench.backends.base import CompiledGrammar, CompileError, ConstraintSpec, GrammarBackend, Matcher
-from cdbench.backends.cache import AsyncCompiler, CacheStats, CompileCache, CompileTimeout
+from cdbench.backends.base import (
+    CompiledGrammar,
+    CompileError,
+    ConstraintSpec,
+    GrammarBackend,
+    Matcher,
+)
+from cdbench.backends.cache import (
+    AsyncCompiler,
+    CacheStats,
+    CompileCache,
+    CompileTimeout,
+)
 from cdbench.backends.registry import create_backend
 from cdbench.backends.vocab import Vocabulary, load_vocab
 

@@ -15,8 +15,20 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
-from cases import (ENGINES, EMBEDDED, MALFORMED, VOCABS, Case, allowed_ids, case_id, corpus_cases, is_allowed,
-                   is_complete, mask_bits, shared_dir)
+from cases import (
+    EMBEDDED,
+    ENGINES,
+    MALFORMED,
+    VOCABS,
+    Case,
+    allowed_ids,
+    case_id,
+    corpus_cases,
+    is_allowed,
+    is_complete,
+    mask_bits,
+    shared_dir,
+)
 
 from cdbench.backends import CompileError
 

@@ -7,9 +7,9 @@ import re
 
 import pytest
 import torch
+from cases import ENGINES, allowed_ids, is_allowed
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from cases import ENGINES, allowed_ids, is_allowed
 
 import cdbench.backends as backends_api
 from cdbench.backends import CompileError, ConstraintSpec, MaskFormat, create_backend
@@ -18,7 +18,12 @@ from cdbench.backends.none import NoneBackend
 from cdbench.backends.outlines import IGNORED_KEYWORDS as OUTLINES_IGNORED
 from cdbench.backends.outlines import IGNORED_WHEN as OUTLINES_IGNORED_WHEN
 from cdbench.backends.outlines import OutlinesBackend
-from cdbench.backends.specs import choice_regex, load_schema, regex_literal, unenforced_keywords
+from cdbench.backends.specs import (
+    choice_regex,
+    load_schema,
+    regex_literal,
+    unenforced_keywords,
+)
 from cdbench.backends.xgrammar import IGNORED_KEYWORDS as XGRAMMAR_IGNORED
 from cdbench.backends.xgrammar import IGNORED_WHEN as XGRAMMAR_IGNORED_WHEN
 from cdbench.backends.xgrammar import XGrammarBackend

@@ -14,7 +14,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdbench.backends.base import CompiledGrammar, ConstraintSpec, GrammarBackend, MaskFormat, Matcher
+from cdbench.backends.base import (
+    CompiledGrammar,
+    ConstraintSpec,
+    GrammarBackend,
+    MaskFormat,
+    Matcher,
+)
 from cdbench.backends.reasoner import ReasonerBackend, ReasonerMatcher
 from cdbench.backends.registry import create_backend, register_backend
 from cdbench.backends.vocab import Vocabulary, load_vocab

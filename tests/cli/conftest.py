@@ -1,9 +1,10 @@
 import pytest
 
-from cdbench.harness.executors import FixedGpuCosts, FixedGrammarCosts, ModelExecutor
+from cdbench.harness.costs.gpu import FixedGpuCosts
+from cdbench.harness.executors.model import FixedGrammarCosts, ModelExecutor
 from cdbench.harness.policies import policy
-from cdbench.harness.results import save_run
 from cdbench.harness.run import simulate
+from cdbench.results.run_folder import save_run
 from cdbench.workloads.request import Request
 
 

@@ -2,7 +2,7 @@ import json
 
 from typer.testing import CliRunner
 
-from cdbench.harness.cli import app
+from cdbench.cli.app import app
 from cdbench.reports.gate import Baseline
 
 runner = CliRunner()

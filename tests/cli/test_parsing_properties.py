@@ -5,9 +5,9 @@ import copy
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdbench.harness.cli_support import parse_set_options
-from cdbench.harness.config_io import apply_overrides
+from cdbench.cli.support import parse_set_options
 from cdbench.reports.gate import parse_tolerances
+from cdbench.results.config_files import apply_overrides
 
 keys = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=8)
 paths = st.lists(keys, min_size=1, max_size=4).map(".".join)

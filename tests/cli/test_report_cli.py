@@ -1,6 +1,6 @@
 from typer.testing import CliRunner
 
-from cdbench.harness.cli import app
+from cdbench.cli.app import app
 
 runner = CliRunner()
 

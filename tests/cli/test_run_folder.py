@@ -6,8 +6,8 @@ import json
 import pandas as pd
 from typer.testing import CliRunner
 
-from cdbench.harness.cli import app
-from cdbench.harness.config_io import builtin_config_path
+from cdbench.cli.app import app
+from cdbench.results.config_files import builtin_config_path
 
 runner = CliRunner()
 

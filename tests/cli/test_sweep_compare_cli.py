@@ -4,8 +4,8 @@ import pandas as pd
 import yaml
 from typer.testing import CliRunner
 
-from cdbench.harness.cli import app
-from cdbench.harness.config_io import builtin_config_path
+from cdbench.cli.app import app
+from cdbench.results.config_files import builtin_config_path
 
 runner = CliRunner()
 
@@ -120,22 +120,22 @@ def test_compare_validates_every_combination_before_running_any(tmp_path):
 
 
 def test_a_point_that_died_while_writing_its_report_is_run_again_on_resume(tmp_path, monkeypatch):
-    import cdbench.reports.run_report as run_report
+    import cdbench.cli.sweep as sweep_command
 
     path = _sweep_file(tmp_path, {"workload.arrival.rate": [20]})
     out = tmp_path / "out"
-    real_build_report = run_report.build_report
+    real_build_report = sweep_command.build_report
 
     def dies_midway(run):
         (run.folder / "report.md").write_text("half")
         raise OSError("disk full")
 
-    monkeypatch.setattr(run_report, "build_report", dies_midway)
+    monkeypatch.setattr(sweep_command, "build_report", dies_midway)
     first = runner.invoke(app, ["sweep", str(path), "--out", str(out)])
     assert first.exit_code == 1 and "0 run, 0 already done, 1 failed" in first.output
     assert (out / "rate=20" / "steps.parquet").is_file() and not (out / "rate=20" / "summary.json").exists()
 
-    monkeypatch.setattr(run_report, "build_report", real_build_report)
+    monkeypatch.setattr(sweep_command, "build_report", real_build_report)
     again = runner.invoke(app, ["sweep", str(path), "--out", str(out)])
     assert again.exit_code == 0 and "1 run, 0 already done, 0 failed" in again.output
     assert (out / "rate=20" / "report.md").read_text().startswith("# cdbench run")

@@ -6,7 +6,7 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from cdbench.harness.cli import app
+from cdbench.cli.app import app
 
 runner = CliRunner()
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from cdbench.backends.base import ConstraintSpec
-from cdbench.harness.executors import FixedGpuCosts, FixedGrammarCosts, ModelExecutor
+from cdbench.harness.costs.gpu import FixedGpuCosts
+from cdbench.harness.executors.model import FixedGrammarCosts, ModelExecutor
 from cdbench.harness.policies import policy
 from cdbench.harness.run import RunResult, simulate
 from cdbench.workloads.request import Request

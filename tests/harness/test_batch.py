@@ -8,7 +8,8 @@ import pytest
 from scheduler_helpers import SPEC
 
 from cdbench.harness import scheduler
-from cdbench.harness.executors import FixedGpuCosts, FixedGrammarCosts, ModelExecutor
+from cdbench.harness.costs.gpu import FixedGpuCosts
+from cdbench.harness.executors.model import FixedGrammarCosts, ModelExecutor
 from cdbench.harness.policies import policy
 from cdbench.harness.run import simulate
 from cdbench.workloads.request import Request

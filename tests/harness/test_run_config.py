@@ -7,8 +7,14 @@ import pytest
 from pydantic import ValidationError
 
 from cdbench.harness.config import RunConfig
-from cdbench.harness.costs.grammar_profile import CompileMeasurement, GrammarProfile, ProfileError, WalkMeasurement
-from cdbench.harness.executors import FixedGpuCosts, FixedGrammarCosts, ProfileGrammarCosts, RooflineGpuCosts
+from cdbench.harness.costs.gpu import FixedGpuCosts, RooflineGpuCosts
+from cdbench.harness.costs.grammar_profile import (
+    CompileMeasurement,
+    GrammarProfile,
+    ProfileError,
+    WalkMeasurement,
+)
+from cdbench.harness.executors.model import FixedGrammarCosts, ProfileGrammarCosts
 
 
 def test_policy_preset_with_overrides():

@@ -10,10 +10,15 @@ from scheduler_helpers import SPEC
 
 from cdbench.harness.compile_service import CompilePools, GrammarCache
 from cdbench.harness.costs.forward import ForwardCostModel
-from cdbench.harness.costs.grammar_profile import CompileMeasurement, GrammarProfile, WalkMeasurement
+from cdbench.harness.costs.gpu import RooflineGpuCosts
+from cdbench.harness.costs.grammar_profile import (
+    CompileMeasurement,
+    GrammarProfile,
+    WalkMeasurement,
+)
 from cdbench.harness.costs.mask import MaskCost
 from cdbench.harness.events import EventKind, EventQueue
-from cdbench.harness.executors import ModelExecutor, ProfileGrammarCosts, RooflineGpuCosts
+from cdbench.harness.executors.model import ModelExecutor, ProfileGrammarCosts
 from cdbench.harness.metrics import LogHistogram
 from cdbench.harness.policies import policy
 from cdbench.harness.records import REQUEST_COLUMNS, STEP_COLUMNS

@@ -10,8 +10,8 @@ import pytest
 from cdbench.backends import create_backend
 from cdbench.backends.base import ConstraintSpec
 from cdbench.backends.vocab import load_vocab
-from cdbench.harness.executors import FixedGpuCosts
-from cdbench.harness.hybrid import HybridExecutor
+from cdbench.harness.costs.gpu import FixedGpuCosts
+from cdbench.harness.executors.hybrid import HybridExecutor
 from cdbench.harness.policies import policy
 from cdbench.harness.run import simulate
 from cdbench.workloads.drafts import DraftSource

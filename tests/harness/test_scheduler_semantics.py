@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from scheduler_helpers import FORWARD_S, req, row, sim
 
-from cdbench.harness.executors import FixedGpuCosts, FixedGrammarCosts
+from cdbench.harness.costs.gpu import FixedGpuCosts
+from cdbench.harness.executors.model import FixedGrammarCosts
 from cdbench.harness.policies import policy
 from cdbench.harness.scheduler import parallel_makespan
 
@@ -373,7 +374,7 @@ def test_chunked_prefill_spreads_a_long_prompt_over_iterations():
 
 def test_closed_loop_issues_the_next_request_when_one_ends():
     reqs = [req(i, 0.0, out=2, spec=None) for i in range(3)]
-    from cdbench.harness.executors import ModelExecutor
+    from cdbench.harness.executors.model import ModelExecutor
     from cdbench.harness.policies import policy
     from cdbench.harness.run import simulate
 
@@ -383,7 +384,7 @@ def test_closed_loop_issues_the_next_request_when_one_ends():
 
 
 def test_summary_latencies_throughput_and_goodput():
-    from cdbench.harness.executors import ModelExecutor
+    from cdbench.harness.executors.model import ModelExecutor
     from cdbench.harness.metrics import SLO
     from cdbench.harness.policies import policy
     from cdbench.harness.run import simulate

@@ -13,9 +13,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from kernel_cases import (
-    DTYPES, MODES, check_apply_bitmask, check_apply_bool_mask, check_masked_argmax, check_set_token_filter,
+    DTYPES,
+    MODES,
+    check_apply_bitmask,
+    check_apply_bool_mask,
+    check_masked_argmax,
+    check_set_token_filter,
 )
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run through test_kernels_interpreted.py"

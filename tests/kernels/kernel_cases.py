@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from cdbench.kernels import apply_bitmask, apply_bool_mask, masked_argmax, set_token_filter
-from cdbench.kernels import reference
+from cdbench.kernels import (
+    apply_bitmask,
+    apply_bool_mask,
+    masked_argmax,
+    reference,
+    set_token_filter,
+)
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MODES = ("auto", "adaptive", "skip", "rmw", "store")

@@ -9,8 +9,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cdbench.kernels.bench import gpu_short_name, kernels_command
-from cdbench.kernels.bench_report import load_run, summary_markdown, results_frame
+from cdbench.cli.kernels import kernels_command
+from cdbench.kernels.bench import gpu_short_name
+from cdbench.kernels.bench_report import load_run, results_frame, summary_markdown
 from cdbench.kernels.timing import rotation_count
 
 app = typer.Typer()

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from kernel_cases import (
-    DTYPES, MODES, check_apply_bitmask, check_apply_bool_mask, check_masked_argmax, check_set_token_filter,
+    DTYPES,
+    MODES,
+    check_apply_bitmask,
+    check_apply_bool_mask,
+    check_masked_argmax,
+    check_set_token_filter,
 )
 
 pytestmark = [

@@ -8,7 +8,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdbench.kernels import apply_bitmask, apply_bool_mask, masked_argmax, reference, set_token_filter
+from cdbench.kernels import (
+    apply_bitmask,
+    apply_bool_mask,
+    masked_argmax,
+    reference,
+    set_token_filter,
+)
 
 
 def _numpy_allowed(bitmask: torch.Tensor, n_cols: int) -> np.ndarray:

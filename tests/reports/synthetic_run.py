@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from cdbench.harness.records import REQUEST_COLUMNS, STEP_COLUMNS
-from cdbench.harness.results import SavedRun
+from cdbench.results.run_folder import SavedRun
 
 
 def synthetic_frames(seed: int = 0, n: int = 60, steps: int = 120, ranks_skew: bool = True, drafts: bool = True):

@@ -1,6 +1,10 @@
 import math
 
-from cdbench.reports.compare import comparison_markdown, comparison_rich, comparison_table
+from cdbench.reports.compare import (
+    comparison_markdown,
+    comparison_rich,
+    comparison_table,
+)
 
 
 def test_columns_per_run_and_ratios_to_the_first():

@@ -1,8 +1,8 @@
 import pytest
 from synthetic_run import write_synthetic_run
 
-from cdbench.harness.results import ResultsError, load_run
 from cdbench.reports.run_report import build_report, request_latencies_ms
+from cdbench.results.run_folder import ResultsError, load_run
 
 
 def test_report_has_tables_every_plot_and_the_config(synthetic_run):

@@ -8,7 +8,14 @@ from hypothesis import strategies as st
 
 from cdbench.workloads.config import WorkloadConfig
 from cdbench.workloads.generator import generate
-from cdbench.workloads.trace import FORMAT_VERSION, TraceError, dumps_trace, loads_trace, read_trace, write_trace
+from cdbench.workloads.trace import (
+    FORMAT_VERSION,
+    TraceError,
+    dumps_trace,
+    loads_trace,
+    read_trace,
+    write_trace,
+)
 
 
 @pytest.fixture

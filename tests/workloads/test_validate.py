@@ -6,8 +6,14 @@ import socket
 import pytest
 
 from cdbench.backends.base import ConstraintSpec
-from cdbench.workloads.validate import (InvalidInstance, JsonValidator, check_instance, json_validator, spec_validator,
-                                       validity_check)
+from cdbench.workloads.validate import (
+    InvalidInstance,
+    JsonValidator,
+    check_instance,
+    json_validator,
+    spec_validator,
+    validity_check,
+)
 
 ITEMS = {"type": "object", "required": ["id"],
          "properties": {"id": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}}}

@@ -7,7 +7,12 @@
   seeded vectorized :class:`ProfileSampler` for ``model`` mode.
 """
 
-from cdbench.harness.costs.forward import ForwardConfig, ForwardCostModel, StepCost, attention_pairs
+from cdbench.harness.costs.forward import (
+    ForwardConfig,
+    ForwardCostModel,
+    StepCost,
+    attention_pairs,
+)
 from cdbench.harness.costs.grammar_profile import (
     KIND_CODES,
     CompileMeasurement,

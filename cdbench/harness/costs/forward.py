@@ -31,7 +31,12 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from cdbench.harness.costs.hardware import GPUSpec, ModelSpec, resolve_gpu, resolve_model
+from cdbench.harness.costs.hardware import (
+    GPUSpec,
+    ModelSpec,
+    resolve_gpu,
+    resolve_model,
+)
 
 ACTIVATION_BYTES = 2  # all-reduced hidden states are bf16
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cdbench.harness.costs.forward import ForwardConfig, ForwardCostModel, attention_pairs
+from cdbench.harness.costs.forward import (
+    ForwardConfig,
+    ForwardCostModel,
+    attention_pairs,
+)
 from cdbench.harness.costs.hardware import (
     GPUS,
     MODELS,

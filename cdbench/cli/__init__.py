@@ -1,0 +1,1 @@
+"""The command line (``cdbench ...``): the only package that imports typer."""

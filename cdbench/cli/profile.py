@@ -1,0 +1,59 @@
+"""``cdbench profile``: the command-line face of :mod:`cdbench.profile.runner`.
+
+Importing this module registers the command on :data:`cdbench.cli.app.app`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def profile(
+    backends: str = typer.Option("xgrammar,llguidance,outlines", help="Comma-separated backend names."),
+    corpus: str = typer.Option(..., help="Corpus names (files of the shared corpora by stem, 'embedded') or JSONL paths, comma-separated."),
+    out: Path = typer.Option(..., help="Output folder; rerunning with the same folder resumes."),
+    vocab: str = typer.Option("qwen3.6", help="Vocabulary: deepseek-v4, qwen3.6 or cl100k."),
+    limit: int | None = typer.Option(None, min=1, help="Items per corpus (the first ones in file order)."),
+    seed: int = typer.Option(0, help="Seed of the oracle instances and mutations."),
+    compile_timeout: float = typer.Option(60.0, min=0.001, help="Seconds before a compile is killed and recorded as timeout."),
+    walk_timeout: float = typer.Option(600.0, min=0.001, help="Seconds an item's instance walks may take."),
+    workers: int = typer.Option(1, min=1, help="Worker processes (each serves every backend)."),
+    valid_instances: int = typer.Option(1, min=0, help="Oracle instances walked per item."),
+    invalid_instances: int = typer.Option(3, min=0, help="Mutated invalid instances checked per item."),
+    plugin: list[str] = typer.Option([], help="Module, module:function or .py file registering extra backends (repeatable)."),
+    progress: bool = typer.Option(True, help="Show progress bars."),
+) -> None:
+    """Profile grammar backends side by side on real corpora: compile time, per-token mask time, coverage, correctness.
+
+    Example: cdbench profile --backends xgrammar,llguidance,outlines --corpus jsonschemabench_github_easy,regex_from_json_schemas --vocab qwen3.6 --limit 50 --compile-timeout 30 --out reports/profile
+    """
+    from pydantic import ValidationError
+
+    from cdbench.backends.registry import available_backends
+    from cdbench.profile.runner import ProfileConfig, ResumeMismatchError, run_profile
+    from cdbench.profile.worker import load_plugin
+
+    try:
+        for name in plugin:
+            load_plugin(name)
+        config = ProfileConfig(
+            backends=_split(backends), corpora=_split(corpus), vocab=vocab, limit=limit, seed=seed,
+            compile_timeout_s=compile_timeout, walk_timeout_s=walk_timeout, workers=workers,
+            valid_instances=valid_instances, invalid_instances=invalid_instances, plugins=plugin,
+        )
+        unknown = [b for b in config.backends if b not in available_backends()]
+        if unknown:
+            raise ValueError(f"unknown backend(s) {', '.join(unknown)}; available: {', '.join(available_backends())}")
+        run = run_profile(config, out, progress=progress)
+    except (ValueError, KeyError, ValidationError, ResumeMismatchError, FileNotFoundError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    for line in run.skipped_lines:
+        typer.echo(f"skipped: {line}", err=True)
+    typer.echo(f"{run.results} results ({run.new_results} new) in {run.out_dir}; report: {run.out_dir / 'report.md'}")

@@ -1,0 +1,67 @@
+"""``cdbench run``: one configured run into a results folder, with a summary table.
+
+The run options (``--backend``, ``--policy``, ...) are shared with ``cdbench
+compare`` and live in :mod:`cdbench.cli.support`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cdbench.cli.support import (
+    BackendOpt,
+    ConfigArg,
+    CorpusOpt,
+    GpuOpt,
+    ModelOpt,
+    ModeOpt,
+    PolicyOpt,
+    RateOpt,
+    RequestsOpt,
+    SeedOpt,
+    SetOpt,
+    console,
+    default_out_dir,
+    execute,
+    load_run_tree,
+    output_folder,
+    print_workload_issues,
+    user_errors,
+)
+from cdbench.reports.tables import console_sections, to_rich
+
+
+def run_command(
+    config: ConfigArg = None,
+    backend: BackendOpt = None,
+    policy: PolicyOpt = None,
+    mode: ModeOpt = None,
+    model: ModelOpt = None,
+    gpu: GpuOpt = None,
+    corpus: CorpusOpt = None,
+    requests: RequestsOpt = None,
+    rate: RateOpt = None,
+    seed: SeedOpt = None,
+    set_: SetOpt = [],  # noqa: B006 (typer reads the default, it is never mutated)
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Results folder (default runs/<timestamp>).")] = None,
+) -> None:
+    """Run one simulation and write its results folder (config, parquet tables, summary, report, plots, trace).
+
+    Options override the config file. With no arguments: the built-in default (hybrid mode, xgrammar,
+    sglang policy, Qwen3-8B on an H100, the embedded sample workload).
+
+    Example: cdbench run --backend llguidance --policy vllm --rate 20 --out runs/llg
+    """
+    options = dict(backend=backend, policy=policy, mode=mode, model=model, gpu=gpu, corpus=corpus,
+                   requests=requests, rate=rate, seed=seed)
+    with user_errors():
+        tree, source = load_run_tree(config, options, set_)
+        out = output_folder(out, default_out_dir())
+    saved = execute(tree, source, out)
+    for section in console_sections(saved.summary):
+        console.print(to_rich(section))
+    print_workload_issues(saved)
+    console.print(f"results: {out}/  (report: {out / 'report.md'}, trace: {out / 'trace.json'} for ui.perfetto.dev)")

@@ -1,0 +1,230 @@
+"""What every command shares: the consoles, progress bars, and turning user mistakes into one line.
+
+A user mistake (bad config, unknown backend, corpus, model or GPU, a missing
+file) is printed as ``error: <what and why>`` on stderr with exit code 2 and
+no traceback. Anything else is a bug or a failed run: its traceback goes to a
+log file and the console gets one line saying where.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from cdbench.backends.registry import UnknownBackendError
+from cdbench.backends.vocab import UnknownVocabularyError
+from cdbench.harness.costs.grammar_profile import ProfileError
+from cdbench.harness.costs.hardware import SpecFileError, UnknownSpecError
+from cdbench.reports.gate import GateError
+from cdbench.reports.run_report import build_report
+from cdbench.results.config_files import (
+    ConfigError,
+    apply_overrides,
+    builtin_config_path,
+    read_yaml_mapping,
+)
+from cdbench.results.run_folder import SavedRun, record_run, validate_run_config
+from cdbench.workloads.corpora import UnknownCorpusError
+from cdbench.workloads.trace import TraceError
+
+
+def _console(stderr: bool = False) -> Console:
+    # Rich assumes 80 columns when output is not a terminal (CI logs, pipes); tables need more.
+    probe = Console(stderr=stderr)
+    return probe if probe.is_terminal else Console(stderr=stderr, width=140)
+
+
+console = _console()
+err_console = _console(stderr=True)
+
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ConfigError,
+    GateError,
+    UnknownBackendError,
+    UnknownVocabularyError,
+    UnknownSpecError,
+    SpecFileError,
+    ProfileError,
+    UnknownCorpusError,
+    TraceError,
+    # A path the user gave that is the wrong kind of thing or off limits (``--out /``, a folder as a file).
+    FileNotFoundError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
+)
+"""Exceptions that mean the user asked for something that cannot be done (exit code 2)."""
+
+
+def _message(err: BaseException) -> str:
+    # KeyError subclasses repr their argument; show the text itself.
+    if isinstance(err, KeyError) and err.args:
+        return str(err.args[0])
+    return str(err)
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print ``error: message`` and return the exit to raise."""
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+@contextmanager
+def user_errors(log_file: Path | None = None) -> Iterator[None]:
+    """Turn user mistakes into one line (exit 2) and other failures into one line plus a log (exit 1)."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except USER_ERRORS as err:
+        raise fail(_message(err)) from None
+    except Exception as err:
+        if log_file is None:
+            raise
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        log_file.write_text(traceback.format_exc())
+        raise fail(f"{type(err).__name__}: {_message(err)} (details in {log_file})", code=1) from None
+
+
+def print_workload_issues(run: SavedRun) -> None:
+    """One console line counting what did not make it into the run's requests, and where each is listed."""
+    issues = run.workload_issues
+    if issues is not None and issues.total:
+        console.print(f"[yellow]workload:[/] {issues.describe()} (each with its reason in "
+                      f"{run.folder / issues.details})", highlight=False)
+
+
+def progress_bar(transient: bool = False) -> Progress:
+    """The progress bar every long command shows (on stderr, so stdout stays clean for tables)."""
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=transient,
+    )
+
+
+# ----------------------------------------------------------------------------- run options (run, compare)
+
+RUN_OPTION_PATHS: dict[str, tuple[str, ...]] = {
+    "backend": ("backend.name",),
+    "policy": ("policy.name",),
+    "mode": ("mode",),
+    "model": ("costs.model",),
+    "gpu": ("costs.gpu",),
+    "corpus": ("workload.corpus",),
+    "requests": ("workload.num_requests",),
+    "rate": ("workload.arrival.rate",),
+    "seed": ("seed", "workload.seed"),  # one seed fixes both the requests and the run's own draws
+}
+"""Command-line option → the configuration paths it sets."""
+
+
+def option_overrides(options: dict[str, Any]) -> dict[str, Any]:
+    """Dotted-path overrides for the run options that were given (``None`` = not given).
+
+    >>> option_overrides({"seed": 3, "corpus": "embedded,regex_from_json_schemas", "rate": None})
+    {'seed': 3, 'workload.seed': 3, 'workload.corpus': ['embedded', 'regex_from_json_schemas']}
+    """
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        if value is None:
+            continue
+        if name == "corpus":
+            value = [c.strip() for c in str(value).split(",") if c.strip()]
+        for path in RUN_OPTION_PATHS[name]:
+            out[path] = value
+    return out
+
+ConfigArg = Annotated[
+    Path | None, typer.Argument(help="Run-config YAML; without it the built-in default (cdbench/configs/default.yaml).")
+]
+BackendOpt = Annotated[str | None, typer.Option("--backend", help="Grammar backend: xgrammar, llguidance, outlines, none.")]
+PolicyOpt = Annotated[str | None, typer.Option("--policy", help="Scheduler policy preset: sglang or vllm.")]
+ModeOpt = Annotated[str | None, typer.Option("--mode", help="model (profiled grammar costs) or hybrid (real backend).")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Model for the cost model, e.g. qwen3-8b, or a spec file.")]
+GpuOpt = Annotated[str | None, typer.Option("--gpu", help="GPU for the cost model, e.g. h100-sxm, h200, or a spec file.")]
+CorpusOpt = Annotated[str | None, typer.Option("--corpus", help="Workload corpora, comma-separated: a name (embedded, ...) or a JSONL path.")]
+RequestsOpt = Annotated[int | None, typer.Option("--requests", "-n", help="Number of requests.")]
+RateOpt = Annotated[float | None, typer.Option("--rate", help="Arrival rate (requests per second).")]
+SeedOpt = Annotated[int | None, typer.Option("--seed", help="Seed of every random choice.")]
+SetOpt = Annotated[
+    list[str], typer.Option("--set", "-s", help="Any config path: --set scheduler.poll_interval_s=0.001 (repeatable).")
+]
+
+
+def parse_set_options(items: list[str]) -> dict[str, Any]:
+    """``path=value`` strings to overrides; values are parsed as YAML (numbers, booleans, lists)."""
+    import yaml
+
+    from cdbench.results.config_files import ConfigError
+
+    out: dict[str, Any] = {}
+    for item in items:
+        path, sep, raw = item.partition("=")
+        if not sep or not path.strip():
+            raise ConfigError(f"--set {item!r} is not PATH=VALUE (e.g. scheduler.overlap=false)")
+        try:
+            out[path.strip()] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise ConfigError(f"--set {item!r}: {raw!r} is not a valid value") from None
+    return out
+
+
+def load_run_tree(config: Path | None, options: dict[str, Any], sets: list[str]) -> tuple[dict[str, Any], str]:
+    """The configuration mapping: the file (or built-in default), then options, then ``--set`` values."""
+    path = config if config is not None else builtin_config_path("default")
+    source = str(config) if config is not None else "built-in default config"
+    tree = read_yaml_mapping(path)
+    tree = apply_overrides(tree, option_overrides(options))
+    tree = apply_overrides(tree, parse_set_options(sets))
+    return tree, source
+
+
+def default_out_dir(prefix: str = "") -> Path:
+    """``runs/<prefix><UTC timestamp>``, unique to the second."""
+    return Path("runs") / f"{prefix}{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+
+
+def output_folder(out: Path | None, default: Path) -> Path:
+    """``out`` (or ``default``) once it is known to be usable as a results folder, else a :class:`ConfigError`."""
+    folder = out if out is not None else default
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"--out {folder} is a file; it must be a folder (new or existing)")
+    return folder
+
+
+def execute(tree: dict[str, Any], source: str, out: Path, label: str = "") -> SavedRun:
+    """Validate, run with a progress bar, save and report; user mistakes become one-line errors.
+
+    The bar shows each stage of the run (workload generation, then simulation), prefixed by ``label``.
+    """
+    prefix = f"{label}: " if label else ""
+    with user_errors(out / "run.log"):
+        run_config = validate_run_config(tree, source)
+        with progress_bar(transient=True) as bar:
+            task = bar.add_task(f"{prefix}starting", total=100)
+
+            def show(stage: str, fraction: float) -> None:
+                bar.update(task, description=prefix + stage, completed=100 * fraction)
+
+            saved = record_run(run_config, out, progress=show, finish=build_report)
+    return saved

@@ -1,0 +1,83 @@
+"""``cdbench sweep``: run a grid of configurations (local processes or Ray), resumable, with a summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from cdbench.cli.support import (
+    console,
+    err_console,
+    output_folder,
+    progress_bar,
+    user_errors,
+)
+from cdbench.reports.run_report import build_report
+from cdbench.reports.sweep_report import sweep_rich, write_sweep_report
+from cdbench.results.run_folder import validate_run_config
+from cdbench.results.sweep import (
+    PointOutcome,
+    expand_grid,
+    grid_columns,
+    ineffective_parameters,
+    load_sweep,
+    point_config,
+    run_point,
+    run_sweep,
+    sweep_table,
+)
+
+
+def run_and_report(config_tree: dict[str, Any], folder: str) -> str | None:
+    """One sweep point: :func:`~cdbench.results.sweep.run_point` with the run's report (module level: picklable)."""
+    return run_point(config_tree, folder, finish=build_report)
+
+
+def sweep(
+    sweep_file: Annotated[Path, typer.Argument(help="Sweep YAML: base config, overrides and a grid of dotted paths.")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Sweep folder (default runs/sweep-<name>).")] = None,
+    workers: Annotated[int, typer.Option("--workers", "-w", min=1, help="Local worker processes.")] = 1,
+    ray: Annotated[
+        str | None, typer.Option("--ray", help="Run on Ray: a cluster address (ray://host:10001, auto) or 'local'.")
+    ] = None,
+) -> None:
+    """Run every point of a grid into its own folder; finished points are skipped, so a rerun resumes.
+
+    Prints a table of the points and writes sweep.md with throughput-vs-latency plots.
+
+    Example: cdbench sweep cdbench/configs/sweep_example.yaml --workers 2
+    """
+    with user_errors():
+        spec, base = load_sweep(sweep_file)
+        points = expand_grid(spec)
+        # Validate every point before running any, so a typo fails in a second, not an hour in.
+        configs = [validate_run_config(point_config(base, point), source=f"sweep point {point.name}")
+                   for point in points]
+        out = output_folder(out, Path("runs") / f"sweep-{spec.name}")
+    for warning in ineffective_parameters(spec, configs):
+        err_console.print(f"[bold yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+    failures: list[PointOutcome] = []
+    with user_errors(out / "sweep.log"), progress_bar() as bar:
+        task = bar.add_task(f"sweep {spec.name} ({len(points)} points)", total=len(points))
+
+        def advance(outcome: PointOutcome) -> None:
+            if outcome.status == "failed":
+                failures.append(outcome)
+            bar.advance(task)
+
+        outcomes = run_sweep(spec, base, out, workers=workers, ray_address=ray, on_outcome=advance,
+                             runner=run_and_report)
+    table = sweep_table(spec, outcomes)
+    with user_errors(out / "sweep.log"):
+        md = write_sweep_report(spec.name, grid_columns(spec), table, out)
+    console.print(sweep_rich(table, grid_columns(spec)))
+    skipped = sum(o.status == "skipped" for o in outcomes)
+    console.print(f"sweep: {out}/ ({len(outcomes) - skipped - len(failures)} run, {skipped} already done, "
+                  f"{len(failures)} failed); report: {md}")
+    for failure in failures:
+        err_console.print(f"[red]failed[/] {failure.point.name}: {failure.error}")
+    if failures:
+        raise typer.Exit(1)
+

@@ -1,0 +1,118 @@
+"""GPU-side cost of a step: forward, bitmask copy, apply kernel, sampling.
+
+:class:`GpuCosts` is what the scheduler asks; :class:`RooflineGpuCosts` answers
+from the forward cost model and the measured mask-kernel tables,
+:class:`FixedGpuCosts` from constants (tests, what-if runs).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from cdbench.harness.costs.forward import ForwardCostModel, attention_pairs
+from cdbench.harness.costs.mask import MaskCost
+
+_sum = np.add.reduce  # the direct ufunc reduction: cheaper than ndarray.sum per call
+
+
+class GpuCosts(Protocol):
+    """GPU-side time of one step, in seconds."""
+
+    def forward_s(self, prefill_chunks: np.ndarray, prefill_cached: np.ndarray, decode_rows: int, decode_kv_tokens: int) -> float:
+        """Forward of prefill chunks (new tokens, tokens already cached) and ``decode_rows`` decoding rows."""
+
+    def copy_s(self, mask_rows: int, pinned: bool) -> float:
+        """Host-to-device copy of a ``mask_rows``-row bitmask."""
+
+    def apply_s(self, mask_rows: int) -> float:
+        """The apply kernel over ``mask_rows`` rows."""
+
+    def sample_s(self, rows: int) -> float:
+        """Sampling ``rows`` logits rows."""
+
+
+class FixedGpuCosts(BaseModel):
+    """Linear GPU costs with explicit coefficients: hand-computable, for tests and what-ifs.
+
+    A step's forward is ``forward_s + prefill_token_s·prefill tokens +
+    decode_row_s·decode rows + kv_token_s·KV tokens read`` (0 when empty);
+    copy, apply and sample are ``base + per_row·rows`` (0 for no rows).
+
+    >>> FixedGpuCosts(forward_base_s=0.01, decode_row_s=1e-4).forward_s(np.zeros(0), np.zeros(0), 10, 0)
+    0.011
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["fixed"] = "fixed"
+    forward_base_s: float = Field(0.01, ge=0)
+    prefill_token_s: float = Field(0.0, ge=0)
+    decode_row_s: float = Field(0.0, ge=0)
+    kv_token_s: float = Field(0.0, ge=0)
+    copy_base_s: float = Field(0.0, ge=0)
+    copy_row_s: float = Field(0.0, ge=0)
+    apply_base_s: float = Field(0.0, ge=0)
+    apply_row_s: float = Field(0.0, ge=0)
+    sample_base_s: float = Field(0.0, ge=0)
+    sample_row_s: float = Field(0.0, ge=0)
+
+    def forward_s(self, prefill_chunks, prefill_cached, decode_rows, decode_kv_tokens) -> float:
+        tokens = float(_sum(prefill_chunks))
+        if tokens + decode_rows <= 0:
+            return 0.0
+        return (self.forward_base_s + self.prefill_token_s * tokens + self.decode_row_s * decode_rows
+                + self.kv_token_s * decode_kv_tokens)
+
+    def copy_s(self, mask_rows: int, pinned: bool) -> float:
+        return self.copy_base_s + self.copy_row_s * mask_rows if mask_rows else 0.0
+
+    def apply_s(self, mask_rows: int) -> float:
+        return self.apply_base_s + self.apply_row_s * mask_rows if mask_rows else 0.0
+
+    def sample_s(self, rows: int) -> float:
+        return self.sample_base_s + self.sample_row_s * rows if rows else 0.0
+
+
+class RooflineGpuCosts:
+    """GPU costs from the roofline forward model and the measured mask-cost tables.
+
+    Mask and sampling times depend only on a row count; they are memoized per
+    count, since the loop asks for the same few counts again and again.
+    """
+
+    def __init__(self, forward: ForwardCostModel, mask: MaskCost) -> None:
+        self.forward, self.mask = forward, mask
+        self._copy: dict[tuple[int, bool], float] = {}
+        self._apply: dict[int, float] = {}
+        self._sample: dict[int, float] = {}
+
+    def forward_s(self, prefill_chunks, prefill_cached, decode_rows, decode_kv_tokens) -> float:
+        if len(prefill_chunks):
+            tokens = float(_sum(prefill_chunks))
+            pairs = float(attention_pairs(prefill_chunks, prefill_cached).sum())
+        else:
+            tokens = pairs = 0.0
+        return self.forward.step_s(tokens, pairs, decode_rows, decode_kv_tokens)
+
+    def copy_s(self, mask_rows: int, pinned: bool) -> float:
+        key = (mask_rows, pinned)
+        value = self._copy.get(key)
+        if value is None:
+            value = self._copy[key] = self.mask.copy_s(mask_rows, pinned) if mask_rows else 0.0
+        return value
+
+    def apply_s(self, mask_rows: int) -> float:
+        value = self._apply.get(mask_rows)
+        if value is None:
+            value = self._apply[mask_rows] = self.mask.apply_s(mask_rows) if mask_rows else 0.0
+        return value
+
+    def sample_s(self, rows: int) -> float:
+        value = self._sample.get(rows)
+        if value is None:
+            value = self._sample[rows] = self.mask.sample_s(rows) if rows else 0.0
+        return value
+
+

@@ -1,0 +1,183 @@
+"""What the scheduler asks of its grammar side, and the values that cross between them.
+
+A :class:`GrammarExecutor` answers one question per step,
+:meth:`GrammarExecutor.step`: given the rows that sample now (:class:`StepRows`),
+what did mask building cost, how many tokens does each row emit, and what did
+processing the results cost? The answer is a :class:`StepWork` of numpy arrays,
+so the scheduler never loops over rows. The executors:
+
+* :class:`~cdbench.harness.executors.model.ModelExecutor` (``model`` mode) draws
+  compile, fill, accept and rollback times from a cost source (a backend
+  profile, or fixed numbers), vectorized over the rows of a step;
+* :class:`~cdbench.harness.executors.hybrid.HybridExecutor` (``hybrid`` mode)
+  calls a real backend for every token and times each call.
+
+GPU work comes from :class:`~cdbench.harness.costs.gpu.GpuCosts`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from cdbench.backends.base import ConstraintSpec
+from cdbench.workloads.request import Request
+
+
+def constant_ints(value: int, n: int) -> np.ndarray:
+    """A read-only int64 vector of ``n`` copies of ``value`` (shared: callers only read it).
+
+    >>> constant_ints(1, 3).tolist(), constant_ints(1, 3) is constant_ints(1, 3)
+    ([1, 1, 1], True)
+    """
+    key = (value, n)
+    v = _CONSTANTS.get(key)
+    if v is None:
+        v = _CONSTANTS[key] = np.full(n, value, np.int64)
+        v.flags.writeable = False
+    return v
+
+
+_CONSTANTS: dict[tuple[int, int], np.ndarray] = {}
+NO_FILL = np.zeros(0)  # fill_s of a step without grammar rows
+NO_FILL.flags.writeable = False
+
+
+@dataclass(slots=True)
+class CompileOutcome:
+    """One spec compiled once: how long it took and whether it failed (``error`` names why)."""
+
+    seconds: float
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class StepRows:
+    """The rows that sample in one step (parallel arrays, one entry a request).
+
+    ``grammar``: the row's grammar is active (structured and past thinking);
+    ``drafts``: draft tokens to verify (0 on a prefill row); ``gen_left``:
+    tokens the request still has to emit; ``think_left``: thinking tokens left
+    (a thinking row emits at most that many this step).
+    """
+
+    rid: np.ndarray
+    grammar: np.ndarray
+    drafts: np.ndarray
+    gen_left: np.ndarray
+    think_left: np.ndarray
+
+
+@dataclass(slots=True)
+class StepWork:
+    """What the grammar side did in one step.
+
+    ``fill_s`` and ``mask_rows`` cover the rows that built masks (the grammar
+    rows), in row order: CPU seconds building each one's mask rows (fills,
+    plus the temporary accepts of drafts) and how many it built (1 + its
+    grammar-valid drafts). The other arrays are parallel to :class:`StepRows`:
+    ``produced``: tokens emitted (accepted drafts + 1, plus forced tokens);
+    ``accepted``/``rolled_back``: drafts verified / rejected drafts rolled
+    back in the grammar; ``jumped``: tokens emitted by jump-forward;
+    ``rejected``: the grammar refused a sampled token (``None``: no row did);
+    ``ended``: rows whose output ended before its planned length (the grammar
+    terminated; ``None``: none); ``drafted``: drafts actually verified per row
+    (``None``: as scheduled). ``process_s``: CPU seconds to advance the
+    grammars after sampling (accept, rollback, jump-forward), all rows together.
+    Executors may return shared read-only arrays; the scheduler only reads them,
+    and keeps the counters until it sums them in bulk, so an executor must not
+    change an array it has returned.
+    """
+
+    fill_s: np.ndarray
+    mask_rows: np.ndarray
+    produced: np.ndarray
+    accepted: np.ndarray
+    rolled_back: np.ndarray
+    jumped: np.ndarray
+    rejected: np.ndarray | None
+    process_s: float
+    ended: np.ndarray | None = None
+    drafted: np.ndarray | None = None
+
+
+def accepted_drafts(rng: np.random.Generator, drafts: np.ndarray, alpha: float) -> np.ndarray:
+    """Leading drafts the target accepts when each is accepted with probability ``alpha``.
+
+    >>> accepted_drafts(np.random.default_rng(0), np.array([0, 3]), 1.0).tolist()
+    [0, 3]
+    """
+    if alpha >= 1.0:
+        return drafts.copy()
+    if alpha <= 0.0:
+        return np.zeros_like(drafts)
+    return np.minimum(rng.geometric(1.0 - alpha, size=len(drafts)) - 1, drafts)
+
+
+@dataclass(frozen=True)
+class SpecKeys:
+    """The run's distinct specs (index = compile-cache key) and each request's key (-1: none)."""
+
+    texts: list[str]
+    kinds: list[str]
+    specs: list[ConstraintSpec]
+    spec_ids: list[str | None]
+    request_key: np.ndarray
+
+    @classmethod
+    def of(cls, requests: Sequence[Request]) -> SpecKeys:
+        """Number the distinct specs of ``requests`` (by spec id, else by canonical text) in order of first use."""
+        index: dict[str, int] = {}
+        texts: list[str] = []
+        kinds: list[str] = []
+        specs: list[ConstraintSpec] = []
+        spec_ids: list[str | None] = []
+        request_key = np.full(len(requests), -1, np.int64)
+        for i, r in enumerate(requests):
+            if r.spec is None:
+                continue
+            text = f"{r.spec.kind}:{r.spec_id}" if r.spec_id is not None else r.spec.canonical()
+            key = index.get(text)
+            if key is None:
+                key = index[text] = len(texts)
+                texts.append(text)
+                kinds.append(r.spec.kind)
+                specs.append(r.spec)
+                spec_ids.append(r.spec_id)
+            request_key[i] = key
+        return cls(texts, kinds, specs, spec_ids, request_key)
+
+
+class GrammarExecutor(ABC):
+    """The grammar side of the loop: compile once per spec, then work per step."""
+
+    #: seconds spent inside backend calls (hybrid); 0 in model mode
+    backend_call_s: float = 0.0
+    #: seconds spent checking finished outputs against their specs (hybrid)
+    validation_s: float = 0.0
+
+    def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False) -> None:
+        """Called once with the run's requests (in scheduler order), their spec keys, and whether
+        forced tokens are emitted without a forward step (the jump-forward what-if)."""
+        self.requests, self.keys, self.jump_forward = requests, keys, jump_forward
+
+    @abstractmethod
+    def compile(self, key: int) -> CompileOutcome:
+        """Compile spec ``key`` once (its time is reused for every simulated compile of it)."""
+
+    def finish(self, rid: int) -> None:
+        """Request ``rid`` ended: whatever the executor keeps for it can go."""
+
+    def validity(self) -> Iterator[tuple[int, bool]]:
+        """``(request id, whether its output satisfies its spec)`` for the ended requests whose
+        output is checked; called once, after the run (none by default)."""
+        return iter(())
+
+    @abstractmethod
+    def step(self, rows: StepRows, rng: np.random.Generator) -> StepWork:
+        """Build masks, verify drafts, emit tokens and advance grammars for one step."""
+
+

@@ -1,0 +1,351 @@
+"""The subprocess side of ``cdbench profile``: real engine calls, timed.
+
+A worker process loads the vocabulary once, builds each backend the first time
+a task names it (construction is not compile time), and then, per task:
+compiles the spec cold, walks the valid instances token by token timing the
+first fill after each token, accept and rollback, and feeds the invalid
+instances to check they are rejected. It talks to the parent over a pipe:
+
+``("compiling",)`` when the timed compile starts (the parent's timeout clock),
+``("compiled", status)`` when it ends, then ``("done", ItemResult)``.
+
+Engine calls run here and not in the parent so that a hang can be killed and a
+segfault only takes this process down (see :mod:`cdbench.profile.runner`).
+A worker ends with its parent, even one killed by SIGKILL
+(:func:`die_with_parent`), so a compile hanging in it never outlives the run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import importlib
+import importlib.util
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from cdbench.backends.base import (
+    CompileError,
+    ConstraintSpec,
+    GrammarBackend,
+    MaskFormat,
+    Matcher,
+)
+
+ItemStatus = Literal["ok", "unsupported", "error", "timeout", "crash"]
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One text to feed a grammar, tokenized; ``label`` says how it was made."""
+
+    text: str
+    tokens: tuple[int, ...]
+    label: str = "oracle"
+
+
+@dataclass(frozen=True)
+class ProfileTask:
+    """One corpus item with its instances: the unit a worker profiles per backend."""
+
+    corpus: str
+    item_id: str
+    spec: ConstraintSpec
+    valid: tuple[Instance, ...] = ()
+    invalid: tuple[Instance, ...] = ()
+    instance_failure: str = ""
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
+
+@dataclass
+class TokenTimes:
+    """Per-token measurements of the valid-instance walks of one item (parallel lists)."""
+
+    instance: list[int] = field(default_factory=list)
+    position: list[int] = field(default_factory=list)
+    fill_us: list[float] = field(default_factory=list)
+    accept_us: list[float] = field(default_factory=list)
+    rollback_us: list[float | None] = field(default_factory=list)
+    forced_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class ItemResult:
+    """What one backend did with one corpus item (one row of ``items.parquet``).
+
+    ``false_rejects`` counts valid instances the backend refused, the first one
+    located by ``first_reject_position`` (token index) and ``first_reject_text``
+    (the text accepted so far, then the refused token's text in ``[[...]]``).
+    ``false_accepts`` counts invalid instances it accepted to the end, EOS
+    included; ``false_accept_labels`` names their mutations.
+    """
+
+    corpus: str
+    item_id: str
+    kind: str
+    backend: str
+    status: ItemStatus
+    message: str = ""
+    compile_ms: float | None = None
+    warnings: list[str] = field(default_factory=list)
+    instance_failure: str = ""
+    n_valid: int = 0
+    false_rejects: int = 0
+    first_reject_position: int | None = None
+    first_reject_text: str = ""
+    n_invalid: int = 0
+    false_accepts: int = 0
+    false_accept_labels: list[str] = field(default_factory=list)
+    walk_error: str = ""
+    tokens: TokenTimes = field(default_factory=TokenTimes)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.corpus, self.item_id, self.backend)
+
+
+def load_plugin(plugin: str) -> None:
+    """Import ``plugin`` so that it registers its backends.
+
+    ``plugin`` is a module name (``tests.profile.profile_backends``), a
+    ``module:function`` pair (the function is called with no arguments), or a
+    path to a ``.py`` file. Workers import the same plugins as the parent.
+    """
+    if plugin.endswith(".py"):
+        path = Path(plugin).resolve()
+        if not path.is_file():
+            raise ValueError(f"plugin file {plugin!r} does not exist")
+        name = f"cdbench_plugin_{path.stem}"
+        if name in sys.modules:
+            return
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return
+    module_name, _, attr = plugin.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"plugin {plugin!r} cannot be imported: {exc}") from exc
+    if attr:
+        hook = getattr(module, attr, None)
+        if not callable(hook):
+            raise ValueError(f"plugin {plugin!r}: {module_name} has no callable {attr!r}")
+        hook()
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def watch_parent(poll_s: float = 1.0) -> None:
+    """End this process (exit status 1) once its parent has gone, checked every ``poll_s`` seconds.
+
+    The portable fallback of :func:`die_with_parent`: a daemon thread notices
+    that ``os.getppid()`` changed (the process was re-parented). It needs the
+    GIL, so an engine call that holds the GIL delays it until the call returns.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
+
+
+def die_with_parent() -> str:
+    """Make this process end when its parent does; returns the means used.
+
+    On Linux the kernel kills it with SIGKILL the moment the parent dies
+    (``prctl(PR_SET_PDEATHSIG)``), whatever this process is doing; elsewhere
+    :func:`watch_parent` polls. A parent that died before this call is noticed
+    at the next read or write of the worker's pipe.
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+            return "prctl"
+    watch_parent()
+    return "watcher"
+
+
+def _allowed(mask_row: Any, token: int, mask_format: MaskFormat) -> bool:
+    if mask_format is MaskFormat.BOOL:
+        return bool(mask_row[token])
+    return bool((int(mask_row[token >> 5]) >> (token & 31)) & 1)
+
+
+def _compile_timed(backend: GrammarBackend, spec: ConstraintSpec):
+    start = time.perf_counter_ns()
+    grammar = backend.compile(spec)
+    return grammar, (time.perf_counter_ns() - start) / 1e6
+
+
+def walk_valid(
+    backend: GrammarBackend,
+    matcher: Matcher,
+    instance: Instance,
+    index: int,
+    times: TokenTimes,
+    rollback_every: int,
+    decode: Any,
+) -> tuple[int, str] | None:
+    """Teacher-force ``instance``; record times in ``times``.
+
+    Returns ``None`` when every token was allowed, accepted and the matcher
+    terminated after the last one, else ``(position, text)`` of the refusal.
+    Only the first fill after each accept is timed: llguidance caches the mask
+    of a state, so a second fill would measure the cache.
+    """
+    mask = backend.allocate_mask(1)
+    row = mask.numpy()[0]
+    tokens = instance.tokens
+    last = len(tokens) - 1
+    clock = time.perf_counter_ns
+    for pos, token in enumerate(tokens):
+        t0 = clock()
+        matcher.fill_mask(mask, 0)
+        t1 = clock()
+        allowed = _allowed(row, token, backend.mask_format)
+        forced = len(matcher.jump_forward())
+        t2 = clock()
+        accepted = matcher.accept(token)
+        t3 = clock()
+        times.instance.append(index)
+        times.position.append(pos)
+        times.fill_us.append((t1 - t0) / 1e3)
+        times.accept_us.append((t3 - t2) / 1e3)
+        times.forced_tokens.append(forced)
+        rollback_us = None
+        if accepted and rollback_every > 0 and pos % rollback_every == rollback_every - 1 and pos < last:
+            t4 = clock()
+            matcher.rollback(1)
+            rollback_us = (clock() - t4) / 1e3
+            if not matcher.accept(token):
+                times.rollback_us.append(rollback_us)
+                return pos, f"{decode(tokens[:pos])}[[{decode(tokens[pos:pos + 1])}]] (refused after rollback)"
+        times.rollback_us.append(rollback_us)
+        if not (accepted and allowed):
+            if accepted:
+                why = "accepted but masked out"
+            elif matcher.is_terminated():
+                why = "refused: the matcher had already terminated"
+            else:
+                why = "refused by accept"
+            return pos, f"{decode(tokens[:pos])}[[{decode(tokens[pos:pos + 1])}]] ({why})"
+    if not matcher.is_terminated():
+        return len(tokens), f"{decode(tokens)}[[]] (not terminated after the last token)"
+    return None
+
+
+def accepts_to_end(matcher: Matcher, instance: Instance) -> bool:
+    """True when the matcher accepts every token of ``instance`` and terminates."""
+    for token in instance.tokens:
+        if not matcher.accept(token):
+            return False
+    return matcher.is_terminated()
+
+
+def profile_item(
+    backend_name: str,
+    backend: GrammarBackend,
+    task: ProfileTask,
+    rollback_every: int,
+    decode: Any,
+    notify: Any = None,
+) -> ItemResult:
+    """Compile ``task.spec`` cold on ``backend`` and check and time its instances.
+
+    ``notify`` (if given) receives ``("compiling",)`` before the timed compile
+    and ``("compiled", status, compile_ms)`` after it.
+    """
+    result = ItemResult(
+        corpus=task.corpus,
+        item_id=task.item_id,
+        kind=task.kind,
+        backend=backend_name,
+        status="ok",
+        instance_failure=task.instance_failure,
+    )
+    if notify:
+        notify(("compiling",))
+    try:
+        grammar, result.compile_ms = _compile_timed(backend, task.spec)
+    except CompileError as exc:
+        result.status = "unsupported" if exc.unsupported else "error"
+        result.message = exc.message or str(exc)
+    except Exception as exc:  # an engine bug that is not a CompileError is still that item's error
+        result.status = "error"
+        result.message = f"{type(exc).__name__}: {exc}"
+    if notify:
+        notify(("compiled", result.status, result.compile_ms))
+    if result.status != "ok":
+        return result
+    result.warnings = list(grammar.warnings)
+    gc.collect()
+    # A collection pause inside a timed call would be charged to the engine.
+    gc.disable()
+    try:
+        for index, instance in enumerate(task.valid):
+            result.n_valid += 1
+            refusal = walk_valid(
+                backend, backend.matcher(grammar), instance, index, result.tokens, rollback_every, decode
+            )
+            if refusal is not None:
+                result.false_rejects += 1
+                if result.first_reject_position is None:
+                    result.first_reject_position, result.first_reject_text = refusal
+        for instance in task.invalid:
+            result.n_invalid += 1
+            if accepts_to_end(backend.matcher(grammar), instance):
+                result.false_accepts += 1
+                result.false_accept_labels.append(instance.label)
+    except Exception as exc:
+        result.walk_error = f"{type(exc).__name__}: {exc}"
+    finally:
+        gc.enable()
+    return result
+
+
+def worker_main(conn: Any, vocab_name: str, plugins: list[str], rollback_every: int, backend_options: dict) -> None:
+    """Serve tasks from ``conn`` until it sends ``None`` (the entry point of a worker process)."""
+    die_with_parent()
+    from cdbench.backends.registry import create_backend
+    from cdbench.backends.vocab import load_vocab
+
+    for plugin in plugins:
+        load_plugin(plugin)
+    vocab = load_vocab(vocab_name)
+    backends: dict[str, GrammarBackend] = {}
+    conn.send(("ready",))
+    while True:
+        message = conn.recv()
+        if message is None:
+            return
+        backend_name, task = message
+        if backend_name not in backends:
+            try:
+                backends[backend_name] = create_backend(
+                    backend_name, vocab, **backend_options.get(backend_name, {})
+                )
+            except Exception as exc:  # reported on the item; the parent decides whether to go on
+                conn.send(("done", ItemResult(
+                    corpus=task.corpus, item_id=task.item_id, kind=task.kind, backend=backend_name,
+                    status="error", message=f"backend construction failed: {type(exc).__name__}: {exc}",
+                )))
+                continue
+        conn.send(("done", profile_item(
+            backend_name, backends[backend_name], task, rollback_every, vocab.decode, conn.send
+        )))

@@ -1,0 +1,229 @@
+"""A run folder: writing one from a finished run, and reading it back.
+
+Layout (every file written by :func:`save_run`)::
+
+    <folder>/
+      config.yaml        the resolved RunConfig (every default filled in)
+      requests.parquet   one row a request (columns: cdbench.harness.records.RequestRecord)
+      steps.parquet      one row a scheduler iteration (cdbench.harness.records.StepRecord)
+      trace.json         Chrome / Perfetto trace of the first steps of the timeline
+      workload.trace.jsonl   the run's requests as a replayable workload trace (docs/trace_format.md):
+                         ``--set workload.trace=<folder>/workload.trace.jsonl`` runs them again
+      workload_issues.json   what did not make it into the requests: corpus lines skipped, specs with
+                         no valid instance, ... (cdbench.workloads.workload.WorkloadReport)
+      report.md, plots/  the report (cdbench.reports.run_report), rebuildable with ``cdbench report``
+      summary.json       the summary (vLLM serving-benchmark names where they exist); written last
+      run.log            the traceback, if the run failed
+
+``summary.json`` is written last, after the report, so its presence marks a
+finished run (sweeps skip such folders when resuming).
+
+Examples
+--------
+>>> import tempfile
+>>> load_run(Path(tempfile.mkdtemp()) / "missing")
+Traceback (most recent call last):
+...
+cdbench.results.run_folder.ResultsError: ... is not a cdbench run folder (no summary.json)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from cdbench.results.chrome_trace import chrome_trace
+from cdbench.results.config_files import ConfigError, dump_config, validate_config
+
+if TYPE_CHECKING:
+    from cdbench.harness.config import RunConfig
+    from cdbench.harness.run import RunResult
+    from cdbench.workloads.workload import WorkloadReport
+
+TRACE_MAX_SPANS = 200_000
+"""Spans kept in ``trace.json`` (the earliest ones); Perfetto stays responsive well past this."""
+
+WORKLOAD_TRACE_FILE = "workload.trace.jsonl"
+WORKLOAD_ISSUES_FILE = "workload_issues.json"
+
+
+class WorkloadIssues(BaseModel):
+    """The ``workload_issues`` section of ``summary.json``: how much of the asked-for workload was lost,
+    and which file of the run folder lists each item with its reason."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    skipped_corpus_lines: int = Field(description="corpus lines that did not load (file:line and reason in details)")
+    spec_failures: int = Field(description="specs with no valid oracle instance, left out of the workload")
+    bad_trace_lines: int = Field(description="lines of a replayed trace that did not load")
+    duplicate_specs: int = Field(description="corpus items dropped because an earlier item has the same spec")
+    details: str = WORKLOAD_ISSUES_FILE
+
+    @classmethod
+    def of(cls, report: WorkloadReport) -> WorkloadIssues:
+        return cls(skipped_corpus_lines=report.skipped_line_count, spec_failures=report.spec_failure_count,
+                   bad_trace_lines=report.bad_trace_line_count, duplicate_specs=report.duplicate_spec_count)
+
+    @property
+    def total(self) -> int:
+        return self.skipped_corpus_lines + self.spec_failures + self.bad_trace_lines + self.duplicate_specs
+
+    def describe(self) -> str:
+        """One line, e.g. ``2 corpus lines skipped, 1 spec without a valid instance`` (empty when none)."""
+        counts = ((self.skipped_corpus_lines, "corpus line", "skipped"),
+                  (self.spec_failures, "spec", "without a valid instance"),
+                  (self.bad_trace_lines, "trace line", "skipped"),
+                  (self.duplicate_specs, "corpus item", "dropped as a duplicate spec"))
+        return ", ".join(f"{n} {noun}{'s' if n != 1 else ''} {what}" for n, noun, what in counts if n)
+
+
+class ResultsError(FileNotFoundError):
+    """A folder that is not a (complete) run folder."""
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """A run as stored on disk: its resolved config, summary, and per-request / per-step tables."""
+
+    folder: Path
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+
+    @property
+    def label(self) -> str:
+        return self.folder.name
+
+    @property
+    def workload_issues(self) -> WorkloadIssues | None:
+        """The summary's ``workload_issues`` section (``None`` for a run built from hand-made requests)."""
+        section = self.summary.get("workload_issues")
+        if section is None:
+            return None
+        try:
+            return WorkloadIssues.model_validate(section)
+        except ValidationError as err:
+            raise ResultsError(f"run folder {self.folder}: summary.json's workload_issues is malformed: "
+                               f"{err.errors()[0]['msg']}") from None
+
+    def trace_note(self) -> str:
+        """What ``trace.json`` holds when it was capped (empty when it holds everything)."""
+        path = self.folder / "trace.json"
+        if not path.is_file():
+            return ""
+        meta = json.loads(path.read_text()).get("otherData", {})
+        return meta.get("note", "")
+
+
+Finisher = Callable[["SavedRun"], None]
+"""Called on a run just saved, before its ``summary.json`` is written (e.g. a report builder)."""
+
+
+def validate_run_config(tree: Mapping[str, Any], source: str = "config") -> RunConfig:
+    """A :class:`RunConfig` from a mapping, or a one-line :class:`ConfigError`.
+
+    Beyond the model's own checks, a ``model``-mode run must have a grammar-cost
+    source: constants, a profile file, or the profile shipped for its backend.
+    """
+    from cdbench.harness.config import RunConfig
+    from cdbench.harness.costs.grammar_profile import PROFILE_DIR
+
+    config = validate_config(RunConfig, tree, source)
+    if config.mode == "model" and config.costs.fixed_grammar is None:
+        key, name = ("costs.grammar_profile", config.costs.grammar_profile) if config.costs.grammar_profile else (
+            "backend.name", config.backend.name)
+        if Path(name).suffix == ".json":
+            if not Path(name).is_file():
+                raise ConfigError(f"{source}: {key} = {name!r}: no such grammar profile file")
+        elif not (PROFILE_DIR / f"{name}.json").is_file():
+            shipped = ", ".join(sorted(p.stem for p in PROFILE_DIR.glob("*.json")))
+            raise ConfigError(f"{source}: {key} = {name!r}: model mode needs a grammar profile and none is shipped "
+                              f"for it (shipped: {shipped}); set costs.grammar_profile or costs.fixed_grammar")
+    return config
+
+
+def save_run(result: RunResult, config: RunConfig, folder: Path, trace_max_spans: int = TRACE_MAX_SPANS,
+             finish: Finisher | None = None) -> SavedRun:
+    """Write ``result`` into ``folder`` (created; existing files replaced), then call ``finish`` on it.
+
+    ``finish`` adds what is derived from the saved run (the CLI passes the
+    report builder). ``summary.json`` is written after everything else,
+    ``finish`` included, so a folder holding one is complete.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "summary.json").unlink(missing_ok=True)  # a half-rewritten folder must not look finished
+    dump_config(config, folder / "config.yaml")
+    result.requests.to_parquet(folder / "requests.parquet", index=False)
+    result.steps.to_parquet(folder / "steps.parquet", index=False)
+    timeline = result.timeline
+    # The scheduler records spans of the first max_steps iterations only (RunConfig.trace_steps).
+    partial = timeline.steps_seen >= timeline.max_steps and len(result.steps) > timeline.steps_seen
+    note = f"only the first {timeline.steps_seen} of {len(result.steps)} iterations were recorded" if partial else ""
+    chrome_trace(timeline.spans, max_spans=trace_max_spans, recorded_note=note).write(folder / "trace.json")
+    summary = json.loads(result.summary.model_dump_json())  # strict JSON: NaN becomes null
+    if result.workload is not None:
+        from cdbench.workloads.trace import write_trace
+
+        workload_report = result.workload.report()
+        (folder / WORKLOAD_ISSUES_FILE).write_text(workload_report.model_dump_json(indent=2) + "\n")
+        write_trace(result.workload, folder / WORKLOAD_TRACE_FILE)
+        summary["workload_issues"] = WorkloadIssues.of(workload_report).model_dump()
+    saved = SavedRun(folder, config.model_dump(mode="json"), summary, result.requests, result.steps)
+    if finish is not None:
+        finish(saved)
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return saved
+
+
+def load_run(folder: Path) -> SavedRun:
+    """Read a run folder written by :func:`save_run`; raises :class:`ResultsError` when it is not one."""
+    folder = Path(folder)
+    if not (folder / "summary.json").is_file():
+        raise ResultsError(f"{folder} is not a cdbench run folder (no summary.json)")
+    for name in ("config.yaml", "requests.parquet", "steps.parquet"):
+        if not (folder / name).is_file():
+            raise ResultsError(f"run folder {folder} is incomplete: {name} is missing")
+    try:
+        config = yaml.safe_load((folder / "config.yaml").read_text()) or {}
+        summary = json.loads((folder / "summary.json").read_text())
+        requests = pd.read_parquet(folder / "requests.parquet")
+        steps = pd.read_parquet(folder / "steps.parquet")
+    except (ValueError, OSError, yaml.YAMLError) as err:
+        raise ResultsError(f"run folder {folder} has an unreadable file: {err}") from None
+    for name, data in (("summary.json", summary), ("config.yaml", config)):
+        if not isinstance(data, dict):
+            raise ResultsError(f"run folder {folder}: {name} must hold a mapping of keys, not {type(data).__name__}")
+    return SavedRun(folder, config, summary, requests, steps)
+
+
+def record_run(
+    config: RunConfig,
+    folder: Path,
+    progress: Callable[[str, float], None] | None = None,
+    finish: Finisher | None = None,
+) -> SavedRun:
+    """Run ``config`` and save it into ``folder`` (``finish`` as in :func:`save_run`).
+
+    ``progress`` is handed to :func:`cdbench.harness.run.run`, then told the
+    stage ``saving the results``. Raises :class:`ConfigError` for a
+    configuration the run rejects.
+    """
+    from cdbench.harness.run import run
+
+    result = run(config, progress=progress)
+    if progress is not None:
+        progress("saving the results", 1.0)
+    return save_run(result, config, folder, finish=finish)
+
+
+__all__ = ["ConfigError", "ResultsError", "SavedRun", "WorkloadIssues", "load_run", "record_run", "save_run",
+           "validate_run_config"]

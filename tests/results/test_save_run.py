@@ -1,0 +1,41 @@
+"""A real (small, hand-built) simulation saved to a folder, read back, reported and traced."""
+
+import json
+
+import pandas as pd
+
+from cdbench.harness.costs.gpu import FixedGpuCosts
+from cdbench.harness.executors.model import FixedGrammarCosts, ModelExecutor
+from cdbench.harness.policies import policy
+from cdbench.harness.run import simulate
+from cdbench.reports.run_report import build_report
+from cdbench.results.run_folder import load_run, save_run
+from cdbench.workloads.request import Request
+
+
+def _result():
+    requests = [Request(i, i * 0.01, 64, 8) for i in range(6)]
+    return simulate(requests, policy("vllm", overlap=False), ModelExecutor(FixedGrammarCosts()),
+                    FixedGpuCosts(forward_base_s=0.01), seed=3)
+
+
+def test_saved_folder_round_trips_and_marks_completion_last(tmp_path):
+    result = _result()
+    config = policy("vllm", overlap=False)  # any pydantic model stands for the resolved config here
+    finished = []
+    saved = save_run(result, config, tmp_path / "run",
+                     finish=lambda run: finished.append((run.folder / "summary.json").exists()))
+    assert finished == [False]  # what finish adds comes before the summary that marks the folder complete
+    names = sorted(p.name for p in (tmp_path / "run").iterdir())
+    assert names == ["config.yaml", "requests.parquet", "steps.parquet", "summary.json", "trace.json"]
+    loaded = load_run(tmp_path / "run")
+    pd.testing.assert_frame_equal(loaded.requests, result.requests, check_categorical=False, check_dtype=False)
+    assert loaded.summary == json.loads(result.summary.model_dump_json())
+    assert loaded.summary["completed"] == 6
+    assert loaded.config["name"] == "vllm"
+    trace = json.loads((tmp_path / "run" / "trace.json").read_text())
+    tracks = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert "gpu" in tracks  # zero-cost CPU work makes no scheduler spans here
+    assert any(e["ph"] == "X" for e in trace["traceEvents"])
+    report = build_report(saved).read_text()
+    assert "| TTFT |" in report and "plots/ttft_cdf.png" in report
