@@ -10,10 +10,12 @@ from rich.table import Table
 from cdbench.cli.support import console, err_console, user_errors
 from cdbench.reports.gate import (
     Baseline,
+    GateError,
     GateResult,
     Verdict,
     check_tolerance_names,
     evaluate_gate,
+    is_run_summary,
     numeric_metrics,
     parse_tolerances,
 )
@@ -44,7 +46,7 @@ def gate_table(result: GateResult) -> Table:
 
 def gate(
     run_dir: Path = typer.Argument(..., help="Run folder to check (holds summary.json)."),
-    baseline: Path = typer.Option(..., "--baseline", "-b", help="Baseline JSON (see ci/baseline.json)."),
+    baseline: Path = typer.Option(..., "--baseline", "-b", help="Baseline JSON (see ci/baseline.json), or an earlier run's folder or summary.json (default tolerances)."),
     tolerance: list[str] = typer.Option(
         [], "--tolerance", "-t", help="METRIC=PCT: allowed change in the bad direction; repeatable; overrides the baseline's."
     ),
@@ -56,13 +58,18 @@ def gate(
 
     Prints every metric with its verdict; exits 1 on any regression (or a baseline metric the run lacks), else 0.
 
-    Example: cdbench gate runs/ci --baseline ci/baseline.json --tolerance p99_ttft_ms=5
+    Examples:
+      cdbench gate runs/ci --baseline ci/baseline.json --tolerance p99_ttft_ms=5
+      cdbench gate runs/new --baseline runs/old
     """
     with user_errors():
         tolerances = parse_tolerances(tolerance)
         run = load_run(run_dir)
         current = numeric_metrics(run.summary)
         if update:
+            if is_run_summary(baseline):
+                raise GateError(f"--update writes a baseline JSON file; {baseline} is a run (folder or summary.json), "
+                                "give a file such as ci/baseline.json")
             check_tolerance_names(tolerances, current, "--tolerance")
             old = Baseline.load(baseline) if baseline.is_file() else Baseline(metrics={})
             new = old.model_copy(update={"metrics": current, "source": f"cdbench gate --update from {run_dir}"})

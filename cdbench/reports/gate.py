@@ -86,6 +86,15 @@ class GateError(ValueError):
     """A baseline file or tolerance that cannot be used."""
 
 
+SUMMARY_FILE = "summary.json"
+"""The file of a run folder that holds its metrics (see :mod:`cdbench.results.run_folder`)."""
+
+
+def is_run_summary(path: Path) -> bool:
+    """Whether ``path`` names a run rather than a baseline file: a folder, or a file named ``summary.json``."""
+    return Path(path).is_dir() or Path(path).name == SUMMARY_FILE
+
+
 class Baseline(BaseModel):
     """A stored reference: metric values plus per-metric tolerances.
 
@@ -106,7 +115,12 @@ class Baseline(BaseModel):
 
     @classmethod
     def load(cls, path: Path) -> Baseline:
-        """Read a baseline JSON file; a missing or malformed file raises :class:`GateError`."""
+        """Read a baseline: a baseline JSON file, or a run folder (or its ``summary.json``), whose numeric
+        metrics become the baseline with the default tolerance. A missing or malformed one raises
+        :class:`GateError`."""
+        path = Path(path)
+        if is_run_summary(path):
+            return cls.of_run(path)
         text = read_user_text(path, "baseline file", "JSON", GateError)
         try:
             return cls.model_validate_json(text)
@@ -114,6 +128,19 @@ class Baseline(BaseModel):
             first = err.errors()[0]
             where = ".".join(str(part) for part in first["loc"]) or "(top level)"
             raise GateError(f"baseline file {path}: {where}: {first['msg']}") from None
+
+    @classmethod
+    def of_run(cls, path: Path) -> Baseline:
+        """The baseline of a saved run: ``path`` is its folder or its ``summary.json``."""
+        summary_path = Path(path) / SUMMARY_FILE if Path(path).is_dir() else Path(path)
+        text = read_user_text(summary_path, "baseline run summary", "JSON", GateError)
+        try:
+            summary = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise GateError(f"baseline run summary {summary_path} is not valid JSON: {err}") from None
+        if not isinstance(summary, dict):
+            raise GateError(f"baseline run summary {summary_path} must hold a mapping of metrics")
+        return cls(metrics=numeric_metrics(summary), source=f"run {path}")
 
     def save(self, path: Path) -> None:
         """Write the baseline as JSON; a path that cannot be written raises :class:`GateError`."""

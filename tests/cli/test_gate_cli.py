@@ -54,3 +54,29 @@ def test_a_misspelt_tolerance_fails_instead_of_passing_silently(simulated_run, t
         assert result.output.startswith("error: --tolerance names a metric") and "'p99_tft_ms'" in result.output
         assert "did you mean p99_ttft_ms" in result.output
     assert "p99_tft_ms" not in baseline.read_text()  # the failed --update wrote nothing
+
+
+def test_an_earlier_run_folder_or_its_summary_is_a_baseline(simulated_run, tmp_path):
+    for baseline in (simulated_run.folder, simulated_run.folder / "summary.json"):
+        result = runner.invoke(app, ["gate", str(simulated_run.folder), "--baseline", str(baseline)])
+        assert result.exit_code == 0, result.output
+        assert "gate passed" in result.output and "mean_ttft_ms" in result.output
+    # A slower earlier run: the current one improved; a faster one: it regressed beyond the default 1 %.
+    for factor, code, verdict in ((1.5, 0, "improved"), (0.9, 1, "regressed")):
+        old = tmp_path / f"old{factor}"
+        old.mkdir()
+        summary = json.loads((simulated_run.folder / "summary.json").read_text())
+        summary["mean_ttft_ms"] *= factor
+        (old / "summary.json").write_text(json.dumps(summary))
+        result = runner.invoke(app, ["gate", str(simulated_run.folder), "--baseline", str(old)])
+        assert result.exit_code == code, result.output
+        assert verdict in result.output and "1%" in result.output
+
+
+def test_update_refuses_to_write_into_a_run(simulated_run):
+    summary = simulated_run.folder / "summary.json"
+    before = summary.read_text()
+    for baseline in (simulated_run.folder, summary):
+        result = runner.invoke(app, ["gate", str(simulated_run.folder), "--baseline", str(baseline), "--update"])
+        assert result.exit_code == 2 and result.output.startswith("error: --update writes a baseline JSON file")
+    assert summary.read_text() == before
