@@ -31,13 +31,13 @@ which is kept as a struct of arrays.
 from __future__ import annotations
 
 import gc
-import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from cdbench.harness.batch import RunningBatch
 from cdbench.harness.compile_service import CompilePools, GrammarCache
 from cdbench.harness.costs.gpu import GpuCosts
 from cdbench.harness.events import EventKind, EventQueue
@@ -57,6 +57,7 @@ from cdbench.harness.records import (
     RequestTable,
     StepLog,
 )
+from cdbench.harness.step_time import parallel_makespan, step_time
 from cdbench.harness.timeline import Timeline
 from cdbench.workloads.request import Request
 
@@ -71,59 +72,6 @@ _CACHE = {name: i for i, name in enumerate(CACHE_RESULTS)}
 _KIND_DECODE, _KIND_PREFILL, _KIND_MIXED = "decode", "prefill", "mixed"
 _NO_ROWS = np.zeros(0, np.int64)
 _TALLY_ROWS = 1 << 16  # sampled rows whose counters are buffered before they are summed per request
-
-
-def parallel_makespan(per_request_s: np.ndarray, chunk: int, threads: int) -> float:
-    """Wall time to fill masks in chunks of ``chunk`` requests on ``threads`` threads (FIFO).
-
-    >>> parallel_makespan(np.full(64, 1.0), chunk=16, threads=2)
-    32.0
-    """
-    n = len(per_request_s)
-    starts = np.arange(0, n, chunk)
-    tasks = np.add.reduceat(per_request_s, starts) if n else np.zeros(0)
-    free = [0.0] * min(threads, max(1, len(tasks)))
-    for task in tasks.tolist():  # Python floats: cheaper heap arithmetic than numpy scalars
-        heapq.heapreplace(free, free[0] + task)
-    return float(max(free))
-
-
-class _Batch:
-    """The running batch as a struct of arrays (one entry a running request).
-
-    The columns (:attr:`INTS`, then ``last_tok`` as the bits of its float64
-    values) are rows of one 2-D array, so adding and dropping requests is one
-    gather rather than one per column; each column is a view.
-
-    Parameters
-    ----------
-    entry : every request's :attr:`INTS` as it enters (one column a request, indexed by ``rid``).
-    """
-
-    INTS = ("rid", "prefill_left", "cached", "gen_left", "think_left")
-    __slots__ = ("_ints", "_entry", "last_tok", *INTS)
-
-    def __init__(self, entry: np.ndarray) -> None:
-        nan_bits = np.full(entry.shape[1], np.nan).view(np.int64)  # last_tok: NaN until the first token
-        self._entry = np.vstack((entry, nan_bits))
-        self._set(self._entry[:, :0].copy())
-
-    def _set(self, ints: np.ndarray) -> None:
-        self._ints = ints
-        self.rid, self.prefill_left, self.cached, self.gen_left, self.think_left, last_tok = ints
-        self.last_tok = last_tok.view(np.float64)
-
-    def __len__(self) -> int:
-        return len(self.rid)
-
-    def append(self, rids: np.ndarray) -> None:
-        """Add requests ``rids`` at the end, in that order."""
-        # take: several times cheaper than fancy indexing along the second axis
-        self._set(np.concatenate((self._ints, self._entry.take(rids, axis=1)), axis=1))
-
-    def keep(self, rows: np.ndarray) -> None:
-        """Keep only ``rows`` (increasing row indices), in order."""
-        self._set(self._ints.take(rows, axis=1))
 
 
 class Scheduler:
@@ -186,10 +134,10 @@ class Scheduler:
         self.waiting: deque[int] = deque()
         self.grammar_queue: list[int] = []
         # each request's batch columns as it is admitted, so admission is one gather
-        entry_ints = np.zeros((len(_Batch.INTS), n), np.int64)
+        entry_ints = np.zeros((len(RunningBatch.INTS), n), np.int64)
         entry_ints[0], entry_ints[1] = np.arange(n), rec.prompt_len
         entry_ints[3], entry_ints[4] = self.gen_total, rec.think_tokens
-        self.batch = _Batch(entry_ints)
+        self.batch = RunningBatch(entry_ints)
         self._rows = np.arange(config.max_running_requests if config.max_running_requests < 1 << 16 else 0)
         self.steps = StepLog()
         self.itl = LogHistogram()
@@ -636,25 +584,9 @@ class Scheduler:
         has_grammar = bool(_any(structured)) if any_thinking else grammar_rows > 0
         carry = self._carry_process_s
         sync = (not cfg.overlap) or (k > 0 and has_grammar and not cfg.spec_grammar_overlap)
-        if sync:
-            mask_path = fill_s + copy_s
-            duration = pre + carry + max(forward_s, mask_path) + apply_s + sample_s + process_s
-            t_token = t + duration - process_s
-            exposed = pre + carry + max(0.0, mask_path - forward_s) + process_s
-            cpu_total = pre + carry + fill_s + copy_s + process_s
-            self._carry_process_s = 0.0
-        else:
-            if has_grammar:
-                chain = pre + carry + fill_s + copy_s
-                duration = max(forward_s, chain) + apply_s + sample_s
-            else:
-                chain = pre + carry
-                duration = max(forward_s + sample_s, chain)
-            t_token = t + duration
-            exposed = max(0.0, chain - forward_s)
-            cpu_total = chain
-            self._carry_process_s = process_s
-        hidden = cpu_total - exposed
+        duration, after_token, exposed, hidden, self._carry_process_s = step_time(
+            sync, has_grammar, pre, carry, forward_s, fill_s, copy_s, apply_s, sample_s, process_s)
+        t_token = t + duration - after_token
 
         # --- advance the batch
         produced = work.produced
@@ -710,8 +642,8 @@ class Scheduler:
         tl = self.timeline
         if tl is not None and tl.recording:
             tl.steps_seen += 1
-            self._trace_step(t, sync, has_grammar, schedule_s, poll_s + sync_s + check_s, carry, forward_s, fill_s,
-                             copy_s, apply_s, sample_s, process_s, duration)
+            tl.step_spans(t, sync, has_grammar, schedule_s, poll_s + sync_s + check_s, carry, forward_s, fill_s,
+                          copy_s, apply_s, sample_s, process_s, duration)
         return duration
 
     def _sum_tallies(self) -> None:
@@ -794,29 +726,3 @@ class Scheduler:
             seen_at = np.ceil((self.done_at[queued] - last_check) / step - 1e-9) + 1
             self.wait_ct[queued] += np.clip(seen_at - 1, 0, repeats).astype(np.int64)
         return repeats
-
-    def _trace_step(self, t, sync, has_grammar, schedule_s, wait_s, carry, forward_s, fill_s, copy_s, apply_s,
-                    sample_s, process_s, duration) -> None:
-        tl = self.timeline
-        tl.span("scheduler", "schedule", t, schedule_s)
-        tl.span("scheduler", "grammar poll/check", t + schedule_s, wait_s)
-        cpu = t + schedule_s + wait_s
-        if sync:
-            tl.span("scheduler", "process (previous)", cpu, carry)
-            cpu += carry
-            gpu_start = cpu
-        else:
-            gpu_start = t
-            tl.span("scheduler", "process (previous)", cpu, carry)
-            cpu += carry
-        tl.span("gpu", "forward", gpu_start, forward_s)
-        tl.span("scheduler", "mask fill", cpu, fill_s)
-        tl.span("scheduler", "mask copy", cpu + fill_s, copy_s)
-        if has_grammar or sync:
-            mask_end = max(gpu_start + forward_s, cpu + fill_s + copy_s)
-        else:
-            mask_end = gpu_start + forward_s
-        tl.span("gpu", "apply mask", mask_end, apply_s)
-        tl.span("gpu", "sample", mask_end + apply_s, sample_s)
-        if sync:
-            tl.span("scheduler", "process", mask_end + apply_s + sample_s, process_s)

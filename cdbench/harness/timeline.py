@@ -38,3 +38,29 @@ class Timeline:
     def span(self, track: str, name: str, start_s: float, duration_s: float, args: dict | None = None) -> None:
         if duration_s > 0:
             self.spans.append(Span(track, name, start_s, duration_s, args))
+
+    def step_spans(self, t, sync, has_grammar, schedule_s, wait_s, carry, forward_s, fill_s, copy_s, apply_s,
+                   sample_s, process_s, duration) -> None:
+        """Spans of one iteration starting at ``t`` (its parts as the scheduler priced them)."""
+        self.span("scheduler", "schedule", t, schedule_s)
+        self.span("scheduler", "grammar poll/check", t + schedule_s, wait_s)
+        cpu = t + schedule_s + wait_s
+        if sync:
+            self.span("scheduler", "process (previous)", cpu, carry)
+            cpu += carry
+            gpu_start = cpu
+        else:
+            gpu_start = t
+            self.span("scheduler", "process (previous)", cpu, carry)
+            cpu += carry
+        self.span("gpu", "forward", gpu_start, forward_s)
+        self.span("scheduler", "mask fill", cpu, fill_s)
+        self.span("scheduler", "mask copy", cpu + fill_s, copy_s)
+        if has_grammar or sync:
+            mask_end = max(gpu_start + forward_s, cpu + fill_s + copy_s)
+        else:
+            mask_end = gpu_start + forward_s
+        self.span("gpu", "apply mask", mask_end, apply_s)
+        self.span("gpu", "sample", mask_end + apply_s, sample_s)
+        if sync:
+            self.span("scheduler", "process", mask_end + apply_s + sample_s, process_s)

@@ -8,6 +8,7 @@ import pytest
 from scheduler_helpers import SPEC
 
 from cdbench.harness import scheduler
+from cdbench.harness.batch import RunningBatch
 from cdbench.harness.costs.gpu import FixedGpuCosts
 from cdbench.harness.executors.model import FixedGrammarCosts, ModelExecutor
 from cdbench.harness.policies import policy
@@ -15,10 +16,10 @@ from cdbench.harness.run import simulate
 from cdbench.workloads.request import Request
 
 
-def _batch(n: int = 6) -> scheduler._Batch:
-    entry = np.zeros((len(scheduler._Batch.INTS), n), np.int64)
+def _batch(n: int = 6) -> RunningBatch:
+    entry = np.zeros((len(RunningBatch.INTS), n), np.int64)
     entry[0], entry[1], entry[3] = np.arange(n), 100 + np.arange(n), 10 * np.arange(n)
-    return scheduler._Batch(entry)
+    return RunningBatch(entry)
 
 
 def test_append_adds_rows_in_the_given_order_with_their_entry_columns():

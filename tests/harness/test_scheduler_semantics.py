@@ -9,7 +9,7 @@ from scheduler_helpers import FORWARD_S, req, row, sim
 from cdbench.harness.costs.gpu import FixedGpuCosts
 from cdbench.harness.executors.model import FixedGrammarCosts
 from cdbench.harness.policies import policy
-from cdbench.harness.scheduler import parallel_makespan
+from cdbench.harness.step_time import parallel_makespan
 
 EXACT = dict(abs=1e-12)
 

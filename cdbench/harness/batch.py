@@ -1,0 +1,43 @@
+"""The running batch: one entry a request in the engine, as a struct of numpy arrays."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class RunningBatch:
+    """The running batch as a struct of arrays (one entry a running request).
+
+    The columns (:attr:`INTS`, then ``last_tok`` as the bits of its float64
+    values) are rows of one 2-D array, so adding and dropping requests is one
+    gather rather than one per column; each column is a view.
+
+    Parameters
+    ----------
+    entry : every request's :attr:`INTS` as it enters (one column a request, indexed by ``rid``).
+    """
+
+    INTS = ("rid", "prefill_left", "cached", "gen_left", "think_left")
+    __slots__ = ("_ints", "_entry", "last_tok", *INTS)
+
+    def __init__(self, entry: np.ndarray) -> None:
+        nan_bits = np.full(entry.shape[1], np.nan).view(np.int64)  # last_tok: NaN until the first token
+        self._entry = np.vstack((entry, nan_bits))
+        self._set(self._entry[:, :0].copy())
+
+    def _set(self, ints: np.ndarray) -> None:
+        self._ints = ints
+        self.rid, self.prefill_left, self.cached, self.gen_left, self.think_left, last_tok = ints
+        self.last_tok = last_tok.view(np.float64)
+
+    def __len__(self) -> int:
+        return len(self.rid)
+
+    def append(self, rids: np.ndarray) -> None:
+        """Add requests ``rids`` at the end, in that order."""
+        # take: several times cheaper than fancy indexing along the second axis
+        self._set(np.concatenate((self._ints, self._entry.take(rids, axis=1)), axis=1))
+
+    def keep(self, rows: np.ndarray) -> None:
+        """Keep only ``rows`` (increasing row indices), in order."""
+        self._set(self._ints.take(rows, axis=1))

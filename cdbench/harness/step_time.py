@@ -1,0 +1,61 @@
+"""What a step costs in time: the overlap rules, and a parallel mask fill's makespan.
+
+:func:`step_time` is the one place where the step's CPU and GPU parts are
+combined (module docstring of :mod:`cdbench.harness.scheduler` states the
+rules); :func:`parallel_makespan` prices a mask fill spread over a thread pool.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+
+def step_time(sync: bool, has_grammar: bool, pre: float, carry: float, forward_s: float, fill_s: float,
+              copy_s: float, apply_s: float, sample_s: float, process_s: float
+              ) -> tuple[float, float, float, float, float]:
+    """One step's ``(duration, after_token, exposed, hidden, carry_out)``.
+
+    ``pre``: scheduling, polls and checks before the batch runs; ``carry``: the
+    previous step's result processing paid now (overlap). Without overlap
+    (``sync``) the CPU and GPU parts run in turn, except the mask fill and
+    copy, which run beside the forward; with overlap the CPU chain runs
+    beside the forward and this step's processing moves to the next
+    (``carry_out``). ``after_token``: seconds of the step after its tokens
+    are out; ``exposed``/``hidden``: CPU seconds on / off the critical path.
+
+    >>> step_time(True, True, 0.001, 0.0, 0.010, 0.002, 0.0, 0.0, 0.0, 0.001)
+    (0.012, 0.001, 0.002, 0.002, 0.0)
+    >>> step_time(False, True, 0.001, 0.001, 0.010, 0.002, 0.0, 0.0, 0.0, 0.001)
+    (0.01, 0.0, 0.0, 0.004, 0.001)
+    """
+    if sync:
+        mask_path = fill_s + copy_s
+        duration = pre + carry + max(forward_s, mask_path) + apply_s + sample_s + process_s
+        exposed = pre + carry + max(0.0, mask_path - forward_s) + process_s
+        cpu_total = pre + carry + fill_s + copy_s + process_s
+        return duration, process_s, exposed, cpu_total - exposed, 0.0
+    if has_grammar:  # sampling waits for this step's mask
+        chain = pre + carry + fill_s + copy_s
+        duration = max(forward_s, chain) + apply_s + sample_s
+    else:
+        chain = pre + carry
+        duration = max(forward_s + sample_s, chain)
+    exposed = max(0.0, chain - forward_s)
+    return duration, 0.0, exposed, chain - exposed, process_s
+
+
+def parallel_makespan(per_request_s: np.ndarray, chunk: int, threads: int) -> float:
+    """Wall time to fill masks in chunks of ``chunk`` requests on ``threads`` threads (FIFO).
+
+    >>> parallel_makespan(np.full(64, 1.0), chunk=16, threads=2)
+    32.0
+    """
+    n = len(per_request_s)
+    starts = np.arange(0, n, chunk)
+    tasks = np.add.reduceat(per_request_s, starts) if n else np.zeros(0)
+    free = [0.0] * min(threads, max(1, len(tasks)))
+    for task in tasks.tolist():  # Python floats: cheaper heap arithmetic than numpy scalars
+        heapq.heapreplace(free, free[0] + task)
+    return float(max(free))
