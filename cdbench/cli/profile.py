@@ -1,6 +1,6 @@
 """``cdbench profile``: the command-line face of :mod:`cdbench.profile.runner`.
 
-Importing this module registers the command on :data:`cdbench.cli.app.app`.
+The command's module; :mod:`cdbench.cli.app` registers it.
 """
 
 from __future__ import annotations
