@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from cdbench.backends.base import CONSTRAINT_KINDS, ConstraintSpec
+from cdbench.workloads.validate import schema_error
 
 EMBEDDED_SAMPLE = Path(__file__).parent / "data" / "embedded_sample.jsonl"
 _REQUIRED = ("id", "kind", "spec", "source", "license")
@@ -116,7 +117,8 @@ _SPEC_TYPES: dict[str, tuple[type, ...]] = {
 
 
 def check_spec(kind: Any, spec: Any, dialect: Any = None) -> None:
-    """``ValueError`` unless ``spec`` has the shape of a ``kind`` spec (``ebnf`` also needs a ``dialect``)."""
+    """``ValueError`` unless ``spec`` has the shape of a ``kind`` spec (``ebnf`` also needs a ``dialect``;
+    a ``json_schema`` must pass :func:`~cdbench.workloads.validate.schema_error`)."""
     if kind not in CONSTRAINT_KINDS:
         raise ValueError(f"unknown kind {kind!r} (known: {', '.join(CONSTRAINT_KINDS)})")
     expected = _SPEC_TYPES[kind]
@@ -127,6 +129,10 @@ def check_spec(kind: Any, spec: Any, dialect: Any = None) -> None:
         raise ValueError("choice spec must be a list of strings")
     if kind == "ebnf" and dialect not in ("gbnf", "lark"):
         raise ValueError(f"ebnf item needs dialect gbnf or lark, got {dialect!r}")
+    if kind == "json_schema":
+        problem = schema_error(spec)
+        if problem is not None:
+            raise ValueError(problem)
 
 
 def _text_field(obj: dict[str, Any], key: str) -> str:

@@ -370,7 +370,7 @@ class EbnfGrammar:
         try:
             parser = lark.Lark(lark_text, start=lark_start, parser="earley", lexer="dynamic", keep_all_tokens=True)
         except Exception as exc:  # noqa: BLE001 - Lark raises many types for bad grammars
-            raise GrammarError(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}") from exc
+            raise GrammarError(f"the grammar does not load: {str(exc).strip().splitlines()[0][:200]}") from exc
         return cls(parser, lark_start)
 
     def _min_costs(self) -> dict[str, float]:

@@ -35,10 +35,10 @@ from cdbench.backends.vocab import Vocabulary
 from cdbench.workloads.grammar_instances import GrammarError, grammar_for
 from cdbench.workloads.json_instances import SchemaInstanceError, json_instance
 from cdbench.workloads.regex_instances import RegexInstanceError, regex_instance
-from cdbench.workloads.validate import InvalidInstance, check_instance
+from cdbench.workloads.validate import InvalidInstance, check_instance, schema_error
 
 # Bump when generation, validation or serialization changes: old cache entries are ignored.
-GENERATOR_VERSION = 3
+GENERATOR_VERSION = 4
 # Draws per wanted instance before the spec is reported as failed.
 ATTEMPTS_PER_INSTANCE = 8
 JSON_SEPARATORS = (", ", ": ")
@@ -146,6 +146,10 @@ def valid_instances(spec_id: str, spec: ConstraintSpec, size: int, seed: int) ->
     JSON Schemas the direct generator misses fall back to hypothesis-jsonschema
     (one instance, time-capped).
     """
+    if spec.kind == "json_schema":
+        problem = schema_error(json.loads(spec.spec) if isinstance(spec.spec, str) else spec.spec)
+        if problem is not None:
+            raise InstanceFailure(spec_id, problem)  # no draw can help, nor the fallback
     rng = np.random.default_rng([seed, int(spec_hash(spec)[:8], 16)])
     texts: list[str] = []
     reason = "no attempt made"
@@ -157,13 +161,16 @@ def valid_instances(spec_id: str, spec: ConstraintSpec, size: int, seed: int) ->
                 if not text:
                     raise InvalidInstance("empty instance")
                 check_instance(spec, text)
-            except (InvalidInstance, SchemaInstanceError, RegexInstanceError, GrammarError) as exc:
-                reason = f"{type(exc).__name__}: {exc}"
+            except InvalidInstance as exc:
+                reason = f"drawn instance is invalid: {exc}"
+                continue
+            except (SchemaInstanceError, RegexInstanceError, GrammarError) as exc:
+                reason = str(exc)
                 if isinstance(exc, GrammarError) and not texts:
                     break  # the grammar itself does not load: no draw will help
                 continue
             except Exception as exc:  # noqa: BLE001 - odd specs break generators in odd ways; report, go on
-                reason = f"generator error {type(exc).__name__}: {str(exc)[:200]}"
+                reason = f"instance generator failed: {str(exc)[:200]}"
                 continue
             if text not in texts:
                 texts.append(text)

@@ -155,6 +155,48 @@ class JsonValidator:
         return f"{keyword} at /{'/'.join(map(str, path))}: {message[:_MESSAGE_CHARS]}"
 
 
+# Real schemas mix drafts without saying so (draft-04's ``exclusiveMinimum: true`` with no ``$schema``,
+# duplicate ``enum`` values that only draft-04's meta-schema forbids), and engines accept them.
+_DRAFTS = (jsonschema.Draft202012Validator, jsonschema.Draft201909Validator, jsonschema.Draft7Validator,
+           jsonschema.Draft6Validator, jsonschema.Draft4Validator)
+
+
+def schema_error(schema: Any) -> str | None:
+    """``invalid JSON Schema: <why>``, naming the keyword and its path; ``None`` when ``schema`` is one.
+
+    A schema is refused only when no draft's meta-schema accepts it (its
+    declared draft's complaint is reported), so schemas that mix drafts, as
+    real ones do, pass. jsonschema-rs checks first (fast); python
+    ``jsonschema`` confirms a refusal without the meta-schemas' ``regex``
+    format check, which the ``pattern`` checks of :class:`JsonValidator`
+    already handle with their fallback.
+
+    >>> schema_error({"type": "object", "properties": {"n": {"exclusiveMinimum": True, "minimum": 0}}}) is None
+    True
+    >>> schema_error({"properties": {"n": {"type": "nonsense"}}})
+    "invalid JSON Schema: keyword type at /properties/n/type: 'nonsense' is not valid under any of the given schemas"
+    """
+    if not isinstance(schema, (dict, bool)):
+        return f"invalid JSON Schema: a schema is an object or a boolean, not {type(schema).__name__}"
+    try:
+        jsonschema_rs.meta.validate(schema)
+        return None
+    except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError):
+        pass  # confirmed (or not) below, draft by draft
+    declared = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    drafts = (declared, *(d for d in _DRAFTS if d is not declared))
+    first: str | None = None
+    for draft in drafts:
+        best = jsonschema.exceptions.best_match(draft(draft.META_SCHEMA).iter_errors(schema))
+        if best is None:
+            return None
+        if first is None:
+            path = list(map(str, best.absolute_path))
+            where = f"keyword {path[-1]} at /{'/'.join(path)}" if path else "the schema"
+            first = f"invalid JSON Schema: {where}: {best.message[:_MESSAGE_CHARS]}"
+    return first
+
+
 @functools.lru_cache(maxsize=4096)
 def _compiled(schema_text: str) -> JsonValidator:
     return JsonValidator(json.loads(schema_text))
@@ -185,7 +227,7 @@ def check_instance(spec: ConstraintSpec, text: str) -> None:
             validator = spec_validator(spec)
             error = None if validator.is_valid(value) else validator.error(value)
         except Exception as exc:  # noqa: BLE001 - a malformed schema can break the validator in many ways
-            raise InvalidInstance(f"validator failed on the schema: {type(exc).__name__}: {exc}") from exc
+            raise InvalidInstance(f"validator failed on the schema: {exc}") from exc
         if error is not None:
             raise InvalidInstance(error)
     elif spec.kind == "regex":

@@ -166,3 +166,32 @@ def test_embedded_sample_and_its_provenance_readme_are_package_data():
     readme = EMBEDDED_SAMPLE.parent / "README.md"
     assert EMBEDDED_SAMPLE in shipped and readme in shipped
     assert "MIT License" in readme.read_text() and "Apache" in readme.read_text()
+
+
+def test_a_schema_off_every_metaschema_is_a_named_skipped_line_and_real_world_drafts_load(tmp_path):
+    def schema(item_id, spec):
+        return {"id": item_id, "kind": "json_schema", "spec": spec, "source": "s", "license": "MIT"}
+
+    draft4 = "http://json-schema.org/draft-04/schema#"
+    path = write(tmp_path, [
+        schema("nonsense", {"type": "nonsense"}),
+        schema("negative", {"properties": {"name": {"type": "string", "minLength": -1}}}),
+        # What real corpora hold and engines accept: draft-04 booleans with no $schema, duplicate enum
+        # values in a draft-04 schema, a pattern that is no ECMA-262 regex, an unknown format.
+        schema("old_exclusive", {"type": "number", "minimum": 0, "exclusiveMinimum": True}),
+        schema("duplicate_enum", {"$schema": draft4, "enum": ["a", "a", "b"]}),
+        schema("python_pattern", {"$schema": draft4, "type": "string", "pattern": "^PUBMED:\\{d}"}),
+        schema("unknown_format", {"type": "string", "format": "no-such-format"}),
+    ])
+    load = read_corpus(path)
+    assert [i.id for i in load.items] == ["old_exclusive", "duplicate_enum", "python_pattern", "unknown_format"]
+    assert [str(s) for s in load.skipped] == [
+        f"{path}:1: invalid JSON Schema: keyword type at /type: 'nonsense' is not valid under any of the given schemas",
+        (f"{path}:2: invalid JSON Schema: keyword minLength at /properties/name/minLength: -1 is less than the "
+         "minimum of 0"),
+    ]
+
+
+def test_no_schema_of_the_embedded_sample_is_refused():
+    load = read_corpus(EMBEDDED_SAMPLE)
+    assert not [s for s in load.skipped if "invalid JSON Schema" in s.reason]

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from cdbench.backends.base import ConstraintSpec
@@ -60,3 +62,21 @@ def test_sampled_oracle_coverage_of_github_easy(corpora_dir):
         except InstanceFailure as failure:
             failed.append(str(failure))
     assert len(failed) <= 2, failed
+
+
+CLASS_NAME = re.compile(r"\b[A-Z]\w*(Error|Exception)\b")
+
+
+def test_failure_reasons_name_the_problem_not_an_exception_class():
+    cases = [
+        (ConstraintSpec("json_schema", {"type": "object", "properties": {"a": {"type": "nonsense"}}}),
+         "invalid JSON Schema: keyword type at /properties/a/type: 'nonsense' is not valid"),
+        (ConstraintSpec("ebnf", "start: undefined_rule", {"dialect": "lark", "start": "start"}),
+         "the grammar does not load: "),
+        (ConstraintSpec("choice", []), "drawn instance is invalid: empty choice list"),
+    ]
+    for spec, start in cases:
+        with pytest.raises(InstanceFailure) as caught:
+            instances.valid_instances("s", spec, size=1, seed=0)
+        assert caught.value.reason.startswith(start), caught.value.reason
+        assert not CLASS_NAME.search(caught.value.reason), caught.value.reason
