@@ -7,11 +7,13 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from cdbench.backends.base import ConstraintKind
 from cdbench.workloads.arrivals import ArrivalProcess, PoissonArrivals
 from cdbench.workloads.lengths import FixedLengths, LengthDist
 
@@ -82,6 +84,16 @@ class WorkloadConfig(_Config):
     config are the trace's, so the other fields here do not apply, except
     ``spec_decode``, which is always this config's (one trace replays under
     several draft settings). ``num_requests`` is then optional.
+
+    ``kind_weights``: the share of structured requests per constraint kind
+    (normalized; e.g. ``{json_schema: 0.85, regex: 0.06, choice: 0.06, ebnf: 0.03}``
+    for structured-output traffic). Each kind gets exactly its share of the
+    structured requests (rounded), in a seeded random order; a request of a
+    kind then draws a spec of that kind as ``spec_reuse`` says (``unique`` runs
+    through each kind's items separately, ``same`` holds one spec per kind).
+    Kinds the filtered corpus has no item of are left out and the others'
+    shares renormalized; kinds without a weight are not drawn. Without it,
+    specs are drawn from the whole corpus alike, so the kind mix is the corpus's.
     """
 
     num_requests: int | None = Field(default=None, gt=0)
@@ -89,6 +101,7 @@ class WorkloadConfig(_Config):
     seed: int = 0
     corpus: list[str] = Field(default_factory=lambda: ["embedded"], min_length=1)
     kinds: list[Literal["json_schema", "regex", "choice", "ebnf", "structural_tag"]] | None = None
+    kind_weights: dict[ConstraintKind, float] | None = None
     id_prefix: str | None = None
     corpus_sample: int | None = Field(default=None, gt=0)
     corpus_limit: int | None = Field(default=None, gt=0)
@@ -107,6 +120,12 @@ class WorkloadConfig(_Config):
     def _sized(self) -> WorkloadConfig:
         if self.num_requests is None and self.trace is None:
             raise ValueError("num_requests is required (unless trace names a trace to replay)")
+        if self.kind_weights is not None:
+            bad = [k for k, w in self.kind_weights.items() if not (w >= 0 and math.isfinite(w))]
+            if bad:
+                raise ValueError(f"kind_weights.{bad[0]} must be a finite number >= 0, got {self.kind_weights[bad[0]]}")
+            if not sum(self.kind_weights.values()) > 0:
+                raise ValueError("kind_weights needs at least one weight above 0")
         return self
 
     @property

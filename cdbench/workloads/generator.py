@@ -6,7 +6,8 @@
 (5, True)
 
 Every random choice draws from its own stream of ``SeedSequence(config.seed)``
-(arrivals, structured mix, specs, lengths, reasoning, instances, random walk),
+(arrivals, structured mix, specs, lengths, reasoning, instances, random walk,
+kind mix),
 so changing one aspect of the config does not reshuffle the others.
 
 Corpus items are told apart by their spec, not their id: items whose spec has
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from rich.progress import Progress
+from rich.progress import Progress, TaskID
 
 from cdbench.backends.base import ConstraintSpec
 from cdbench.backends.vocab import Vocabulary
@@ -36,7 +37,8 @@ from cdbench.workloads.request import Request, WalkParams
 from cdbench.workloads.trace import replay
 from cdbench.workloads.workload import Workload
 
-_STREAMS = ("arrivals", "structured", "specs", "prompt", "output", "reasoning", "instances", "walk")
+# Append new streams at the end: a stream's seed is its index here, so earlier streams stay the same.
+_STREAMS = ("arrivals", "structured", "specs", "prompt", "output", "reasoning", "instances", "walk", "kinds")
 
 
 def unique_copy(item: CorpusItem, copy: int) -> tuple[str, ConstraintSpec]:
@@ -58,17 +60,19 @@ class _SpecPicker:
     """
 
     def __init__(self, config: WorkloadConfig, items: list[CorpusItem], hashes: dict[str, str], vocab: Vocabulary,
-                 rng: np.random.Generator, cache: PoolCache, progress: Progress | None) -> None:
+                 rng: np.random.Generator, cache: PoolCache, progress: Progress | None, task: TaskID | None,
+                 label: str = "") -> None:
         self.config, self.vocab, self.rng, self.cache, self.progress = config, vocab, rng, cache, progress
         self.order = [items[i] for i in rng.permutation(len(items))]
         self.hashes = hashes
         self.pools: dict[str, InstancePool] = {}
         self.failed: dict[str, InstanceFailure] = {}
         self.next_unique = 0
+        self.label = label
         if config.spec_reuse.mode == "zipf" and self.order:
             weights = 1.0 / np.arange(1, len(self.order) + 1) ** config.spec_reuse.zipf_s
             self.zipf_p = weights / weights.sum()
-        self.task = progress.add_task("instance pools", total=None) if progress else None
+        self.task = task
 
     def pool(self, item: CorpusItem) -> InstancePool | None:
         """The item's pool (``None`` without an oracle source); failures are remembered."""
@@ -109,7 +113,30 @@ class _SpecPicker:
                 item, copy = self.order[int(self.rng.choice(n, p=self.zipf_p))], 0
             if self.usable(item):
                 return item, copy
-        raise ValueError(f"no spec of the corpus has a valid instance ({len(self.failed)} failed)")
+        raise ValueError(f"no {self.label}spec of the corpus has a valid instance ({len(self.failed)} failed)")
+
+
+def kind_groups(items: list[CorpusItem], weights: dict[str, float] | None
+                ) -> tuple[list[str], list[list[CorpusItem]], np.ndarray]:
+    """The kinds to draw, each kind's items and its probability (``config.kind_weights``
+    over the kinds ``items`` has); one group of every item, kind ``""``, without weights (or items)."""
+    if weights is None or not items:
+        return [""], [items], np.ones(1)
+    kinds = [k for k, w in weights.items() if w > 0 and any(it.kind == k for it in items)]
+    if not kinds:
+        present = sorted({it.kind for it in items})
+        raise ValueError(f"kind_weights gives no weight to a kind the corpus has (its kinds: {', '.join(present)})")
+    p = np.array([weights[k] for k in kinds], dtype=float)
+    return kinds, [[it for it in items if it.kind == k] for k in kinds], p / p.sum()
+
+
+def kind_sequence(p: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
+    """``count`` group indices in a seeded random order, group ``g`` exactly ``p[g] * count`` times
+    (largest-remainder rounding), so a small workload has the configured mix rather than a draw of it."""
+    exact = p * count
+    counts = np.floor(exact).astype(np.intp)
+    counts[np.argsort(counts - exact, kind="stable")[: count - counts.sum()]] += 1
+    return rng.permutation(np.repeat(np.arange(len(p)), counts))
 
 
 def distinct_specs(items: list[CorpusItem]) -> tuple[list[CorpusItem], dict[str, str], dict[str, str]]:
@@ -158,6 +185,10 @@ def generate(config: WorkloadConfig, vocab: Vocabulary, *, cache: PoolCache | No
             raise ValueError(f"corpus {config.corpus} has no items after filtering (kinds={config.kinds}, "
                              f"id_prefix={config.id_prefix!r})")
         items, duplicates, hashes = distinct_specs(load.items)
+    kinds, groups, kind_p = kind_groups(items, config.kind_weights)
+    kind_of = np.zeros(n, dtype=np.intp)
+    if len(kinds) > 1:  # only then, so a config without weights keeps its workload
+        kind_of[structured] = kind_sequence(kind_p, int(structured.sum()), streams["kinds"])
     arrivals = config.arrival.times(n, streams["arrivals"])
     prompt = np.maximum(config.prompt_len.sample(n, streams["prompt"]), 1)
     output = np.maximum(config.output_len.sample(n, streams["output"]), 1)
@@ -172,8 +203,12 @@ def generate(config: WorkloadConfig, vocab: Vocabulary, *, cache: PoolCache | No
     bar = Progress(transient=True, disable=not progress)
     requests: list[Request] = []
     with bar:
-        picker = _SpecPicker(config, items, hashes, vocab, streams["specs"], cache or PoolCache(),
-                             bar if progress else None)
+        shown = bar if progress else None
+        task = shown.add_task("instance pools", total=None) if shown else None
+        pool_cache = cache or PoolCache()
+        pickers = [_SpecPicker(config, group, hashes, vocab, streams["specs"], pool_cache, shown, task,
+                               f"{kind} " if kind else "")
+                   for kind, group in zip(kinds, groups)]
         pools: dict[str, InstancePool] = {}
         report_every = max(n // 100, 1)
         for i in range(n):
@@ -182,6 +217,7 @@ def generate(config: WorkloadConfig, vocab: Vocabulary, *, cache: PoolCache | No
             spec = spec_id = tokens = index = None
             out_len = int(output[i])
             if structured[i]:
+                picker = pickers[kind_of[i]]
                 item, copy = picker.draw()
                 spec_id, spec = unique_copy(item, copy)
                 pool = picker.pool(item)
@@ -205,5 +241,5 @@ def generate(config: WorkloadConfig, vocab: Vocabulary, *, cache: PoolCache | No
                 random_walk=walk if structured[i] else None,
             ))
     # Arrival times are already sorted (cumulative gaps); keep ids in arrival order.
-    return Workload(config, vocab.name, requests, pools, list(picker.failed.values()), skipped, libraries,
-                    duplicates)
+    failed = [failure for picker in pickers for failure in picker.failed.values()]
+    return Workload(config, vocab.name, requests, pools, failed, skipped, libraries, duplicates)
