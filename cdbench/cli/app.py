@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 import cdbench
-from cdbench.cli import compare, gate, kernels, profile, report, run, sweep
+from cdbench.cli import compare, fidelity, gate, kernels, profile, report, run, sweep
 
 app = typer.Typer(
     name="cdbench",
@@ -31,6 +31,7 @@ COMMANDS = {
     "sweep": sweep.sweep,
     "report": report.report,
     "gate": gate.gate,
+    "fidelity": fidelity.fidelity,
     "profile": profile.profile,
     "kernels": kernels.kernels_command,
     "version": version,

@@ -27,7 +27,12 @@ from cdbench.cli.support import (
     output_folder,
     user_errors,
 )
-from cdbench.reports.compare import comparison_rich, comparison_table, write_comparison
+from cdbench.reports.compare import (
+    comparison_rich,
+    comparison_table,
+    label_runs,
+    write_comparison,
+)
 from cdbench.results.config_files import ConfigError, apply_overrides
 from cdbench.results.run_folder import SavedRun, load_run, validate_run_config
 
@@ -72,10 +77,7 @@ def compare(
         out = output_folder(out, default_out_dir("compare-"))
         runs: dict[str, SavedRun] = {}
         if run_dirs:
-            for i, folder in enumerate(run_dirs):
-                run = load_run(folder)
-                label = run.label if run.label not in runs else f"{run.label}#{i}"
-                runs[label] = run
+            runs = label_runs([load_run(folder) for folder in run_dirs])
         else:
             options = dict(backend=backend, policy=policy, mode=mode, model=model, gpu=gpu, corpus=corpus,
                            requests=requests, rate=rate, seed=seed)

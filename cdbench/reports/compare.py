@@ -12,7 +12,7 @@ Examples
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -91,21 +91,40 @@ def comparison_markdown(table: pd.DataFrame, n_runs: int) -> str:
     return "\n".join(lines)
 
 
-def write_comparison(runs: Mapping[str, SavedRun], out_dir: Path) -> Path:
-    """Write ``comparison.md`` (the table) and overlaid TTFT/TPOT CDFs into ``out_dir``; returns the markdown path."""
-    out_dir = Path(out_dir)
-    plot_dir = out_dir / "plots"
-    table = comparison_table({label: run.summary for label, run in runs.items()})
+def label_runs(runs: Sequence[SavedRun]) -> dict[str, SavedRun]:
+    """Each run under its folder's name; a name seen before gets ``#<position>`` appended."""
+    labelled: dict[str, SavedRun] = {}
+    for i, run in enumerate(runs):
+        labelled[run.label if run.label not in labelled else f"{run.label}#{i}"] = run
+    return labelled
+
+
+def overlaid_cdfs(runs: Mapping[str, SavedRun], plot_dir: Path) -> list[tuple[str, Path]]:
+    """TTFT, TPOT and E2EL CDFs with one line per run, written into ``plot_dir``: (name, path) of each."""
     latencies = {label: request_latencies_ms(run.requests) for label, run in runs.items()}
     figures = []
     for metric, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2el_ms", "E2EL")):
         path = plots.cdf_plot({label: lat[metric].to_numpy() for label, lat in latencies.items()},
                               f"{name} (ms)", f"{name} CDF", plot_dir / f"{metric[:-3]}_cdf.png")
         figures.append((name, path))
-    lines = ["# cdbench comparison", "", "Runs: " + ", ".join(f"`{label}` ({run.folder})" for label, run in runs.items()),
-             "", comparison_markdown(table, len(runs)), ""]
+    return figures
+
+
+def figure_sections(figures: list[tuple[str, Path]], out_dir: Path) -> list[str]:
+    """Markdown lines: one ``## <name> CDF`` section per figure, linked relative to ``out_dir``."""
+    lines: list[str] = []
     for name, path in figures:
         lines += [f"## {name} CDF", "", f"![{name}]({path.relative_to(out_dir).as_posix()})", ""]
+    return lines
+
+
+def write_comparison(runs: Mapping[str, SavedRun], out_dir: Path) -> Path:
+    """Write ``comparison.md`` (the table) and overlaid TTFT/TPOT CDFs into ``out_dir``; returns the markdown path."""
+    out_dir = Path(out_dir)
+    table = comparison_table({label: run.summary for label, run in runs.items()})
+    figures = overlaid_cdfs(runs, out_dir / "plots")
+    lines = ["# cdbench comparison", "", "Runs: " + ", ".join(f"`{label}` ({run.folder})" for label, run in runs.items()),
+             "", comparison_markdown(table, len(runs)), "", *figure_sections(figures, out_dir)]
     md = out_dir / "comparison.md"
     md.write_text("\n".join(lines))
     table.to_csv(out_dir / "comparison.csv")

@@ -1,0 +1,91 @@
+"""``cdbench fidelity``: how far runs sit from a reference run of the same workload (exit 1 beyond the bar)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cdbench.cli.support import (
+    console,
+    default_out_dir,
+    err_console,
+    output_folder,
+    user_errors,
+)
+from cdbench.reports.compare import label_runs
+from cdbench.reports.fidelity import (
+    ACCEPTANCE_TOLERANCES,
+    FidelityError,
+    check_same_workload,
+    evaluate_fidelity,
+    fidelity_rich,
+    verdict_line,
+    write_fidelity,
+)
+from cdbench.reports.gate import parse_tolerances
+from cdbench.results.run_folder import SavedRun, load_run
+
+
+def _noise_runs(folders: tuple[Path, Path], runs: dict[str, SavedRun]) -> dict[str, SavedRun]:
+    """The two noise runs by label; a folder that is also a compared run keeps that run's label."""
+    if folders[0].resolve() == folders[1].resolve():
+        raise FidelityError(f"--noise names {folders[0]} twice; give two runs of the same seed")
+    known = {run.folder.resolve(): label for label, run in runs.items()}
+    noise: dict[str, SavedRun] = {}
+    for folder in folders:
+        run = load_run(folder)
+        label = known.get(run.folder.resolve()) or next(
+            name for name in (f"noise {run.label}", f"noise {run.label} ({folder})") if name not in noise)
+        noise[label] = run
+    return noise
+
+
+_DEFAULT_BAR = ", ".join(f"{m}={p:g}" for m, p in ACCEPTANCE_TOLERANCES.items())
+
+
+def fidelity(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run folders: the reference first (e.g. hybrid), then the runs to check (e.g. model).")],
+    noise: Annotated[tuple[Path, Path] | None, typer.Option(
+        "--noise", help="Two same-seed reference-mode runs (e.g. hybrid A and B): their spread is the noise floor.")] = None,
+    tolerance: Annotated[list[str], typer.Option(
+        "--tolerance", "-t", help=f"METRIC=PCT: allowed |relative error|; repeatable; adds to or overrides the default bar ({_DEFAULT_BAR}).")] = [],  # noqa: B006
+    allow_different_workloads: Annotated[bool, typer.Option(
+        "--allow-different-workloads", help="Compare runs even when their workloads (requests) differ.")] = False,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder for fidelity.md, fidelity.csv and plots/.")] = None,
+) -> None:
+    """Relative error of each run against the first, per metric (latency medians/p90/p99, throughput, grammar wait,
+    compile, mask share), beside the noise floor of two same-seed runs.
+
+    A checked figure passes when |error| <= max(tolerance, noise). Exits 1 when one does not, 2 on bad input
+    (a missing run folder, runs of different workloads).
+
+    Examples:
+      cdbench fidelity runs/hybrid-a runs/model --noise runs/hybrid-a runs/hybrid-b
+      cdbench fidelity runs/hybrid runs/model -t median_ttft_ms=15 -t p99_ttft_ms=25 --out runs/fid
+    """
+    with user_errors():
+        tolerances = {**ACCEPTANCE_TOLERANCES, **parse_tolerances(tolerance)}
+        if len(run_dirs) < 2:
+            raise FidelityError("fidelity needs at least two run folders: the reference first, then the runs to check")
+        runs = label_runs([load_run(folder) for folder in run_dirs])
+        noise_runs = _noise_runs(noise, runs) if noise is not None else {}
+        if not allow_different_workloads:
+            check_same_workload({**runs, **noise_runs})
+        out = output_folder(out, default_out_dir("fidelity-"))
+        noise_pair = noise_labels = None
+        if noise_runs:
+            (label_x, run_x), (label_y, run_y) = noise_runs.items()
+            noise_pair, noise_labels = (run_x.summary, run_y.summary), (label_x, label_y)
+        result = evaluate_fidelity({label: run.summary for label, run in runs.items()}, noise_pair, tolerances,
+                                   noise_labels)
+    with user_errors(out / "fidelity.log"), err_console.status("writing the fidelity report and its plots"):
+        md = write_fidelity(runs, result, out, noise_runs)
+    console.print(fidelity_rich(result))
+    console.print(f"fidelity: {md}  (table in {out / 'fidelity.csv'}, plots in {out / 'plots'})")
+    if result.passed:
+        console.print(f"[green]fidelity passed[/]: {verdict_line(result)}")
+        return
+    err_console.print(f"[bold red]fidelity failed[/]: {verdict_line(result)}")
+    raise typer.Exit(1)

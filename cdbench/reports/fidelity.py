@@ -1,0 +1,323 @@
+"""Fidelity: how far runs of one workload sit from a reference run, beside the noise floor.
+
+The reference is the first run (typically a ``hybrid`` run, which measures
+real grammar backends); each other run (typically ``model`` mode) gets the
+relative error of every fidelity metric against it, ``(run - ref) / |ref|``.
+Two ``hybrid`` runs with the same seed differ only by host noise; their
+absolute relative error per metric is the *noise floor*, and a figure passes
+when ``|error| <= max(tolerance, noise)``. Metrics without a tolerance are
+reported only.
+
+Examples
+--------
+>>> result = evaluate_fidelity({"hybrid": {"median_ttft_ms": 20.0}, "model": {"median_ttft_ms": 21.5}},
+...                            tolerances={"median_ttft_ms": 5.0})
+>>> cell = result.cells[0]
+>>> round(cell.error_pct, 1), cell.verdict.value
+(7.5, 'beyond')
+>>> noisy = evaluate_fidelity({"hybrid": {"median_ttft_ms": 20.0}, "model": {"median_ttft_ms": 21.5}},
+...                           noise=({"median_ttft_ms": 20.0}, {"median_ttft_ms": 18.0}),
+...                           tolerances={"median_ttft_ms": 5.0})
+>>> noisy.cells[0].noise_pct, noisy.cells[0].verdict.value
+(10.0, 'within')
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from rich.table import Table
+
+from cdbench.reports.compare import figure_sections, overlaid_cdfs
+from cdbench.reports.gate import GateError, check_tolerance_names, numeric_metrics
+from cdbench.reports.tables import format_value
+from cdbench.results.run_folder import WORKLOAD_TRACE_FILE, SavedRun
+
+FIDELITY_METRICS: tuple[str, ...] = (
+    *(f"{stat}_{metric}_ms" for metric in ("ttft", "tpot", "itl", "e2el") for stat in ("median", "p90", "p99")),
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "mean_grammar_wait_ms",
+    "median_grammar_wait_ms",
+    "p99_grammar_wait_ms",
+    "mean_compile_ms",
+    "p99_compile_ms",
+    "mask_share",
+)
+"""The metrics every fidelity report shows, in this order (``summary.json`` names)."""
+
+ACCEPTANCE_TOLERANCES: dict[str, float] = {
+    "median_ttft_ms": 5.0,
+    "median_tpot_ms": 5.0,
+    "request_throughput": 5.0,
+    "p99_ttft_ms": 10.0,
+    "p99_tpot_ms": 10.0,
+    "p99_itl_ms": 10.0,
+}
+"""Default tolerances (percent |relative error|): the bar ``model`` mode with a run's own in-situ
+grammar profile must meet against that ``hybrid`` run."""
+
+
+class FidelityError(GateError):
+    """Runs that cannot be compared for fidelity (different workloads, too few runs, a bad noise pair)."""
+
+
+class FidelityVerdict(str, Enum):
+    WITHIN = "within"
+    BEYOND = "beyond"
+    NO_DATA = "no data"  # a value is missing (or the reference is 0 while the run is not): fails when checked
+    INFO = "info"  # no tolerance: reported only
+
+
+@dataclass(frozen=True, slots=True)
+class FidelityCell:
+    """One metric of one run against the reference."""
+
+    metric: str
+    run: str
+    reference: float | None
+    value: float | None
+    error_pct: float | None  # signed: (value - reference) / |reference| * 100
+    noise_pct: float | None  # |relative error| between the two noise runs
+    tolerance_pct: float | None
+    verdict: FidelityVerdict
+
+    @property
+    def allowed_pct(self) -> float | None:
+        """The bar this cell is held to: max(tolerance, noise); ``None`` when it has no tolerance."""
+        if self.tolerance_pct is None:
+            return None
+        return max(self.tolerance_pct, self.noise_pct or 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class FidelityResult:
+    """Every metric of every compared run; ``passed`` is False when a checked cell is beyond its bar."""
+
+    reference: str
+    runs: tuple[str, ...]
+    metrics: tuple[str, ...]
+    cells: tuple[FidelityCell, ...]
+    noise_runs: tuple[str, str] | None = None
+
+    @property
+    def failures(self) -> tuple[FidelityCell, ...]:
+        return tuple(c for c in self.cells if c.tolerance_pct is not None
+                     and c.verdict in (FidelityVerdict.BEYOND, FidelityVerdict.NO_DATA))
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def cell(self, metric: str, run: str) -> FidelityCell:
+        return next(c for c in self.cells if c.metric == metric and c.run == run)
+
+
+def relative_error_pct(reference: float | None, value: float | None) -> float | None:
+    """``(value - reference) / |reference|`` in percent; 0 when equal, ``None`` when either is missing or the
+    reference is 0 while the value is not (no finite relative error exists).
+
+    >>> relative_error_pct(10.0, 12.0), relative_error_pct(0.0, 0.0), relative_error_pct(0.0, 1.0)
+    (20.0, 0.0, None)
+    """
+    if reference is None or value is None:
+        return None
+    if reference == value:
+        return 0.0
+    if reference == 0.0:
+        return None
+    return (value - reference) / abs(reference) * 100.0
+
+
+def evaluate_fidelity(
+    summaries: Mapping[str, Mapping[str, object]],
+    noise: tuple[Mapping[str, object], Mapping[str, object]] | None = None,
+    tolerances: Mapping[str, float] | None = None,
+    noise_labels: tuple[str, str] | None = None,
+) -> FidelityResult:
+    """Relative error of every run after the first against the first, per metric.
+
+    ``summaries``: label → ``summary.json`` mapping, the reference first. ``noise``: the summaries of two
+    same-seed runs whose spread is the noise floor. ``tolerances``: metric → percent; a metric named here
+    that is not among :data:`FIDELITY_METRICS` is added to the rows (it must be a numeric metric of a run).
+    """
+    if len(summaries) < 2:
+        raise FidelityError("fidelity needs at least two runs: the reference first, then the runs to check")
+    tolerances = dict(tolerances or {})
+    numeric = {label: numeric_metrics(summary) for label, summary in summaries.items()}
+    known = set(FIDELITY_METRICS).union(*numeric.values())
+    check_tolerance_names(tolerances, known, "--tolerance")
+    metrics = (*FIDELITY_METRICS, *sorted(set(tolerances) - set(FIDELITY_METRICS)))
+    noise_values = tuple(numeric_metrics(s) for s in noise) if noise is not None else None
+    labels = list(summaries)
+    reference = labels[0]
+    cells = []
+    for metric in metrics:
+        noise_pct = None
+        if noise_values is not None:
+            spread = relative_error_pct(noise_values[0].get(metric), noise_values[1].get(metric))
+            noise_pct = None if spread is None else abs(spread)
+        tol = tolerances.get(metric)
+        ref = numeric[reference].get(metric)
+        for label in labels[1:]:
+            value = numeric[label].get(metric)
+            error = relative_error_pct(ref, value)
+            if error is None:
+                verdict = FidelityVerdict.NO_DATA
+            elif tol is None:
+                verdict = FidelityVerdict.INFO
+            else:
+                verdict = (FidelityVerdict.WITHIN if abs(error) <= max(tol, noise_pct or 0.0)
+                           else FidelityVerdict.BEYOND)
+            cells.append(FidelityCell(metric, label, ref, value, error, noise_pct, tol, verdict))
+    return FidelityResult(reference, tuple(labels[1:]), metrics, tuple(cells), noise_labels)
+
+
+# ----------------------------------------------------------------------------- same workload
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadIdentity:
+    """What a run's workload is compared by: the digest of its requests (or of its config's workload section)."""
+
+    source: str
+    digest: str
+
+
+def workload_identity(run: SavedRun, by_config: bool = False) -> WorkloadIdentity:
+    """The digest of the request lines of the run's ``workload.trace.jsonl`` (its header, which restates the
+    config with every default of the cdbench version that wrote it, is left out), or with ``by_config`` or
+    no trace, of the ``workload`` section of its ``config.yaml``."""
+    trace = run.folder / WORKLOAD_TRACE_FILE
+    if not by_config and trace.is_file():
+        digest = hashlib.sha256()
+        with trace.open("rb") as lines:
+            next(lines, None)  # line 1 is the header
+            for line in lines:
+                digest.update(line)
+        return WorkloadIdentity(f"the requests in {WORKLOAD_TRACE_FILE}", digest.hexdigest())
+    section = run.config.get("workload", {})
+    text = json.dumps(section, sort_keys=True, default=str)
+    return WorkloadIdentity("the workload section of config.yaml", hashlib.sha256(text.encode()).hexdigest())
+
+
+def check_same_workload(runs: Mapping[str, SavedRun]) -> None:
+    """Raise :class:`FidelityError` naming the first run whose workload differs from the first run's."""
+    labels = list(runs)
+    by_config = not all((run.folder / WORKLOAD_TRACE_FILE).is_file() for run in runs.values())
+    first = workload_identity(runs[labels[0]], by_config)
+    for label in labels[1:]:
+        other = workload_identity(runs[label], by_config)
+        if other.digest != first.digest:
+            raise FidelityError(
+                f"run {runs[label].folder} has a different workload from {runs[labels[0]].folder} "
+                f"(compared by {first.source}); give --allow-different-workloads to compare them anyway")
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def _pct(value: float | None, signed: bool = True) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    return f"{value:+.1f}%" if signed else f"{value:.1f}%"
+
+
+def fidelity_frame(result: FidelityResult) -> pd.DataFrame:
+    """One row a (metric, run): reference, value, error, noise, tolerance, allowed bar and verdict."""
+    rows = [{"metric": c.metric, "run": c.run, "reference": c.reference, "value": c.value,
+             "error_pct": c.error_pct, "abs_error_pct": None if c.error_pct is None else abs(c.error_pct),
+             "noise_pct": c.noise_pct, "tolerance_pct": c.tolerance_pct, "allowed_pct": c.allowed_pct,
+             "verdict": c.verdict.value} for c in result.cells]
+    return pd.DataFrame(rows, columns=["metric", "run", "reference", "value", "error_pct", "abs_error_pct",
+                                       "noise_pct", "tolerance_pct", "allowed_pct", "verdict"])
+
+
+def _bar(cell: FidelityCell) -> str:
+    if cell.tolerance_pct is None:
+        return "-"
+    if cell.noise_pct is not None and cell.noise_pct > cell.tolerance_pct:
+        return f"{cell.noise_pct:.1f}% (noise)"
+    return f"{cell.tolerance_pct:g}%"
+
+
+def _rows(result: FidelityResult, mark: tuple[str, str]) -> list[list[str]]:
+    """Table rows: metric, reference value, then per run its value and error, then noise and bar."""
+    rows = []
+    for metric in result.metrics:
+        cells = [result.cell(metric, run) for run in result.runs]
+        row = [metric, format_value(cells[0].reference)]
+        for cell in cells:
+            error = _pct(cell.error_pct)
+            if cell.tolerance_pct is not None and cell.verdict is not FidelityVerdict.WITHIN:
+                error = f"{mark[0]}{error}{mark[1]}"
+            row += [format_value(cell.value), error]
+        row += [_pct(cells[0].noise_pct, signed=False), _bar(cells[0])]
+        rows.append(row)
+    return rows
+
+
+def _header(result: FidelityResult) -> list[str]:
+    header = ["metric", result.reference]
+    for run in result.runs:
+        header += [run, f"{run} error"]
+    return [*header, "noise", "bar"]
+
+
+def fidelity_markdown(result: FidelityResult) -> str:
+    """The table as markdown; a checked error beyond its bar is bold."""
+    header = _header(result)
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in _rows(result, ("**", "**"))]
+    return "\n".join(lines)
+
+
+def fidelity_rich(result: FidelityResult) -> Table:
+    """The table for the terminal; a checked error beyond its bar is red."""
+    table = Table(title=f"Fidelity (relative error against {result.reference})", title_justify="left")
+    for i, name in enumerate(_header(result)):
+        table.add_column(name, justify="left" if i == 0 else "right", no_wrap=i == 0)
+    for row in _rows(result, ("[bold red]", "[/]")):
+        table.add_row(*row)
+    return table
+
+
+def verdict_line(result: FidelityResult) -> str:
+    """One line: how many checked figures are within their bar."""
+    checked = [c for c in result.cells if c.tolerance_pct is not None]
+    if result.passed:
+        return f"all {len(checked)} checked figures within their bar"
+    names = ", ".join(f"{c.metric} ({c.run})" for c in result.failures)
+    return f"{len(result.failures)} of {len(checked)} checked figures beyond their bar: {names}"
+
+
+def write_fidelity(runs: Mapping[str, SavedRun], result: FidelityResult, out_dir: Path,
+                   noise_runs: Mapping[str, SavedRun] | None = None) -> Path:
+    """Write ``fidelity.md``, ``fidelity.csv`` and overlaid CDFs (``plots/``) into ``out_dir``; returns the md path.
+
+    The noise runs, when given, are drawn in the CDFs too.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figures = overlaid_cdfs({**runs, **(noise_runs or {})}, out_dir / "plots")
+    noise = ("none given: every bar is the tolerance alone" if result.noise_runs is None else
+             f"|relative error| between `{result.noise_runs[0]}` and `{result.noise_runs[1]}` (same seed)")
+    lines = ["# cdbench fidelity", "",
+             "Runs: " + ", ".join(f"`{label}` ({run.folder})" for label, run in runs.items()),
+             f"Reference: `{result.reference}`; error = (run - reference) / |reference|.",
+             f"Noise floor: {noise}. A checked figure passes when |error| <= max(tolerance, noise).", "",
+             fidelity_markdown(result), "", f"Verdict: {verdict_line(result)}.", "",
+             *figure_sections(figures, out_dir)]
+    md = out_dir / "fidelity.md"
+    md.write_text("\n".join(lines))
+    fidelity_frame(result).replace({np.nan: None}).to_csv(out_dir / "fidelity.csv", index=False)
+    return md

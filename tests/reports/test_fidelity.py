@@ -1,0 +1,134 @@
+import json
+import math
+
+import pandas as pd
+import pytest
+from synthetic_run import write_synthetic_run
+
+from cdbench.reports.fidelity import (
+    ACCEPTANCE_TOLERANCES,
+    FIDELITY_METRICS,
+    FidelityError,
+    FidelityVerdict,
+    check_same_workload,
+    evaluate_fidelity,
+    fidelity_markdown,
+    fidelity_rich,
+    relative_error_pct,
+    workload_identity,
+    write_fidelity,
+)
+from cdbench.reports.gate import GateError
+
+REF = {"median_ttft_ms": 20.0, "p99_ttft_ms": 100.0, "request_throughput": 10.0, "mask_share": 0.1}
+
+
+def test_relative_error_is_signed_against_the_reference():
+    assert relative_error_pct(20.0, 21.0) == pytest.approx(5.0)
+    assert relative_error_pct(20.0, 18.0) == pytest.approx(-10.0)
+    assert relative_error_pct(-2.0, -1.0) == pytest.approx(50.0)
+    assert relative_error_pct(0.0, 0.0) == 0.0
+    assert relative_error_pct(0.0, 3.0) is None and relative_error_pct(None, 3.0) is None
+
+
+def test_each_run_is_judged_by_absolute_error_against_the_first():
+    result = evaluate_fidelity(
+        {"hybrid": REF,
+         "close": {**REF, "median_ttft_ms": 19.2, "request_throughput": 10.4},  # -4 %, +4 %: within 5 %
+         "far": {**REF, "median_ttft_ms": 21.2, "p99_ttft_ms": 80.0}},  # +6 % beyond 5 %, -20 % beyond 10 %
+        tolerances={"median_ttft_ms": 5, "p99_ttft_ms": 10, "request_throughput": 5})
+    assert result.reference == "hybrid" and result.runs == ("close", "far")
+    assert list(result.metrics) == list(FIDELITY_METRICS)
+    assert result.cell("median_ttft_ms", "close").error_pct == pytest.approx(-4.0)
+    assert result.cell("median_ttft_ms", "close").verdict is FidelityVerdict.WITHIN
+    assert result.cell("request_throughput", "close").verdict is FidelityVerdict.WITHIN
+    assert result.cell("median_ttft_ms", "far").verdict is FidelityVerdict.BEYOND
+    assert result.cell("p99_ttft_ms", "far").verdict is FidelityVerdict.BEYOND
+    assert result.cell("mask_share", "far").verdict is FidelityVerdict.INFO  # no tolerance: reported only
+    assert not result.passed
+    assert {(c.metric, c.run) for c in result.failures} == {("median_ttft_ms", "far"), ("p99_ttft_ms", "far")}
+
+
+def test_a_checked_metric_missing_from_a_run_fails():
+    result = evaluate_fidelity({"a": REF, "b": {"median_ttft_ms": 20.0}}, tolerances={"p99_ttft_ms": 10})
+    assert result.cell("p99_ttft_ms", "b").verdict is FidelityVerdict.NO_DATA
+    assert not result.passed
+    unchecked = evaluate_fidelity({"a": REF, "b": {"median_ttft_ms": 20.0}}, tolerances={"median_ttft_ms": 1})
+    assert unchecked.passed  # missing, but nobody asked for it
+
+
+def test_the_noise_floor_widens_the_bar_only_where_it_is_larger():
+    noise = ({**REF}, {**REF, "median_ttft_ms": 22.0, "p99_ttft_ms": 101.0})  # 10 % and 1 % apart
+    run = {**REF, "median_ttft_ms": 21.6, "p99_ttft_ms": 108.0}  # +8 % and +8 %
+    tol = {"median_ttft_ms": 5, "p99_ttft_ms": 5}
+    without = evaluate_fidelity({"h": REF, "m": run}, tolerances=tol)
+    assert without.cell("median_ttft_ms", "m").verdict is FidelityVerdict.BEYOND
+    result = evaluate_fidelity({"h": REF, "m": run}, noise=noise, tolerances=tol, noise_labels=("h", "h2"))
+    median, p99 = result.cell("median_ttft_ms", "m"), result.cell("p99_ttft_ms", "m")
+    assert median.noise_pct == pytest.approx(10.0) and median.allowed_pct == pytest.approx(10.0)
+    assert median.verdict is FidelityVerdict.WITHIN
+    assert p99.noise_pct == pytest.approx(1.0) and p99.allowed_pct == 5
+    assert p99.verdict is FidelityVerdict.BEYOND
+    markdown = fidelity_markdown(result)
+    assert markdown.splitlines()[0] == "| metric | h | m | m error | noise | bar |"
+    assert "| median_ttft_ms | 20 | 21.6 | +8.0% | 10.0% | 10.0% (noise) |" in markdown
+    assert "| p99_ttft_ms | 100 | 108 | **+8.0%** | 1.0% | 5% |" in markdown
+    assert fidelity_rich(result).row_count == len(FIDELITY_METRICS)
+
+
+def test_tolerances_are_checked_and_extra_metrics_become_rows():
+    with pytest.raises(GateError, match="did you mean p99_ttft_ms"):
+        evaluate_fidelity({"a": REF, "b": REF}, tolerances={"p99_tft_ms": 5})
+    result = evaluate_fidelity({"a": {**REF, "cache_hit_rate": 0.5}, "b": {**REF, "cache_hit_rate": 0.4}},
+                               tolerances={"cache_hit_rate": 10})
+    assert result.metrics[-1] == "cache_hit_rate"
+    assert result.cell("cache_hit_rate", "b").verdict is FidelityVerdict.BEYOND
+    with pytest.raises(FidelityError, match="at least two runs"):
+        evaluate_fidelity({"a": REF})
+    assert set(ACCEPTANCE_TOLERANCES) <= set(FIDELITY_METRICS)
+
+
+def _with_trace(run, request_lines):
+    header = json.dumps({"type": "header", "format_version": 2, "seed": run.config["seed"]}) + "\n"
+    (run.folder / "workload.trace.jsonl").write_text(header + "".join(f"{line}\n" for line in request_lines))
+    return run
+
+
+def test_workloads_compare_by_their_requests_not_the_trace_header(tmp_path):
+    a = _with_trace(write_synthetic_run(tmp_path / "a", seed=0), ['{"id":1}', '{"id":2}'])
+    b = _with_trace(write_synthetic_run(tmp_path / "b", seed=1), ['{"id":1}', '{"id":2}'])  # other header
+    c = _with_trace(write_synthetic_run(tmp_path / "c", seed=0), ['{"id":1}', '{"id":3}'])
+    assert workload_identity(a) == workload_identity(b)
+    check_same_workload({"a": a, "b": b})
+    with pytest.raises(FidelityError, match=r"c has a different workload from .*a \(compared by the requests"):
+        check_same_workload({"a": a, "b": b, "c": c})
+
+
+def test_without_traces_workloads_compare_by_config_section(tmp_path):
+    runs = {}
+    for name, rate in (("a", 10.0), ("b", 10.0), ("c", 20.0)):
+        run = write_synthetic_run(tmp_path / name)
+        runs[name] = type(run)(run.folder, {"workload": {"num_requests": 60, "arrival": {"rate": rate}}},
+                               run.summary, run.requests, run.steps)
+    check_same_workload({"a": runs["a"], "b": runs["b"]})
+    with pytest.raises(FidelityError, match="workload section of config.yaml"):
+        check_same_workload(runs)
+
+
+def test_write_fidelity_has_markdown_csv_and_overlaid_cdfs(tmp_path):
+    runs = {name: write_synthetic_run(tmp_path / name, seed=i) for i, name in enumerate(["hybrid", "model"])}
+    noise = {"hybrid": runs["hybrid"], "hybrid-b": write_synthetic_run(tmp_path / "hybrid-b", seed=2)}
+    result = evaluate_fidelity({k: r.summary for k, r in runs.items()}, (runs["hybrid"].summary,
+                               noise["hybrid-b"].summary), ACCEPTANCE_TOLERANCES, ("hybrid", "hybrid-b"))
+    md = write_fidelity(runs, result, tmp_path / "fid", noise)
+    text = md.read_text()
+    assert "| metric | hybrid | model | model error | noise | bar |" in text
+    assert "`hybrid` and `hybrid-b` (same seed)" in text
+    # synthetic summaries: request_throughput 20 / 21 / 22, so +5.0 % against a 10.0 % noise floor
+    assert "| request_throughput | 20 | 21 | +5.0% | 10.0% | 10.0% (noise) |" in text
+    frame = pd.read_csv(tmp_path / "fid" / "fidelity.csv")
+    row = frame[frame["metric"] == "request_throughput"].iloc[0]
+    assert row["run"] == "model" and row["error_pct"] == pytest.approx(5.0) and row["verdict"] == "within"
+    assert math.isnan(frame[frame["metric"] == "mask_share"].iloc[0]["value"])
+    for name in ("ttft", "tpot", "e2el"):
+        assert (tmp_path / "fid" / "plots" / f"{name}_cdf.png").read_bytes()[:4] == b"\x89PNG"
