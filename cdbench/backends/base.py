@@ -105,7 +105,9 @@ class CompiledGrammar:
     """A backend's compiled form of one spec; shareable between matchers.
 
     ``warnings`` lists constraints the engine accepted but does not enforce
-    ("compiled but not enforced"), e.g. a JSON Schema ``not`` under xgrammar.
+    ("compiled but not enforced"), e.g. a JSON Schema ``not`` under xgrammar,
+    and the lines the engine itself logged while compiling (captured from
+    stderr by :mod:`cdbench.backends.engine_log`).
     """
 
     backend: str

@@ -14,6 +14,8 @@ DeepSeek's added tokens and would let them through inside strings.
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import replace
 
 import torch
 import xgrammar as xgr
@@ -29,7 +31,10 @@ from cdbench.backends.base import (
     check_rollback,
     row_error,
 )
+from cdbench.backends.engine_log import engine_log, logged_warning
 from cdbench.backends.vocab import Vocabulary
+
+_LOG_TIME = re.compile(r"^\[\d\d:\d\d:\d\d\] ")
 
 # JSON Schema keywords xgrammar 0.2.8 compiles without enforcing them (each
 # verified with an instance that violates it and is accepted). allOf is merged
@@ -163,6 +168,16 @@ class XGrammarBackend(GrammarBackend):
                 f":compiler_cache={self.compiler_cache}")
 
     def compile(self, spec: ConstraintSpec) -> CompiledGrammar:
+        with engine_log() as logged:
+            grammar = self._compile(spec)
+        if not logged:
+            return grammar
+        # xgrammar logs what it drops (e.g. a string's length bounds beside a pattern) on stderr: kept here,
+        # without the wall-clock prefix, so the same spec gives the same warnings.
+        lines = tuple(logged_warning(self.name, _LOG_TIME.sub("", line)) for line in logged)
+        return replace(grammar, warnings=grammar.warnings + lines)
+
+    def _compile(self, spec: ConstraintSpec) -> CompiledGrammar:
         warnings: tuple[str, ...] = ()
         try:
             if spec.kind == "json_schema":

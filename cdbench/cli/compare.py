@@ -25,6 +25,7 @@ from cdbench.cli.support import (
     load_run_tree,
     option_overrides,
     output_folder,
+    print_engine_log,
     user_errors,
 )
 from cdbench.reports.compare import (
@@ -99,3 +100,5 @@ def compare(
     table = comparison_table({label: run.summary for label, run in runs.items()})
     console.print(comparison_rich(table, len(runs)))
     console.print(f"comparison: {md}  (plots in {out / 'plots'})")
+    if not run_dirs:
+        print_engine_log([run.folder for run in runs.values()])

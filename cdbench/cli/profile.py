@@ -57,3 +57,7 @@ def profile(
     for line in run.skipped_lines:
         typer.echo(f"skipped: {line}", err=True)
     typer.echo(f"{run.results} results ({run.new_results} new) in {run.out_dir}; report: {run.out_dir / 'report.md'}")
+    if run.engine_log_lines:
+        lines = f"{run.engine_log_lines} line{'s' if run.engine_log_lines != 1 else ''}"
+        typer.echo(f"engine: {lines} the engines logged while compiling (listed per item in "
+                   f"{run.out_dir / 'items.parquet'}, column warnings)")

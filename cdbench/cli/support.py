@@ -26,6 +26,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from cdbench.backends.engine_log import engine_log
 from cdbench.backends.registry import UnknownBackendError
 from cdbench.backends.vocab import UnknownVocabularyError
 from cdbench.harness.costs.grammar_profile import ProfileError
@@ -218,13 +219,42 @@ def execute(tree: dict[str, Any], source: str, out: Path, label: str = "") -> Sa
     The bar shows each stage of the run (workload generation, then simulation), prefixed by ``label``.
     """
     prefix = f"{label}: " if label else ""
-    with user_errors(out / "run.log"):
-        run_config = validate_run_config(tree, source)
-        with progress_bar(transient=True) as bar:
-            task = bar.add_task(f"{prefix}starting", total=100)
+    # Native engine logging would cut through the progress bar and tables: it goes to a file of the run.
+    try:
+        with engine_log() as logged, user_errors(out / "run.log"):
+            run_config = validate_run_config(tree, source)
+            with progress_bar(transient=True) as bar:
+                task = bar.add_task(f"{prefix}starting", total=100)
 
-            def show(stage: str, fraction: float) -> None:
-                bar.update(task, description=prefix + stage, completed=100 * fraction)
+                def show(stage: str, fraction: float) -> None:
+                    bar.update(task, description=prefix + stage, completed=100 * fraction)
 
-            saved = record_run(run_config, out, progress=show, finish=build_report)
+                saved = record_run(run_config, out, progress=show, finish=build_report)
+    finally:
+        save_engine_log(logged, out)
     return saved
+
+
+ENGINE_LOG_FILE = "engine_log.txt"
+"""The file of a run folder listing what the grammar engine wrote to stderr during the run (when it did)."""
+
+
+def save_engine_log(lines: list[str], folder: Path) -> None:
+    """Write ``lines`` to the run folder's engine log (none: no file, a stale one removed)."""
+    path = folder / ENGINE_LOG_FILE
+    if lines:
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(f"{line}\n" for line in lines))
+    else:
+        path.unlink(missing_ok=True)
+
+
+def print_engine_log(folders: list[Path]) -> None:
+    """One console line counting what the grammar engine logged in these run folders, and where it is."""
+    counts = {f / ENGINE_LOG_FILE: len((f / ENGINE_LOG_FILE).read_text().splitlines())
+              for f in folders if (f / ENGINE_LOG_FILE).is_file()}
+    total = sum(counts.values())
+    if total:
+        where = ", ".join(str(path) for path in counts)
+        console.print(f"[yellow]engine:[/] {total} line{'s' if total != 1 else ''} the grammar engine logged "
+                      f"(listed in {where})", highlight=False, soft_wrap=True)

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from cdbench.backends.engine_log import is_logged_warning
 from cdbench.profile.worker import (
     Instance,
     ItemResult,
@@ -118,6 +119,7 @@ class ProfileRun:
     new_results: int
     skipped_lines: list[str]
     files: list[Path]
+    engine_log_lines: int = 0  # lines the engines logged while compiling, kept in the results' warnings
 
 
 # ---------------------------------------------------------------------------
@@ -462,4 +464,5 @@ def run_profile(config: ProfileConfig, out_dir: str | Path, progress: bool = Tru
     wanted = {(t.corpus, t.item_id, b) for t in prepared.tasks for b in config.backends}
     results = [r for k, r in store.results.items() if k in wanted]
     files = write_outputs(results, config, out_dir, skipped=prepared.skipped)
-    return ProfileRun(out_dir, len(results), new, prepared.skipped, files)
+    logged = sum(is_logged_warning(w) for r in results for w in r.warnings)
+    return ProfileRun(out_dir, len(results), new, prepared.skipped, files, logged)

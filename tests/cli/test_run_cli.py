@@ -90,3 +90,20 @@ def test_a_failure_that_is_not_a_user_mistake_is_one_line_with_its_traceback_in_
     log = (out / "run.log").read_text()
     assert log.startswith("Traceback") and "broken_simulate" in log
     assert not (out / "summary.json").exists()  # an unfinished run is not mistaken for a finished one
+
+
+def test_engine_chatter_goes_to_the_run_folder_with_one_summary_line(tmp_path, capfd):
+    # xgrammar logs a warning on stderr when it drops minLength beside a pattern.
+    corpus = tmp_path / "logging.jsonl"
+    corpus.write_text(json.dumps({"id": "len-and-pattern", "kind": "json_schema", "source": "test", "license": "MIT",
+                                  "spec": {"type": "string", "pattern": "^[a-z]+$", "minLength": 2}}) + "\n")
+    out = tmp_path / "h"
+    result = runner.invoke(app, ["run", "--requests", "3", "--rate", "50", "--corpus", str(corpus),
+                                 "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "json_schema_converter" not in capfd.readouterr().err
+    logged = (out / "engine_log.txt").read_text().splitlines()
+    assert logged and all("ignoring minLength/maxLength" in line for line in logged)
+    lines = [line for line in result.output.splitlines() if line.startswith("engine:")]
+    assert lines == [(f"engine: {len(logged)} line{'s' if len(logged) > 1 else ''} the grammar engine logged "
+                      f"(listed in {out / 'engine_log.txt'})")]

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from typer.testing import CliRunner
 
 from cdbench.cli.app import app
@@ -62,3 +63,19 @@ def test_unknown_backend_is_a_clear_error(tmp_path):
     )
     assert result.exit_code == 2
     assert "unknown backend(s) nosuch; available:" in result.output
+
+
+@pytest.mark.slow  # a worker with the real engine
+def test_engine_chatter_is_kept_per_item_with_one_summary_line(tmp_path, capfd):
+    # xgrammar logs a warning on stderr when it drops minLength beside a pattern.
+    corpus, out = tmp_path / "logging.jsonl", tmp_path / "out"
+    corpus.write_text(json.dumps({"id": "len-and-pattern", "kind": "json_schema", "source": "tests", "license": "MIT",
+                                  "spec": {"type": "string", "pattern": "^[a-z]+$", "minLength": 2}}) + "\n")
+    result = CliRunner().invoke(app, ["profile", "--backends", "xgrammar", "--corpus", str(corpus), "--vocab",
+                                      "cl100k", "--out", str(out), "--no-progress", "--invalid-instances", "0"])
+    assert result.exit_code == 0, result.output
+    assert "json_schema_converter" not in capfd.readouterr().err
+    warnings = pd.read_parquet(out / "items.parquet").warnings.iloc[0]
+    assert "xgrammar logged: " in warnings and "ignoring minLength/maxLength" in warnings
+    assert (f"engine: 1 line the engines logged while compiling (listed per item in {out / 'items.parquet'}, "
+            "column warnings)") in result.output
