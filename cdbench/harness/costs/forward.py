@@ -11,12 +11,16 @@ rather than profiled tables). A mixture of experts reads only the experts its
 tokens touch: with ``N`` tokens each routed to ``k`` of ``E`` experts, the
 expected number of distinct experts is ``E·(1 − (1 − k/E)^N)``.
 
-The sum is multiplied by ``calibration`` (1 by default; ``live`` mode fits it
-against measured steps) and a fixed per-step overhead is added.
+The sum is multiplied by ``calibration`` (1 by default) and a fixed per-step
+overhead is added. A forward calibration (:mod:`.calibration`, fitted by
+``cdbench calibrate`` to live forward steps timed on a GPU) replaces the
+efficiencies and adds per-token and per-row costs; the one shipped for
+the model and GPU is used by default, and :attr:`ForwardCostModel.calibration_source`
+says which (``none``: the uncalibrated roofline).
 
 Examples
 --------
->>> fwd = ForwardCostModel("llama-3.1-8b", "h100-sxm")
+>>> fwd = ForwardCostModel("llama-3.1-8b", "h100-sxm", forward_calibration="none")
 >>> round(fwd.step_s(decode_rows=1, decode_kv_tokens=1000) * 1e3, 1)   # ms, batch 1
 6.2
 >>> fwd.step_s(prefill_tokens=512, prefill_context_tokens=attention_pairs(512, 0)) > 0.01
@@ -31,6 +35,11 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from cdbench.harness.costs.calibration import (
+    CalibrationError,
+    ForwardCalibration,
+    shipped_calibration_path,
+)
 from cdbench.harness.costs.hardware import (
     GPUSpec,
     ModelSpec,
@@ -56,7 +65,13 @@ def attention_pairs(new_tokens, cached_tokens):
 
 @dataclass(frozen=True)
 class StepCost:
-    """Where a step's time goes (seconds; ``total_s`` includes calibration and overhead)."""
+    """Where a step's time goes (seconds; ``total_s`` includes calibration and overhead).
+
+    The linear parts are each at its own roof; the step pays their smooth
+    maximum (a hard maximum for the uncalibrated roofline). ``overhead_s`` is the
+    fixed per-step cost, ``per_token_s`` the fitted per-token and
+    per-row cost (0 without a calibration).
+    """
 
     linear_compute_s: float
     linear_memory_s: float
@@ -65,11 +80,64 @@ class StepCost:
     communication_s: float
     overhead_s: float
     total_s: float
+    per_token_s: float = 0.0
 
     @property
     def linear_bound(self) -> str:
         """``"compute"`` or ``"memory"``: which roof the linear layers hit."""
         return "compute" if self.linear_compute_s >= self.linear_memory_s else "memory"
+
+
+@dataclass(frozen=True)
+class ForwardParams:
+    """The forward model's free parameters (see :class:`~.calibration.ForwardCalibration`).
+
+    The uncalibrated roofline is the GPU spec's two efficiencies for every
+    part, a hard maximum between the linear roofs (``linear_sharpness=inf``)
+    and a fixed per-step overhead only.
+    """
+
+    compute_efficiency: float
+    memory_efficiency: float
+    attention_efficiency: float
+    kv_memory_efficiency: float
+    linear_sharpness: float
+    step_overhead_s: float
+    token_layer_s: float = 0.0
+    row_layer_s: float = 0.0
+
+    @classmethod
+    def roofline(cls, gpu: GPUSpec, step_overhead_s: float) -> ForwardParams:
+        return cls(gpu.compute_efficiency, gpu.memory_efficiency, gpu.compute_efficiency, gpu.memory_efficiency,
+                   float("inf"), step_overhead_s)
+
+    @classmethod
+    def from_calibration(cls, cal: ForwardCalibration) -> ForwardParams:
+        return cls(cal.compute_efficiency, cal.memory_efficiency, cal.attention_efficiency,
+                   cal.kv_memory_efficiency, cal.linear_sharpness, cal.step_overhead_s, cal.token_layer_s,
+                   cal.row_layer_s)
+
+
+@dataclass(frozen=True)
+class PeakTimes:
+    """A step's parts at the datasheet peaks (no efficiency), per rank; numpy arrays or floats."""
+
+    linear_flops_s: object
+    weight_bytes_s: object
+    prefill_attention_s: object
+    decode_attention_flops_s: object
+    kv_bytes_s: object
+    communication_s: object
+    tokens: object
+    decode_rows: object
+
+
+def smooth_max(a, b, sharpness: float):
+    """``(a^p + b^p)^(1/p)``: the larger of ``a`` and ``b``, rounded at the corner (``p = inf``: ``max``)."""
+    if np.isinf(sharpness):
+        return np.maximum(a, b)
+    hi = np.maximum(np.maximum(a, b), 1e-30)
+    return hi * ((a / hi) ** sharpness + (b / hi) ** sharpness) ** (1.0 / sharpness)
 
 
 class ForwardCostModel:
@@ -80,8 +148,13 @@ class ForwardCostModel:
     model, gpu : a built-in name, a YAML/JSON spec file, or a spec object.
     tp : tensor-parallel degree; weights, FLOPs and (GQA) KV heads split over
         ranks, and each layer pays two ring all-reduces of the hidden states.
-    calibration : multiplies the roofline time (fit by ``live`` mode).
-    step_overhead_s : fixed cost of a step (launches, synchronisation).
+    calibration : multiplies the step time above its fixed per-step overhead.
+    step_overhead_s : fixed cost of a step (launches, synchronisation) of the
+        uncalibrated roofline; a forward calibration brings its own.
+    forward_calibration : ``"auto"`` (default): the calibration shipped for this
+        model and GPU when there is one and ``tp`` is 1, else the roofline;
+        ``"none"``: the uncalibrated roofline; or a calibration file or object.
+        :attr:`calibration_source` says which was used.
     """
 
     def __init__(
@@ -91,6 +164,7 @@ class ForwardCostModel:
         tp: int = 1,
         calibration: float = 1.0,
         step_overhead_s: float = 2e-4,
+        forward_calibration: str | Path | ForwardCalibration = "auto",
     ) -> None:
         if tp < 1:
             raise ValueError(f"tp must be >= 1, got {tp}")
@@ -98,11 +172,13 @@ class ForwardCostModel:
             raise ValueError(f"calibration must be > 0, got {calibration}")
         self.model = m = resolve_model(model)
         self.gpu = g = resolve_gpu(gpu)
-        self.tp, self.calibration, self.step_overhead_s = tp, calibration, step_overhead_s
+        self.tp, self.calibration = tp, calibration
+        fit, self.calibration_source = _pick_calibration(forward_calibration, m, g, tp)
+        self.params = p = ForwardParams.from_calibration(fit) if fit else ForwardParams.roofline(g, step_overhead_s)
+        self.step_overhead_s = p.step_overhead_s
 
-        flops_rate = g.bf16_dense_flops * g.compute_efficiency
-        byte_rate = g.hbm_bandwidth_Bps * g.memory_efficiency
-        # Per-rank coefficients, precomputed so one step is a handful of multiplications.
+        flops_rate, byte_rate = g.bf16_dense_flops, g.hbm_bandwidth_Bps
+        # Per-rank coefficients at the peaks, precomputed so one step is a handful of multiplications.
         self._linear_s_per_token = 2.0 * m.active / tp / flops_rate
         if m.is_moe:
             per_expert = (m.params_total - m.active) / (m.n_experts - m.experts_per_token)
@@ -126,17 +202,40 @@ class ForwardCostModel:
             self._comm_s_per_token = self._comm_fixed_s = 0.0
 
     def __repr__(self) -> str:
-        return f"ForwardCostModel({self.model.name!r}, {self.gpu.name!r}, tp={self.tp}, calibration={self.calibration})"
+        return (f"ForwardCostModel({self.model.name!r}, {self.gpu.name!r}, tp={self.tp}, "
+                f"calibration={self.calibration}, forward_calibration={self.calibration_source!r})")
 
-    def _parts(self, prefill_tokens, prefill_context_tokens, decode_rows, decode_kv_tokens, maximum):
+    def peak_times(self, prefill_tokens, prefill_context_tokens, decode_rows, decode_kv_tokens) -> PeakTimes:
+        """The step's parts at the datasheet peaks (what a calibration fit scales)."""
         tokens = prefill_tokens + decode_rows
-        linear_compute = self._linear_s_per_token * tokens
         experts_touched = self._n_experts * (1.0 - self._miss_prob**tokens)
-        linear_memory = self._dense_weight_s + self._expert_s * experts_touched
-        prefill_attn = self._attn_s_per_pair * prefill_context_tokens
-        decode_attn = maximum(self._attn_s_per_pair * decode_kv_tokens, self._kv_read_s_per_token * decode_kv_tokens)
-        comm = self._comm_s_per_token * tokens + self._comm_fixed_s
-        return linear_compute, linear_memory, prefill_attn, decode_attn, comm
+        return PeakTimes(
+            linear_flops_s=self._linear_s_per_token * tokens,
+            weight_bytes_s=self._dense_weight_s + self._expert_s * experts_touched,
+            prefill_attention_s=self._attn_s_per_pair * prefill_context_tokens,
+            decode_attention_flops_s=self._attn_s_per_pair * decode_kv_tokens,
+            kv_bytes_s=self._kv_read_s_per_token * decode_kv_tokens,
+            communication_s=self._comm_s_per_token * tokens + self._comm_fixed_s,
+            tokens=tokens,
+            decode_rows=decode_rows,
+        )
+
+    def _parts(self, peak: PeakTimes, params: ForwardParams):
+        lc = peak.linear_flops_s / params.compute_efficiency
+        lm = peak.weight_bytes_s / params.memory_efficiency
+        pa = peak.prefill_attention_s / params.attention_efficiency
+        da = np.maximum(peak.decode_attention_flops_s / params.attention_efficiency,
+                        peak.kv_bytes_s / params.kv_memory_efficiency)
+        n_layers = self.model.n_layers
+        per_token = n_layers * (params.token_layer_s * peak.tokens + params.row_layer_s * peak.decode_rows)
+        return lc, lm, pa, da, peak.communication_s, per_token
+
+    def price(self, peak: PeakTimes, params: ForwardParams | None = None):
+        """Step seconds of ``peak`` under ``params`` (default this model's); arrays broadcast."""
+        params = params or self.params
+        lc, lm, pa, da, comm, per_token = self._parts(peak, params)
+        body = smooth_max(lc, lm, params.linear_sharpness) + pa + da + comm + per_token
+        return self.calibration * body + params.step_overhead_s
 
     def step_s(
         self,
@@ -157,15 +256,14 @@ class ForwardCostModel:
         """
         if prefill_tokens + decode_rows <= 0:
             return 0.0
-        lc, lm, pa, da, comm = self._parts(prefill_tokens, prefill_context_tokens, decode_rows, decode_kv_tokens, max)
-        return self.calibration * (max(lc, lm) + pa + da + comm) + self.step_overhead_s
+        return float(self.price(self.peak_times(prefill_tokens, prefill_context_tokens, decode_rows,
+                                                decode_kv_tokens)))
 
     def step_s_array(self, prefill_tokens, prefill_context_tokens, decode_rows, decode_kv_tokens) -> np.ndarray:
         """:meth:`step_s` over numpy arrays (broadcast), e.g. to price a whole schedule at once."""
         pf, pairs, rows, kv = (np.asarray(x, dtype=np.float64) for x in
                                (prefill_tokens, prefill_context_tokens, decode_rows, decode_kv_tokens))
-        lc, lm, pa, da, comm = self._parts(pf, pairs, rows, kv, np.maximum)
-        total = self.calibration * (np.maximum(lc, lm) + pa + da + comm) + self.step_overhead_s
+        total = self.price(self.peak_times(pf, pairs, rows, kv))
         return np.where(pf + rows > 0, total, 0.0)
 
     def breakdown(
@@ -175,10 +273,32 @@ class ForwardCostModel:
         decode_rows: float = 0,
         decode_kv_tokens: float = 0,
     ) -> StepCost:
-        """The parts of :meth:`step_s` (uncalibrated), for reports and tests."""
-        lc, lm, pa, da, comm = self._parts(prefill_tokens, prefill_context_tokens, decode_rows, decode_kv_tokens, max)
+        """The parts of :meth:`step_s` (before the ``calibration`` multiplier), for reports and tests."""
+        peak = self.peak_times(prefill_tokens, prefill_context_tokens, decode_rows, decode_kv_tokens)
+        lc, lm, pa, da, comm, per_token = (float(x) for x in self._parts(peak, self.params))
         total = self.step_s(prefill_tokens, prefill_context_tokens, decode_rows, decode_kv_tokens)
-        return StepCost(lc, lm, pa, da, comm, self.step_overhead_s if total else 0.0, total)
+        overhead = self.params.step_overhead_s if total else 0.0
+        return StepCost(lc, lm, pa, da, comm, overhead, total, per_token)
+
+
+def _pick_calibration(choice: str | Path | ForwardCalibration, model: ModelSpec, gpu: GPUSpec,
+                      tp: int) -> tuple[ForwardCalibration | None, str]:
+    """The calibration to use and how to name it (``"none"``, a shipped file's name, or a path)."""
+    if isinstance(choice, ForwardCalibration):
+        cal, source = choice, f"{choice.model} on {choice.gpu} (given)"
+    elif str(choice) == "none":
+        return None, "none"
+    elif str(choice) == "auto":
+        path = shipped_calibration_path(model.name, gpu.name)
+        if tp != 1 or not path.is_file():  # calibrations are measured on one GPU
+            return None, "none"
+        cal, source = ForwardCalibration.load(path), path.name
+    else:
+        cal, source = ForwardCalibration.load(choice), str(choice)
+    if (cal.model, cal.gpu) != (model.name, gpu.name):
+        raise CalibrationError(f"forward calibration {source} is for {cal.model} on {cal.gpu}, "
+                               f"not {model.name} on {gpu.name}")
+    return cal, source
 
 
 class ForwardConfig(BaseModel):
@@ -193,7 +313,10 @@ class ForwardConfig(BaseModel):
     gpu: str | GPUSpec = Field(default="h100-sxm", description="built-in name, spec file, or inline spec")
     tp: int = Field(default=1, ge=1)
     calibration: float = Field(default=1.0, gt=0)
-    step_overhead_s: float = Field(default=2e-4, ge=0)
+    step_overhead_s: float = Field(default=2e-4, ge=0, description="uncalibrated roofline only")
+    forward_calibration: str = Field(
+        default="auto", description="auto (the shipped fit for this model and GPU, else none), none, or a file")
 
     def build(self) -> ForwardCostModel:
-        return ForwardCostModel(self.model, self.gpu, self.tp, self.calibration, self.step_overhead_s)
+        return ForwardCostModel(self.model, self.gpu, self.tp, self.calibration, self.step_overhead_s,
+                                self.forward_calibration)

@@ -64,6 +64,8 @@ class ModelSpec(BaseModel):
     n_experts: int = Field(default=0, ge=0, description="routed experts per MoE layer (0: dense)")
     experts_per_token: int = Field(default=0, ge=0)
     vocab_size: int = Field(gt=0)
+    intermediate_size: int | None = Field(default=None, gt=0, description="dense MLP width (the live forward builds it)")
+    qk_norm: bool = Field(default=False, description="RMSNorm on each query and key head (Qwen3)")
     bytes_per_weight: float = Field(default=2.0, gt=0, description="2 for bf16, 1 for fp8")
     bytes_per_kv: float = Field(default=2.0, gt=0, description="bytes per cached KV element")
     source: str = ""
@@ -131,11 +133,13 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec(
             name="llama-3.1-8b", aliases=("llama3.1-8b", "meta-llama-3.1-8b"),
             params_total=8.03e9, n_layers=32, hidden_size=4096, n_heads=32, n_kv_heads=8,
-            head_dim=128, vocab_size=128256, source=f"meta-llama/Llama-3.1-8B {_HF}",
+            head_dim=128, vocab_size=128256, intermediate_size=14336,
+            source=f"meta-llama/Llama-3.1-8B {_HF}",
         ),
         ModelSpec(
             name="qwen3-8b", params_total=8.19e9, n_layers=36, hidden_size=4096, n_heads=32,
-            n_kv_heads=8, head_dim=128, vocab_size=151936, source=f"Qwen/Qwen3-8B {_HF}",
+            n_kv_heads=8, head_dim=128, vocab_size=151936, intermediate_size=12288, qk_norm=True,
+            source=f"Qwen/Qwen3-8B {_HF}",
         ),
         ModelSpec(
             name="qwen3-30b-a3b", params_total=30.5e9, params_active=3.3e9, n_layers=48,

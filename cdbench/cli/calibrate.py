@@ -1,0 +1,124 @@
+"""``cdbench calibrate``: time the live forward on a GPU over a grid of step shapes, fit the forward model.
+
+Measuring needs CUDA; fitting stored measurements (``--measurements``) runs
+anywhere. The module runs on its own too (``python -m cdbench.cli.calibrate``,
+same options) so a GPU host needs only torch, scipy, pydantic and typer.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from cdbench.harness.costs.calibration import (
+    CalibrationError,
+    ForwardCalibration,
+    ForwardMeasurement,
+    read_measurements,
+    shipped_calibration_path,
+    write_measurements,
+)
+from cdbench.harness.costs.calibration_fit import fit_calibration, roofline_errors
+from cdbench.harness.costs.hardware import SpecFileError, UnknownSpecError, resolve_gpu, resolve_model
+
+GRIDS = ("default", "tiny")
+
+
+def calibrate(
+    model: Annotated[str, typer.Option("--model", help="built-in model name or a model spec file")],
+    gpu_name: Annotated[str, typer.Option("--gpu-name", help="the GPU spec the fit is for (h100-sxm, h200, ...)")],
+    out: Annotated[Path, typer.Option("--out", help="calibration JSON to write; 'auto': the shipped location")],
+    measurements: Annotated[Path | None, typer.Option(
+        "--measurements", help="fit this measurement CSV instead of measuring")] = None,
+    measure_out: Annotated[Path | None, typer.Option(
+        "--measure-out", help="where the measured CSV goes (default: --out with .csv)")] = None,
+    report: Annotated[Path | None, typer.Option("--report", help="also write the fit table as markdown")] = None,
+    grid: Annotated[str, typer.Option("--grid", help="default, or tiny (a few small shapes: a CPU smoke test)")] = "default",
+    device: Annotated[str, typer.Option("--device", help="torch device to measure on")] = "cuda",
+) -> None:
+    """Fit the forward cost model to live forward steps: every shape's fit error is printed.
+
+    Examples:
+      cdbench calibrate --model llama-3.1-8b --gpu-name h100-sxm --out auto
+      cdbench calibrate --model qwen3-8b --gpu-name h200 --out auto --measurements reports/calibration/qwen3-8b__h200.csv
+    """
+    command = shlex.join(["cdbench", "calibrate", *sys.argv[1:]])
+    try:
+        spec, gpu = resolve_model(model), resolve_gpu(gpu_name)
+        target = shipped_calibration_path(spec.name, gpu.name) if str(out) == "auto" else out
+        if measurements is None:
+            csv_path = measure_out or target.with_suffix(".csv")
+            rows = _measure(spec, grid, device)
+            write_measurements(rows, csv_path)
+            typer.echo(f"measurements: {csv_path}")
+        else:
+            csv_path, rows = measurements, read_measurements(measurements)
+        cal = fit_calibration(rows, spec, gpu, measurements=str(csv_path), command=command)
+    except (CalibrationError, UnknownSpecError, SpecFileError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    cal.save(target)
+    table = fit_table(cal, roofline_errors(rows, spec, gpu))
+    typer.echo(table)
+    if report is not None:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(table, encoding="utf-8")
+        typer.echo(f"fit table: {report}")
+    typer.echo(f"calibration: {target}")
+
+
+def _measure(spec, grid: str, device: str) -> list[ForwardMeasurement]:
+    # Imported here: measuring needs torch on a GPU, fitting stored measurements does not.
+    from cdbench.harness.live.measure import StepShape, default_grid, measure_grid
+
+    if grid not in GRIDS:
+        raise ValueError(f"--grid {grid!r}: choose from {', '.join(GRIDS)}")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("measuring on 'cuda' needs a CUDA device; fit stored ones with --measurements")
+    shapes = default_grid() if grid == "default" else [
+        StepShape(rows=1, kv=8), StepShape(rows=4, kv=16), StepShape(rows=8, kv=32), StepShape(chunks=1, new=16),
+        StepShape(chunks=1, new=64), StepShape(chunks=1, new=16, cached=32), StepShape(rows=4, kv=16, chunks=1, new=32)]
+
+    def show(row: ForwardMeasurement) -> None:
+        typer.echo(f"  {row.label:<32} {row.median_s * 1e3:9.3f} ms  ({row.reps} reps{', graph' if row.graph else ''})")
+
+    typer.echo(f"measuring {spec.name} on {device}: {len(shapes)} shapes")
+    return measure_grid(spec, shapes, device, progress=show, min_reps=3 if grid == "tiny" else 10,
+                        min_time_s=0.0 if grid == "tiny" else 0.25)
+
+
+def fit_table(cal: ForwardCalibration, roofline: np.ndarray) -> str:
+    """The fit as markdown: parameters, then each shape's measured and fitted time and the roofline's error."""
+    lines = [
+        f"# Forward calibration: {cal.model} on {cal.gpu} ({cal.gpu_device}, torch {cal.torch_version})",
+        "",
+        f"Command: `{cal.command}`  ",
+        f"Measurements: `{cal.measurements}`",
+        "",
+        f"Fit over {len(cal.fit)} shapes: max |error| {cal.max_abs_error:.1%}, median {cal.median_abs_error:.1%} "
+        f"(uncalibrated roofline: max {np.max(np.abs(roofline)):.1%}, median {np.median(np.abs(roofline)):.1%}).",
+        "",
+        "| parameter | value |",
+        "|---|---|",
+        *(f"| {name} | {getattr(cal, name):.4g} |" for name in (
+            "compute_efficiency", "memory_efficiency", "attention_efficiency", "kv_memory_efficiency",
+            "linear_sharpness", "step_overhead_s", "token_layer_s", "row_layer_s")),
+        "",
+        "| shape | measured ms | fitted ms | fit error | roofline error |",
+        "|---|---:|---:|---:|---:|",
+        *(f"| {s.shape} | {s.measured_s * 1e3:.3f} | {s.predicted_s * 1e3:.3f} | {s.error:+.1%} | {r:+.1%} |"
+          for s, r in zip(cal.fit, roofline, strict=True)),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    typer.run(calibrate)

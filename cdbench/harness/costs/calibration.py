@@ -1,0 +1,203 @@
+"""Forward-step calibrations: measured step times on a GPU, and the fitted forward-model parameters.
+
+``cdbench calibrate`` times the live forward (:mod:`cdbench.harness.live`) over
+a grid of step shapes on a GPU and writes the times as a CSV of
+:class:`ForwardMeasurement` rows; :mod:`.calibration_fit` fits a
+:class:`ForwardCalibration` to them on any machine. Calibrations shipped in
+``cdbench/harness/costs/calibrations/`` (``<model>__<gpu>.json``) are what
+:class:`~cdbench.harness.costs.forward.ForwardCostModel` uses by default for
+that model and GPU, as mask cost tables are picked by GPU name.
+
+>>> shipped_calibration_path("llama-3.1-8b", "h100-sxm").name
+'llama-3.1-8b__h100-sxm.json'
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from cdbench.harness.costs.hardware import normalize_name
+
+CALIBRATION_DIR = Path(__file__).parent / "calibrations"
+
+
+class CalibrationError(ValueError):
+    """A calibration or measurement file that cannot be read or does not validate."""
+
+
+@dataclass(frozen=True)
+class ForwardMeasurement:
+    """One timed step shape: ``decode_rows`` rows of ``decode_kv`` cached tokens each, and
+    ``prefill_chunks`` chunks of ``prefill_new`` tokens after ``prefill_cached`` cached ones each."""
+
+    model: str
+    gpu_device: str          # torch.cuda.get_device_name() (or "cpu")
+    torch_version: str
+    kind: str                # decode | prefill | mixed
+    decode_rows: int
+    decode_kv: int
+    prefill_chunks: int
+    prefill_new: int
+    prefill_cached: int
+    graph: bool              # timed as CUDA-graph replays
+    reps: int
+    median_s: float
+    p10_s: float
+    p90_s: float
+
+    @property
+    def label(self) -> str:
+        parts = []
+        if self.decode_rows:
+            parts.append(f"decode {self.decode_rows}x{self.decode_kv}")
+        if self.prefill_chunks:
+            chunk = f"prefill {self.prefill_chunks}x{self.prefill_new}"
+            parts.append(chunk + (f"+{self.prefill_cached}" if self.prefill_cached else ""))
+        return " + ".join(parts)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return self.prefill_chunks * self.prefill_new
+
+    @property
+    def prefill_pairs(self) -> float:
+        """Query-key pairs of the prefill chunks (see ``attention_pairs``)."""
+        n, c = self.prefill_new, self.prefill_cached
+        return self.prefill_chunks * (n * c + n * (n + 1) / 2.0)
+
+    @property
+    def decode_kv_tokens(self) -> int:
+        """Cached tokens of the decode rows, summed (what the scheduler passes as ``decode_kv_tokens``)."""
+        return self.decode_rows * self.decode_kv
+
+
+_FIELDS = [f.name for f in fields(ForwardMeasurement)]
+
+
+def write_measurements(rows: list[ForwardMeasurement], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=_FIELDS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(asdict(row))
+
+
+def read_measurements(path: Path) -> list[ForwardMeasurement]:
+    """Rows of a measurement CSV; a bad row raises :class:`CalibrationError` naming its line."""
+    casts = {f.name: f.type for f in fields(ForwardMeasurement)}
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            missing = set(_FIELDS) - set(reader.fieldnames or ())
+            if missing:
+                raise CalibrationError(f"{path}: measurement CSV lacks columns {', '.join(sorted(missing))}")
+            rows = []
+            for line, raw in enumerate(reader, start=2):
+                try:
+                    rows.append(ForwardMeasurement(**{k: _cast(casts[k], raw[k]) for k in _FIELDS}))
+                except ValueError as exc:
+                    raise CalibrationError(f"{path}:{line}: {exc}") from exc
+    except OSError as exc:
+        raise CalibrationError(f"{path}: cannot read measurements: {exc}") from exc
+    if not rows:
+        raise CalibrationError(f"{path}: no measurements")
+    return rows
+
+
+def _cast(kind: str, text: str) -> object:
+    if kind == "int":
+        return int(text)
+    if kind == "float":
+        value = float(text)
+        if not value > 0:
+            raise ValueError(f"time {text!r} is not positive")
+        return value
+    if kind == "bool":
+        if text not in ("True", "False"):
+            raise ValueError(f"{text!r} is not True or False")
+        return text == "True"
+    return text
+
+
+class ShapeFit(BaseModel):
+    """The fitted model against one measured shape."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    shape: str
+    measured_s: float
+    predicted_s: float
+
+    @property
+    def error(self) -> float:
+        """Relative error of the prediction, signed."""
+        return self.predicted_s / self.measured_s - 1.0
+
+
+class ForwardCalibration(BaseModel):
+    """Fitted parameters of the forward cost model for one model on one GPU.
+
+    The step time is
+    ``step_overhead_s
+    + smoothmax(linear FLOPs / (peak·compute_efficiency), weight bytes / (peak bandwidth·memory_efficiency))
+    + prefill pairs' FLOPs / (peak·attention_efficiency)
+    + max(decode attention FLOPs at that rate, KV bytes / (peak bandwidth·kv_memory_efficiency))
+    + n_layers·(tokens·token_layer_s + decode rows·row_layer_s)``,
+    with ``smoothmax(a, b) = (a^p + b^p)^(1/p)``, ``p = linear_sharpness``
+    (the linear layers move from the bandwidth roof to the compute roof
+    gradually, not at a corner). The fixed cost of a step is one constant:
+    measurements of one model at its one depth cannot tell a per-layer fixed
+    cost from a per-step one, so it is fitted as ``step_overhead_s``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    model: str
+    gpu: str = Field(description="the GPUSpec name the fit is for")
+    gpu_device: str = Field(description="the device the measurements ran on (torch.cuda.get_device_name)")
+    compute_efficiency: float = Field(gt=0, le=1.5)
+    memory_efficiency: float = Field(gt=0, le=1.5)
+    attention_efficiency: float = Field(gt=0, le=1.5)
+    kv_memory_efficiency: float = Field(gt=0, le=1.5)
+    linear_sharpness: float = Field(ge=1)
+    step_overhead_s: float = Field(ge=0)
+    token_layer_s: float = Field(ge=0, description="per token and layer (norms, rotary, activations, cache writes)")
+    row_layer_s: float = Field(ge=0, description="per decode row and layer (per-row attention work)")
+    measurements: str = Field(description="the measurement CSV, relative to the repository")
+    command: str = Field(description="the command that measured them")
+    torch_version: str
+    fit: list[ShapeFit]
+
+    @property
+    def max_abs_error(self) -> float:
+        return max(abs(s.error) for s in self.fit)
+
+    @property
+    def median_abs_error(self) -> float:
+        errors = sorted(abs(s.error) for s in self.fit)
+        mid = len(errors) // 2
+        return errors[mid] if len(errors) % 2 else (errors[mid - 1] + errors[mid]) / 2
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.model_dump_json(indent=1) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> ForwardCalibration:
+        path = Path(path)
+        try:
+            return cls.model_validate_json(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise CalibrationError(f"{path}: cannot read forward calibration: {exc}") from exc
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"]) or "<root>"
+            raise CalibrationError(f"{path}: invalid forward calibration field {field!r}: {first['msg']}") from exc
+
+
+def shipped_calibration_path(model: str, gpu: str) -> Path:
+    """Where the shipped calibration of ``model`` on ``gpu`` (spec names) lives, whether or not it exists."""
+    return CALIBRATION_DIR / f"{normalize_name(model)}__{normalize_name(gpu)}.json"

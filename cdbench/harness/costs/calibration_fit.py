@@ -1,0 +1,89 @@
+"""Fit the forward model's parameters to measured step times (CPU only: numpy and scipy).
+
+The objective is the relative error of each shape, ``predicted / measured - 1``,
+minimised in the least-squares sense (scipy's bounded trust-region solver) from
+a few starting points, the best kept. Every measured shape is reported with its
+fitted error (:attr:`ForwardCalibration.fit`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from cdbench.harness.costs.calibration import (
+    CalibrationError,
+    ForwardCalibration,
+    ForwardMeasurement,
+    ShapeFit,
+)
+from cdbench.harness.costs.forward import ForwardCostModel, ForwardParams, PeakTimes
+from cdbench.harness.costs.hardware import GPUSpec, ModelSpec
+
+# Parameter vector: four efficiencies, the sharpness, then the fixed and per-token costs in
+# microseconds and nanoseconds so every entry is of order one for the solver.
+_LOWER = np.array([0.05, 0.05, 0.05, 0.05, 1.0, 0.0, 0.0, 0.0])
+_UPPER = np.array([1.5, 1.5, 1.5, 1.5, 64.0, 1e5, 1e4, 1e5])
+_STARTS = (
+    np.array([0.6, 0.8, 0.5, 0.7, 4.0, 200.0, 10.0, 100.0]),
+    np.array([0.8, 0.9, 0.3, 0.5, 2.0, 1000.0, 1.0, 10.0]),
+    np.array([0.4, 0.6, 0.8, 0.9, 8.0, 50.0, 50.0, 500.0]),
+)
+
+
+def _params(x: np.ndarray) -> ForwardParams:
+    return ForwardParams(compute_efficiency=x[0], memory_efficiency=x[1], attention_efficiency=x[2],
+                         kv_memory_efficiency=x[3], linear_sharpness=x[4], step_overhead_s=x[5] * 1e-6,
+                         token_layer_s=x[6] * 1e-9, row_layer_s=x[7] * 1e-9)
+
+
+def peak_times(forward: ForwardCostModel, rows: Sequence[ForwardMeasurement]) -> PeakTimes:
+    """The measured shapes' parts at the datasheet peaks, as arrays."""
+    def column(values: list[float]) -> np.ndarray:
+        return np.asarray(values, dtype=np.float64)
+
+    return forward.peak_times(column([r.prefill_tokens for r in rows]), column([r.prefill_pairs for r in rows]),
+                              column([r.decode_rows for r in rows]), column([r.decode_kv_tokens for r in rows]))
+
+
+def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, gpu: str | GPUSpec, *, measurements: str,
+                    command: str) -> ForwardCalibration:
+    """Fit :class:`ForwardCalibration` to ``rows`` (all of one model and one device)."""
+    if not rows:
+        raise CalibrationError("no measurements to fit")
+    forward = ForwardCostModel(model, gpu, forward_calibration="none")
+    names = {r.model for r in rows}
+    if names != {forward.model.name}:
+        raise CalibrationError(f"measurements are of {', '.join(sorted(names))}, not {forward.model.name}")
+    devices = {r.gpu_device for r in rows}
+    if len(devices) != 1:
+        raise CalibrationError(f"measurements come from several devices: {', '.join(sorted(devices))}")
+    peak = peak_times(forward, rows)
+    measured = np.asarray([r.median_s for r in rows])
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        return forward.price(peak, _params(x)) / measured - 1.0
+
+    best = min((least_squares(residuals, start, bounds=(_LOWER, _UPPER), x_scale="jac", max_nfev=4000)
+                for start in _STARTS), key=lambda result: result.cost)
+    params = _params(best.x)
+    predicted = forward.price(peak, params)
+    return ForwardCalibration(
+        model=forward.model.name, gpu=forward.gpu.name, gpu_device=devices.pop(),
+        compute_efficiency=params.compute_efficiency, memory_efficiency=params.memory_efficiency,
+        attention_efficiency=params.attention_efficiency, kv_memory_efficiency=params.kv_memory_efficiency,
+        linear_sharpness=params.linear_sharpness, step_overhead_s=params.step_overhead_s,
+        token_layer_s=params.token_layer_s, row_layer_s=params.row_layer_s,
+        measurements=measurements, command=command, torch_version=rows[0].torch_version,
+        fit=[ShapeFit(shape=r.label, measured_s=float(m), predicted_s=float(p))
+             for r, m, p in zip(rows, measured, predicted, strict=True)],
+    )
+
+
+def roofline_errors(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, gpu: str | GPUSpec) -> np.ndarray:
+    """Relative errors of the uncalibrated roofline on ``rows`` (for the fit tables)."""
+    forward = ForwardCostModel(model, gpu, forward_calibration="none")
+    measured = np.asarray([r.median_s for r in rows])
+    return forward.price(peak_times(forward, rows)) / measured - 1.0

@@ -1,0 +1,132 @@
+"""Time the live forward over a grid of step shapes: the measurement half of ``cdbench calibrate``.
+
+Decode-only steps are captured as CUDA graphs and timed as replays, prefill
+and mixed steps run eagerly (as the engines run them); every time is the
+median of CUDA-event intervals after warm-up. On a CPU device (tests, at tiny
+shapes) the wall clock times eager steps.
+
+The default grid (:func:`default_grid`): decode rows 1-512 × cached context
+256-8192 (rows × context up to 2^18 tokens, a KV cache an engine holds next to
+8B weights on one 80 GB GPU), prefill chunks of 64-8192 tokens from an empty
+cache and after a cached prefix, and mixed steps (a prefill chunk with decode
+rows).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from cdbench.harness.costs.calibration import ForwardMeasurement
+from cdbench.harness.costs.hardware import ModelSpec
+from cdbench.harness.live.forward import KVPool, LiveForward, PrefillChunk
+
+DECODE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+DECODE_KV = (256, 512, 1024, 2048, 4096, 8192)
+MAX_DECODE_TOKENS = 2**18
+PREFILL_NEW = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+PREFILL_AFTER_CACHE = ((512, 1024), (512, 4096), (2048, 2048), (1024, 7168), (64, 2048))
+MIXED = ((256, 8, 1024), (256, 64, 1024), (256, 256, 1024), (1024, 8, 1024), (1024, 64, 1024),
+         (1024, 256, 1024), (2048, 16, 2048), (2048, 128, 2048), (512, 32, 4096), (128, 128, 512))
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """One grid point: ``rows`` decode rows of ``kv`` cached tokens, ``chunks`` prefill chunks of ``new``
+    tokens after ``cached`` ones."""
+
+    rows: int = 0
+    kv: int = 0
+    chunks: int = 0
+    new: int = 0
+    cached: int = 0
+
+    @property
+    def kind(self) -> str:
+        return "mixed" if self.rows and self.chunks else ("decode" if self.rows else "prefill")
+
+    @property
+    def slots(self) -> int:
+        return self.rows + self.chunks
+
+    @property
+    def max_len(self) -> int:
+        return max(self.kv + 1 if self.rows else 0, self.cached + self.new)
+
+
+def default_grid() -> list[StepShape]:
+    decode = [StepShape(rows=r, kv=kv) for r in DECODE_ROWS for kv in DECODE_KV if r * kv <= MAX_DECODE_TOKENS]
+    prefill = [StepShape(chunks=1, new=n) for n in PREFILL_NEW]
+    prefill += [StepShape(chunks=1, new=n, cached=c) for n, c in PREFILL_AFTER_CACHE]
+    mixed = [StepShape(rows=r, kv=kv, chunks=1, new=n) for n, r, kv in MIXED]
+    return decode + prefill + mixed
+
+
+def pool_tokens(shapes: Iterable[StepShape]) -> int:
+    """Cache tokens the largest shape needs (its slots × its longest context)."""
+    return max(s.slots * s.max_len for s in shapes)
+
+
+def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cuda", *,
+                 dtype: torch.dtype = torch.bfloat16, min_reps: int = 10, min_time_s: float = 0.25,
+                 progress: Callable[[ForwardMeasurement], None] | None = None) -> list[ForwardMeasurement]:
+    """Build ``spec``'s live forward on ``device`` and time every shape (see the module doc)."""
+    forward = LiveForward(spec, device, dtype=dtype)
+    pool = KVPool(spec, pool_tokens(shapes), device, dtype)
+    cuda = forward.device.type == "cuda"
+    gpu_device = torch.cuda.get_device_name(forward.device) if cuda else "cpu"
+    rows = []
+    for shape in shapes:
+        cache = pool.cache(shape.slots, shape.max_len)
+        decode = forward.decode_inputs([shape.kv] * shape.rows) if shape.rows else None
+        prefill = [PrefillChunk(shape.rows + i, shape.cached, shape.new) for i in range(shape.chunks)]
+        graph = cuda and shape.kind == "decode"
+        if graph:
+            captured = forward.capture_decode(cache, decode)
+            run = captured.replay
+        else:
+            def run(cache=cache, decode=decode, prefill=prefill):
+                return forward.step(cache, decode, prefill)
+        times = _time(run, cuda, min_reps, min_time_s)
+        del run
+        if graph:
+            del captured
+        q = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else [times[0]] * 9
+        row = ForwardMeasurement(
+            model=spec.name, gpu_device=gpu_device, torch_version=torch.__version__, kind=shape.kind,
+            decode_rows=shape.rows, decode_kv=shape.kv, prefill_chunks=shape.chunks, prefill_new=shape.new,
+            prefill_cached=shape.cached, graph=graph, reps=len(times), median_s=statistics.median(times),
+            p10_s=q[0], p90_s=q[-1])
+        rows.append(row)
+        if progress is not None:
+            progress(row)
+    return rows
+
+
+def _time(run: Callable[[], object], cuda: bool, min_reps: int, min_time_s: float) -> list[float]:
+    """Seconds of each repetition of ``run`` after two warm-ups: at least ``min_reps`` and ``min_time_s``."""
+    for _ in range(2):
+        run()
+    times: list[float] = []
+    if not cuda:
+        while len(times) < min_reps or sum(times) < min_time_s:
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return times
+    torch.cuda.synchronize()
+    while len(times) < min_reps or sum(times) < min_time_s:
+        # A batch of event pairs per sync keeps the host from pacing the GPU.
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(min_reps)]
+        for start, end in events:
+            start.record()
+            run()
+            end.record()
+        torch.cuda.synchronize()
+        times += [start.elapsed_time(end) / 1e3 for start, end in events]
+    return times
