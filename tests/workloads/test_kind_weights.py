@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from cdbench.harness.config import RunConfig
 from cdbench.results.config_files import builtin_config_path, read_yaml_mapping
 from cdbench.workloads.config import WorkloadConfig
 from cdbench.workloads.generator import generate, kind_sequence
@@ -37,7 +38,7 @@ def test_default_config_mix_is_mostly_json_schema_with_a_little_ebnf(vocab, pool
 
 
 def test_each_kind_gets_exactly_its_share_in_a_seeded_order(vocab, pool_cache):
-    cfg = dict(num_requests=200, kind_weights={"regex": 1, "choice": 3}, token_source="lengths", seed=4)
+    cfg = {"num_requests": 200, "kind_weights": {"regex": 1, "choice": 3}, "token_source": "lengths", "seed": 4}
     wl = generate(WorkloadConfig(**cfg), vocab, cache=pool_cache, progress=False)
     assert kind_counts(wl) == {"regex": 50, "choice": 150}
     kinds = [r.spec.kind for r in wl.requests]
@@ -97,3 +98,11 @@ def test_kind_sequence_rounds_to_the_count(count):
     seq = kind_sequence(p, count, np.random.default_rng(0))
     counts = np.bincount(seq, minlength=4)
     assert counts.sum() == count and np.all(np.abs(counts - p * count) < 1)
+
+
+def test_slow_grammars_scenario_is_the_default_with_the_samples_own_mix():
+    default = read_yaml_mapping(builtin_config_path("default"))
+    slow = read_yaml_mapping(builtin_config_path("slow_grammars"))
+    assert default["workload"].pop("kind_weights")
+    assert slow == default
+    assert RunConfig.model_validate(slow).workload.kind_weights is None
