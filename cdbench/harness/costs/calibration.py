@@ -146,10 +146,14 @@ class ForwardCalibration(BaseModel):
     + smoothmax(linear FLOPs / (peak·compute_efficiency), weight bytes / (peak bandwidth·memory_efficiency))
     + prefill pairs' FLOPs / (peak·attention_efficiency)
     + max(decode attention FLOPs at that rate, KV bytes / (peak bandwidth·kv_memory_efficiency))
+      · smoothmax(rows, attention_rows) / rows
     + n_layers·(tokens·token_layer_s + decode rows·row_layer_s)``,
     with ``smoothmax(a, b) = (a^p + b^p)^(1/p)``, ``p = linear_sharpness``
     (the linear layers move from the bandwidth roof to the compute roof
-    gradually, not at a corner). The fixed cost of a step is one constant:
+    gradually, not at a corner); the decode-attention smooth maximum uses
+    ``attention_sharpness``: a batch of fewer than ``attention_rows`` rows
+    leaves part of the GPU idle, so its attention takes as long as
+    ``attention_rows`` rows of the same context would. The fixed cost of a step is one constant:
     measurements of one model at its one depth cannot tell a per-layer fixed
     cost from a per-step one, so it is fitted as ``step_overhead_s``.
     """
@@ -166,6 +170,8 @@ class ForwardCalibration(BaseModel):
     step_overhead_s: float = Field(ge=0)
     token_layer_s: float = Field(ge=0, description="per token and layer (norms, rotary, activations, cache writes)")
     row_layer_s: float = Field(ge=0, description="per decode row and layer (per-row attention work)")
+    attention_rows: float = Field(ge=0, description="decode rows below which attention leaves the GPU idle")
+    attention_sharpness: float = Field(ge=1)
     measurements: str = Field(description="the measurement CSV, relative to the repository")
     command: str = Field(description="the command that measured them")
     torch_version: str

@@ -105,6 +105,8 @@ class ForwardParams:
     step_overhead_s: float
     token_layer_s: float = 0.0
     row_layer_s: float = 0.0
+    attention_rows: float = 0.0
+    attention_sharpness: float = float("inf")
 
     @classmethod
     def roofline(cls, gpu: GPUSpec, step_overhead_s: float) -> ForwardParams:
@@ -115,7 +117,7 @@ class ForwardParams:
     def from_calibration(cls, cal: ForwardCalibration) -> ForwardParams:
         return cls(cal.compute_efficiency, cal.memory_efficiency, cal.attention_efficiency,
                    cal.kv_memory_efficiency, cal.linear_sharpness, cal.step_overhead_s, cal.token_layer_s,
-                   cal.row_layer_s)
+                   cal.row_layer_s, cal.attention_rows, cal.attention_sharpness)
 
 
 @dataclass(frozen=True)
@@ -226,6 +228,10 @@ class ForwardCostModel:
         pa = peak.prefill_attention_s / params.attention_efficiency
         da = np.maximum(peak.decode_attention_flops_s / params.attention_efficiency,
                         peak.kv_bytes_s / params.kv_memory_efficiency)
+        if params.attention_rows > 0:
+            # Fewer rows than attention_rows leave the GPU partly idle: the rows run at their per-row pace.
+            rows = np.maximum(peak.decode_rows, 1e-9)
+            da = da * smooth_max(rows, params.attention_rows, params.attention_sharpness) / rows
         n_layers = self.model.n_layers
         per_token = n_layers * (params.token_layer_s * peak.tokens + params.row_layer_s * peak.decode_rows)
         return lc, lm, pa, da, peak.communication_s, per_token

@@ -18,7 +18,7 @@ bytes an engine's cache would. Attention is torch's
   (``causal_lower_right``) over the cached prefix and the chunk itself.
 
 Rows of one decode batch whose contexts differ are masked to their own length.
-A decode-only step can be captured as a CUDA graph (:meth:`LiveForward.capture_decode`)
+A step of a fixed shape can be captured as a CUDA graph (:meth:`LiveForward.capture`)
 and replayed, as engines run their decode batches.
 
 Torch only: importing this module needs no GPU; the forward runs on any torch
@@ -224,11 +224,11 @@ class LiveForward:
                                     cos, sin, cache.k[index], cache.v[index], decode, rows, prefill)
             gate, up = (F.rms_norm(x, (x.shape[-1],), layer.mlp_norm, NORM_EPS) @ layer.gate_up).chunk(2, dim=-1)
             x = x + (F.silu(gate) * up) @ layer.down
-        # Logits only for the tokens that are sampled: every decode row, each chunk's last token.
+        # Logits only for the tokens that are sampled: every decode row, each chunk's last token
+        # (slices, so the step reads no host data and a CUDA graph can capture it).
         if prefill:
-            ends = torch.tensor([c.new for c in prefill], device=self.device).cumsum(0) - 1 + rows
-            picked = torch.cat([torch.arange(rows, device=self.device), ends]) if rows else ends
-            x = x.index_select(0, picked)
+            ends = [rows + sum(c.new for c in prefill[: i + 1]) for i in range(len(prefill))]
+            x = torch.cat(([x[:rows]] if rows else []) + [x[end - 1:end] for end in ends])
         return F.rms_norm(x, (x.shape[-1],), self.final_norm, NORM_EPS) @ self.lm_head
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -282,26 +282,27 @@ class LiveForward:
 
     # ---- CUDA graphs --------------------------------------------------------------------------------------
 
-    def capture_decode(self, cache: KVCache, decode: DecodeInputs, warmup: int = 2) -> DecodeGraph:
-        """Capture a decode-only step over ``decode``'s static tensors as a CUDA graph."""
+    def capture(self, cache: KVCache, decode: DecodeInputs | None = None, prefill: Sequence[PrefillChunk] = (),
+                warmup: int = 2) -> StepGraph:
+        """Capture a step of this shape as a CUDA graph (decode rows read ``decode``'s static tensors)."""
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(warmup):  # on a side stream, as torch's graph capture asks
-                self.step(cache, decode)
+                self.step(cache, decode, prefill)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            logits = self.step(cache, decode)
-        return DecodeGraph(graph, decode, logits)
+            logits = self.step(cache, decode, prefill)
+        return StepGraph(graph, decode, logits)
 
 
 @dataclass
-class DecodeGraph:
-    """A captured decode step: refill ``inputs`` in place, :meth:`replay`, read ``logits``."""
+class StepGraph:
+    """A captured step: refill ``inputs`` in place, :meth:`replay`, read ``logits``."""
 
     graph: torch.cuda.CUDAGraph
-    inputs: DecodeInputs
+    inputs: DecodeInputs | None
     logits: torch.Tensor
 
     def replay(self) -> torch.Tensor:

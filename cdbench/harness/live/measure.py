@@ -1,7 +1,8 @@
 """Time the live forward over a grid of step shapes: the measurement half of ``cdbench calibrate``.
 
-Decode-only steps are captured as CUDA graphs and timed as replays, prefill
-and mixed steps run eagerly (as the engines run them); every time is the
+Every step shape is captured as a CUDA graph and timed as replays: the GPU
+time of the step, which the forward cost model prices (the host's launch and
+scheduling work is priced apart, as host-side engine costs). Each time is the
 median of CUDA-event intervals after warm-up. On a CPU device (tests, at tiny
 shapes) the wall clock times eager steps.
 
@@ -84,9 +85,9 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
         cache = pool.cache(shape.slots, shape.max_len)
         decode = forward.decode_inputs([shape.kv] * shape.rows) if shape.rows else None
         prefill = [PrefillChunk(shape.rows + i, shape.cached, shape.new) for i in range(shape.chunks)]
-        graph = cuda and shape.kind == "decode"
+        graph = cuda
         if graph:
-            captured = forward.capture_decode(cache, decode)
+            captured = forward.capture(cache, decode, prefill)
             run = captured.replay
         else:
             def run(cache=cache, decode=decode, prefill=prefill):
