@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from cdbench.harness.costs.gpu import GpuCosts
+from cdbench.harness.costs.grammar_profile import GrammarProfile
 from cdbench.harness.executors.base import GrammarExecutor
 from cdbench.harness.metrics import SLO, Summary, summarize
 from cdbench.harness.policies import SchedulerConfig
@@ -58,6 +59,8 @@ class RunResult:
     workload : the generated (or replayed) workload, with what did not make it into
         its requests (``Workload.report()``); ``None`` for :func:`simulate` on
         requests built by hand.
+    grammar_profile : the grammar costs the run measured (hybrid; ``None`` in model mode),
+        saved as ``grammar_profile.json``.
     """
 
     requests: pd.DataFrame
@@ -69,6 +72,7 @@ class RunResult:
     validation_s: float = 0.0
     compile_errors: dict[str, str] = field(default_factory=dict)
     workload: Workload | None = None
+    grammar_profile: GrammarProfile | None = None
 
     @property
     def outside_backend_share(self) -> float:
@@ -97,8 +101,10 @@ def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: 
     steps_frame = sched.steps.to_frame()
     summary = summarize(requests_frame, steps_frame, sched.itl, sched.fill_hist, slo, sched.idle_iterations,
                         sched.draft_positions)
-    return RunResult(requests_frame, steps_frame, summary, timeline, time.perf_counter() - start,
-                     executor.backend_call_s, executor.validation_s, sched.compile_errors)
+    wall_s = time.perf_counter() - start
+    profile = executor.measured_profile(f"in situ: measured by a hybrid run of {len(requests)} requests, seed {seed}")
+    return RunResult(requests_frame, steps_frame, summary, timeline, wall_s, executor.backend_call_s,
+                     executor.validation_s, sched.compile_errors, grammar_profile=profile)
 
 
 def run(config: RunConfig, progress: Progress | None = None) -> RunResult:

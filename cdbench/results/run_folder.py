@@ -11,6 +11,10 @@ Layout (every file written by :func:`save_run`)::
                          ``--set workload.trace=<folder>/workload.trace.jsonl`` runs them again
       workload_issues.json   what did not make it into the requests: corpus lines skipped, specs with
                          no valid instance, ... (cdbench.workloads.workload.WorkloadReport)
+      grammar_profile.json   hybrid runs: the grammar costs the run measured, per kind and per spec
+                         (cdbench.harness.costs.grammar_profile.GrammarProfile):
+                         ``--mode model --set costs.grammar_profile=<folder>/grammar_profile.json``
+                         replays them
       report.md, plots/  the report (cdbench.reports.run_report), rebuildable with ``cdbench report``
       summary.json       the summary (vLLM serving-benchmark names where they exist); written last
       run.log            the traceback, if the run failed
@@ -52,6 +56,7 @@ TRACE_MAX_SPANS = 200_000
 
 WORKLOAD_TRACE_FILE = "workload.trace.jsonl"
 WORKLOAD_ISSUES_FILE = "workload_issues.json"
+GRAMMAR_PROFILE_FILE = "grammar_profile.json"
 
 
 class WorkloadIssues(BaseModel):
@@ -177,6 +182,8 @@ def save_run(result: RunResult, config: RunConfig, folder: Path, trace_max_spans
         (folder / WORKLOAD_ISSUES_FILE).write_text(workload_report.model_dump_json(indent=2) + "\n")
         write_trace(result.workload, folder / WORKLOAD_TRACE_FILE)
         summary["workload_issues"] = WorkloadIssues.of(workload_report).model_dump()
+    if result.grammar_profile is not None:
+        result.grammar_profile.save(folder / GRAMMAR_PROFILE_FILE)
     saved = SavedRun(folder, config.model_dump(mode="json"), summary, result.requests, result.steps)
     if finish is not None:
         finish(saved)

@@ -39,3 +39,16 @@ def test_saved_folder_round_trips_and_marks_completion_last(tmp_path):
     assert any(e["ph"] == "X" for e in trace["traceEvents"])
     report = build_report(saved).read_text()
     assert "| TTFT |" in report and "plots/ttft_cdf.png" in report
+
+
+def test_a_measured_grammar_profile_is_saved_and_loads_back(tmp_path):
+    import numpy as np
+
+    from cdbench.harness.costs.grammar_profile import CompileMeasurement, GrammarProfile, WalkMeasurement
+
+    result = _result()
+    result.grammar_profile = GrammarProfile.from_measurements(
+        "xgrammar", "qwen3.6", [CompileMeasurement("s", "regex", "ok", 0.01)],
+        [WalkMeasurement("s", "regex", fill_s=np.full(4, 1e-5), accept_s=np.full(4, 1e-6))], source="in situ")
+    save_run(result, policy("vllm", overlap=False), tmp_path / "run")
+    assert GrammarProfile.load(tmp_path / "run" / "grammar_profile.json") == result.grammar_profile

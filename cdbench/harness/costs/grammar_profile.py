@@ -41,6 +41,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cdbench.backends.base import CONSTRAINT_KINDS
+from cdbench.harness.costs.spec_profile import SpecProfile, group_samples, spec_sections
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
 CompileStatus = Literal["ok", "unsupported", "error", "timeout", "crash"]
@@ -149,7 +150,11 @@ class KindProfile(BaseModel):
     accepted token), ``accept_s`` one per accepted token, ``rollback_s`` one
     per rollback call. ``jump_forward_fraction`` is the fraction of steps at
     which the grammar forced at least one token, ``jump_forward_mean_tokens``
-    the mean number forced at those steps.
+    the mean number forced at those steps. Profiles with per-spec sections also
+    keep ``fill_residual``, each fill over its spec's median at its position bin
+    (the noise left once spec and position are known), and ``fill_curve``, the
+    kind's pooled median fill per position bin over ``fill_s.p50``
+    (:mod:`~cdbench.harness.costs.spec_profile`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -160,6 +165,8 @@ class KindProfile(BaseModel):
     rollback_s: Distribution = Distribution(count=0)
     jump_forward_fraction: float = Field(default=0.0, ge=0, le=1)
     jump_forward_mean_tokens: float = Field(default=0.0, ge=0)
+    fill_residual: Distribution = Distribution(count=0)
+    fill_curve: list[float] = []
 
     @property
     def items(self) -> int:
@@ -182,6 +189,7 @@ class CompileMeasurement:
     kind: str
     status: CompileStatus
     seconds: float | None = None
+    key: str | None = None  # the compile-cache key text (default ``kind:spec_id``)
 
 
 @dataclass(frozen=True)
@@ -190,7 +198,9 @@ class WalkMeasurement:
 
     ``fill_s`` and ``forced_tokens`` (jump-forward tokens available; 0 = none)
     have one entry per step; ``accept_s`` one per accepted token;
-    ``rollback_s`` one per rollback call.
+    ``rollback_s`` one per rollback call. ``positions`` is the answer position
+    of each fill (default 0, 1, 2, ...); ``key`` the spec's compile-cache key
+    text (default ``kind:spec_id``).
     """
 
     spec_id: str
@@ -199,6 +209,8 @@ class WalkMeasurement:
     accept_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
     rollback_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
     forced_tokens: np.ndarray | None = None
+    positions: np.ndarray | None = None
+    key: str | None = None
 
 
 class GrammarProfile(BaseModel):
@@ -208,10 +220,14 @@ class GrammarProfile(BaseModel):
     ``overall`` pools all kinds (used for a kind that was not measured).
     ``compile_by_spec`` holds the measured compile seconds of each spec id
     that compiled; ``failed_specs`` the status of each that did not.
+    ``specs`` (format 2) holds each measured spec's own costs
+    (:class:`~cdbench.harness.costs.spec_profile.SpecProfile`), keyed by
+    :func:`~cdbench.harness.costs.spec_profile.spec_key_hash`; a format-1 file
+    has none, and ``model`` mode then draws per kind.
     """
 
     model_config = ConfigDict(extra="forbid")
-    format_version: Literal[1] = 1
+    format_version: Literal[1, 2] = 2
     backend: str
     vocab: str
     source: str = Field(default="", description="how it was measured: command, date, versions")
@@ -219,6 +235,7 @@ class GrammarProfile(BaseModel):
     overall: KindProfile
     compile_by_spec: dict[str, float] = {}
     failed_specs: dict[str, CompileStatus] = {}
+    specs: dict[str, SpecProfile] = {}
 
     @model_validator(mode="after")
     def _known_kinds(self) -> GrammarProfile:
@@ -241,8 +258,10 @@ class GrammarProfile(BaseModel):
         A measurement that cannot be right (unknown kind or status, an ``ok``
         compile without a time, negative or non-finite durations, mismatched
         array lengths) raises :class:`ProfileError` naming its spec id.
-        A spec compiled several times keeps the median of its times.
+        A spec compiled several times keeps the median of its times. Each
+        spec's own costs go to ``specs``, keyed by the hash of its ``key``.
         """
+        compiles, walks = list(compiles), list(walks)
         statuses: dict[str, dict[str, int]] = {}
         compile_times: dict[str, list[float]] = {}
         by_spec: dict[str, list[float]] = {}
@@ -277,6 +296,8 @@ class GrammarProfile(BaseModel):
                                    f"fill_s has {len(arrays['fill_s'])}")
             if np.any(forced < 0):
                 raise ProfileError(f"spec {w.spec_id!r}: forced_tokens must be >= 0")
+            if w.positions is not None and (len(w.positions) != len(arrays["fill_s"]) or np.any(w.positions < 0)):
+                raise ProfileError(f"spec {w.spec_id!r}: positions needs one answer position >= 0 per fill")
             per_kind = samples.setdefault(w.kind, {})
             for name, arr in (*arrays.items(), ("forced_tokens", forced)):
                 per_kind.setdefault(name, []).append(arr)
@@ -304,9 +325,13 @@ class GrammarProfile(BaseModel):
             )
 
         measured = [k for k in CONSTRAINT_KINDS if k in statuses or k in samples]
+        specs, shapes = spec_sections(group_samples(walks, compiles))
+        kinds = {k: kind_profile([k]) for k in measured}
+        for k, shape in shapes.items():
+            kinds[k] = kinds[k].model_copy(update={"fill_residual": Distribution.from_samples(shape.residual),
+                                                   "fill_curve": shape.curve})
         return cls(
-            backend=backend, vocab=vocab, source=source,
-            kinds={k: kind_profile([k]) for k in measured},
+            backend=backend, vocab=vocab, source=source, specs=specs, kinds=kinds,
             overall=kind_profile(measured),
             compile_by_spec={s: float(np.median(t)) for s, t in sorted(by_spec.items())},
             failed_specs={s: failed[s] for s in sorted(failed) if s not in by_spec},

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cdbench.backends.base import ConstraintSpec
+from cdbench.harness.costs.grammar_profile import GrammarProfile
 from cdbench.workloads.request import Request
 
 
@@ -170,6 +171,10 @@ class GrammarExecutor(ABC):
 
     def finish(self, rid: int) -> None:
         """Request ``rid`` ended: whatever the executor keeps for it can go."""
+
+    def measured_profile(self, source: str) -> GrammarProfile | None:
+        """The grammar costs the run measured, after it (``None``: nothing measured, as in model mode)."""
+        return None
 
     def validity(self) -> Iterator[tuple[int, bool]]:
         """``(request id, whether its output satisfies its spec)`` for the ended requests whose

@@ -48,6 +48,7 @@ from cdbench.backends.base import (
     Matcher,
 )
 from cdbench.backends.reasoner import ReasonerBackend
+from cdbench.harness.costs.grammar_profile import GrammarProfile
 from cdbench.harness.executors.base import (
     NO_FILL,
     CompileOutcome,
@@ -58,6 +59,7 @@ from cdbench.harness.executors.base import (
     accepted_drafts,
     constant_ints,
 )
+from cdbench.harness.executors.in_situ import InSituRecorder
 from cdbench.workloads.drafts import DraftSource, OracleTokens, draft_lists
 from cdbench.workloads.request import Request
 from cdbench.workloads.token_sources import RandomWalk
@@ -160,6 +162,7 @@ class HybridExecutor(GrammarExecutor):
         self._rejected: set[int] = set()
         self._eos = frozenset(vocab.eos_token_ids)
         self._mask = backend.allocate_mask(1)
+        self.recorder = InSituRecorder()
 
     def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False) -> None:
         super().prepare(requests, keys, jump_forward)
@@ -181,10 +184,13 @@ class HybridExecutor(GrammarExecutor):
         try:
             self._compiled[key] = self.backend.compile(self.keys.specs[key])
             error = None
+            reason = None
         except CompileError as exc:
             error = f"{exc.reason}: {exc.message}" if exc.message else exc.reason
+            reason = exc.reason
         elapsed = (perf_counter_ns() - start) * _NS
         self.backend_call_s += elapsed
+        self.recorder.compiled(key, elapsed, reason)
         return CompileOutcome(elapsed, error)
 
     def _matcher(self, rid: int) -> Matcher:
@@ -223,6 +229,8 @@ class HybridExecutor(GrammarExecutor):
         n_grammar = _any(grammar)
         fill_s, mask_rows = NO_FILL, _NO_ROWS
         if n_grammar:
+            g_rid = rid[grammar]
+            cursor = self._at[g_rid]  # answer positions (plus each request's offset) before this step
             if self.jump_forward:
                 lean = drafted = _NO_ROWS
                 general = np.flatnonzero(grammar)
@@ -248,6 +256,9 @@ class HybridExecutor(GrammarExecutor):
                     self._general(rows, general, out)
                 built = np.flatnonzero(grammar)
                 fill_s, mask_rows = out.fill_s[built], out.mask_rows[built]
+            self.recorder.step(g_rid, cursor, fill_s, mask_rows, out.process_ns,
+                               None if out.rolled_back is None else out.rolled_back[grammar],
+                               None if out.jumped is None else out.jumped[grammar])
         if self._reasoner and thinking:
             out.process_ns += self._think(rows, produced)
         self.backend_call_s += (out.backend_ns + out.process_ns) * _NS
@@ -474,6 +485,10 @@ class HybridExecutor(GrammarExecutor):
             if ends:  # the answer phase has its own, faster, bound methods
                 self._fills[rid], self._accepts[rid] = matcher.fill_mask, matcher.accept
         return spent
+
+    def measured_profile(self, source: str) -> GrammarProfile | None:
+        """The grammar costs this run measured (:mod:`~cdbench.harness.executors.in_situ`)."""
+        return self.recorder.profile(self.backend.name, self.backend.vocab.name, self.keys, self._offset, source)
 
     def finish(self, rid: int) -> None:
         """Free the request's matcher (timed as a backend call) and keep what its output check needs.

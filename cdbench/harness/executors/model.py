@@ -8,7 +8,15 @@ from typing import Literal, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from cdbench.harness.costs.grammar_profile import KIND_CODES, GrammarProfile
+from cdbench.harness.costs.cost_tables import (
+    DRAFT_WINDOW,
+    SPAN,
+    CostTables,
+    SpecIndex,
+    constant_tables,
+    profile_tables,
+)
+from cdbench.harness.costs.grammar_profile import GrammarProfile, ProfileError
 from cdbench.harness.executors.base import (
     NO_FILL,
     CompileOutcome,
@@ -26,24 +34,17 @@ from cdbench.workloads.request import Request
 # cheapest sum (ndarray.sum adds a Python-level wrapper).
 _any = np.count_nonzero
 _sum = np.add.reduce
+_SPAN_MASK = SPAN - 1
 
 
 
 class GrammarCosts(Protocol):
-    """Grammar costs the model executor draws: ``n`` draws of constraint kind ``kinds`` — one kind
-    code for all draws, or an array of codes, one per draw
-    (:data:`~cdbench.harness.costs.grammar_profile.KIND_CODES`; -1 pools all kinds)."""
+    """Grammar costs the model executor reads: one compile per spec, and per-request cost tables
+    (:class:`~cdbench.harness.costs.cost_tables.CostTables`) built once for the run."""
 
     def compile(self, spec_id: str | None, key_text: str, kind: str) -> CompileOutcome: ...
 
-    def fill_s(self, n: int, kinds: int | np.ndarray) -> np.ndarray: ...
-
-    def accept_s(self, n: int, kinds: int | np.ndarray) -> np.ndarray: ...
-
-    def rollback_s(self, n: int, kinds: int | np.ndarray) -> np.ndarray: ...
-
-    def jump_forward(self, n: int, kinds: int | np.ndarray) -> np.ndarray:
-        """Tokens the grammar forces at this point (0: none), one per draw."""
+    def tables(self, requests: Sequence[Request], keys: SpecKeys) -> CostTables: ...
 
 
 class FixedGrammarCosts(BaseModel):
@@ -71,67 +72,38 @@ class FixedGrammarCosts(BaseModel):
         failed = any(n in self.failing_keys for n in names)
         return CompileOutcome(seconds, "invalid: listed in failing_keys" if failed else None)
 
-    def fill_s(self, n: int, kinds: int | np.ndarray) -> np.ndarray:
-        return np.full(n, self.fill_time_s)
-
-    def accept_s(self, n: int, kinds: int | np.ndarray) -> np.ndarray:
-        return np.full(n, self.accept_time_s)
-
-    def rollback_s(self, n: int, kinds: int | np.ndarray) -> np.ndarray:
-        return np.full(n, self.rollback_time_s)
-
-    def jump_forward(self, n: int, kinds: int | np.ndarray) -> np.ndarray:
-        return np.full(n, self.forced_tokens, np.int64)
+    def tables(self, requests: Sequence[Request], keys: SpecKeys) -> CostTables:
+        return constant_tables(requests, self.fill_time_s, self.accept_time_s, self.rollback_time_s,
+                               self.forced_tokens)
 
 
 class ProfileGrammarCosts:
-    """Grammar costs drawn from a backend's measured :class:`GrammarProfile` (seeded).
+    """Grammar costs from a backend's measured :class:`GrammarProfile` (seeded), spec by spec.
 
-    Draws of one kind are taken from blocks of ``block`` draws made ahead of
-    time: the same independent draws as one call per step, at a fraction of the
-    per-call cost (the loop asks for a few hundred draws per step).
+    Each spec of the run takes the costs of one profiled spec
+    (:class:`~cdbench.harness.costs.cost_tables.SpecIndex`): its compile time
+    and outcome, fill scale and position curve, accept and rollback costs. A
+    spec taken from a profile without compile measurements for it gets the
+    kind's compile draw (:meth:`ProfileSampler.compile_one`), stable per spec.
     """
 
-    _NAMES = {code: kind for kind, code in KIND_CODES.items()}
-
-    def __init__(self, profile: GrammarProfile, seed: int, block: int = 1 << 16) -> None:
-        self.profile = profile
+    def __init__(self, profile: GrammarProfile, seed: int) -> None:
+        self.profile, self.seed = profile, seed
         self.sampler = profile.sampler(seed)
-        self.block = block
-        self._pools: dict[tuple[str, int], list] = {}  # (metric, kind code) -> [draws, next unused, count]
-
-    def _draw(self, metric: str, n: int, kinds: int | np.ndarray) -> np.ndarray:
-        if isinstance(kinds, np.ndarray):
-            return getattr(self.sampler, metric)(kinds)
-        state = self._pools.get((metric, kinds))
-        if state is None:
-            state = self._pools[(metric, kinds)] = [np.zeros(0), 0, 0]
-        pool, at, size = state
-        end = at + n
-        if end > size:
-            pool = np.concatenate((pool[at:], getattr(self.sampler, metric)(max(self.block, n), self._NAMES.get(kinds))))
-            state[0], state[2] = pool, len(pool)
-            at, end = 0, n
-        state[1] = end
-        return pool[at:end]
+        self.index = SpecIndex(profile, seed)
 
     def compile(self, spec_id: str | None, key_text: str, kind: str) -> CompileOutcome:
-        ids = [spec_id if spec_id is not None else key_text]
-        seconds = float(self.sampler.compile_s(ids, [kind])[0])
-        status = str(self.sampler.compile_status(ids, [kind])[0])
+        spec = self.index.spec(self.index.resolve(key_text, spec_id, kind))
+        if spec is None or spec.status is None:
+            seconds, status = self.sampler.compile_one(spec_id if spec_id is not None else key_text, kind)
+        else:
+            status = spec.status
+            seconds = spec.compile_s if spec.compile_s is not None else self.sampler.compile_one(
+                spec_id if spec_id is not None else key_text, kind)[0]
         return CompileOutcome(seconds, None if status == "ok" else status)
 
-    def fill_s(self, n: int, kinds: int | np.ndarray) -> np.ndarray:
-        return self._draw("fill_s", n, kinds)
-
-    def accept_s(self, n: int, kinds: int | np.ndarray) -> np.ndarray:
-        return self._draw("accept_s", n, kinds)
-
-    def rollback_s(self, n: int, kinds: int | np.ndarray) -> np.ndarray:
-        return self._draw("rollback_s", n, kinds)
-
-    def jump_forward(self, n: int, kinds: int | np.ndarray) -> np.ndarray:
-        return self._draw("jump_forward", n, kinds)
+    def tables(self, requests: Sequence[Request], keys: SpecKeys) -> CostTables:
+        return profile_tables(self.profile, self.index, self.seed, requests, keys)
 
 
 class ModelExecutor(GrammarExecutor):
@@ -145,11 +117,12 @@ class ModelExecutor(GrammarExecutor):
     Per grammar row and step: ``1 + k`` fills and ``k`` draft accepts build the
     mask; after verification one rollback call undoes the rejected drafts and
     one accept takes the sampled token; jump-forward accepts the forced tokens.
+    Costs are looked up in the run's per-request tables
+    (:mod:`~cdbench.harness.costs.cost_tables`) at each row's answer position.
     """
 
     def __init__(self, costs: GrammarCosts, alpha: float = 0.0) -> None:
         self.costs, self.alpha = costs, alpha
-        self.kind_code = np.zeros(0, np.int64)
         self._runs = np.zeros(0, np.int64)  # pooled draws of accepted-draft run lengths
         self._runs_at = 0
 
@@ -167,10 +140,7 @@ class ModelExecutor(GrammarExecutor):
 
     def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False) -> None:
         super().prepare(requests, keys, jump_forward)
-        codes = np.array([KIND_CODES[k] for k in keys.kinds] + [-1], np.int64)
-        self.kind_code = codes[keys.request_key]  # key -1 picks the trailing "pooled" code
-        # one kind for the whole run: draw with a single code (the sampler's cheaper path)
-        self.single_kind = int(codes[0]) if len(set(keys.kinds)) == 1 else None
+        self.tables = self.costs.tables(requests, keys)
 
     def compile(self, key: int) -> CompileOutcome:
         k = self.keys
@@ -195,33 +165,37 @@ class ModelExecutor(GrammarExecutor):
         g = grammar.nonzero()[0]
         ng = len(g)
         if ng:
-            costs = self.costs
-            single = self.single_kind
-            codes = self.kind_code[rows.rid[g]] if single is None else single
+            t = self.tables
+            g_rid = rows.rid[g]
+            g_left = gen_left[g]  # a grammar row is past thinking: its answer position is output_len - gen_left
+            at = ((t.off_end[g_rid] - g_left) & _SPAN_MASK) + t.base[g_rid]  # the rows' pool indexes
+            ci = t.curve_end[g_rid] - g_left
+            accept_one = t.accept[at]
             g_drafts = drafts[g]
-            total = ng + int(_sum(g_drafts))
-            accept_one = None
-            if total == ng:
-                row_fill = costs.fill_s(ng, codes)
+            n_drafts = int(_sum(g_drafts))
+            if n_drafts >= DRAFT_WINDOW and int(g_drafts.max()) >= DRAFT_WINDOW:
+                raise ValueError(f"model mode reads at most {DRAFT_WINDOW - 1} drafts per row")
+            if not n_drafts:
+                row_fill = t.fill[at] * t.curve[ci]
                 per_row = constant_ints(1, ng)
             else:
                 per_row = g_drafts + 1
-                draws = costs.fill_s(total, codes if single is not None else np.repeat(codes, per_row))
-                row_fill = np.add.reduceat(draws, np.add.accumulate(per_row) - per_row)  # per-row sums
-                accept_one = costs.accept_s(ng, codes)
+                # a row's fills at its next 1 + k positions, from the pool's prefix sums, all at the row's
+                # position on the spec's curve
+                csum = t.fill_csum
+                row_fill = (csum[at + per_row] - csum[at]) * t.curve[ci]
                 row_fill = row_fill + accept_one * g_drafts  # drafts enter the grammar to fill their rows
                 rolled = g_drafts - accepted[g]
                 rolled_back = np.zeros(n, np.int64)
                 rolled_back[g] = rolled
                 undo = rolled.nonzero()[0]
                 if len(undo):
-                    process_s += float(_sum(costs.rollback_s(len(undo), codes if single is not None
-                                                             else codes[undo])))
-            if accept_one is None:
-                accept_one = costs.accept_s(ng, codes)
+                    if t.rollback is None:
+                        raise ProfileError("the grammar costs have no rollback measurements, and drafts are rejected")
+                    process_s += float(_sum(t.rollback[at[undo]]))
             process_s += float(_sum(accept_one))  # the sampled (bonus / correction) token
             if self.jump_forward:
-                forced = np.minimum(costs.jump_forward(ng, codes), gen_left[g] - produced[g])
+                forced = np.minimum(t.forced[at], g_left - produced[g])
                 jumped = np.zeros(n, np.int64)
                 jumped[g] = forced
                 process_s += float(accept_one @ forced)

@@ -91,7 +91,7 @@ def test_save_load_round_trip(profile: GrammarProfile, tmp_path) -> None:
     profile.save(path)
     loaded = GrammarProfile.load(path)
     assert loaded == profile
-    assert json.loads(path.read_text())["format_version"] == 1
+    assert json.loads(path.read_text())["format_version"] == 2
     a = profile.sampler(3).fill_s(1000, "json_schema")
     b = loaded.sampler(3).fill_s(1000, "json_schema")
     np.testing.assert_array_equal(a, b)

@@ -1,0 +1,237 @@
+"""``model`` mode's grammar costs as per-request tables, so a step looks costs up instead of drawing them.
+
+Structure follows real grammars: every request takes the costs of one
+profiled spec (:class:`SpecIndex`: its own spec where the profile measured
+it, else a whole profiled spec of the same kind, and corpus where one
+matches), so a slow spec is slow at every token of its requests, and its
+fills follow the spec's position curve (first fills cost more). Around that,
+token-to-token noise comes from the kind's residual distribution.
+
+Per-request streams keep the draws independent of scheduling order: each
+cost spec (a profiled spec, or a kind's pooled costs) has a pool of
+pre-drawn values per metric (its own fill residuals, accept, rollback and
+forced tokens), and a request reads its spec's pools at a fixed random offset
+plus its answer position. A step's fill of row ``r`` is then two gathers and a
+product::
+
+    fill = tables.fill[at] * tables.curve[ci]   # at: pool index, ci: curve index (see CostTables)
+
+The same request at the same position always costs the same, whatever else
+runs beside it. A profile without per-spec sections (format 1) has no
+residuals: its pools hold the kind's fill distribution itself and every curve
+is 1, which is the per-kind behaviour of such profiles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from cdbench.harness.costs.grammar_profile import (
+    KIND_CODES,
+    GrammarProfile,
+    KindProfile,
+    ProfileError,
+)
+from cdbench.harness.costs.spec_profile import (
+    N_POSITION_BINS,
+    RESIDUAL_PROBS,
+    SpecProfile,
+    base_spec_id,
+    corpus_of,
+    position_bins,
+    spec_key_hash,
+    spec_key_text,
+)
+
+SPAN = 1 << 11
+"""Pre-drawn values per spec and metric; a request reads its spec's pool at a random offset plus its
+position, modulo the span."""
+DRAFT_WINDOW = 256
+"""Positions past the span each pool row repeats, so a row's next 1 + k fills are contiguous (k < this)."""
+ROW = SPAN + DRAFT_WINDOW
+
+
+@dataclass(frozen=True)
+class CostTables:
+    """Per-request grammar costs of a run (per-request arrays indexed as the scheduler numbers requests).
+
+    ``fill``/``accept``/``rollback``/``forced``: the pools, one row of
+    :data:`ROW` values per cost spec (fill residuals, accept and rollback
+    seconds, forced tokens); request ``r`` at answer position ``p`` reads index
+    ``base[r] + ((off_end[r] - gen_left) & (SPAN - 1))`` with ``gen_left =
+    output_len - p``. ``fill_csum``: prefix sums of ``fill`` (a row's draft
+    fills as one difference). ``curve``: the fill multiplier of each cost
+    spec at each answer position (seconds; 1 where the pool holds seconds),
+    request ``r``'s at ``curve_end[r] - gen_left``. ``rollback`` is ``None``
+    when the cost source has no rollback measurements.
+    """
+
+    fill: np.ndarray
+    fill_csum: np.ndarray
+    accept: np.ndarray
+    rollback: np.ndarray | None
+    forced: np.ndarray
+    base: np.ndarray
+    off_end: np.ndarray
+    curve: np.ndarray
+    curve_end: np.ndarray
+
+
+def output_lengths(requests: Sequence) -> np.ndarray:
+    """Answer tokens per request as the scheduler counts them (at least 1)."""
+    return np.array([max(1, r.output_len) for r in requests], np.int64)
+
+
+def _csum(pool: np.ndarray) -> np.ndarray:
+    return np.concatenate(([0.0], np.cumsum(pool)))
+
+
+def constant_tables(requests: Sequence, fill_s: float, accept_s: float, rollback_s: float,
+                    forced_tokens: int) -> CostTables:
+    """Tables of constant costs (every request, every position)."""
+    out_len = output_lengths(requests)
+    fill = np.full(ROW, fill_s)
+    return CostTables(fill, _csum(fill), np.full(ROW, accept_s), np.full(ROW, rollback_s),
+                      np.full(ROW, forced_tokens, np.int64), np.zeros(len(requests), np.int64), out_len,
+                      np.ones(int(out_len.max(initial=0)) + 1), out_len)
+
+
+def _uniform(seed: int, purpose: str, text: str) -> float:
+    digest = hashlib.blake2b(f"{seed}\0{purpose}\0{text}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2.0**64
+
+
+class SpecIndex:
+    """Which profiled spec a run's spec takes its costs from.
+
+    A spec the profile measured (same compile-cache key) takes its own; a
+    generator copy (``id#copyN``) takes its corpus item's; any other takes a
+    profiled spec of its kind drawn as a whole (among those of its corpus, when
+    the profile has some), stable per seed and spec. ``None``: the profile has
+    no spec of that kind (the kind's pooled costs serve).
+    """
+
+    def __init__(self, profile: GrammarProfile, seed: int) -> None:
+        self.profile, self.seed = profile, seed
+        self._by_kind: dict[str, list[str]] = {}
+        self._by_corpus: dict[tuple[str, str], list[str]] = {}
+        for key in sorted(profile.specs):
+            s = profile.specs[key]
+            self._by_kind.setdefault(s.kind, []).append(key)
+            if s.corpus is not None:
+                self._by_corpus.setdefault((s.kind, s.corpus), []).append(key)
+        self._cache: dict[str, str | None] = {}
+
+    def resolve(self, key_text: str, spec_id: str | None, kind: str) -> str | None:
+        """The profile's spec key whose costs ``key_text`` takes (``None``: the kind's pooled costs)."""
+        if key_text in self._cache:
+            return self._cache[key_text]
+        specs = self.profile.specs
+        found = spec_key_hash(key_text)
+        if found not in specs and spec_id is not None:
+            found = spec_key_hash(spec_key_text(kind, base_spec_id(spec_id)))
+        if found not in specs:
+            corpus = corpus_of(spec_id)
+            pool = self._by_corpus.get((kind, corpus)) if corpus is not None else None
+            pool = pool or self._by_kind.get(kind)
+            found = pool[int(_uniform(self.seed, "spec", key_text) * len(pool))] if pool else None
+        self._cache[key_text] = found
+        return found
+
+    def spec(self, key: str | None) -> SpecProfile | None:
+        return None if key is None else self.profile.specs[key]
+
+
+def _row(pool: np.ndarray, mean: float | None = None) -> np.ndarray:
+    """A pool of SPAN draws, scaled to ``mean`` if given (so that a few draws from a heavy tail do not set
+    a spec's cost), extended by its first DRAFT_WINDOW (reads wrap around the span)."""
+    drawn = float(pool.mean())
+    if mean is not None and drawn > 0:
+        pool = pool * (mean / drawn)
+    return np.concatenate((pool, pool[:DRAFT_WINDOW]))
+
+
+def _quantile_mean(probs: np.ndarray, values: Sequence[float]) -> float:
+    """Mean of a piecewise-linear quantile function."""
+    v = np.asarray(values, np.float64)
+    return float(np.sum((v[1:] + v[:-1]) * np.diff(probs)) / 2)
+
+
+def _kind_dists(profile: GrammarProfile, kp: KindProfile) -> tuple:
+    """(fill distribution, whether it is relative to spec curves, accept, rollback) of a kind."""
+    overall = profile.overall
+    relative = kp.fill_residual.count > 0
+    fill = kp.fill_residual if relative else (kp.fill_s if kp.fill_s.count else overall.fill_s)
+    accept = kp.accept_s if kp.accept_s.count else overall.accept_s
+    rollback = kp.rollback_s if kp.rollback_s.count else overall.rollback_s
+    if not fill.count or not accept.count:
+        raise ProfileError(f"profile {profile.backend}/{profile.vocab} has no fill or accept measurements")
+    return fill, relative, accept, rollback if rollback.count else None
+
+
+def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, requests: Sequence, keys) -> CostTables:
+    """Per-request tables for ``requests`` (in scheduler order) and their spec ``keys``
+    (:class:`~cdbench.harness.executors.base.SpecKeys`).
+
+    One cost spec per profiled spec that the run's specs resolve to, plus one
+    per kind for specs the kind's pooled costs serve; each cost spec's pools
+    are drawn from a generator seeded by the seed and the cost spec alone, so
+    they do not depend on which other specs the run holds.
+    """
+    out_len = output_lengths(requests)
+    width = int(out_len.max(initial=0)) + 1
+    bins = position_bins(np.arange(width))
+    probs = np.asarray(RESIDUAL_PROBS)
+    kinds = {kind: _kind_dists(profile, profile.kind(kind)) for kind in sorted(set(keys.kinds))}
+    has_rollback = all(d[3] is not None for d in kinds.values())
+    fills, accepts, rollbacks, forced, curves = [], [], [], [], []
+    row_of: dict[tuple[str, str | None], int] = {}
+    key_row = np.zeros(max(len(keys.texts), 1), np.int64)
+    for k, (text, spec_id, kind) in enumerate(zip(keys.texts, keys.spec_ids, keys.kinds)):
+        name = index.resolve(text, spec_id, kind)
+        spec = index.spec(name)
+        fill_dist, relative, accept, rollback = kinds[kind]
+        own = spec is not None and spec.fills > 0 and relative and len(spec.fill_residual) == len(probs)
+        row_key = (kind, name if own or spec is not None and spec.accept_s is not None else None)
+        row = row_of.get(row_key)
+        if row is None:
+            row = row_of[row_key] = len(fills)
+            kp = profile.kind(kind)
+            rng = np.random.default_rng([seed, 0x6772, KIND_CODES[kind],
+                                         int(row_key[1], 16) if row_key[1] is not None else 0])
+            u = rng.random((4, SPAN))
+            if own:
+                fills.append(_row(np.interp(u[0], probs, spec.fill_residual), _quantile_mean(probs, spec.fill_residual)))
+                curves.append(spec.fill_by_bin_s()[bins])
+            else:
+                fills.append(_row(fill_dist.quantile(u[0]), fill_dist.mean))
+                curve = kp.fill_curve if relative and len(kp.fill_curve) == N_POSITION_BINS else None
+                curves.append(kp.fill_s.p50 * np.asarray(curve)[bins] if curve is not None else np.ones(width))
+            accept_scale = rollback_scale = 1.0
+            if spec is not None and spec.accept_s is not None and accept.p50 > 0:
+                accept_scale = spec.accept_s / accept.p50
+            if spec is not None and spec.rollback_s is not None and rollback is not None and rollback.p50 > 0:
+                rollback_scale = spec.rollback_s / rollback.p50
+            accepts.append(_row(accept.quantile(u[1]), accept.mean * accept_scale))
+            if has_rollback:
+                rollbacks.append(_row(rollback.quantile(u[2]), rollback.mean * rollback_scale))
+            jumps = rng.geometric(1.0 / max(kp.jump_forward_mean_tokens, 1.0), SPAN)
+            forced.append(_row(np.where(u[3] < kp.jump_forward_fraction, jumps, 0)))
+        key_row[k] = row
+
+    # each request's offset comes from its request id, so it does not depend on which others share the run
+    ids = np.array([r.request_id for r in requests], np.int64)
+    offsets = np.random.default_rng([seed, 0x6f66]).integers(0, SPAN, int(ids.max(initial=0)) + 1)[ids]
+    structured = keys.request_key >= 0
+    row = np.where(structured, key_row[np.maximum(keys.request_key, 0)], 0)
+    fill = np.concatenate(fills) if fills else np.zeros(ROW)
+    return CostTables(
+        fill=fill, fill_csum=_csum(fill), accept=np.concatenate(accepts) if accepts else np.zeros(ROW),
+        rollback=np.concatenate(rollbacks) if has_rollback and rollbacks else None,
+        forced=np.concatenate(forced).astype(np.int64) if forced else np.zeros(ROW, np.int64),
+        base=row * ROW, off_end=offsets + out_len,
+        curve=np.concatenate(curves) if curves else np.ones(width), curve_end=row * width + out_len)

@@ -1,0 +1,212 @@
+"""Per-spec grammar costs: what one spec cost, by answer position.
+
+A grammar's cost is a property of its spec: a slow schema is slow at every
+token of every request that uses it, and its first fills (a fresh matcher,
+cold caches) cost more than later ones. A :class:`SpecProfile` keeps, for one
+spec, its compile time and outcome, a fill-cost scale (the median fill) with a
+position curve (the median fill in each position bin, relative to the scale),
+and its mean accept and rollback times. :func:`spec_sections` builds them from
+raw walks, together with each kind's *residual* distribution (every fill
+divided by its spec's curve at its position: the token-to-token noise left
+once the spec and position are known) and each kind's pooled curve.
+
+Specs are keyed by :func:`spec_key_hash` of their compile-cache key text (the
+scheduler's :class:`~cdbench.harness.executors.base.SpecKeys` text:
+``kind:spec_id`` where the spec has an id, else its canonical text).
+
+>>> position_bins(np.array([0, 1, 2, 3, 4, 100, 10**6])).tolist()
+[0, 1, 2, 2, 3, 7, 12]
+>>> corpus_of("jsb/Github_easy/o27838#copy2"), corpus_of("plain")
+('jsb/Github_easy', None)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+POSITION_BIN_STARTS: tuple[int, ...] = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+"""First answer position of each position bin: the first fill alone, then doubling widths, the last open."""
+N_POSITION_BINS = len(POSITION_BIN_STARTS)
+RESIDUAL_PROBS: tuple[float, ...] = (*(i / 32 for i in range(32)), 0.99, 0.995, 0.999, 1.0)
+"""Probabilities at which a spec's fill residual quantiles are kept (the top refined: the tail holds a batch up)."""
+COPY_MARK = "#copy"  # the workload generator's suffix for a cache-distinct copy of a corpus item
+
+
+def position_bins(positions: np.ndarray) -> np.ndarray:
+    """The position bin of each answer position (0-based)."""
+    p = np.asarray(positions, np.int64)
+    return np.minimum(np.searchsorted(POSITION_BIN_STARTS, p, side="right") - 1, N_POSITION_BINS - 1)
+
+
+def spec_key_hash(key_text: str) -> str:
+    """The key of a spec in :attr:`GrammarProfile.specs`: a short hash of its compile-cache key text."""
+    return hashlib.blake2b(key_text.encode(), digest_size=10).hexdigest()
+
+
+def spec_key_text(kind: str, spec_id: str) -> str:
+    """The compile-cache key text of a spec known by its id (as the scheduler numbers specs)."""
+    return f"{kind}:{spec_id}"
+
+
+def base_spec_id(spec_id: str) -> str:
+    """The corpus item a spec id names (a generator copy ``id#copyN`` names ``id``)."""
+    return spec_id.split(COPY_MARK, 1)[0]
+
+
+def corpus_of(spec_id: str | None) -> str | None:
+    """The corpus (or corpus subset) of a spec id: its prefix up to the last ``/`` (``None``: none)."""
+    if spec_id is None or "/" not in spec_id:
+        return None
+    return base_spec_id(spec_id).rsplit("/", 1)[0]
+
+
+class SpecProfile(BaseModel):
+    """One spec's measured costs.
+
+    ``status``/``compile_s``: its compile outcome and time (``None``: not
+    compiled in the measurement). ``fills`` counts its fill samples;
+    ``fill_scale_s`` is their median and ``fill_curve[b]`` the median of those
+    in position bin ``b`` (:data:`POSITION_BIN_STARTS`) over ``fill_scale_s``
+    (a bin without samples takes the nearest measured bin's value).
+    ``fill_residual``: quantiles (at :data:`RESIDUAL_PROBS`) of its fills over
+    its curve, the spec's own token-to-token spread. ``accept_s``/``rollback_s``:
+    median seconds per accept / rollback call (a median: in situ, accepts are
+    timed per step, and one preempted step would make a mean speak for the
+    whole spec).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    kind: str
+    spec_id: str | None = None
+    corpus: str | None = None
+    status: str | None = None
+    compile_s: float | None = Field(default=None, ge=0)
+    fills: int = Field(default=0, ge=0)
+    fill_scale_s: float = Field(default=0.0, ge=0)
+    fill_curve: list[float] = []
+    fill_residual: list[float] = []
+    accept_s: float | None = Field(default=None, ge=0)
+    rollback_s: float | None = Field(default=None, ge=0)
+
+    def fill_by_bin_s(self) -> np.ndarray:
+        """Median fill seconds per position bin."""
+        return self.fill_scale_s * np.asarray(self.fill_curve, np.float64)
+
+
+@dataclass(frozen=True)
+class SpecSamples:
+    """One spec's raw samples, gathered from its walks and compiles."""
+
+    key_text: str
+    kind: str
+    spec_id: str | None
+    fill_s: np.ndarray
+    positions: np.ndarray
+    accept_s: np.ndarray
+    rollback_s: np.ndarray
+    compile_s: float | None
+    status: str | None
+
+
+@dataclass(frozen=True)
+class KindShape:
+    """A kind's fill noise around its specs' curves, and its pooled curve."""
+
+    residual: np.ndarray  # fill / (spec's median fill at that position bin)
+    curve: list[float]  # pooled median fill per position bin over the pooled median
+
+
+def _bin_medians(fill_s: np.ndarray, bins: np.ndarray) -> np.ndarray:
+    """Median fill per position bin; a bin without samples takes the nearest measured bin's."""
+    medians = np.full(N_POSITION_BINS, np.nan)
+    for b in np.unique(bins).tolist():
+        medians[b] = np.median(fill_s[bins == b])
+    measured = np.flatnonzero(~np.isnan(medians))
+    nearest = measured[np.abs(np.arange(N_POSITION_BINS)[:, None] - measured[None, :]).argmin(axis=1)]
+    return medians[nearest]
+
+
+def _round(x: float) -> float:
+    return float(f"{x:.5g}")
+
+
+def spec_sections(specs: Iterable[SpecSamples]) -> tuple[dict[str, SpecProfile], dict[str, KindShape]]:
+    """Per-spec profiles (keyed by :func:`spec_key_hash`) and each kind's :class:`KindShape`."""
+    out: dict[str, SpecProfile] = {}
+    residuals: dict[str, list[np.ndarray]] = {}
+    pooled: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for s in specs:
+        curve: list[float] = []
+        residual: list[float] = []
+        scale = 0.0
+        if len(s.fill_s):
+            bins = position_bins(s.positions)
+            scale = float(np.median(s.fill_s))
+            by_bin = _bin_medians(s.fill_s, bins)
+            if scale > 0:
+                curve = [_round(v / scale) for v in by_bin]
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    r = s.fill_s / by_bin[bins]
+                r = np.where(by_bin[bins] > 0, r, 1.0)
+            else:  # a spec that filled for free (a constant-cost measurement)
+                curve = [1.0] * N_POSITION_BINS
+                r = np.ones(len(s.fill_s))
+            residuals.setdefault(s.kind, []).append(r)
+            residual = [_round(v) for v in np.quantile(r, RESIDUAL_PROBS)]
+            pooled.setdefault(s.kind, []).append((s.fill_s, bins))
+        out[spec_key_hash(s.key_text)] = SpecProfile(
+            kind=s.kind, spec_id=s.spec_id, corpus=corpus_of(s.spec_id), status=s.status, compile_s=s.compile_s,
+            fills=len(s.fill_s), fill_scale_s=scale, fill_curve=curve, fill_residual=residual,
+            accept_s=float(np.median(s.accept_s)) if len(s.accept_s) else None,
+            rollback_s=float(np.median(s.rollback_s)) if len(s.rollback_s) else None)
+    shapes = {}
+    for kind, parts in pooled.items():
+        fills = np.concatenate([f for f, _ in parts])
+        bins = np.concatenate([b for _, b in parts])
+        scale = float(np.median(fills))
+        curve = [_round(v / scale) if scale > 0 else 1.0 for v in _bin_medians(fills, bins)]
+        shapes[kind] = KindShape(np.concatenate(residuals[kind]), curve)
+    return out, shapes
+
+
+def group_samples(walks: Sequence, compiles: Sequence) -> list[SpecSamples]:
+    """Each spec's samples from ``walks`` and ``compiles``
+    (:class:`~cdbench.harness.costs.grammar_profile.WalkMeasurement` /
+    :class:`~cdbench.harness.costs.grammar_profile.CompileMeasurement`), keyed by
+    their ``key`` (default ``kind:spec_id``). A spec compiled several times keeps
+    its median ok time (its first failure when none succeeded)."""
+    order: dict[str, tuple[str, str | None]] = {}
+    walked: dict[str, list] = {}
+    compiled: dict[str, list] = {}
+    for w in walks:
+        key = w.key or spec_key_text(w.kind, w.spec_id)
+        order.setdefault(key, (w.kind, w.spec_id))
+        walked.setdefault(key, []).append(w)
+    for c in compiles:
+        key = c.key or spec_key_text(c.kind, c.spec_id)
+        order.setdefault(key, (c.kind, c.spec_id))
+        compiled.setdefault(key, []).append(c)
+    out = []
+    for key, (kind, spec_id) in order.items():
+        ws = walked.get(key, [])
+
+        def cat(name: str, ws=ws) -> np.ndarray:
+            parts = [np.asarray(getattr(w, name), np.float64).ravel() for w in ws]
+            return np.concatenate(parts) if parts else np.zeros(0)
+
+        positions = [np.arange(len(w.fill_s)) if w.positions is None else np.asarray(w.positions, np.int64)
+                     for w in ws]
+        cs = compiled.get(key, [])
+        ok = [c.seconds for c in cs if c.status == "ok"]
+        failed = [c for c in cs if c.status != "ok"]
+        status = "ok" if ok else (failed[0].status if failed else None)
+        seconds = float(np.median(ok)) if ok else (failed[0].seconds if failed else None)
+        out.append(SpecSamples(key, kind, spec_id, cat("fill_s"),
+                               np.concatenate(positions) if positions else np.zeros(0, np.int64),
+                               cat("accept_s"), cat("rollback_s"), seconds, status))
+    return out

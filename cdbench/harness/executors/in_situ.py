@@ -1,0 +1,97 @@
+"""The grammar costs a ``hybrid`` run measured, kept as a :class:`GrammarProfile`.
+
+The hybrid executor already times every compile and every row's fills; the
+:class:`InSituRecorder` keeps references to those per-step arrays (no work per
+token) and, after the run, regroups them into one walk per request and one
+compile per spec, so that :meth:`GrammarProfile.from_measurements` builds the
+per-kind pools and the per-spec sections (compile, fill scale, position curve,
+accept, rollback) of the run. ``model`` mode given that file replays the run's
+cost structure.
+
+What hybrid times, and so what the profile holds: a row's fill seconds cover
+its mask rows (the first fill, plus each grammar-valid draft's accept and fill),
+so a row's sample is its seconds over its mask rows. Accepts are timed per step
+for all rows together, so each row's accept sample is its step's accept time
+over the step's accept calls (the sampled token plus jump-forward tokens), from
+steps without rollbacks; a step with rollbacks gives one rollback sample per
+rollback call: what the step's processing took beyond those accepts (at the
+run's mean accept), over its rollback calls.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cdbench.harness.costs.grammar_profile import (
+    CompileMeasurement,
+    GrammarProfile,
+    WalkMeasurement,
+)
+from cdbench.harness.costs.spec_profile import spec_key_hash
+from cdbench.harness.executors.base import SpecKeys
+
+_STATUS = {"unsupported": "unsupported", "timeout": "timeout"}  # any other CompileError reason is an error
+
+
+def compile_status(reason: str | None) -> str:
+    """The profile's compile status for a :class:`~cdbench.backends.base.CompileError` reason (``None``: ok)."""
+    return "ok" if reason is None else _STATUS.get(reason, "error")
+
+
+class InSituRecorder:
+    """Keeps what a hybrid run measured, step by step, for :meth:`profile`."""
+
+    def __init__(self) -> None:
+        self._compiles: dict[int, tuple[float, str]] = {}
+        # per step with grammar rows: (request ids, oracle cursor before the step, fill s, mask rows,
+        # processing ns, rollback calls per row or None, forced tokens per row or None)
+        self._steps: list[tuple] = []
+
+    def compiled(self, key: int, seconds: float, reason: str | None) -> None:
+        self._compiles[key] = (seconds, compile_status(reason))
+
+    def step(self, rids: np.ndarray, cursor: np.ndarray, fill_s: np.ndarray, mask_rows: np.ndarray,
+             process_ns: int, rolled: np.ndarray | None, jumped: np.ndarray | None) -> None:
+        self._steps.append((rids, cursor, fill_s, mask_rows, process_ns, rolled, jumped))
+
+    def profile(self, backend: str, vocab: str, keys: SpecKeys, start: np.ndarray, source: str) -> GrammarProfile:
+        """The run's measured costs; ``start[r]``: request ``r``'s oracle cursor at answer position 0."""
+        def spec_id(k: int) -> str:  # a spec without a corpus id is named by its key's hash
+            return keys.spec_ids[k] or spec_key_hash(keys.texts[k])
+
+        compiles = [CompileMeasurement(spec_id(k), keys.kinds[k], status, seconds, key=keys.texts[k])  # type: ignore[arg-type]
+                    for k, (seconds, status) in sorted(self._compiles.items())]
+        if not self._steps:
+            return GrammarProfile.from_measurements(backend, vocab, compiles, [], source=source)
+        rids = np.concatenate([s[0] for s in self._steps])
+        positions = np.concatenate([s[1] for s in self._steps]) - start[rids]
+        fills = np.concatenate([s[2] / s[3] for s in self._steps])
+        zeros = [np.zeros(len(s[0]), np.int64) for s in self._steps]
+        rolled = np.concatenate([z if s[5] is None else s[5] for s, z in zip(self._steps, zeros)])
+        jumped = np.concatenate([z if s[6] is None else s[6] for s, z in zip(self._steps, zeros)])
+        step_of = np.repeat(np.arange(len(self._steps)), [len(s[0]) for s in self._steps])
+        process_ns = np.array([s[4] for s in self._steps], np.float64)
+        calls = np.bincount(step_of, weights=1 + jumped, minlength=len(self._steps))
+        rollbacks = np.bincount(step_of, weights=rolled > 0, minlength=len(self._steps))
+        clean = rollbacks == 0
+        per_accept = np.where(clean, process_ns / calls, np.nan) * 1e-9
+        accept_mean = float(np.nanmean(per_accept)) if clean.any() else 0.0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            per_rollback = np.maximum(process_ns * 1e-9 - accept_mean * calls, 0.0) / rollbacks
+        row_accept = per_accept[step_of]
+        row_rollback = np.where(rolled > 0, per_rollback[step_of], np.nan)
+
+        order = np.lexsort((positions, rids))  # each request's rows in answer order
+        rids, positions, fills = rids[order], positions[order], fills[order]
+        row_accept, row_rollback, jumped = row_accept[order], row_rollback[order], jumped[order]
+        bounds = np.flatnonzero(np.diff(rids)) + 1
+        walks = []
+        for part in np.split(np.arange(len(rids)), bounds):
+            r = int(rids[part[0]])
+            k = int(keys.request_key[r])
+            accept, rollback = row_accept[part], row_rollback[part]
+            walks.append(WalkMeasurement(spec_id(k), keys.kinds[k], fill_s=fills[part],
+                                         accept_s=accept[~np.isnan(accept)], rollback_s=rollback[~np.isnan(rollback)],
+                                         forced_tokens=jumped[part], positions=positions[part], key=keys.texts[k]))
+        return GrammarProfile.from_measurements(backend, vocab, compiles, walks, source=source)
+

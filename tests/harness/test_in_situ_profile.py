@@ -1,0 +1,91 @@
+"""A hybrid run keeps the grammar costs it measured as a GrammarProfile, which ``model`` mode replays."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cdbench.backends import create_backend
+from cdbench.backends.base import ConstraintSpec
+from cdbench.backends.vocab import load_vocab
+from cdbench.harness.costs.gpu import FixedGpuCosts
+from cdbench.harness.costs.grammar_profile import GrammarProfile
+from cdbench.harness.costs.spec_profile import spec_key_hash
+from cdbench.harness.executors.hybrid import HybridExecutor
+from cdbench.harness.executors.in_situ import compile_status
+from cdbench.harness.executors.model import ModelExecutor, ProfileGrammarCosts
+from cdbench.harness.policies import policy
+from cdbench.harness.run import simulate
+from cdbench.workloads.request import Request
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return create_backend("xgrammar", load_vocab("cl100k"))
+
+
+def _requests(vocab, n: int = 12) -> list[Request]:
+    eos = vocab.eos_token_ids[0]
+    out = []
+    for i in range(n):
+        if i % 3 == 0:
+            spec, sid, text = ConstraintSpec("regex", r"\d{3}-\d{4}"), f"c/phone{i}", f"555-{i:04d}"
+        else:
+            spec, sid = ConstraintSpec("json_schema", {**SCHEMA, "title": f"p{i}"}), f"c/person{i}"
+            text = json.dumps({"name": f"Person {i}", "age": i})
+        tokens = tuple(vocab.encode(text)) + (eos,)
+        out.append(Request(i, 0.003 * i, 40, len(tokens), spec, sid, tokens))
+    return out
+
+
+def _hybrid(backend, requests, name="sglang", **overrides):
+    executor = HybridExecutor(backend, alpha=overrides.pop("alpha", 0.0), seed=1)
+    return simulate(requests, policy(name, **overrides), executor, FixedGpuCosts(forward_base_s=0.01), seed=1,
+                    trace_steps=0)
+
+
+def test_hybrid_profile_round_trips_and_covers_every_spec(backend, tmp_path) -> None:
+    requests = _requests(backend.vocab)
+    result = _hybrid(backend, requests)
+    profile = result.grammar_profile
+    assert profile is not None and profile.backend == "xgrammar" and profile.vocab == "cl100k"
+    path = tmp_path / "grammar_profile.json"
+    profile.save(path)
+    assert GrammarProfile.load(path) == profile
+    assert len(profile.specs) == len(requests)
+    for r in requests:
+        spec = profile.specs[spec_key_hash(f"{r.spec.kind}:{r.spec_id}")]
+        assert spec.status == "ok" and spec.compile_s > 0 and spec.corpus == "c"
+        assert spec.fills == r.output_len  # one fill per answer token, positions 0..len-1
+        assert spec.fill_scale_s > 0 and spec.fill_curve[0] > 0 and spec.accept_s > 0
+    assert profile.kinds["json_schema"].fill_s.count == sum(r.output_len for r in requests if r.spec.kind == "json_schema")
+    assert profile.kinds["regex"].fill_residual.count > 0
+    # the steps' fill seconds are the profile's samples
+    assert profile.overall.fill_s.count == int(result.steps["mask_rows"].sum())
+
+
+def test_hybrid_profile_with_drafts_measures_rollbacks(backend) -> None:
+    result = _hybrid(backend, _requests(backend.vocab), "vllm", spec_tokens=3, alpha=0.6)
+    profile = result.grammar_profile
+    assert result.requests["rolled_back"].sum() > 0
+    assert profile.overall.rollback_s.count > 0 and profile.overall.rollback_s.mean >= 0
+
+
+def test_model_mode_replays_the_hybrid_profile(backend) -> None:
+    requests = _requests(backend.vocab)
+    profile = _hybrid(backend, requests).grammar_profile
+    costs = ProfileGrammarCosts(profile, 0)
+    replay = simulate(requests, policy("sglang"), ModelExecutor(costs), FixedGpuCosts(forward_base_s=0.01), seed=1,
+                      trace_steps=0)
+    frame = replay.requests.sort_values("request_id")
+    measured = [profile.specs[spec_key_hash(f"{r.spec.kind}:{r.spec_id}")].compile_s for r in requests]
+    assert (frame["compile_end_s"] - frame["compile_start_s"]).tolist() == pytest.approx(measured)
+
+
+def test_compile_status_of_backend_reasons() -> None:
+    assert [compile_status(r) for r in (None, "unsupported", "timeout", "invalid")] == [
+        "ok", "unsupported", "timeout", "error"]

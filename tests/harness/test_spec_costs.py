@@ -1,0 +1,135 @@
+"""Per-spec grammar costs in ``model`` mode: each spec replays its own measured costs, an unseen spec
+takes a whole profiled spec, draws are per request and deterministic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cdbench.backends.base import ConstraintSpec
+from cdbench.harness.costs.cost_tables import SpecIndex
+from cdbench.harness.costs.gpu import FixedGpuCosts
+from cdbench.harness.costs.grammar_profile import CompileMeasurement, GrammarProfile, WalkMeasurement
+from cdbench.harness.costs.spec_profile import spec_key_hash
+from cdbench.harness.executors.base import SpecKeys, StepRows
+from cdbench.harness.executors.model import ModelExecutor, ProfileGrammarCosts
+from cdbench.harness.policies import policy
+from cdbench.harness.run import simulate
+from cdbench.workloads.request import Request
+
+SPEC = ConstraintSpec("regex", "[a-z]+")
+SLOW_FILL, FAST_FILL, FIRST_FACTOR = 1e-3, 1e-6, 10.0
+SLOW_COMPILE, FAST_COMPILE = 0.5, 0.001
+
+
+def _walk(spec_id: str, fill: float, rng: np.random.Generator, n: int = 64) -> WalkMeasurement:
+    fills = fill * rng.uniform(0.95, 1.05, n)
+    fills[0] *= FIRST_FACTOR  # the first fill of a fresh matcher costs more
+    return WalkMeasurement(spec_id, "regex", fill_s=fills, accept_s=np.full(n, 2e-6), rollback_s=np.full(4, 3e-6))
+
+
+def _profile(slow: str = "corp/slow", fast: str = "other/fast") -> GrammarProfile:
+    rng = np.random.default_rng(0)
+    compiles = [CompileMeasurement(slow, "regex", "ok", SLOW_COMPILE), CompileMeasurement(fast, "regex", "ok", FAST_COMPILE)]
+    walks = [_walk(slow, SLOW_FILL, rng), _walk(slow, SLOW_FILL, rng), _walk(fast, FAST_FILL, rng)]
+    return GrammarProfile.from_measurements("test", "qwen3.6", compiles, walks)
+
+
+def _apart(spec_ids: list[str], out: int = 20) -> list[Request]:
+    """One request at a time (10 s apart), so each step's grammar row is one known request."""
+    return [Request(i, 10.0 * i, 50, out, SPEC, s) for i, s in enumerate(spec_ids)]
+
+
+def _per_request_fills(spec_ids: list[str], seed: int = 0, profile: GrammarProfile | None = None):
+    requests = _apart(spec_ids)
+    result = simulate(requests, policy("vllm", overlap=False), ModelExecutor(ProfileGrammarCosts(profile or _profile(), seed)),
+                      FixedGpuCosts(forward_base_s=0.01), seed=seed, trace_steps=0)
+    steps = result.steps[result.steps["grammar_rows"] > 0]
+    owner = (steps["start_s"] // 10.0).astype(int)
+    fills = [steps.loc[owner == i, "fill_s"].to_numpy() for i in range(len(requests))]
+    frame = result.requests.sort_values("request_id")
+    compile_s = (frame["compile_end_s"] - frame["compile_start_s"]).to_numpy()
+    return fills, compile_s, result
+
+
+def test_profile_keeps_each_specs_scale_and_position_curve() -> None:
+    profile = _profile()
+    slow = profile.specs[spec_key_hash("regex:corp/slow")]
+    assert slow.compile_s == SLOW_COMPILE and slow.status == "ok" and slow.fills == 128
+    assert slow.fill_scale_s == pytest.approx(SLOW_FILL, rel=0.06)
+    assert slow.fill_curve[0] == pytest.approx(FIRST_FACTOR, rel=0.12) and slow.fill_curve[5] == pytest.approx(1, rel=0.06)
+    assert slow.corpus == "corp" and slow.accept_s == pytest.approx(2e-6)
+    fast = profile.specs[spec_key_hash("regex:other/fast")]
+    assert fast.fill_scale_s == pytest.approx(FAST_FILL, rel=0.06)
+
+
+def test_each_spec_replays_its_own_costs() -> None:
+    # (a second request of a spec would hit the cache: copies are cache-distinct and cost as their item)
+    fills, compile_s, result = _per_request_fills(["corp/slow", "other/fast", "corp/slow#copy1", "other/fast#copy1"])
+    assert (result.requests["abort_reason"] == "").all()
+    np.testing.assert_allclose(compile_s, [SLOW_COMPILE, FAST_COMPILE, SLOW_COMPILE, FAST_COMPILE])
+    for i, scale in enumerate([SLOW_FILL, FAST_FILL, SLOW_FILL, FAST_FILL]):
+        later = fills[i][1:]
+        assert len(fills[i]) == 20
+        # every token of the request costs its spec's fill (within the measured 5 % spread, times the
+        # residual's spread), never the other spec's
+        assert np.all((later > 0.8 * scale) & (later < 1.25 * scale)), (i, later / scale)
+        assert fills[i][0] == pytest.approx(FIRST_FACTOR * scale, rel=0.25)
+
+
+def test_unseen_specs_take_a_whole_profiled_spec_of_their_corpus_first() -> None:
+    unseen = [f"new{i}" for i in range(24)]
+    fills, compile_s, _ = _per_request_fills(unseen)
+    chosen = []
+    for f, c in zip(fills, compile_s):
+        is_slow = c == pytest.approx(SLOW_COMPILE)
+        assert is_slow or c == pytest.approx(FAST_COMPILE)
+        scale = SLOW_FILL if is_slow else FAST_FILL
+        assert np.all((f[1:] > 0.8 * scale) & (f[1:] < 1.25 * scale))  # compile and fills from one spec
+        chosen.append(is_slow)
+    assert 0 < sum(chosen) < len(chosen)  # both specs are drawn
+    # a spec of a profiled corpus takes that corpus's spec; a copy of a profiled item takes the item's
+    _, compile_s, _ = _per_request_fills(["corp/other", "other/x", "other/fast#copy3", "corp/slow#copy1"])
+    np.testing.assert_allclose(compile_s, [SLOW_COMPILE, FAST_COMPILE, FAST_COMPILE, SLOW_COMPILE])
+
+
+def test_spec_index_draw_is_stable_per_seed_and_spec() -> None:
+    profile = _profile()
+    a, b = SpecIndex(profile, 0), SpecIndex(profile, 0)
+    texts = [f"regex:n{i}" for i in range(30)]
+    assert [a.resolve(t, t[6:], "regex") for t in texts] == [b.resolve(t, t[6:], "regex") for t in reversed(texts)][::-1]
+    assert SpecIndex(profile, 0).resolve("json_schema:n1", "n1", "json_schema") is None  # no spec of that kind
+
+
+def test_same_seed_same_results_and_seed_changes_draws() -> None:
+    ids = [f"new{i}" for i in range(6)] + ["corp/slow", "other/fast"]
+    a, _, ra = _per_request_fills(ids, seed=1)
+    b, _, rb = _per_request_fills(ids, seed=1)
+    c, _, _ = _per_request_fills(ids, seed=2)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert ra.requests.equals(rb.requests)
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+
+
+def test_a_requests_draws_do_not_depend_on_row_order() -> None:
+    requests = [Request(i, 0.0, 50, 30, SPEC, s) for i, s in enumerate(["corp/slow", "other/fast", "new1", "new2"])]
+    keys = SpecKeys.of(requests)
+
+    def fills(order: list[int]) -> dict[int, float]:
+        ex = ModelExecutor(ProfileGrammarCosts(_profile(), 3))
+        ex.prepare(requests, keys)
+        rid = np.array(order)
+        n = len(rid)
+        work = ex.step(StepRows(rid, np.ones(n, bool), np.zeros(n, np.int64), np.full(n, 17), np.zeros(n, np.int64)),
+                       np.random.default_rng(0))
+        return dict(zip(order, work.fill_s.tolist()))
+
+    assert fills([0, 1, 2, 3]) == fills([3, 1, 0, 2])
+
+
+def test_old_profiles_without_spec_sections_still_draw_per_kind() -> None:
+    profile = GrammarProfile.builtin("xgrammar")
+    assert profile.format_version == 1 and not profile.specs
+    fills, _, result = _per_request_fills(["a", "b"], profile=profile)
+    assert (result.requests["abort_reason"] == "").all()
+    assert all(len(f) == 20 and np.all(f > 0) for f in fills)
