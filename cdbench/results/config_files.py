@@ -35,7 +35,7 @@ class ConfigError(ValueError):
 
 
 def builtin_config_path(name: str) -> Path:
-    """The path of a YAML file shipped in ``cdbench/configs`` (``"default"``, ``"ci"``, ``"sweep_example"``)."""
+    """The path of a YAML file shipped in ``cdbench/configs`` (``"default"``, ``"ci"``, ``"slow_grammars"``, ``"sweep_example"``)."""
     path = Path(str(resources.files("cdbench") / "configs" / f"{name}.yaml"))
     if not path.is_file():
         raise ConfigError(f"no built-in config named {name!r}")
