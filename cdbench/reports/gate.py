@@ -133,6 +133,8 @@ class Baseline(BaseModel):
     def of_run(cls, path: Path) -> Baseline:
         """The baseline of a saved run: ``path`` is its folder or its ``summary.json``."""
         summary_path = Path(path) / SUMMARY_FILE if Path(path).is_dir() else Path(path)
+        if Path(path).is_dir() and not summary_path.is_file():
+            raise GateError(f"baseline {path} is a folder but not a cdbench run folder (no {SUMMARY_FILE})")
         text = read_user_text(summary_path, "baseline run summary", "JSON", GateError)
         try:
             summary = json.loads(text)

@@ -23,10 +23,11 @@ def test_a_directory_given_as_a_file(simulated_run, tmp_path):
     folder.mkdir()
     _one_error_line(runner.invoke(app, ["run", str(folder)]), f"config file {folder} is a directory")
     _one_error_line(runner.invoke(app, ["sweep", str(folder)]), f"sweep file {folder} is a directory")
+    # A folder as the baseline is an earlier run's folder.
     _one_error_line(runner.invoke(app, ["gate", str(simulated_run.folder), "--baseline", str(folder)]),
-                    f"baseline file {folder} is a directory")
+                    f"baseline {folder} is a folder but not a cdbench run folder (no summary.json)")
     _one_error_line(runner.invoke(app, ["gate", str(simulated_run.folder), "--baseline", str(folder), "--update"]),
-                    f"baseline file {folder} cannot be written")
+                    f"--update writes a baseline JSON file; {folder} is a run")
 
 
 @pytest.mark.parametrize(("name", "content", "kind"), [("summary.json", "[1, 2]", "list"),
