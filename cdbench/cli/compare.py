@@ -13,6 +13,7 @@ from cdbench.cli.support import (
     GpuOpt,
     ModelOpt,
     ModeOpt,
+    OverwriteOpt,
     PolicyOpt,
     RateOpt,
     RequestsOpt,
@@ -57,7 +58,9 @@ def compare(
     rate: RateOpt = None,
     seed: SeedOpt = None,
     set_: SetOpt = [],  # noqa: B006
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder for the runs and comparison.md.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder for the runs and comparison.md "
+                                                                     "(default runs/compare-<timestamp>).")] = None,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Put runs side by side: each metric per run and its ratio to the first, plus overlaid TTFT/TPOT CDFs.
 
@@ -75,7 +78,6 @@ def compare(
             raise ConfigError("give either run folders or --backends/--policies, not both")
         if not run_dirs and not (backend_list or policy_list):
             raise ConfigError("nothing to compare: give run folders, --backends a,b or --policies a,b")
-        out = output_folder(out, default_out_dir("compare-"))
         runs: dict[str, SavedRun] = {}
         if run_dirs:
             runs = label_runs([load_run(folder) for folder in run_dirs])
@@ -92,6 +94,10 @@ def compare(
                         raise ConfigError(f"{label!r} is listed twice in --backends/--policies")
                     trees[label] = apply_overrides(base, option_overrides({"backend": b, "policy": p}))
                     validate_run_config(trees[label], f"{source} ({label})")
+        if out is not None and overwrite and any(out.resolve() in (d.resolve(), *d.resolve().parents)
+                                                 for d in run_dirs or []):
+            raise ConfigError(f"--out {out} holds a run being compared; --overwrite would delete it")
+        out = output_folder(out, default_out_dir("compare-"), "compare", overwrite=overwrite)
     if not run_dirs:
         for label, tree in trees.items():
             runs[label] = execute(tree, f"{source} ({label})", out / label, label=label)

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from cdbench.cli.support import (
+    OverwriteOpt,
     console,
     default_out_dir,
     err_console,
@@ -54,6 +55,7 @@ def fidelity(
     allow_different_workloads: Annotated[bool, typer.Option(
         "--allow-different-workloads", help="Compare runs even when their workloads (requests) differ.")] = False,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder for fidelity.md, fidelity.csv and plots/.")] = None,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Relative error of each run against the first, per metric (latency medians/p90/p99, throughput, grammar wait,
     compile, mask share), beside the noise floor of two same-seed runs.
@@ -73,7 +75,7 @@ def fidelity(
         noise_runs = _noise_runs(noise, runs) if noise is not None else {}
         if not allow_different_workloads:
             check_same_workload({**runs, **noise_runs})
-        out = output_folder(out, default_out_dir("fidelity-"))
+        out = output_folder(out, default_out_dir("fidelity-"), "fidelity", overwrite=overwrite)
         noise_pair = noise_labels = None
         if noise_runs:
             (label_x, run_x), (label_y, run_y) = noise_runs.items()

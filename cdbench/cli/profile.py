@@ -17,7 +17,10 @@ def _split(text: str) -> list[str]:
 def profile(
     backends: str = typer.Option("xgrammar,llguidance,outlines", help="Comma-separated backend names."),
     corpus: str = typer.Option(..., help="Corpus names (files of the shared corpora by stem, 'embedded') or JSONL paths, comma-separated."),
-    out: Path = typer.Option(..., help="Output folder; rerunning with the same folder resumes."),
+    out: Path = typer.Option(..., help="Output folder; rerunning with the same settings resumes there, other "
+                                       "settings or another command's folder are refused."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Start the --out folder afresh (refused unless "
+                                                             "cdbench wrote it)."),
     vocab: str = typer.Option("qwen3.6", help="Vocabulary: deepseek-v4, qwen3.6 or cl100k."),
     limit: int | None = typer.Option(None, min=1, help="Items per corpus (the first ones in file order)."),
     seed: int = typer.Option(0, help="Seed of the oracle instances and mutations."),
@@ -36,8 +39,9 @@ def profile(
     from pydantic import ValidationError
 
     from cdbench.backends.registry import available_backends
-    from cdbench.profile.runner import ProfileConfig, ResumeMismatchError, run_profile
+    from cdbench.profile.runner import ProfileConfig, ResumeMismatchError, check_resume, run_profile
     from cdbench.profile.worker import load_plugin
+    from cdbench.results.output_folder import FolderInUseError, claim_folder
 
     try:
         for name in plugin:
@@ -50,8 +54,11 @@ def profile(
         unknown = [b for b in config.backends if b not in available_backends()]
         if unknown:
             raise ValueError(f"unknown backend(s) {', '.join(unknown)}; available: {', '.join(available_backends())}")
+        if not overwrite:
+            check_resume(config, out)  # first: its message names the settings that differ
+        claim_folder(out, "profile", resumable=True, overwrite=overwrite)  # refuses other commands' folders
         run = run_profile(config, out, progress=progress)
-    except (ValueError, KeyError, ValidationError, ResumeMismatchError, FileNotFoundError) as exc:
+    except (ValueError, KeyError, ValidationError, ResumeMismatchError, FileNotFoundError, FolderInUseError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     for line in run.skipped_lines:

@@ -18,6 +18,7 @@ from cdbench.cli.support import (
     GpuOpt,
     ModelOpt,
     ModeOpt,
+    OverwriteOpt,
     PolicyOpt,
     RateOpt,
     RequestsOpt,
@@ -47,7 +48,9 @@ def run_command(
     rate: RateOpt = None,
     seed: SeedOpt = None,
     set_: SetOpt = [],  # noqa: B006 (typer reads the default, it is never mutated)
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Results folder (default runs/<timestamp>).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Results folder (default runs/<timestamp>); "
+                                                                     "refused if it holds results.")] = None,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Run one simulation and write its results folder (config, parquet tables, summary, report, plots, trace).
 
@@ -60,7 +63,7 @@ def run_command(
                    requests=requests, rate=rate, seed=seed)
     with user_errors():
         tree, source = load_run_tree(config, options, set_)
-        out = output_folder(out, default_out_dir())
+        out = output_folder(out, default_out_dir(), "run", overwrite=overwrite)
     saved = execute(tree, source, out)
     for section in console_sections(saved.summary):
         console.print(to_rich(section))

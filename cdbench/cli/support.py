@@ -39,6 +39,7 @@ from cdbench.results.config_files import (
     builtin_config_path,
     read_yaml_mapping,
 )
+from cdbench.results.output_folder import Command, FolderInUseError, claim_folder, new_folder
 from cdbench.results.run_folder import SavedRun, record_run, validate_run_config
 from cdbench.workloads.corpora import UnknownCorpusError
 from cdbench.workloads.trace import TraceError
@@ -63,6 +64,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     ProfileError,
     UnknownCorpusError,
     TraceError,
+    FolderInUseError,
     # A path the user gave that is the wrong kind of thing or off limits (``--out /``, a folder as a file).
     FileNotFoundError,
     IsADirectoryError,
@@ -201,15 +203,23 @@ def load_run_tree(config: Path | None, options: dict[str, Any], sets: list[str])
 
 
 def default_out_dir(prefix: str = "") -> Path:
-    """``runs/<prefix><UTC timestamp>``, unique to the second."""
+    """``runs/<prefix><UTC timestamp>`` (:func:`output_folder` adds ``-2``, ... if it is taken)."""
     return Path("runs") / f"{prefix}{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
 
 
-def output_folder(out: Path | None, default: Path) -> Path:
-    """``out`` (or ``default``) once it is known to be usable as a results folder, else a :class:`ConfigError`."""
+OverwriteOpt = Annotated[bool, typer.Option(
+    "--overwrite", help="Replace what the --out folder holds (refused unless cdbench wrote it); without it, "
+                        "a folder holding results is never written into.")]
+
+
+def output_folder(out: Path | None, default: Path, command: Command, overwrite: bool = False,
+                  identity: Any = None, resumable: bool = False) -> Path:
+    """The folder ``command`` writes into, claimed (see :func:`~cdbench.results.output_folder.claim_folder`):
+    ``out``, or else ``default`` (made unique unless the command resumes there); else a one-line error."""
+    if out is None and not resumable:
+        out = new_folder(default)
     folder = out if out is not None else default
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"--out {folder} is a file; it must be a folder (new or existing)")
+    claim_folder(folder, command, identity=identity, resumable=resumable, overwrite=overwrite)
     return folder
 
 

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from cdbench.cli.support import (
+    OverwriteOpt,
     console,
     err_console,
     output_folder,
@@ -37,7 +38,9 @@ def run_and_report(config_tree: dict[str, Any], folder: str) -> str | None:
 
 def sweep(
     sweep_file: Annotated[Path, typer.Argument(help="Sweep YAML: base config, overrides and a grid of dotted paths.")],
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Sweep folder (default runs/sweep-<name>).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Sweep folder (default runs/sweep-<name>); a rerun "
+                                                                     "of the same sweep resumes there.")] = None,
+    overwrite: OverwriteOpt = False,
     workers: Annotated[int, typer.Option("--workers", "-w", min=1, help="Local worker processes.")] = 1,
     ray: Annotated[
         str | None, typer.Option("--ray", help="Run on Ray: a cluster address (ray://host:10001, auto) or 'local'.")
@@ -55,7 +58,9 @@ def sweep(
         # Validate every point before running any, so a typo fails in a second, not an hour in.
         configs = [validate_run_config(point_config(base, point), source=f"sweep point {point.name}")
                    for point in points]
-        out = output_folder(out, Path("runs") / f"sweep-{spec.name}")
+        # The same sweep file content resumes; another sweep (or command) is refused.
+        out = output_folder(out, Path("runs") / f"sweep-{spec.name}", "sweep", overwrite=overwrite,
+                            identity=spec.model_dump(mode="json"), resumable=True)
     for warning in ineffective_parameters(spec, configs):
         err_console.print(f"[bold yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     failures: list[PointOutcome] = []

@@ -355,7 +355,8 @@ def check_resume(config: ProfileConfig, out_dir: str | Path) -> None:
         if differing:
             raise ResumeMismatchError(
                 f"{out_dir} holds a profile made with different {', '.join(differing)} "
-                f"({', '.join(f'{k}={stored.get(k)!r}' for k in differing)}); use another --out"
+                f"({', '.join(f'{k}={stored.get(k)!r}' for k in differing)}); use another --out, or --overwrite to "
+                "start afresh"
             )
 
 

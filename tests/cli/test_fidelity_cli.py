@@ -48,7 +48,7 @@ def test_beyond_tolerance_exits_1_and_a_tolerance_can_widen_the_bar(runs, tmp_pa
     assert result.exit_code == 1, result.output
     assert "fidelity failed" in result.output and "median_ttft_ms (far)" in result.output
     assert "(close)" not in result.output.split("fidelity failed")[1]
-    assert runner.invoke(app, [*args, "-t", "median_ttft_ms=8"]).exit_code == 0
+    assert runner.invoke(app, [*args, "-t", "median_ttft_ms=8", "--overwrite"]).exit_code == 0
 
 
 def test_the_noise_column_and_a_noise_floor_above_the_tolerance(runs, tmp_path):

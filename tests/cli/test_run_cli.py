@@ -107,3 +107,19 @@ def test_engine_chatter_goes_to_the_run_folder_with_one_summary_line(tmp_path, c
     lines = [line for line in result.output.splitlines() if line.startswith("engine:")]
     assert lines == [(f"engine: {len(logged)} line{'s' if len(logged) > 1 else ''} the grammar engine logged "
                       f"(listed in {out / 'engine_log.txt'})")]
+
+
+def test_a_second_run_never_silently_replaces_the_first(tmp_path):
+    ci, out = str(builtin_config_path("ci")), tmp_path / "keep"
+    first = runner.invoke(app, ["run", ci, "--mode", "model", "--requests", "20", "--out", str(out)])
+    assert first.exit_code == 0, first.output
+    kept = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    second = runner.invoke(app, ["run", ci, "--mode", "model", "--requests", "30", "--seed", "9", "--out", str(out)])
+    assert second.exit_code == 2
+    assert second.output == (f"error: --out {out} already holds the results of `cdbench run`; give another --out, "
+                             "or --overwrite to replace them\n")
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == kept
+    replaced = runner.invoke(app, ["run", ci, "--mode", "model", "--requests", "30", "--seed", "9", "--out", str(out),
+                                   "--overwrite"])
+    assert replaced.exit_code == 0, replaced.output
+    assert json.loads((out / "summary.json").read_text())["completed"] == 30

@@ -149,3 +149,24 @@ def test_sweeping_the_backend_over_fixed_grammar_costs_warns_that_it_changes_not
             in " ".join(result.output.split()))
     summaries = [(tmp_path / "o" / p / "summary.json").read_text() for p in ("name=xgrammar", "name=llguidance")]
     assert summaries[0] == summaries[1]  # what the warning is about
+
+
+def test_sweep_and_compare_refuse_a_folder_they_would_mix_with(tmp_path):
+    ci, run_dir = str(builtin_config_path("ci")), tmp_path / "run"
+    assert runner.invoke(app, ["run", ci, "--requests", "10", "--out", str(run_dir)]).exit_code == 0
+    sweep = _sweep_file(tmp_path, {"workload.arrival.rate": [20]})
+    into_run = runner.invoke(app, ["sweep", str(sweep), "--out", str(run_dir)])
+    assert into_run.exit_code == 2 and into_run.output.startswith(f"error: --out {run_dir} holds the results of "
+                                                                  "`cdbench run`")
+    compare = runner.invoke(app, ["compare", str(run_dir), str(run_dir), "--out", str(run_dir)])
+    assert compare.exit_code == 2 and "holds the results of `cdbench run`" in compare.output
+    compare = runner.invoke(app, ["compare", str(run_dir), str(run_dir), "--out", str(run_dir), "--overwrite"])
+    assert compare.exit_code == 2 and "--overwrite would delete it" in compare.output
+    assert (run_dir / "summary.json").is_file()
+
+    out = tmp_path / "sweep"
+    assert runner.invoke(app, ["sweep", str(sweep), "--out", str(out)]).exit_code == 0
+    other = _sweep_file(tmp_path, {"workload.arrival.rate": [30]})
+    refused = runner.invoke(app, ["sweep", str(other), "--out", str(out)])
+    assert refused.exit_code == 2 and "made with other settings, so it cannot be resumed" in refused.output
+    assert (out / "rate=20").is_dir()

@@ -79,3 +79,13 @@ def test_engine_chatter_is_kept_per_item_with_one_summary_line(tmp_path, capfd):
     assert "xgrammar logged: " in warnings and "ignoring minLength/maxLength" in warnings
     assert (f"engine: 1 line the engines logged while compiling (listed per item in {out / 'items.parquet'}, "
             "column warnings)") in result.output
+
+
+def test_profile_refuses_another_commands_folder(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")
+    result = CliRunner().invoke(app, ["profile", "--backends", "toy", "--corpus", str(_corpus(tmp_path)), "--vocab",
+                                      "cl100k", "--plugin", PLUGIN, "--out", str(out), "--no-progress"])
+    assert result.exit_code == 2 and result.output.startswith(f"error: --out {out} holds the results of `cdbench run`")
+    assert (out / "summary.json").read_text() == "{}"

@@ -1,0 +1,150 @@
+"""Output folders: which command made one, and whether another may write into it.
+
+Every command that writes a folder (``run``, ``compare``, ``sweep``,
+``profile``, ``fidelity``) claims it first with :func:`claim_folder`, which leaves a marker
+file, :data:`MARKER_FILE`, naming the command and, for the commands that
+resume (``sweep``, ``profile``), what must stay the same for a rerun to
+continue the folder's work. A claim is refused with :class:`FolderInUseError`
+(one line, naming ``--overwrite``) when the folder holds anything else:
+
+- ``run``, ``compare`` and ``fidelity`` never write into a non-empty folder;
+- ``sweep`` and ``profile`` resume in a folder their own command made with the
+  same identity (sweep: the sweep file's content; profile: its own settings
+  check, :func:`cdbench.profile.runner.check_resume`), and refuse others;
+- ``overwrite=True`` empties the folder first, but only one that is a
+  cdbench output folder (the marker, or the files of an older cdbench), so a
+  mistyped ``--out`` never deletes someone's files.
+
+>>> import tempfile
+>>> folder = Path(tempfile.mkdtemp()) / "keep"
+>>> claim_folder(folder, "run")
+>>> (folder / "summary.json").write_text("{}")
+2
+>>> claim_folder(folder, "run")
+Traceback (most recent call last):
+...
+cdbench.results.output_folder.FolderInUseError: --out ... already holds the results of `cdbench run`; give another --out, or --overwrite to replace them
+>>> claim_folder(folder, "run", overwrite=True)
+>>> sorted(p.name for p in folder.iterdir())
+['.cdbench.json']
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+import cdbench
+
+MARKER_FILE = ".cdbench.json"
+
+Command = Literal["run", "compare", "sweep", "profile", "fidelity"]
+
+# What each command wrote before folders carried a marker: such folders are recognized by these files.
+_OLDER_OUTPUTS: dict[str, Command] = {
+    "summary.json": "run", "run.log": "run", "requests.parquet": "run", "comparison.md": "compare",
+    "compare.log": "compare", "sweep.json": "sweep", "sweep.log": "sweep", "profile_config.json": "profile",
+    "items.jsonl": "profile", "fidelity.md": "fidelity",
+}
+
+
+class FolderInUseError(FileExistsError):
+    """An output folder holds results this command must not mix with or replace unasked."""
+
+
+class FolderMarker(BaseModel):
+    """The marker file: which command made the folder, and what a resuming rerun must share with it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: Command
+    identity: Any = None
+    cdbench_version: str = ""
+
+
+def _read_marker(folder: Path) -> FolderMarker | None:
+    path = folder / MARKER_FILE
+    if not path.is_file():
+        return None
+    try:
+        return FolderMarker.model_validate_json(path.read_text())
+    except (ValidationError, OSError, UnicodeDecodeError):
+        raise FolderInUseError(f"--out {folder}: its {MARKER_FILE} is unreadable; give another --out, or remove "
+                               "the folder yourself") from None
+
+
+def _maker(folder: Path, marker: FolderMarker | None) -> Command | None:
+    """The command that made ``folder``: its marker's, else the one whose older files it holds."""
+    if marker is not None:
+        return marker.command
+    for name, command in _OLDER_OUTPUTS.items():
+        if (folder / name).exists():
+            return command
+    return None
+
+
+def _empty(folder: Path) -> None:
+    for entry in folder.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+def claim_folder(folder: Path, command: Command, identity: Any = None, resumable: bool = False,
+                 overwrite: bool = False) -> None:
+    """Make ``folder`` ``command``'s output folder (created if missing), or raise :class:`FolderInUseError`.
+
+    ``resumable`` commands may continue a folder their own command made with an equal ``identity``
+    (a JSON-able value); a folder of that command from before markers is continued as before.
+    """
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise FolderInUseError(f"--out {folder} is a file; it must be a folder (new or existing)")
+    contents = [p.name for p in folder.iterdir() if p.name != MARKER_FILE] if folder.is_dir() else []
+    marker = _read_marker(folder) if contents else None
+    maker = _maker(folder, marker) if contents else None
+    if contents:  # a folder holding only a marker (a claim whose command then stopped) has nothing to lose
+        if overwrite:
+            if maker is None:
+                raise FolderInUseError(f"--out {folder} holds files cdbench did not write (e.g. {sorted(contents)[0]}); "
+                                       "--overwrite only replaces a cdbench output folder: give another --out")
+            _empty(folder)
+        elif maker is None and contents:
+            raise FolderInUseError(f"--out {folder} is not empty and not a cdbench output folder (it holds "
+                                   f"{sorted(contents)[0]}); give another --out")
+        elif maker != command:
+            raise FolderInUseError(f"--out {folder} holds the results of `cdbench {maker}`; give another --out, "
+                                   "or --overwrite to replace them")
+        elif not resumable:
+            if contents:
+                raise FolderInUseError(f"--out {folder} already holds the results of `cdbench {command}`; "
+                                       "give another --out, or --overwrite to replace them")
+        elif marker is not None and marker.identity != identity:
+            raise FolderInUseError(f"--out {folder} holds a `cdbench {command}` made with other settings, so it "
+                                   "cannot be resumed; give another --out, or --overwrite to replace it")
+    folder.mkdir(parents=True, exist_ok=True)
+    marker = FolderMarker(command=command, identity=identity, cdbench_version=cdbench.__version__)
+    (folder / MARKER_FILE).write_text(marker.model_dump_json(indent=2) + "\n")
+
+
+def new_folder(base: Path) -> Path:
+    """``base``, or ``base-2``, ``base-3``, ...: the first that did not exist, created here (so two
+    commands started in the same second never share one)."""
+    base = Path(base)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    candidate, n = base, 1
+    while True:
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = base.with_name(f"{base.name}-{n}")
+
+
+__all__ = ["MARKER_FILE", "FolderInUseError", "FolderMarker", "claim_folder", "new_folder"]
