@@ -8,5 +8,5 @@ export HF_HUB_OFFLINE=1
 # Regression gate: a small model-mode run (virtual time, so deterministic) against the committed baseline.
 # Refresh the baseline deliberately with: scripts/refresh_baseline.sh
 rm -rf runs/ci
-.venv/bin/cdbench run cdbench/configs/ci.yaml --out runs/ci
+.venv/bin/cdbench run cdbench/configs/ci.yaml --out runs/ci --overwrite
 .venv/bin/cdbench gate runs/ci --baseline ci/baseline.json

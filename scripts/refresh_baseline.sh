@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf runs/ci
-.venv/bin/cdbench run cdbench/configs/ci.yaml --out runs/ci
+.venv/bin/cdbench run cdbench/configs/ci.yaml --out runs/ci --overwrite
 .venv/bin/cdbench gate runs/ci --baseline ci/baseline.json --update
 git --no-pager diff --stat -- ci/baseline.json || true
