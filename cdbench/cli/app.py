@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 import cdbench
-from cdbench.cli import compare, fidelity, gate, kernels, profile, report, run, sweep
+from cdbench.cli import calibrate, compare, fidelity, gate, kernels, profile, report, run, sweep
 
 app = typer.Typer(
     name="cdbench",
@@ -34,6 +34,7 @@ COMMANDS = {
     "fidelity": fidelity.fidelity,
     "profile": profile.profile,
     "kernels": kernels.kernels_command,
+    "calibrate": calibrate.calibrate,
     "version": version,
 }
 for name, command in COMMANDS.items():

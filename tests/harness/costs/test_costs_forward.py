@@ -24,7 +24,7 @@ from cdbench.harness.costs.hardware import (
 
 @pytest.fixture(scope="module")
 def llama_h100() -> ForwardCostModel:
-    return ForwardCostModel("llama-3.1-8b", "h100-sxm", step_overhead_s=0.0)
+    return ForwardCostModel("llama-3.1-8b", "h100-sxm", step_overhead_s=0.0, forward_calibration="none")
 
 
 def test_decode_batch1_is_weight_bytes_over_bandwidth(llama_h100: ForwardCostModel) -> None:
@@ -36,8 +36,8 @@ def test_decode_batch1_is_weight_bytes_over_bandwidth(llama_h100: ForwardCostMod
 
 
 def test_overhead_and_calibration_apply() -> None:
-    base = ForwardCostModel("llama-3.1-8b", "h100-sxm", step_overhead_s=0.0)
-    tuned = ForwardCostModel("llama-3.1-8b", "h100-sxm", calibration=1.5, step_overhead_s=1e-3)
+    base = ForwardCostModel("llama-3.1-8b", "h100-sxm", step_overhead_s=0.0, forward_calibration="none")
+    tuned = ForwardCostModel("llama-3.1-8b", "h100-sxm", calibration=1.5, step_overhead_s=1e-3, forward_calibration="none")
     args = dict(decode_rows=4, decode_kv_tokens=4000)
     assert tuned.step_s(**args) == pytest.approx(1.5 * base.step_s(**args) + 1e-3)
     assert tuned.step_s() == 0.0
@@ -104,7 +104,7 @@ def test_mla_kv_is_compressed() -> None:
 
 
 def test_tensor_parallel_splits_weights_and_adds_communication() -> None:
-    one = ForwardCostModel("llama-3.1-8b", "h100", tp=1, step_overhead_s=0.0)
+    one = ForwardCostModel("llama-3.1-8b", "h100", tp=1, step_overhead_s=0.0, forward_calibration="none")
     four = ForwardCostModel("llama-3.1-8b", "h100", tp=4, step_overhead_s=0.0)
     p1, p4 = one.breakdown(decode_rows=8, decode_kv_tokens=8000), four.breakdown(decode_rows=8, decode_kv_tokens=8000)
     assert p4.linear_memory_s == pytest.approx(p1.linear_memory_s / 4)

@@ -1,0 +1,88 @@
+"""Forward calibrations: the shipped fits meet the bar, the fit reproduces them, the model picks them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cdbench.harness.costs.calibration import (
+    CALIBRATION_DIR,
+    CalibrationError,
+    ForwardCalibration,
+    read_measurements,
+    shipped_calibration_path,
+)
+from cdbench.harness.costs.calibration_fit import fit_calibration
+from cdbench.harness.costs.forward import ForwardConfig, ForwardCostModel
+
+REPO = Path(__file__).resolve().parents[3]
+SHIPPED = sorted(CALIBRATION_DIR.glob("*.json"))
+
+
+def test_shipped_for_both_models_on_both_gpus() -> None:
+    names = {p.name for p in SHIPPED}
+    assert names >= {f"{m}__{g}.json" for m in ("llama-3.1-8b", "qwen3-8b") for g in ("h100-sxm", "h200")}
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_shipped_fit_meets_the_bar_on_its_measurements(path: Path) -> None:
+    cal = ForwardCalibration.load(path)
+    rows = read_measurements(REPO / cal.measurements)
+    assert [r.label for r in rows] == [s.shape for s in cal.fit]
+    assert len(cal.fit) >= 70
+    assert cal.max_abs_error <= 0.10
+    assert cal.median_abs_error <= 0.05
+    # The model as the simulator builds it predicts what the fit table says.
+    fwd = ForwardCostModel(cal.model, cal.gpu)
+    assert fwd.calibration_source == path.name
+    for row, shape in zip(rows, cal.fit, strict=True):
+        predicted = fwd.step_s(row.prefill_tokens, row.prefill_pairs, row.decode_rows, row.decode_kv_tokens)
+        assert predicted == pytest.approx(shape.predicted_s, rel=1e-9)
+        assert shape.measured_s == row.median_s
+
+
+def test_refit_of_stored_measurements_reproduces_the_shipped_calibration() -> None:
+    shipped = ForwardCalibration.load(shipped_calibration_path("qwen3-8b", "h200"))
+    rows = read_measurements(REPO / shipped.measurements)
+    refit = fit_calibration(rows, "qwen3-8b", "h200", measurements=shipped.measurements, command="test")
+    for old, new in zip(shipped.fit, refit.fit, strict=True):
+        assert new.predicted_s == pytest.approx(old.predicted_s, rel=1e-3)
+
+
+def test_roofline_stays_available_and_is_named() -> None:
+    calibrated = ForwardCostModel("llama-3.1-8b", "h100")
+    roofline = ForwardCostModel("llama-3.1-8b", "h100", forward_calibration="none")
+    assert calibrated.calibration_source == "llama-3.1-8b__h100-sxm.json"
+    assert roofline.calibration_source == "none"
+    assert calibrated.step_s(decode_rows=1, decode_kv_tokens=1000) != roofline.step_s(decode_rows=1,
+                                                                                      decode_kv_tokens=1000)
+    # No shipped fit for this GPU, or tensor parallelism (fits are of one GPU): the roofline, said so.
+    assert ForwardCostModel("llama-3.1-8b", "a100").calibration_source == "none"
+    assert ForwardCostModel("llama-3.1-8b", "h100", tp=2).calibration_source == "none"
+    assert ForwardConfig(model="qwen3-8b", gpu="h200").build().calibration_source == "qwen3-8b__h200.json"
+    explicit = ForwardCostModel("qwen3-8b", "h200", forward_calibration=shipped_calibration_path("qwen3-8b", "h200"))
+    assert explicit.step_s(decode_rows=8, decode_kv_tokens=8000) == ForwardCostModel("qwen3-8b", "h200").step_s(
+        decode_rows=8, decode_kv_tokens=8000)
+
+
+def test_a_calibration_for_another_model_or_a_bad_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(CalibrationError, match="is for llama-3.1-8b on h100-sxm, not qwen3-8b on h100-sxm"):
+        ForwardCostModel("qwen3-8b", "h100", forward_calibration=shipped_calibration_path("llama-3.1-8b", "h100-sxm"))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model": "x"}')
+    with pytest.raises(CalibrationError, match="bad.json: invalid forward calibration field"):
+        ForwardCalibration.load(bad)
+
+
+def test_bad_measurement_rows_are_named(tmp_path: Path) -> None:
+    source = (REPO / "reports/calibration/llama-3.1-8b__h100-sxm.csv").read_text().splitlines()
+    header, first = source[0], source[1].split(",")
+    first[-3] = "-1"
+    path = tmp_path / "m.csv"
+    path.write_text("\n".join([header, ",".join(first)]) + "\n")
+    with pytest.raises(CalibrationError, match=r"m.csv:2: time '-1' is not positive"):
+        read_measurements(path)
+    path.write_text("model,kind\nx,decode\n")
+    with pytest.raises(CalibrationError, match="lacks columns"):
+        read_measurements(path)

@@ -1,0 +1,69 @@
+"""The live forward computes a real transformer step: a KV cache, chunked prefill and decode agree."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cdbench.harness.costs.hardware import ModelSpec, resolve_model
+from cdbench.harness.live.forward import (
+    KVCache,
+    KVPool,
+    LiveForward,
+    PrefillChunk,
+    check_supported,
+    intermediate_size,
+)
+
+
+def tiny(qk_norm: bool) -> ModelSpec:
+    return ModelSpec(name="tiny", params_total=1e5, n_layers=2, hidden_size=64, n_heads=8, n_kv_heads=2,
+                     head_dim=16, vocab_size=50, intermediate_size=96, qk_norm=qk_norm)
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_cached_steps_match_one_full_prefill(qk_norm: bool) -> None:
+    torch.manual_seed(0)
+    spec = tiny(qk_norm)
+    fwd = LiveForward(spec, "cpu", dtype=torch.float32, seed=1)
+    tokens = torch.randint(0, spec.vocab_size, (12,))
+    full = fwd.step(KVCache.allocate(spec, 1, 16, "cpu", torch.float32), prefill=[PrefillChunk(0, 0, 12)],
+                    prefill_tokens=tokens)
+    # The same 12 tokens as a chunk of 7, a chunk of 4 after them, then one decode step.
+    cache = KVCache.allocate(spec, 1, 16, "cpu", torch.float32)
+    fwd.step(cache, prefill=[PrefillChunk(0, 0, 7)], prefill_tokens=tokens[:7])
+    fwd.step(cache, prefill=[PrefillChunk(0, 7, 4)], prefill_tokens=tokens[7:11])
+    last = fwd.step(cache, decode=fwd.decode_inputs([11], [0], [int(tokens[11])]))
+    torch.testing.assert_close(last, full, rtol=1e-4, atol=1e-5)
+
+
+def test_mixed_batch_rows_of_different_lengths_match_separate_steps() -> None:
+    spec = tiny(True)
+    fwd = LiveForward(spec, "cpu", dtype=torch.float32)
+    prompts = [torch.randint(0, spec.vocab_size, (n,)) for n in (5, 9, 6)]
+    cache = KVCache.allocate(spec, 3, 16, "cpu", torch.float32)
+    for slot in (0, 1):
+        fwd.step(cache, prefill=[PrefillChunk(slot, 0, len(prompts[slot]))], prefill_tokens=prompts[slot])
+    # Rows 0 and 1 decode (5 and 9 cached: the shorter one is masked) while slot 2 prefills.
+    mixed = fwd.step(cache, decode=fwd.decode_inputs([5, 9], [0, 1], [3, 4]),
+                     prefill=[PrefillChunk(2, 0, 6)], prefill_tokens=prompts[2])
+    alone = KVCache.allocate(spec, 3, 16, "cpu", torch.float32)
+    expected = []
+    for slot, token in ((0, 3), (1, 4)):
+        fwd.step(alone, prefill=[PrefillChunk(slot, 0, len(prompts[slot]))], prefill_tokens=prompts[slot])
+        expected.append(fwd.step(alone, decode=fwd.decode_inputs([len(prompts[slot])], [slot], [token])))
+    expected.append(fwd.step(alone, prefill=[PrefillChunk(2, 0, 6)], prefill_tokens=prompts[2]))
+    torch.testing.assert_close(mixed, torch.cat(expected), rtol=1e-4, atol=1e-5)
+
+
+def test_shapes_and_refusals() -> None:
+    assert intermediate_size(resolve_model("llama-3.1-8b")) == 14336
+    derived = resolve_model("qwen3-8b").model_copy(update={"intermediate_size": None})
+    assert intermediate_size(derived) == 12288  # from params_total, as the model card says
+    with pytest.raises(ValueError, match="dense GQA models only"):
+        check_supported(resolve_model("qwen3-30b-a3b"))
+    pool = KVPool(tiny(False), 64, "cpu", torch.float32)
+    assert pool.cache(4, 16).k[0].shape == (4, 2, 16, 16)
+    with pytest.raises(ValueError, match="does not fit"):
+        pool.cache(5, 16)
+    assert KVCache.bytes_per_token(resolve_model("llama-3.1-8b")) == 2 * 32 * 8 * 128 * 2

@@ -1,0 +1,26 @@
+"""On a CUDA device: a captured step replays to the eager step's logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cdbench.harness.costs.hardware import ModelSpec
+from cdbench.harness.live.forward import KVCache, LiveForward, PrefillChunk
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def test_graph_replay_matches_eager() -> None:
+    spec = ModelSpec(name="small", params_total=1e7, n_layers=4, hidden_size=512, n_heads=8, n_kv_heads=2,
+                     head_dim=64, vocab_size=1000, intermediate_size=1024, qk_norm=True)
+    fwd = LiveForward(spec, "cuda")
+    cache = KVCache.allocate(spec, 9, 300, "cuda")
+    fwd.step(cache, prefill=[PrefillChunk(s, 0, 256) for s in range(9)])
+    decode = fwd.decode_inputs([256] * 8)
+    eager = fwd.step(cache, decode, [PrefillChunk(8, 256, 32)]).clone()
+    graph = fwd.capture(cache, decode, [PrefillChunk(8, 256, 32)])
+    torch.testing.assert_close(graph.replay(), eager, rtol=2e-2, atol=2e-2)
