@@ -39,7 +39,12 @@ def profile(
     from pydantic import ValidationError
 
     from cdbench.backends.registry import available_backends
-    from cdbench.profile.runner import ProfileConfig, ResumeMismatchError, check_resume, run_profile
+    from cdbench.profile.runner import (
+        ProfileConfig,
+        ResumeMismatchError,
+        check_resume,
+        run_profile,
+    )
     from cdbench.profile.worker import load_plugin
     from cdbench.results.output_folder import FolderInUseError, claim_folder
 

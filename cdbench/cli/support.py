@@ -39,7 +39,12 @@ from cdbench.results.config_files import (
     builtin_config_path,
     read_yaml_mapping,
 )
-from cdbench.results.output_folder import Command, FolderInUseError, claim_folder, new_folder
+from cdbench.results.output_folder import (
+    Command,
+    FolderInUseError,
+    claim_folder,
+    new_folder,
+)
 from cdbench.results.run_folder import SavedRun, record_run, validate_run_config
 from cdbench.workloads.corpora import UnknownCorpusError
 from cdbench.workloads.trace import TraceError

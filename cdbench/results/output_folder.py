@@ -31,7 +31,6 @@ cdbench.results.output_folder.FolderInUseError: --out ... already holds the resu
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any, Literal
@@ -111,12 +110,12 @@ def claim_folder(folder: Path, command: Command, identity: Any = None, resumable
     if contents:  # a folder holding only a marker (a claim whose command then stopped) has nothing to lose
         if overwrite:
             if maker is None:
-                raise FolderInUseError(f"--out {folder} holds files cdbench did not write (e.g. {sorted(contents)[0]}); "
+                raise FolderInUseError(f"--out {folder} holds files cdbench did not write (e.g. {min(contents)}); "
                                        "--overwrite only replaces a cdbench output folder: give another --out")
             _empty(folder)
         elif maker is None and contents:
             raise FolderInUseError(f"--out {folder} is not empty and not a cdbench output folder (it holds "
-                                   f"{sorted(contents)[0]}); give another --out")
+                                   f"{min(contents)}); give another --out")
         elif maker != command:
             raise FolderInUseError(f"--out {folder} holds the results of `cdbench {maker}`; give another --out, "
                                    "or --overwrite to replace them")

@@ -2,7 +2,12 @@ import json
 
 import pytest
 
-from cdbench.results.output_folder import MARKER_FILE, FolderInUseError, claim_folder, new_folder
+from cdbench.results.output_folder import (
+    MARKER_FILE,
+    FolderInUseError,
+    claim_folder,
+    new_folder,
+)
 
 
 def test_a_run_never_writes_into_a_folder_holding_results_unless_told_to_replace_them(tmp_path):
