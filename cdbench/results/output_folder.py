@@ -31,6 +31,7 @@ cdbench.results.output_folder.FolderInUseError: --out ... already holds the resu
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any, Literal
@@ -86,6 +87,19 @@ def _maker(folder: Path, marker: FolderMarker | None) -> Command | None:
     return None
 
 
+def _identity(folder: Path, marker: FolderMarker | None, command: Command) -> Any:
+    """What a resuming rerun must match: the marker's, or for an older sweep folder its ``sweep.json``."""
+    if marker is not None:
+        return marker.identity
+    older = folder / "sweep.json"
+    if command == "sweep" and older.is_file():
+        try:
+            return json.loads(older.read_text())
+        except (ValueError, OSError):
+            return {"unreadable": str(older)}  # matches no sweep: refused, not guessed
+    return None
+
+
 def _empty(folder: Path) -> None:
     for entry in folder.iterdir():
         if entry.is_dir() and not entry.is_symlink():
@@ -99,7 +113,8 @@ def claim_folder(folder: Path, command: Command, identity: Any = None, resumable
     """Make ``folder`` ``command``'s output folder (created if missing), or raise :class:`FolderInUseError`.
 
     ``resumable`` commands may continue a folder their own command made with an equal ``identity``
-    (a JSON-able value); a folder of that command from before markers is continued as before.
+    (a JSON-able value); a folder of that command from before markers is continued when its own record
+    agrees (a sweep's ``sweep.json``; a profile checks its settings itself).
     """
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
@@ -123,7 +138,7 @@ def claim_folder(folder: Path, command: Command, identity: Any = None, resumable
             if contents:
                 raise FolderInUseError(f"--out {folder} already holds the results of `cdbench {command}`; "
                                        "give another --out, or --overwrite to replace them")
-        elif marker is not None and marker.identity != identity:
+        elif _identity(folder, marker, command) not in (None, identity):
             raise FolderInUseError(f"--out {folder} holds a `cdbench {command}` made with other settings, so it "
                                    "cannot be resumed; give another --out, or --overwrite to replace it")
     folder.mkdir(parents=True, exist_ok=True)

@@ -69,3 +69,11 @@ def test_default_folders_never_collide(tmp_path):
     base = tmp_path / "runs" / "20260101-000000"
     assert [new_folder(base).name for _ in range(3)] == ["20260101-000000", "20260101-000000-2",
                                                           "20260101-000000-3"]
+
+
+def test_a_sweep_folder_from_before_markers_resumes_only_the_same_sweep(tmp_path):
+    (tmp_path / "sweep.json").write_text(json.dumps({"name": "s", "grid": {"a": [1]}}))
+    claim_folder(tmp_path, "sweep", identity={"name": "s", "grid": {"a": [1]}}, resumable=True)
+    (tmp_path / MARKER_FILE).unlink()
+    with pytest.raises(FolderInUseError, match="made with other settings"):
+        claim_folder(tmp_path, "sweep", identity={"name": "s", "grid": {"a": [2]}}, resumable=True)
