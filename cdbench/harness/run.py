@@ -120,6 +120,9 @@ def run(config: RunConfig, progress: Progress | None = None) -> RunResult:
     from cdbench.harness.executors.model import ModelExecutor
     from cdbench.workloads.generator import generate
 
+    # Each stage names itself before its first slow step, so the progress display moves from the start.
+    if progress is not None:
+        progress(f"loading the {config.vocab} vocabulary", 0.0)
     vocab = load_vocab(config.vocab)
     workload = generate(config.workload, vocab, progress=False,  # the caller owns the progress display
                         on_progress=(lambda f: progress("generating the workload", f)) if progress else None)

@@ -136,8 +136,12 @@ def validate_run_config(tree: Mapping[str, Any], source: str = "config") -> RunC
     """A :class:`RunConfig` from a mapping, or a one-line :class:`ConfigError`.
 
     Beyond the model's own checks, a ``model``-mode run must have a grammar-cost
-    source: constants, a profile file, or the profile shipped for its backend.
+    source: constants, a profile file, or the profile shipped for its backend;
+    and its estimated memory must fit in what this machine has available
+    (:func:`cdbench.harness.footprint.refusal`), so an absurd request count is
+    refused in a second instead of exhausting the machine.
     """
+    from cdbench.harness import footprint
     from cdbench.harness.config import RunConfig
     from cdbench.harness.costs.grammar_profile import PROFILE_DIR
 
@@ -152,6 +156,9 @@ def validate_run_config(tree: Mapping[str, Any], source: str = "config") -> RunC
             shipped = ", ".join(sorted(p.stem for p in PROFILE_DIR.glob("*.json")))
             raise ConfigError(f"{source}: {key} = {name!r}: model mode needs a grammar profile and none is shipped "
                               f"for it (shipped: {shipped}); set costs.grammar_profile or costs.fixed_grammar")
+    too_big = footprint.refusal(config)
+    if too_big is not None:
+        raise ConfigError(f"{source}: {too_big}")
     return config
 
 

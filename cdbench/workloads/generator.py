@@ -169,6 +169,8 @@ def generate(config: WorkloadConfig, vocab: Vocabulary, *, cache: PoolCache | No
     if config.trace is not None:
         return replay(config, vocab)
     assert config.num_requests is not None  # WorkloadConfig requires it without a trace
+    if on_progress is not None:
+        on_progress(0.0)  # before the corpora load and the per-request draws, which take a while for large runs
     streams = dict(zip(_STREAMS, (np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(len(_STREAMS)))))
     n = config.num_requests
     items: list[CorpusItem] = []

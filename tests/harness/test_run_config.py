@@ -104,11 +104,34 @@ def test_run_reports_each_stage_in_order_with_rising_fractions(tmp_path):
     seen: list[tuple[str, float]] = []
     _embedded(tmp_path, "hybrid", progress=lambda stage, fraction: seen.append((stage, fraction)))
     stages = list(dict.fromkeys(stage for stage, _ in seen))
-    assert stages == ["generating the workload", "loading xgrammar", "simulating"]
+    assert stages == ["loading the cl100k vocabulary", "generating the workload", "loading xgrammar", "simulating"]
     for stage in stages:
         fractions = [f for s, f in seen if s == stage]
         assert fractions == sorted(fractions) and all(0.0 <= f <= 1.0 for f in fractions)
     assert seen[-1] == ("simulating", 1.0)
+
+
+def test_run_names_each_stage_before_its_slow_start(tmp_path, monkeypatch):
+    """The display moves from the start: a stage is reported before the vocabulary and the corpora load."""
+    import cdbench.backends.vocab as vocab_module
+    import cdbench.workloads.generator as generator_module
+
+    events: list[str] = []
+    load_vocab, load_corpora = vocab_module.load_vocab, generator_module.load_corpora
+
+    def loading_vocab(*args, **kwargs):
+        events.append("vocabulary loads")
+        return load_vocab(*args, **kwargs)
+
+    def loading_corpora(*args, **kwargs):
+        events.append("corpora load")
+        return load_corpora(*args, **kwargs)
+
+    monkeypatch.setattr(vocab_module, "load_vocab", loading_vocab)
+    monkeypatch.setattr(generator_module, "load_corpora", loading_corpora)
+    _embedded(tmp_path, "model", progress=lambda stage, fraction: events.append(f"{stage} {fraction:g}"))
+    assert events[:4] == ["loading the cl100k vocabulary 0", "vocabulary loads", "generating the workload 0",
+                          "corpora load"]
 
 
 def test_run_from_config_in_model_mode_is_deterministic(tmp_path):
