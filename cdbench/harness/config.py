@@ -33,6 +33,7 @@ from pydantic import (
     create_model,
     field_validator,
     model_serializer,
+    model_validator,
 )
 
 from cdbench.backends.reasoner import ReasonerBackend
@@ -139,6 +140,13 @@ class RunConfig(BaseModel):
     workload: WorkloadConfig = Field(default_factory=lambda: WorkloadConfig(num_requests=200))
     slo: SLO | None = None
     trace_steps: int = Field(2000, ge=0, description="iterations whose spans go to the Chrome trace")
+
+    @model_validator(mode="after")
+    def _real_collectives_in_hybrid(self) -> RunConfig:
+        if self.mode == "model" and self.scheduler_config().collectives == "gloo":
+            raise ValueError("scheduler.collectives 'gloo' runs real collectives in hybrid mode; "
+                             "model mode prices them (collectives: model) to stay deterministic")
+        return self
 
     @model_serializer(mode="wrap")
     def _resolved(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

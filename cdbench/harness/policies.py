@@ -91,10 +91,28 @@ class SchedulerConfig(BaseModel):
         None, description="per-rank compile-time factors, one per rank (e.g. a slow rank); None: all 1"
     )
     all_gather_s: float = Field(150e-6, ge=0, description="cost of one all_gather_object of (ready, failed) when ranks > 1")
+    collectives: Literal["model", "gloo"] = Field(
+        "model", description="ranks' agreement: model (all_gather_s) or gloo (one local process per rank, a real "
+        "all_gather_object whose measured time the step pays; hybrid mode)")
 
-    # --- scheduler CPU
+    # --- the engine's own host CPU (measured from its code: reports/engine_costs/)
     schedule_s: float = Field(0.0, ge=0, description="CPU per iteration to form the batch")
+    schedule_row_s: float = Field(0.0, ge=0, description="CPU per running row to form the batch")
+    process_step_s: float = Field(0.0, ge=0, description="CPU per iteration to process the sampled results")
     process_row_s: float = Field(0.0, ge=0, description="CPU per sampled row to process results (detokenize, stop checks)")
+    accept_row_s: float = Field(
+        0.0, ge=0, description="CPU per structured sampled row in result processing: the engine's accept path around the grammar"
+    )
+    fill_step_s: float = Field(0.0, ge=0, description="CPU per iteration with mask rows: the engine's mask-building wrapper")
+    fill_row_s: float = Field(
+        0.0, ge=0, description="CPU per structured row the engine's wrapper adds to the grammar's own fill (holds the GIL: serial)"
+    )
+    mask_alloc_byte_s: float = Field(0.0, ge=0, description="CPU per byte of a mask allocated each iteration over the batch's rows")
+    mask_transfer: Literal["none", "ipc"] = Field(
+        "none", description="none: the sampling worker shares the scheduler's process; ipc: the bitmask is serialized to it"
+    )
+    ipc_s: float = Field(0.0, ge=0, description="ipc: CPU per message carrying the bitmask (send and receive)")
+    ipc_byte_s: float = Field(0.0, ge=0, description="ipc: CPU per bitmask byte (serialize, shared-memory copy, deserialize)")
 
     # --- mask building
     fill_parallel_threshold: int | None = Field(

@@ -9,14 +9,20 @@ Each iteration, at virtual time ``t``:
    blocking poll (readiness checks every ``interval/naps``, an early exit when
    everything is ready, ``max_poll_iterations`` before a timeout), then with
    ``R`` ranks an all_gather: ready = ready on every rank, failed = failed on
-   any. vLLM: each waiting request whose grammar is not ready costs up to
+   any (priced at ``all_gather_s``, or run for real among ``R`` gloo processes
+   with ``collectives="gloo"``, :mod:`~cdbench.harness.collectives`). vLLM: each waiting request whose grammar is not ready costs up to
    ``check_timeout_s`` when the admission loop inspects it.
 2. **Batch.** Decode rows and continuing prefill chunks, then new requests in
    waiting-queue order while rows and the token budget last (chunked
    prefill). With ``mixed_batches=False`` a prefill batch runs alone.
 3. **Grammar work** from the executor: mask fill per row (serial, or parallel
    above a row threshold), drafts (1 + k mask rows), verification, rollback,
-   jump-forward — as arrays over the step's rows.
+   jump-forward — as arrays over the step's rows. The engine's own host code
+   around it (measured, ``policies.py``): batch forming per row, the mask
+   wrapper per structured row (serial: it holds the GIL), a per-iteration mask
+   allocation per byte, the bitmask's serialization to another process
+   (``mask_transfer="ipc"``, on the mask path), result processing per row and
+   per structured row.
 4. **Time.** Without overlap: ``pre + max(forward, fill + copy) + apply +
    sample + process``. With overlap, a batch holding any grammar row waits
    for the previous step's processing and this step's mask:
@@ -38,6 +44,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from cdbench.harness.batch import RunningBatch
+from cdbench.harness.collectives import GlooAgreement
 from cdbench.harness.compile_service import CompilePools, GrammarCache
 from cdbench.harness.costs.gpu import GpuCosts
 from cdbench.harness.events import EventKind, EventQueue
@@ -94,7 +101,9 @@ class Scheduler:
                  gpu: GpuCosts, seed: int = 0, max_concurrency: int | None = None,
                  timeline: Timeline | None = None, on_progress: Callable[[int], None] | None = None) -> None:
         self.cfg, self.executor, self.gpu = config, executor, gpu
+        self._row_bytes = gpu.mask_row_bytes  # the engines' per-byte host costs (mask allocation, IPC)
         self.timeline, self.on_progress = timeline, on_progress
+        self._gloo: GlooAgreement | None = None  # the rank processes of collectives=gloo, while run() runs
         self.max_concurrency = max_concurrency
         seeds = np.random.SeedSequence(seed).spawn(2)
         self.rng_compile = np.random.default_rng(seeds[0])
@@ -170,12 +179,17 @@ class Scheduler:
         """
         collecting = gc.isenabled()
         gc.disable()
+        if self.cfg.collectives == "gloo" and self.cfg.ranks > 1:
+            self._gloo = GlooAgreement(self.cfg.ranks)
         try:
             self._run()
             self._sum_tallies()
             for rid, valid in self.executor.validity():
                 self.rec.valid[rid] = int(valid)
         finally:
+            if self._gloo is not None:
+                self._gloo.close()
+                self._gloo = None
             if collecting:
                 gc.enable()
 
@@ -333,6 +347,8 @@ class Scheduler:
         else:
             failed = np.zeros(len(queued), bool)
         ready = seen.all(axis=1) & ~failed
+        if self._gloo is not None:
+            ready, failed, sync_s = self._agree_for_real(queued, seen)
         t_release = t0 + poll_s + sync_s
         if _any(ready) or _any(failed):
             keep = []
@@ -474,6 +490,8 @@ class Scheduler:
                 n_drafts = int(_sum(drafts))
             else:
                 n_drafts = 0
+        if cfg.schedule_row_s:
+            schedule_s += cfg.schedule_row_s * (n_rows + len(new_ids))
         pre = schedule_s + poll_s + sync_s + check_s
 
         if len(pf_rows):  # continuing prompts: those the budget reached run a chunk
@@ -560,6 +578,8 @@ class Scheduler:
             self.fill_hist.add(row_fill / row_masks, row_masks)
             mask_rows += int(_sum(row_masks))
         fill_s += n_filter * cfg.think_filter_s
+        if mask_rows:  # the engine's own wrapper around the fills: Python under the GIL, so serial even with a pool
+            fill_s += cfg.fill_step_s + cfg.fill_row_s * grammar_rows + cfg.mask_alloc_byte_s * self._row_bytes * n_sample
 
         # --- GPU
         if work.drafted is not None:
@@ -575,9 +595,11 @@ class Scheduler:
         forward_s = self.gpu.forward_s(pf_chunks, batch.cached[pf_sel] if pf_tokens else pf_chunks, dec_tokens, kv)
         sample_rows = n_sample + n_drafts
         copy_s = self.gpu.copy_s(mask_rows, cfg.pinned_mask) if mask_rows else 0.0
+        # a bitmask built in another process than the sampler's travels serialized, on the mask path
+        transfer_s = cfg.ipc_s + cfg.ipc_byte_s * self._row_bytes * mask_rows if mask_rows and cfg.mask_transfer == "ipc" else 0.0
         apply_s = self.gpu.apply_s(mask_rows) if mask_rows else 0.0
         sample_s = self.gpu.sample_s(sample_rows)
-        process_s = work.process_s + cfg.process_row_s * n_sample
+        process_s = work.process_s + cfg.process_step_s + cfg.process_row_s * n_sample + cfg.accept_row_s * grammar_rows
 
         # --- the step's duration (see the module docstring)
         # one grammar row makes the whole batch wait (without thinking rows, every structured row built a mask)
@@ -585,7 +607,7 @@ class Scheduler:
         carry = self._carry_process_s
         sync = (not cfg.overlap) or (k > 0 and has_grammar and not cfg.spec_grammar_overlap)
         duration, after_token, exposed, hidden, self._carry_process_s = step_time(
-            sync, has_grammar, pre, carry, forward_s, fill_s, copy_s, apply_s, sample_s, process_s)
+            sync, has_grammar, pre, carry, forward_s, fill_s, copy_s + transfer_s, apply_s, sample_s, process_s)
         t_token = t + duration - after_token
 
         # --- advance the batch
@@ -638,12 +660,12 @@ class Scheduler:
         kind = _KIND_MIXED if len(dec_rows) and len(pf_rows) else (_KIND_DECODE if len(dec_rows) else _KIND_PREFILL)
         self.steps.rows.append((t, duration, kind, n_sample, len(dec_rows), pf_tokens, grammar_rows,
                                 mask_rows, int(_sum(produced)), schedule_s, poll_s, sync_s, check_s, forward_s,
-                                fill_s, copy_s, apply_s, sample_s, process_s, exposed, hidden))
+                                fill_s, copy_s, apply_s, sample_s, process_s, exposed, hidden, transfer_s))
         tl = self.timeline
         if tl is not None and tl.recording:
             tl.steps_seen += 1
             tl.step_spans(t, sync, has_grammar, schedule_s, poll_s + sync_s + check_s, carry, forward_s, fill_s,
-                          copy_s, apply_s, sample_s, process_s, duration)
+                          copy_s + transfer_s, apply_s, sample_s, process_s, duration)
         return duration
 
     def _sum_tallies(self) -> None:
@@ -682,7 +704,7 @@ class Scheduler:
             if pre > 0:  # a last poll (e.g. the one that timed the queue out) still ran
                 self.idle_iterations += 1
                 self.steps.rows.append((t, pre + carry, "idle", 0, 0, 0, 0, 0, 0, schedule_s, poll_s, sync_s,
-                                        check_s, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, pre + carry, 0.0))
+                                        check_s, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, pre + carry, 0.0, 0.0))
             return None
         cfg = self.cfg
         duration = max(pre + carry, cfg.idle_spin_s)
@@ -693,13 +715,26 @@ class Scheduler:
             poll_s, sync_s, check_s = (1 + repeats) * poll_s, (1 + repeats) * sync_s, (1 + repeats) * check_s
         self.idle_iterations += 1 + repeats
         self.steps.rows.append((t, duration, "idle", 0, 0, 0, 0, 0, 0, schedule_s, poll_s, sync_s, check_s,
-                                0.0, 0.0, 0.0, 0.0, 0.0, 0.0, duration, 0.0))
+                                0.0, 0.0, 0.0, 0.0, 0.0, 0.0, duration, 0.0, 0.0))
         return duration
+
+    def _agree_for_real(self, queued: np.ndarray, seen: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+        """Each rank's ready and failed sets through the gloo all_gather: (ready, failed, measured seconds)."""
+        cfg = self.cfg
+        if cfg.max_poll_iterations is not None:
+            gave_up = self.wait_ct[queued] >= cfg.max_poll_iterations
+        else:
+            gave_up = np.zeros_like(seen)
+        agreement = self._gloo.agree([queued[seen[:, r]].tolist() for r in range(cfg.ranks)],
+                                     [queued[gave_up[:, r]].tolist() for r in range(cfg.ranks)])
+        return np.isin(queued, agreement.ready), np.isin(queued, agreement.failed), agreement.seconds
 
     def _idle_repeats(self, t_next: float, poll_s: float, check_s: float) -> int:
         """How many identical idle iterations follow one that ends at ``t_next`` (0 when unsure)."""
         cfg = self.cfg
         full_poll = self.grammar_queue and cfg.readiness == "blocking_poll" and poll_s == cfg.poll_interval_s
+        if full_poll and self._gloo is not None:
+            return 0  # every poll runs its own real all_gather
         waiting_unready = [rid for rid in self.waiting if math.isnan(self.rec.grammar_ready_s[rid])]
         if not full_poll and not (check_s > 0 and len(waiting_unready) == len(self.waiting)):
             return 0

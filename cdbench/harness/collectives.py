@@ -1,0 +1,162 @@
+"""How DP/TP ranks agree on grammar readiness: a modelled constant, or a real gloo all_gather.
+
+With ``R > 1`` ranks each rank compiles every grammar itself; before a step
+the ranks exchange what each saw ready and what each gave up on (SGLang's
+``all_gather_object`` of its ready and failed sets): ready = ready on every rank
+(intersection), failed = failed on any (union).
+
+- :class:`ModelledAgreement` (``scheduler.collectives: model``) computes the sets
+  in the scheduler and prices the exchange at the constant ``all_gather_s``.
+- :class:`GlooAgreement` (``scheduler.collectives: gloo``) runs the exchange for
+  real: one local process per rank joined in a ``torch.distributed`` gloo
+  group; each receives its rank's sets, the ranks meet at a barrier, then
+  ``all_gather_object`` the sets, and each computes the agreement. The step
+  pays the measured all_gather (the slowest rank's) instead of the constant.
+  No GPU is needed.
+
+>>> ModelledAgreement(2e-4).agree([[1, 2, 3], [2, 3]], [[], [3]])
+Agreement(ready=(2,), failed=(3,), seconds=0.0002)
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """The ranks' common view: requests ready on every rank and not failed, requests failed on any rank."""
+
+    ready: tuple[int, ...]
+    failed: tuple[int, ...]
+    seconds: float  # what the exchange cost
+
+
+def agree_sets(ready: Sequence[Sequence[int]], failed: Sequence[Sequence[int]]) -> tuple[tuple[int, ...],
+                                                                                          tuple[int, ...]]:
+    """Intersection of the ready sets minus the union of the failed sets, and that union (sorted)."""
+    failed_any = set().union(*map(set, failed))
+    ready_all = set(ready[0]).intersection(*map(set, ready[1:])) - failed_any
+    return tuple(sorted(ready_all)), tuple(sorted(failed_any))
+
+
+class ModelledAgreement:
+    """The agreement computed in place, priced at a constant ``all_gather_s``."""
+
+    def __init__(self, all_gather_s: float) -> None:
+        self.all_gather_s = all_gather_s
+
+    def agree(self, ready: Sequence[Sequence[int]], failed: Sequence[Sequence[int]]) -> Agreement:
+        return Agreement(*agree_sets(ready, failed), self.all_gather_s)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class CollectiveError(RuntimeError):
+    """A rank process failed or the ranks disagreed."""
+
+
+class GlooAgreement:
+    """``ranks`` local processes that exchange the sets with a real gloo ``all_gather_object``.
+
+    Use as a context manager, or call :meth:`close`; the processes end with it.
+    """
+
+    def __init__(self, ranks: int, timeout_s: float = 60.0) -> None:
+        if ranks < 2:
+            raise ValueError(f"a collective needs at least 2 ranks, got {ranks}")
+        self.ranks, self.timeout_s = ranks, timeout_s
+        self._dir = tempfile.TemporaryDirectory(prefix="cdbench-gloo-")
+        store = Path(self._dir.name) / "store"  # the rendezvous: a file store, no port to pick
+        ctx = mp.get_context("spawn")  # a fresh interpreter per rank: no forked torch state
+        self._conns: list[Connection] = []
+        self._procs = []
+        for rank in range(ranks):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_rank_main, args=(rank, ranks, str(store), child), daemon=True,
+                               name=f"cdbench-rank{rank}")
+            proc.start()
+            child.close()
+            self._conns.append(parent)
+            self._procs.append(proc)
+        for rank, conn in enumerate(self._conns):
+            self._receive(rank, conn)  # each rank says it joined the group
+
+    def __enter__(self) -> GlooAgreement:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _receive(self, rank: int, conn: Connection):
+        if not conn.poll(self.timeout_s):
+            self.close()
+            raise CollectiveError(f"rank {rank} did not answer within {self.timeout_s:g} s")
+        message = conn.recv()
+        if isinstance(message, BaseException):
+            self.close()
+            raise CollectiveError(f"rank {rank} failed: {message}") from message
+        return message
+
+    def agree(self, ready: Sequence[Sequence[int]], failed: Sequence[Sequence[int]]) -> Agreement:
+        """Send rank ``r`` its sets ``ready[r]``, ``failed[r]``; every rank must reach the same agreement."""
+        if len(ready) != self.ranks or len(failed) != self.ranks:
+            raise ValueError(f"need one ready and one failed set per rank ({self.ranks})")
+        for conn, mine, gave_up in zip(self._conns, ready, failed, strict=True):
+            conn.send((list(mine), list(gave_up)))
+        answers = [self._receive(rank, conn) for rank, conn in enumerate(self._conns)]
+        views = {(a_ready, a_failed) for a_ready, a_failed, _ in answers}
+        if len(views) != 1:
+            raise CollectiveError(f"ranks disagree after all_gather: {sorted(views)}")
+        (agreed_ready, agreed_failed), = views
+        return Agreement(agreed_ready, agreed_failed, max(seconds for _, _, seconds in answers))
+
+    def close(self) -> None:
+        for conn in self._conns:
+            try:
+                conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        for proc in self._procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.terminate()  # our own child, stuck: end it by its handle
+                proc.join()
+        for conn in self._conns:
+            conn.close()
+        self._conns, self._procs = [], []
+        self._dir.cleanup()
+
+
+def _rank_main(rank: int, ranks: int, store: str, conn: Connection) -> None:
+    """One rank: join the gloo group, then answer each pair of sets with the agreed pair and the time taken."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=ranks)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which names the rank
+        conn.send(exc)
+        return
+    conn.send("joined")
+    try:
+        while (message := conn.recv()) is not None:
+            mine, gave_up = message
+            dist.barrier()  # all ranks enter the all_gather together: its time is the exchange alone
+            start = time.perf_counter()
+            gathered: list = [None] * ranks
+            dist.all_gather_object(gathered, (mine, gave_up))
+            seconds = time.perf_counter() - start
+            conn.send((*agree_sets([g[0] for g in gathered], [g[1] for g in gathered]), seconds))
+    except EOFError:
+        pass  # the parent went away
+    finally:
+        dist.destroy_process_group()
