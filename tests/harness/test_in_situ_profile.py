@@ -89,3 +89,23 @@ def test_model_mode_replays_the_hybrid_profile(backend) -> None:
 def test_compile_status_of_backend_reasons() -> None:
     assert [compile_status(r) for r in (None, "unsupported", "timeout", "invalid")] == [
         "ok", "unsupported", "timeout", "error"]
+
+
+def test_a_refused_token_is_measured_and_replayed(backend) -> None:
+    requests = _requests(backend.vocab)
+    eos = backend.vocab.eos_token_ids[0]
+    bad = requests[1]  # a JSON request whose oracle breaks its schema at "7"
+    tokens = tuple(backend.vocab.encode('{"name": 7}')) + (eos,)
+    requests[1] = Request(bad.request_id, bad.arrival_s, 40, len(tokens), bad.spec, bad.spec_id, tokens)
+    hybrid = _hybrid(backend, requests)
+    aborted = hybrid.requests.set_index("request_id")["abort_reason"]
+    assert aborted[1] == "grammar_rejected" and (aborted.drop(1) == "").all()
+    spec = hybrid.grammar_profile.specs[spec_key_hash(f"json_schema:{bad.spec_id}")]
+    assert spec.walks == 1 and spec.rejected == 1
+    refused_at = int(hybrid.requests.set_index("request_id").loc[1, "output_tokens"]) - 1
+    assert spec.rejected_at == refused_at
+    replay = simulate(requests, policy("sglang"), ModelExecutor(ProfileGrammarCosts(hybrid.grammar_profile, 0)),
+                      FixedGpuCosts(forward_base_s=0.01), seed=1, trace_steps=0)
+    frame = replay.requests.set_index("request_id")
+    assert frame.loc[1, "abort_reason"] == "grammar_rejected" and (frame["abort_reason"].drop(1) == "").all()
+    assert frame.loc[1, "output_tokens"] == hybrid.requests.set_index("request_id").loc[1, "output_tokens"]

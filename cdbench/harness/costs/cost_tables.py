@@ -67,7 +67,9 @@ class CostTables:
     fills as one difference). ``curve``: the fill multiplier of each cost
     spec at each answer position (seconds; 1 where the pool holds seconds),
     request ``r``'s at ``curve_end[r] - gen_left``. ``rollback`` is ``None``
-    when the cost source has no rollback measurements.
+    when the cost source has no rollback measurements. ``reject_left[r]``:
+    the ``gen_left`` at which request ``r``'s sampled token is refused (its
+    spec's measured refusal; -1: never), ``None`` when no request is.
     """
 
     fill: np.ndarray
@@ -79,6 +81,7 @@ class CostTables:
     off_end: np.ndarray
     curve: np.ndarray
     curve_end: np.ndarray
+    reject_left: np.ndarray | None = None
 
 
 def output_lengths(requests: Sequence) -> np.ndarray:
@@ -191,6 +194,8 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
     fills, accepts, rollbacks, forced, curves = [], [], [], [], []
     row_of: dict[tuple[str, str | None], int] = {}
     key_row = np.zeros(max(len(keys.texts), 1), np.int64)
+    key_reject_rate = np.zeros(max(len(keys.texts), 1))
+    key_reject_at = np.zeros(max(len(keys.texts), 1), np.int64)
     for k, (text, spec_id, kind) in enumerate(zip(keys.texts, keys.spec_ids, keys.kinds)):
         name = index.resolve(text, spec_id, kind)
         spec = index.spec(name)
@@ -222,6 +227,8 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
             jumps = rng.geometric(1.0 / max(kp.jump_forward_mean_tokens, 1.0), SPAN)
             forced.append(_row(np.where(u[3] < kp.jump_forward_fraction, jumps, 0)))
         key_row[k] = row
+        if spec is not None and spec.rejected and spec.walks:
+            key_reject_rate[k], key_reject_at[k] = spec.rejected / spec.walks, spec.rejected_at
 
     # each request's offset comes from its request id, so it does not depend on which others share the run
     ids = np.array([r.request_id for r in requests], np.int64)
@@ -229,9 +236,16 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
     structured = keys.request_key >= 0
     row = np.where(structured, key_row[np.maximum(keys.request_key, 0)], 0)
     fill = np.concatenate(fills) if fills else np.zeros(ROW)
+    reject_left = None
+    if key_reject_rate.any():  # a request of a refusing spec is refused as often as the spec's walks were
+        draw = np.random.default_rng([seed, 0x726a]).random(int(ids.max(initial=0)) + 1)[ids]
+        rk = np.maximum(keys.request_key, 0)
+        refused = structured & (draw < key_reject_rate[rk]) & (key_reject_at[rk] < out_len)
+        reject_left = np.where(refused, out_len - key_reject_at[rk], -1)
     return CostTables(
         fill=fill, fill_csum=_csum(fill), accept=np.concatenate(accepts) if accepts else np.zeros(ROW),
         rollback=np.concatenate(rollbacks) if has_rollback and rollbacks else None,
         forced=np.concatenate(forced).astype(np.int64) if forced else np.zeros(ROW, np.int64),
         base=row * ROW, off_end=offsets + out_len,
-        curve=np.concatenate(curves) if curves else np.ones(width), curve_end=row * width + out_len)
+        curve=np.concatenate(curves) if curves else np.ones(width), curve_end=row * width + out_len,
+        reject_left=reject_left)

@@ -44,8 +44,8 @@ from cdbench.backends.base import CONSTRAINT_KINDS
 from cdbench.harness.costs.spec_profile import SpecProfile, group_samples, spec_sections
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
-CompileStatus = Literal["ok", "unsupported", "error", "timeout", "crash"]
-COMPILE_STATUSES: tuple[str, ...] = ("ok", "unsupported", "error", "timeout", "crash")
+CompileStatus = Literal["ok", "unsupported", "error", "timeout", "crash", "oom"]
+COMPILE_STATUSES: tuple[str, ...] = ("ok", "unsupported", "error", "timeout", "crash", "oom")
 EXACT_SAMPLES = 512  # up to this many samples are stored as they are
 _BODY_POINTS = 513
 _TAIL_POINTS = 48
@@ -145,7 +145,7 @@ class KindProfile(BaseModel):
     """A backend's costs on one constraint kind (or on all kinds pooled).
 
     ``statuses`` counts compile outcomes (``ok``, ``unsupported``, ``error``,
-    ``timeout``, ``crash``). ``compile_s`` covers successful compiles only.
+    ``timeout``, ``crash``, ``oom``). ``compile_s`` covers successful compiles only.
     ``fill_s`` holds one sample per decoding step (the first fill after each
     accepted token), ``accept_s`` one per accepted token, ``rollback_s`` one
     per rollback call. ``jump_forward_fraction`` is the fraction of steps at
@@ -200,7 +200,8 @@ class WalkMeasurement:
     have one entry per step; ``accept_s`` one per accepted token;
     ``rollback_s`` one per rollback call. ``positions`` is the answer position
     of each fill (default 0, 1, 2, ...); ``key`` the spec's compile-cache key
-    text (default ``kind:spec_id``).
+    text (default ``kind:spec_id``); ``rejected_at`` the answer position whose
+    token the grammar refused, ending the walk (``None``: none was).
     """
 
     spec_id: str
@@ -211,6 +212,7 @@ class WalkMeasurement:
     forced_tokens: np.ndarray | None = None
     positions: np.ndarray | None = None
     key: str | None = None
+    rejected_at: int | None = None
 
 
 class GrammarProfile(BaseModel):

@@ -77,7 +77,9 @@ class SpecProfile(BaseModel):
     its curve, the spec's own token-to-token spread. ``accept_s``/``rollback_s``:
     median seconds per accept / rollback call (a median: in situ, accepts are
     timed per step, and one preempted step would make a mean speak for the
-    whole spec).
+    whole spec). ``walks`` counts its walked instances (requests, in situ),
+    ``rejected`` those whose token the grammar refused (the request aborted),
+    at answer position ``rejected_at`` (the median over them).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -92,6 +94,9 @@ class SpecProfile(BaseModel):
     fill_residual: list[float] = []
     accept_s: float | None = Field(default=None, ge=0)
     rollback_s: float | None = Field(default=None, ge=0)
+    walks: int = Field(default=0, ge=0)
+    rejected: int = Field(default=0, ge=0)
+    rejected_at: int | None = Field(default=None, ge=0)
 
     def fill_by_bin_s(self) -> np.ndarray:
         """Median fill seconds per position bin."""
@@ -111,6 +116,8 @@ class SpecSamples:
     rollback_s: np.ndarray
     compile_s: float | None
     status: str | None
+    walks: int = 0
+    rejected_at: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -163,7 +170,8 @@ def spec_sections(specs: Iterable[SpecSamples]) -> tuple[dict[str, SpecProfile],
             kind=s.kind, spec_id=s.spec_id, corpus=corpus_of(s.spec_id), status=s.status, compile_s=s.compile_s,
             fills=len(s.fill_s), fill_scale_s=scale, fill_curve=curve, fill_residual=residual,
             accept_s=float(np.median(s.accept_s)) if len(s.accept_s) else None,
-            rollback_s=float(np.median(s.rollback_s)) if len(s.rollback_s) else None)
+            rollback_s=float(np.median(s.rollback_s)) if len(s.rollback_s) else None, walks=s.walks,
+            rejected=len(s.rejected_at), rejected_at=int(np.median(s.rejected_at)) if s.rejected_at else None)
     shapes = {}
     for kind, parts in pooled.items():
         fills = np.concatenate([f for f, _ in parts])
@@ -208,5 +216,6 @@ def group_samples(walks: Sequence, compiles: Sequence) -> list[SpecSamples]:
         seconds = float(np.median(ok)) if ok else (failed[0].seconds if failed else None)
         out.append(SpecSamples(key, kind, spec_id, cat("fill_s"),
                                np.concatenate(positions) if positions else np.zeros(0, np.int64),
-                               cat("accept_s"), cat("rollback_s"), seconds, status))
+                               cat("accept_s"), cat("rollback_s"), seconds, status, len(ws),
+                               tuple(w.rejected_at for w in ws if w.rejected_at is not None)))
     return out

@@ -266,6 +266,7 @@ class HybridExecutor(GrammarExecutor):
         if out.rejected:
             rejected = np.zeros(n, bool)
             rejected[out.rejected] = True
+            self.recorder.rejected(rid[out.rejected], self._at[rid[out.rejected]] - 1)
         ended = None
         if out.ended:
             ended = np.zeros(n, bool)

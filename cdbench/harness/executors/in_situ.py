@@ -15,7 +15,9 @@ for all rows together, so each row's accept sample is its step's accept time
 over the step's accept calls (the sampled token plus jump-forward tokens), from
 steps without rollbacks; a step with rollbacks gives one rollback sample per
 rollback call: what the step's processing took beyond those accepts (at the
-run's mean accept), over its rollback calls.
+run's mean accept), over its rollback calls. A request whose sampled token the
+grammar refused (it aborts) records the position, so ``model`` mode aborts
+its replay there too.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class InSituRecorder:
         # per step with grammar rows: (request ids, oracle cursor before the step, fill s, mask rows,
         # processing ns, rollback calls per row or None, forced tokens per row or None)
         self._steps: list[tuple] = []
+        self._rejected: dict[int, int] = {}  # request -> oracle cursor at the step its token was refused
 
     def compiled(self, key: int, seconds: float, reason: str | None) -> None:
         self._compiles[key] = (seconds, compile_status(reason))
@@ -53,6 +56,11 @@ class InSituRecorder:
     def step(self, rids: np.ndarray, cursor: np.ndarray, fill_s: np.ndarray, mask_rows: np.ndarray,
              process_ns: int, rolled: np.ndarray | None, jumped: np.ndarray | None) -> None:
         self._steps.append((rids, cursor, fill_s, mask_rows, process_ns, rolled, jumped))
+
+    def rejected(self, rids: np.ndarray, cursor: np.ndarray) -> None:
+        """Requests ``rids`` whose sampled token the grammar refused, at oracle index ``cursor``."""
+        for r, c in zip(rids.tolist(), cursor.tolist()):
+            self._rejected.setdefault(r, c)
 
     def profile(self, backend: str, vocab: str, keys: SpecKeys, start: np.ndarray, source: str) -> GrammarProfile:
         """The run's measured costs; ``start[r]``: request ``r``'s oracle cursor at answer position 0."""
@@ -90,8 +98,10 @@ class InSituRecorder:
             r = int(rids[part[0]])
             k = int(keys.request_key[r])
             accept, rollback = row_accept[part], row_rollback[part]
+            refused = self._rejected.get(r)
             walks.append(WalkMeasurement(spec_id(k), keys.kinds[k], fill_s=fills[part],
                                          accept_s=accept[~np.isnan(accept)], rollback_s=rollback[~np.isnan(rollback)],
-                                         forced_tokens=jumped[part], positions=positions[part], key=keys.texts[k]))
+                                         forced_tokens=jumped[part], positions=positions[part], key=keys.texts[k],
+                                         rejected_at=None if refused is None else int(refused - start[r])))
         return GrammarProfile.from_measurements(backend, vocab, compiles, walks, source=source)
 

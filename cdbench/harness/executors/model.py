@@ -200,5 +200,12 @@ class ModelExecutor(GrammarExecutor):
                 jumped[g] = forced
                 process_s += float(accept_one @ forced)
                 produced = produced + jumped
-            return StepWork(row_fill, per_row, produced, accepted, rolled_back, jumped, None, process_s)
+            rejected = None
+            if t.reject_left is not None:  # the measured refusals: a row whose tokens cover its refused position
+                refuse = t.reject_left[g_rid]
+                hit = (refuse <= g_left) & (refuse > g_left - produced[g])
+                if _any(hit):
+                    rejected = np.zeros(n, bool)
+                    rejected[g[hit]] = True
+            return StepWork(row_fill, per_row, produced, accepted, rolled_back, jumped, rejected, process_s)
         return StepWork(NO_FILL, constant_ints(0, 0), produced, accepted, rolled_back, jumped, None, process_s)
