@@ -8,6 +8,7 @@ log file and the console gets one line saying where.
 
 from __future__ import annotations
 
+import os
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -270,6 +271,8 @@ def print_engine_log(folders: list[Path]) -> None:
               for f in folders if (f / ENGINE_LOG_FILE).is_file()}
     total = sum(counts.values())
     if total:
-        where = ", ".join(str(path) for path in counts)
+        paths = list(counts)
+        where = (str(paths[0]) if len(paths) == 1 else
+                 f"{ENGINE_LOG_FILE} of {len(paths)} runs in {os.path.commonpath([p.parent for p in paths])}")
         console.print(f"[yellow]engine:[/] {total} line{'s' if total != 1 else ''} the grammar engine logged "
                       f"(listed in {where})", highlight=False, soft_wrap=True)

@@ -7,12 +7,15 @@ from typing import Annotated, Any
 
 import typer
 
+from cdbench.backends.engine_log import engine_log
 from cdbench.cli.support import (
     OverwriteOpt,
     console,
     err_console,
     output_folder,
+    print_engine_log,
     progress_bar,
+    save_engine_log,
     user_errors,
 )
 from cdbench.reports.run_report import build_report
@@ -32,8 +35,13 @@ from cdbench.results.sweep import (
 
 
 def run_and_report(config_tree: dict[str, Any], folder: str) -> str | None:
-    """One sweep point: :func:`~cdbench.results.sweep.run_point` with the run's report (module level: picklable)."""
-    return run_point(config_tree, folder, finish=build_report)
+    """One sweep point: :func:`~cdbench.results.sweep.run_point` with the run's report and its engine log, as
+    ``cdbench run`` keeps them (module level: picklable)."""
+    try:
+        with engine_log() as logged:
+            return run_point(config_tree, folder, finish=build_report)
+    finally:
+        save_engine_log(logged, Path(folder))
 
 
 def sweep(
@@ -81,6 +89,7 @@ def sweep(
     skipped = sum(o.status == "skipped" for o in outcomes)
     console.print(f"sweep: {out}/ ({len(outcomes) - skipped - len(failures)} run, {skipped} already done, "
                   f"{len(failures)} failed); report: {md}")
+    print_engine_log([o.folder for o in outcomes if o.status != "skipped"])
     for failure in failures:
         err_console.print(f"[red]failed[/] {failure.point.name}: {failure.error}")
     if failures:

@@ -170,3 +170,23 @@ def test_sweep_and_compare_refuse_a_folder_they_would_mix_with(tmp_path):
     refused = runner.invoke(app, ["sweep", str(other), "--out", str(out)])
     assert refused.exit_code == 2 and "made with other settings, so it cannot be resumed" in refused.output
     assert (out / "rate=20").is_dir()
+
+
+def test_sweep_points_keep_engine_chatter_in_their_folders(tmp_path, capfd):
+    # xgrammar logs a warning on stderr when it drops minLength beside a pattern.
+    corpus = tmp_path / "logging.jsonl"
+    corpus.write_text(json.dumps({"id": "len-and-pattern", "kind": "json_schema", "source": "test", "license": "MIT",
+                                  "spec": {"type": "string", "pattern": "^[a-z]+$", "minLength": 2}}) + "\n")
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", "overrides": {"mode": "hybrid", "workload.num_requests": 3,
+                                                               "workload.corpus": [str(corpus)]},
+                                    "grid": {"workload.arrival.rate": [40, 50]}}))
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["sweep", str(path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "json_schema_converter" not in capfd.readouterr().err
+    logs = [out / point / "engine_log.txt" for point in ("rate=40", "rate=50")]
+    assert all("ignoring minLength/maxLength" in log.read_text() for log in logs)
+    total = sum(len(log.read_text().splitlines()) for log in logs)
+    assert f"engine: {total} lines the grammar engine logged (listed in engine_log.txt of 2 runs in {out})" \
+        in result.output
