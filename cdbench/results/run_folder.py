@@ -18,6 +18,9 @@ Layout (every file written by :func:`save_run`)::
       report.md, plots/  the report (cdbench.reports.run_report), rebuildable with ``cdbench report``
       summary.json       the summary (vLLM serving-benchmark names where they exist); written last
       run.log            the traceback, if the run failed
+      engine_log.txt     what native code (the grammar engine) wrote to stderr during the run, when it did
+                         (written by the CLI: cdbench.cli.support.save_engine_log)
+      .cdbench.json      the command that claimed the folder (cdbench.results.output_folder)
 
 ``summary.json`` is written last, after the report, so its presence marks a
 finished run (sweeps skip such folders when resuming).
