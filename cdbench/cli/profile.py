@@ -27,6 +27,9 @@ def profile(
     compile_timeout: float = typer.Option(60.0, min=0.001, help="Seconds before a compile is killed and recorded as timeout."),
     walk_timeout: float = typer.Option(600.0, min=0.001, help="Seconds an item's instance walks may take."),
     workers: int = typer.Option(1, min=1, help="Worker processes (each serves every backend)."),
+    worker_memory: str | None = typer.Option(
+        None, help="Memory each worker's engines may use, e.g. 8GB or 512MiB; an item past it is recorded as oom "
+                   "(default: 80% of the memory available at the start, shared among the workers)."),
     valid_instances: int = typer.Option(1, min=0, help="Oracle instances walked per item."),
     invalid_instances: int = typer.Option(3, min=0, help="Mutated invalid instances checked per item."),
     plugin: list[str] = typer.Option([], help="Module, module:function or .py file registering extra backends (repeatable)."),
@@ -36,7 +39,7 @@ def profile(
 
     Example: cdbench profile --backends xgrammar,llguidance,outlines --corpus jsonschemabench_github_easy,regex_from_json_schemas --vocab qwen3.6 --limit 50 --compile-timeout 30 --out reports/profile
     """
-    from pydantic import ValidationError
+    from pydantic import ByteSize, TypeAdapter, ValidationError
 
     from cdbench.backends.registry import available_backends
     from cdbench.profile.runner import (
@@ -49,12 +52,17 @@ def profile(
     from cdbench.results.output_folder import FolderInUseError, claim_folder
 
     try:
+        try:
+            memory = None if worker_memory is None else TypeAdapter(ByteSize).validate_python(worker_memory)
+        except ValidationError:
+            raise ValueError(f"--worker-memory {worker_memory!r} is not a size (e.g. 8GB, 512MiB)") from None
         for name in plugin:
             load_plugin(name)
         config = ProfileConfig(
             backends=_split(backends), corpora=_split(corpus), vocab=vocab, limit=limit, seed=seed,
             compile_timeout_s=compile_timeout, walk_timeout_s=walk_timeout, workers=workers,
             valid_instances=valid_instances, invalid_instances=invalid_instances, plugins=plugin,
+            worker_memory=memory,
         )
         unknown = [b for b in config.backends if b not in available_backends()]
         if unknown:
@@ -69,6 +77,11 @@ def profile(
     for line in run.skipped_lines:
         typer.echo(f"skipped: {line}", err=True)
     typer.echo(f"{run.results} results ({run.new_results} new) in {run.out_dir}; report: {run.out_dir / 'report.md'}")
+    if run.out_of_memory:
+        assert config.worker_memory is not None  # ProfileConfig fills in the default
+        typer.echo(f"oom: {run.out_of_memory} item{'s' if run.out_of_memory != 1 else ''} ran out of the "
+                   f"{config.worker_memory.human_readable(decimal=True)} worker memory cap (--worker-memory); "
+                   "status oom in the report")
     if run.engine_log_lines:
         lines = f"{run.engine_log_lines} line{'s' if run.engine_log_lines != 1 else ''}"
         typer.echo(f"engine: {lines} the engines logged while compiling (listed per item in "

@@ -189,14 +189,17 @@ def write_outputs(
             "valid instances per item": config.valid_instances,
             "invalid instances per item": config.invalid_instances,
             "workers": config.workers,
+            "worker memory": (config.worker_memory.human_readable(decimal=True)
+                              if config.worker_memory is not None else "no cap"),
         },
         versions=versions,
         notes=[
             "TBM = first mask fill after each token of the oracle instances (repeat fills are not timed: "
             "llguidance caches masks per state); tokens.parquet holds every timed token, raw.",
-            "TTFM = cold compile of the items that compiled (timeouts and crashes are not in it; "
+            "TTFM = cold compile of the items that compiled (timeouts, crashes and ooms are not in it; "
             "they are counted in their own columns: a compile timeout was killed before its compile "
-            "ended, a walk timeout compiled and was killed walking its instances). llguidance builds its lexer lazily, so part of "
+            "ended, a walk timeout compiled and was killed walking its instances, an oom ran out of "
+            "its worker's memory cap). llguidance builds its lexer lazily, so part of "
             "its compile cost shows up in the first fills (TBM), not in TTFM.",
             "Empirical coverage needs an oracle instance: items the instance generator could not serve "
             "count as not covered for every backend.",

@@ -9,7 +9,8 @@ invalid ones (see :mod:`cdbench.profile.mutations`) rejected.
 
 Isolation: a compile still running after ``compile_timeout_s`` is killed and
 recorded as ``timeout``; a worker that dies (segfault, abort) records ``crash``
-for its item; either way a fresh worker takes the next job and the profile goes on.
+for its item; one that runs out of its memory cap (``worker_memory``) records
+``oom``; in each case a fresh worker takes the next job and the profile goes on.
 Workers die with the parent process, even when it is killed with SIGKILL.
 
 Resumable: each item's result is appended to ``items.jsonl`` as soon as it is
@@ -27,7 +28,9 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
+import re
 import signal
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -38,7 +41,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+import psutil
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, model_validator
 
 from cdbench.backends.engine_log import is_logged_warning
 from cdbench.profile.worker import (
@@ -58,6 +62,17 @@ CONFIG_JSON = "profile_config.json"
 # Worker start-up (imports, vocabulary) and backend construction are not timed
 # compile work, but a worker stuck there must not stall the run forever.
 STARTUP_TIMEOUT_S = 300.0
+WORKER_MEMORY_SHARE = 0.8
+"""Share of the memory available at the start that the workers get by default, in equal parts; the rest
+is left for the parent (which holds every task and result) and whatever else the machine runs."""
+# What a process that ran out of memory writes last: Rust's allocation-failure abort, C++'s uncaught
+# std::bad_alloc, an uncaught Python MemoryError, an ENOMEM error.
+_OUT_OF_MEMORY = re.compile(r"memory allocation of \d+ bytes failed|std::bad_alloc|MemoryError|Cannot allocate memory")
+
+
+def default_worker_memory(workers: int) -> int:
+    """Each of ``workers`` workers' memory cap when none is given (:data:`WORKER_MEMORY_SHARE`)."""
+    return int(psutil.virtual_memory().available * WORKER_MEMORY_SHARE / workers)
 
 
 class ProfileConfig(BaseModel):
@@ -70,6 +85,10 @@ class ProfileConfig(BaseModel):
     ``backend_options`` go to ``create_backend`` per backend name; the default
     turns xgrammar's compile cache off, so every compile is cold (backends are
     built once per worker; their construction is not compile time).
+    ``worker_memory`` caps what each worker's engines may allocate beyond its
+    start-up (bytes, or a size such as ``8GB``; see
+    :func:`~cdbench.profile.worker.cap_memory`); left out, it is
+    :func:`default_worker_memory`, fixed when the config is made.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -85,11 +104,18 @@ class ProfileConfig(BaseModel):
     valid_instances: int = Field(default=1, ge=0)
     invalid_instances: int = Field(default=3, ge=0)
     rollback_every: int = Field(default=4, ge=0)
+    worker_memory: ByteSize | None = Field(default=None, gt=0)
     plugins: list[str] = Field(default_factory=list)
     # Compiles are timed cold: engine-side compile caches are off.
     backend_options: dict[str, dict[str, Any]] = Field(
         default_factory=lambda: {"xgrammar": {"compiler_cache": False}}
     )
+
+    @model_validator(mode="after")
+    def _default_worker_memory(self) -> ProfileConfig:
+        if self.worker_memory is None:
+            self.worker_memory = ByteSize(default_worker_memory(self.workers))
+        return self
 
     def results_identity(self) -> dict[str, Any]:
         """The fields that must be equal for stored results to be reused on resume."""
@@ -120,6 +146,7 @@ class ProfileRun:
     skipped_lines: list[str]
     files: list[Path]
     engine_log_lines: int = 0  # lines the engines logged while compiling, kept in the results' warnings
+    out_of_memory: int = 0  # results with status oom
 
 
 # ---------------------------------------------------------------------------
@@ -178,6 +205,8 @@ class ResultStore:
 class _Worker:
     process: Any
     conn: Any
+    stderr: Path  # the worker's descriptor 2: read when it dies, for why
+    stderr_start: int = 0  # its size when the current job was sent: what the job wrote comes after
     job: tuple[str, ProfileTask] | None = None
     deadline: float = 0.0
     phase: str = "idle"  # idle | starting | compile | walk
@@ -208,6 +237,8 @@ class WorkerPool:
         self.config = config
         self._ctx = multiprocessing.get_context("spawn")
         self._workers: list[_Worker] = []
+        self._logs = tempfile.TemporaryDirectory(prefix="cdbench-profile-workers-")
+        self._started = 0
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -216,17 +247,21 @@ class WorkerPool:
         for worker in self._workers:
             self._stop(worker)
         self._workers.clear()
+        self._logs.cleanup()
 
     def _start(self) -> _Worker:
         parent, child = self._ctx.Pipe()
+        self._started += 1
+        stderr = Path(self._logs.name) / f"worker-{self._started}.stderr"
         process = self._ctx.Process(
             target=worker_main,
-            args=(child, self.config.vocab, self.config.plugins, self.config.rollback_every, self.config.backend_options),
+            args=(child, self.config.vocab, self.config.plugins, self.config.rollback_every, self.config.backend_options,
+                  self.config.worker_memory, str(stderr)),
             daemon=True,
         )
         process.start()
         child.close()
-        return _Worker(process, parent, phase="starting", deadline=time.monotonic() + STARTUP_TIMEOUT_S)
+        return _Worker(process, parent, stderr, phase="starting", deadline=time.monotonic() + STARTUP_TIMEOUT_S)
 
     def _stop(self, worker: _Worker) -> None:
         if worker.process.is_alive():
@@ -239,6 +274,7 @@ class WorkerPool:
             worker.process.kill()
         worker.process.join()
         worker.conn.close()
+        worker.stderr.unlink(missing_ok=True)
 
     def _failed(self, worker: _Worker, status: str, message: str) -> ItemResult:
         backend, task = worker.job  # type: ignore[misc]
@@ -247,6 +283,9 @@ class WorkerPool:
             status=status, message=message, compile_ms=worker.compile_ms,
             instance_failure=task.instance_failure,
         )
+
+    def _out_of_memory(self, what: str) -> str:
+        return f"{what} (worker memory cap {self.config.worker_memory.human_readable(decimal=True)})"
 
     def _retire(self, worker: _Worker) -> None:
         worker.process.kill()
@@ -264,6 +303,7 @@ class WorkerPool:
             for worker in self._workers:
                 if worker.phase == "idle" and pending:
                     worker.job = pending.popleft()
+                    worker.stderr_start = worker.stderr.stat().st_size if worker.stderr.exists() else 0
                     worker.conn.send(worker.job)
                     worker.phase, worker.compile_ms = "starting", None
                     worker.deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -289,14 +329,24 @@ class WorkerPool:
                     worker.phase, worker.compile_ms = "walk", message[2]
                     worker.deadline = time.monotonic() + self.config.walk_timeout_s
                 elif message[0] == "done":
+                    result = message[1]
+                    if result.status == "oom":
+                        # What is left of a worker after a MemoryError is not trusted with the next item.
+                        result.message = self._out_of_memory(result.message)
+                        self._retire(worker)
                     worker.job, worker.phase = None, "idle"
-                    return message[1]
+                    return result
         except (EOFError, OSError):
             pass  # the worker died; handled below
         if not worker.process.is_alive():
+            death = _death_message(worker.process.exitcode)
+            last_words = _last_line(worker.stderr, worker.stderr_start)
             if worker.job is None:
-                raise RuntimeError(f"a profile worker failed to start ({_death_message(worker.process.exitcode)})")
-            result = self._failed(worker, "crash", _death_message(worker.process.exitcode))
+                raise RuntimeError(f"a profile worker failed to start ({death}{': ' + last_words if last_words else ''})")
+            if _OUT_OF_MEMORY.search(last_words):
+                result = self._failed(worker, "oom", self._out_of_memory(f"{death}: {last_words}"))
+            else:
+                result = self._failed(worker, "crash", f"{death}: {last_words}" if last_words else death)
             self._retire(worker)
             return result
         if time.monotonic() >= worker.deadline:
@@ -312,6 +362,18 @@ class WorkerPool:
             self._retire(worker)
             return result
         return None
+
+
+def _last_line(path: Path, start: int = 0) -> str:
+    """The last non-empty line written to a worker's descriptor 2 after byte ``start`` (empty when none)."""
+    try:
+        with path.open("rb") as file:
+            file.seek(max(start, file.seek(0, 2) - 4096))
+            tail = file.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
 
 
 # ---------------------------------------------------------------------------
@@ -466,4 +528,5 @@ def run_profile(config: ProfileConfig, out_dir: str | Path, progress: bool = Tru
     results = [r for k, r in store.results.items() if k in wanted]
     files = write_outputs(results, config, out_dir, skipped=prepared.skipped)
     logged = sum(is_logged_warning(w) for r in results for w in r.warnings)
-    return ProfileRun(out_dir, len(results), new, prepared.skipped, files, logged)
+    return ProfileRun(out_dir, len(results), new, prepared.skipped, files, logged,
+                      sum(r.status == "oom" for r in results))

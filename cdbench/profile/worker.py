@@ -11,6 +11,9 @@ instances to check they are rejected. It talks to the parent over a pipe:
 
 Engine calls run here and not in the parent so that a hang can be killed and a
 segfault only takes this process down (see :mod:`cdbench.profile.runner`).
+Memory is capped here too (:func:`cap_memory`), so one item that needs more
+than its share (outlines-core can need tens of GB on a JSON schema with long
+string bounds) ends as ``oom`` instead of taking the machine down.
 A worker ends with its parent, even one killed by SIGKILL
 (:func:`die_with_parent`), so a compile hanging in it never outlives the run.
 """
@@ -22,6 +25,7 @@ import gc
 import importlib
 import importlib.util
 import os
+import resource
 import signal
 import sys
 import threading
@@ -29,6 +33,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+import psutil
 
 from cdbench.backends.base import (
     CompileError,
@@ -38,7 +44,7 @@ from cdbench.backends.base import (
     Matcher,
 )
 
-ItemStatus = Literal["ok", "unsupported", "error", "timeout", "crash"]
+ItemStatus = Literal["ok", "unsupported", "error", "timeout", "crash", "oom"]
 
 
 @dataclass(frozen=True)
@@ -181,6 +187,32 @@ def die_with_parent() -> str:
     return "watcher"
 
 
+def cap_memory(budget: int) -> int:
+    """Let this process grow by at most ``budget`` bytes of data from now on; returns the limit set.
+
+    The limit is ``RLIMIT_DATA`` (heap and private writable mappings) at the
+    current data size plus ``budget``, set once the worker has started (imports,
+    plugins, vocabulary), so ``budget`` is what its engines may use. Not
+    ``RLIMIT_AS``: address space counts reservations never touched (glibc's
+    per-thread malloc arenas, torch's reserved ranges), so a cap on it fails long
+    before memory is used. Past the limit Python raises ``MemoryError``;
+    outlines-core and llguidance (Rust) print ``memory allocation of N bytes
+    failed`` and abort; xgrammar (C++) raises or aborts, or, when its thread pool
+    cannot start a thread, waits until the compile timeout. Measured on a
+    2-CPU machine (outlines-core 0.2.14, a compile after construction): with the
+    Qwen3.6 vocabulary a two-property object schema adds 9 MiB of data, one
+    string with ``maxLength: 300`` adds 1.3 GiB in 104 s and aborts under a
+    1000 MiB budget; with cl100k that schema adds about 290 MiB
+    (``tests/profile/test_profile_memory.py`` runs it under 60 MB).
+    """
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = psutil.Process().memory_info().data + budget
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    return limit
+
+
 def _allowed(mask_row: Any, token: int, mask_format: MaskFormat) -> bool:
     if mask_format is MaskFormat.BOOL:
         return bool(mask_row[token])
@@ -286,6 +318,8 @@ def profile_item(
     except CompileError as exc:
         result.status = "unsupported" if exc.unsupported else "error"
         result.message = exc.message or str(exc)
+    except MemoryError:
+        result.status, result.message = "oom", "out of memory while compiling"
     except Exception as exc:  # an engine bug that is not a CompileError is still that item's error
         result.status = "error"
         result.message = f"{type(exc).__name__}: {exc}"
@@ -312,6 +346,8 @@ def profile_item(
             if accepts_to_end(backend.matcher(grammar), instance):
                 result.false_accepts += 1
                 result.false_accept_labels.append(instance.label)
+    except MemoryError:
+        result.status, result.message = "oom", "out of memory while walking the instances"
     except Exception as exc:
         result.walk_error = f"{type(exc).__name__}: {exc}"
     finally:
@@ -319,15 +355,28 @@ def profile_item(
     return result
 
 
-def worker_main(conn: Any, vocab_name: str, plugins: list[str], rollback_every: int, backend_options: dict) -> None:
-    """Serve tasks from ``conn`` until it sends ``None`` (the entry point of a worker process)."""
+def worker_main(conn: Any, vocab_name: str, plugins: list[str], rollback_every: int, backend_options: dict,
+                memory_budget: int | None = None, stderr_path: str | None = None) -> None:
+    """Serve tasks from ``conn`` until it sends ``None`` (the entry point of a worker process).
+
+    ``memory_budget``: bytes the engines may use beyond the worker's start-up
+    (:func:`cap_memory`; ``None``: no cap). ``stderr_path``: a file that takes
+    this process's descriptor 2, so the parent can read why it died (a native
+    engine's last words, e.g. an allocation failure, come only there).
+    """
     die_with_parent()
+    if stderr_path is not None:
+        fd = os.open(stderr_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.dup2(fd, 2)
+        os.close(fd)
     from cdbench.backends.registry import create_backend
     from cdbench.backends.vocab import load_vocab
 
     for plugin in plugins:
         load_plugin(plugin)
     vocab = load_vocab(vocab_name)
+    if memory_budget is not None:
+        cap_memory(memory_budget)
     backends: dict[str, GrammarBackend] = {}
     conn.send(("ready",))
     while True:
@@ -343,7 +392,8 @@ def worker_main(conn: Any, vocab_name: str, plugins: list[str], rollback_every: 
             except Exception as exc:  # reported on the item; the parent decides whether to go on
                 conn.send(("done", ItemResult(
                     corpus=task.corpus, item_id=task.item_id, kind=task.kind, backend=backend_name,
-                    status="error", message=f"backend construction failed: {type(exc).__name__}: {exc}",
+                    status="oom" if isinstance(exc, MemoryError) else "error",
+                    message=f"backend construction failed: {type(exc).__name__}: {exc}",
                 )))
                 continue
         conn.send(("done", profile_item(

@@ -14,6 +14,8 @@ items; empirical coverage = compiled and every valid instance accepted ÷ items
 Timeouts are split by what ran past its limit: a *compile timeout* has no
 compile time (the compile, or the backend's construction before it, was
 killed); a *walk timeout* compiled, then its instance walks were killed.
+An item *out of memory* (``oom``) ran past its worker's memory cap
+(``cdbench profile --worker-memory``), compiling or walking.
 
 Forced (jump-forward) tokens are counted by each backend's own rule
 (:data:`FORCED_TOKEN_RULES`), so their counts compare within a backend, not
@@ -40,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-FAILED_STATUSES = ("unsupported", "error", "timeout", "crash")
+FAILED_STATUSES = ("unsupported", "error", "timeout", "crash", "oom")
 
 # What "forced tokens" means per backend (cdbench/backends); the rules differ,
 # so the counts do not compare across backends.
@@ -103,6 +105,7 @@ def summarize(items: pd.DataFrame, tokens: pd.DataFrame, by: Sequence[str] = ("b
             "compile timeouts": int(((group.status == "timeout") & group.compile_ms.isna()).sum()),
             "walk timeouts": int(((group.status == "timeout") & group.compile_ms.notna()).sum()),
             "crashes": int((group.status == "crash").sum()),
+            "out of memory": int((group.status == "oom").sum()),
             "warned items": int((group.n_warnings > 0).sum()),
         }
     table = pd.DataFrame.from_dict(rows, orient="index")

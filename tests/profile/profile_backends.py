@@ -14,7 +14,8 @@ profile's worker processes register them too:
 - ``toy_crashy``: aborts the process when compiling an option starting with
   ``CRASH`` and hangs when one starts with ``HANG`` (``HANG pidfile=PATH``
   first writes the hanging process's pid to ``PATH``); with ``WALKCRASH`` /
-  ``WALKHANG`` it does so in the first mask fill instead.
+  ``WALKHANG`` it does so in the first mask fill instead; ``HOG <MB>`` makes the
+  compile allocate that many megabytes, ``WALKHOG <MB>`` each mask fill.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ from cdbench.backends.registry import register_backend
 from cdbench.backends.vocab import Vocabulary
 
 
+def _hog(megabytes: str) -> None:
+    """Allocate ``megabytes`` MB of private memory (counted by a worker's memory cap; left untouched, so
+    without a cap it costs the machine nothing) and let it go."""
+    np.zeros(int(megabytes) * 1_000_000, dtype=np.uint8)
+
+
 class ToyMatcher(Matcher):
     def __init__(self, backend: ToyChoiceBackend, options: tuple[bytes, ...]) -> None:
         self.backend, self.options = backend, options
@@ -53,6 +60,9 @@ class ToyMatcher(Matcher):
                 os.abort()
             if any(b"WALKHANG" in option for option in self.options):
                 time.sleep(3600)
+            for option in self.options:
+                if option.startswith(b"WALKHOG "):
+                    _hog(option.decode()[len("WALKHOG "):])
         words = mask.numpy()[row].view(np.uint32)
         words[:] = 0
         allowed = []
@@ -134,6 +144,9 @@ class ToyChoiceBackend(GrammarBackend):
                         Path(pidfile + ".tmp").write_text(str(os.getpid()))
                         os.replace(pidfile + ".tmp", pidfile)  # whole or absent for the reader
                     time.sleep(3600)
+            for option in spec.spec:
+                if option.startswith("HOG "):
+                    _hog(option[len("HOG "):])
         warnings = ("toy: option order not enforced",) if self.behaviour == "warns" else ()
         return CompiledGrammar(self.name, spec, tuple(o.encode() for o in spec.spec), warnings)
 
