@@ -52,17 +52,19 @@ def profile(
     from cdbench.results.output_folder import FolderInUseError, claim_folder
 
     try:
-        try:
-            memory = None if worker_memory is None else TypeAdapter(ByteSize).validate_python(worker_memory)
-        except ValidationError:
-            raise ValueError(f"--worker-memory {worker_memory!r} is not a size (e.g. 8GB, 512MiB)") from None
+        memory: dict[str, ByteSize] = {}  # left out: ProfileConfig's default
+        if worker_memory is not None:
+            try:
+                memory["worker_memory"] = TypeAdapter(ByteSize).validate_python(worker_memory)
+            except ValidationError:
+                raise ValueError(f"--worker-memory {worker_memory!r} is not a size (e.g. 8GB, 512MiB)") from None
         for name in plugin:
             load_plugin(name)
         config = ProfileConfig(
             backends=_split(backends), corpora=_split(corpus), vocab=vocab, limit=limit, seed=seed,
             compile_timeout_s=compile_timeout, walk_timeout_s=walk_timeout, workers=workers,
             valid_instances=valid_instances, invalid_instances=invalid_instances, plugins=plugin,
-            worker_memory=memory,
+            **memory,
         )
         unknown = [b for b in config.backends if b not in available_backends()]
         if unknown:
@@ -78,7 +80,6 @@ def profile(
         typer.echo(f"skipped: {line}", err=True)
     typer.echo(f"{run.results} results ({run.new_results} new) in {run.out_dir}; report: {run.out_dir / 'report.md'}")
     if run.out_of_memory:
-        assert config.worker_memory is not None  # ProfileConfig fills in the default
         typer.echo(f"oom: {run.out_of_memory} item{'s' if run.out_of_memory != 1 else ''} ran out of the "
                    f"{config.worker_memory.human_readable(decimal=True)} worker memory cap (--worker-memory); "
                    "status oom in the report")

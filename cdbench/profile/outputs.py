@@ -189,8 +189,7 @@ def write_outputs(
             "valid instances per item": config.valid_instances,
             "invalid instances per item": config.invalid_instances,
             "workers": config.workers,
-            "worker memory": (config.worker_memory.human_readable(decimal=True)
-                              if config.worker_memory is not None else "no cap"),
+            "worker memory": config.worker_memory.human_readable(decimal=True),
         },
         versions=versions,
         notes=[

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import psutil
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Field
 
 from cdbench.backends.engine_log import is_logged_warning
 from cdbench.profile.worker import (
@@ -88,7 +88,7 @@ class ProfileConfig(BaseModel):
     ``worker_memory`` caps what each worker's engines may allocate beyond its
     start-up (bytes, or a size such as ``8GB``; see
     :func:`~cdbench.profile.worker.cap_memory`); left out, it is
-    :func:`default_worker_memory`, fixed when the config is made.
+    :func:`default_worker_memory`.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -104,18 +104,13 @@ class ProfileConfig(BaseModel):
     valid_instances: int = Field(default=1, ge=0)
     invalid_instances: int = Field(default=3, ge=0)
     rollback_every: int = Field(default=4, ge=0)
-    worker_memory: ByteSize | None = Field(default=None, gt=0)
+    # Fixed when the config is made (and recorded with it): the memory available then, shared among the workers.
+    worker_memory: ByteSize = Field(default_factory=lambda data: ByteSize(default_worker_memory(data["workers"])), gt=0)
     plugins: list[str] = Field(default_factory=list)
     # Compiles are timed cold: engine-side compile caches are off.
     backend_options: dict[str, dict[str, Any]] = Field(
         default_factory=lambda: {"xgrammar": {"compiler_cache": False}}
     )
-
-    @model_validator(mode="after")
-    def _default_worker_memory(self) -> ProfileConfig:
-        if self.worker_memory is None:
-            self.worker_memory = ByteSize(default_worker_memory(self.workers))
-        return self
 
     def results_identity(self) -> dict[str, Any]:
         """The fields that must be equal for stored results to be reused on resume."""

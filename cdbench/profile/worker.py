@@ -356,27 +356,25 @@ def profile_item(
 
 
 def worker_main(conn: Any, vocab_name: str, plugins: list[str], rollback_every: int, backend_options: dict,
-                memory_budget: int | None = None, stderr_path: str | None = None) -> None:
+                memory_budget: int, stderr_path: str) -> None:
     """Serve tasks from ``conn`` until it sends ``None`` (the entry point of a worker process).
 
     ``memory_budget``: bytes the engines may use beyond the worker's start-up
-    (:func:`cap_memory`; ``None``: no cap). ``stderr_path``: a file that takes
+    (:func:`cap_memory`). ``stderr_path``: a file that takes
     this process's descriptor 2, so the parent can read why it died (a native
     engine's last words, e.g. an allocation failure, come only there).
     """
     die_with_parent()
-    if stderr_path is not None:
-        fd = os.open(stderr_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        os.dup2(fd, 2)
-        os.close(fd)
+    fd = os.open(stderr_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.dup2(fd, 2)
+    os.close(fd)
     from cdbench.backends.registry import create_backend
     from cdbench.backends.vocab import load_vocab
 
     for plugin in plugins:
         load_plugin(plugin)
     vocab = load_vocab(vocab_name)
-    if memory_budget is not None:
-        cap_memory(memory_budget)
+    cap_memory(memory_budget)
     backends: dict[str, GrammarBackend] = {}
     conn.send(("ready",))
     while True:
