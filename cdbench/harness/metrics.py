@@ -176,6 +176,13 @@ class Summary(BaseModel):
     mask_row_p999_us: float
     cpu_exposed_s: float
     cpu_hidden_by_overlap_s: float
+    # shares of the summed step time: host CPU parts beside the GPU's (CPU parts may overlap the GPU,
+    # so the shares need not add up to 1)
+    host_schedule_share: float = 0.0
+    host_grammar_share: float = 0.0
+    host_transfer_share: float = 0.0
+    host_process_share: float = 0.0
+    gpu_share: float = 0.0
     steps: int
     idle_iterations: int
 
@@ -231,6 +238,9 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: LogHistogram, ma
     skew = skew[~np.isnan(skew)]
     total_step = float(steps["duration_s"].sum()) if len(steps) else 0.0
     mask_time = float((steps["fill_s"] + steps["copy_s"] + steps["apply_s"]).sum()) if len(steps) else 0.0
+
+    def share(*columns: str) -> float:
+        return float(sum(steps[c].sum() for c in columns if c in steps)) / total_step if total_step else 0.0
     reasons = requests.loc[~ok, "abort_reason"].astype(str).value_counts()
 
     def by_position(counts: Callable[[DraftPositionCounts], np.ndarray]) -> list[int]:
@@ -285,6 +295,11 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: LogHistogram, ma
         mask_row_p999_us=mask_rows.quantile(0.999) * 1e6,
         cpu_exposed_s=float(steps["exposed_cpu_s"].sum()) if len(steps) else 0.0,
         cpu_hidden_by_overlap_s=float(steps["hidden_cpu_s"].sum()) if len(steps) else 0.0,
+        host_schedule_share=share("schedule_s", "poll_s", "sync_s", "check_s"),
+        host_grammar_share=share("fill_s"),
+        host_transfer_share=share("transfer_s"),
+        host_process_share=share("process_s"),
+        gpu_share=share("forward_s", "copy_s", "apply_s", "sample_s"),
         steps=int((steps["kind"] != "idle").sum()) if len(steps) else 0,
         idle_iterations=idle_iterations if idle_iterations is not None else
         int((steps["kind"] == "idle").sum()) if len(steps) else 0,

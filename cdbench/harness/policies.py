@@ -170,6 +170,18 @@ def _sglang(cpus: int) -> dict:
         fill_parallel_threshold=None,
         spec_grammar_overlap=False,
         abort_on_reject=True,
+        # host costs of sglang 0.5.23 with xgrammar 0.2.7 (reports/engine_costs/fitted.json, "sglang" entries;
+        # scripts/engine_costs/measure_sglang.py, then fit.py): SamplingBatchInfo.update_regex_vocab_mask
+        # (the mask of every batch row allocated each step, the wrapper per structured row) and the result
+        # processor's grammar calls. Batch forming and the rest of result processing are not measured (the
+        # scheduler modules do not import on a CPU host: see the report), so they stay 0.
+        fill_step_s=2.87e-06,
+        fill_row_s=1.42e-06,
+        mask_alloc_byte_s=1.27e-10,
+        accept_row_s=6.44e-06,
+        # the worker samples in the scheduler's process; with mask_transfer="ipc", vLLM's measured queue
+        ipc_s=0.000364,
+        ipc_byte_s=2.53e-10,
     )
 
 
@@ -192,10 +204,31 @@ def _vllm(cpus: int) -> dict:
         fill_chunk=16,
         fill_threads=max(1, min(cpus // 2, 8)),
         spec_grammar_overlap=True,
+        # host costs of vllm 0.32.0 with xgrammar 0.2.8 (reports/engine_costs/fitted.json, "vllm" entries;
+        # scripts/engine_costs/measure_vllm.py, then fit.py): Scheduler.schedule per iteration and row,
+        # StructuredOutputManager.grammar_bitmask beyond the matchers' own fills, Scheduler.update_from_output
+        # per iteration, row and structured row, and the executor's MessageQueue carrying the bitmask
+        schedule_s=8.02e-05,
+        schedule_row_s=1.07e-05,
+        process_step_s=2.03e-05,
+        process_row_s=6.05e-06,
+        accept_row_s=1.07e-05,
+        fill_step_s=0.000227,
+        fill_row_s=4.88e-06,
+        # one GPU runs the uniprocess executor (no serialization); tensor parallelism or
+        # distributed_executor_backend="mp" sends the bitmask through the queue: mask_transfer="ipc"
+        mask_transfer="none",
+        ipc_s=0.000364,
+        ipc_byte_s=2.53e-10,
     )
 
 
 PRESETS = {"sglang": _sglang, "vllm": _vllm}
+
+#: the engines' own host costs, measured from their code (``reports/engine_costs/``); zero them to
+#: see the grammar and GPU costs alone
+HOST_COST_FIELDS = ("schedule_s", "schedule_row_s", "process_step_s", "process_row_s", "accept_row_s", "fill_step_s",
+                    "fill_row_s", "mask_alloc_byte_s", "ipc_s", "ipc_byte_s")
 
 
 def policy(name: str, host_cpus: int = 32, **overrides: object) -> SchedulerConfig:

@@ -89,6 +89,7 @@ class StepRecord:
         SGLang's blocking poll, the rank all_gather, vLLM's readiness checks).
     forward_s, fill_s, copy_s, apply_s, sample_s, process_s : the parts.
     exposed_cpu_s, hidden_cpu_s : CPU time on the critical path / overlapped with the GPU.
+    transfer_s : serializing the bitmask to the sampling worker's process (``mask_transfer="ipc"``).
     """
 
     start_s: float
@@ -112,6 +113,7 @@ class StepRecord:
     process_s: float
     exposed_cpu_s: float
     hidden_cpu_s: float
+    transfer_s: float
 
 
 STEP_COLUMNS = tuple(f.name for f in fields(StepRecord))

@@ -22,8 +22,8 @@ from cdbench.reports.tables import summary_sections, to_markdown
 from cdbench.results.run_folder import WORKLOAD_TRACE_FILE, SavedRun
 from cdbench.workloads.workload import WorkloadReport
 
-STEP_PARTS = ("forward_s", "fill_s", "copy_s", "apply_s", "sample_s", "schedule_s", "poll_s", "sync_s", "check_s",
-              "process_s")
+STEP_PARTS = ("forward_s", "fill_s", "copy_s", "transfer_s", "apply_s", "sample_s", "schedule_s", "poll_s", "sync_s",
+              "check_s", "process_s")
 """Per-step time components of ``steps.parquet`` shown in the breakdown (seconds)."""
 
 

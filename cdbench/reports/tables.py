@@ -31,6 +31,7 @@ _TOPICS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("Throughput", re.compile(r"throughput|goodput|^completed$|^duration|^total_(input|output)_tokens$|^num_")),
     ("Grammar compile and wait", re.compile(r"compile|wait|cache|poll|inflight")),
     ("Aborts and failures", re.compile(r"abort|timeout|fail|error")),
+    ("Step time: host CPU beside the GPU", re.compile(r"^host_|^gpu_share$")),
     ("Masks and overlap", re.compile(r"mask|fill|apply|copy|overlap|hidden|exposed|share")),
     ("Speculative decoding, jump-forward, validity", re.compile(r"draft|rollback|rolled|accept|jump|valid")),
     ("Ranks", re.compile(r"rank|skew")),
@@ -115,7 +116,8 @@ def to_markdown(section: Section) -> str:
 
 HEADLINE = ("completed", "failed", "request_throughput", "output_throughput", "request_goodput",
             "mean_grammar_wait_ms", "p99_grammar_wait_ms", "mean_compile_ms", "cache_hit_rate", "rollback_rate",
-            "validity_rate", "mask_share", "mask_row_p99_us", "cpu_hidden_by_overlap_s", "mean_rank_skew_ms")
+            "validity_rate", "mask_share", "mask_row_p99_us", "cpu_hidden_by_overlap_s", "mean_rank_skew_ms",
+            "host_schedule_share", "host_grammar_share", "host_transfer_share", "host_process_share", "gpu_share")
 """Fields shown in the console summary after the latency grid (the report has them all)."""
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from cdbench.backends.base import ConstraintSpec
 from cdbench.harness.costs.gpu import FixedGpuCosts
 from cdbench.harness.executors.model import FixedGrammarCosts, ModelExecutor
-from cdbench.harness.policies import policy
+from cdbench.harness.policies import HOST_COST_FIELDS, policy
 from cdbench.harness.run import RunResult, simulate
 from cdbench.workloads.request import Request
 
@@ -23,6 +23,8 @@ def sim(requests, name: str, *, gpu: FixedGpuCosts | None = None, grammar: Fixed
     grammar = grammar or FixedGrammarCosts(compile_time_s=0.012, fill_time_s=0.0, accept_time_s=0.0,
                                            rollback_time_s=0.0)
     overrides.setdefault("cache_hit_s", 0.0)
+    for field in HOST_COST_FIELDS:  # the engines' measured host costs would blur the hand-computed times
+        overrides.setdefault(field, 0.0)
     executor = ModelExecutor(grammar, alpha=alpha)
     return simulate(requests, policy(name, **overrides), executor, gpu, seed=seed, trace_steps=0)
 

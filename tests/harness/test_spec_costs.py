@@ -13,11 +13,12 @@ from cdbench.harness.costs.grammar_profile import CompileMeasurement, GrammarPro
 from cdbench.harness.costs.spec_profile import spec_key_hash
 from cdbench.harness.executors.base import SpecKeys, StepRows
 from cdbench.harness.executors.model import ModelExecutor, ProfileGrammarCosts
-from cdbench.harness.policies import policy
+from cdbench.harness.policies import HOST_COST_FIELDS, policy
 from cdbench.harness.run import simulate
 from cdbench.workloads.request import Request
 
 SPEC = ConstraintSpec("regex", "[a-z]+")
+NO_HOST_COSTS = dict.fromkeys(HOST_COST_FIELDS, 0.0)  # the fills alone set the step times compared here
 SLOW_FILL, FAST_FILL, FIRST_FACTOR = 1e-3, 1e-6, 10.0
 SLOW_COMPILE, FAST_COMPILE = 0.5, 0.001
 
@@ -42,7 +43,7 @@ def _apart(spec_ids: list[str], out: int = 20) -> list[Request]:
 
 def _per_request_fills(spec_ids: list[str], seed: int = 0, profile: GrammarProfile | None = None):
     requests = _apart(spec_ids)
-    result = simulate(requests, policy("vllm", overlap=False), ModelExecutor(ProfileGrammarCosts(profile or _profile(), seed)),
+    result = simulate(requests, policy("vllm", **NO_HOST_COSTS, overlap=False), ModelExecutor(ProfileGrammarCosts(profile or _profile(), seed)),
                       FixedGpuCosts(forward_base_s=0.01), seed=seed, trace_steps=0)
     steps = result.steps[result.steps["grammar_rows"] > 0]
     owner = (steps["start_s"] // 10.0).astype(int)

