@@ -97,6 +97,9 @@ class CostConfig(ForwardConfig):
     """
 
     mask_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    live_gpu: bool = Field(False, description="hybrid mode: run each step's forward, mask copy, apply and "
+                           "sampling on this machine's GPU and use the measured times (needs CUDA)")
+    live_kv_tokens: int = Field(2**18, ge=1, description="live_gpu: KV-cache capacity in tokens")
     fixed_gpu: FixedGpuCosts | None = None
     grammar_profile: str | None = None
     fixed_grammar: FixedGrammarCosts | None = None
@@ -104,6 +107,16 @@ class CostConfig(ForwardConfig):
     def gpu_costs(self, vocab_size: int) -> GpuCosts:
         if self.fixed_gpu is not None:
             return self.fixed_gpu
+        if self.live_gpu:
+            import torch
+
+            from cdbench.harness.costs.hardware import resolve_model
+            from cdbench.harness.live.gpu import LiveGpuCosts
+
+            if not torch.cuda.is_available():
+                raise ValueError("costs.live_gpu needs a CUDA device; this machine has none")
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.mask_dtype]
+            return LiveGpuCosts(resolve_model(self.model), vocab_size, "cuda", self.live_kv_tokens, logits_dtype=dtype)
         return RooflineGpuCosts(self.build(), MaskCost.for_gpu(self.gpu, vocab_size, dtype=self.mask_dtype))
 
     def grammar_costs(self, backend: str, seed: int, options: Mapping[str, Any] | None = None) -> GrammarCosts:
@@ -146,6 +159,8 @@ class RunConfig(BaseModel):
         if self.mode == "model" and self.scheduler_config().collectives == "gloo":
             raise ValueError("scheduler.collectives 'gloo' runs real collectives in hybrid mode; "
                              "model mode prices them (collectives: model) to stay deterministic")
+        if self.mode == "model" and self.costs.live_gpu:
+            raise ValueError("costs.live_gpu measures the GPU in hybrid mode; model mode prices it")
         return self
 
     @model_serializer(mode="wrap")
