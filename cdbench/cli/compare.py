@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -37,6 +37,9 @@ from cdbench.reports.compare import (
 )
 from cdbench.results.config_files import ConfigError, apply_overrides
 from cdbench.results.run_folder import SavedRun, load_run, validate_run_config
+
+if TYPE_CHECKING:
+    from cdbench.harness.config import RunConfig
 
 
 def _split(value: str | None) -> list[str]:
@@ -86,21 +89,21 @@ def compare(
                            requests=requests, rate=rate, seed=seed)
             base, source = load_run_tree(config, options, set_)
             # Every combination is validated before any runs, so a typo in the last one fails in a second.
-            trees: dict[str, dict[str, Any]] = {}
+            configs: dict[str, RunConfig] = {}
             for b in backend_list or [None]:
                 for p in policy_list or [None]:
                     label = "-".join(x for x in (b, p) if x)
-                    if label in trees:
+                    if label in configs:
                         raise ConfigError(f"{label!r} is listed twice in --backends/--policies")
-                    trees[label] = apply_overrides(base, option_overrides({"backend": b, "policy": p}))
-                    validate_run_config(trees[label], f"{source} ({label})")
+                    tree = apply_overrides(base, option_overrides({"backend": b, "policy": p}))
+                    configs[label] = validate_run_config(tree, f"{source} ({label})")
         if out is not None and overwrite and any(out.resolve() in (d.resolve(), *d.resolve().parents)
                                                  for d in run_dirs or []):
             raise ConfigError(f"--out {out} holds a run being compared; --overwrite would delete it")
         out = output_folder(out, default_out_dir("compare-"), "compare", overwrite=overwrite)
     if not run_dirs:
-        for label, tree in trees.items():
-            runs[label] = execute(tree, f"{source} ({label})", out / label, label=label)
+        for label, run_config in configs.items():
+            runs[label] = execute(run_config, out / label, label=label)
     with user_errors(out / "compare.log"), err_console.status("writing the comparison and its plots"):
         md = write_comparison(runs, out)
     table = comparison_table({label: run.summary for label, run in runs.items()})

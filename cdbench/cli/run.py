@@ -34,6 +34,7 @@ from cdbench.cli.support import (
     user_errors,
 )
 from cdbench.reports.tables import console_sections, to_rich
+from cdbench.results.run_folder import validate_run_config
 
 
 def run_command(
@@ -63,8 +64,9 @@ def run_command(
                    requests=requests, rate=rate, seed=seed)
     with user_errors():
         tree, source = load_run_tree(config, options, set_)
+        run_config = validate_run_config(tree, source)
         out = output_folder(out, default_out_dir(), "run", overwrite=overwrite)
-    saved = execute(tree, source, out)
+    saved = execute(run_config, out)
     for section in console_sections(saved.summary):
         console.print(to_rich(section))
     print_workload_issues(saved)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -46,9 +46,12 @@ from cdbench.results.output_folder import (
     claim_folder,
     new_folder,
 )
-from cdbench.results.run_folder import SavedRun, record_run, validate_run_config
+from cdbench.results.run_folder import SavedRun, record_run
 from cdbench.workloads.corpora import UnknownCorpusError
 from cdbench.workloads.trace import TraceError
+
+if TYPE_CHECKING:
+    from cdbench.harness.config import RunConfig
 
 
 def _console(stderr: bool = False) -> Console:
@@ -229,8 +232,10 @@ def output_folder(out: Path | None, default: Path, command: Command, overwrite: 
     return folder
 
 
-def execute(tree: dict[str, Any], source: str, out: Path, label: str = "") -> SavedRun:
-    """Validate, run with a progress bar, save and report; user mistakes become one-line errors.
+def execute(run_config: RunConfig, out: Path, label: str = "") -> SavedRun:
+    """Run a validated config with a progress bar, save and report; user mistakes become one-line errors.
+
+    Callers validate (``validate_run_config``) before claiming ``out``, so a refused config leaves no folder.
 
     The bar shows each stage of the run (workload generation, then simulation), prefixed by ``label``.
     """
@@ -238,7 +243,6 @@ def execute(tree: dict[str, Any], source: str, out: Path, label: str = "") -> Sa
     # Native engine logging would cut through the progress bar and tables: it goes to a file of the run.
     try:
         with engine_log() as logged, user_errors(out / "run.log"):
-            run_config = validate_run_config(tree, source)
             with progress_bar(transient=True) as bar:
                 task = bar.add_task(f"{prefix}starting", total=100)
 

@@ -13,7 +13,8 @@ CI = str(builtin_config_path("ci"))
 
 
 def _nothing_run(folder):
-    return not (folder / "summary.json").exists() and not list(folder.rglob("*.parquet"))
+    """A refused run is refused before its folder is claimed: nothing is left behind."""
+    return not folder.exists()
 
 
 def _refused(result, requests: int, available: str):
