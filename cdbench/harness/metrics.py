@@ -299,7 +299,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: LogHistogram, ma
         host_grammar_share=share("fill_s"),
         host_transfer_share=share("transfer_s"),
         host_process_share=share("process_s"),
-        gpu_share=share("forward_s", "copy_s", "apply_s", "sample_s"),
+        gpu_share=share("forward_s", "apply_s", "sample_s"),  # (the mask copy sits on the host's chain: mask_share)
         steps=int((steps["kind"] != "idle").sum()) if len(steps) else 0,
         idle_iterations=idle_iterations if idle_iterations is not None else
         int((steps["kind"] == "idle").sum()) if len(steps) else 0,

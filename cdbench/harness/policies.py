@@ -175,13 +175,13 @@ def _sglang(cpus: int) -> dict:
         # (the mask of every batch row allocated each step, the wrapper per structured row) and the result
         # processor's grammar calls. Batch forming and the rest of result processing are not measured (the
         # scheduler modules do not import on a CPU host: see the report), so they stay 0.
-        fill_step_s=2.87e-06,
-        fill_row_s=1.42e-06,
-        mask_alloc_byte_s=1.27e-10,
-        accept_row_s=6.44e-06,
+        fill_step_s=2.866e-06,
+        fill_row_s=1.419e-06,
+        mask_alloc_byte_s=1.274e-10,
+        accept_row_s=6.442e-06,
         # the worker samples in the scheduler's process; with mask_transfer="ipc", vLLM's measured queue
-        ipc_s=0.000364,
-        ipc_byte_s=2.53e-10,
+        ipc_s=0.0003642,
+        ipc_byte_s=2.526e-10,
     )
 
 
@@ -209,17 +209,17 @@ def _vllm(cpus: int) -> dict:
         # StructuredOutputManager.grammar_bitmask beyond the matchers' own fills, Scheduler.update_from_output
         # per iteration, row and structured row, and the executor's MessageQueue carrying the bitmask
         schedule_s=8.02e-05,
-        schedule_row_s=1.07e-05,
-        process_step_s=2.03e-05,
-        process_row_s=6.05e-06,
-        accept_row_s=1.07e-05,
+        schedule_row_s=1.066e-05,
+        process_step_s=2.033e-05,
+        process_row_s=6.047e-06,
+        accept_row_s=1.066e-05,
         fill_step_s=0.000227,
-        fill_row_s=4.88e-06,
+        fill_row_s=4.876e-06,
         # one GPU runs the uniprocess executor (no serialization); tensor parallelism or
         # distributed_executor_backend="mp" sends the bitmask through the queue: mask_transfer="ipc"
         mask_transfer="none",
-        ipc_s=0.000364,
-        ipc_byte_s=2.53e-10,
+        ipc_s=0.0003642,
+        ipc_byte_s=2.526e-10,
     )
 
 

@@ -1,0 +1,128 @@
+"""The engines' measured host costs: presets pinned to the committed fit, and where the loop pays them."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from scheduler_helpers import FORWARD_S, req, sim
+
+from cdbench.harness.costs.gpu import FixedGpuCosts
+from cdbench.harness.executors.model import FixedGrammarCosts
+from cdbench.harness.policies import HOST_COST_FIELDS, policy
+
+ROOT = Path(__file__).resolve().parents[2]
+FITTED = ROOT / "reports" / "engine_costs" / "fitted.json"
+
+#: preset field -> its entry in fitted.json (engine, key); None: not measured (the engine's module does not import here)
+SOURCES = {
+    "vllm": {"schedule_s": ("vllm", "xgrammar.schedule_s"), "schedule_row_s": ("vllm", "xgrammar.schedule_row_s"),
+             "process_step_s": ("vllm", "xgrammar.process_step_s"),
+             "process_row_s": ("vllm", "xgrammar.process_row_s"), "accept_row_s": ("vllm", "xgrammar.accept_row_s"),
+             "fill_step_s": ("vllm", "xgrammar.fill_step_s"), "fill_row_s": ("vllm", "xgrammar.fill_row_s"),
+             "mask_alloc_byte_s": None, "ipc_s": ("vllm", "ipc_s"), "ipc_byte_s": ("vllm", "ipc_byte_s")},
+    "sglang": {"schedule_s": None, "schedule_row_s": None, "process_step_s": None, "process_row_s": None,
+               "accept_row_s": ("sglang", "xgrammar.accept_row_s"), "fill_step_s": ("sglang", "xgrammar.fill_step_s"),
+               "fill_row_s": ("sglang", "xgrammar.fill_row_s"),
+               "mask_alloc_byte_s": ("sglang", "xgrammar.mask_alloc_byte_s"),
+               "ipc_s": ("vllm", "ipc_s"), "ipc_byte_s": ("vllm", "ipc_byte_s")},
+}
+
+
+@pytest.mark.parametrize("preset", ["vllm", "sglang"])
+def test_preset_host_costs_are_the_committed_fit(preset):
+    fitted = json.loads(FITTED.read_text())
+    cfg = policy(preset)
+    assert set(SOURCES[preset]) == set(HOST_COST_FIELDS)
+    for field, source in SOURCES[preset].items():
+        expected = 0.0 if source is None else fitted[source[0]][source[1]]["value"]
+        assert getattr(cfg, field) == expected, field
+
+
+def _fit_module():
+    spec = importlib.util.spec_from_file_location("engine_cost_fit", ROOT / "scripts" / "engine_costs" / "fit.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_committed_fit_reproduces_from_the_committed_measurements():
+    fit = _fit_module()
+    folder = FITTED.parent
+    refit = {"vllm": fit.fit_vllm(pd.read_csv(folder / "vllm_steps.csv")),
+             "sglang": fit.fit_sglang(pd.read_csv(folder / "sglang_steps.csv"))}
+    assert refit == json.loads(FITTED.read_text())
+
+
+def test_measurements_name_engine_version_and_function():
+    for engine in ("vllm", "sglang"):
+        for p in json.loads(FITTED.read_text())[engine].values():
+            assert p["engine"] == engine and p["version"].startswith(engine) and p["function"] and p["fit"]
+
+
+# ---------------------------------------------------------------- where the loop pays them
+
+ROW_BYTES = 1000
+COSTS = dict(schedule_s=1e-4, schedule_row_s=1e-5, process_step_s=2e-5, process_row_s=3e-6, accept_row_s=4e-6,
+             fill_step_s=5e-5, fill_row_s=6e-6, mask_alloc_byte_s=1e-9, ipc_s=3e-4, ipc_byte_s=1e-8)
+GRAMMAR = FixedGrammarCosts(compile_time_s=0.0, fill_time_s=1e-4, accept_time_s=0.0, rollback_time_s=0.0)
+
+
+def _decode_steps(transfer: str = "none", overlap: bool = False, **kw):
+    reqs = [req(0, 0.0, out=4), req(1, 0.0, out=4, spec=None)]  # one structured row, one free row
+    result = sim(reqs, "vllm", gpu=FixedGpuCosts(forward_base_s=FORWARD_S, row_bytes=ROW_BYTES), grammar=GRAMMAR,
+                 overlap=overlap, mask_transfer=transfer, **{**COSTS, **kw})
+    steps = result.steps
+    return result, steps[(steps["kind"] == "decode") & (steps["rows"] == 2)]
+
+
+def test_each_host_cost_lands_in_its_step_column():
+    _, steps = _decode_steps()
+    assert len(steps)
+    s = steps.iloc[0]
+    assert s["schedule_s"] == pytest.approx(1e-4 + 2 * 1e-5)
+    # the grammar's own fill + the wrapper per iteration and per structured row + the mask of both rows
+    assert s["fill_s"] == pytest.approx(1e-4 + 5e-5 + 6e-6 + 1e-9 * ROW_BYTES * 2)
+    assert s["process_s"] == pytest.approx(2e-5 + 2 * 3e-6 + 4e-6)
+    assert s["transfer_s"] == 0.0
+
+
+def test_ipc_transfer_is_priced_per_byte_and_sits_on_the_mask_path():
+    _, local = _decode_steps()
+    _, ipc = _decode_steps("ipc")
+    assert ipc.iloc[0]["transfer_s"] == pytest.approx(3e-4 + 1e-8 * ROW_BYTES)
+    # without overlap the mask path (fill + copy + transfer) runs beside the forward: hidden while shorter
+    assert ipc["duration_s"].to_numpy() == pytest.approx(local["duration_s"].to_numpy())
+    _, long_ipc = _decode_steps("ipc", ipc_s=0.02)
+    extra = long_ipc.iloc[0]["duration_s"] - local.iloc[0]["duration_s"]
+    assert extra == pytest.approx(long_ipc.iloc[0]["fill_s"] + 0.02 + 1e-8 * ROW_BYTES - FORWARD_S)
+
+
+def test_overlap_hides_host_costs_that_serial_steps_pay():
+    serial, _ = _decode_steps(overlap=False)
+    hidden, _ = _decode_steps(overlap=True)
+    serial_off, _ = _decode_steps(overlap=False, **dict.fromkeys(HOST_COST_FIELDS, 0.0))
+    assert serial.summary.duration > serial_off.summary.duration
+    assert hidden.summary.duration < serial.summary.duration
+    assert serial.summary.host_schedule_share > 0 and serial.summary.host_process_share > 0
+    assert serial.summary.gpu_share > 0
+
+
+def test_host_transfer_share_appears_only_with_ipc():
+    local, _ = _decode_steps()
+    ipc, _ = _decode_steps("ipc")
+    assert local.summary.host_transfer_share == 0.0
+    assert ipc.summary.host_transfer_share > 0.0
+
+
+def test_the_wrapper_stays_serial_when_the_fill_pool_spreads_the_fills():
+    # 4 structured rows above a parallel threshold of 2: the grammar's fills spread over 4 threads, the
+    # wrapper's per-row cost (under the GIL) does not
+    reqs = [req(i, 0.0, out=3) for i in range(4)]
+    result = sim(reqs, "vllm", gpu=FixedGpuCosts(forward_base_s=FORWARD_S), grammar=GRAMMAR, overlap=False,
+                 fill_parallel_threshold=2, fill_chunk=1, fill_threads=4, fill_step_s=0.0, fill_row_s=6e-6)
+    decode = result.steps[(result.steps["kind"] == "decode") & (result.steps["grammar_rows"] == 4)]
+    assert decode.iloc[0]["fill_s"] == pytest.approx(1e-4 + 4 * 6e-6)
