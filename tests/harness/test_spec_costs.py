@@ -3,6 +3,8 @@ takes a whole profiled spec, draws are per request and deterministic."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -57,11 +59,12 @@ def test_profile_keeps_each_specs_scale_and_position_curve() -> None:
     profile = _profile()
     slow = profile.specs[spec_key_hash("regex:corp/slow")]
     assert slow.compile_s == SLOW_COMPILE and slow.status == "ok" and slow.fills == 128
-    assert slow.fill_scale_s == pytest.approx(SLOW_FILL, rel=0.06)
-    assert slow.fill_curve[0] == pytest.approx(FIRST_FACTOR, rel=0.12) and slow.fill_curve[5] == pytest.approx(1, rel=0.06)
+    by_bin = slow.fill_by_bin_s()  # mean fill per position bin: the first fill, then the rest
+    assert by_bin[0] == pytest.approx(FIRST_FACTOR * SLOW_FILL, rel=0.06) and by_bin[5] == pytest.approx(SLOW_FILL, rel=0.06)
+    assert slow.fill_scale_s == pytest.approx(SLOW_FILL * (63 + FIRST_FACTOR) / 64, rel=0.06)  # the mean
     assert slow.corpus == "corp" and slow.accept_s == pytest.approx(2e-6)
     fast = profile.specs[spec_key_hash("regex:other/fast")]
-    assert fast.fill_scale_s == pytest.approx(FAST_FILL, rel=0.06)
+    assert fast.fill_by_bin_s()[5] == pytest.approx(FAST_FILL, rel=0.06)
 
 
 def test_each_spec_replays_its_own_costs() -> None:
@@ -128,9 +131,19 @@ def test_a_requests_draws_do_not_depend_on_row_order() -> None:
     assert fills([0, 1, 2, 3]) == fills([3, 1, 0, 2])
 
 
-def test_old_profiles_without_spec_sections_still_draw_per_kind() -> None:
-    profile = GrammarProfile.builtin("xgrammar")
-    assert profile.format_version == 1 and not profile.specs
-    fills, _, result = _per_request_fills(["a", "b"], profile=profile)
+def test_format_1_profiles_without_spec_sections_still_load_and_draw_per_kind(tmp_path) -> None:
+    data = _profile().model_dump(mode="json")
+    data["format_version"] = 1  # a file written before per-spec sections existed
+    del data["specs"]
+    for section in [*data["kinds"].values(), data["overall"]]:
+        del section["fill_residual"], section["fill_curve"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    old = GrammarProfile.load(path)
+    assert old.format_version == 1 and not old.specs
+    fills, compile_s, result = _per_request_fills(["corp/slow", "other/fast", "new1"], profile=old)
     assert (result.requests["abort_reason"] == "").all()
-    assert all(len(f) == 20 and np.all(f > 0) for f in fills)
+    np.testing.assert_allclose(compile_s[:2], [SLOW_COMPILE, FAST_COMPILE])  # compile_by_spec still serves
+    pooled = np.concatenate(fills)
+    # per kind: every request draws from the kind's pooled fills (both specs' costs mixed)
+    assert all(len(f) == 20 for f in fills) and pooled.min() < 0.1 * SLOW_FILL and pooled.max() > 0.5 * SLOW_FILL

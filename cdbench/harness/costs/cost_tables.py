@@ -158,12 +158,6 @@ def _row(pool: np.ndarray, mean: float | None = None) -> np.ndarray:
     return np.concatenate((pool, pool[:DRAFT_WINDOW]))
 
 
-def _quantile_mean(probs: np.ndarray, values: Sequence[float]) -> float:
-    """Mean of a piecewise-linear quantile function."""
-    v = np.asarray(values, np.float64)
-    return float(np.sum((v[1:] + v[:-1]) * np.diff(probs)) / 2)
-
-
 def _kind_dists(profile: GrammarProfile, kp: KindProfile) -> tuple:
     """(fill distribution, whether it is relative to spec curves, accept, rollback) of a kind."""
     overall = profile.overall
@@ -210,12 +204,12 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
                                          int(row_key[1], 16) if row_key[1] is not None else 0])
             u = rng.random((4, SPAN))
             if own:
-                fills.append(_row(np.interp(u[0], probs, spec.fill_residual), _quantile_mean(probs, spec.fill_residual)))
+                fills.append(_row(np.interp(u[0], probs, spec.fill_residual), 1.0))  # a residual's mean is 1
                 curves.append(spec.fill_by_bin_s()[bins])
             else:
                 fills.append(_row(fill_dist.quantile(u[0]), fill_dist.mean))
                 curve = kp.fill_curve if relative and len(kp.fill_curve) == N_POSITION_BINS else None
-                curves.append(kp.fill_s.p50 * np.asarray(curve)[bins] if curve is not None else np.ones(width))
+                curves.append(kp.fill_s.mean * np.asarray(curve)[bins] if curve is not None else np.ones(width))
             accept_scale = rollback_scale = 1.0
             if spec is not None and spec.accept_s is not None and accept.p50 > 0:
                 accept_scale = spec.accept_s / accept.p50

@@ -151,9 +151,9 @@ class KindProfile(BaseModel):
     per rollback call. ``jump_forward_fraction`` is the fraction of steps at
     which the grammar forced at least one token, ``jump_forward_mean_tokens``
     the mean number forced at those steps. Profiles with per-spec sections also
-    keep ``fill_residual``, each fill over its spec's median at its position bin
-    (the noise left once spec and position are known), and ``fill_curve``, the
-    kind's pooled median fill per position bin over ``fill_s.p50``
+    keep ``fill_residual``, each fill over its spec's mean at its position bin
+    (the spread left once spec and position are known), and ``fill_curve``, the
+    kind's pooled mean fill per position bin over ``fill_s.mean``
     (:mod:`~cdbench.harness.costs.spec_profile`).
     """
 

@@ -3,12 +3,16 @@
 A grammar's cost is a property of its spec: a slow schema is slow at every
 token of every request that uses it, and its first fills (a fresh matcher,
 cold caches) cost more than later ones. A :class:`SpecProfile` keeps, for one
-spec, its compile time and outcome, a fill-cost scale (the median fill) with a
-position curve (the median fill in each position bin, relative to the scale),
-and its mean accept and rollback times. :func:`spec_sections` builds them from
-raw walks, together with each kind's *residual* distribution (every fill
-divided by its spec's curve at its position: the token-to-token noise left
-once the spec and position are known) and each kind's pooled curve.
+spec, its compile time and outcome, a fill-cost scale (the mean fill) with a
+position curve (the mean fill in each position bin, relative to the scale),
+its residual spread and its accept and rollback times. :func:`spec_sections`
+builds them from raw walks, together with each kind's *residual* distribution
+(every fill divided by its spec's curve at its position: the token-to-token
+spread left once the spec and position are known) and each kind's pooled
+curve. Means rather than medians: a step's cost is a sum of fills, so the mean
+fill at each position is what must be kept; and a spiky spec (a few fills
+hundreds of times its typical one) divided by its median would scale those
+spikes onto every position of the curve.
 
 Specs are keyed by :func:`spec_key_hash` of their compile-cache key text (the
 scheduler's :class:`~cdbench.harness.executors.base.SpecKeys` text:
@@ -70,9 +74,9 @@ class SpecProfile(BaseModel):
 
     ``status``/``compile_s``: its compile outcome and time (``None``: not
     compiled in the measurement). ``fills`` counts its fill samples;
-    ``fill_scale_s`` is their median and ``fill_curve[b]`` the median of those
-    in position bin ``b`` (:data:`POSITION_BIN_STARTS`) over ``fill_scale_s``
-    (a bin without samples takes the nearest measured bin's value).
+    ``fill_scale_s`` is their mean and ``fill_curve[b]`` the mean of those in
+    position bin ``b`` (:data:`POSITION_BIN_STARTS`) over ``fill_scale_s`` (a
+    bin without samples takes the nearest measured bin's value).
     ``fill_residual``: quantiles (at :data:`RESIDUAL_PROBS`) of its fills over
     its curve, the spec's own token-to-token spread. ``accept_s``/``rollback_s``:
     median seconds per accept / rollback call (a median: in situ, accepts are
@@ -124,18 +128,17 @@ class SpecSamples:
 class KindShape:
     """A kind's fill noise around its specs' curves, and its pooled curve."""
 
-    residual: np.ndarray  # fill / (spec's median fill at that position bin)
-    curve: list[float]  # pooled median fill per position bin over the pooled median
+    residual: np.ndarray  # fill / (spec's mean fill at that position bin)
+    curve: list[float]  # pooled mean fill per position bin over the pooled mean
 
 
-def _bin_medians(fill_s: np.ndarray, bins: np.ndarray) -> np.ndarray:
-    """Median fill per position bin; a bin without samples takes the nearest measured bin's."""
-    medians = np.full(N_POSITION_BINS, np.nan)
-    for b in np.unique(bins).tolist():
-        medians[b] = np.median(fill_s[bins == b])
-    measured = np.flatnonzero(~np.isnan(medians))
+def _bin_means(fill_s: np.ndarray, bins: np.ndarray) -> np.ndarray:
+    """Mean fill per position bin; a bin without samples takes the nearest measured bin's."""
+    counts = np.bincount(bins, minlength=N_POSITION_BINS)
+    sums = np.bincount(bins, weights=fill_s, minlength=N_POSITION_BINS)
+    measured = np.flatnonzero(counts)
     nearest = measured[np.abs(np.arange(N_POSITION_BINS)[:, None] - measured[None, :]).argmin(axis=1)]
-    return medians[nearest]
+    return sums[nearest] / counts[nearest]
 
 
 def _round(x: float) -> float:
@@ -153,8 +156,8 @@ def spec_sections(specs: Iterable[SpecSamples]) -> tuple[dict[str, SpecProfile],
         scale = 0.0
         if len(s.fill_s):
             bins = position_bins(s.positions)
-            scale = float(np.median(s.fill_s))
-            by_bin = _bin_medians(s.fill_s, bins)
+            scale = float(np.mean(s.fill_s))
+            by_bin = _bin_means(s.fill_s, bins)
             if scale > 0:
                 curve = [_round(v / scale) for v in by_bin]
                 with np.errstate(divide="ignore", invalid="ignore"):
@@ -176,8 +179,8 @@ def spec_sections(specs: Iterable[SpecSamples]) -> tuple[dict[str, SpecProfile],
     for kind, parts in pooled.items():
         fills = np.concatenate([f for f, _ in parts])
         bins = np.concatenate([b for _, b in parts])
-        scale = float(np.median(fills))
-        curve = [_round(v / scale) if scale > 0 else 1.0 for v in _bin_medians(fills, bins)]
+        scale = float(np.mean(fills))
+        curve = [_round(v / scale) if scale > 0 else 1.0 for v in _bin_means(fills, bins)]
         shapes[kind] = KindShape(np.concatenate(residuals[kind]), curve)
     return out, shapes
 
