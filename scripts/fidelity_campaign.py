@@ -27,6 +27,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import shlex
@@ -178,6 +179,8 @@ def plan(args: argparse.Namespace, campaign: Campaign) -> list[Job]:
         for backend in args.backends:
             for policy in args.policies:
                 group = campaign.out / f"{backend}-{policy}-{corpus}"
+                if any(fnmatch.fnmatch(group.name, pattern) for pattern in args.exclude):
+                    continue
                 base = ["--backend", backend, "--policy", policy, *CORPUS_SETS[corpus], *common]
 
                 def cells(capacity_folder: Path, group=group, base=base, corpus=corpus) -> list[Job]:
@@ -318,6 +321,8 @@ def main() -> None:
     parser.add_argument("--policies", type=lambda s: s.split(","), default=["sglang", "vllm"])
     parser.add_argument("--corpora", type=lambda s: s.split(","), default=list(CORPUS_SETS))
     parser.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")], default=[0.5, 0.9])
+    parser.add_argument("--exclude", action="append", default=[],
+                        help="skip the groups (BACKEND-POLICY-CORPUS) matching this glob, e.g. 'outlines-*-default'")
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     parser.add_argument("--pin", action="store_true", help="pin each run to its own core (taskset)")
     parser.add_argument("--first-core", type=int, default=0, help="with --pin: runs use cores first..first+jobs-1")
