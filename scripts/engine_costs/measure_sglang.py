@@ -39,13 +39,13 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject  # noqa: E402
-from sglang.srt.constrained.llguidance_backend import GuidanceBackend  # noqa: E402
-from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend  # noqa: E402
-from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
+import numpy as np
+import torch
+from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject
+from sglang.srt.constrained.llguidance_backend import GuidanceBackend
+from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from transformers import AutoTokenizer
 
 FIELDS = ["engine", "version", "backend", "backend_version", "vocab", "batch", "share", "step", "rows",
           "structured_rows", "mask_s", "raw_fill_s", "accept_s", "mask_bytes"]
@@ -127,11 +127,11 @@ def run_case(backend_name, backend, pool, batch, share, steps, warmup, rng, voca
             if g is not None and (g.finished or pos[i] >= len(toks)):
                 live[i], pos[i] = fresh(), 0
         if step >= warmup:
-            rows_out.append(dict(
-                engine="sglang", version=version("sglang"), backend=backend_name,
-                backend_version=version("xgrammar" if backend_name == "xgrammar" else "llguidance"), vocab=vocab,
-                batch=batch, share=share, step=step - warmup, rows=batch, structured_rows=n_struct, mask_s=mask_s,
-                raw_fill_s=raw, accept_s=acc, mask_bytes=nbytes))
+            rows_out.append({
+                "engine": "sglang", "version": version("sglang"), "backend": backend_name,
+                "backend_version": version("xgrammar" if backend_name == "xgrammar" else "llguidance"), "vocab": vocab,
+                "batch": batch, "share": share, "step": step - warmup, "rows": batch, "structured_rows": n_struct, "mask_s": mask_s,
+                "raw_fill_s": raw, "accept_s": acc, "mask_bytes": nbytes})
 
 
 def main() -> None:

@@ -33,6 +33,7 @@ import argparse
 import csv
 import json
 import os
+import pickle
 import shutil
 import sys
 import threading
@@ -43,18 +44,22 @@ from pathlib import Path
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # the platform vLLM can build a config for here
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from vllm.distributed.device_communicators.shm_broadcast import MessageQueue  # noqa: E402
-from vllm.engine.arg_utils import EngineArgs  # noqa: E402
-from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
-from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
-from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
-from vllm.v1.request import Request  # noqa: E402
-from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+import numpy as np
+import torch
+from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+from vllm.engine.arg_utils import EngineArgs
+from vllm.sampling_params import SamplingParams, StructuredOutputsParams
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+)
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
 
 BLOCK = 16
 PROMPT = 32
@@ -155,10 +160,10 @@ def run_case(cfg, manager, backend, pool, eos, batch, share, steps, warmup, mq, 
             _, enq = timed(mq[0].enqueue, msg)
             _, deq = timed(mq[1].dequeue)
             nbytes = go.grammar_bitmask.nbytes
-            mbytes = len(__import__("pickle").dumps(msg, protocol=5))
+            mbytes = len(pickle.dumps(msg, protocol=5))
         _, enq_so = timed(mq[0].enqueue, ("execute_model", (so,), {}, 0))
         _, deq_so = timed(mq[1].dequeue)
-        so_bytes = len(__import__("pickle").dumps(so, protocol=5))
+        so_bytes = len(pickle.dumps(so, protocol=5))
         ids = list(so.num_scheduled_tokens)
         sampled = []
         new = 0
@@ -177,13 +182,13 @@ def run_case(cfg, manager, backend, pool, eos, batch, share, steps, warmup, mq, 
         if step < warmup:
             continue
         n_struct = len(go.structured_output_request_ids) if go is not None else 0
-        rows_out.append(dict(
-            engine="vllm", version=version("vllm"), backend=backend,
-            backend_version=version("xgrammar" if backend == "xgrammar" else "llguidance"), vocab=vocab,
-            batch=batch, share=share, step=step - warmup, rows=len(ids), structured_rows=n_struct, new_rows=new,
-            schedule_s=t_sched, bitmask_s=t_mask, raw_fill_s=raw, enqueue_s=enq, dequeue_s=deq,
-            bitmask_bytes=nbytes, message_bytes=mbytes, enqueue_so_s=enq_so, dequeue_so_s=deq_so,
-            so_bytes=so_bytes, update_s=t_upd))
+        rows_out.append({
+            "engine": "vllm", "version": version("vllm"), "backend": backend,
+            "backend_version": version("xgrammar" if backend == "xgrammar" else "llguidance"), "vocab": vocab,
+            "batch": batch, "share": share, "step": step - warmup, "rows": len(ids), "structured_rows": n_struct, "new_rows": new,
+            "schedule_s": t_sched, "bitmask_s": t_mask, "raw_fill_s": raw, "enqueue_s": enq, "dequeue_s": deq,
+            "bitmask_bytes": nbytes, "message_bytes": mbytes, "enqueue_so_s": enq_so, "dequeue_so_s": deq_so,
+            "so_bytes": so_bytes, "update_s": t_upd})
 
 
 def main() -> None:

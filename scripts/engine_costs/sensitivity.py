@@ -19,7 +19,11 @@ from pathlib import Path
 from cdbench.harness.config import RunConfig
 from cdbench.harness.policies import HOST_COST_FIELDS
 from cdbench.harness.run import run
-from cdbench.results.config_files import apply_overrides, builtin_config_path, read_yaml_mapping
+from cdbench.results.config_files import (
+    apply_overrides,
+    builtin_config_path,
+    read_yaml_mapping,
+)
 
 FIELDS = ["model", "gpu", "preset", "overlap", "share", "fill_threads", "variant", "request_throughput",
           "output_throughput", "mean_tpot_ms", "host_schedule_share", "host_grammar_share", "host_transfer_share",

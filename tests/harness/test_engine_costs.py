@@ -66,8 +66,8 @@ def test_measurements_name_engine_version_and_function():
 # ---------------------------------------------------------------- where the loop pays them
 
 ROW_BYTES = 1000
-COSTS = dict(schedule_s=1e-4, schedule_row_s=1e-5, process_step_s=2e-5, process_row_s=3e-6, accept_row_s=4e-6,
-             fill_step_s=5e-5, fill_row_s=6e-6, mask_alloc_byte_s=1e-9, ipc_s=3e-4, ipc_byte_s=1e-8)
+COSTS = {"schedule_s": 1e-4, "schedule_row_s": 1e-5, "process_step_s": 2e-5, "process_row_s": 3e-6, "accept_row_s": 4e-6,
+             "fill_step_s": 5e-5, "fill_row_s": 6e-6, "mask_alloc_byte_s": 1e-9, "ipc_s": 3e-4, "ipc_byte_s": 1e-8}
 GRAMMAR = FixedGrammarCosts(compile_time_s=0.0, fill_time_s=1e-4, accept_time_s=0.0, rollback_time_s=0.0)
 
 
