@@ -30,6 +30,7 @@ def test_each_part_is_run_and_timed(live: LiveGpuCosts) -> None:
     assert live.copy_s(8, True) > 0 and live.copy_s(8, False) > 0 and live.copy_s(0, True) == 0.0
     assert live.apply_s(8) > 0 and live.apply_s(0) == 0.0
     assert live.sample_s(8) > 0 and live.sample_s(0) == 0.0
+    assert live.apply_s(8) == live.apply_s(8)  # measured once per row count, then reused
     # apply really masked: only token 0 of each 32 is allowed, so the rest of the first 8 rows is -inf
     assert torch.isinf(live.logits[:8, 1:32]).all() and not torch.isinf(live.logits[:8, 0]).any()
 

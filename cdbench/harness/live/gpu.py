@@ -9,10 +9,14 @@ CUDA events:
   decode rows in slots of their mean cached length, rounded up to a multiple
   of :data:`DECODE_BUCKET` so decode batches replay a CUDA graph captured once
   per (rows, length) as the engines do (the scheduler passes the rows' summed
-  length, not each row's);
+  length, not each row's). A step with prefill chunks is captured for itself
+  and its replay timed, so every forward time is GPU time, as in the
+  calibration (an eager step's time would be the host's launch pace);
 - the bitmask's host-to-device copy (pinned or pageable), the project's apply
   kernel (:func:`cdbench.kernels.apply_bitmask`) and its fused masked sampler
-  (:func:`cdbench.kernels.masked_argmax`) over logits of the run's vocabulary.
+  (:func:`cdbench.kernels.masked_argmax`) over logits of the run's vocabulary:
+  measured once per row count (the median of :data:`REPEATS` after a warm-up
+  that keeps kernel compilation out) and reused.
 
 The overlap of CPU and GPU work stays the scheduler's rules; only the GPU
 parts are measured. On a CPU device (tests, a tiny model) the wall clock
@@ -34,6 +38,7 @@ from cdbench.kernels import apply_bitmask, masked_argmax
 
 DECODE_BUCKET = 256
 MAX_GRAPHS = 48  # captured decode shapes kept (least recently used dropped)
+REPEATS = 5
 
 
 class KVCapacityError(RuntimeError):
@@ -70,6 +75,7 @@ class LiveGpuCosts:
         self.mask_pageable = torch.full((max_rows, words), 1, dtype=torch.int32)
         self.mask = self.mask_host.to(self.device)
         self._graphs: OrderedDict[tuple[int, int], StepGraph] = OrderedDict()
+        self._mask_parts: dict[tuple[str, int], float] = {}
         self.steps = 0
 
     # ---- GpuCosts ------------------------------------------------------------------------------------------
@@ -95,27 +101,36 @@ class LiveGpuCosts:
             graph = self._decode_graph(rows, length, cache)
             return self._time(graph.replay)
         decode = self.forward.decode_inputs([length] * rows) if rows else None
+        if self.cuda:
+            once = self.forward.capture(cache, decode, chunks)
+            return self._time(once.replay)
         return self._time(lambda: self.forward.step(cache, decode, chunks))
 
     def copy_s(self, mask_rows: int, pinned: bool) -> float:
-        rows = self._rows(mask_rows)
-        source = (self.mask_host if pinned else self.mask_pageable)[:rows]
-        return self._time(lambda: self.mask[:rows].copy_(source, non_blocking=pinned)) if rows else 0.0
+        source = self.mask_host if pinned else self.mask_pageable
+        return self._mask_part("copy" if pinned else "copy_pageable", mask_rows,
+                               lambda n: self.mask[:n].copy_(source[:n], non_blocking=pinned))
 
     def apply_s(self, mask_rows: int) -> float:
-        rows = self._rows(mask_rows)
-        return self._time(lambda: apply_bitmask(self.logits[:rows], self.mask[:rows])) if rows else 0.0
+        return self._mask_part("apply", mask_rows, lambda n: apply_bitmask(self.logits[:n], self.mask[:n]))
 
     def sample_s(self, rows: int) -> float:
-        rows = self._rows(rows)
-        return self._time(lambda: masked_argmax(self.logits[:rows], self.mask[:rows])) if rows else 0.0
+        return self._mask_part("sample", rows, lambda n: masked_argmax(self.logits[:n], self.mask[:n]))
 
     # ---- helpers -------------------------------------------------------------------------------------------
 
-    def _rows(self, rows: int) -> int:
+    def _mask_part(self, part: str, rows: int, work: Callable[[int], object]) -> float:
+        if rows <= 0:
+            return 0.0
         if rows > self.max_rows:
             raise ValueError(f"{rows} rows in one step; the live GPU was built for at most {self.max_rows}")
-        return int(rows)
+        key = (part, int(rows))
+        seconds = self._mask_parts.get(key)
+        if seconds is None:
+            work(rows)  # warm-up: the first call of a shape may compile a kernel
+            seconds = self._mask_parts[key] = float(np.median([self._time(lambda: work(rows))
+                                                               for _ in range(REPEATS)]))
+        return seconds
 
     def _decode_graph(self, rows: int, length: int, cache: KVCache) -> StepGraph:
         key = (rows, length)

@@ -24,3 +24,17 @@ def test_graph_replay_matches_eager() -> None:
     eager = fwd.step(cache, decode, [PrefillChunk(8, 256, 32)]).clone()
     graph = fwd.capture(cache, decode, [PrefillChunk(8, 256, 32)])
     torch.testing.assert_close(graph.replay(), eager, rtol=2e-2, atol=2e-2)
+
+
+def test_live_gpu_costs_time_graph_replays() -> None:
+    import numpy as np
+
+    from cdbench.harness.live.gpu import LiveGpuCosts
+
+    spec = ModelSpec(name="small", params_total=1e7, n_layers=4, hidden_size=512, n_heads=8, n_kv_heads=2,
+                     head_dim=64, vocab_size=1000, intermediate_size=1024)
+    live = LiveGpuCosts(spec, vocab_size=4096, kv_tokens=2**16, max_rows=64)
+    decode = [live.forward_s(np.zeros(0), np.zeros(0), 8, 8 * 500) for _ in range(3)]
+    assert all(t > 0 for t in decode) and len(live._graphs) == 1  # one capture, replayed
+    assert live.forward_s(np.array([128, 64]), np.array([0, 256]), 8, 8 * 500) > 0
+    assert 0 < live.apply_s(16) == live.apply_s(16)
