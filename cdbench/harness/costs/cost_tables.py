@@ -38,7 +38,6 @@ from cdbench.harness.costs.grammar_profile import (
 )
 from cdbench.harness.costs.spec_profile import (
     N_POSITION_BINS,
-    RESIDUAL_PROBS,
     SpecProfile,
     base_spec_id,
     corpus_of,
@@ -182,7 +181,6 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
     out_len = output_lengths(requests)
     width = int(out_len.max(initial=0)) + 1
     bins = position_bins(np.arange(width))
-    probs = np.asarray(RESIDUAL_PROBS)
     kinds = {kind: _kind_dists(profile, profile.kind(kind)) for kind in sorted(set(keys.kinds))}
     has_rollback = all(d[3] is not None for d in kinds.values())
     fills, accepts, rollbacks, forced, curves = [], [], [], [], []
@@ -194,7 +192,7 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
         name = index.resolve(text, spec_id, kind)
         spec = index.spec(name)
         fill_dist, relative, accept, rollback = kinds[kind]
-        own = spec is not None and spec.fills > 0 and relative and len(spec.fill_residual) == len(probs)
+        own = spec is not None and spec.fills > 0 and relative and len(spec.fill_residual) > 0
         row_key = (kind, name if own or spec is not None and spec.accept_s is not None else None)
         row = row_of.get(row_key)
         if row is None:
@@ -204,7 +202,8 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
                                          int(row_key[1], 16) if row_key[1] is not None else 0])
             u = rng.random((4, SPAN))
             if own:
-                fills.append(_row(np.interp(u[0], probs, spec.fill_residual), 1.0))  # a residual's mean is 1
+                values = np.asarray(spec.fill_residual)  # equally likely: one drawn per position
+                fills.append(_row(values[np.minimum((u[0] * len(values)).astype(np.int64), len(values) - 1)], 1.0))
                 curves.append(spec.fill_by_bin_s()[bins])
             else:
                 fills.append(_row(fill_dist.quantile(u[0]), fill_dist.mean))

@@ -36,8 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field
 POSITION_BIN_STARTS: tuple[int, ...] = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 """First answer position of each position bin: the first fill alone, then doubling widths, the last open."""
 N_POSITION_BINS = len(POSITION_BIN_STARTS)
-RESIDUAL_PROBS: tuple[float, ...] = (*(i / 32 for i in range(32)), 0.99, 0.995, 0.999, 1.0)
-"""Probabilities at which a spec's fill residual quantiles are kept (the top refined: the tail holds a batch up)."""
+RESIDUAL_VALUES = 64
+"""Equal-weight values a spec's fill residual is kept as (its samples, or the means of as many equal slices)."""
 COPY_MARK = "#copy"  # the workload generator's suffix for a cache-distinct copy of a corpus item
 
 
@@ -77,8 +77,11 @@ class SpecProfile(BaseModel):
     ``fill_scale_s`` is their mean and ``fill_curve[b]`` the mean of those in
     position bin ``b`` (:data:`POSITION_BIN_STARTS`) over ``fill_scale_s`` (a
     bin without samples takes the nearest measured bin's value).
-    ``fill_residual``: quantiles (at :data:`RESIDUAL_PROBS`) of its fills over
-    its curve, the spec's own token-to-token spread. ``accept_s``/``rollback_s``:
+    ``fill_residual``: its fills over its curve (the spec's own token-to-token
+    spread, mean 1) as up to :data:`RESIDUAL_VALUES` equally likely values:
+    the sorted samples, or the means of equal slices of them, so that drawing
+    one uniformly keeps the mean (a quantile grid drawn by interpolation does
+    not, with a few spikes in the tail). ``accept_s``/``rollback_s``:
     median seconds per accept / rollback call (a median: in situ, accepts are
     timed per step, and one preempted step would make a mean speak for the
     whole spec). ``walks`` counts its walked instances (requests, in situ),
@@ -141,6 +144,18 @@ def _bin_means(fill_s: np.ndarray, bins: np.ndarray) -> np.ndarray:
     return sums[nearest] / counts[nearest]
 
 
+def _equal_slices(sorted_values: np.ndarray) -> np.ndarray:
+    """The values themselves when few, else the means of RESIDUAL_VALUES equal slices (the overall mean kept)."""
+    n = len(sorted_values)
+    if n <= RESIDUAL_VALUES:
+        return sorted_values
+    edges = np.linspace(0.0, n, RESIDUAL_VALUES + 1)
+    cum = np.concatenate(([0.0], np.cumsum(sorted_values)))
+    # fractional slice edges: each slice holds n / RESIDUAL_VALUES samples' worth of mass
+    at = np.interp(edges, np.arange(n + 1), cum)
+    return np.diff(at) / np.diff(edges)
+
+
 def _round(x: float) -> float:
     return float(f"{x:.5g}")
 
@@ -167,7 +182,7 @@ def spec_sections(specs: Iterable[SpecSamples]) -> tuple[dict[str, SpecProfile],
                 curve = [1.0] * N_POSITION_BINS
                 r = np.ones(len(s.fill_s))
             residuals.setdefault(s.kind, []).append(r)
-            residual = [_round(v) for v in np.quantile(r, RESIDUAL_PROBS)]
+            residual = [_round(v) for v in _equal_slices(np.sort(r))]
             pooled.setdefault(s.kind, []).append((s.fill_s, bins))
         out[spec_key_hash(s.key_text)] = SpecProfile(
             kind=s.kind, spec_id=s.spec_id, corpus=corpus_of(s.spec_id), status=s.status, compile_s=s.compile_s,
