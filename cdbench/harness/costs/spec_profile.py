@@ -38,6 +38,8 @@ POSITION_BIN_STARTS: tuple[int, ...] = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512
 N_POSITION_BINS = len(POSITION_BIN_STARTS)
 RESIDUAL_VALUES = 64
 """Equal-weight values a spec's fill residual is kept as (its samples, or the means of as many equal slices)."""
+MIN_SPREAD_FILLS = 4
+"""Fills a position bin needs for its residuals to describe a spec's spread (fewer: the curve alone)."""
 COPY_MARK = "#copy"  # the workload generator's suffix for a cache-distinct copy of a corpus item
 
 
@@ -181,6 +183,11 @@ def spec_sections(specs: Iterable[SpecSamples]) -> tuple[dict[str, SpecProfile],
             else:  # a spec that filled for free (a constant-cost measurement)
                 curve = [1.0] * N_POSITION_BINS
                 r = np.ones(len(s.fill_s))
+            # a bin of one or two fills is its own mean (residual 1): it says nothing of the spread, and
+            # its 1s would pull every position's draw towards its mean (above the median of skewed fills)
+            spread = np.bincount(bins, minlength=N_POSITION_BINS)[bins] >= MIN_SPREAD_FILLS
+            if spread.any():
+                r = r[spread]
             residuals.setdefault(s.kind, []).append(r)
             residual = [_round(v) for v in _equal_slices(np.sort(r))]
             pooled.setdefault(s.kind, []).append((s.fill_s, bins))
