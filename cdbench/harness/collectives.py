@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Self
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ class GlooAgreement:
         for rank, conn in enumerate(self._conns):
             self._receive(rank, conn)  # each rank says it joined the group
 
-    def __enter__(self) -> GlooAgreement:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -51,7 +51,7 @@ def intermediate_size(spec: ModelSpec) -> int:
     d, h = spec.head_dim, spec.hidden_size
     attention = h * (spec.n_heads * d) * 2 + h * (spec.n_kv_heads * d) * 2
     mlp = (spec.params_total - 2 * spec.vocab_size * h) / spec.n_layers - attention
-    width = int(round(mlp / (3 * h) / 256)) * 256
+    width = round(mlp / (3 * h) / 256) * 256
     if width <= 0:
         raise ValueError(f"{spec.name}: params_total leaves no MLP; give intermediate_size")
     return width

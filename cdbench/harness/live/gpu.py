@@ -33,7 +33,13 @@ import numpy as np
 import torch
 
 from cdbench.harness.costs.hardware import ModelSpec
-from cdbench.harness.live.forward import KVCache, KVPool, LiveForward, PrefillChunk, StepGraph
+from cdbench.harness.live.forward import (
+    KVCache,
+    KVPool,
+    LiveForward,
+    PrefillChunk,
+    StepGraph,
+)
 from cdbench.kernels import apply_bitmask, masked_argmax
 
 DECODE_BUCKET = 256
