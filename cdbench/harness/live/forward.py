@@ -112,10 +112,11 @@ class KVPool:
                  dtype: torch.dtype = torch.bfloat16) -> None:
         self.spec, self.tokens = spec, tokens
         size = tokens * spec.n_kv_heads * spec.head_dim
-        # torch.empty: a step writes each key and value before reading it (rows
-        # read only their own positions); the time does not depend on the values.
-        self._k = [torch.empty(size, device=device, dtype=dtype) for _ in range(spec.n_layers)]
-        self._v = [torch.empty(size, device=device, dtype=dtype) for _ in range(spec.n_layers)]
+        # Zeroed, not empty: a decode batch reads every row up to the longest
+        # context and masks the rest, and a masked position still multiplies its
+        # value by a zero weight, so leftover NaN bits there would poison the row.
+        self._k = [torch.zeros(size, device=device, dtype=dtype) for _ in range(spec.n_layers)]
+        self._v = [torch.zeros(size, device=device, dtype=dtype) for _ in range(spec.n_layers)]
 
     def cache(self, slots: int, max_len: int) -> KVCache:
         if slots * max_len > self.tokens:
