@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from cdbench.backends import create_backend
@@ -12,8 +13,9 @@ from cdbench.backends.vocab import load_vocab
 from cdbench.harness.costs.gpu import FixedGpuCosts
 from cdbench.harness.costs.grammar_profile import GrammarProfile
 from cdbench.harness.costs.spec_profile import spec_key_hash
+from cdbench.harness.executors.base import SpecKeys, StepRows
 from cdbench.harness.executors.hybrid import HybridExecutor
-from cdbench.harness.executors.in_situ import compile_status
+from cdbench.harness.executors.in_situ import InSituRecorder, compile_status
 from cdbench.harness.executors.model import ModelExecutor, ProfileGrammarCosts
 from cdbench.harness.policies import policy
 from cdbench.harness.run import simulate
@@ -109,3 +111,30 @@ def test_a_refused_token_is_measured_and_replayed(backend) -> None:
     frame = replay.requests.set_index("request_id")
     assert frame.loc[1, "abort_reason"] == "grammar_rejected" and (frame["abort_reason"].drop(1) == "").all()
     assert frame.loc[1, "output_tokens"] == hybrid.requests.set_index("request_id").loc[1, "output_tokens"]
+
+
+def test_draft_accepts_recorded_in_fills_are_charged_once_in_model_mode() -> None:
+    # hybrid's fill seconds of a drafted row cover 1 + k fills and the k drafts' accepts; model mode
+    # charges 1 + k profiled fills plus k accepts, so the recorded fill must be one fill alone
+    fill, accept, k = 10e-6, 3e-6, 3
+    spec = ConstraintSpec("regex", r"\d+")
+    requests = [Request(i, 0.0, 4, 40, spec, f"c/n{i}", tuple(range(40))) for i in range(2)]
+    keys = SpecKeys.of(requests)
+    recorder = InSituRecorder()
+    recorder.compiled(0, 0.01, None)
+    recorder.compiled(1, 0.01, None)
+    rids = np.arange(2)
+    for step in range(10):
+        cursor = np.full(2, 4 * step)
+        drafted = step % 2 == 1  # alternating: steps without drafts measure the accept
+        rows = np.full(2, 1 + k if drafted else 1)
+        recorder.step(rids, cursor, rows * fill + (rows - 1) * accept, rows, round(2 * accept * 1e9),
+                      None, None)
+    profile = recorder.profile("xgrammar", "cl100k", keys, np.zeros(2, np.int64), "test")
+    assert profile.overall.fill_s.mean == pytest.approx(fill)
+    assert profile.overall.accept_s.mean == pytest.approx(accept)
+    model = ModelExecutor(ProfileGrammarCosts(profile, 0), alpha=1.0)
+    model.prepare(requests, keys)
+    rows = StepRows(rids, np.ones(2, bool), np.full(2, k), np.full(2, 20), np.zeros(2, np.int64))
+    work = model.step(rows, np.random.default_rng(0))
+    assert work.fill_s.tolist() == pytest.approx([(1 + k) * fill + k * accept] * 2)

@@ -9,8 +9,10 @@ accept, rollback) of the run. ``model`` mode given that file replays the run's
 cost structure.
 
 What hybrid times, and so what the profile holds: a row's fill seconds cover
-its mask rows (the first fill, plus each grammar-valid draft's accept and fill),
-so a row's sample is its seconds over its mask rows. Accepts are timed per step
+its mask rows (the first fill, plus each grammar-valid draft's accept and fill).
+The profile's fill is one fill alone, as ``model`` mode charges it (it adds
+each draft's accept itself), so a row's sample is its seconds less one
+accept (the run's mean) per draft row, over its mask rows. Accepts are timed per step
 for all rows together, so each row's accept sample is its step's accept time
 over the step's accept calls (the sampled token plus jump-forward tokens), from
 steps without rollbacks; a step with rollbacks gives one rollback sample per
@@ -73,7 +75,8 @@ class InSituRecorder:
             return GrammarProfile.from_measurements(backend, vocab, compiles, [], source=source)
         rids = np.concatenate([s[0] for s in self._steps])
         positions = np.concatenate([s[1] for s in self._steps]) - start[rids]
-        fills = np.concatenate([s[2] / s[3] for s in self._steps])
+        fill_s = np.concatenate([s[2] for s in self._steps])
+        mask_rows = np.concatenate([s[3] for s in self._steps])
         zeros = [np.zeros(len(s[0]), np.int64) for s in self._steps]
         rolled = np.concatenate([z if s[5] is None else s[5] for s, z in zip(self._steps, zeros)])
         jumped = np.concatenate([z if s[6] is None else s[6] for s, z in zip(self._steps, zeros)])
@@ -87,6 +90,9 @@ class InSituRecorder:
         with np.errstate(divide="ignore", invalid="ignore"):
             per_rollback = np.maximum(process_ns * 1e-9 - accept_mean * calls, 0.0) / rollbacks
         row_accept = per_accept[step_of]
+        # each draft row's accept leaves the fill (model mode charges it apart); a draft that ends the
+        # answer is accepted without a row of its own, so at most one accept per request stays in
+        fills = np.maximum(fill_s - (mask_rows - 1) * accept_mean, 0.0) / mask_rows
         row_rollback = np.where(rolled > 0, per_rollback[step_of], np.nan)
 
         order = np.lexsort((positions, rids))  # each request's rows in answer order
