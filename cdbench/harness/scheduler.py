@@ -301,6 +301,7 @@ class Scheduler:
 
     def _abort(self, rid: int, reason: str, t: float) -> None:
         self.rec.abort[rid] = _ABORT[reason]
+        self.executor.abort(rid)
         self.rec.finish_s[rid] = t
         self._end(rid, t)
 

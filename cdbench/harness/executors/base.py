@@ -172,6 +172,10 @@ class GrammarExecutor(ABC):
     def finish(self, rid: int) -> None:
         """Request ``rid`` ended: whatever the executor keeps for it can go."""
 
+    def abort(self, rid: int) -> None:
+        """Request ``rid`` aborted (before or during its grammar steps): whatever the executor keeps
+        for it can go, and its output is not checked."""
+
     def measured_profile(self, source: str) -> GrammarProfile | None:
         """The grammar costs the run measured, after it (``None``: nothing measured, as in model mode)."""
         return None

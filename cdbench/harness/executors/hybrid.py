@@ -33,6 +33,7 @@ schemas through a validator compiled once per spec).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -72,6 +73,7 @@ _NS = 1e-9
 _any = np.count_nonzero
 _NO_ROWS = constant_ints(0, 0)
 _VERDICTS_PER_SPEC = 4096  # remembered output verdicts per spec (a bound on memory, not a tuning knob)
+_GRAMMARS_KEPT = 16  # compiled grammars kept for requests yet to start (a bound on memory, not a tuning knob)
 
 
 def _gaps_s(stamps: list[int]) -> np.ndarray:
@@ -132,6 +134,8 @@ class HybridExecutor(GrammarExecutor):
     seed : seeds the default draft source, the default random walk and thinking tokens.
     walk : draws tokens for structured requests without oracle tokens
         (default: a :class:`RandomWalk` over the backend's vocabulary).
+    kept_grammars : how many compiled grammars are kept for requests whose matcher is not made yet
+        (least recently used first out).
 
     A step's grammar rows take one of two paths. The common one — an oracle
     token, no drafts, no jump-forward — is one fill and one accept per row:
@@ -141,10 +145,22 @@ class HybridExecutor(GrammarExecutor):
     are independent matchers, so the order does not matter); token lookup and
     position advance are array operations. Every other row (drafts, random
     walk, jump-forward) runs the general per-row path.
+
+    Memory: a request's matcher is dropped when it ends or aborts, and a
+    compiled grammar is kept only by the live matchers made from it and, for
+    requests still to start, in a bounded least-recently-used set (dropped at
+    once when no request left needs it). Compiled grammars of large
+    vocabularies are big (outlines-core's index for a 248k-token vocabulary),
+    so keeping every spec's made a long run grow without bound. A request
+    whose grammar was evicted before its matcher was made recompiles it
+    untimed (``recompiles``): the scheduler already charged that spec's one
+    compile, so the timed calls are the same whatever the bound.
     """
 
     def __init__(self, backend: GrammarBackend, alpha: float = 0.0, drafts: DraftSource | None = None,
-                 seed: int = 0, walk: RandomWalk | None = None) -> None:
+                 seed: int = 0, walk: RandomWalk | None = None, kept_grammars: int = _GRAMMARS_KEPT) -> None:
+        if kept_grammars < 1:
+            raise ValueError(f"kept_grammars must be at least 1, got {kept_grammars}")
         self.backend, self.alpha = backend, alpha
         vocab = backend.vocab
         self.walk = walk or RandomWalk(vocab.eos_token_ids, vocab.size, seed)
@@ -155,7 +171,9 @@ class HybridExecutor(GrammarExecutor):
         self._reasoner = isinstance(backend, ReasonerBackend)
         self.backend_call_s = 0.0
         self.validation_s = 0.0
-        self._compiled: dict[int, CompiledGrammar] = {}
+        self._compiled: OrderedDict[int, CompiledGrammar] = OrderedDict()  # least recently used first
+        self._kept_grammars = kept_grammars
+        self.recompiles = 0  # evicted grammars compiled again, untimed, for a later request of their spec
         self._ended: list[tuple[int, int | list[int] | None]] = []  # (request, its output: see finish)
         self._matchers: dict[int, Matcher] = {}
         self._emitted: dict[int, list[int]] = {}  # random-walk requests: the tokens they emitted
@@ -178,25 +196,53 @@ class HybridExecutor(GrammarExecutor):
         self._at = self._offset.copy()
         self._fills: list[Callable | None] = [None] * n  # bound fill_mask / accept of each live matcher
         self._accepts: list[Callable | None] = [None] * n
+        # per spec key: its requests whose matcher is not made yet (a grammar none of them needs can go)
+        request_key = keys.request_key
+        self._unserved = np.bincount(request_key[request_key >= 0], minlength=len(keys.specs))
 
     def compile(self, key: int) -> CompileOutcome:
         start = perf_counter_ns()
         try:
-            self._compiled[key] = self.backend.compile(self.keys.specs[key])
+            grammar = self.backend.compile(self.keys.specs[key])
             error = None
             reason = None
         except CompileError as exc:
+            grammar = None
             error = f"{exc.reason}: {exc.message}" if exc.message else exc.reason
             reason = exc.reason
         elapsed = (perf_counter_ns() - start) * _NS
         self.backend_call_s += elapsed
         self.recorder.compiled(key, elapsed, reason)
+        if grammar is not None:
+            self._keep(key, grammar)  # after the clock: an evicted grammar's freeing is no part of this compile
         return CompileOutcome(elapsed, error)
+
+    def _keep(self, key: int, grammar: CompiledGrammar) -> None:
+        """Keep ``key``'s grammar for its requests to come, evicting the least recently used beyond the bound."""
+        compiled = self._compiled
+        compiled[key] = grammar
+        compiled.move_to_end(key)
+        while len(compiled) > self._kept_grammars:
+            compiled.popitem(last=False)
+
+    def _grammar(self, key: int) -> CompiledGrammar:
+        """``key``'s compiled grammar for a request starting now, recompiled untimed if it was evicted
+        (the scheduler timed the spec's compile once; it compiled without error then)."""
+        grammar = self._compiled.get(key)
+        if grammar is None:
+            grammar = self.backend.compile(self.keys.specs[key])
+            self.recompiles += 1
+        self._unserved[key] -= 1
+        if self._unserved[key] > 0:
+            self._keep(key, grammar)
+        else:  # no request left needs it: only the live matchers made from it keep it
+            self._compiled.pop(key, None)
+        return grammar
 
     def _matcher(self, rid: int) -> Matcher:
         matcher = self._matchers.get(rid)
         if matcher is None:
-            grammar = self._compiled[int(self.keys.request_key[rid])]
+            grammar = self._grammar(int(self.keys.request_key[rid]))
             request = self.requests[rid]
             start = perf_counter_ns()
             if self._reasoner:
@@ -512,6 +558,22 @@ class HybridExecutor(GrammarExecutor):
             self._ended.append((rid, int(self._at[rid] - self._offset[rid])))  # the oracle's prefix
         else:
             self._ended.append((rid, emitted or []))
+
+    def abort(self, rid: int) -> None:
+        """Free the aborted request's matcher (timed as a backend call, as in :meth:`finish`), or, if it
+        never got one, stop keeping its grammar for it; nothing is kept for an output check."""
+        if rid in self._matchers:
+            start = perf_counter_ns()
+            del self._matchers[rid]
+            self._fills[rid] = self._accepts[rid] = None
+            self.backend_call_s += (perf_counter_ns() - start) * _NS
+            self._emitted.pop(rid, None)
+            return
+        key = int(self.keys.request_key[rid])
+        if key >= 0:
+            self._unserved[key] -= 1
+            if self._unserved[key] == 0:
+                self._compiled.pop(key, None)
 
     def validity(self) -> Iterator[tuple[int, bool]]:
         """Decode each ended structured request's answer and check it against its spec (one
