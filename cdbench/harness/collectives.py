@@ -5,8 +5,8 @@ the ranks exchange what each saw ready and what each gave up on (SGLang's
 ``all_gather_object`` of its ready and failed sets): ready = ready on every rank
 (intersection), failed = failed on any (union).
 
-- :class:`ModelledAgreement` (``scheduler.collectives: model``) computes the sets
-  in the scheduler and prices the exchange at the constant ``all_gather_s``.
+- ``scheduler.collectives: model``: the scheduler computes the sets over its
+  per-rank arrays and prices the exchange at the constant ``all_gather_s``.
 - :class:`GlooAgreement` (``scheduler.collectives: gloo``) runs the exchange for
   real: one local process per rank joined in a ``torch.distributed`` gloo
   group; each receives its rank's sets, the ranks meet at a barrier, then
@@ -14,8 +14,8 @@ the ranks exchange what each saw ready and what each gave up on (SGLang's
   pays the measured all_gather (the slowest rank's) instead of the constant.
   No GPU is needed.
 
->>> ModelledAgreement(2e-4).agree([[1, 2, 3], [2, 3]], [[], [3]])
-Agreement(ready=(2,), failed=(3,), seconds=0.0002)
+>>> agree_sets([[1, 2, 3], [2, 3]], [[], [3]])
+((2,), (3,))
 """
 
 from __future__ import annotations
@@ -46,19 +46,6 @@ def agree_sets(ready: Sequence[Sequence[int]], failed: Sequence[Sequence[int]]) 
     failed_any = set().union(*map(set, failed))
     ready_all = set(ready[0]).intersection(*map(set, ready[1:])) - failed_any
     return tuple(sorted(ready_all)), tuple(sorted(failed_any))
-
-
-class ModelledAgreement:
-    """The agreement computed in place, priced at a constant ``all_gather_s``."""
-
-    def __init__(self, all_gather_s: float) -> None:
-        self.all_gather_s = all_gather_s
-
-    def agree(self, ready: Sequence[Sequence[int]], failed: Sequence[Sequence[int]]) -> Agreement:
-        return Agreement(*agree_sets(ready, failed), self.all_gather_s)
-
-    def close(self) -> None:
-        """Nothing to release."""
 
 
 class CollectiveError(RuntimeError):

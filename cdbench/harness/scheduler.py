@@ -344,12 +344,14 @@ class Scheduler:
         sync_s = cfg.all_gather_s if cfg.ranks > 1 else 0.0
         self.wait_ct[queued] += ~seen
         if cfg.max_poll_iterations is not None:
-            failed = (self.wait_ct[queued] >= cfg.max_poll_iterations).any(axis=1)
+            gave_up = self.wait_ct[queued] >= cfg.max_poll_iterations  # per rank
         else:
-            failed = np.zeros(len(queued), bool)
-        ready = seen.all(axis=1) & ~failed
-        if self._gloo is not None:
-            ready, failed, sync_s = self._agree_for_real(queued, seen)
+            gave_up = np.zeros_like(seen)
+        if self._gloo is None:
+            failed = gave_up.any(axis=1)
+            ready = seen.all(axis=1) & ~failed
+        else:
+            ready, failed, sync_s = self._agree_for_real(queued, seen, gave_up)
         t_release = t0 + poll_s + sync_s
         if _any(ready) or _any(failed):
             keep = []
@@ -719,13 +721,10 @@ class Scheduler:
                                 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, duration, 0.0, 0.0))
         return duration
 
-    def _agree_for_real(self, queued: np.ndarray, seen: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    def _agree_for_real(self, queued: np.ndarray, seen: np.ndarray, gave_up: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray, float]:
         """Each rank's ready and failed sets through the gloo all_gather: (ready, failed, measured seconds)."""
         cfg = self.cfg
-        if cfg.max_poll_iterations is not None:
-            gave_up = self.wait_ct[queued] >= cfg.max_poll_iterations
-        else:
-            gave_up = np.zeros_like(seen)
         agreement = self._gloo.agree([queued[seen[:, r]].tolist() for r in range(cfg.ranks)],
                                      [queued[gave_up[:, r]].tolist() for r in range(cfg.ranks)])
         return np.isin(queued, agreement.ready), np.isin(queued, agreement.failed), agreement.seconds

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scheduler_helpers import req, row, sim
 
-from cdbench.harness.collectives import GlooAgreement, ModelledAgreement, agree_sets
+from cdbench.harness.collectives import GlooAgreement, agree_sets
 from cdbench.harness.config import RunConfig
 from cdbench.harness.executors.model import FixedGrammarCosts
 
@@ -14,8 +14,6 @@ from cdbench.harness.executors.model import FixedGrammarCosts
 def test_agreement_is_intersection_of_ready_minus_union_of_failed() -> None:
     assert agree_sets([[1, 2, 3, 4], [2, 3, 4, 9]], [[4], []]) == ((2, 3), (4,))
     assert agree_sets([[5], [5], [5]], [[], [], []]) == ((5,), ())
-    modelled = ModelledAgreement(2e-4).agree([[1, 2], [2]], [[], [1]])
-    assert (modelled.ready, modelled.failed, modelled.seconds) == ((2,), (1,), 2e-4)
 
 
 def test_gloo_processes_reach_the_same_agreement_and_time_it() -> None:
