@@ -28,8 +28,6 @@ per-iteration work and the rest of result processing) do not import on this mach
 
 from __future__ import annotations
 
-import argparse
-import csv
 import json
 import os
 import sys
@@ -45,6 +43,7 @@ from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject
 from sglang.srt.constrained.llguidance_backend import GuidanceBackend
 from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from step_grid import grid_parser, write_rows  # this folder's shared grid
 from transformers import AutoTokenizer
 
 FIELDS = ["engine", "version", "backend", "backend_version", "vocab", "batch", "share", "step", "rows",
@@ -135,15 +134,7 @@ def run_case(backend_name, backend, pool, batch, share, steps, warmup, rng, voca
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=Path, required=True)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--vocabs", default="129280,151936,262144")
-    ap.add_argument("--batches", default="32,128,256")
-    ap.add_argument("--shares", default="0.5,1")
-    ap.add_argument("--backends", default="xgrammar,guidance")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=4)
+    ap = grid_parser(__doc__.splitlines()[0], shares="0.5,1")
     args = ap.parse_args()
     torch.set_num_threads(1)
     data = json.loads(args.requests.read_text())
@@ -162,12 +153,7 @@ def main() -> None:
                           f"mask {np.median([r['mask_s'] for r in last])*1e3:.2f} ms, "
                           f"raw {np.median([r['raw_fill_s'] for r in last])*1e3:.2f} ms, "
                           f"accept {np.median([r['accept_s'] for r in last])*1e3:.2f} ms", flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as f:
-        w = csv.DictWriter(f, FIELDS)
-        w.writeheader()
-        w.writerows(rows)
-    print(f"{len(rows)} rows -> {args.out}")
+    write_rows(rows, FIELDS, args.out)
 
 
 if __name__ == "__main__":

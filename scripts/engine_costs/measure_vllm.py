@@ -29,8 +29,6 @@ time would measure the other processes; torch runs one intra-op thread for the s
 
 from __future__ import annotations
 
-import argparse
-import csv
 import json
 import os
 import pickle
@@ -46,6 +44,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
 import torch
+from step_grid import grid_parser, write_rows  # this folder's shared grid
 from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 from vllm.engine.arg_utils import EngineArgs
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams
@@ -192,15 +191,7 @@ def run_case(cfg, manager, backend, pool, eos, batch, share, steps, warmup, mq, 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=Path, required=True)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--vocabs", default="129280,151936,262144")
-    ap.add_argument("--batches", default="32,128,256")
-    ap.add_argument("--shares", default="0,0.5,1")
-    ap.add_argument("--backends", default="xgrammar,guidance")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=4)
+    ap = grid_parser(__doc__.splitlines()[0], shares="0,0.5,1")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/cdbench_engine_models"))
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -227,12 +218,7 @@ def main() -> None:
                           f"mask {np.median([r['bitmask_s'] for r in last])*1e3:.2f} ms, "
                           f"update {np.median([r['update_s'] for r in last])*1e3:.2f} ms "
                           f"({time.perf_counter()-t0:.1f} s)", flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as f:
-        w = csv.DictWriter(f, FIELDS)
-        w.writeheader()
-        w.writerows(rows)
-    print(f"{len(rows)} rows -> {args.out}")
+    write_rows(rows, FIELDS, args.out)
 
 
 if __name__ == "__main__":
