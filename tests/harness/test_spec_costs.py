@@ -147,3 +147,43 @@ def test_format_1_profiles_without_spec_sections_still_load_and_draw_per_kind(tm
     pooled = np.concatenate(fills)
     # per kind: every request draws from the kind's pooled fills (both specs' costs mixed)
     assert all(len(f) == 20 for f in fills) and pooled.min() < 0.1 * SLOW_FILL and pooled.max() > 0.5 * SLOW_FILL
+
+
+BODY_FILL, SPIKE_FILL = 10e-6, 0.1
+
+
+def _spiky_profile() -> GrammarProfile:
+    """A spec whose fills are ~10 µs but for three of 640 at 100 ms (xgrammar's C-like grammars)."""
+    rng = np.random.default_rng(0)
+    walks = []
+    for i in range(10):
+        fills = BODY_FILL * rng.uniform(0.9, 1.1, 64)
+        if i == 0:
+            fills[[20, 21, 40]] = SPIKE_FILL
+        walks.append(WalkMeasurement("corp/spiky", "regex", fill_s=fills, accept_s=np.full(64, 2e-6)))
+    return GrammarProfile.from_measurements("test", "qwen3.6", [CompileMeasurement("corp/spiky", "regex", "ok", 0.01)],
+                                            walks)
+
+
+def test_rare_outlier_fills_are_kept_apart_with_their_frequency() -> None:
+    spec = _spiky_profile().specs[spec_key_hash("regex:corp/spiky")]
+    assert sorted(spec.fill_outliers_s) == [SPIKE_FILL] * 3 and spec.fill_outlier_rate == pytest.approx(3 / 640)
+    # the body's curve and residual no longer carry the spikes
+    assert max(spec.fill_by_bin_s()) < 1.2 * BODY_FILL and max(spec.fill_residual) < 1.2
+
+
+def test_outliers_replay_as_rare_spikes_not_spread_over_every_fill() -> None:
+    n, out = 400, 64
+    requests = [Request(i, 0.0, 50, out, SPEC, "corp/spiky") for i in range(n)]
+    ex = ModelExecutor(ProfileGrammarCosts(_spiky_profile(), 0))
+    ex.prepare(requests, SpecKeys.of(requests))
+    rid = np.arange(n)
+    fills = np.concatenate([
+        ex.step(StepRows(rid, np.ones(n, bool), np.zeros(n, np.int64), np.full(n, out - p), np.zeros(n, np.int64)),
+                np.random.default_rng(p)).fill_s for p in range(out)])
+    spikes = fills > 1e-3
+    # the body stays the body at p99; the spikes keep their size and, in distribution, their frequency
+    assert np.quantile(fills, 0.99) < 1.5 * BODY_FILL
+    assert fills.max() == pytest.approx(SPIKE_FILL, rel=0.01)
+    assert 0.5 * 3 / 640 < spikes.mean() < 2 * 3 / 640
+    assert fills.sum() == pytest.approx(len(fills) * (BODY_FILL * (1 - 3 / 640) + SPIKE_FILL * 3 / 640), rel=0.5)

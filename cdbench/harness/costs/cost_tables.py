@@ -16,6 +16,10 @@ product::
 
     fill = tables.fill[at] * tables.curve[ci]   # at: pool index, ci: curve index (see CostTables)
 
+plus, where the run's specs have measured outlier fills, ``tables.spike[at]``: a
+pool of absolute seconds, zero but at as many positions as the spec's outliers
+were frequent, each holding one of them.
+
 The same request at the same position always costs the same, whatever else
 runs beside it. A profile without per-spec sections (format 1) has no
 residuals: its pools hold the kind's fill distribution itself and every curve
@@ -65,7 +69,9 @@ class CostTables:
     output_len - p``. ``fill_csum``: prefix sums of ``fill`` (a row's draft
     fills as one difference). ``curve``: the fill multiplier of each cost
     spec at each answer position (seconds; 1 where the pool holds seconds),
-    request ``r``'s at ``curve_end[r] - gen_left``. ``rollback`` is ``None``
+    request ``r``'s at ``curve_end[r] - gen_left``. ``spike``/``spike_csum``:
+    outlier seconds added to the fill at the same index, and their prefix sums
+    (``None`` when no cost spec has outliers). ``rollback`` is ``None``
     when the cost source has no rollback measurements. ``reject_left[r]``:
     the ``gen_left`` at which request ``r``'s sampled token is refused (its
     spec's measured refusal; -1: never), ``None`` when no request is.
@@ -81,6 +87,8 @@ class CostTables:
     curve: np.ndarray
     curve_end: np.ndarray
     reject_left: np.ndarray | None = None
+    spike: np.ndarray | None = None
+    spike_csum: np.ndarray | None = None
 
 
 def output_lengths(requests: Sequence) -> np.ndarray:
@@ -157,6 +165,16 @@ def _row(pool: np.ndarray, mean: float | None = None) -> np.ndarray:
     return np.concatenate((pool, pool[:DRAFT_WINDOW]))
 
 
+def _spikes(spec: SpecProfile, rng: np.random.Generator) -> np.ndarray:
+    """A pool row of ``spec``'s outlier fills (seconds, else 0): ``rate * SPAN`` of its positions, rounded
+    at random so that the expected count is exact, each one of its outliers drawn uniformly."""
+    pool = np.zeros(SPAN)
+    count = int(spec.fill_outlier_rate * SPAN + rng.random())
+    values = np.asarray(spec.fill_outliers_s)
+    pool[rng.choice(SPAN, min(count, SPAN), replace=False)] = values[rng.integers(0, len(values), min(count, SPAN))]
+    return _row(pool)
+
+
 def _kind_dists(profile: GrammarProfile, kp: KindProfile) -> tuple:
     """(fill distribution, whether it is relative to spec curves, accept, rollback) of a kind."""
     overall = profile.overall
@@ -183,7 +201,7 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
     bins = position_bins(np.arange(width))
     kinds = {kind: _kind_dists(profile, profile.kind(kind)) for kind in sorted(set(keys.kinds))}
     has_rollback = all(d[3] is not None for d in kinds.values())
-    fills, accepts, rollbacks, forced, curves = [], [], [], [], []
+    fills, accepts, rollbacks, forced, curves, spikes = [], [], [], [], [], []
     row_of: dict[tuple[str, str | None], int] = {}
     key_row = np.zeros(max(len(keys.texts), 1), np.int64)
     key_reject_rate = np.zeros(max(len(keys.texts), 1))
@@ -201,6 +219,9 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
             rng = np.random.default_rng([seed, 0x6772, KIND_CODES[kind],
                                          int(row_key[1], 16) if row_key[1] is not None else 0])
             u = rng.random((4, SPAN))
+            spiky = own and spec.fill_outlier_rate > 0 and len(spec.fill_outliers_s) > 0
+            spikes.append(_spikes(spec, np.random.default_rng([seed, 0x7370, KIND_CODES[kind], int(name, 16)]))
+                          if spiky else None)
             if own:
                 values = np.asarray(spec.fill_residual)  # equally likely: one drawn per position
                 fills.append(_row(values[np.minimum((u[0] * len(values)).astype(np.int64), len(values) - 1)], 1.0))
@@ -229,6 +250,9 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
     structured = keys.request_key >= 0
     row = np.where(structured, key_row[np.maximum(keys.request_key, 0)], 0)
     fill = np.concatenate(fills) if fills else np.zeros(ROW)
+    spike = None
+    if any(x is not None for x in spikes):
+        spike = np.concatenate([np.zeros(ROW) if x is None else x for x in spikes])
     reject_left = None
     if key_reject_rate.any():  # a request of a refusing spec is refused as often as the spec's walks were
         draw = np.random.default_rng([seed, 0x726a]).random(int(ids.max(initial=0)) + 1)[ids]
@@ -241,4 +265,4 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
         forced=np.concatenate(forced).astype(np.int64) if forced else np.zeros(ROW, np.int64),
         base=row * ROW, off_end=offsets + out_len,
         curve=np.concatenate(curves) if curves else np.ones(width), curve_end=row * width + out_len,
-        reject_left=reject_left)
+        reject_left=reject_left, spike=spike, spike_csum=None if spike is None else _csum(spike))

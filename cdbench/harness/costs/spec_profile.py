@@ -5,7 +5,8 @@ token of every request that uses it, and its first fills (a fresh matcher,
 cold caches) cost more than later ones. A :class:`SpecProfile` keeps, for one
 spec, its compile time and outcome, a fill-cost scale (the mean fill) with a
 position curve (the mean fill in each position bin, relative to the scale),
-its residual spread and its accept and rollback times. :func:`spec_sections`
+its residual spread, its rare outlier fills apart (with how often they
+came), and its accept and rollback times. :func:`spec_sections`
 builds them from raw walks, together with each kind's *residual* distribution
 (every fill divided by its spec's curve at its position: the token-to-token
 spread left once the spec and position are known) and each kind's pooled
@@ -40,6 +41,8 @@ RESIDUAL_VALUES = 64
 """Equal-weight values a spec's fill residual is kept as (its samples, or the means of as many equal slices)."""
 MIN_SPREAD_FILLS = 4
 """Fills a position bin needs for its residuals to describe a spec's spread (fewer: the curve alone)."""
+OUTLIER_FACTOR = 20.0
+"""A fill above this many times its position bin's median fill is an outlier, kept apart from the body."""
 COPY_MARK = "#copy"  # the workload generator's suffix for a cache-distinct copy of a corpus item
 
 
@@ -77,13 +80,22 @@ class SpecProfile(BaseModel):
     ``status``/``compile_s``: its compile outcome and time (``None``: not
     compiled in the measurement). ``fills`` counts its fill samples;
     ``fill_scale_s`` is their mean and ``fill_curve[b]`` the mean of those in
-    position bin ``b`` (:data:`POSITION_BIN_STARTS`) over ``fill_scale_s`` (a
+    position bin ``b`` (outliers apart, below) (:data:`POSITION_BIN_STARTS`) over ``fill_scale_s`` (a
     bin without samples takes the nearest measured bin's value).
     ``fill_residual``: its fills over its curve (the spec's own token-to-token
     spread, mean 1) as up to :data:`RESIDUAL_VALUES` equally likely values:
     the sorted samples, or the means of equal slices of them, so that drawing
     one uniformly keeps the mean (a quantile grid drawn by interpolation does
-    not, with a few spikes in the tail). ``accept_s``/``rollback_s``:
+    not, with a few spikes in the tail). ``fill_outliers_s``: its rare fills
+above :data:`OUTLIER_FACTOR` times their position bin's median (a bin of
+:data:`MIN_SPREAD_FILLS` or more), in seconds (up to :data:`RESIDUAL_VALUES`
+equally likely values, as the residual), and ``fill_outlier_rate`` the
+fraction of its fills they were; the curve and residual describe the other
+fills (the body). A spike of hundreds of times the body folded into a bin
+mean would scale every fill of that bin, and its residual every position;
+kept apart, it is drawn as often as it was measured, at its own size (an
+empty list: none measured, or a profile written before outliers were kept).
+``accept_s``/``rollback_s``:
     median seconds per accept / rollback call (a median: in situ, accepts are
     timed per step, and one preempted step would make a mean speak for the
     whole spec). ``walks`` counts its walked instances (requests, in situ),
@@ -101,6 +113,8 @@ class SpecProfile(BaseModel):
     fill_scale_s: float = Field(default=0.0, ge=0)
     fill_curve: list[float] = []
     fill_residual: list[float] = []
+    fill_outliers_s: list[float] = []
+    fill_outlier_rate: float = Field(default=0.0, ge=0, le=1)
     accept_s: float | None = Field(default=None, ge=0)
     rollback_s: float | None = Field(default=None, ge=0)
     walks: int = Field(default=0, ge=0)
@@ -108,7 +122,7 @@ class SpecProfile(BaseModel):
     rejected_at: int | None = Field(default=None, ge=0)
 
     def fill_by_bin_s(self) -> np.ndarray:
-        """Median fill seconds per position bin."""
+        """Mean fill seconds per position bin (outliers apart)."""
         return self.fill_scale_s * np.asarray(self.fill_curve, np.float64)
 
 
@@ -146,6 +160,15 @@ def _bin_means(fill_s: np.ndarray, bins: np.ndarray) -> np.ndarray:
     return sums[nearest] / counts[nearest]
 
 
+def _outliers(fill_s: np.ndarray, bins: np.ndarray, spread: np.ndarray) -> np.ndarray:
+    """Which fills are outliers: above OUTLIER_FACTOR times the median of their position bin (a bin of
+    MIN_SPREAD_FILLS or more fills, ``spread``; a smaller bin's median says too little)."""
+    median = np.zeros(N_POSITION_BINS)
+    for b in np.unique(bins[spread]).tolist():
+        median[b] = np.median(fill_s[bins == b])
+    return spread & (median[bins] > 0) & (fill_s > OUTLIER_FACTOR * median[bins])
+
+
 def _equal_slices(sorted_values: np.ndarray) -> np.ndarray:
     """The values themselves when few, else the means of RESIDUAL_VALUES equal slices (the overall mean kept)."""
     n = len(sorted_values)
@@ -170,11 +193,17 @@ def spec_sections(specs: Iterable[SpecSamples]) -> tuple[dict[str, SpecProfile],
     for s in specs:
         curve: list[float] = []
         residual: list[float] = []
-        scale = 0.0
+        outliers: list[float] = []
+        outlier_rate = scale = 0.0
         if len(s.fill_s):
             bins = position_bins(s.positions)
             scale = float(np.mean(s.fill_s))
-            by_bin = _bin_means(s.fill_s, bins)
+            # a bin of one or two fills is its own mean (residual 1): it says nothing of the spread, and
+            # its 1s would pull every position's draw towards its mean (above the median of skewed fills)
+            spread = np.bincount(bins, minlength=N_POSITION_BINS)[bins] >= MIN_SPREAD_FILLS
+            spike = _outliers(s.fill_s, bins, spread)
+            body = ~spike
+            by_bin = _bin_means(s.fill_s[body], bins[body])
             if scale > 0:
                 curve = [_round(v / scale) for v in by_bin]
                 with np.errstate(divide="ignore", invalid="ignore"):
@@ -183,17 +212,18 @@ def spec_sections(specs: Iterable[SpecSamples]) -> tuple[dict[str, SpecProfile],
             else:  # a spec that filled for free (a constant-cost measurement)
                 curve = [1.0] * N_POSITION_BINS
                 r = np.ones(len(s.fill_s))
-            # a bin of one or two fills is its own mean (residual 1): it says nothing of the spread, and
-            # its 1s would pull every position's draw towards its mean (above the median of skewed fills)
-            spread = np.bincount(bins, minlength=N_POSITION_BINS)[bins] >= MIN_SPREAD_FILLS
-            if spread.any():
-                r = r[spread]
-            residuals.setdefault(s.kind, []).append(r)
-            residual = [_round(v) for v in _equal_slices(np.sort(r))]
+            kept = body & spread if (body & spread).any() else body
+            # the kind's residual keeps the outliers (relative to the body): its pooled draws carry their mass
+            residuals.setdefault(s.kind, []).append(r[kept | spike])
+            residual = [_round(v) for v in _equal_slices(np.sort(r[kept]))]
+            if spike.any():
+                outliers = [_round(v) for v in _equal_slices(np.sort(s.fill_s[spike]))]
+                outlier_rate = float(spike.sum() / len(s.fill_s))
             pooled.setdefault(s.kind, []).append((s.fill_s, bins))
         out[spec_key_hash(s.key_text)] = SpecProfile(
             kind=s.kind, spec_id=s.spec_id, corpus=corpus_of(s.spec_id), status=s.status, compile_s=s.compile_s,
             fills=len(s.fill_s), fill_scale_s=scale, fill_curve=curve, fill_residual=residual,
+            fill_outliers_s=outliers, fill_outlier_rate=outlier_rate,
             accept_s=float(np.median(s.accept_s)) if len(s.accept_s) else None,
             rollback_s=float(np.median(s.rollback_s)) if len(s.rollback_s) else None, walks=s.walks,
             rejected=len(s.rejected_at), rejected_at=int(np.median(s.rejected_at)) if s.rejected_at else None)

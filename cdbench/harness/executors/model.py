@@ -177,6 +177,8 @@ class ModelExecutor(GrammarExecutor):
                 raise ValueError(f"model mode reads at most {DRAFT_WINDOW - 1} drafts per row")
             if not n_drafts:
                 row_fill = t.fill[at] * t.curve[ci]
+                if t.spike is not None:
+                    row_fill += t.spike[at]
                 per_row = constant_ints(1, ng)
             else:
                 per_row = g_drafts + 1
@@ -184,6 +186,8 @@ class ModelExecutor(GrammarExecutor):
                 # position on the spec's curve
                 csum = t.fill_csum
                 row_fill = (csum[at + per_row] - csum[at]) * t.curve[ci]
+                if t.spike is not None:
+                    row_fill += t.spike_csum[at + per_row] - t.spike_csum[at]
                 row_fill = row_fill + accept_one * g_drafts  # drafts enter the grammar to fill their rows
                 rolled = g_drafts - accepted[g]
                 rolled_back = np.zeros(n, np.int64)
