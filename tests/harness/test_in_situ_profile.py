@@ -11,7 +11,7 @@ from cdbench.backends import create_backend
 from cdbench.backends.base import ConstraintSpec
 from cdbench.backends.vocab import load_vocab
 from cdbench.harness.costs.gpu import FixedGpuCosts
-from cdbench.harness.costs.grammar_profile import GrammarProfile
+from cdbench.harness.costs.grammar_profile import CompileMeasurement, GrammarProfile, WalkMeasurement
 from cdbench.harness.costs.spec_profile import spec_key_hash
 from cdbench.harness.executors.base import SpecKeys, StepRows
 from cdbench.harness.executors.hybrid import HybridExecutor
@@ -138,3 +138,85 @@ def test_draft_accepts_recorded_in_fills_are_charged_once_in_model_mode() -> Non
     rows = StepRows(rids, np.ones(2, bool), np.full(2, k), np.full(2, 20), np.zeros(2, np.int64))
     work = model.step(rows, np.random.default_rng(0))
     assert work.fill_s.tolist() == pytest.approx([(1 + k) * fill + k * accept] * 2)
+
+
+def _steps_of(result) -> tuple[int, int]:
+    return int(result.steps["mask_rows"].sum()), int(result.requests["rolled_back"].sum())
+
+
+def test_draft_validity_is_measured_and_model_mode_builds_only_the_valid_rows(backend) -> None:
+    requests = _requests(backend.vocab, 24)
+    hybrid = _hybrid(backend, requests, "vllm", spec_tokens=3, alpha=0.6)
+    profile = hybrid.grammar_profile
+    mask_rows, rolled = _steps_of(hybrid)
+    # the valid drafts past the accepted ones are the ones rolled back; some drafts the grammar refused
+    chains = [s for s in profile.specs.values() if s.draft_tried]
+    assert sum(sum(s.draft_valid) for s in chains) == rolled
+    assert sum(s.draft_valid[0] for s in chains) < sum(s.draft_tried[0] for s in chains)
+    replays = [simulate(requests, policy("vllm", spec_tokens=3), ModelExecutor(ProfileGrammarCosts(profile, seed), 0.6),
+                        FixedGpuCosts(forward_base_s=0.01), seed=seed, trace_steps=0) for seed in range(4)]
+    model_rows = np.mean([_steps_of(r)[0] for r in replays])
+    assert model_rows == pytest.approx(mask_rows, rel=0.1)  # (1 + k rows per drafted row: +50 % and more)
+    for r in replays:  # a draft the grammar refused is never accepted nor rolled back
+        assert (r.requests["accepted"] + r.requests["rolled_back"] <= r.requests["drafted"]).all()
+
+
+def test_model_mode_accepts_no_draft_the_grammar_refuses() -> None:
+    spec, k, n = ConstraintSpec("regex", r"\d+"), 3, 64
+    walk = WalkMeasurement("c/n", "regex", fill_s=np.full(40, 1e-5), accept_s=np.full(40, 2e-6),
+                           rollback_s=np.full(4, 3e-6), drafts_past=np.full(20, k), valid_past=np.zeros(20, np.int64))
+    profile = GrammarProfile.from_measurements("t", "cl100k", [CompileMeasurement("c/n", "regex", "ok", 0.01)], [walk])
+    assert profile.specs[spec_key_hash("regex:c/n")].draft_tried == [20] and profile.kinds["regex"].draft_valid == [0]
+    requests = [Request(i, 0.0, 4, 40, spec, "c/n") for i in range(n)]
+    model = ModelExecutor(ProfileGrammarCosts(profile, 0), alpha=0.5)
+    model.prepare(requests, SpecKeys.of(requests))
+    rows = StepRows(np.arange(n), np.ones(n, bool), np.full(n, k), np.full(n, 20), np.zeros(n, np.int64))
+    work = model.step(rows, np.random.default_rng(0))
+    # only the accepted drafts were grammar-valid: no row past them, nothing valid to roll back
+    assert work.accepted.max() > 0
+    assert (work.mask_rows == work.accepted + 1).all() and not work.rolled_back.any()
+
+
+def test_random_walk_ends_are_measured_and_replayed(backend) -> None:
+    spec = ConstraintSpec("regex", r"\d{3}-\d{4}")
+    requests = [Request(i, 0.003 * i, 40, 40, spec, f"c/phone{i}") for i in range(6)]  # no oracle: random walks
+    hybrid = _hybrid(backend, requests)
+    ended = hybrid.requests.sort_values("request_id")["output_tokens"].to_numpy()
+    assert (ended < 40).all()  # the grammar terminated every walk early
+    for i, r in enumerate(requests):
+        s = hybrid.grammar_profile.specs[spec_key_hash(f"regex:{r.spec_id}")]
+        assert s.random_walks == 1 and s.walk_ends == [ended[i]]
+    replay = simulate(requests, policy("sglang"), ModelExecutor(ProfileGrammarCosts(hybrid.grammar_profile, 0)),
+                      FixedGpuCosts(forward_base_s=0.01), seed=1, trace_steps=0)
+    frame = replay.requests.sort_values("request_id")
+    assert frame["output_tokens"].tolist() == ended.tolist() and (frame["abort_reason"] == "").all()
+
+
+def test_thinking_accepts_are_measured_and_charged() -> None:
+    spec, per_token = ConstraintSpec("regex", r"\d+"), 5e-6
+    requests = [Request(i, 0.0, 4, 10, spec, f"c/n{i}", tuple(range(10)), think_len=64) for i in range(2)]
+    keys = SpecKeys.of(requests)
+    recorder = InSituRecorder()
+    rids = np.arange(2)
+    for rid in (0, 1):
+        recorder.compiled(rid, 0.01, None)
+        recorder.thought(rid, 64, round(64 * per_token * 1e9))
+    recorder.step(rids, np.zeros(2, np.int64), np.full(2, 1e-5), np.ones(2, np.int64), 4000, None, None)
+    profile = recorder.profile("reasoner", "cl100k", keys, np.zeros(2, np.int64), "test")
+    assert profile.specs[spec_key_hash("regex:c/n0")].think_accept_s == pytest.approx(per_token)
+    model = ModelExecutor(ProfileGrammarCosts(profile, 0))
+    model.prepare(requests, keys)
+    rows = StepRows(rids, np.zeros(2, bool), np.zeros(2, np.int64), np.full(2, 10), np.array([30, 0]))
+    work = model.step(rows, np.random.default_rng(0))
+    assert work.process_s == pytest.approx(per_token)  # the thinking row's one token; the other is not thinking
+
+
+def test_reasoner_hybrid_measures_thinking_accepts() -> None:
+    vocab = load_vocab("qwen3.6")
+    reasoner = create_backend("reasoner", vocab, inner="xgrammar")
+    requests = [Request(r.request_id, r.arrival_s, r.prompt_len, r.output_len, r.spec, r.spec_id, r.output_tokens,
+                        think_len=16) for r in _requests(vocab, 4)]
+    result = simulate(requests, policy("sglang"), HybridExecutor(reasoner, seed=1), FixedGpuCosts(forward_base_s=0.01),
+                      seed=1, trace_steps=0)
+    thinking = [s.think_accept_s for s in result.grammar_profile.specs.values()]
+    assert all(t is not None and t > 0 for t in thinking)

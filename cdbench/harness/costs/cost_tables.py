@@ -69,9 +69,16 @@ class CostTables:
     output_len - p``. ``fill_csum``: prefix sums of ``fill`` (a row's draft
     fills as one difference). ``curve``: the fill multiplier of each cost
     spec at each answer position (seconds; 1 where the pool holds seconds),
-    request ``r``'s at ``curve_end[r] - gen_left``. ``spike``/``spike_csum``:
-    outlier seconds added to the fill at the same index, and their prefix sums
-    (``None`` when no cost spec has outliers). ``rollback`` is ``None``
+    request ``r``'s at ``curve_end[r] - gen_left``. ``spike``: outlier seconds
+    added to a row's fill at the same index, once per row (``None`` when no
+    cost spec has outliers). ``draft_survival[c, j]``: the
+    chance that the draft ``j`` past the accepted ones and all before it are
+    grammar-valid, for draft chain ``c``, request ``r``'s chain
+    ``draft_chain[r]`` (``None``: not measured, every draft valid).
+    ``end_left[r]``: the ``gen_left`` at which random walk ``r`` ends, its
+    grammar terminated (0: at its cap), ``None`` when none ends early.
+    ``think_accept[r]``: seconds per thinking token request ``r``'s matcher
+    accepts (``None``: none measured). ``rollback`` is ``None``
     when the cost source has no rollback measurements. ``reject_left[r]``:
     the ``gen_left`` at which request ``r``'s sampled token is refused (its
     spec's measured refusal; -1: never), ``None`` when no request is.
@@ -88,7 +95,10 @@ class CostTables:
     curve_end: np.ndarray
     reject_left: np.ndarray | None = None
     spike: np.ndarray | None = None
-    spike_csum: np.ndarray | None = None
+    draft_survival: np.ndarray | None = None
+    draft_chain: np.ndarray | None = None
+    end_left: np.ndarray | None = None
+    think_accept: np.ndarray | None = None
 
 
 def output_lengths(requests: Sequence) -> np.ndarray:
@@ -175,6 +185,31 @@ def _spikes(spec: SpecProfile, rng: np.random.Generator) -> np.ndarray:
     return _row(pool)
 
 
+def _survival(tried: list[int], valid: list[int]) -> np.ndarray:
+    """Chance that drafts ``0..j`` past the accepted ones are all valid, for ``j < DRAFT_WINDOW - 1`` (an
+    index past the measured ones continues at the last measured rate)."""
+    tried_a, valid_a = np.asarray(tried, np.float64), np.asarray(valid, np.float64)
+    measured = np.flatnonzero(tried_a > 0)
+    rate = np.ones(DRAFT_WINDOW - 1)
+    if len(measured):
+        last = int(measured[-1])
+        rate[:last + 1] = np.where(tried_a[:last + 1] > 0, valid_a[:last + 1] / np.maximum(tried_a[:last + 1], 1), 1.0)
+        rate[last + 1:] = rate[last]
+    return np.cumprod(rate)
+
+
+def _walk_end_left(spec: SpecProfile | None, out_len: int, u: float) -> int:
+    """The ``gen_left`` at which a random walk of ``spec`` with cap ``out_len`` ends (0: at its cap): it ends
+    early as often as the spec's walks did, at one of their end lengths (``u``: its uniform draw)."""
+    if spec is None or not spec.random_walks or not spec.walk_ends:
+        return 0
+    rate = len(spec.walk_ends) / spec.random_walks
+    if u >= rate:
+        return 0
+    length = spec.walk_ends[min(int(u / rate * len(spec.walk_ends)), len(spec.walk_ends) - 1)]
+    return out_len - length if 0 < length < out_len else 0
+
+
 def _kind_dists(profile: GrammarProfile, kp: KindProfile) -> tuple:
     """(fill distribution, whether it is relative to spec curves, accept, rollback) of a kind."""
     overall = profile.overall
@@ -206,6 +241,11 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
     key_row = np.zeros(max(len(keys.texts), 1), np.int64)
     key_reject_rate = np.zeros(max(len(keys.texts), 1))
     key_reject_at = np.zeros(max(len(keys.texts), 1), np.int64)
+    key_spec: list[SpecProfile | None] = []
+    chains = [np.ones(DRAFT_WINDOW - 1)]  # chain 0: every draft valid (not measured)
+    chain_of: dict[tuple[str | None, str], int] = {}
+    key_chain = np.zeros(max(len(keys.texts), 1), np.int64)
+    key_think = np.zeros(max(len(keys.texts), 1))
     for k, (text, spec_id, kind) in enumerate(zip(keys.texts, keys.spec_ids, keys.kinds)):
         name = index.resolve(text, spec_id, kind)
         spec = index.spec(name)
@@ -241,6 +281,18 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
             jumps = rng.geometric(1.0 / max(kp.jump_forward_mean_tokens, 1.0), SPAN)
             forced.append(_row(np.where(u[3] < kp.jump_forward_fraction, jumps, 0)))
         key_row[k] = row
+        key_spec.append(spec)
+        kp = profile.kind(kind)
+        own_chain = spec is not None and len(spec.draft_tried) > 0
+        chain = (spec.draft_tried, spec.draft_valid) if own_chain else (kp.draft_tried, kp.draft_valid)
+        if chain[0]:
+            chain_key = (name, kind) if own_chain else (None, kind)
+            if chain_key not in chain_of:
+                chain_of[chain_key] = len(chains)
+                chains.append(_survival(*chain))
+            key_chain[k] = chain_of[chain_key]
+        think = spec.think_accept_s if spec is not None and spec.think_accept_s is not None else kp.think_accept_s
+        key_think[k] = think or 0.0
         if spec is not None and spec.rejected and spec.walks:
             key_reject_rate[k], key_reject_at[k] = spec.rejected / spec.walks, spec.rejected_at
 
@@ -248,7 +300,8 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
     ids = np.array([r.request_id for r in requests], np.int64)
     offsets = np.random.default_rng([seed, 0x6f66]).integers(0, SPAN, int(ids.max(initial=0)) + 1)[ids]
     structured = keys.request_key >= 0
-    row = np.where(structured, key_row[np.maximum(keys.request_key, 0)], 0)
+    rk = np.maximum(keys.request_key, 0)
+    row = np.where(structured, key_row[rk], 0)
     fill = np.concatenate(fills) if fills else np.zeros(ROW)
     spike = None
     if any(x is not None for x in spikes):
@@ -256,13 +309,24 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
     reject_left = None
     if key_reject_rate.any():  # a request of a refusing spec is refused as often as the spec's walks were
         draw = np.random.default_rng([seed, 0x726a]).random(int(ids.max(initial=0)) + 1)[ids]
-        rk = np.maximum(keys.request_key, 0)
         refused = structured & (draw < key_reject_rate[rk]) & (key_reject_at[rk] < out_len)
         reject_left = np.where(refused, out_len - key_reject_at[rk], -1)
+    end_left = None
+    walker = np.array([r.spec is not None and r.output_tokens is None for r in requests], bool)
+    if walker.any() and any(s is not None and s.walk_ends for s in key_spec):
+        u = np.random.default_rng([seed, 0x7765]).random(int(ids.max(initial=0)) + 1)[ids]
+        end_left = np.array([_walk_end_left(key_spec[rk[i]], int(out_len[i]), float(u[i])) if walker[i] else 0
+                             for i in range(len(requests))], np.int64)
+        if not end_left.any():
+            end_left = None
+    think = np.where(structured, key_think[rk], 0.0)
     return CostTables(
         fill=fill, fill_csum=_csum(fill), accept=np.concatenate(accepts) if accepts else np.zeros(ROW),
         rollback=np.concatenate(rollbacks) if has_rollback and rollbacks else None,
         forced=np.concatenate(forced).astype(np.int64) if forced else np.zeros(ROW, np.int64),
         base=row * ROW, off_end=offsets + out_len,
         curve=np.concatenate(curves) if curves else np.ones(width), curve_end=row * width + out_len,
-        reject_left=reject_left, spike=spike, spike_csum=None if spike is None else _csum(spike))
+        reject_left=reject_left, spike=spike,
+        draft_survival=np.vstack(chains) if len(chains) > 1 else None,
+        draft_chain=np.where(structured, key_chain[rk], 0) if len(chains) > 1 else None,
+        end_left=end_left, think_accept=think if think.any() else None)

@@ -41,7 +41,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cdbench.backends.base import CONSTRAINT_KINDS
-from cdbench.harness.costs.spec_profile import SpecProfile, group_samples, spec_sections
+from cdbench.harness.costs.spec_profile import SpecProfile, group_samples, kind_pools, spec_sections
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
 CompileStatus = Literal["ok", "unsupported", "error", "timeout", "crash", "oom"]
@@ -154,7 +154,10 @@ class KindProfile(BaseModel):
     keep ``fill_residual``, each fill over its spec's mean at its position bin
     (the spread left once spec and position are known), and ``fill_curve``, the
     kind's pooled mean fill per position bin over ``fill_s.mean``
-    (:mod:`~cdbench.harness.costs.spec_profile`).
+    (:mod:`~cdbench.harness.costs.spec_profile`). ``draft_tried``/``draft_valid``
+    and ``think_accept_s`` pool the kind's specs' own
+    (:class:`~cdbench.harness.costs.spec_profile.SpecProfile`), for specs that
+    did not measure them.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -167,6 +170,9 @@ class KindProfile(BaseModel):
     jump_forward_mean_tokens: float = Field(default=0.0, ge=0)
     fill_residual: Distribution = Distribution(count=0)
     fill_curve: list[float] = []
+    draft_tried: list[int] = []
+    draft_valid: list[int] = []
+    think_accept_s: float | None = Field(default=None, ge=0)
 
     @property
     def items(self) -> int:
@@ -202,6 +208,13 @@ class WalkMeasurement:
     of each fill (default 0, 1, 2, ...); ``key`` the spec's compile-cache key
     text (default ``kind:spec_id``); ``rejected_at`` the answer position whose
     token the grammar refused, ending the walk (``None``: none was).
+    ``drafts_past``/``valid_past``: per step with drafts, how many were proposed
+    past those the target accepted, and how many of these the grammar took
+    (its valid prefix, past the accepted ones). ``random_walk``: the walk drew
+    its tokens from the masks (no oracle), and ``ended_at`` is the answer
+    length at which its grammar terminated it (``None``: it ran to its cap).
+    ``think_tokens``/``think_s``: thinking-phase tokens the matcher accepted
+    and the seconds they took (the ``reasoner`` backend).
     """
 
     spec_id: str
@@ -213,6 +226,12 @@ class WalkMeasurement:
     positions: np.ndarray | None = None
     key: str | None = None
     rejected_at: int | None = None
+    drafts_past: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    valid_past: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    random_walk: bool = False
+    ended_at: int | None = None
+    think_tokens: int = 0
+    think_s: float = 0.0
 
 
 class GrammarProfile(BaseModel):
@@ -300,6 +319,9 @@ class GrammarProfile(BaseModel):
                 raise ProfileError(f"spec {w.spec_id!r}: forced_tokens must be >= 0")
             if w.positions is not None and (len(w.positions) != len(arrays["fill_s"]) or np.any(w.positions < 0)):
                 raise ProfileError(f"spec {w.spec_id!r}: positions needs one answer position >= 0 per fill")
+            past, valid = np.asarray(w.drafts_past), np.asarray(w.valid_past)
+            if len(past) != len(valid) or np.any(valid < 0) or np.any(valid > past):
+                raise ProfileError(f"spec {w.spec_id!r}: valid_past needs one count per drafts_past, 0..drafts_past")
             per_kind = samples.setdefault(w.kind, {})
             for name, arr in (*arrays.items(), ("forced_tokens", forced)):
                 per_kind.setdefault(name, []).append(arr)
@@ -332,6 +354,8 @@ class GrammarProfile(BaseModel):
         for k, shape in shapes.items():
             kinds[k] = kinds[k].model_copy(update={"fill_residual": Distribution.from_samples(shape.residual),
                                                    "fill_curve": shape.curve})
+        for k, pooled in kind_pools(specs.values()).items():
+            kinds[k] = kinds[k].model_copy(update=pooled)
         return cls(
             backend=backend, vocab=vocab, source=source, specs=specs, kinds=kinds,
             overall=kind_profile(measured),

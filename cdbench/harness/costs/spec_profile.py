@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -101,6 +101,17 @@ empty list: none measured, or a profile written before outliers were kept).
     whole spec). ``walks`` counts its walked instances (requests, in situ),
     ``rejected`` those whose token the grammar refused (the request aborted),
     at answer position ``rejected_at`` (the median over them).
+    ``draft_tried[j]``/``draft_valid[j]``: of the drafts proposed past those
+    the target accepted, the steps whose ``j``-th was offered to the grammar
+    (the ones before it valid) and those where the grammar took it: the
+    grammar builds mask rows for its valid prefix only, so the continuation
+    rates ``draft_valid[j] / draft_tried[j]`` say how many rows a drafted
+    step builds (empty: not measured; every draft then counts as valid).
+    ``random_walks``: its walks that drew tokens from the masks (no oracle);
+    ``walk_ends``: the answer lengths at which those whose grammar
+    terminated ended, sorted (the others ran to their cap).
+    ``think_accept_s``: seconds per thinking-phase token its matcher accepted
+    (the ``reasoner`` backend; ``None``: not measured).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -120,6 +131,11 @@ empty list: none measured, or a profile written before outliers were kept).
     walks: int = Field(default=0, ge=0)
     rejected: int = Field(default=0, ge=0)
     rejected_at: int | None = Field(default=None, ge=0)
+    draft_tried: list[int] = []
+    draft_valid: list[int] = []
+    random_walks: int = Field(default=0, ge=0)
+    walk_ends: list[int] = []
+    think_accept_s: float | None = Field(default=None, ge=0)
 
     def fill_by_bin_s(self) -> np.ndarray:
         """Mean fill seconds per position bin (outliers apart)."""
@@ -141,6 +157,12 @@ class SpecSamples:
     status: str | None
     walks: int = 0
     rejected_at: tuple[int, ...] = ()
+    drafts_past: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    valid_past: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    random_walks: int = 0
+    walk_ends: tuple[int, ...] = ()
+    think_tokens: int = 0
+    think_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -179,6 +201,43 @@ def _equal_slices(sorted_values: np.ndarray) -> np.ndarray:
     # fractional slice edges: each slice holds n / RESIDUAL_VALUES samples' worth of mass
     at = np.interp(edges, np.arange(n + 1), cum)
     return np.diff(at) / np.diff(edges)
+
+
+def draft_chain(drafts_past: np.ndarray, valid_past: np.ndarray) -> tuple[list[int], list[int]]:
+    """``(tried, valid)`` per index ``j`` of the drafts past the accepted ones (see :class:`SpecProfile`).
+
+    >>> draft_chain(np.array([3, 3, 1]), np.array([0, 2, 1]))
+    ([3, 1, 1], [2, 1, 0])
+    """
+    past, valid = np.asarray(drafts_past, np.int64), np.asarray(valid_past, np.int64)
+    if not len(past) or not past.max():
+        return [], []
+    j = np.arange(int(past.max()))[None, :]
+    tried = ((j < past[:, None]) & (j <= valid[:, None])).sum(0)
+    size = int(np.flatnonzero(tried)[-1]) + 1  # past the last draft the grammar was offered, nothing to say
+    return tried[:size].tolist(), (j < valid[:, None]).sum(0)[:size].tolist()
+
+
+def _add_chains(a: list[int], b: list[int]) -> list[int]:
+    n = max(len(a), len(b))
+    return (np.pad(np.asarray(a, np.int64), (0, n - len(a))) + np.pad(np.asarray(b, np.int64), (0, n - len(b)))).tolist()
+
+
+def kind_pools(specs: Iterable[SpecProfile]) -> dict[str, dict]:
+    """Per kind, its specs' draft chains added up and their thinking accepts' mean (the
+    :class:`~cdbench.harness.costs.grammar_profile.KindProfile` fields), where any spec measured them."""
+    out: dict[str, dict] = {}
+    think: dict[str, list[float]] = {}
+    for s in specs:
+        if s.draft_tried:
+            pooled = out.setdefault(s.kind, {"draft_tried": [], "draft_valid": []})
+            pooled["draft_tried"] = _add_chains(pooled["draft_tried"], s.draft_tried)
+            pooled["draft_valid"] = _add_chains(pooled["draft_valid"], s.draft_valid)
+        if s.think_accept_s is not None:
+            think.setdefault(s.kind, []).append(s.think_accept_s)
+    for kind, values in think.items():
+        out.setdefault(kind, {})["think_accept_s"] = float(np.median(values))
+    return out
 
 
 def _round(x: float) -> float:
@@ -220,13 +279,16 @@ def spec_sections(specs: Iterable[SpecSamples]) -> tuple[dict[str, SpecProfile],
                 outliers = [_round(v) for v in _equal_slices(np.sort(s.fill_s[spike]))]
                 outlier_rate = float(spike.sum() / len(s.fill_s))
             pooled.setdefault(s.kind, []).append((s.fill_s, bins))
+        tried, valid = draft_chain(s.drafts_past, s.valid_past)
         out[spec_key_hash(s.key_text)] = SpecProfile(
             kind=s.kind, spec_id=s.spec_id, corpus=corpus_of(s.spec_id), status=s.status, compile_s=s.compile_s,
             fills=len(s.fill_s), fill_scale_s=scale, fill_curve=curve, fill_residual=residual,
             fill_outliers_s=outliers, fill_outlier_rate=outlier_rate,
             accept_s=float(np.median(s.accept_s)) if len(s.accept_s) else None,
             rollback_s=float(np.median(s.rollback_s)) if len(s.rollback_s) else None, walks=s.walks,
-            rejected=len(s.rejected_at), rejected_at=int(np.median(s.rejected_at)) if s.rejected_at else None)
+            rejected=len(s.rejected_at), rejected_at=int(np.median(s.rejected_at)) if s.rejected_at else None,
+            draft_tried=tried, draft_valid=valid, random_walks=s.random_walks, walk_ends=sorted(s.walk_ends),
+            think_accept_s=_round(s.think_s / s.think_tokens) if s.think_tokens else None)
     shapes = {}
     for kind, parts in pooled.items():
         fills = np.concatenate([f for f, _ in parts])
@@ -272,5 +334,9 @@ def group_samples(walks: Sequence, compiles: Sequence) -> list[SpecSamples]:
         out.append(SpecSamples(key, kind, spec_id, cat("fill_s"),
                                np.concatenate(positions) if positions else np.zeros(0, np.int64),
                                cat("accept_s"), cat("rollback_s"), seconds, status, len(ws),
-                               tuple(w.rejected_at for w in ws if w.rejected_at is not None)))
+                               tuple(w.rejected_at for w in ws if w.rejected_at is not None),
+                               cat("drafts_past").astype(np.int64), cat("valid_past").astype(np.int64),
+                               sum(w.random_walk for w in ws),
+                               tuple(w.ended_at for w in ws if w.random_walk and w.ended_at is not None),
+                               sum(w.think_tokens for w in ws), sum(w.think_s for w in ws)))
     return out

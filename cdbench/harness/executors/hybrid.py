@@ -426,6 +426,7 @@ class HybridExecutor(GrammarExecutor):
         out.produced[drafted] = emitted
         out.verified[drafted] = counts
         out.roll_back(drafted, rolled)
+        self.recorder.drafts(d_rids, counts, match, valid)
 
     def _general(self, rows: StepRows, general: np.ndarray, out: _Step) -> None:
         """Random-walk rows, and every row under jump-forward, one row at a time."""
@@ -496,6 +497,7 @@ class HybridExecutor(GrammarExecutor):
             g_jumped.append(forced_ok)
             if oracle is None and emitted < left and matcher.is_terminated():
                 out.ended.append(int(general[j]))
+                self.recorder.walk_ended(rid, pos + emitted)
             g_emitted.append(emitted)
         out.backend_ns += sum(g_fill)
         out.fill_s[general] = np.array(g_fill) * _NS
@@ -505,6 +507,10 @@ class HybridExecutor(GrammarExecutor):
         at[g_rids] += g_emitted
         if out.verified is not None:
             out.verified[general] = g_verified
+            proposed, accepted = np.array(g_verified), np.array(g_accepted)
+            has = proposed > 0
+            if has.any():
+                self.recorder.drafts(g_rids[has], proposed[has], accepted[has], accepted[has] + np.array(g_rolled)[has])
         out.roll_back(general, g_rolled)
         if jump:
             if out.jumped is None:
@@ -528,14 +534,17 @@ class HybridExecutor(GrammarExecutor):
             start = perf_counter_ns()
             for token in tokens:
                 matcher.accept(token)
-            spent += perf_counter_ns() - start
+            elapsed = perf_counter_ns() - start
+            spent += elapsed
+            self.recorder.thought(rid, len(tokens), elapsed)
             if ends:  # the answer phase has its own, faster, bound methods
                 self._fills[rid], self._accepts[rid] = matcher.fill_mask, matcher.accept
         return spent
 
     def measured_profile(self, source: str) -> GrammarProfile | None:
         """The grammar costs this run measured (:mod:`~cdbench.harness.executors.in_situ`)."""
-        return self.recorder.profile(self.backend.name, self.backend.vocab.name, self.keys, self._offset, source)
+        return self.recorder.profile(self.backend.name, self.backend.vocab.name, self.keys, self._offset, source,
+                                     random_walk=~self._has_oracle)
 
     def finish(self, rid: int) -> None:
         """Free the request's matcher (timed as a backend call) and keep what its output check needs.

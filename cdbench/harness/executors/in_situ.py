@@ -20,6 +20,13 @@ rollback call: what the step's processing took beyond those accepts (at the
 run's mean accept), over its rollback calls. A request whose sampled token the
 grammar refused (it aborts) records the position, so ``model`` mode aborts
 its replay there too.
+
+Beyond costs, what shapes the work: per drafted row, how many drafts were
+proposed past those the target accepted and how many of them the grammar took
+(it builds rows for its valid prefix only); per random walk (no oracle
+tokens), the answer length at which its grammar terminated it; per thinking
+request of the ``reasoner`` backend, the thinking tokens its matcher accepted
+and their seconds.
 """
 
 from __future__ import annotations
@@ -51,6 +58,9 @@ class InSituRecorder:
         # processing ns, rollback calls per row or None, forced tokens per row or None)
         self._steps: list[tuple] = []
         self._rejected: dict[int, int] = {}  # request -> oracle cursor at the step its token was refused
+        self._drafts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (request ids, past accepted, valid)
+        self._walk_ends: dict[int, int] = {}  # random-walk request -> answer length its grammar ended it at
+        self._thought: dict[int, list[int]] = {}  # request -> [thinking tokens accepted, their nanoseconds]
 
     def compiled(self, key: int, seconds: float, reason: str | None) -> None:
         self._compiles[key] = (seconds, compile_status(reason))
@@ -64,8 +74,24 @@ class InSituRecorder:
         for r, c in zip(rids.tolist(), cursor.tolist()):
             self._rejected.setdefault(r, c)
 
-    def profile(self, backend: str, vocab: str, keys: SpecKeys, start: np.ndarray, source: str) -> GrammarProfile:
-        """The run's measured costs; ``start[r]``: request ``r``'s oracle cursor at answer position 0."""
+    def drafts(self, rids: np.ndarray, proposed: np.ndarray, accepted: np.ndarray, valid: np.ndarray) -> None:
+        """Drafted rows of requests ``rids``: drafts proposed, accepted by the target, and taken by the grammar."""
+        self._drafts.append((np.asarray(rids), np.asarray(proposed) - accepted, np.asarray(valid) - accepted))
+
+    def walk_ended(self, rid: int, length: int) -> None:
+        """Random walk ``rid``'s grammar terminated it after ``length`` answer tokens."""
+        self._walk_ends[rid] = length
+
+    def thought(self, rid: int, tokens: int, ns: int) -> None:
+        """Request ``rid``'s matcher accepted ``tokens`` thinking tokens in ``ns`` nanoseconds."""
+        spent = self._thought.setdefault(rid, [0, 0])
+        spent[0] += tokens
+        spent[1] += ns
+
+    def profile(self, backend: str, vocab: str, keys: SpecKeys, start: np.ndarray, source: str,
+                random_walk: np.ndarray | None = None) -> GrammarProfile:
+        """The run's measured costs; ``start[r]``: request ``r``'s oracle cursor at answer position 0;
+        ``random_walk[r]``: request ``r`` walked without oracle tokens (default: none did)."""
         def spec_id(k: int) -> str:  # a spec without a corpus id is named by its key's hash
             return keys.spec_ids[k] or spec_key_hash(keys.texts[k])
 
@@ -95,6 +121,16 @@ class InSituRecorder:
         fills = np.maximum(fill_s - (mask_rows - 1) * accept_mean, 0.0) / mask_rows
         row_rollback = np.where(rolled > 0, per_rollback[step_of], np.nan)
 
+        drafted = {}
+        if self._drafts:
+            d_rid, d_past, d_valid = (np.concatenate(c) for c in zip(*self._drafts))
+            d_order = np.argsort(d_rid, kind="stable")
+            d_rid, d_past, d_valid = d_rid[d_order], d_past[d_order], d_valid[d_order]
+            d_bounds = np.flatnonzero(np.diff(d_rid)) + 1
+            for part in np.split(np.arange(len(d_rid)), d_bounds):
+                drafted[int(d_rid[part[0]])] = (d_past[part], d_valid[part])
+        no_drafts = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+
         order = np.lexsort((positions, rids))  # each request's rows in answer order
         rids, positions, fills = rids[order], positions[order], fills[order]
         row_accept, row_rollback, jumped = row_accept[order], row_rollback[order], jumped[order]
@@ -105,9 +141,14 @@ class InSituRecorder:
             k = int(keys.request_key[r])
             accept, rollback = row_accept[part], row_rollback[part]
             refused = self._rejected.get(r)
+            past, valid = drafted.get(r, no_drafts)
+            tokens, ns = self._thought.get(r, (0, 0))
             walks.append(WalkMeasurement(spec_id(k), keys.kinds[k], fill_s=fills[part],
                                          accept_s=accept[~np.isnan(accept)], rollback_s=rollback[~np.isnan(rollback)],
                                          forced_tokens=jumped[part], positions=positions[part], key=keys.texts[k],
-                                         rejected_at=None if refused is None else int(refused - start[r])))
+                                         rejected_at=None if refused is None else int(refused - start[r]),
+                                         drafts_past=past, valid_past=valid,
+                                         random_walk=bool(random_walk is not None and random_walk[r]),
+                                         ended_at=self._walk_ends.get(r), think_tokens=tokens, think_s=ns * 1e-9))
         return GrammarProfile.from_measurements(backend, vocab, compiles, walks, source=source)
 

@@ -114,9 +114,15 @@ class ModelExecutor(GrammarExecutor):
     costs : the cost source (a backend profile, or fixed numbers).
     alpha : per-draft acceptance probability of the target model.
 
-    Per grammar row and step: ``1 + k`` fills and ``k`` draft accepts build the
-    mask; after verification one rollback call undoes the rejected drafts and
-    one accept takes the sampled token; jump-forward accepts the forced tokens.
+    Per grammar row and step: the grammar takes the accepted drafts and, of
+    the others, a prefix drawn with the profile's measured draft validity
+    (all ``k`` where not measured); ``1 + valid`` fills and ``valid`` draft
+    accepts build the mask; after verification one rollback call undoes the
+    valid drafts the target rejected and one accept takes the sampled token;
+    jump-forward accepts the forced tokens. A random walk (a structured
+    request without oracle tokens) ends where its spec's measured walks
+    ended, as often; a thinking row of a profile that measured thinking
+    accepts (the ``reasoner`` backend) pays one per thinking token.
     Costs are looked up in the run's per-request tables
     (:mod:`~cdbench.harness.costs.cost_tables`) at each row's answer position.
     """
@@ -162,10 +168,12 @@ class ModelExecutor(GrammarExecutor):
             accepted = np.minimum(accepted, produced - 1)
         rolled_back = jumped = constant_ints(0, n)
         process_s = 0.0
+        t = self.tables
+        if t.think_accept is not None and _any(rows.think_left):
+            process_s += float(t.think_accept[rows.rid] @ np.where(rows.think_left > 0, produced, 0))
         g = grammar.nonzero()[0]
         ng = len(g)
         if ng:
-            t = self.tables
             g_rid = rows.rid[g]
             g_left = gen_left[g]  # a grammar row is past thinking: its answer position is output_len - gen_left
             at = ((t.off_end[g_rid] - g_left) & _SPAN_MASK) + t.base[g_rid]  # the rows' pool indexes
@@ -181,15 +189,24 @@ class ModelExecutor(GrammarExecutor):
                     row_fill += t.spike[at]
                 per_row = constant_ints(1, ng)
             else:
-                per_row = g_drafts + 1
-                # a row's fills at its next 1 + k positions, from the pool's prefix sums, all at the row's
+                g_accepted = accepted[g]
+                valid = g_drafts
+                if t.draft_survival is not None:  # the accepted drafts, then the grammar's valid prefix of the rest
+                    past = g_drafts - g_accepted
+                    widest = int(past.max())
+                    if widest:
+                        survival = t.draft_survival[:, :widest][t.draft_chain[g_rid]]
+                        taken = _sum(rng.random(ng)[:, None] < survival, axis=1)
+                        valid = g_accepted + np.minimum(past, taken)
+                per_row = valid + 1
+                # a row's fills at its next 1 + valid positions, from the pool's prefix sums, all at the row's
                 # position on the spec's curve
                 csum = t.fill_csum
                 row_fill = (csum[at + per_row] - csum[at]) * t.curve[ci]
-                if t.spike is not None:
-                    row_fill += t.spike_csum[at + per_row] - t.spike_csum[at]
-                row_fill = row_fill + accept_one * g_drafts  # drafts enter the grammar to fill their rows
-                rolled = g_drafts - accepted[g]
+                if t.spike is not None:  # an outlier is one per measured row: a drafted row's is its mean over its rows
+                    row_fill += t.spike[at] * per_row
+                row_fill = row_fill + accept_one * valid  # valid drafts enter the grammar to fill their rows
+                rolled = valid - g_accepted
                 rolled_back = np.zeros(n, np.int64)
                 rolled_back[g] = rolled
                 undo = rolled.nonzero()[0]
@@ -204,6 +221,15 @@ class ModelExecutor(GrammarExecutor):
                 jumped[g] = forced
                 process_s += float(accept_one @ forced)
                 produced = produced + jumped
+            ended = None
+            if t.end_left is not None:  # random walks whose spec's walks ended early: at a measured end length
+                end = t.end_left[g_rid]
+                hit = (end > 0) & (g_left - produced[g] <= end)
+                if _any(hit):
+                    produced[g[hit]] = g_left[hit] - end[hit]
+                    accepted = np.minimum(accepted, produced - 1)
+                    ended = np.zeros(n, bool)
+                    ended[g[hit]] = True
             rejected = None
             if t.reject_left is not None:  # the measured refusals: a row whose tokens cover its refused position
                 refuse = t.reject_left[g_rid]
@@ -211,5 +237,5 @@ class ModelExecutor(GrammarExecutor):
                 if _any(hit):
                     rejected = np.zeros(n, bool)
                     rejected[g[hit]] = True
-            return StepWork(row_fill, per_row, produced, accepted, rolled_back, jumped, rejected, process_s)
+            return StepWork(row_fill, per_row, produced, accepted, rolled_back, jumped, rejected, process_s, ended)
         return StepWork(NO_FILL, constant_ints(0, 0), produced, accepted, rolled_back, jumped, None, process_s)
