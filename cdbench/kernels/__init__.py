@@ -1,7 +1,9 @@
-"""GPU mask kernels (Triton) with torch references, and their measured cost tables.
+"""GPU kernels (Triton) with torch references, and the mask kernels' measured cost tables.
 
 Public kernels: :func:`apply_bitmask`, :func:`apply_bool_mask`,
-:func:`set_token_filter`, :func:`masked_argmax`. CPU tensors run the torch
+:func:`set_token_filter`, :func:`masked_argmax` (grammar masks), and
+:func:`cdbench.kernels.decode_attention.decode_attention` (the live forward's
+decode rows; imported from its module, whose name it shares). CPU tensors run the torch
 reference (:mod:`cdbench.kernels.reference`) unless ``TRITON_INTERPRET=1``.
 They are imported lazily, so reading a cost table does not import Triton.
 """

@@ -1,9 +1,11 @@
-"""Torch reference implementations of the mask kernels.
+"""Torch reference implementations of the mask kernels and of decode attention.
 
 These are the executable specification: the Triton kernels in
 :mod:`cdbench.kernels.bitmask`, :mod:`cdbench.kernels.token_filter` and
-:mod:`cdbench.kernels.sampling` must produce bit-identical results. The public
-functions run them directly for CPU tensors.
+:mod:`cdbench.kernels.sampling` must produce bit-identical results;
+:mod:`cdbench.kernels.decode_attention` must match
+:func:`decode_attention_reference` up to bf16/fp16 rounding (its softmax sums
+in another order). The public functions run them directly for CPU tensors.
 
 Bitmask layout (as in xgrammar): ``bitmask[row, w]`` is an int32 word whose bit
 ``b`` (least significant first) is 1 when token ``32*w + b`` is allowed.
@@ -158,4 +160,40 @@ def masked_argmax_ref(
             continue
         best = score.masked_fill(~allowed, NEG_INF).max()
         out[i] = int((allowed & (score == best)).nonzero()[0, 0])
+    return out
+
+
+def decode_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    lengths: torch.Tensor,
+    out: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Decode attention in fp32 (:func:`cdbench.kernels.decode_attention.decode_attention`'s oracle).
+
+    Row ``r``'s query heads attend to keys ``0..lengths[r]-1`` of cache slot ``slots[r]``; query
+    head ``h`` uses KV head ``h // (n_heads // kv_heads)``. A row of length 0 gets zeros. Every row
+    is gathered up to the longest length and masked, so memory grows with rows × longest length.
+    """
+    rows, n_heads, d = q.shape
+    kv_heads = k_cache.shape[1]
+    scale = d**-0.5 if scale is None else scale
+    lengths = lengths.to(device=q.device, dtype=torch.int64)
+    attend = int(lengths.max()) if rows else 0
+    slots = slots.to(device=k_cache.device, dtype=torch.int64)
+    keys = k_cache[slots, :, :attend].to(q.device, torch.float32)      # [rows, kv_heads, attend, d]
+    values = v_cache[slots, :, :attend].to(q.device, torch.float32)
+    queries = q.to(torch.float32).view(rows, kv_heads, n_heads // kv_heads, d)
+    scores = queries @ keys.transpose(-1, -2) * scale                   # [rows, kv_heads, group, attend]
+    valid = torch.arange(attend, device=q.device)[None, :] < lengths[:, None]
+    scores = scores.masked_fill(~valid[:, None, None, :], NEG_INF)
+    # A row with no keys softmaxes all -inf to NaN; its weights are zero instead.
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    result = (weights @ values).view(rows, n_heads, d).to(q.dtype)
+    if out is None:
+        return result
+    out.copy_(result)
     return out

@@ -1,0 +1,268 @@
+"""Decode attention over a slotted KV cache, each row to its own length (flash-decoding, GQA).
+
+A continuous-batching decode batch has one query token per row, and every row
+attends to positions ``0..length-1`` of its own cache slot. Masking every row
+to the longest one (what a padded dense kernel does) reads the bytes of the
+longest context for every row; this kernel reads each row's own length only.
+
+Launch shape and graphs: the lengths are read from a device tensor inside the
+kernel and the launch shape depends only on tensor shapes and ``splits``, so a
+call can be captured once in a CUDA graph per row count and replayed for any
+lengths up to the cache's ``max_len``.
+
+How the work is split:
+
+- one program per (split, KV head, row): the ``G`` query heads that share a
+  KV head are the rows of one ``tl.dot`` (padded to 16), so each key and
+  value block is read once for the whole group;
+- flash-decoding: a row's keys are cut into ``splits`` chunks of
+  ``ceil(length / splits)`` keys (rounded up to a whole key block), each chunk
+  an online softmax in fp32; programs whose chunk starts past the row's length
+  return at once, so short rows cost little whatever ``splits`` is;
+- a second kernel merges the chunks' partial outputs by their log-sum-exp
+  (skipped when ``splits`` is 1: the single chunk writes the output).
+
+Examples
+--------
+>>> import torch
+>>> q = torch.ones(1, 2, 16, dtype=torch.bfloat16)
+>>> k = torch.zeros(3, 1, 8, 16, dtype=torch.bfloat16)
+>>> v = torch.arange(8.0)[None, None, :, None].expand(3, 1, 8, 16).to(torch.bfloat16)
+>>> out = decode_attention(q, k, v, slots=torch.tensor([2]), lengths=torch.tensor([4]))
+>>> out[0, :, 0].tolist()   # equal scores: the mean of values 0..3
+[1.5, 1.5]
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from cdbench.kernels import reference
+from cdbench.kernels._launch import sm_count, use_triton
+
+_DTYPES = (torch.bfloat16, torch.float16)
+#: Keys each program reads per step; with d = 128 a 64 × 128 bf16 block per operand keeps
+#: enough bytes in flight per program without spilling registers. Caches shorter than
+#: ``4 * BLOCK_N`` use smaller blocks (:func:`key_block`).
+BLOCK_N = 64
+#: Warps per split program: 4 warps cover a 16 × 64 score block and a 64 × 128 value block.
+NUM_WARPS = 4
+#: Fewest keys worth giving a split of their own: below this the partial write and the merge
+#: cost more than the extra parallelism saves.
+MIN_KEYS_PER_SPLIT = 256
+#: Programs per SM the default ``splits`` aims for, so each SM has several key streams in
+#: flight while others wait on memory.
+PROGRAMS_PER_SM = 4
+
+
+def default_splits(rows: int, kv_heads: int, max_len: int, device: torch.device) -> int:
+    """Splits per row: the power of two that first gives :data:`PROGRAMS_PER_SM` (row, KV head,
+    split) programs per SM, but no more than leaves :data:`MIN_KEYS_PER_SPLIT` keys per split of a
+    full ``max_len`` row. Powers of two keep the number of compiled merge kernels small.
+
+    1 off a GPU (the Triton interpreter runs programs one after another).
+    """
+    if device.type != "cuda":
+        return 1
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    wanted = -(-PROGRAMS_PER_SM * sm_count(index) // max(1, rows * kv_heads))
+    most = max(1, max_len // MIN_KEYS_PER_SPLIT)
+    return min(triton.next_power_of_2(wanted), 1 << (most.bit_length() - 1))
+
+
+def key_block(max_len: int) -> int:
+    """Keys per block: :data:`BLOCK_N`, or less for a short cache so that it still holds 4 blocks
+    (splits are whole blocks, so a cache of one block could not be split at all)."""
+    return min(BLOCK_N, max(16, triton.next_power_of_2(max_len) // 4))
+
+
+@triton.jit
+def _chunk(length, splits, BLOCK_N: tl.constexpr):
+    """Keys per split of a row of ``length`` keys: a whole number of blocks, at least one."""
+    per_split = tl.cdiv(length, splits)
+    return tl.maximum(tl.cdiv(per_split, BLOCK_N), 1) * BLOCK_N
+
+
+@triton.jit
+def _decode_split(
+    q_ptr, k_ptr, v_ptr, slots_ptr, lengths_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    max_len, splits, group, head_dim, qk_scale,
+    q_row, q_head, k_slot, k_head, k_pos, v_slot, v_head, v_pos, o_row, o_head,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DIRECT: tl.constexpr,
+):
+    split = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    row = tl.program_id(2)
+    # Clamped, not checked: a check would synchronize, and a clamp keeps reads inside the slot.
+    length = tl.minimum(tl.maximum(tl.load(lengths_ptr + row).to(tl.int32), 0), max_len)
+    chunk = _chunk(length, splits, BLOCK_N)
+    start = split * chunk
+    # Split 0 always runs, so that a row of length 0 still gets its (zero) output written.
+    if (start >= length) & (split > 0):
+        return
+    end = tl.minimum(start + chunk, length)
+    slot = tl.load(slots_ptr + row).to(tl.int64)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    heads = kv_head * group + g
+    g_ok = g < group
+    d_ok = d < head_dim
+    q = tl.load(q_ptr + row.to(tl.int64) * q_row + heads[:, None] * q_head + d[None, :],
+                mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+    k_base = k_ptr + slot * k_slot + kv_head.to(tl.int64) * k_head
+    v_base = v_ptr + slot * v_slot + kv_head.to(tl.int64) * v_head
+
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = n < end
+        k = tl.load(k_base + n[:, None] * k_pos + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        # Scores in log2 units (scale folded with log2(e)) so the softmax uses exp2.
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = tl.where(n_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m - m_new)
+        v = tl.load(v_base + n[:, None] * v_pos + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        l = l * alpha + tl.sum(p, axis=1)
+        m = m_new
+
+    # l is 0 only for a row of length 0 (split 0 ran no block): output 0, log-sum-exp -inf.
+    l = tl.where(l > 0, l, 1.0)
+    acc = acc / l[:, None]
+    if DIRECT:
+        tl.store(out_ptr + row.to(tl.int64) * o_row + heads[:, None] * o_head + d[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+    else:
+        n_heads = tl.num_programs(1) * group
+        part = (row.to(tl.int64) * n_heads + heads) * splits + split
+        tl.store(part_out_ptr + part[:, None] * BLOCK_D + d[None, :], acc, mask=g_ok[:, None])
+        tl.store(part_lse_ptr + part, m + tl.math.log2(l), mask=g_ok)
+
+
+@triton.jit
+def _decode_merge(
+    part_out_ptr, part_lse_ptr, lengths_ptr, out_ptr, max_len, splits, n_heads, head_dim, o_row, o_head,
+    BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    head = tl.program_id(0)
+    row = tl.program_id(1)
+    length = tl.minimum(tl.maximum(tl.load(lengths_ptr + row).to(tl.int32), 0), max_len)
+    # The splits that ran (the others returned before writing their partials).
+    n_valid = tl.cdiv(length, _chunk(length, splits, BLOCK_N))
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    s_ok = s < n_valid
+    part = (row.to(tl.int64) * n_heads + head) * splits + s
+    lse = tl.load(part_lse_ptr + part, mask=s_ok, other=float("-inf"))
+    # A row of length 0 has no partials: max() of all -inf, weights 0, output 0.
+    lse_max = tl.maximum(tl.max(lse, axis=0), -1e30)
+    w = tl.where(s_ok, tl.math.exp2(lse - lse_max), 0.0)
+    o = tl.load(part_out_ptr + part[:, None] * BLOCK_D + d[None, :], mask=s_ok[:, None], other=0.0)
+    merged = tl.sum(o * w[:, None], axis=0) / tl.maximum(tl.sum(w, axis=0), 1e-30)
+    tl.store(out_ptr + row.to(tl.int64) * o_row + head * o_head + d, merged.to(out_ptr.dtype.element_ty),
+             mask=d < head_dim)
+
+
+def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+           lengths: torch.Tensor, out: torch.Tensor | None) -> None:
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"want q [rows, heads, d] and equal caches [slots, kv_heads, max_len, d], got "
+                         f"{tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    rows, n_heads, d = q.shape
+    n_slots, kv_heads, max_len, cache_d = k_cache.shape
+    if cache_d != d or n_heads % kv_heads:
+        raise ValueError(f"q {tuple(q.shape)} does not fit caches {tuple(k_cache.shape)} "
+                         "(head_dim must match; heads must be a multiple of kv_heads)")
+    if q.dtype not in _DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise TypeError(f"q and caches must share one of bfloat16/float16, got {q.dtype}, {k_cache.dtype}, "
+                        f"{v_cache.dtype}")
+    if q.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
+        raise ValueError("q and the caches must be contiguous along head_dim")
+    for name, index in (("slots", slots), ("lengths", lengths)):
+        if index.dim() != 1 or index.shape[0] != rows or index.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{name} must be int32/int64 [{rows}], got {index.dtype} {tuple(index.shape)}")
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.stride(2) != 1):
+        raise ValueError(f"out must be {q.dtype} {tuple(q.shape)} contiguous along head_dim, "
+                         f"got {out.dtype} {tuple(out.shape)}")
+    # Values on a GPU are not checked (that would synchronize the stream); the kernel clamps lengths.
+    if slots.device.type == "cpu" and rows and (int(slots.min()) < 0 or int(slots.max()) >= n_slots):
+        raise IndexError(f"slots must lie in [0, {n_slots}), got {slots.tolist()}")
+    if lengths.device.type == "cpu" and rows and (int(lengths.min()) < 0 or int(lengths.max()) > max_len):
+        raise IndexError(f"lengths must lie in [0, {max_len}], got {lengths.tolist()}")
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    lengths: torch.Tensor,
+    out: torch.Tensor | None = None,
+    scale: float | None = None,
+    splits: int | None = None,
+) -> torch.Tensor:
+    """Attention of each decode row's query over the first ``lengths[r]`` keys of cache slot ``slots[r]``.
+
+    Parameters
+    ----------
+    q : bfloat16/float16 ``[rows, n_heads, d]``, one query token per row.
+    k_cache, v_cache : ``[slots, kv_heads, max_len, d]``, same dtype as ``q``; query head ``h`` reads
+        KV head ``h // (n_heads // kv_heads)``.
+    slots : int32/int64 ``[rows]``, each row's cache slot.
+    lengths : int32/int64 ``[rows]``, keys each row attends to (positions ``0..length-1``; the new
+        token's key is already at ``length - 1``). A row of length 0 (a padding row of a captured
+        batch) gets zeros. Values on a GPU are not checked; they are clamped to ``[0, max_len]``.
+    out : optional ``[rows, n_heads, d]`` buffer of ``q``'s dtype to write (a graph's static output).
+    scale : softmax scale, default ``1 / sqrt(d)``.
+    splits : chunks each row's keys are cut into (:func:`default_splits` when None); fixed per
+        launch so a captured graph replays for any lengths.
+
+    Returns
+    -------
+    ``out`` (allocated when not given).
+    """
+    _check(q, k_cache, v_cache, slots, lengths, out)
+    rows, n_heads, d = q.shape
+    _, kv_heads, max_len, _ = k_cache.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if out is None:
+        out = torch.empty_like(q)
+    if not use_triton(q, k_cache, v_cache, slots, lengths, out):
+        return reference.decode_attention_reference(q, k_cache, v_cache, slots, lengths, out, scale)
+    if rows == 0 or n_heads == 0:
+        return out
+    if splits is None:
+        splits = default_splits(rows, kv_heads, max_len, q.device)
+    if splits < 1:
+        raise ValueError(f"splits must be at least 1, got {splits}")
+    group = n_heads // kv_heads
+    block_g = max(16, triton.next_power_of_2(group))
+    block_d = max(16, triton.next_power_of_2(d))
+    direct = splits == 1
+    block_n = key_block(max_len)
+    if direct:
+        part_out = part_lse = out  # unused: the single split writes ``out``
+    else:
+        part_out = torch.empty(rows, n_heads, splits, block_d, device=q.device, dtype=torch.float32)
+        part_lse = torch.empty(rows, n_heads, splits, device=q.device, dtype=torch.float32)
+    _decode_split[(splits, kv_heads, rows)](
+        q, k_cache, v_cache, slots, lengths, out, part_out, part_lse,
+        max_len, splits, group, d, scale * math.log2(math.e),
+        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
+        BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, DIRECT=direct, num_warps=NUM_WARPS,
+    )
+    if not direct:
+        _decode_merge[(n_heads, rows)](
+            part_out, part_lse, lengths, out, max_len, splits, n_heads, d, out.stride(0), out.stride(1),
+            BLOCK_S=triton.next_power_of_2(splits), BLOCK_N=block_n, BLOCK_D=block_d, num_warps=1,
+        )
+    return out

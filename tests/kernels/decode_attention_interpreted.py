@@ -1,0 +1,70 @@
+"""The decode-attention kernel vs its torch reference under ``TRITON_INTERPRET=1``, at tiny shapes.
+
+Not collected directly (no ``test_`` prefix): ``test_decode_attention.py`` runs
+this file in a subprocess, as ``test_kernels_interpreted.py`` does for the mask
+kernels. float16 only: the interpreter does not support bfloat16 ``tl.dot``
+(it multiplies the raw bits; triton-lang/triton#11584), so bfloat16 is checked
+on the GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from decode_attention_cases import (
+    assert_close,
+    check_decode_attention,
+    decode_inputs,
+    reference_output,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cdbench.kernels.decode_attention import decode_attention
+
+assert os.environ.get("TRITON_INTERPRET") == "1", "run through test_decode_attention.py"
+
+FAST = settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+
+
+@st.composite
+def row_lengths(draw, max_len: int) -> list[int]:
+    """1-5 rows, often at the edges (0, 1, max_len) where off-by-one reads show."""
+    length = st.one_of(st.sampled_from([0, 1, max_len, max_len - 1]), st.integers(0, max_len))
+    return draw(st.lists(length, min_size=1, max_size=5))
+
+
+@FAST
+@given(
+    data=st.data(), kv_heads=st.integers(1, 2), group=st.sampled_from([1, 2, 4, 5]),
+    head_dim=st.sampled_from([16, 24, 32]), max_len=st.sampled_from([64, 100]),
+    splits=st.sampled_from([None, 1, 2, 3, 8]), seed=st.integers(0, 2**32 - 1),
+)
+def test_decode_attention_matches_reference(data, kv_heads, group, head_dim, max_len, splits, seed):
+    lengths = data.draw(row_lengths(max_len))
+    gen = torch.Generator().manual_seed(seed)
+    check_decode_attention(gen, lengths, kv_heads, group, head_dim, max_len, torch.float16, splits, "cpu")
+
+
+@pytest.mark.parametrize("splits", [1, 2, 4, 16])
+@pytest.mark.parametrize("group,head_dim", [(2, 16), (4, 32)])
+def test_decode_attention_edge_lengths(group, head_dim, splits):
+    # More splits than a row has blocks: the extra programs return without writing partials.
+    gen = torch.Generator().manual_seed(splits * 10 + group)
+    check_decode_attention(gen, [1, 64, 17, 0, 63], 2, group, head_dim, 64, torch.float16, splits, "cpu",
+                           index_dtype=torch.int64)
+
+
+def test_decode_attention_writes_given_out_with_scale_and_strided_query():
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, slots, lengths = decode_inputs(gen, [5, 64, 30], 2, 4, 32, 64, torch.float16, "cpu")
+    # A query that is a view into a wider projection output, as the live forward's is.
+    wide = torch.zeros(3, q.shape[1] + 4, 32, dtype=torch.float16)
+    wide[:, 2:-2] = q
+    query = wide[:, 2:-2]
+    out = torch.full_like(q, float("nan"))
+    returned = decode_attention(query, k, v, slots, lengths, out=out, scale=0.3, splits=3)
+    assert returned is out
+    assert_close(out, reference_output(q, k, v, slots, lengths, scale=0.3), "out=, scale=0.3")
