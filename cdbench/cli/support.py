@@ -171,7 +171,7 @@ ConfigArg = Annotated[
 ]
 BackendOpt = Annotated[str | None, typer.Option("--backend", help="Grammar backend: xgrammar, llguidance, outlines, none.")]
 PolicyOpt = Annotated[str | None, typer.Option("--policy", help="Scheduler policy preset: sglang or vllm.")]
-ModeOpt = Annotated[str | None, typer.Option("--mode", help="model (profiled grammar costs) or hybrid (real backend).")]
+ModeOpt = Annotated[str | None, typer.Option("--mode", help="model (profiled grammar costs), hybrid (real backend, modelled GPU) or live (real backend and GPU, wall clock; a CUDA host).")]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Model for the cost model, e.g. qwen3-8b, or a spec file.")]
 GpuOpt = Annotated[str | None, typer.Option("--gpu", help="GPU for the cost model, e.g. h100-sxm, h200, or a spec file.")]
 CorpusOpt = Annotated[str | None, typer.Option("--corpus", help="Workload corpora, comma-separated: a name (embedded, ...) or a JSONL path.")]

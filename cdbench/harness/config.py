@@ -3,7 +3,7 @@
 Every section forbids unknown keys, so a misspelt key is an error that names
 it. Example (YAML)::
 
-    mode: model                 # or hybrid (default)
+    mode: model                 # or hybrid (default), or live (a CUDA host)
     seed: 0
     vocab: qwen3.6
     backend: {name: xgrammar, options: {}}
@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 from pydantic import (
     BaseModel,
@@ -50,6 +50,9 @@ from cdbench.harness.executors.model import (
 from cdbench.harness.metrics import SLO
 from cdbench.harness.policies import PRESETS, SchedulerConfig, policy
 from cdbench.workloads.config import WorkloadConfig
+
+if TYPE_CHECKING:
+    from cdbench.harness.live.step import LiveStep
 
 _REASONER_INNER = inspect.signature(ReasonerBackend).parameters["inner"].default
 
@@ -99,7 +102,9 @@ class CostConfig(ForwardConfig):
     mask_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     live_gpu: bool = Field(False, description="hybrid mode: run each step's forward, mask copy, apply and "
                            "sampling on this machine's GPU and use the measured times (needs CUDA)")
-    live_kv_tokens: int = Field(2**18, ge=1, description="live_gpu: KV-cache capacity in tokens")
+    live_kv_tokens: int | None = Field(None, ge=1, description="live mode and live_gpu: KV-cache capacity in "
+                                       "tokens (default: live mode fills the GPU memory the weights leave; "
+                                       "live_gpu 2^18)")
     fixed_gpu: FixedGpuCosts | None = None
     grammar_profile: str | None = None
     fixed_grammar: FixedGrammarCosts | None = None
@@ -116,8 +121,23 @@ class CostConfig(ForwardConfig):
             if not torch.cuda.is_available():
                 raise ValueError("costs.live_gpu needs a CUDA device; this machine has none")
             dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.mask_dtype]
-            return LiveGpuCosts(resolve_model(self.model), vocab_size, "cuda", self.live_kv_tokens, logits_dtype=dtype)
+            return LiveGpuCosts(resolve_model(self.model), vocab_size, "cuda", self.live_kv_tokens or 2**18,
+                                logits_dtype=dtype)
         return RooflineGpuCosts(self.build(), MaskCost.for_gpu(self.gpu, vocab_size, dtype=self.mask_dtype))
+
+    def live_step(self, vocab_size: int, max_len: int) -> LiveStep:
+        """``live`` mode's step runner: the configured model's forward on this machine's GPU."""
+        import torch
+
+        from cdbench.harness.costs.hardware import resolve_model
+        from cdbench.harness.live.step import LiveStep
+
+        if not torch.cuda.is_available():
+            raise ValueError("mode 'live' runs every step on a CUDA GPU; this machine has none "
+                             "(hybrid mode runs the same grammar work with the GPU modelled)")
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.mask_dtype]
+        return LiveStep(resolve_model(self.model), vocab_size, max_len, "cuda", self.live_kv_tokens,
+                        logits_dtype=dtype)
 
     def grammar_costs(self, backend: str, seed: int, options: Mapping[str, Any] | None = None) -> GrammarCosts:
         """The ``model``-mode grammar costs of ``backend`` (built with ``options``).
@@ -143,7 +163,7 @@ class RunConfig(BaseModel):
     """One run: what arrives, which engine model schedules it, and where costs come from."""
 
     model_config = ConfigDict(extra="forbid")
-    mode: Literal["model", "hybrid"] = "hybrid"
+    mode: Literal["model", "hybrid", "live"] = "hybrid"
     seed: int = 0
     vocab: str = "qwen3.6"
     backend: BackendConfig = Field(default_factory=BackendConfig)
@@ -159,8 +179,11 @@ class RunConfig(BaseModel):
         if self.mode == "model" and self.scheduler_config().collectives == "gloo":
             raise ValueError("scheduler.collectives 'gloo' runs real collectives in hybrid mode; "
                              "model mode prices them (collectives: model) to stay deterministic")
-        if self.mode == "model" and self.costs.live_gpu:
-            raise ValueError("costs.live_gpu measures the GPU in hybrid mode; model mode prices it")
+        if self.mode != "hybrid" and self.costs.live_gpu:
+            raise ValueError(f"costs.live_gpu measures the GPU parts in hybrid mode; {self.mode} mode "
+                             + ("prices them" if self.mode == "model" else "runs whole steps on the GPU"))
+        if self.mode == "live" and self.costs.fixed_gpu is not None:
+            raise ValueError("costs.fixed_gpu prices the GPU; live mode runs every step on it")
         return self
 
     @model_serializer(mode="wrap")

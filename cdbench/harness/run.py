@@ -35,6 +35,7 @@ from cdbench.workloads.request import Request
 
 if TYPE_CHECKING:
     from cdbench.harness.config import RunConfig
+    from cdbench.harness.live.step import LiveInfo, LiveStep
     from cdbench.workloads.workload import Workload
 
 Progress = Callable[[str, float], None]
@@ -61,6 +62,7 @@ class RunResult:
         requests built by hand.
     grammar_profile : the grammar costs the run measured (hybrid; ``None`` in model mode),
         saved as ``grammar_profile.json``.
+    live : where a ``live`` run ran (``None`` in the other modes), saved as ``live.json``.
     """
 
     requests: pd.DataFrame
@@ -73,6 +75,7 @@ class RunResult:
     compile_errors: dict[str, str] = field(default_factory=dict)
     workload: Workload | None = None
     grammar_profile: GrammarProfile | None = None
+    live: LiveInfo | None = None
 
     @property
     def outside_backend_share(self) -> float:
@@ -85,17 +88,19 @@ class RunResult:
 
 def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: GrammarExecutor, gpu: GpuCosts,
              seed: int = 0, max_concurrency: int | None = None, slo: SLO | None = None,
-             trace_steps: int = 2000, progress: Callable[[float], None] | None = None) -> RunResult:
+             trace_steps: int = 2000, progress: Callable[[float], None] | None = None,
+             live: LiveStep | None = None) -> RunResult:
     """Simulate ``requests`` under ``scheduler`` with the given cost sources.
 
-    ``progress`` is called with the fraction of requests ended (0..1) now and then.
+    ``progress`` is called with the fraction of requests ended (0..1) now and then; ``live``
+    runs every step for real instead of pricing it (``live`` mode).
     """
     start = time.perf_counter()
     timeline = Timeline(max_steps=trace_steps)
     total = max(len(requests), 1)
     on_progress = (lambda ended: progress(ended / total)) if progress is not None else None
     sched = Scheduler(scheduler, requests, executor, gpu, seed=seed, max_concurrency=max_concurrency,
-                      timeline=timeline if trace_steps else None, on_progress=on_progress)
+                      timeline=timeline if trace_steps else None, on_progress=on_progress, live=live)
     sched.run()
     requests_frame = sched.rec.to_frame()
     steps_frame = sched.steps.to_frame()
@@ -104,7 +109,14 @@ def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: 
     wall_s = time.perf_counter() - start
     profile = executor.measured_profile(f"in situ: measured by a hybrid run of {len(requests)} requests, seed {seed}")
     return RunResult(requests_frame, steps_frame, summary, timeline, wall_s, executor.backend_call_s,
-                     executor.validation_s, sched.compile_errors, grammar_profile=profile)
+                     executor.validation_s, sched.compile_errors, grammar_profile=profile,
+                     live=live.info() if live is not None else None)
+
+
+def max_context(requests: Sequence[Request], spec_tokens: int = 0) -> int:
+    """The longest context any request reaches: prompt, thinking (and its end token), output, drafts."""
+    return max((max(1, r.prompt_len) + r.think_len + 1 + max(1, r.output_len) + spec_tokens for r in requests),
+               default=1)
 
 
 def run(config: RunConfig, progress: Progress | None = None) -> RunResult:
@@ -129,7 +141,12 @@ def run(config: RunConfig, progress: Progress | None = None) -> RunResult:
     spec_decode = workload.config.spec_decode
     scheduler = config.scheduler_config(spec_tokens=spec_decode.k)
     gpu = config.costs.gpu_costs(vocab.size)
-    if config.mode == "hybrid":
+    live = None
+    if config.mode == "live":
+        if progress is not None:
+            progress(f"building {config.costs.model} on the GPU", 0.0)
+        live = config.costs.live_step(vocab.size, max_context(workload.requests, spec_decode.k))
+    if config.mode in ("hybrid", "live"):
         if progress is not None:
             progress(f"loading {config.backend.name}", 0.0)
         backend = create_backend(config.backend.name, vocab, **config.backend.options)
@@ -141,6 +158,6 @@ def run(config: RunConfig, progress: Progress | None = None) -> RunResult:
     result = simulate(workload.requests, scheduler, executor, gpu, seed=config.seed,
                       max_concurrency=workload.max_concurrency, slo=config.slo,
                       trace_steps=config.trace_steps,
-                      progress=(lambda f: progress("simulating", f)) if progress else None)
+                      progress=(lambda f: progress("simulating", f)) if progress else None, live=live)
     result.workload = workload
     return result

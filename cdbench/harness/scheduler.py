@@ -40,6 +40,7 @@ import gc
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -51,8 +52,10 @@ from cdbench.harness.events import EventKind, EventQueue
 from cdbench.harness.executors.base import (
     CompileOutcome,
     GrammarExecutor,
+    Settlement,
     SpecKeys,
     StepRows,
+    StepWork,
     constant_ints,
 )
 from cdbench.harness.metrics import LogHistogram
@@ -67,6 +70,9 @@ from cdbench.harness.records import (
 from cdbench.harness.step_time import parallel_makespan, step_time
 from cdbench.harness.timeline import Timeline
 from cdbench.workloads.request import Request
+
+if TYPE_CHECKING:
+    from cdbench.harness.live.step import LiveStep
 
 # Per-step calls on small arrays cost mostly call overhead: count_nonzero is the cheapest
 # "any" (several times cheaper than a ufunc reduction), and the direct ufunc reduction the
@@ -95,12 +101,15 @@ class Scheduler:
         at once; the next is issued when one ends (``None``: open loop).
     timeline : spans to record (``None``: none).
     on_progress : called with the number of ended requests every few hundred iterations.
+    live : ``live`` mode: each step runs for real on this machine and its wall time is its duration
+        (:mod:`cdbench.harness.live.step`); ``gpu`` then prices nothing.
     """
 
     def __init__(self, config: SchedulerConfig, requests: Sequence[Request], executor: GrammarExecutor,
                  gpu: GpuCosts, seed: int = 0, max_concurrency: int | None = None,
-                 timeline: Timeline | None = None, on_progress: Callable[[int], None] | None = None) -> None:
-        self.cfg, self.executor, self.gpu = config, executor, gpu
+                 timeline: Timeline | None = None, on_progress: Callable[[int], None] | None = None,
+                 live: LiveStep | None = None) -> None:
+        self.cfg, self.executor, self.gpu, self.live = config, executor, gpu, live
         self._row_bytes = gpu.mask_row_bytes  # the engines' per-byte host costs (mask allocation, IPC)
         self.timeline, self.on_progress = timeline, on_progress
         self._gloo: GlooAgreement | None = None  # the rank processes of collectives=gloo, while run() runs
@@ -557,6 +566,15 @@ class Scheduler:
             grammar = structured & ~thinking
         else:
             grammar = structured
+        # one grammar row makes the whole batch wait (without thinking rows, every structured row builds a mask)
+        has_grammar = bool(_any(structured) if any_thinking else _any(grammar))
+        sync = (not cfg.overlap) or (k > 0 and has_grammar and not cfg.spec_grammar_overlap)
+        live = self.live
+        if live is not None:  # the forward runs on the GPU while the grammar works below
+            self.executor.defer_accepts = sync
+            live.begin(batch.cached[dec_sel], drafts if k else constant_ints(0, n_dec), pf_chunks,
+                       batch.cached[pf_sel] if len(pf_rows) else pf_chunks, sync,
+                       pre if sync else pre + self._carry_process_s)
         work = self.executor.step(StepRows(s_rid, grammar, s_drafts, batch.gen_left[s_rows], think_left),
                                   self.rng_step)
 
@@ -574,15 +592,16 @@ class Scheduler:
         fill_s = 0.0
         if grammar_rows:
             threshold = cfg.fill_parallel_threshold
-            if threshold is not None and grammar_rows > threshold and k == 0:
+            if threshold is not None and grammar_rows > threshold and k == 0 and live is None:
                 fill_s = parallel_makespan(row_fill, cfg.fill_chunk, cfg.fill_threads)
-            else:
+            else:  # (live: the fills ran one after another)
                 fill_s = float(_sum(row_fill))
             self.fill_hist.add(row_fill / row_masks, row_masks)
             mask_rows += int(_sum(row_masks))
-        fill_s += n_filter * cfg.think_filter_s
+        host_fill_s = n_filter * cfg.think_filter_s
         if mask_rows:  # the engine's own wrapper around the fills: Python under the GIL, so serial even with a pool
-            fill_s += cfg.fill_step_s + cfg.fill_row_s * grammar_rows + cfg.mask_alloc_byte_s * self._row_bytes * n_sample
+            host_fill_s += cfg.fill_step_s + cfg.fill_row_s * grammar_rows + cfg.mask_alloc_byte_s * self._row_bytes * n_sample
+        fill_s += host_fill_s
 
         # --- GPU
         if work.drafted is not None:
@@ -595,22 +614,24 @@ class Scheduler:
         else:
             kv = int(_sum(batch.cached[dec_sel])) if n_dec else 0
         pf_tokens = int(_sum(pf_chunks)) if len(pf_rows) else 0
-        forward_s = self.gpu.forward_s(pf_chunks, batch.cached[pf_sel] if pf_tokens else pf_chunks, dec_tokens, kv)
         sample_rows = n_sample + n_drafts
-        copy_s = self.gpu.copy_s(mask_rows, cfg.pinned_mask) if mask_rows else 0.0
         # a bitmask built in another process than the sampler's travels serialized, on the mask path
         transfer_s = cfg.ipc_s + cfg.ipc_byte_s * self._row_bytes * mask_rows if mask_rows and cfg.mask_transfer == "ipc" else 0.0
-        apply_s = self.gpu.apply_s(mask_rows) if mask_rows else 0.0
-        sample_s = self.gpu.sample_s(sample_rows)
-        process_s = work.process_s + cfg.process_step_s + cfg.process_row_s * n_sample + cfg.accept_row_s * grammar_rows
-
-        # --- the step's duration (see the module docstring)
-        # one grammar row makes the whole batch wait (without thinking rows, every structured row built a mask)
-        has_grammar = bool(_any(structured)) if any_thinking else grammar_rows > 0
+        engine_process_s = cfg.process_step_s + cfg.process_row_s * n_sample + cfg.accept_row_s * grammar_rows
         carry = self._carry_process_s
-        sync = (not cfg.overlap) or (k > 0 and has_grammar and not cfg.spec_grammar_overlap)
-        duration, after_token, exposed, hidden, self._carry_process_s = step_time(
-            sync, has_grammar, pre, carry, forward_s, fill_s, copy_s + transfer_s, apply_s, sample_s, process_s)
+        if live is None:
+            forward_s = self.gpu.forward_s(pf_chunks, batch.cached[pf_sel] if pf_tokens else pf_chunks, dec_tokens, kv)
+            copy_s = self.gpu.copy_s(mask_rows, cfg.pinned_mask) if mask_rows else 0.0
+            apply_s = self.gpu.apply_s(mask_rows) if mask_rows else 0.0
+            sample_s = self.gpu.sample_s(sample_rows)
+            process_s = work.process_s + engine_process_s
+            # --- the step's duration (see the module docstring)
+            duration, after_token, exposed, hidden, self._carry_process_s = step_time(
+                sync, has_grammar, pre, carry, forward_s, fill_s, copy_s + transfer_s, apply_s, sample_s, process_s)
+        else:
+            duration, after_token, exposed, hidden, forward_s, copy_s, apply_s, sample_s, process_s = self._live_end(
+                live, work, sync, has_grammar, pre, carry, fill_s, host_fill_s + transfer_s, transfer_s, mask_rows,
+                sample_rows, engine_process_s)
         t_token = t + duration - after_token
 
         # --- advance the batch
@@ -670,6 +691,26 @@ class Scheduler:
             tl.step_spans(t, sync, has_grammar, schedule_s, poll_s + sync_s + check_s, carry, forward_s, fill_s,
                           copy_s + transfer_s, apply_s, sample_s, process_s, duration)
         return duration
+
+    def _live_end(self, live: LiveStep, work: StepWork, sync: bool, has_grammar: bool, pre: float, carry: float,
+                  fill_s: float, host_s: float, transfer_s: float, mask_rows: int, sample_rows: int,
+                  engine_process_s: float) -> tuple[float, ...]:
+        """Finish a live step (:mod:`cdbench.harness.live.step`): the measured duration and parts, the
+        grammar's deferred accepts merged into ``work``, and the CPU split by the overlap rules."""
+        settled: list[Settlement | None] = []
+        times = live.end(mask_rows, sample_rows, host_s, sync, after_sample=lambda: settled.append(self.executor.settle()),
+                         after_s=engine_process_s)
+        if settled and settled[0] is not None:
+            work.process_s += settled[0].process_s
+            if settled[0].rejected is not None:
+                work.rejected = settled[0].rejected if work.rejected is None else work.rejected | settled[0].rejected
+        process_s = work.process_s + engine_process_s
+        _, _, exposed, hidden, _ = step_time(sync, has_grammar, pre, carry, times.forward_s, fill_s,
+                                             times.copy_s + transfer_s, times.apply_s, times.sample_s, process_s)
+        # with overlap the grammar's accepts ran beside this forward; the engine's processing is paid next step
+        self._carry_process_s = 0.0 if sync else engine_process_s
+        return (times.duration, times.after_token_s, exposed, hidden, times.forward_s, times.copy_s, times.apply_s,
+                times.sample_s, process_s)
 
     def _sum_tallies(self) -> None:
         """Add the buffered steps' counters to the request table and the draft-position counts."""

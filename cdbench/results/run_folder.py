@@ -15,6 +15,7 @@ Layout (every file written by :func:`save_run`)::
                          (cdbench.harness.costs.grammar_profile.GrammarProfile):
                          ``--mode model --set costs.grammar_profile=<folder>/grammar_profile.json``
                          replays them
+      live.json          live runs: the GPU, torch version, KV slots and captured graphs
       report.md, plots/  the report (cdbench.reports.run_report), rebuildable with ``cdbench report``
       summary.json       the summary (vLLM serving-benchmark names where they exist); written last
       run.log            the traceback, if the run failed
@@ -36,6 +37,7 @@ cdbench.results.run_folder.ResultsError: ... is not a cdbench run folder (no sum
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -60,6 +62,7 @@ TRACE_MAX_SPANS = 200_000
 WORKLOAD_TRACE_FILE = "workload.trace.jsonl"
 WORKLOAD_ISSUES_FILE = "workload_issues.json"
 GRAMMAR_PROFILE_FILE = "grammar_profile.json"
+LIVE_FILE = "live.json"
 
 
 class WorkloadIssues(BaseModel):
@@ -194,6 +197,8 @@ def save_run(result: RunResult, config: RunConfig, folder: Path, trace_max_spans
         summary["workload_issues"] = WorkloadIssues.of(workload_report).model_dump()
     if result.grammar_profile is not None:
         result.grammar_profile.save(folder / GRAMMAR_PROFILE_FILE)
+    if result.live is not None:
+        (folder / LIVE_FILE).write_text(json.dumps(dataclasses.asdict(result.live), indent=2) + "\n")
     saved = SavedRun(folder, config.model_dump(mode="json"), summary, result.requests, result.steps)
     if finish is not None:
         finish(saved)

@@ -42,7 +42,7 @@ def test_dumped_config_reloads_to_the_same_run():
 @pytest.mark.parametrize("tree, where", [
     ({"scheduler": {"poll_intervall": 1}}, "scheduler.poll_intervall"),
     ({"policy": {"name": "tgi"}}, "policy.name"),
-    ({"mode": "live"}, "mode"),
+    ({"mode": "replay"}, "mode"),
     ({"costs": {"fixed_gpu": {"forward_s": 1}}}, "costs.fixed_gpu.forward_s"),
     ({"backend": {"nme": "xgrammar"}}, "backend.nme"),
 ])

@@ -105,6 +105,15 @@ class StepWork:
     drafted: np.ndarray | None = None
 
 
+@dataclass(slots=True)
+class Settlement:
+    """Grammar work of a step done after its sampling (:meth:`GrammarExecutor.settle`): the CPU
+    seconds it took, and the step's rows whose token the grammar refused there (``None``: none)."""
+
+    process_s: float
+    rejected: np.ndarray | None
+
+
 def accepted_drafts(rng: np.random.Generator, drafts: np.ndarray, alpha: float) -> np.ndarray:
     """Leading drafts the target accepts when each is accepted with probability ``alpha``.
 
@@ -159,6 +168,8 @@ class GrammarExecutor(ABC):
     backend_call_s: float = 0.0
     #: seconds spent checking finished outputs against their specs (hybrid)
     validation_s: float = 0.0
+    #: set by the ``live`` loop per step: defer the accepts of sampled tokens to :meth:`settle`
+    defer_accepts: bool = False
 
     def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False) -> None:
         """Called once with the run's requests (in scheduler order), their spec keys, and whether
@@ -188,5 +199,12 @@ class GrammarExecutor(ABC):
     @abstractmethod
     def step(self, rows: StepRows, rng: np.random.Generator) -> StepWork:
         """Build masks, verify drafts, emit tokens and advance grammars for one step."""
+
+    def settle(self) -> Settlement | None:
+        """Finish the last step's grammar work that waits for sampling (``None``: nothing waits).
+
+        The ``live`` loop calls it after the step's sampling when the executor defers accepts.
+        """
+        return None
 
 

@@ -54,6 +54,7 @@ from cdbench.harness.executors.base import (
     NO_FILL,
     CompileOutcome,
     GrammarExecutor,
+    Settlement,
     SpecKeys,
     StepRows,
     StepWork,
@@ -137,6 +138,10 @@ class HybridExecutor(GrammarExecutor):
     kept_grammars : how many compiled grammars are kept for requests whose matcher is not made yet
         (least recently used first out).
 
+    Attribute ``defer_accepts`` (``live`` mode without overlap, where the engine accepts the
+    sampled tokens after sampling): the lean rows' accepts wait for :meth:`settle`; rows of
+    the other paths accept inside :meth:`step`, since their mask building needs the results.
+
     A step's grammar rows take one of two paths. The common one — an oracle
     token, no drafts, no jump-forward — is one fill and one accept per row:
     all fills run first (each timed, with one clock read between
@@ -181,6 +186,9 @@ class HybridExecutor(GrammarExecutor):
         self._eos = frozenset(vocab.eos_token_ids)
         self._mask = backend.allocate_mask(1)
         self.recorder = InSituRecorder()
+        self.defer_accepts = False
+        self._deferred: tuple | None = None  # the lean rows' accepts, until settle()
+        self._deferred_step: tuple | None = None
 
     def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False) -> None:
         super().prepare(requests, keys, jump_forward)
@@ -302,17 +310,17 @@ class HybridExecutor(GrammarExecutor):
                     self._general(rows, general, out)
                 built = np.flatnonzero(grammar)
                 fill_s, mask_rows = out.fill_s[built], out.mask_rows[built]
-            self.recorder.step(g_rid, cursor, fill_s, mask_rows, out.process_ns,
-                               None if out.rolled_back is None else out.rolled_back[grammar],
-                               None if out.jumped is None else out.jumped[grammar])
+            record = (g_rid, cursor, fill_s, mask_rows,
+                      None if out.rolled_back is None else out.rolled_back[grammar],
+                      None if out.jumped is None else out.jumped[grammar])
+            if self._deferred is None:
+                self._record(record, out.process_ns)
+            else:
+                self._deferred_step = (out, rid, record)
         if self._reasoner and thinking:
             out.process_ns += self._think(rows, produced)
         self.backend_call_s += (out.backend_ns + out.process_ns) * _NS
-        rejected = None
-        if out.rejected:
-            rejected = np.zeros(n, bool)
-            rejected[out.rejected] = True
-            self.recorder.rejected(rid[out.rejected], self._at[rid[out.rejected]] - 1)
+        rejected = self._refused(out, rid)
         ended = None
         if out.ended:
             ended = np.zeros(n, bool)
@@ -322,6 +330,33 @@ class HybridExecutor(GrammarExecutor):
                         zeros if out.rolled_back is None else out.rolled_back,
                         zeros if out.jumped is None else out.jumped, rejected, out.process_ns * _NS, ended,
                         out.verified)
+
+    def settle(self) -> Settlement | None:
+        """Accept the oracle tokens of the step's lean rows, deferred by :attr:`defer_accepts` (timed)."""
+        if self._deferred is None:
+            return None
+        (row_accepts, tokens, lean, lean_rids), (out, rid, record) = self._deferred, self._deferred_step
+        self._deferred = self._deferred_step = None
+        before = out.process_ns
+        out.rejected.clear()  # the rows refused in step() are already reported
+        self._accept_lean(row_accepts, tokens, lean, lean_rids, out)
+        spent = out.process_ns - before
+        self.backend_call_s += spent * _NS
+        self._record(record, out.process_ns)
+        return Settlement(spent * _NS, self._refused(out, rid))
+
+    def _record(self, record: tuple, process_ns: int) -> None:
+        g_rid, cursor, fill_s, mask_rows, rolled_back, jumped = record
+        self.recorder.step(g_rid, cursor, fill_s, mask_rows, process_ns, rolled_back, jumped)
+
+    def _refused(self, out: _Step, rid: np.ndarray) -> np.ndarray | None:
+        """The step's rows whose token the grammar refused (``None``: none), noted for the profile."""
+        if not out.rejected:
+            return None
+        rejected = np.zeros(len(rid), bool)
+        rejected[out.rejected] = True
+        self.recorder.rejected(rid[out.rejected], self._at[rid[out.rejected]] - 1)
+        return rejected
 
     def _row_matchers(self, rids: list[int], fills: Sequence[Callable | None]) -> None:
         """Make the matchers of requests in their first grammar step, those among ``rids`` whose bound
@@ -351,15 +386,24 @@ class HybridExecutor(GrammarExecutor):
         out.backend_ns += stamps[-1] - stamps[0]
         at = self._at
         tokens = self._flat[at[lean_rids]].tolist()
+        at[lean_rids] += 1
+        if self.defer_accepts:
+            self._deferred = (row_accepts, tokens, lean, lean_rids)
+        else:
+            self._accept_lean(row_accepts, tokens, lean, lean_rids, out)
+        return _gaps_s(stamps)
+
+    def _accept_lean(self, row_accepts: Sequence[Callable], tokens: list[int], lean: np.ndarray,
+                     lean_rids: np.ndarray, out: _Step) -> None:
+        """Accept each lean row's oracle token (one clock pair for all), noting the rows refused."""
+        clock = perf_counter_ns
         t0 = clock()
         oks = [accept(token) for accept, token in zip(row_accepts, tokens)]
         out.process_ns += clock() - t0
-        at[lean_rids] += 1
         if not all(oks):
             bad = [i for i, ok in zip(lean.tolist(), oks) if not ok]
             out.rejected.extend(bad)
-            self._rejected.update(rows.rid[bad].tolist())
-        return _gaps_s(stamps)
+            self._rejected.update(lean_rids[[j for j, ok in enumerate(oks) if not ok]].tolist())
 
     def _drafted(self, rows: StepRows, drafted: np.ndarray, out: _Step) -> None:
         """Oracle rows with drafts, in phases: propose all, build every row's masks (fill, then accept

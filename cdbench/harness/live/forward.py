@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from cdbench.harness.costs.hardware import ModelSpec
+from cdbench.kernels.decode_attention import decode_attention
 
 ROPE_THETA = 500_000.0  # rotary base; the value only changes the numbers, not the time
 NORM_EPS = 1e-6
@@ -136,6 +137,7 @@ class DecodeInputs:
     attend: int              # keys each row's attention covers (the longest row's positions + 1)
     mask: torch.Tensor | None  # [rows, 1, 1, attend] bool, None when every row attends to ``attend`` keys
     first_slot: int | None   # the rows hold slots first_slot, first_slot + 1, ...: attention reads a view
+    lengths: torch.Tensor | None = None  # [rows] keys of each row (per-row attention); None: the dense path
 
 
 class LiveForward:
@@ -177,12 +179,22 @@ class LiveForward:
     # ---- inputs -------------------------------------------------------------------------------------------
 
     def decode_inputs(self, positions: Sequence[int], slots: Sequence[int] | None = None,
-                      tokens: Sequence[int] | None = None) -> DecodeInputs:
-        """Static decode tensors for rows at ``positions`` (their cached lengths) in ``slots``."""
+                      tokens: Sequence[int] | None = None, per_row: bool = False) -> DecodeInputs:
+        """Static decode tensors for rows at ``positions`` (their cached lengths) in ``slots``.
+
+        ``per_row``: each row attends to exactly its own keys through the decode-attention kernel,
+        which reads the lengths from a device tensor (so a captured graph serves any lengths, and
+        rows may share a slot: a row's drafts are rows of its slot); otherwise dense attention over
+        the longest row, masked per row, as in the calibration.
+        """
         rows = len(positions)
         slots = range(rows) if slots is None else slots
         tokens = [0] * rows if tokens is None else tokens
         pos = torch.tensor(list(positions), device=self.device, dtype=torch.int64)
+        if per_row:
+            return DecodeInputs(torch.tensor(list(tokens), device=self.device, dtype=torch.int64), pos,
+                                torch.tensor(list(slots), device=self.device, dtype=torch.int64),
+                                0, None, None, pos + 1)
         attend = int(max(positions)) + 1 if rows else 0
         mask = None
         if rows and min(positions) != max(positions):
@@ -253,16 +265,25 @@ class LiveForward:
             # Write each row's new key/value at its position, then attend over the slot.
             cache_k[decode.slots, :, decode.positions] = k[:rows]
             cache_v[decode.slots, :, decode.positions] = v[:rows]
-            # [rows, kv_heads, group, d]: the query heads sharing a KV head are its query positions.
-            q_rows = q[:rows].view(rows, spec.n_kv_heads, self.group, d)
-            if decode.first_slot is not None:
-                window = slice(decode.first_slot, decode.first_slot + rows)
-                keys, values = cache_k[window, :, :decode.attend], cache_v[window, :, :decode.attend]
-            else:  # scattered slots: gathered copies (a paged kernel would read them in place)
-                keys = cache_k.index_select(0, decode.slots)[:, :, :decode.attend]
-                values = cache_v.index_select(0, decode.slots)[:, :, :decode.attend]
-            o = F.scaled_dot_product_attention(q_rows, keys, values, attn_mask=decode.mask)
+            if decode.lengths is not None:
+                o = decode_attention(q[:rows], cache_k, cache_v, decode.slots, decode.lengths)
+            else:
+                # [rows, kv_heads, group, d]: the query heads sharing a KV head are its query positions.
+                q_rows = q[:rows].view(rows, spec.n_kv_heads, self.group, d)
+                if decode.first_slot is not None:
+                    window = slice(decode.first_slot, decode.first_slot + rows)
+                    keys, values = cache_k[window, :, :decode.attend], cache_v[window, :, :decode.attend]
+                else:  # scattered slots: gathered copies (a paged kernel would read them in place)
+                    keys = cache_k.index_select(0, decode.slots)[:, :, :decode.attend]
+                    values = cache_v.index_select(0, decode.slots)[:, :, :decode.attend]
+                o = F.scaled_dot_product_attention(q_rows, keys, values, attn_mask=decode.mask)
             out.append(o.reshape(rows, self.q_width))
+        return self._prefill_attention(layer, q, k, v, cache_k, cache_v, rows, prefill, out)
+
+    def _prefill_attention(self, layer: _Layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           cache_k: torch.Tensor, cache_v: torch.Tensor, rows: int,
+                           prefill: Sequence[PrefillChunk], out: list[torch.Tensor]) -> torch.Tensor:
+        """Each prefill chunk's causal attention after the decode rows' (``out``), then the output projection."""
         start = rows
         for chunk in prefill:
             stop = start + chunk.new

@@ -74,8 +74,13 @@ def pool_tokens(shapes: Iterable[StepShape]) -> int:
 
 def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cuda", *,
                  dtype: torch.dtype = torch.bfloat16, min_reps: int = 10, min_time_s: float = 0.25,
+                 per_row: bool = False,
                  progress: Callable[[ForwardMeasurement], None] | None = None) -> list[ForwardMeasurement]:
-    """Build ``spec``'s live forward on ``device`` and time every shape (see the module doc)."""
+    """Build ``spec``'s live forward on ``device`` and time every shape (see the module doc).
+
+    ``per_row``: decode rows attend through the per-row decode-attention kernel (as ``live``
+    mode runs them) instead of dense attention.
+    """
     forward = LiveForward(spec, device, dtype=dtype)
     pool = KVPool(spec, pool_tokens(shapes), device, dtype)
     cuda = forward.device.type == "cuda"
@@ -83,7 +88,7 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
     rows = []
     for shape in shapes:
         cache = pool.cache(shape.slots, shape.max_len)
-        decode = forward.decode_inputs([shape.kv] * shape.rows) if shape.rows else None
+        decode = forward.decode_inputs([shape.kv] * shape.rows, per_row=per_row) if shape.rows else None
         prefill = [PrefillChunk(shape.rows + i, shape.cached, shape.new) for i in range(shape.chunks)]
         graph = cuda
         if graph:

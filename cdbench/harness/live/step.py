@@ -1,0 +1,298 @@
+"""``live`` mode: each scheduler step executed for real on this machine and timed by the wall clock.
+
+The scheduler loop is the one every mode runs; in ``live`` mode it hands each
+step to a :class:`LiveStep`, which does the step's work in the order an
+engine does it and measures how long that took:
+
+1. (without overlap) the scheduler's own host work before the batch runs —
+   scheduling, grammar polls, the all_gather — as a busy wait of its
+   modelled length, on the thread that launches the GPU work (it holds that
+   thread in the engines too);
+2. the forward is launched: a decode-only batch replays a CUDA graph
+   captured once per padded token count (the engines' ``cuda_graph_bs``
+   buckets, :data:`GRAPH_TOKENS`); a step with prefill chunks runs eagerly,
+   as the engines run extend batches;
+3. while the GPU runs it, the CPU does the step's mask work: (with overlap)
+   the host work of step 1 and the previous step's result processing, then
+   the real grammar backend's fills (the executor's ``step``), then the
+   engine's own wrapper around them;
+4. the bitmask's host-to-device copy (pinned, asynchronous), the project's
+   apply kernel and its masked sampler, queued behind the forward on the
+   same stream; the host waits for the sampled tokens;
+5. (without overlap) the grammar accepts the sampled tokens (the executor's
+   ``settle``) and the engine processes the results, after sampling.
+
+The step's duration is the wall time from 1 to 5. The virtual clock of the
+run advances by it, so arrivals, compile completions and every metric are in
+the same time as the other modes, and the scheduler's own Python between
+steps (cdbench's bookkeeping, not the engine's) is not counted.
+
+The forward is :class:`~cdbench.harness.live.forward.LiveForward`: random bf16
+weights of the configured model's architecture and a KV cache with one slot
+per row of the step, each row attending to exactly its own cached length
+(the decode attention reads a length per row from a device tensor, so a
+captured graph serves every length; the values in the cache do not change
+the time, so a row's slot is its place in the step). Drafts of speculative
+decoding are verified as extra query tokens of their row.
+
+On a CPU device (tests, at tiny shapes) the same calls run synchronously and
+the wall clock times each part.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from cdbench.harness.costs.hardware import ModelSpec
+from cdbench.harness.live.forward import DecodeInputs, KVCache, KVPool, LiveForward, PrefillChunk, StepGraph
+from cdbench.kernels import apply_bitmask, masked_argmax
+
+#: decode token counts with a captured graph (a batch pads up to the next); SGLang's default capture sizes
+GRAPH_TOKENS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128, 136, 144, 152, 160,
+                168, 176, 184, 192, 200, 208, 216, 224, 232, 240, 248, 256, 288, 320, 352, 384, 416, 448, 480, 512)
+KV_MEMORY_SHARE = 0.85  # of the GPU memory left after the weights, for the KV cache (the rest: activations, graphs)
+
+
+class KVCapacityError(RuntimeError):
+    """A step needs more KV-cache slots or a longer context than the live cache holds."""
+
+
+def spin(seconds: float) -> None:
+    """Hold this thread busy for ``seconds``: modelled host work, done where the engine does it."""
+    if seconds <= 0.0:
+        return
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@dataclass(slots=True)
+class LiveShape:
+    """The GPU work of one step: decode rows (cached length, drafts verified) and prefill chunks."""
+
+    decode_len: np.ndarray
+    decode_drafts: np.ndarray
+    prefill_new: np.ndarray
+    prefill_cached: np.ndarray
+
+    @property
+    def decode_tokens(self) -> int:
+        return int(len(self.decode_len) + self.decode_drafts.sum())
+
+
+@dataclass(slots=True)
+class LiveTimes:
+    """What one live step measured, in seconds.
+
+    ``duration``: wall time of the whole step; ``forward_s``, ``copy_s``,
+    ``apply_s``, ``sample_s``: each GPU part from its start on the GPU to its
+    end (CUDA events; the wall clock on a CPU device); ``mask_path_s``: wall
+    time from the forward's launch to the copy's launch (the CPU's mask work);
+    ``after_token_s``: wall time after the sampled tokens were out.
+    """
+
+    duration: float
+    forward_s: float
+    copy_s: float
+    apply_s: float
+    sample_s: float
+    mask_path_s: float
+    after_token_s: float
+
+
+@dataclass(frozen=True)
+class LiveInfo:
+    """Where a live run ran (``live.json`` in its run folder)."""
+
+    device: str
+    torch_version: str
+    model: str
+    kv_slots: int
+    max_len: int
+    steps: int
+    graphs_captured: list[int]
+
+
+class LiveStep:
+    """Runs steps for real (see the module doc).
+
+    Parameters
+    ----------
+    spec : the model whose forward runs (a dense GQA architecture).
+    vocab_size : the run's vocabulary (bitmask and sampling width).
+    max_len : the longest context a row can reach (prompt, output, drafts).
+    device : ``cuda`` on a GPU host; ``cpu`` runs the same steps synchronously (tests).
+    kv_tokens : KV-cache capacity in tokens (default: :data:`KV_MEMORY_SHARE` of the GPU
+        memory left after the weights; required on a CPU device).
+    max_rows : the most rows (and mask rows) one step samples.
+    """
+
+    def __init__(self, spec: ModelSpec, vocab_size: int, max_len: int, device: str = "cuda",
+                 kv_tokens: int | None = None, max_rows: int = 1024, dtype: torch.dtype = torch.bfloat16,
+                 logits_dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> None:
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.forward = LiveForward(spec, self.device, dtype=dtype, seed=seed)
+        if kv_tokens is None:
+            if not self.cuda:
+                raise ValueError("kv_tokens is required on a CPU device")
+            free, _ = torch.cuda.mem_get_info(self.device)
+            kv_tokens = int(free * KV_MEMORY_SHARE) // KVCache.bytes_per_token(spec, dtype)
+        self.max_len = max_len
+        self.slots = kv_tokens // max_len
+        if self.slots < 1:
+            raise KVCapacityError(f"a KV cache of {kv_tokens} tokens holds no context of {max_len} tokens")
+        self.cache = KVPool(spec, self.slots * max_len, self.device, dtype).cache(self.slots, max_len)
+        self.max_rows = max_rows
+        words = (vocab_size + 31) // 32
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.logits = torch.randn((max_rows, vocab_size), generator=gen, device=self.device).to(logits_dtype)
+        self.mask_host = torch.ones((max_rows, words), dtype=torch.int32, pin_memory=self.cuda)
+        self.mask = self.mask_host.to(self.device)
+        self._graphs: dict[int, StepGraph] = {}
+        self._stage = torch.zeros((3, GRAPH_TOKENS[-1]), dtype=torch.int64, pin_memory=self.cuda)
+        self._events = [torch.cuda.Event(enable_timing=True) for _ in range(6)] if self.cuda else []
+        self._launched = 0.0
+        self._stamps: list[float] = []
+        self.steps = 0
+
+    def info(self) -> LiveInfo:
+        device = torch.cuda.get_device_name(self.device) if self.cuda else "cpu"
+        return LiveInfo(device, torch.__version__, self.forward.spec.name, self.slots, self.max_len, self.steps,
+                        sorted(self._graphs))
+
+    # ---- one step ------------------------------------------------------------------------------------------
+
+    def begin(self, decode_len: np.ndarray, decode_drafts: np.ndarray, prefill_new: np.ndarray,
+              prefill_cached: np.ndarray, sync: bool, host_s: float) -> None:
+        """Start a step (its :class:`LiveShape` as arrays): ``host_s`` of modelled host work (before the
+        launch without overlap, beside the forward with it), and the forward's launch."""
+        self._t0 = time.perf_counter()
+        if sync:
+            spin(host_s)
+        self._launch(LiveShape(decode_len, decode_drafts, prefill_new, prefill_cached))
+        if not sync:
+            spin(host_s)
+
+    def end(self, mask_rows: int, sample_rows: int, host_s: float, sync: bool,
+            after_sample: Callable[[], object] | None = None, after_s: float = 0.0) -> LiveTimes:
+        """Finish the step begun last: ``host_s`` more of modelled mask-path host work, then the
+        bitmask copy, apply and sampling; after sampling (``sync``), ``after_sample`` (the grammar's
+        accepts) and ``after_s`` of modelled result processing. Returns what was measured."""
+        spin(host_s)
+        mask_path = time.perf_counter() - self._launched
+        if mask_rows > self.max_rows or sample_rows > self.max_rows:
+            raise ValueError(f"{max(mask_rows, sample_rows)} rows in one step; "
+                             f"the live step was built for at most {self.max_rows}")
+        parts = self._mask_and_sample(mask_rows, sample_rows)
+        t_token = time.perf_counter()
+        if sync:
+            if after_sample is not None:
+                after_sample()
+            spin(after_s)
+        t_end = time.perf_counter()
+        self.steps += 1
+        forward_s, copy_s, apply_s, sample_s = parts
+        return LiveTimes(t_end - self._t0, forward_s, copy_s, apply_s, sample_s, mask_path, t_end - t_token)
+
+    # ---- parts ---------------------------------------------------------------------------------------------
+
+    def _launch(self, shape: LiveShape) -> None:
+        decode = self._decode_positions(shape)
+        chunks = [PrefillChunk(0, int(c), int(n))
+                  for n, c in zip(shape.prefill_new.tolist(), shape.prefill_cached.tolist(), strict=True) if n > 0]
+        rows = len(shape.decode_len)
+        used = rows + len(chunks)
+        longest = max([int(decode[1].max()) + 1 if decode is not None else 0] + [c.cached + c.new for c in chunks])
+        if used > self.slots or longest > self.max_len:
+            raise KVCapacityError(
+                f"a step of {rows} decode rows and {len(chunks)} prefill chunks, the longest context {longest} "
+                f"tokens, needs {used} slots of {longest}; the live KV cache has {self.slots} slots of {self.max_len}")
+        chunks = [PrefillChunk(rows + i, c.cached, c.new) for i, c in enumerate(chunks)]
+        if self.cuda:
+            self._events[0].record()
+        else:
+            self._stamps = [time.perf_counter()]
+        if decode is not None and not chunks and self.cuda:
+            self._replay(*decode)
+        else:
+            inputs = self.forward.decode_inputs(decode[1].tolist(), decode[0].tolist(), per_row=True) \
+                if decode is not None else None
+            self.forward.step(self.cache, inputs, chunks)
+        if self.cuda:
+            self._events[1].record()
+        else:
+            self._stamps.append(time.perf_counter())
+        self._launched = time.perf_counter()
+
+    @staticmethod
+    def _decode_positions(shape: LiveShape) -> tuple[np.ndarray, np.ndarray] | None:
+        """Each decode query token's (slot, position): a row's token, then its drafts, in its own slot."""
+        rows = len(shape.decode_len)
+        if not rows:
+            return None
+        per_row = 1 + shape.decode_drafts
+        slots = np.repeat(np.arange(rows), per_row)
+        first = np.repeat(np.cumsum(per_row) - per_row, per_row)
+        positions = np.repeat(shape.decode_len, per_row) + (np.arange(len(slots)) - first)
+        return slots, positions
+
+    def _replay(self, slots: np.ndarray, positions: np.ndarray) -> None:
+        """Refill the graph of the padded token count in place and replay it (asynchronously)."""
+        tokens = len(slots)
+        padded = next((size for size in GRAPH_TOKENS if size >= tokens), None)
+        if padded is None:  # beyond the largest capture size the engines run the batch eagerly
+            inputs = self.forward.decode_inputs(positions.tolist(), slots.tolist(), per_row=True)
+            self.forward.step(self.cache, inputs)
+            return
+        graph = self._graphs.get(padded)
+        if graph is None:
+            inputs = self.forward.decode_inputs([0] * padded, [0] * padded, per_row=True)
+            graph = self._graphs[padded] = self.forward.capture(self.cache, inputs)
+        inputs: DecodeInputs = graph.inputs
+        # padding tokens write position 0 of slot 0 and attend to one key, as the engines' padding does
+        stage = self._stage[:, :padded]
+        stage.zero_()
+        staged = stage.numpy()
+        staged[0, :tokens], staged[1, :tokens] = slots, positions
+        staged[2] = staged[1] + 1
+        # pinned and asynchronous, on the stream before the replay (the previous step was waited for)
+        inputs.slots.copy_(stage[0], non_blocking=True)
+        inputs.positions.copy_(stage[1], non_blocking=True)
+        inputs.lengths.copy_(stage[2], non_blocking=True)
+        graph.replay()
+
+    def _mask_and_sample(self, mask_rows: int, sample_rows: int) -> tuple[float, float, float, float]:
+        """Queue the copy, apply and sampling behind the forward; wait for the tokens; each part's time."""
+        if self.cuda:
+            events = self._events
+            events[2].record()
+            if mask_rows:
+                self.mask[:mask_rows].copy_(self.mask_host[:mask_rows], non_blocking=True)
+            events[3].record()
+            if mask_rows:
+                apply_bitmask(self.logits[:mask_rows], self.mask[:mask_rows])
+            events[4].record()
+            if sample_rows:
+                masked_argmax(self.logits[:sample_rows], self.mask[:sample_rows])
+            events[5].record()
+            events[5].synchronize()
+            return (events[0].elapsed_time(events[1]) / 1e3, events[2].elapsed_time(events[3]) / 1e3,
+                    events[3].elapsed_time(events[4]) / 1e3, events[4].elapsed_time(events[5]) / 1e3)
+        stamps = self._stamps
+        t0 = time.perf_counter()
+        if mask_rows:
+            self.mask[:mask_rows].copy_(self.mask_host[:mask_rows])
+        t1 = time.perf_counter()
+        if mask_rows:
+            apply_bitmask(self.logits[:mask_rows], self.mask[:mask_rows])
+        t2 = time.perf_counter()
+        if sample_rows:
+            masked_argmax(self.logits[:sample_rows], self.mask[:sample_rows])
+        t3 = time.perf_counter()
+        return stamps[1] - stamps[0], t1 - t0, t2 - t1, t3 - t2

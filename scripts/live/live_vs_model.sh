@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Live mode against the calibrated model and hybrid modes on one GPU host (reports/fidelity/live_vs_model.md).
+# Usage: scripts/live/live_vs_model.sh OUTDIR [REQUESTS] [RATE]
+# For each workload (default: cdbench/configs/default.yaml's mix; json: every structured request a JSON schema),
+# policy (sglang, vllm) and overlap (on, off):
+#   live-a, live-b  two --mode live runs, same seed (their spread is the noise floor), one after another on
+#                   cores 0-3 and the GPU;
+#   hybrid          --mode hybrid: the same grammar work, the GPU priced by the shipped calibration;
+#   model           --mode model with live-a's own grammar_profile.json;
+# the last two run beside the live runs, each on its own core from 4 up. Then `cdbench fidelity` compares
+# hybrid and model against live-a with live-b as the noise.
+# CDBENCH overrides the command (default: cdbench).
+set -uo pipefail
+out=$1 requests=${2:-100} rate=${3:-10}
+cdbench=${CDBENCH:-cdbench}
+mkdir -p "$out"
+core=4
+background() {  # name, then the run's arguments: on its own core, in the background
+  local name=$1; shift
+  taskset -c "$core" $cdbench run "$@" --out "$out/$name" --overwrite > "$out/$name.log" 2>&1 &
+  core=$(( core >= $(nproc) - 1 ? 4 : core + 1 ))
+}
+for workload in default json; do
+  mix=()
+  [ "$workload" = json ] && mix=(--set 'workload.kind_weights={json_schema: 1.0}')
+  for policy in sglang vllm; do
+    for overlap in true false; do
+      cfg=$workload-$policy-overlap_$overlap
+      common=(--policy "$policy" --requests "$requests" --rate "$rate" "${mix[@]}" --set "scheduler.overlap=$overlap"
+              --set trace_steps=0)
+      for copy in a b; do
+        start=$(date +%s.%N)
+        taskset -c 0-3 $cdbench run --mode live "${common[@]}" --out "$out/$cfg-live-$copy" --overwrite \
+          > "$out/$cfg-live-$copy.log" 2>&1 || { echo "$cfg-live-$copy failed:"; tail -5 "$out/$cfg-live-$copy.log"; }
+        echo "$cfg-live-$copy: $(echo "$(date +%s.%N) - $start" | bc) s"
+      done
+      background "$cfg-hybrid" --mode hybrid "${common[@]}"
+      [ -f "$out/$cfg-live-a/grammar_profile.json" ] && \
+        background "$cfg-model" --mode model "${common[@]}" --set "costs.grammar_profile=$out/$cfg-live-a/grammar_profile.json"
+    done
+  done
+done
+wait
+for run in "$out"/*-hybrid "$out"/*-model; do
+  cfg=${run%-*}
+  [ -f "$run/summary.json" ] && [ -f "$cfg-live-a/summary.json" ] && [ -f "$cfg-live-b/summary.json" ] || {
+    echo "skipped $(basename "$run"): a run is missing"; continue; }
+  $cdbench fidelity "$cfg-live-a" "$run" --noise "$cfg-live-a" "$cfg-live-b" --out "$run-fidelity" --overwrite \
+    > "$run-fidelity.log" 2>&1
+  echo "$(basename "$run") vs live: exit $?"
+done

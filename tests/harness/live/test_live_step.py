@@ -1,0 +1,124 @@
+"""``live`` mode's step loop, with a tiny model on the CPU standing in for the GPU forward."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from cdbench.backends import create_backend
+from cdbench.backends.base import ConstraintSpec
+from cdbench.backends.vocab import load_vocab
+from cdbench.harness.config import RunConfig
+from cdbench.harness.costs.gpu import FixedGpuCosts
+from cdbench.harness.costs.hardware import ModelSpec
+from cdbench.harness.executors.hybrid import HybridExecutor
+from cdbench.harness.live.step import KVCapacityError, LiveShape, LiveStep
+from cdbench.harness.policies import policy
+from cdbench.harness.run import max_context, simulate
+from cdbench.workloads.request import Request
+
+TINY = ModelSpec(name="tiny", params_total=1e5, n_layers=2, hidden_size=64, n_heads=8, n_kv_heads=2, head_dim=16,
+                 vocab_size=50, intermediate_size=96)
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return create_backend("xgrammar", load_vocab("cl100k"))
+
+
+def _requests(vocab, n: int = 8, broken: bool = False) -> list[Request]:
+    eos = vocab.eos_token_ids[0]
+    out = []
+    for i in range(n):
+        if i % 3 == 2:
+            out.append(Request(i, 0.001 * i, 24, 4))  # unconstrained
+            continue
+        text = json.dumps({"name": f"P{i}", "age": i}) if not (broken and i == 0) else '{"name": 7}'
+        tokens = tuple(vocab.encode(text)) + (eos,)
+        out.append(Request(i, 0.001 * i, 24, len(tokens), ConstraintSpec("json_schema", SCHEMA), "person", tokens))
+    return out
+
+
+def _live(requests, vocab_size: int, slots: int = 16) -> LiveStep:
+    max_len = max_context(requests)
+    return LiveStep(TINY, vocab_size, max_len, device="cpu", kv_tokens=slots * max_len, max_rows=64,
+                    logits_dtype=torch.float32)
+
+
+def _run(backend, requests, name: str, live: LiveStep | None, **overrides):
+    executor = HybridExecutor(backend, seed=1)
+    return simulate(requests, policy(name, **overrides), executor, FixedGpuCosts(forward_base_s=0.01), seed=1,
+                    trace_steps=20, live=live)
+
+
+@pytest.mark.parametrize("name", ["sglang", "vllm"])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_live_steps_run_for_real_and_outputs_stay_valid(backend, name, overlap):
+    requests = _requests(backend.vocab)
+    live = _live(requests, backend.vocab.size)
+    result = _run(backend, requests, name, live, overlap=overlap)
+    frame = result.requests
+    assert result.summary.completed == len(requests)
+    assert frame.loc[frame["structured"], "valid"].all()
+    steps = result.steps[result.steps["kind"] != "idle"]
+    assert live.steps == len(steps)
+    # every duration is measured, not priced: no step takes the fixed model's 10 ms forward
+    assert (steps["forward_s"] > 0).all() and not np.isclose(steps["forward_s"], 0.01).any()
+    # the wall clock of a step covers its parts, which ran one after another on the CPU stand-in
+    parts = steps["forward_s"] + steps["copy_s"] + steps["apply_s"] + steps["sample_s"]
+    assert (steps["duration_s"] >= parts).all()
+    assert (steps.loc[steps["mask_rows"] > 0, "apply_s"] > 0).all()
+
+
+def test_without_overlap_accepts_run_after_sampling_and_refusals_still_abort(backend):
+    requests = _requests(backend.vocab, broken=True)
+    result = _run(backend, requests, "sglang", _live(requests, backend.vocab.size), overlap=False)
+    frame = result.requests.set_index("request_id")
+    assert frame.loc[0, "abort_reason"] == "grammar_rejected"  # refused in the deferred accept
+    assert (frame.drop(index=0)["abort_reason"] == "").all()
+    grammar_steps = result.steps[result.steps["mask_rows"] > 0]
+    assert (grammar_steps["process_s"] > 0).all()
+
+
+def test_modelled_host_work_is_done_on_the_step_path(backend):
+    requests = _requests(backend.vocab, n=3)
+    result = _run(backend, requests, "sglang", _live(requests, backend.vocab.size), overlap=False, schedule_s=0.004)
+    steps = result.steps[result.steps["kind"] != "idle"]
+    assert (steps["duration_s"] >= 0.004).all()  # the busy wait holds the step for at least its length
+
+
+def test_drafts_are_query_tokens_of_their_row():
+    shape = LiveShape(np.array([5, 9]), np.array([2, 0]), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    slots, positions = LiveStep._decode_positions(shape)
+    assert slots.tolist() == [0, 0, 0, 1] and positions.tolist() == [5, 6, 7, 9]
+    assert shape.decode_tokens == 4
+
+
+def test_a_step_beyond_the_cache_is_refused_by_name():
+    live = LiveStep(TINY, 64, max_len=100, device="cpu", kv_tokens=300, max_rows=8, logits_dtype=torch.float32)
+    assert live.slots == 3
+    with pytest.raises(KVCapacityError, match="4 decode rows and 0 prefill chunks.*3 slots of 100"):
+        live.begin(np.full(4, 10), np.zeros(4, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), True, 0.0)
+    with pytest.raises(KVCapacityError, match="the longest context 150"):
+        live.begin(np.zeros(0, np.int64), np.zeros(0, np.int64), np.array([50]), np.array([100]), True, 0.0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without CUDA gives")
+def test_live_mode_without_a_gpu_says_so():
+    from cdbench.harness.run import run
+
+    config = RunConfig.model_validate({"mode": "live", "workload": {"num_requests": 2}})
+    with pytest.raises(ValueError, match="mode 'live' runs every step on a CUDA GPU; this machine has none"):
+        run(config)
+
+
+def test_live_mode_refuses_gpu_pricing_options():
+    with pytest.raises(ValueError, match="live_gpu measures the GPU parts in hybrid mode; live mode runs whole"):
+        RunConfig.model_validate({"mode": "live", "costs": {"live_gpu": True}})
+    with pytest.raises(ValueError, match="fixed_gpu prices the GPU; live mode runs every step"):
+        RunConfig.model_validate({"mode": "live", "costs": {"fixed_gpu": {}}})

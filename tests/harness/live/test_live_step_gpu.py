@@ -1,0 +1,65 @@
+"""On a CUDA device: live steps replay captured decode graphs with per-row lengths and time every part."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from cdbench.harness.costs.hardware import ModelSpec
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+SMALL = ModelSpec(name="small", params_total=1e7, n_layers=4, hidden_size=512, n_heads=8, n_kv_heads=2,
+                  head_dim=64, vocab_size=1000, intermediate_size=1024, qk_norm=True)
+
+
+def test_per_row_graph_replays_any_lengths() -> None:
+    from cdbench.harness.live.forward import KVCache, LiveForward, PrefillChunk
+
+    fwd = LiveForward(SMALL, "cuda")
+    cache = KVCache.allocate(SMALL, 4, 512, "cuda")
+    fwd.step(cache, prefill=[PrefillChunk(s, 0, 400) for s in range(4)])
+    inputs = fwd.decode_inputs([0] * 4, [0, 1, 2, 3], per_row=True)
+    graph = fwd.capture(cache, inputs)
+    for lengths in ([10, 200, 399, 1], [300, 300, 5, 77]):
+        positions = torch.tensor(lengths, device="cuda")
+        inputs.positions.copy_(positions)
+        inputs.lengths.copy_(positions + 1)
+        replayed = graph.replay().clone()
+        eager = fwd.step(cache, fwd.decode_inputs(lengths, [0, 1, 2, 3], per_row=True))
+        torch.testing.assert_close(replayed, eager, rtol=2e-2, atol=2e-2)
+
+
+def test_a_live_run_measures_its_steps() -> None:
+    from cdbench.backends import create_backend
+    from cdbench.backends.base import ConstraintSpec
+    from cdbench.backends.vocab import load_vocab
+    from cdbench.harness.costs.gpu import FixedGpuCosts
+    from cdbench.harness.executors.hybrid import HybridExecutor
+    from cdbench.harness.live.step import LiveStep
+    from cdbench.harness.policies import policy
+    from cdbench.harness.run import max_context, simulate
+    from cdbench.workloads.request import Request
+
+    backend = create_backend("xgrammar", load_vocab("cl100k"))
+    eos = backend.vocab.eos_token_ids[0]
+    schema = ConstraintSpec("json_schema", {"type": "object", "properties": {"n": {"type": "integer"}},
+                                            "required": ["n"]})
+    requests = []
+    for i in range(12):
+        tokens = tuple(backend.vocab.encode(json.dumps({"n": i * 1000}))) + (eos,)
+        requests.append(Request(i, 0.002 * i, 64 + 32 * i, len(tokens), schema, "n", tokens))
+    for overlap in (True, False):
+        live = LiveStep(SMALL, backend.vocab.size, max_context(requests), kv_tokens=2**16, max_rows=64)
+        result = simulate(requests, policy("sglang", overlap=overlap), HybridExecutor(backend, seed=1),
+                          FixedGpuCosts(), seed=1, live=live)
+        steps = result.steps[result.steps["kind"] != "idle"]
+        assert result.summary.completed == 12 and result.requests["valid"].all()
+        assert (steps["forward_s"] > 0).all() and (steps["duration_s"] >= steps["forward_s"]).all()
+        assert result.live is not None and result.live.graphs_captured  # decode steps replayed graphs
+        assert result.live.device != "cpu"
