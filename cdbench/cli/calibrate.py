@@ -40,6 +40,9 @@ def calibrate(
     report: Annotated[Path | None, typer.Option("--report", help="also write the fit table as markdown")] = None,
     grid: Annotated[str, typer.Option("--grid", help="default, or tiny (a few small shapes: a CPU smoke test)")] = "default",
     device: Annotated[str, typer.Option("--device", help="torch device to measure on")] = "cuda",
+    decode_attention: Annotated[str, typer.Option(
+        "--decode-attention", help="per_row: each decode row attends to its own length through the kernel "
+        "live mode runs; dense: masked attention over the longest row")] = "per_row",
 ) -> None:
     """Fit the forward cost model to live forward steps: every shape's fit error is printed.
 
@@ -53,7 +56,7 @@ def calibrate(
         target = shipped_calibration_path(spec.name, gpu.name) if str(out) == "auto" else out
         if measurements is None:
             csv_path = measure_out or target.with_suffix(".csv")
-            rows = _measure(spec, grid, device)
+            rows = _measure(spec, grid, device, decode_attention)
             write_measurements(rows, csv_path)
             typer.echo(f"measurements: {csv_path}")
         else:
@@ -72,12 +75,14 @@ def calibrate(
     typer.echo(f"calibration: {target}")
 
 
-def _measure(spec, grid: str, device: str) -> list[ForwardMeasurement]:
+def _measure(spec, grid: str, device: str, decode_attention: str) -> list[ForwardMeasurement]:
     # Imported here: measuring needs torch on a GPU, fitting stored measurements does not.
     from cdbench.harness.live.measure import StepShape, default_grid, measure_grid
 
     if grid not in GRIDS:
         raise ValueError(f"--grid {grid!r}: choose from {', '.join(GRIDS)}")
+    if decode_attention not in ("per_row", "dense"):
+        raise ValueError(f"--decode-attention {decode_attention!r}: choose per_row or dense")
     if device.startswith("cuda"):
         import torch
 
@@ -92,7 +97,7 @@ def _measure(spec, grid: str, device: str) -> list[ForwardMeasurement]:
 
     typer.echo(f"measuring {spec.name} on {device}: {len(shapes)} shapes")
     return measure_grid(spec, shapes, device, progress=show, min_reps=3 if grid == "tiny" else 10,
-                        min_time_s=0.0 if grid == "tiny" else 0.25)
+                        min_time_s=0.0 if grid == "tiny" else 0.25, per_row=decode_attention == "per_row")
 
 
 def fit_table(cal: ForwardCalibration, roofline: np.ndarray) -> str:

@@ -18,6 +18,8 @@ import csv
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cdbench.harness.costs.hardware import normalize_name
@@ -48,6 +50,7 @@ class ForwardMeasurement:
     median_s: float
     p10_s: float
     p90_s: float
+    decode_attention: str = "dense"  # dense (masked, over the longest row) or per_row (live mode's kernel)
 
     @property
     def label(self) -> str:
@@ -76,6 +79,7 @@ class ForwardMeasurement:
 
 
 _FIELDS = [f.name for f in fields(ForwardMeasurement)]
+_OPTIONAL = {"decode_attention"}  # absent from files measured before it existed (dense then)
 
 
 def write_measurements(rows: list[ForwardMeasurement], path: Path) -> None:
@@ -93,13 +97,14 @@ def read_measurements(path: Path) -> list[ForwardMeasurement]:
     try:
         with path.open(newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
-            missing = set(_FIELDS) - set(reader.fieldnames or ())
+            present = set(reader.fieldnames or ())
+            missing = set(_FIELDS) - present - _OPTIONAL
             if missing:
                 raise CalibrationError(f"{path}: measurement CSV lacks columns {', '.join(sorted(missing))}")
             rows = []
             for line, raw in enumerate(reader, start=2):
                 try:
-                    rows.append(ForwardMeasurement(**{k: _cast(casts[k], raw[k]) for k in _FIELDS}))
+                    rows.append(ForwardMeasurement(**{k: _cast(casts[k], raw[k]) for k in _FIELDS if k in present}))
                 except ValueError as exc:
                     raise CalibrationError(f"{path}:{line}: {exc}") from exc
     except OSError as exc:
@@ -172,6 +177,9 @@ class ForwardCalibration(BaseModel):
     row_layer_s: float = Field(ge=0, description="per decode row and layer (per-row attention work)")
     attention_rows: float = Field(ge=0, description="decode rows below which attention leaves the GPU idle")
     attention_sharpness: float = Field(ge=1)
+    decode_attention: Literal["dense", "per_row"] = Field(
+        "dense", description="how the measured decode rows attended: dense (masked, over the longest row) or "
+        "per_row (each row its own length, the decode-attention kernel live mode runs)")
     measurements: str = Field(description="the measurement CSV, relative to the repository")
     command: str = Field(description="the command that measured them")
     torch_version: str

@@ -66,6 +66,9 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
     devices = {r.gpu_device for r in rows}
     if len(devices) != 1:
         raise CalibrationError(f"measurements come from several devices: {', '.join(sorted(devices))}")
+    attention = {r.decode_attention for r in rows}
+    if len(attention) != 1:
+        raise CalibrationError(f"measurements mix decode attention paths: {', '.join(sorted(attention))}")
     peak = peak_times(forward, rows)
     measured = np.asarray([r.median_s for r in rows])
 
@@ -92,6 +95,7 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
         token_layer_s=params.token_layer_s, row_layer_s=params.row_layer_s,
         attention_rows=params.attention_rows, attention_sharpness=params.attention_sharpness,
         measurements=measurements, command=command, torch_version=rows[0].torch_version,
+        decode_attention=attention.pop(),
         fit=[ShapeFit(shape=r.label, measured_s=float(m), predicted_s=float(p))
              for r, m, p in zip(rows, measured, predicted, strict=True)],
     )

@@ -106,7 +106,7 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
             model=spec.name, gpu_device=gpu_device, torch_version=torch.__version__, kind=shape.kind,
             decode_rows=shape.rows, decode_kv=shape.kv, prefill_chunks=shape.chunks, prefill_new=shape.new,
             prefill_cached=shape.cached, graph=graph, reps=len(times), median_s=statistics.median(times),
-            p10_s=q[0], p90_s=q[-1])
+            p10_s=q[0], p90_s=q[-1], decode_attention="per_row" if per_row else "dense")
         rows.append(row)
         if progress is not None:
             progress(row)

@@ -12,6 +12,7 @@ from cdbench.harness.costs.calibration import (
     ForwardCalibration,
     read_measurements,
     shipped_calibration_path,
+    write_measurements,
 )
 from cdbench.harness.costs.calibration_fit import fit_calibration
 from cdbench.harness.costs.forward import ForwardConfig, ForwardCostModel
@@ -86,3 +87,24 @@ def test_bad_measurement_rows_are_named(tmp_path: Path) -> None:
     path.write_text("model,kind\nx,decode\n")
     with pytest.raises(CalibrationError, match="lacks columns"):
         read_measurements(path)
+
+
+def test_the_decode_attention_path_is_recorded_and_never_mixed(tmp_path: Path) -> None:
+    import csv
+    import dataclasses
+
+    shipped = ForwardCalibration.load(shipped_calibration_path("qwen3-8b", "h200"))
+    rows = read_measurements(REPO / shipped.measurements)
+    # a file measured before the column existed was measured with dense attention
+    with (REPO / shipped.measurements).open() as fh:
+        assert "decode_attention" not in next(csv.reader(fh))
+    assert {r.decode_attention for r in rows} == {"dense"} and shipped.decode_attention == "dense"
+    per_row = [dataclasses.replace(r, decode_attention="per_row") for r in rows]
+    path = tmp_path / "m.csv"
+    write_measurements(per_row, path)
+    again = read_measurements(path)
+    assert again == per_row
+    cal = fit_calibration(again, "qwen3-8b", "h200", measurements=str(path), command="test")
+    assert cal.decode_attention == "per_row"
+    with pytest.raises(CalibrationError, match="mix decode attention paths: dense, per_row"):
+        fit_calibration(rows[:5] + per_row[5:], "qwen3-8b", "h200", measurements="x", command="test")
