@@ -50,7 +50,8 @@ def calibrate(
       cdbench calibrate --model llama-3.1-8b --gpu-name h100-sxm --out auto
       cdbench calibrate --model qwen3-8b --gpu-name h200 --out auto --measurements reports/calibration/qwen3-8b__h200.csv
     """
-    command = shlex.join(["cdbench", "calibrate", *sys.argv[1:]])
+    args = sys.argv[1:]
+    command = shlex.join(["cdbench", *(args if args[:1] == ["calibrate"] else ["calibrate", *args])])
     try:
         spec, gpu = resolve_model(model), resolve_gpu(gpu_name)
         target = shipped_calibration_path(spec.name, gpu.name) if str(out) == "auto" else out

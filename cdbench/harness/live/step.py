@@ -58,6 +58,10 @@ GRAPH_TOKENS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112
 KV_MEMORY_SHARE = 0.85  # of the GPU memory left after the weights, for the KV cache (the rest: activations, graphs)
 
 
+def _any_prefill(shape: LiveShape) -> bool:
+    return bool(np.count_nonzero(shape.prefill_new))
+
+
 class KVCapacityError(RuntimeError):
     """A step needs more KV-cache slots or a longer context than the live cache holds."""
 
@@ -160,6 +164,25 @@ class LiveStep:
         self._launched = 0.0
         self._stamps: list[float] = []
         self.steps = 0
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Compile every kernel variant a run can meet before it starts, as an engine does at start-up:
+        Triton specializes integer arguments equal to 1 or divisible by 16, so row counts 1, 2 and 16
+        cover the apply and sampling kernels; a prefill and a mixed step cover the eager forward and
+        the decode-attention kernel outside a graph. (Decode graphs are captured on first use, off the
+        step's clock.)"""
+        rows = [n for n in (1, 2, 16) if n <= self.max_rows]
+        for n in rows:
+            apply_bitmask(self.logits[:n], self.mask[:n])
+            masked_argmax(self.logits[:n], self.mask[:n])
+        length = min(64, self.max_len - 1)
+        if self.slots >= 3 and length >= 2:
+            self.forward.step(self.cache, prefill=[PrefillChunk(0, 0, length)])
+            self.forward.step(self.cache, self.forward.decode_inputs([length - 1] * 2, [1, 2], per_row=True),
+                              [PrefillChunk(0, length // 2, length - length // 2)])
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
 
     def info(self) -> LiveInfo:
         device = torch.cuda.get_device_name(self.device) if self.cuda else "cpu"
@@ -172,10 +195,14 @@ class LiveStep:
               prefill_cached: np.ndarray, sync: bool, host_s: float) -> None:
         """Start a step (its :class:`LiveShape` as arrays): ``host_s`` of modelled host work (before the
         launch without overlap, beside the forward with it), and the forward's launch."""
+        shape = LiveShape(decode_len, decode_drafts, prefill_new, prefill_cached)
+        decode = self._decode_positions(shape)
+        if self.cuda and decode is not None and not _any_prefill(shape):
+            self._graph(len(decode[0]))  # captured before the clock starts: engines capture at start-up
         self._t0 = time.perf_counter()
         if sync:
             spin(host_s)
-        self._launch(LiveShape(decode_len, decode_drafts, prefill_new, prefill_cached))
+        self._launch(shape, decode)
         if not sync:
             spin(host_s)
 
@@ -202,8 +229,7 @@ class LiveStep:
 
     # ---- parts ---------------------------------------------------------------------------------------------
 
-    def _launch(self, shape: LiveShape) -> None:
-        decode = self._decode_positions(shape)
+    def _launch(self, shape: LiveShape, decode: tuple[np.ndarray, np.ndarray] | None) -> None:
         chunks = [PrefillChunk(0, int(c), int(n))
                   for n, c in zip(shape.prefill_new.tolist(), shape.prefill_cached.tolist(), strict=True) if n > 0]
         rows = len(shape.decode_len)
@@ -242,19 +268,29 @@ class LiveStep:
         positions = np.repeat(shape.decode_len, per_row) + (np.arange(len(slots)) - first)
         return slots, positions
 
-    def _replay(self, slots: np.ndarray, positions: np.ndarray) -> None:
-        """Refill the graph of the padded token count in place and replay it (asynchronously)."""
-        tokens = len(slots)
+    def _graph(self, tokens: int) -> StepGraph | None:
+        """The captured decode graph for ``tokens`` query tokens (padded up; captured on first use), or
+        ``None`` beyond the largest capture size."""
         padded = next((size for size in GRAPH_TOKENS if size >= tokens), None)
-        if padded is None:  # beyond the largest capture size the engines run the batch eagerly
-            inputs = self.forward.decode_inputs(positions.tolist(), slots.tolist(), per_row=True)
-            self.forward.step(self.cache, inputs)
-            return
+        if padded is None:
+            return None
         graph = self._graphs.get(padded)
         if graph is None:
             inputs = self.forward.decode_inputs([0] * padded, [0] * padded, per_row=True)
             graph = self._graphs[padded] = self.forward.capture(self.cache, inputs)
+            torch.cuda.synchronize(self.device)
+        return graph
+
+    def _replay(self, slots: np.ndarray, positions: np.ndarray) -> None:
+        """Refill the graph of the padded token count in place and replay it (asynchronously)."""
+        tokens = len(slots)
+        graph = self._graph(tokens)
+        if graph is None:  # beyond the largest capture size the engines run the batch eagerly
+            inputs = self.forward.decode_inputs(positions.tolist(), slots.tolist(), per_row=True)
+            self.forward.step(self.cache, inputs)
+            return
         inputs: DecodeInputs = graph.inputs
+        padded = len(inputs.slots)
         # padding tokens write position 0 of slot 0 and attend to one key, as the engines' padding does
         stage = self._stage[:, :padded]
         stage.zero_()
