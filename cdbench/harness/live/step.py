@@ -8,10 +8,13 @@ engine does it and measures how long that took:
    scheduling, grammar polls, the all_gather — as a busy wait of its
    modelled length, on the thread that launches the GPU work (it holds that
    thread in the engines too);
-2. the forward is launched: a decode-only batch replays a CUDA graph
-   captured once per padded token count (the engines' ``cuda_graph_bs``
-   buckets, :data:`GRAPH_TOKENS`); a step with prefill chunks runs eagerly,
-   as the engines run extend batches;
+2. the forward is launched as a CUDA-graph replay: a decode-only batch
+   replays a graph captured once per padded token count (the engines'
+   ``cuda_graph_bs`` buckets, :data:`GRAPH_TOKENS`); a step with prefill
+   chunks replays a graph captured for its own shape just before (capture is
+   off the clock). The engines launch prefill far faster than this forward's
+   eager Python (fused kernels; vLLM's piecewise graphs), so an eager step
+   here would time cdbench's launch pace rather than the GPU's work;
 3. while the GPU runs it, the CPU does the step's mask work: (with overlap)
    the host work of step 1 and the previous step's result processing, then
    the real grammar backend's fills (the executor's ``step``), then the
@@ -56,10 +59,6 @@ from cdbench.kernels import apply_bitmask, masked_argmax
 GRAPH_TOKENS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128, 136, 144, 152, 160,
                 168, 176, 184, 192, 200, 208, 216, 224, 232, 240, 248, 256, 288, 320, 352, 384, 416, 448, 480, 512)
 KV_MEMORY_SHARE = 0.85  # of the GPU memory left after the weights, for the KV cache (the rest: activations, graphs)
-
-
-def _any_prefill(shape: LiveShape) -> bool:
-    return bool(np.count_nonzero(shape.prefill_new))
 
 
 class KVCapacityError(RuntimeError):
@@ -162,6 +161,7 @@ class LiveStep:
         self._stage = torch.zeros((3, GRAPH_TOKENS[-1]), dtype=torch.int64, pin_memory=self.cuda)
         self._events = [torch.cuda.Event(enable_timing=True) for _ in range(6)] if self.cuda else []
         self._launched = 0.0
+        self._work: Callable[[], object] | None = None
         self._stamps: list[float] = []
         self.steps = 0
         self._warm_up()
@@ -197,12 +197,21 @@ class LiveStep:
         launch without overlap, beside the forward with it), and the forward's launch."""
         shape = LiveShape(decode_len, decode_drafts, prefill_new, prefill_cached)
         decode = self._decode_positions(shape)
-        if self.cuda and decode is not None and not _any_prefill(shape):
-            self._graph(len(decode[0]))  # captured before the clock starts: engines capture at start-up
+        # graphs are captured before the clock starts; the step keeps its own until it ends
+        work = self._work = self._prepare(shape, decode)
         self._t0 = time.perf_counter()
         if sync:
             spin(host_s)
-        self._launch(shape, decode)
+        if self.cuda:
+            self._events[0].record()
+        else:
+            self._stamps = [time.perf_counter()]
+        work()
+        if self.cuda:
+            self._events[1].record()
+        else:
+            self._stamps.append(time.perf_counter())
+        self._launched = time.perf_counter()
         if not sync:
             spin(host_s)
 
@@ -223,13 +232,18 @@ class LiveStep:
                 after_sample()
             spin(after_s)
         t_end = time.perf_counter()
+        self._work = None
         self.steps += 1
         forward_s, copy_s, apply_s, sample_s = parts
         return LiveTimes(t_end - self._t0, forward_s, copy_s, apply_s, sample_s, mask_path, t_end - t_token)
 
     # ---- parts ---------------------------------------------------------------------------------------------
 
-    def _launch(self, shape: LiveShape, decode: tuple[np.ndarray, np.ndarray] | None) -> None:
+    def _prepare(self, shape: LiveShape, decode: tuple[np.ndarray, np.ndarray] | None) -> Callable[[], object]:
+        """The step's forward, ready to launch: on a GPU a graph replay (a decode batch's graph is kept
+        per padded token count and refilled in place; a step with prefill chunks is captured for its
+        own shape, since the engines launch prefill far faster than this forward's eager Python could:
+        timed eagerly it would measure cdbench's launch pace, not the GPU); on a CPU the eager step."""
         chunks = [PrefillChunk(0, int(c), int(n))
                   for n, c in zip(shape.prefill_new.tolist(), shape.prefill_cached.tolist(), strict=True) if n > 0]
         rows = len(shape.decode_len)
@@ -240,21 +254,17 @@ class LiveStep:
                 f"a step of {rows} decode rows and {len(chunks)} prefill chunks, the longest context {longest} "
                 f"tokens, needs {used} slots of {longest}; the live KV cache has {self.slots} slots of {self.max_len}")
         chunks = [PrefillChunk(rows + i, c.cached, c.new) for i, c in enumerate(chunks)]
-        if self.cuda:
-            self._events[0].record()
-        else:
-            self._stamps = [time.perf_counter()]
         if decode is not None and not chunks and self.cuda:
-            self._replay(*decode)
-        else:
-            inputs = self.forward.decode_inputs(decode[1].tolist(), decode[0].tolist(), per_row=True) \
-                if decode is not None else None
-            self.forward.step(self.cache, inputs, chunks)
+            graph = self._graph(len(decode[0]))
+            if graph is not None:
+                return lambda: self._replay(graph, *decode)
+        inputs = self.forward.decode_inputs(decode[1].tolist(), decode[0].tolist(), per_row=True) \
+            if decode is not None else None
         if self.cuda:
-            self._events[1].record()
-        else:
-            self._stamps.append(time.perf_counter())
-        self._launched = time.perf_counter()
+            captured = self.forward.capture(self.cache, inputs, chunks)
+            torch.cuda.synchronize(self.device)
+            return captured.replay
+        return lambda: self.forward.step(self.cache, inputs, chunks)
 
     @staticmethod
     def _decode_positions(shape: LiveShape) -> tuple[np.ndarray, np.ndarray] | None:
@@ -270,7 +280,7 @@ class LiveStep:
 
     def _graph(self, tokens: int) -> StepGraph | None:
         """The captured decode graph for ``tokens`` query tokens (padded up; captured on first use), or
-        ``None`` beyond the largest capture size."""
+        ``None`` beyond the largest capture size (such a batch is captured for itself)."""
         padded = next((size for size in GRAPH_TOKENS if size >= tokens), None)
         if padded is None:
             return None
@@ -281,14 +291,9 @@ class LiveStep:
             torch.cuda.synchronize(self.device)
         return graph
 
-    def _replay(self, slots: np.ndarray, positions: np.ndarray) -> None:
-        """Refill the graph of the padded token count in place and replay it (asynchronously)."""
+    def _replay(self, graph: StepGraph, slots: np.ndarray, positions: np.ndarray) -> None:
+        """Refill a decode graph's inputs in place and replay it (asynchronously)."""
         tokens = len(slots)
-        graph = self._graph(tokens)
-        if graph is None:  # beyond the largest capture size the engines run the batch eagerly
-            inputs = self.forward.decode_inputs(positions.tolist(), slots.tolist(), per_row=True)
-            self.forward.step(self.cache, inputs)
-            return
         inputs: DecodeInputs = graph.inputs
         padded = len(inputs.slots)
         # padding tokens write position 0 of slot 0 and attend to one key, as the engines' padding does
