@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Live mode against the calibrated model and hybrid modes on one GPU host (reports/fidelity/live_vs_model.md).
-# Usage: scripts/live/live_vs_model.sh OUTDIR [REQUESTS] [RATE]
+# Usage: scripts/live/live_vs_model.sh OUTDIR REQUESTS RATE WORKLOAD...
 # For each workload (default: cdbench/configs/default.yaml's mix; json: every structured request a JSON schema),
 # policy (sglang, vllm) and overlap (on, off):
 #   live-a, live-b  two --mode live runs, same seed (their spread is the noise floor), one after another on
@@ -9,9 +9,10 @@
 #   model           --mode model with live-a's own grammar_profile.json;
 # the last two run beside the live runs, each on its own core from 4 up. Then `cdbench fidelity` compares
 # hybrid and model against live-a with live-b as the noise.
-# CDBENCH overrides the command (default: cdbench).
+# CDBENCH overrides the command (default: cdbench; on a GPU host without the script: python3 -m cdbench).
 set -uo pipefail
-out=$1 requests=${2:-100} rate=${3:-10}
+out=$1 requests=$2 rate=$3
+shift 3
 cdbench=${CDBENCH:-cdbench}
 mkdir -p "$out"
 core=4
@@ -20,7 +21,7 @@ background() {  # name, then the run's arguments: on its own core, in the backgr
   taskset -c "$core" $cdbench run "$@" --out "$out/$name" --overwrite > "$out/$name.log" 2>&1 &
   core=$(( core >= $(nproc) - 1 ? 4 : core + 1 ))
 }
-for workload in default json; do
+for workload in "$@"; do
   mix=()
   [ "$workload" = json ] && mix=(--set 'workload.kind_weights={json_schema: 1.0}')
   for policy in sglang vllm; do
@@ -29,10 +30,10 @@ for workload in default json; do
       common=(--policy "$policy" --requests "$requests" --rate "$rate" "${mix[@]}" --set "scheduler.overlap=$overlap"
               --set trace_steps=0)
       for copy in a b; do
-        start=$(date +%s.%N)
+        start=$SECONDS
         taskset -c 0-3 $cdbench run --mode live "${common[@]}" --out "$out/$cfg-live-$copy" --overwrite \
           > "$out/$cfg-live-$copy.log" 2>&1 || { echo "$cfg-live-$copy failed:"; tail -5 "$out/$cfg-live-$copy.log"; }
-        echo "$cfg-live-$copy: $(echo "$(date +%s.%N) - $start" | bc) s"
+        echo "$cfg-live-$copy: $(( SECONDS - start )) s"
       done
       background "$cfg-hybrid" --mode hybrid "${common[@]}"
       [ -f "$out/$cfg-live-a/grammar_profile.json" ] && \
