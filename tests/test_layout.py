@@ -27,6 +27,7 @@ ALLOWED = {
     "results": {"_env", "_files", "backends", "kernels", "workloads", "harness"},
     "reports": {"_env", "_files", "workloads", "results"},
     "cli": {"_env", "_files", "backends", "kernels", "workloads", "harness", "profile", "results", "reports"},
+    "__main__": {"cli"},  # python -m cdbench: the command line, nothing else
 }
 
 

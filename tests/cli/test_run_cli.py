@@ -40,7 +40,7 @@ def test_config_mistakes_are_one_line_errors_naming_key_value_and_choices(tmp_pa
     cases = [
         (["run", ci, "--policy", "trtllm"], "policy.name = 'trtllm': Input should be 'sglang' or 'vllm'"),
         (["run", ci, "--set", "workload.rte=3"], "unknown key 'workload.rte' (value 3); allowed keys here: arrival"),
-        (["run", ci, "--mode", "live"], "mode = 'live': Input should be 'model' or 'hybrid'"),
+        (["run", ci, "--mode", "replay"], "mode = 'replay': Input should be 'model', 'hybrid' or 'live'"),
         (["run", str(tmp_path / "missing.yaml")], "missing.yaml does not exist"),
         (["run", ci, "--set", "nonsense"], "is not PATH=VALUE"),
     ]
