@@ -52,7 +52,7 @@ def test_a_run_prices_its_steps_with_measured_gpu_times(live: LiveGpuCosts) -> N
 
 
 def test_config_refuses_live_gpu_in_model_mode() -> None:
-    with pytest.raises(ValueError, match="live_gpu measures the GPU in hybrid mode"):
+    with pytest.raises(ValueError, match="live_gpu measures the GPU parts in hybrid mode; model mode prices them"):
         RunConfig.model_validate({"mode": "model", "costs": {"live_gpu": True}})
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="needs a CUDA device"):
