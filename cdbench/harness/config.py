@@ -52,6 +52,8 @@ from cdbench.harness.policies import PRESETS, SchedulerConfig, policy
 from cdbench.workloads.config import WorkloadConfig
 
 if TYPE_CHECKING:
+    import torch
+
     from cdbench.harness.live.step import LiveStep
 
 _REASONER_INNER = inspect.signature(ReasonerBackend).parameters["inner"].default
@@ -120,10 +122,16 @@ class CostConfig(ForwardConfig):
 
             if not torch.cuda.is_available():
                 raise ValueError("costs.live_gpu needs a CUDA device; this machine has none")
-            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.mask_dtype]
+            dtype = self.logits_dtype()
             return LiveGpuCosts(resolve_model(self.model), vocab_size, "cuda", self.live_kv_tokens or 2**18,
                                 logits_dtype=dtype)
         return RooflineGpuCosts(self.build(), MaskCost.for_gpu(self.gpu, vocab_size, dtype=self.mask_dtype))
+
+    def logits_dtype(self) -> torch.dtype:
+        """``mask_dtype`` as a torch dtype: the live runs' logits."""
+        import torch
+
+        return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.mask_dtype]
 
     def live_step(self, vocab_size: int, max_len: int) -> LiveStep:
         """``live`` mode's step runner: the configured model's forward on this machine's GPU."""
@@ -135,7 +143,7 @@ class CostConfig(ForwardConfig):
         if not torch.cuda.is_available():
             raise ValueError("mode 'live' runs every step on a CUDA GPU; this machine has none "
                              "(hybrid mode runs the same grammar work with the GPU modelled)")
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.mask_dtype]
+        dtype = self.logits_dtype()
         return LiveStep(resolve_model(self.model), vocab_size, max_len, "cuda", self.live_kv_tokens,
                         logits_dtype=dtype)
 

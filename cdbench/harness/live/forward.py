@@ -67,6 +67,10 @@ def check_supported(spec: ModelSpec) -> None:
         raise ValueError(f"{spec.name}: n_heads {spec.n_heads} is not a multiple of n_kv_heads {spec.n_kv_heads}")
 
 
+class KVCapacityError(RuntimeError):
+    """A step needs more KV-cache slots, tokens or context than the live cache holds."""
+
+
 @dataclass(frozen=True)
 class PrefillChunk:
     """``new`` prompt tokens of the request in cache ``slot``, after ``cached`` tokens already there."""

@@ -35,6 +35,7 @@ import torch
 from cdbench.harness.costs.hardware import ModelSpec
 from cdbench.harness.live.forward import (
     KVCache,
+    KVCapacityError,
     KVPool,
     LiveForward,
     PrefillChunk,
@@ -45,10 +46,6 @@ from cdbench.kernels import apply_bitmask, masked_argmax
 DECODE_BUCKET = 256
 MAX_GRAPHS = 48  # captured decode shapes kept (least recently used dropped)
 REPEATS = 5
-
-
-class KVCapacityError(RuntimeError):
-    """A step needs more KV-cache memory than the live GPU holds."""
 
 
 class LiveGpuCosts:

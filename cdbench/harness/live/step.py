@@ -52,17 +52,21 @@ import numpy as np
 import torch
 
 from cdbench.harness.costs.hardware import ModelSpec
-from cdbench.harness.live.forward import DecodeInputs, KVCache, KVPool, LiveForward, PrefillChunk, StepGraph
+from cdbench.harness.live.forward import (
+    DecodeInputs,
+    KVCache,
+    KVCapacityError,
+    KVPool,
+    LiveForward,
+    PrefillChunk,
+    StepGraph,
+)
 from cdbench.kernels import apply_bitmask, masked_argmax
 
 #: decode token counts with a captured graph (a batch pads up to the next); SGLang's default capture sizes
 GRAPH_TOKENS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128, 136, 144, 152, 160,
                 168, 176, 184, 192, 200, 208, 216, 224, 232, 240, 248, 256, 288, 320, 352, 384, 416, 448, 480, 512)
 KV_MEMORY_SHARE = 0.85  # of the GPU memory left after the weights, for the KV cache (the rest: activations, graphs)
-
-
-class KVCapacityError(RuntimeError):
-    """A step needs more KV-cache slots or a longer context than the live cache holds."""
 
 
 def spin(seconds: float) -> None:
