@@ -7,11 +7,17 @@ is a cell, run at ``load x capacity`` requests/s:
 - ``hybrid-a`` and ``hybrid-b``: the same config and seed twice; their spread is the cell's noise floor;
 - ``model-own``: ``model`` mode replaying ``hybrid-a``'s in-situ profile
   (``--set costs.grammar_profile=<hybrid-a>/grammar_profile.json``);
-- ``model-shipped`` (default corpus set only): ``model`` mode with the backend's shipped profile.
+- ``model-shipped`` (default corpus set only): ``model`` mode with the backend's shipped profile;
+- with ``--out-of-sample``, ``hybrid-oos`` and ``model-oos``: the same config on another seed's workload
+  (``--seed`` plus ``--oos-seed-offset``, 1000 by default), ``hybrid`` and ``model`` replaying ``hybrid-a``'s
+  profile. ``model-own`` replays the profile on the very requests it was measured on; ``model-oos`` asks
+  whether it also predicts requests it has not seen.
 
-Each model run is judged against ``hybrid-a`` (``cdbench fidelity hybrid-a model --noise hybrid-a
-hybrid-b``): the own-profile run against issue 14's bar (5 % medians and throughput, 10 % p99s), the
-shipped-profile run against 15 % (medians, throughput) and 25 % (p99s); a cell's noise widens its bar.
+Each model run is judged against the hybrid run of its own workload (``cdbench fidelity hybrid-a model
+--noise hybrid-a hybrid-b``; ``hybrid-oos`` for ``model-oos``), with ``hybrid-a`` vs ``hybrid-b`` as the
+noise floor: the own-profile and out-of-sample runs against issue 14's bar (5 % medians and throughput,
+10 % p99s), the shipped-profile run against 15 % (medians, throughput) and 25 % (p99s); a cell's noise
+widens its bar.
 
 Runs go in parallel, each pinned to its own core (``--pin``) with one thread, and a run folder that
 already holds a ``summary.json`` is not run again. ``--deadline-s`` stops starting runs (and stops
@@ -20,7 +26,7 @@ running ones) so that the report is always written; cells left incomplete are li
 Examples:
   python scripts/fidelity_campaign.py --out runs/fidelity-campaign --requests 200 --jobs 14 --pin
   python scripts/fidelity_campaign.py --out runs/fid-tiny --requests 30 --backends xgrammar \\
-      --policies sglang --corpora default --loads 0.5 --jobs 2
+      --policies sglang --corpora default --loads 0.5 --jobs 2 --out-of-sample
   python scripts/fidelity_campaign.py --out runs/fidelity-campaign --report-only --report reports/fidelity
 """
 
@@ -176,6 +182,7 @@ def _summary(folder: Path) -> dict:
 def plan(args: argparse.Namespace, campaign: Campaign) -> list[Job]:
     """The capacity run of every group; each one, once finished, starts its cells' runs."""
     common = ["--requests", str(args.requests), "--seed", str(args.seed)]
+    oos_common = ["--requests", str(args.requests), "--seed", str(args.seed + args.oos_seed_offset)]
     initial = []
     for corpus in args.corpora:
         for backend in args.backends:
@@ -183,20 +190,25 @@ def plan(args: argparse.Namespace, campaign: Campaign) -> list[Job]:
                 group = campaign.out / f"{backend}-{policy}-{corpus}"
                 if any(fnmatch.fnmatch(group.name, pattern) for pattern in args.exclude):
                     continue
-                base = ["--backend", backend, "--policy", policy, *CORPUS_SETS[corpus], *common]
+                config = ["--backend", backend, "--policy", policy, *CORPUS_SETS[corpus]]
+                base = [*config, *common]
 
-                def cells(capacity_folder: Path, group=group, base=base, corpus=corpus) -> list[Job]:
+                def cells(capacity_folder: Path, group=group, config=config, base=base, corpus=corpus) -> list[Job]:
                     capacity = _summary(capacity_folder)["request_throughput"]
                     jobs = []
                     for load in args.loads:
                         cell = group / f"load{load:g}"
-                        rate = f"{load * capacity:.4g}"
-                        hybrid = [*base, "--mode", "hybrid", "--rate", rate]
-                        model = [*base, "--mode", "model", "--rate", rate]
-                        own = [*model, "--set", f"costs.grammar_profile={cell / 'hybrid-a' / 'grammar_profile.json'}"]
-                        after_a = [Job(cell / "model-own", own)]
+                        rate = ["--rate", f"{load * capacity:.4g}"]
+                        hybrid = [*base, "--mode", "hybrid", *rate]
+                        model = [*base, "--mode", "model", *rate]
+                        profile = ["--set", f"costs.grammar_profile={cell / 'hybrid-a' / 'grammar_profile.json'}"]
+                        after_a = [Job(cell / "model-own", [*model, *profile])]
                         jobs.append(Job(cell / "hybrid-a", hybrid, then=lambda _, after=after_a: after))
                         jobs.append(Job(cell / "hybrid-b", hybrid))
+                        if args.out_of_sample:  # hybrid-a's profile replayed on the other seed's requests
+                            oos = [*config, *oos_common]
+                            after_a.append(Job(cell / "model-oos", [*oos, "--mode", "model", *rate, *profile]))
+                            jobs.append(Job(cell / "hybrid-oos", [*oos, "--mode", "hybrid", *rate]))
                         if corpus == "default":
                             jobs.append(Job(cell / "model-shipped", model))
                     return jobs
@@ -215,8 +227,9 @@ def plan(args: argparse.Namespace, campaign: Campaign) -> list[Job]:
 # ----------------------------------------------------------------------------- evaluation and report
 
 
-def evaluate(out: Path) -> pd.DataFrame:
-    """Every cell's fidelity (written into the cell as fidelity-own/ and fidelity-shipped/), as one frame."""
+def evaluate(out: Path, out_of_sample: bool = False) -> pd.DataFrame:
+    """Every cell's fidelity (written into the cell as fidelity-own/, fidelity-shipped/ and, with
+    ``out_of_sample``, fidelity-oos/), as one frame."""
     rows = []
     for group in sorted(p for p in out.iterdir() if (p / "capacity").is_dir()):
         backend, policy, corpus = group.name.split("-", 2)
@@ -229,28 +242,35 @@ def evaluate(out: Path) -> pd.DataFrame:
             continue
         for cell in sorted(p for p in group.iterdir() if p.name.startswith("load")):
             load = float(cell.name.removeprefix("load"))
-            comparisons = [("model-own", ACCEPTANCE_TOLERANCES)]
+            # (model run, the hybrid run of its workload, bar); the noise is always hybrid-a vs hybrid-b
+            comparisons = [("model-own", "hybrid-a", ACCEPTANCE_TOLERANCES)]
             if corpus == "default":
-                comparisons.append(("model-shipped", SHIPPED_TOLERANCES))
-            for model_name, tolerances in comparisons:
+                comparisons.append(("model-shipped", "hybrid-a", SHIPPED_TOLERANCES))
+            if out_of_sample:
+                comparisons.append(("model-oos", "hybrid-oos", ACCEPTANCE_TOLERANCES))
+            for model_name, reference, tolerances in comparisons:
                 key = {"backend": backend, "policy": policy, "corpus": corpus, "load": load, "capacity_rps": capacity,
                        "comparison": model_name}
                 try:
-                    runs = {name: load_run(cell / name) for name in ("hybrid-a", model_name)}
+                    runs = {name: load_run(cell / name) for name in (reference, model_name)}
                     noise = {name: load_run(cell / name) for name in ("hybrid-a", "hybrid-b")}
-                    check_same_workload({**runs, "hybrid-b": noise["hybrid-b"]})
+                    check_same_workload(runs)
+                    check_same_workload(noise)
                 except (ResultsError, FidelityError) as err:
                     rows.append({**key, "metric": "", "verdict": f"incomplete: {err}"})
                     continue
                 result = evaluate_fidelity({n: r.summary for n, r in runs.items()},
                                            (noise["hybrid-a"].summary, noise["hybrid-b"].summary), tolerances,
                                            ("hybrid-a", "hybrid-b"))
+                # the CDFs draw hybrid-b only beside runs of its own workload
                 write_fidelity(runs, result, cell / f"fidelity-{model_name.removeprefix('model-')}",
-                               {"hybrid-b": noise["hybrid-b"]})
+                               {"hybrid-b": noise["hybrid-b"]} if reference == "hybrid-a" else None)
                 frame = fidelity_frame(result).drop(columns=["run"])
                 for name, value in key.items():
                     frame.insert(list(key).index(name), name, value)
-                frame["rate_rps"] = runs["hybrid-a"].config["workload"]["arrival"]["rate"]
+                workload = runs[reference].config["workload"]
+                frame["rate_rps"] = workload["arrival"]["rate"]
+                frame["seed"] = workload.get("seed")
                 rows.extend(frame.to_dict("records"))
     return pd.DataFrame(rows)
 
@@ -277,6 +297,10 @@ def _comparison_table(frame: pd.DataFrame) -> list[str]:
     return lines
 
 
+def _seeds(part: pd.DataFrame) -> str:
+    return ", ".join(str(seed) for seed in sorted({int(s) for s in part["seed"].dropna()})) or "unknown"
+
+
 def write_report(frame: pd.DataFrame, out: Path, report_dir: Path, command: str, campaign: Campaign | None) -> Path:
     report_dir.mkdir(parents=True, exist_ok=True)
     frame.to_csv(report_dir / "campaign.csv", index=False)
@@ -294,19 +318,26 @@ def write_report(frame: pd.DataFrame, out: Path, report_dir: Path, command: str,
         for job in campaign.skipped:
             lines.append(f"- not started: `{job.folder.relative_to(out)}`")
         lines.append("")
-    for comparison, title in (("model-own", ("model with the run's own in-situ profile vs that hybrid run "
-                               "(bar: 5 % medians and throughput, 10 % p99s, or the cell's noise if larger)")),
-                              ("model-shipped", ("model with the shipped default profile vs hybrid, default "
-                               "workload (bar: 15 % medians and throughput, 25 % p99s, or the noise)"))):
+    sections = (("model-own", "hybrid-a", ("model with the run's own in-situ profile vs that hybrid run "
+                 "(bar: 5 % medians and throughput, 10 % p99s, or the cell's noise if larger)")),
+                ("model-shipped", "hybrid-a", ("model with the shipped default profile vs hybrid, default "
+                 "workload (bar: 15 % medians and throughput, 25 % p99s, or the noise)")),
+                ("model-oos", "hybrid-oos", ("out of sample: model replaying hybrid-a's in-situ profile on another "
+                 "seed's workload vs hybrid on that workload (bar: 5 % medians and throughput, 10 % p99s, or the "
+                 "cell's noise if larger)")))
+    for comparison, reference, title in sections:
         part = complete[complete["comparison"] == comparison]
         if part.empty:
             continue
         checked = part[part["metric"].isin(CHECKED)]
         cells = checked.groupby(["backend", "policy", "corpus", "load"])["verdict"].apply(lambda v: (v == "within").all())
         lines += [f"## {title}", "", (f"Cells passing: {int(cells.sum())} of {len(cells)}; figures within their bar: "
-                  f"{int((checked['verdict'] == 'within').sum())} of {len(checked)}."), "",
-                  ("Signed relative error of model against hybrid-a, in percent; `(n X)`: the cell's noise floor X % "
-                  "(|hybrid-a vs hybrid-b|) when it exceeds the tolerance; bold ✗: beyond the bar."), "",
+                  f"{int((checked['verdict'] == 'within').sum())} of {len(checked)}."), ""]
+        if comparison == "model-oos":
+            lines += [(f"Profiles measured on seed {_seeds(complete[complete['comparison'] == 'model-own'])}, "
+                       f"replayed (model-oos) and measured again (hybrid-oos) on seed {_seeds(part)}."), ""]
+        lines += [(f"Signed relative error of model against {reference}, in percent; `(n X)`: the cell's noise floor "
+                   "X % (|hybrid-a vs hybrid-b|) when it exceeds the tolerance; bold ✗: beyond the bar."), "",
                   *_comparison_table(part), ""]
     incomplete = frame[frame["metric"] == ""]
     for _, row in incomplete.iterrows():
@@ -318,7 +349,7 @@ def write_report(frame: pd.DataFrame, out: Path, report_dir: Path, command: str,
     return md
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder of the run folders")
     parser.add_argument("--report", type=Path, default=None, help="folder of campaign.md/.csv (default: --out)")
@@ -337,10 +368,21 @@ def main() -> None:
     parser.add_argument("--first-core", type=int, default=0, help="with --pin: runs use cores first..first+jobs-1")
     parser.add_argument("--deadline-s", type=float, default=float("inf"), help="start no run after this many seconds")
     parser.add_argument("--report-only", action="store_true", help="only evaluate existing runs and write the report")
-    args = parser.parse_args()
+    parser.add_argument("--out-of-sample", action="store_true",
+                        help="also run and judge hybrid-oos and model-oos: hybrid-a's profile on another seed's workload")
+    parser.add_argument("--oos-seed-offset", type=int, default=1000,
+                        help="with --out-of-sample: the other workload's seed is --seed plus this")
+    args = parser.parse_args(argv)
     unknown = sorted(set(args.corpora) - set(CORPUS_SETS))
     if unknown:
         parser.error(f"unknown corpus set(s) {', '.join(unknown)} (known: {', '.join(CORPUS_SETS)})")
+    if args.oos_seed_offset == 0:
+        parser.error("--oos-seed-offset 0 gives the out-of-sample runs hybrid-a's own seed: they would be in sample")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     command = "python scripts/fidelity_campaign.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     cdbench = [sys.executable, "-c", "from cdbench.cli.app import app; app()"]
     if shutil.which("cdbench") and Path(shutil.which("cdbench")).parent == Path(sys.executable).parent:
@@ -354,7 +396,7 @@ def main() -> None:
         print(f"runs took {time.monotonic() - started:.0f} s", flush=True)
         with open(args.out / "commands.txt", "w") as f:
             f.writelines("cdbench run " + " ".join(shlex.quote(a) for a in job.args) + f" --out {job.folder}\n" for job in [*campaign.finished, *campaign.failed] if not job.reused)
-    frame = evaluate(args.out)
+    frame = evaluate(args.out, args.out_of_sample)
     md = write_report(frame, args.out, args.report or args.out, command, None if args.report_only else campaign)
     print(f"report: {md}")
 

@@ -19,10 +19,10 @@ BASE = {"median_ttft_ms": 20.0, "median_tpot_ms": 10.0, "request_throughput": 5.
         "p99_tpot_ms": 30.0, "p99_itl_ms": 40.0, "mask_share": 0.1}
 
 
-def _run(folder: Path, rate: float, **scaled: float) -> None:
+def _run(folder: Path, rate: float, seed: int = 1, **scaled: float) -> None:
     summary = {**BASE, **{m: BASE[m] * f for m, f in scaled.items()}}
     write_synthetic_run(folder, summary=summary)
-    (folder / "config.yaml").write_text(f"mode: model\nworkload:\n  arrival:\n    rate: {rate}\n")
+    (folder / "config.yaml").write_text(f"mode: model\nworkload:\n  seed: {seed}\n  arrival:\n    rate: {rate}\n")
 
 
 def test_cells_are_judged_against_their_bars_and_incomplete_groups_are_listed(tmp_path):
@@ -53,3 +53,78 @@ def test_cells_are_judged_against_their_bars_and_incomplete_groups_are_listed(tm
     assert "Cells passing: 0 of 1" in shipped_part and "**-50.0** ✗" in shipped_part
     assert "incomplete: outlines/vllm/github_medium/every load" in text and "did not finish" in text
     assert len(pd.read_csv(tmp_path / "report" / "campaign.csv")) == len(frame)
+
+
+def _planned(tmp_path: Path, *options: str) -> dict[str, campaign.Job]:
+    """Every run one group plans, by its folder below the group, the capacity run having found 10 requests/s."""
+    args = campaign.parse_args(["--out", str(tmp_path), "--requests", "20", "--seed", "3", "--backends", "xgrammar",
+                                "--policies", "sglang", "--corpora", "default", "--loads", "0.5", *options])
+    plan = campaign.plan(args, campaign.Campaign(tmp_path, 20, 3, 1, False, 0, float("inf"), ["cdbench"]))
+    capacity = plan[0]
+    capacity.folder.mkdir(parents=True)
+    (capacity.folder / "summary.json").write_text(json.dumps({"request_throughput": 10.0}))
+    jobs, found = [capacity], {}
+    while jobs:
+        job = jobs.pop()
+        found[str(job.folder.relative_to(tmp_path / "xgrammar-sglang-default"))] = job
+        jobs.extend(job.then(job.folder) if job.then else [])
+    return found
+
+
+def _option(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_out_of_sample_runs_replay_hybrid_a_profile_on_the_other_seed(tmp_path):
+    jobs = _planned(tmp_path, "--out-of-sample", "--oos-seed-offset", "10")
+    assert sorted(jobs) == ["capacity", *(f"load0.5/{name}" for name in (
+        "hybrid-a", "hybrid-b", "hybrid-oos", "model-oos", "model-own", "model-shipped"))]
+    hybrid_a, hybrid_oos, model_oos = (jobs[f"load0.5/{n}"].args for n in ("hybrid-a", "hybrid-oos", "model-oos"))
+    assert _option(hybrid_a, "--seed") == "3"
+    assert _option(hybrid_oos, "--seed") == _option(model_oos, "--seed") == "13"
+    assert _option(hybrid_oos, "--mode") == "hybrid" and _option(model_oos, "--mode") == "model"
+    assert _option(hybrid_oos, "--rate") == _option(model_oos, "--rate") == _option(hybrid_a, "--rate") == "5"
+    profile = tmp_path / "xgrammar-sglang-default" / "load0.5" / "hybrid-a" / "grammar_profile.json"
+    assert _option(model_oos, "--set") == f"costs.grammar_profile={profile}"
+    # the other seed's hybrid run is hybrid-a's command but for the seed; the model run waits for hybrid-a's profile
+    assert [a for a in hybrid_oos if a != "13"] == [a for a in hybrid_a if a != "3"]
+    assert jobs["load0.5/model-oos"] in jobs["load0.5/hybrid-a"].then(tmp_path)
+
+
+def test_without_out_of_sample_the_campaign_plans_what_it_did_before(tmp_path):
+    assert sorted(_planned(tmp_path)) == ["capacity", *(f"load0.5/{name}" for name in (
+        "hybrid-a", "hybrid-b", "model-own", "model-shipped"))]
+    with pytest.raises(SystemExit):
+        campaign.parse_args(["--out", str(tmp_path), "--out-of-sample", "--oos-seed-offset", "0"])
+
+
+def test_out_of_sample_cells_are_judged_against_the_other_seeds_hybrid_with_the_cells_noise(tmp_path):
+    out = tmp_path / "campaign"
+    group = out / "llguidance-vllm-regex_choice"
+    (group / "capacity").mkdir(parents=True)
+    (group / "capacity" / "summary.json").write_text(json.dumps({"request_throughput": 10.0}))
+    for load, oos_error in ((0.5, 1.07), (0.9, 1.0)):
+        cell = group / f"load{load:g}"
+        _run(cell / "hybrid-a", 5.0)
+        _run(cell / "hybrid-b", 5.0, median_tpot_ms=1.08)  # the noise floor of median TPOT: 8 %
+        _run(cell / "model-own", 5.0)
+        _run(cell / "hybrid-oos", 5.0, seed=1001, median_ttft_ms=2.0, median_tpot_ms=2.0)
+        _run(cell / "model-oos", 5.0, seed=1001, median_ttft_ms=2.0 * oos_error, median_tpot_ms=2.0 * oos_error)
+    _run(group / "load0.9" / "model-oos", 5.0, seed=7)  # not the workload of its hybrid-oos
+
+    assert "model-oos" not in set(campaign.evaluate(out)["comparison"])  # only when asked for
+    frame = campaign.evaluate(out, out_of_sample=True)
+    oos = frame[frame["comparison"] == "model-oos"].set_index(["load", "metric"])
+    ttft, tpot = oos.loc[(0.5, "median_ttft_ms")], oos.loc[(0.5, "median_tpot_ms")]
+    assert ttft["reference"] == 40.0 and ttft["error_pct"] == pytest.approx(7.0) and ttft["verdict"] == "beyond"
+    assert tpot["noise_pct"] == pytest.approx(8.0) and tpot["verdict"] == "within" and tpot["seed"] == 1001
+    assert "different workload" in oos.loc[(0.9, "")]["verdict"]
+    assert (group / "load0.5" / "fidelity-oos" / "fidelity.md").is_file()
+
+    text = campaign.write_report(frame, out, tmp_path / "report", "python scripts/fidelity_campaign.py ...",
+                                 None).read_text()
+    oos_part = text.split("## out of sample")[1]
+    assert "Cells passing: 0 of 1; figures within their bar: 5 of 6." in oos_part
+    assert "Profiles measured on seed 1, replayed (model-oos) and measured again (hybrid-oos) on seed 1001." in oos_part
+    assert "| llguidance | vllm | regex_choice | 0.5 | 5 | **+7.0** ✗ | +7.0 (n 8.0) |" in oos_part
+    assert "incomplete: llguidance/vllm/regex_choice/load 0.9 (model-oos)" in oos_part
