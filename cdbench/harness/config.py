@@ -21,7 +21,7 @@ it. Example (YAML)::
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
@@ -133,8 +133,9 @@ class CostConfig(ForwardConfig):
 
         return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.mask_dtype]
 
-    def live_step(self, vocab_size: int, max_len: int) -> LiveStep:
-        """``live`` mode's step runner: the configured model's forward on this machine's GPU."""
+    def live_step(self, vocab_size: int, max_len: int, graph_sizes: Sequence[int] = ()) -> LiveStep:
+        """``live`` mode's step runner: the configured model's forward on this machine's GPU, decode
+        steps replaying graphs captured at ``graph_sizes`` (the policy's ``cuda_graph_sizes``)."""
         import torch
 
         from cdbench.harness.costs.hardware import resolve_model
@@ -145,7 +146,7 @@ class CostConfig(ForwardConfig):
                              "(hybrid mode runs the same grammar work with the GPU modelled)")
         dtype = self.logits_dtype()
         return LiveStep(resolve_model(self.model), vocab_size, max_len, "cuda", self.live_kv_tokens,
-                        logits_dtype=dtype)
+                        logits_dtype=dtype, graph_sizes=graph_sizes)
 
     def grammar_costs(self, backend: str, seed: int, options: Mapping[str, Any] | None = None) -> GrammarCosts:
         """The ``model``-mode grammar costs of ``backend`` (built with ``options``).

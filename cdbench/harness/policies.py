@@ -28,11 +28,15 @@ rank sync                 all_gather of (ready, failed)     none (one scheduler)
 batching                  prefill and decode batches apart  mixed (chunked prefill)
 mask fill                 serial                            parallel above 128 rows, chunks
                                                             of 16 on ``min(cpus//2, 8)``
+decode CUDA graphs        1, 2, 4, 8, 12, then every 8     1, 2, 4, every 8 to 248, then
+                          to 256                           every 16 to 512
 ========================  ===============================  ===============================
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -131,6 +135,10 @@ class SchedulerConfig(BaseModel):
     spec_grammar_overlap: bool = Field(
         True, description="with spec decoding, grammar CPU work still overlaps the verify forward; False: serialise such steps"
     )
+    cuda_graph_sizes: tuple[int, ...] = Field(
+        (), description="decode query-token counts with a captured CUDA graph: a step of decode rows only runs padded "
+        "up to the next size (each padding token attends to one key); beyond the largest, or with none, at its own size"
+    )
 
     # --- speculative decoding, reasoning, jump-forward
     spec_tokens: int = Field(0, ge=0, description="draft tokens per request per step (1 + k mask rows)")
@@ -147,6 +155,9 @@ class SchedulerConfig(BaseModel):
     def _check(self) -> SchedulerConfig:
         if self.rank_compile_scale is not None and len(self.rank_compile_scale) != self.ranks:
             raise ValueError(f"rank_compile_scale has {len(self.rank_compile_scale)} factors for {self.ranks} ranks")
+        sizes = self.cuda_graph_sizes
+        if any(n < 1 for n in sizes) or any(a >= b for a, b in zip(sizes, sizes[1:])):
+            raise ValueError(f"cuda_graph_sizes must be positive and strictly increasing, got {list(sizes)}")
         if self.readiness == "blocking_poll" and self.grammar_wait != "grammar_queue":
             raise ValueError("readiness 'blocking_poll' polls the grammar queue: set grammar_wait='grammar_queue'")
         return self
@@ -170,6 +181,8 @@ def _sglang(cpus: int) -> dict:
         fill_parallel_threshold=None,
         spec_grammar_overlap=False,
         abort_on_reject=True,
+        # ServerArgs' default capture list without spec decoding, up to cuda_graph_max_bs 256 (one GPU of 80 GB)
+        cuda_graph_sizes=(1, 2, 4, 8, 12, *range(16, 257, 8)),
         # host costs of sglang 0.5.23 with xgrammar 0.2.7 (reports/engine_costs/fitted.json, "sglang" entries;
         # scripts/engine_costs/measure_sglang.py, then fit.py): SamplingBatchInfo.update_regex_vocab_mask
         # (the mask of every batch row allocated each step, the wrapper per structured row) and the result
@@ -204,6 +217,8 @@ def _vllm(cpus: int) -> dict:
         fill_chunk=16,
         fill_threads=max(1, min(cpus // 2, 8)),
         spec_grammar_overlap=True,
+        # CompilationConfig's default capture sizes, up to min(2 * max_num_seqs, 512)
+        cuda_graph_sizes=(1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)),
         # host costs of vllm 0.32.0 with xgrammar 0.2.8 (reports/engine_costs/fitted.json, "vllm" entries;
         # scripts/engine_costs/measure_vllm.py, then fit.py): Scheduler.schedule per iteration and row,
         # StructuredOutputManager.grammar_bitmask beyond the matchers' own fills, Scheduler.update_from_output
@@ -240,3 +255,14 @@ def policy(name: str, host_cpus: int = 32, **overrides: object) -> SchedulerConf
     if name not in PRESETS:
         raise KeyError(f"unknown scheduler policy {name!r}; known: {', '.join(sorted(PRESETS))}")
     return SchedulerConfig(**{**PRESETS[name](host_cpus), **overrides})
+
+
+def graph_size(sizes: Sequence[int], tokens: int) -> int | None:
+    """The captured size a decode step of ``tokens`` query tokens replays: the smallest of ``sizes``
+    (ascending) that holds them, or ``None`` beyond the largest (the step runs at its own size).
+
+    >>> graph_size(policy("sglang").cuda_graph_sizes, 9), graph_size((1, 2, 4), 5)
+    (12, None)
+    """
+    i = bisect_left(sizes, tokens)
+    return sizes[i] if i < len(sizes) else None

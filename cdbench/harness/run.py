@@ -145,7 +145,8 @@ def run(config: RunConfig, progress: Progress | None = None) -> RunResult:
     if config.mode == "live":
         if progress is not None:
             progress(f"building {config.costs.model} on the GPU", 0.0)
-        live = config.costs.live_step(vocab.size, max_context(workload.requests, spec_decode.k))
+        live = config.costs.live_step(vocab.size, max_context(workload.requests, spec_decode.k),
+                                      scheduler.cuda_graph_sizes)
     if config.mode in ("hybrid", "live"):
         if progress is not None:
             progress(f"loading {config.backend.name}", 0.0)

@@ -27,7 +27,9 @@ Each iteration, at virtual time ``t``:
    sample + process``. With overlap, a batch holding any grammar row waits
    for the previous step's processing and this step's mask:
    ``max(forward, pre + process(prev) + fill + copy) + apply + sample``; a
-   batch without one: ``max(forward + sample, pre + process(prev))``.
+   batch without one: ``max(forward + sample, pre + process(prev))``. A
+   decode step's forward is priced at the next CUDA-graph capture size
+   (``cuda_graph_sizes``), as the engines pad it.
 
 Per-request Python runs only at events (arrival, release, admission, finish,
 abort); everything per token is a numpy operation over the running batch,
@@ -59,7 +61,7 @@ from cdbench.harness.executors.base import (
     constant_ints,
 )
 from cdbench.harness.metrics import LogHistogram
-from cdbench.harness.policies import SchedulerConfig
+from cdbench.harness.policies import SchedulerConfig, graph_size
 from cdbench.harness.records import (
     ABORT_REASONS,
     CACHE_RESULTS,
@@ -620,7 +622,12 @@ class Scheduler:
         engine_process_s = cfg.process_step_s + cfg.process_row_s * n_sample + cfg.accept_row_s * grammar_rows
         carry = self._carry_process_s
         if live is None:
-            forward_s = self.gpu.forward_s(pf_chunks, batch.cached[pf_sel] if pf_tokens else pf_chunks, dec_tokens, kv)
+            fw_tokens, fw_kv = dec_tokens, kv
+            if dec_tokens and not pf_tokens:  # a decode step replays the graph of the next captured size
+                fw_tokens = graph_size(cfg.cuda_graph_sizes, dec_tokens) or dec_tokens
+                fw_kv = kv + fw_tokens - dec_tokens
+            forward_s = self.gpu.forward_s(pf_chunks, batch.cached[pf_sel] if pf_tokens else pf_chunks, fw_tokens,
+                                           fw_kv)
             copy_s = self.gpu.copy_s(mask_rows, cfg.pinned_mask) if mask_rows else 0.0
             apply_s = self.gpu.apply_s(mask_rows) if mask_rows else 0.0
             sample_s = self.gpu.sample_s(sample_rows)
@@ -684,7 +691,8 @@ class Scheduler:
         kind = _KIND_MIXED if len(dec_rows) and len(pf_rows) else (_KIND_DECODE if len(dec_rows) else _KIND_PREFILL)
         self.steps.rows.append((t, duration, kind, n_sample, len(dec_rows), pf_tokens, grammar_rows,
                                 mask_rows, int(_sum(produced)), schedule_s, poll_s, sync_s, check_s, forward_s,
-                                fill_s, copy_s, apply_s, sample_s, process_s, exposed, hidden, transfer_s))
+                                fill_s, copy_s, apply_s, sample_s, process_s, exposed, hidden, transfer_s,
+                                dec_tokens, kv))
         tl = self.timeline
         if tl is not None and tl.recording:
             tl.steps_seen += 1
@@ -748,7 +756,7 @@ class Scheduler:
             if pre > 0:  # a last poll (e.g. the one that timed the queue out) still ran
                 self.idle_iterations += 1
                 self.steps.rows.append((t, pre + carry, "idle", 0, 0, 0, 0, 0, 0, schedule_s, poll_s, sync_s,
-                                        check_s, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, pre + carry, 0.0, 0.0))
+                                        check_s, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, pre + carry, 0.0, 0.0, 0, 0))
             return None
         cfg = self.cfg
         duration = max(pre + carry, cfg.idle_spin_s)
@@ -759,7 +767,7 @@ class Scheduler:
             poll_s, sync_s, check_s = (1 + repeats) * poll_s, (1 + repeats) * sync_s, (1 + repeats) * check_s
         self.idle_iterations += 1 + repeats
         self.steps.rows.append((t, duration, "idle", 0, 0, 0, 0, 0, 0, schedule_s, poll_s, sync_s, check_s,
-                                0.0, 0.0, 0.0, 0.0, 0.0, 0.0, duration, 0.0, 0.0))
+                                0.0, 0.0, 0.0, 0.0, 0.0, 0.0, duration, 0.0, 0.0, 0, 0))
         return duration
 
     def _agree_for_real(self, queued: np.ndarray, seen: np.ndarray, gave_up: np.ndarray

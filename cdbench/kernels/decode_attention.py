@@ -15,10 +15,14 @@ How the work is split:
 - one program per (split, KV head, row): the ``G`` query heads that share a
   KV head are the rows of one ``tl.dot`` (padded to 16), so each key and
   value block is read once for the whole group;
-- flash-decoding: a row's keys are cut into ``splits`` chunks of
-  ``ceil(length / splits)`` keys (rounded up to a whole key block), each chunk
-  an online softmax in fp32; programs whose chunk starts past the row's length
-  return at once, so short rows cost little whatever ``splits`` is;
+- flash-decoding: a row's keys are cut into at most ``splits`` chunks of
+  ``ceil(length / splits)`` keys, but of no fewer than ``min_split_keys``
+  (both rounded up to a whole key block), each chunk an online softmax in fp32;
+  programs whose chunk starts past the row's length return at once. ``splits``
+  is fixed per launch (a graph serves every length up to the cache's), so the
+  floor is what keeps a short row in a long cache from being cut into chunks
+  too small to pay for their partial write and merge: a row splits as if the
+  cache were only as long as the row;
 - a second kernel merges the chunks' partial outputs by their log-sum-exp
   (skipped when ``splits`` is 1: the single chunk writes the output).
 
@@ -81,16 +85,16 @@ def key_block(max_len: int) -> int:
 
 
 @triton.jit
-def _chunk(length, splits, BLOCK_N: tl.constexpr):
-    """Keys per split of a row of ``length`` keys: a whole number of blocks, at least one."""
+def _chunk(length, splits, min_blocks, BLOCK_N: tl.constexpr):
+    """Keys per split of a row of ``length`` keys: a whole number of blocks, at least ``min_blocks``."""
     per_split = tl.cdiv(length, splits)
-    return tl.maximum(tl.cdiv(per_split, BLOCK_N), 1) * BLOCK_N
+    return tl.maximum(tl.cdiv(per_split, BLOCK_N), min_blocks) * BLOCK_N
 
 
 @triton.jit
 def _decode_split(
     q_ptr, k_ptr, v_ptr, slots_ptr, lengths_ptr, out_ptr, part_out_ptr, part_lse_ptr,
-    max_len, splits, group, head_dim, qk_scale,
+    max_len, splits, min_blocks, group, head_dim, qk_scale,
     q_row, q_head, k_slot, k_head, k_pos, v_slot, v_head, v_pos, o_row, o_head,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DIRECT: tl.constexpr,
 ):
@@ -99,7 +103,7 @@ def _decode_split(
     row = tl.program_id(2)
     # Clamped, not checked: a check would synchronize, and a clamp keeps reads inside the slot.
     length = tl.minimum(tl.maximum(tl.load(lengths_ptr + row).to(tl.int32), 0), max_len)
-    chunk = _chunk(length, splits, BLOCK_N)
+    chunk = _chunk(length, splits, min_blocks, BLOCK_N)
     start = split * chunk
     # Split 0 always runs, so that a row of length 0 still gets its (zero) output written.
     if (start >= length) & (split > 0):
@@ -150,14 +154,14 @@ def _decode_split(
 
 @triton.jit
 def _decode_merge(
-    part_out_ptr, part_lse_ptr, lengths_ptr, out_ptr, max_len, splits, n_heads, head_dim, o_row, o_head,
+    part_out_ptr, part_lse_ptr, lengths_ptr, out_ptr, max_len, splits, min_blocks, n_heads, head_dim, o_row, o_head,
     BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     head = tl.program_id(0)
     row = tl.program_id(1)
     length = tl.minimum(tl.maximum(tl.load(lengths_ptr + row).to(tl.int32), 0), max_len)
     # The splits that ran (the others returned before writing their partials).
-    n_valid = tl.cdiv(length, _chunk(length, splits, BLOCK_N))
+    n_valid = tl.cdiv(length, _chunk(length, splits, min_blocks, BLOCK_N))
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
     s_ok = s < n_valid
@@ -209,6 +213,7 @@ def decode_attention(
     out: torch.Tensor | None = None,
     scale: float | None = None,
     splits: int | None = None,
+    min_split_keys: int | None = None,
 ) -> torch.Tensor:
     """Attention of each decode row's query over the first ``lengths[r]`` keys of cache slot ``slots[r]``.
 
@@ -225,12 +230,17 @@ def decode_attention(
     scale : softmax scale, default ``1 / sqrt(d)``.
     splits : chunks each row's keys are cut into (:func:`default_splits` when None); fixed per
         launch so a captured graph replays for any lengths.
+    min_split_keys : fewest keys in a row's chunk (rounded up to a key block; default
+        :data:`MIN_KEYS_PER_SPLIT`): shorter rows use fewer than ``splits`` chunks.
 
     Returns
     -------
     ``out`` (allocated when not given).
     """
     _check(q, k_cache, v_cache, slots, lengths, out)
+    least = MIN_KEYS_PER_SPLIT if min_split_keys is None else min_split_keys
+    if least < 1 or (splits is not None and splits < 1):
+        raise ValueError(f"splits and min_split_keys must be at least 1, got {splits} and {least}")
     rows, n_heads, d = q.shape
     _, kv_heads, max_len, _ = k_cache.shape
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -242,13 +252,12 @@ def decode_attention(
         return out
     if splits is None:
         splits = default_splits(rows, kv_heads, max_len, q.device)
-    if splits < 1:
-        raise ValueError(f"splits must be at least 1, got {splits}")
     group = n_heads // kv_heads
     block_g = max(16, triton.next_power_of_2(group))
     block_d = max(16, triton.next_power_of_2(d))
     direct = splits == 1
     block_n = key_block(max_len)
+    min_blocks = -(-least // block_n)
     if direct:
         part_out = part_lse = out  # unused: the single split writes ``out``
     else:
@@ -256,13 +265,13 @@ def decode_attention(
         part_lse = torch.empty(rows, n_heads, splits, device=q.device, dtype=torch.float32)
     _decode_split[(splits, kv_heads, rows)](
         q, k_cache, v_cache, slots, lengths, out, part_out, part_lse,
-        max_len, splits, group, d, scale * math.log2(math.e),
+        max_len, splits, min_blocks, group, d, scale * math.log2(math.e),
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
         BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, DIRECT=direct, num_warps=NUM_WARPS,
     )
     if not direct:
         _decode_merge[(n_heads, rows)](
-            part_out, part_lse, lengths, out, max_len, splits, n_heads, d, out.stride(0), out.stride(1),
+            part_out, part_lse, lengths, out, max_len, splits, min_blocks, n_heads, d, out.stride(0), out.stride(1),
             BLOCK_S=triton.next_power_of_2(splits), BLOCK_N=block_n, BLOCK_D=block_d, num_warps=1,
         )
     return out

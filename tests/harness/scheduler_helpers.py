@@ -25,6 +25,7 @@ def sim(requests, name: str, *, gpu: FixedGpuCosts | None = None, grammar: Fixed
     overrides.setdefault("cache_hit_s", 0.0)
     for field in HOST_COST_FIELDS:  # the engines' measured host costs would blur the hand-computed times
         overrides.setdefault(field, 0.0)
+    overrides.setdefault("cuda_graph_sizes", ())  # as would decode steps padded to graph sizes (tested apart)
     executor = ModelExecutor(grammar, alpha=alpha)
     return simulate(requests, policy(name, **overrides), executor, gpu, seed=seed, trace_steps=0)
 

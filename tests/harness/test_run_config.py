@@ -158,3 +158,16 @@ def test_a_model_mode_run_passes_the_reasoners_inner_backend_to_its_costs(monkey
     })
     run(config)
     assert seen == [("reasoner", {"inner": "llguidance"})]
+
+
+def test_cuda_graph_sizes_come_with_the_preset_and_are_checked():
+    from cdbench.harness.policies import graph_size, policy
+
+    sglang, vllm = policy("sglang").cuda_graph_sizes, policy("vllm").cuda_graph_sizes
+    assert (graph_size(sglang, 9), graph_size(sglang, 256), graph_size(sglang, 257)) == (12, 256, None)
+    assert (graph_size(vllm, 9), graph_size(vllm, 250), graph_size(vllm, 512)) == (16, 256, 512)
+    cfg = RunConfig.model_validate({"scheduler": {"cuda_graph_sizes": [1, 8, 64]}})
+    assert cfg.scheduler_config().cuda_graph_sizes == (1, 8, 64)
+    for bad in ([8, 4], [0, 1], [2, 2]):
+        with pytest.raises(ValidationError, match="cuda_graph_sizes"):
+            RunConfig.model_validate({"scheduler": {"cuda_graph_sizes": bad}}).scheduler_config()

@@ -262,6 +262,19 @@ def _spec_run(alpha: float):
     return row(result, 0), result.steps[result.steps["kind"] == "decode"]
 
 
+@pytest.mark.parametrize("sizes,finish", [((1, 2, 4), 0.038), ((1, 2), 0.036), ((), 0.036)])
+def test_decode_steps_are_priced_at_the_next_captured_graph_size(sizes, finish):
+    # each decode step verifies 1 + 2 tokens: replayed as the graph of 4 tokens (10 + 4 ms) when 4 is
+    # captured; beyond the largest size, or without graphs, at its own 3 (10 + 3 ms); the prefill is not padded
+    grammar = FixedGrammarCosts(compile_time_s=0.0, fill_time_s=0.0, accept_time_s=0.0, rollback_time_s=0.0)
+    gpu = FixedGpuCosts(forward_base_s=FORWARD_S, decode_row_s=0.001)
+    result = sim([req(0, 0.0, out=7, prompt=1)], "sglang", overlap=False, spec_tokens=2, alpha=1.0, grammar=grammar,
+                 gpu=gpu, cuda_graph_sizes=sizes)
+    r = row(result, 0)
+    assert r["first_token_s"] == pytest.approx(0.010, **EXACT)
+    assert r["finish_s"] == pytest.approx(finish, **EXACT)
+
+
 def test_spec_decoding_all_drafts_accepted_exact_times_and_mask_rows():
     # prefill 10 ms (1 token); decodes verify 2 drafts: forward 10 + 3 ms, 3 mask rows, 3 tokens each
     r, decode = _spec_run(alpha=1.0)

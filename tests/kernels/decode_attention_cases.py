@@ -62,10 +62,11 @@ def assert_close(got: torch.Tensor, expected: torch.Tensor, what: str) -> None:
 
 def check_decode_attention(gen: torch.Generator, lengths: list[int], kv_heads: int, group: int, head_dim: int,
                            max_len: int, dtype: torch.dtype, splits: int | None, device,
-                           index_dtype: torch.dtype = torch.int32) -> None:
+                           index_dtype: torch.dtype = torch.int32, min_split_keys: int | None = None) -> None:
     q, k, v, slots, lengths_t = decode_inputs(gen, lengths, kv_heads, group, head_dim, max_len, dtype, device)
-    got = decode_attention(q, k, v, slots, lengths_t.to(index_dtype), splits=splits)
-    what = f"lengths={lengths} kv_heads={kv_heads} G={group} d={head_dim} max_len={max_len} {dtype} splits={splits}"
+    got = decode_attention(q, k, v, slots, lengths_t.to(index_dtype), splits=splits, min_split_keys=min_split_keys)
+    what = (f"lengths={lengths} kv_heads={kv_heads} G={group} d={head_dim} max_len={max_len} {dtype} splits={splits} "
+            f"min_split_keys={min_split_keys}")
     assert_close(got, reference_output(q, k, v, slots, lengths_t), what)
     empty = [i for i, length in enumerate(lengths) if length == 0]
     assert not got[empty].any(), f"{what}: rows of length 0 must be zeros"

@@ -40,21 +40,25 @@ def row_lengths(draw, max_len: int) -> list[int]:
 @given(
     data=st.data(), kv_heads=st.integers(1, 2), group=st.sampled_from([1, 2, 4, 5]),
     head_dim=st.sampled_from([16, 24, 32]), max_len=st.sampled_from([64, 100]),
-    splits=st.sampled_from([None, 1, 2, 3, 8]), seed=st.integers(0, 2**32 - 1),
+    splits=st.sampled_from([None, 1, 2, 3, 8]), min_split_keys=st.sampled_from([None, 1, 20]),
+    seed=st.integers(0, 2**32 - 1),
 )
-def test_decode_attention_matches_reference(data, kv_heads, group, head_dim, max_len, splits, seed):
+def test_decode_attention_matches_reference(data, kv_heads, group, head_dim, max_len, splits, min_split_keys, seed):
     lengths = data.draw(row_lengths(max_len))
     gen = torch.Generator().manual_seed(seed)
-    check_decode_attention(gen, lengths, kv_heads, group, head_dim, max_len, torch.float16, splits, "cpu")
+    check_decode_attention(gen, lengths, kv_heads, group, head_dim, max_len, torch.float16, splits, "cpu",
+                           min_split_keys=min_split_keys)
 
 
+@pytest.mark.parametrize("min_split_keys", [1, 32])
 @pytest.mark.parametrize("splits", [1, 2, 4, 16])
 @pytest.mark.parametrize("group,head_dim", [(2, 16), (4, 32)])
-def test_decode_attention_edge_lengths(group, head_dim, splits):
-    # More splits than a row has blocks: the extra programs return without writing partials.
+def test_decode_attention_edge_lengths(group, head_dim, splits, min_split_keys):
+    # More splits than a row has blocks (or than its floor of keys per split allows): the extra
+    # programs return without writing partials, and the merge reads only those that ran.
     gen = torch.Generator().manual_seed(splits * 10 + group)
-    check_decode_attention(gen, [1, 64, 17, 0, 63], 2, group, head_dim, 64, torch.float16, splits, "cpu",
-                           index_dtype=torch.int64)
+    check_decode_attention(gen, [1, 64, 17, 0, 63, 33], 2, group, head_dim, 64, torch.float16, splits, "cpu",
+                           index_dtype=torch.int64, min_split_keys=min_split_keys)
 
 
 def test_decode_attention_writes_given_out_with_scale_and_strided_query():

@@ -68,6 +68,8 @@ def test_cpu_tensors_run_the_reference_into_out():
     (lambda a: {**a, "lengths": torch.tensor([13, 1])}, IndexError),  # past max_len
     (lambda a: {**a, "slots": torch.tensor([0, 4])}, IndexError),     # no slot 4
     (lambda a: {**a, "out": torch.empty(2, 4, 16)}, ValueError),      # wrong dtype
+    (lambda a: {**a, "splits": 0}, ValueError),
+    (lambda a: {**a, "min_split_keys": 0}, ValueError),
 ])
 def test_rejects_bad_inputs(change, error):
     gen = torch.Generator().manual_seed(2)

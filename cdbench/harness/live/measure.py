@@ -67,27 +67,32 @@ def default_grid() -> list[StepShape]:
     return decode + prefill + mixed
 
 
-def pool_tokens(shapes: Iterable[StepShape]) -> int:
-    """Cache tokens the largest shape needs (its slots × its longest context)."""
-    return max(s.slots * s.max_len for s in shapes)
+def pool_tokens(shapes: Iterable[StepShape], cache_len: int | None = None) -> int:
+    """Cache tokens the largest shape needs (its slots × its longest context, or × ``cache_len``)."""
+    return max(s.slots * (cache_len or s.max_len) for s in shapes)
 
 
 def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cuda", *,
                  dtype: torch.dtype = torch.bfloat16, min_reps: int = 10, min_time_s: float = 0.25,
-                 per_row: bool = False,
+                 per_row: bool = False, cache_len: int | None = None,
                  progress: Callable[[ForwardMeasurement], None] | None = None) -> list[ForwardMeasurement]:
     """Build ``spec``'s live forward on ``device`` and time every shape (see the module doc).
 
     ``per_row``: decode rows attend through the per-row decode-attention kernel (as ``live``
-    mode runs them) instead of dense attention.
+    mode runs them) instead of dense attention. ``cache_len``: each slot's length (default the
+    shape's longest context); ``live`` mode's slots are as long as the workload's longest context,
+    and the per-row kernel's launch shape depends on it.
     """
+    if cache_len is not None and cache_len < max(s.max_len for s in shapes):
+        raise ValueError(f"cache_len {cache_len} is shorter than a shape's context "
+                         f"({max(s.max_len for s in shapes)} tokens)")
     forward = LiveForward(spec, device, dtype=dtype)
-    pool = KVPool(spec, pool_tokens(shapes), device, dtype)
+    pool = KVPool(spec, pool_tokens(shapes, cache_len), device, dtype)
     cuda = forward.device.type == "cuda"
     gpu_device = torch.cuda.get_device_name(forward.device) if cuda else "cpu"
     rows = []
     for shape in shapes:
-        cache = pool.cache(shape.slots, shape.max_len)
+        cache = pool.cache(shape.slots, cache_len or shape.max_len)
         decode = forward.decode_inputs([shape.kv] * shape.rows, per_row=per_row) if shape.rows else None
         prefill = [PrefillChunk(shape.rows + i, shape.cached, shape.new) for i in range(shape.chunks)]
         graph = cuda

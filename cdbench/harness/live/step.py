@@ -9,8 +9,8 @@ engine does it and measures how long that took:
    modelled length, on the thread that launches the GPU work (it holds that
    thread in the engines too);
 2. the forward is launched as a CUDA-graph replay: a decode-only batch
-   replays a graph captured once per padded token count (the engines'
-   ``cuda_graph_bs`` buckets, :data:`GRAPH_TOKENS`); a step with prefill
+   replays a graph captured once per padded token count (the policy's
+   ``cuda_graph_sizes``, as the engines capture them); a step with prefill
    chunks replays a graph captured for its own shape just before (capture is
    off the clock). The engines launch prefill far faster than this forward's
    eager Python (fused kernels; vLLM's piecewise graphs), so an eager step
@@ -45,7 +45,7 @@ the wall clock times each part.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,11 +61,9 @@ from cdbench.harness.live.forward import (
     PrefillChunk,
     StepGraph,
 )
+from cdbench.harness.policies import graph_size
 from cdbench.kernels import apply_bitmask, masked_argmax
 
-#: decode token counts with a captured graph (a batch pads up to the next); SGLang's default capture sizes
-GRAPH_TOKENS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128, 136, 144, 152, 160,
-                168, 176, 184, 192, 200, 208, 216, 224, 232, 240, 248, 256, 288, 320, 352, 384, 416, 448, 480, 512)
 KV_MEMORY_SHARE = 0.85  # of the GPU memory left after the weights, for the KV cache (the rest: activations, graphs)
 
 
@@ -141,7 +139,8 @@ class LiveStep:
 
     def __init__(self, spec: ModelSpec, vocab_size: int, max_len: int, device: str = "cuda",
                  kv_tokens: int | None = None, max_rows: int = 1024, dtype: torch.dtype = torch.bfloat16,
-                 logits_dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> None:
+                 logits_dtype: torch.dtype = torch.bfloat16, seed: int = 0,
+                 graph_sizes: Sequence[int] = ()) -> None:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.forward = LiveForward(spec, self.device, dtype=dtype, seed=seed)
@@ -161,8 +160,9 @@ class LiveStep:
         self.logits = torch.randn((max_rows, vocab_size), generator=gen, device=self.device).to(logits_dtype)
         self.mask_host = torch.ones((max_rows, words), dtype=torch.int32, pin_memory=self.cuda)
         self.mask = self.mask_host.to(self.device)
+        self.graph_sizes = tuple(graph_sizes)
         self._graphs: dict[int, StepGraph] = {}
-        self._stage = torch.zeros((3, GRAPH_TOKENS[-1]), dtype=torch.int64, pin_memory=self.cuda)
+        self._stage = torch.zeros((3, max(self.graph_sizes, default=1)), dtype=torch.int64, pin_memory=self.cuda)
         self._events = [torch.cuda.Event(enable_timing=True) for _ in range(6)] if self.cuda else []
         self._launched = 0.0
         self._work: Callable[[], object] | None = None
@@ -285,7 +285,7 @@ class LiveStep:
     def _graph(self, tokens: int) -> StepGraph | None:
         """The captured decode graph for ``tokens`` query tokens (padded up; captured on first use), or
         ``None`` beyond the largest capture size (such a batch is captured for itself)."""
-        padded = next((size for size in GRAPH_TOKENS if size >= tokens), None)
+        padded = graph_size(self.graph_sizes, tokens)
         if padded is None:
             return None
         graph = self._graphs.get(padded)

@@ -67,3 +67,16 @@ def test_shapes_and_refusals() -> None:
     with pytest.raises(ValueError, match="does not fit"):
         pool.cache(5, 16)
     assert KVCache.bytes_per_token(resolve_model("llama-3.1-8b")) == 2 * 32 * 8 * 128 * 2
+
+
+def test_measure_grid_sizes_the_cache_slots_as_asked():
+    from cdbench.harness.live.measure import StepShape, measure_grid, pool_tokens
+
+    shapes = [StepShape(rows=2, kv=8), StepShape(chunks=1, new=16)]
+    assert (pool_tokens(shapes), pool_tokens(shapes, cache_len=64)) == (18, 128)  # 2 rows of 8 + 1 keys
+    spec = tiny(qk_norm=False)
+    rows = measure_grid(spec, shapes, device="cpu", dtype=torch.bfloat16, min_reps=1, min_time_s=0.0, per_row=True,
+                        cache_len=64)
+    assert [r.kind for r in rows] == ["decode", "prefill"] and all(r.median_s > 0 for r in rows)
+    with pytest.raises(ValueError, match="cache_len 8 is shorter"):
+        measure_grid(spec, shapes, device="cpu", cache_len=8)
