@@ -20,7 +20,7 @@ from cdbench.harness.costs.hardware import resolve_model
 from cdbench.harness.live.measure import StepShape, measure_grid
 from cdbench.kernels import decode_attention as kernel
 
-ROWS = (1, 4, 8, 16, 32, 64, 128)
+ROWS = (1, 4, 8, 16, 32, 64)  # 64 rows x a 4096-token cache: 2^18 tokens, 39 GB of KV for Qwen3-8B
 KV = (512, 1024, 2048)
 
 

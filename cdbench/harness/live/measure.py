@@ -25,6 +25,7 @@ import torch
 from cdbench.harness.costs.calibration import ForwardMeasurement
 from cdbench.harness.costs.hardware import ModelSpec
 from cdbench.harness.live.forward import KVPool, LiveForward, PrefillChunk
+from cdbench.harness.live.step import spin
 
 DECODE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 DECODE_KV = (256, 512, 1024, 2048, 4096, 8192)
@@ -74,14 +75,15 @@ def pool_tokens(shapes: Iterable[StepShape], cache_len: int | None = None) -> in
 
 def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cuda", *,
                  dtype: torch.dtype = torch.bfloat16, min_reps: int = 10, min_time_s: float = 0.25,
-                 per_row: bool = False, cache_len: int | None = None,
+                 per_row: bool = False, cache_len: int | None = None, idle_s: float = 0.0,
                  progress: Callable[[ForwardMeasurement], None] | None = None) -> list[ForwardMeasurement]:
     """Build ``spec``'s live forward on ``device`` and time every shape (see the module doc).
 
     ``per_row``: decode rows attend through the per-row decode-attention kernel (as ``live``
     mode runs them) instead of dense attention. ``cache_len``: each slot's length (default the
     shape's longest context); ``live`` mode's slots are as long as the workload's longest context,
-    and the per-row kernel's launch shape depends on it.
+    and the per-row kernel's launch shape depends on it. ``idle_s``: time each repetition alone,
+    launched after that long with the GPU idle (default: back to back, the GPU's time alone).
     """
     if cache_len is not None and cache_len < max(s.max_len for s in shapes):
         raise ValueError(f"cache_len {cache_len} is shorter than a shape's context "
@@ -102,7 +104,7 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
         else:
             def run(cache=cache, decode=decode, prefill=prefill):
                 return forward.step(cache, decode, prefill)
-        times = _time(run, cuda, min_reps, min_time_s)
+        times = _time(run, cuda, min_reps, min_time_s, idle_s)
         del run
         if graph:
             del captured
@@ -118,11 +120,26 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
     return rows
 
 
-def _time(run: Callable[[], object], cuda: bool, min_reps: int, min_time_s: float) -> list[float]:
-    """Seconds of each repetition of ``run`` after two warm-ups: at least ``min_reps`` and ``min_time_s``."""
+def _time(run: Callable[[], object], cuda: bool, min_reps: int, min_time_s: float, idle_s: float = 0.0) -> list[float]:
+    """Seconds of each repetition of ``run`` after two warm-ups: at least ``min_reps`` and ``min_time_s``.
+
+    ``idle_s`` > 0: each repetition starts on an idle GPU, after the host has spun that long, and is timed
+    from its launch, as a serving loop launches a step after its host work (launch latency included).
+    """
     for _ in range(2):
         run()
     times: list[float] = []
+    if cuda and idle_s > 0:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        while len(times) < min_reps or sum(times) < min_time_s:
+            torch.cuda.synchronize()
+            spin(idle_s)
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return times
     if not cuda:
         while len(times) < min_reps or sum(times) < min_time_s:
             start = time.perf_counter()

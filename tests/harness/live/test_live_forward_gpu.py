@@ -38,3 +38,14 @@ def test_live_gpu_costs_time_graph_replays() -> None:
     assert all(t > 0 for t in decode) and len(live._graphs) == 1  # one capture, replayed
     assert live.forward_s(np.array([128, 64]), np.array([0, 256]), 8, 8 * 500) > 0
     assert 0 < live.apply_s(16) == live.apply_s(16)
+
+
+def test_measure_grid_times_steps_after_an_idle_gpu() -> None:
+    from cdbench.harness.live.measure import StepShape, measure_grid
+
+    spec = ModelSpec(name="small", params_total=1e7, n_layers=4, hidden_size=512, n_heads=8, n_kv_heads=2,
+                     head_dim=64, vocab_size=1000, intermediate_size=1024)
+    shapes = [StepShape(rows=4, kv=300)]
+    alone = measure_grid(spec, shapes, per_row=True, cache_len=1024, idle_s=1e-3, min_reps=5, min_time_s=0.0)
+    packed = measure_grid(spec, shapes, per_row=True, cache_len=1024, min_reps=5, min_time_s=0.0)
+    assert alone[0].reps == 5 and alone[0].median_s > 0 and packed[0].median_s > 0

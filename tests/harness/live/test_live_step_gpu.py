@@ -55,11 +55,14 @@ def test_a_live_run_measures_its_steps() -> None:
         tokens = tuple(backend.vocab.encode(json.dumps({"n": i * 1000}))) + (eos,)
         requests.append(Request(i, 0.002 * i, 64 + 32 * i, len(tokens), schema, "n", tokens))
     for overlap in (True, False):
-        live = LiveStep(SMALL, backend.vocab.size, max_context(requests), kv_tokens=2**16, max_rows=64)
-        result = simulate(requests, policy("sglang", overlap=overlap), HybridExecutor(backend, seed=1),
+        config = policy("sglang", overlap=overlap)
+        live = LiveStep(SMALL, backend.vocab.size, max_context(requests), kv_tokens=2**16, max_rows=64,
+                        graph_sizes=config.cuda_graph_sizes)
+        result = simulate(requests, config, HybridExecutor(backend, seed=1),
                           FixedGpuCosts(), seed=1, live=live)
         steps = result.steps[result.steps["kind"] != "idle"]
         assert result.summary.completed == 12 and result.requests["valid"].all()
         assert (steps["forward_s"] > 0).all() and (steps["duration_s"] >= steps["forward_s"]).all()
         assert result.live is not None and result.live.graphs_captured  # decode steps replayed graphs
+        assert set(result.live.graphs_captured) <= set(config.cuda_graph_sizes)  # at the policy's sizes
         assert result.live.device != "cpu"

@@ -1,0 +1,78 @@
+"""A live run's decode forwards against the forward cost model, step by step.
+
+Every decode step of a ``--mode live`` run records the forward's measured GPU time with its shape
+(``decode_tokens``, ``context_tokens``); this prices the same shapes with the run's own forward model
+(its calibration, padded to the policy's CUDA-graph sizes as the scheduler prices them, and unpadded)
+and prints measured / modelled by decode batch size, the in-situ error of the calibration. Usage::
+
+    python scripts/live/forward_in_situ.py RUN [RUN ...] --csv reports/live/forward_in_situ.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from cdbench.harness.config import RunConfig
+from cdbench.harness.policies import graph_size
+from cdbench.results.run_folder import load_run
+
+BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+def priced(folder: Path) -> pd.DataFrame:
+    """The run's decode steps with the model's padded and unpadded prices beside the measured forward."""
+    run = load_run(folder)
+    config = RunConfig.model_validate(run.config)
+    forward = config.costs.build()
+    sizes = config.scheduler_config().cuda_graph_sizes
+    steps = run.steps[(run.steps["kind"] == "decode") & (run.steps["decode_tokens"] > 0)].copy()
+    tokens = steps["decode_tokens"].to_numpy()
+    padded = np.array([graph_size(sizes, int(n)) or int(n) for n in tokens])
+    context = steps["context_tokens"].to_numpy()
+    steps["padded_tokens"] = padded
+    steps["model_padded_s"] = forward.step_s_array(0, 0, padded, context + padded - tokens)
+    steps["model_unpadded_s"] = forward.step_s_array(0, 0, tokens, context)
+    steps["run"] = folder.name
+    steps["calibration"] = forward.calibration_source
+    return steps
+
+
+def by_batch(steps: pd.DataFrame) -> pd.DataFrame:
+    """Median measured / modelled per (run, decode batch size bucket)."""
+    steps = steps.assign(
+        bucket=pd.cut(steps["decode_tokens"], BUCKETS, right=True).astype(str),
+        padded_ratio=steps["forward_s"] / steps["model_padded_s"],
+        unpadded_ratio=steps["forward_s"] / steps["model_unpadded_s"],
+    )
+    grouped = steps.groupby(["run", "bucket"], sort=False)
+    return grouped.agg(steps=("forward_s", "size"), measured_ms=("forward_s", lambda s: 1e3 * s.median()),
+                       model_padded_ms=("model_padded_s", lambda s: 1e3 * s.median()),
+                       padded_ratio=("padded_ratio", "median"),
+                       unpadded_ratio=("unpadded_ratio", "median")).reset_index()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--csv", type=Path, default=None, help="write the per-bucket table here")
+    args = parser.parse_args()
+    steps = pd.concat([priced(folder) for folder in args.runs], ignore_index=True)
+    table = by_batch(steps)
+    with pd.option_context("display.width", 200, "display.max_rows", 200):
+        print(table.round(4).to_string(index=False))
+    total = steps.groupby("run").apply(
+        lambda s: pd.Series({"steps": len(s), "measured / padded model (sum)": s["forward_s"].sum() / s["model_padded_s"].sum(),
+                             "measured / unpadded model (sum)": s["forward_s"].sum() / s["model_unpadded_s"].sum()}),
+        include_groups=False)
+    print(total.round(4).to_string())
+    if args.csv is not None:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        table.round(5).to_csv(args.csv, index=False)
+
+
+if __name__ == "__main__":
+    main()
