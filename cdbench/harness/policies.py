@@ -266,3 +266,14 @@ def graph_size(sizes: Sequence[int], tokens: int) -> int | None:
     """
     i = bisect_left(sizes, tokens)
     return sizes[i] if i < len(sizes) else None
+
+
+def padded_decode(sizes: Sequence[int], tokens: int, context_tokens: int) -> tuple[int, int]:
+    """A decode-only step's ``(tokens, context_tokens)`` as its graph replay runs them: padded up to
+    :func:`graph_size`, each padding token attending to one key (unchanged beyond the largest size).
+
+    >>> padded_decode((1, 2, 4), 3, 300), padded_decode((1, 2, 4), 5, 500)
+    ((4, 301), (5, 500))
+    """
+    padded = graph_size(sizes, tokens) or tokens
+    return padded, context_tokens + padded - tokens

@@ -61,7 +61,7 @@ from cdbench.harness.executors.base import (
     constant_ints,
 )
 from cdbench.harness.metrics import LogHistogram
-from cdbench.harness.policies import SchedulerConfig, graph_size
+from cdbench.harness.policies import SchedulerConfig, padded_decode
 from cdbench.harness.records import (
     ABORT_REASONS,
     CACHE_RESULTS,
@@ -624,8 +624,7 @@ class Scheduler:
         if live is None:
             fw_tokens, fw_kv = dec_tokens, kv
             if dec_tokens and not pf_tokens:  # a decode step replays the graph of the next captured size
-                fw_tokens = graph_size(cfg.cuda_graph_sizes, dec_tokens) or dec_tokens
-                fw_kv = kv + fw_tokens - dec_tokens
+                fw_tokens, fw_kv = padded_decode(cfg.cuda_graph_sizes, dec_tokens, kv)
             forward_s = self.gpu.forward_s(pf_chunks, batch.cached[pf_sel] if pf_tokens else pf_chunks, fw_tokens,
                                            fw_kv)
             copy_s = self.gpu.copy_s(mask_rows, cfg.pinned_mask) if mask_rows else 0.0

@@ -19,10 +19,10 @@ How the work is split:
   ``ceil(length / splits)`` keys, but of no fewer than ``min_split_keys``
   (both rounded up to a whole key block), each chunk an online softmax in fp32;
   programs whose chunk starts past the row's length return at once. ``splits``
-  is fixed per launch (a graph serves every length up to the cache's), so the
-  floor is what keeps a short row in a long cache from being cut into chunks
-  too small to pay for their partial write and merge: a row splits as if the
-  cache were only as long as the row;
+  is fixed per launch (a graph serves every length up to the cache's); the
+  floor makes a short row in a long cache split as it would in a cache only
+  as long as the row, the way the calibration grid measures it (on an H100 the
+  two take the same time within noise: reports/live/decode_split_floor_h100.csv);
 - a second kernel merges the chunks' partial outputs by their log-sum-exp
   (skipped when ``splits`` is 1: the single chunk writes the output).
 

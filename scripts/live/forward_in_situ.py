@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from cdbench.harness.config import RunConfig
-from cdbench.harness.policies import graph_size
+from cdbench.harness.policies import padded_decode
 from cdbench.results.run_folder import load_run
 
 BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -30,11 +30,10 @@ def priced(folder: Path) -> pd.DataFrame:
     forward = config.costs.build()
     sizes = config.scheduler_config().cuda_graph_sizes
     steps = run.steps[(run.steps["kind"] == "decode") & (run.steps["decode_tokens"] > 0)].copy()
-    tokens = steps["decode_tokens"].to_numpy()
-    padded = np.array([graph_size(sizes, int(n)) or int(n) for n in tokens])
-    context = steps["context_tokens"].to_numpy()
+    tokens, context = steps["decode_tokens"].to_numpy(), steps["context_tokens"].to_numpy()
+    padded, padded_context = np.array([padded_decode(sizes, int(n), int(c)) for n, c in zip(tokens, context)]).T
     steps["padded_tokens"] = padded
-    steps["model_padded_s"] = forward.step_s_array(0, 0, padded, context + padded - tokens)
+    steps["model_padded_s"] = forward.step_s_array(0, 0, padded, padded_context)
     steps["model_unpadded_s"] = forward.step_s_array(0, 0, tokens, context)
     steps["run"] = folder.name
     steps["calibration"] = forward.calibration_source

@@ -85,9 +85,9 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
     and the per-row kernel's launch shape depends on it. ``idle_s``: time each repetition alone,
     launched after that long with the GPU idle (default: back to back, the GPU's time alone).
     """
-    if cache_len is not None and cache_len < max(s.max_len for s in shapes):
-        raise ValueError(f"cache_len {cache_len} is shorter than a shape's context "
-                         f"({max(s.max_len for s in shapes)} tokens)")
+    longest = max(s.max_len for s in shapes)
+    if cache_len is not None and cache_len < longest:
+        raise ValueError(f"cache_len {cache_len} is shorter than a shape's context ({longest} tokens)")
     forward = LiveForward(spec, device, dtype=dtype)
     pool = KVPool(spec, pool_tokens(shapes, cache_len), device, dtype)
     cuda = forward.device.type == "cuda"
