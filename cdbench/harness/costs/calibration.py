@@ -152,13 +152,18 @@ class ForwardCalibration(BaseModel):
     + prefill pairs' FLOPs / (peak·attention_efficiency)
     + max(decode attention FLOPs at that rate, KV bytes / (peak bandwidth·kv_memory_efficiency))
       · smoothmax(rows, attention_rows) / rows
-    + n_layers·(tokens·token_layer_s + decode rows·row_layer_s)``,
+    + n_layers·(tokens·token_layer_s + decode rows·row_layer_s)
+    + multi_token_s (a step of two or more tokens)``,
     with ``smoothmax(a, b) = (a^p + b^p)^(1/p)``, ``p = linear_sharpness``
     (the linear layers move from the bandwidth roof to the compute roof
     gradually, not at a corner); the decode-attention smooth maximum uses
     ``attention_sharpness``: a batch of fewer than ``attention_rows`` rows
     leaves part of the GPU idle, so its attention takes as long as
-    ``attention_rows`` rows of the same context would. The fixed cost of a step is one constant:
+    ``attention_rows`` rows of the same context would. A step of one token runs
+    the linear layers as matrix-vector products and any larger step as matrix
+    products, different kernels with a different fixed cost: ``multi_token_s``
+    is the difference, fitted (0 in calibrations made before it existed).
+    The fixed cost of a step is one constant:
     measurements of one model at its one depth cannot tell a per-layer fixed
     cost from a per-step one, so it is fitted as ``step_overhead_s``.
     """
@@ -177,6 +182,8 @@ class ForwardCalibration(BaseModel):
     row_layer_s: float = Field(ge=0, description="per decode row and layer (per-row attention work)")
     attention_rows: float = Field(ge=0, description="decode rows below which attention leaves the GPU idle")
     attention_sharpness: float = Field(ge=1)
+    multi_token_s: float = Field(0.0, ge=0, description="added to a step of two or more tokens (matrix kernels "
+                                 "instead of the one-token matrix-vector ones)")
     decode_attention: Literal["dense", "per_row"] = Field(
         "dense", description="how the measured decode rows attended: dense (masked, over the longest row) or "
         "per_row (each row its own length, the decode-attention kernel live mode runs)")

@@ -28,13 +28,13 @@ from cdbench.harness.costs.hardware import GPUSpec, ModelSpec
 _REFINE_POWER = 8
 # Parameter vector: four efficiencies, the sharpness, then the fixed and per-token costs in
 # microseconds and nanoseconds so every entry is of order one for the solver.
-# The last two are the decode-attention occupancy (rows, sharpness).
-_LOWER = np.array([0.05, 0.05, 0.05, 0.05, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0])
-_UPPER = np.array([1.5, 1.5, 1.5, 1.5, 64.0, 1e5, 1e4, 1e5, 1024.0, 64.0])
+# Then the decode-attention occupancy (rows, sharpness), and the several-token step's cost in microseconds.
+_LOWER = np.array([0.05, 0.05, 0.05, 0.05, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0])
+_UPPER = np.array([1.5, 1.5, 1.5, 1.5, 64.0, 1e5, 1e4, 1e5, 1024.0, 64.0, 1e4])
 _STARTS = (
-    np.array([0.6, 0.8, 0.5, 0.7, 4.0, 200.0, 10.0, 100.0, 8.0, 4.0]),
-    np.array([0.8, 0.9, 0.3, 0.5, 2.0, 1000.0, 1.0, 10.0, 32.0, 2.0]),
-    np.array([0.4, 0.6, 0.8, 0.9, 8.0, 50.0, 50.0, 500.0, 2.0, 8.0]),
+    np.array([0.6, 0.8, 0.5, 0.7, 4.0, 200.0, 10.0, 100.0, 8.0, 4.0, 100.0]),
+    np.array([0.8, 0.9, 0.3, 0.5, 2.0, 1000.0, 1.0, 10.0, 32.0, 2.0, 0.0]),
+    np.array([0.4, 0.6, 0.8, 0.9, 8.0, 50.0, 50.0, 500.0, 2.0, 8.0, 400.0]),
 )
 
 
@@ -42,7 +42,7 @@ def _params(x: np.ndarray) -> ForwardParams:
     return ForwardParams(compute_efficiency=x[0], memory_efficiency=x[1], attention_efficiency=x[2],
                          kv_memory_efficiency=x[3], linear_sharpness=x[4], step_overhead_s=x[5] * 1e-6,
                          token_layer_s=x[6] * 1e-9, row_layer_s=x[7] * 1e-9, attention_rows=x[8],
-                         attention_sharpness=x[9])
+                         attention_sharpness=x[9], multi_token_s=x[10] * 1e-6)
 
 
 def peak_times(forward: ForwardCostModel, rows: Sequence[ForwardMeasurement]) -> PeakTimes:
@@ -94,6 +94,7 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
         linear_sharpness=params.linear_sharpness, step_overhead_s=params.step_overhead_s,
         token_layer_s=params.token_layer_s, row_layer_s=params.row_layer_s,
         attention_rows=params.attention_rows, attention_sharpness=params.attention_sharpness,
+        multi_token_s=params.multi_token_s,
         measurements=measurements, command=command, torch_version=rows[0].torch_version,
         decode_attention=attention.pop(),
         fit=[ShapeFit(shape=r.label, measured_s=float(m), predicted_s=float(p))

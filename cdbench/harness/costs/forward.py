@@ -70,7 +70,7 @@ class StepCost:
     The linear parts are each at its own roof; the step pays their smooth
     maximum (a hard maximum for the uncalibrated roofline). ``overhead_s`` is the
     fixed per-step cost, ``per_token_s`` the fitted per-token and
-    per-row cost (0 without a calibration).
+    per-row cost with the step-of-several-tokens cost (0 without a calibration).
     """
 
     linear_compute_s: float
@@ -107,6 +107,7 @@ class ForwardParams:
     row_layer_s: float = 0.0
     attention_rows: float = 0.0
     attention_sharpness: float = float("inf")
+    multi_token_s: float = 0.0
 
     @classmethod
     def roofline(cls, gpu: GPUSpec, step_overhead_s: float) -> ForwardParams:
@@ -117,7 +118,7 @@ class ForwardParams:
     def from_calibration(cls, cal: ForwardCalibration) -> ForwardParams:
         return cls(cal.compute_efficiency, cal.memory_efficiency, cal.attention_efficiency,
                    cal.kv_memory_efficiency, cal.linear_sharpness, cal.step_overhead_s, cal.token_layer_s,
-                   cal.row_layer_s, cal.attention_rows, cal.attention_sharpness)
+                   cal.row_layer_s, cal.attention_rows, cal.attention_sharpness, cal.multi_token_s)
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,9 @@ class ForwardCostModel:
             da = da * smooth_max(rows, params.attention_rows, params.attention_sharpness) / rows
         n_layers = self.model.n_layers
         per_token = n_layers * (params.token_layer_s * peak.tokens + params.row_layer_s * peak.decode_rows)
+        if params.multi_token_s:
+            # one token runs the linear layers as matrix-vector kernels; two or more switch to matrix kernels
+            per_token = per_token + np.where(peak.tokens >= 2, params.multi_token_s, 0.0)
         return lc, lm, pa, da, peak.communication_s, per_token
 
     def price(self, peak: PeakTimes, params: ForwardParams | None = None):

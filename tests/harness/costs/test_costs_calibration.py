@@ -108,3 +108,34 @@ def test_the_decode_attention_path_is_recorded_and_never_mixed(tmp_path: Path) -
     assert cal.decode_attention == "per_row"
     with pytest.raises(CalibrationError, match="mix decode attention paths: dense, per_row"):
         fit_calibration(rows[:5] + per_row[5:], "qwen3-8b", "h200", measurements="x", command="test")
+
+
+def test_a_step_of_several_tokens_pays_the_matrix_kernels_fixed_cost() -> None:
+    shipped = ForwardCalibration.load(shipped_calibration_path("qwen3-8b", "h100-sxm"))
+    assert shipped.multi_token_s > 0
+    without = shipped.model_copy(update={"multi_token_s": 0.0})
+    fitted, plain = (ForwardCostModel("qwen3-8b", "h100-sxm", forward_calibration=c) for c in (shipped, without))
+    one = dict(decode_rows=1, decode_kv_tokens=700)
+    assert fitted.step_s(**one) == plain.step_s(**one)
+    for shape in (dict(decode_rows=2, decode_kv_tokens=1400), dict(prefill_tokens=64, prefill_context_tokens=2080)):
+        assert fitted.step_s(**shape) - plain.step_s(**shape) == pytest.approx(shipped.multi_token_s, rel=1e-9)
+    arrays = fitted.step_s_array([0, 0, 64], [0, 0, 2080], [1, 2, 0], [700, 1400, 0])
+    assert arrays.tolist() == pytest.approx([fitted.step_s(**one), fitted.step_s(decode_rows=2, decode_kv_tokens=1400),
+                                             fitted.step_s(prefill_tokens=64, prefill_context_tokens=2080)])
+    # calibrations written before the term existed load as without it
+    older = shipped.model_dump(exclude={"multi_token_s"})
+    assert ForwardCalibration.model_validate(older).multi_token_s == 0.0
+
+
+def test_the_fit_recovers_a_known_several_token_cost() -> None:
+    import dataclasses
+
+    truth = ForwardCalibration.load(shipped_calibration_path("qwen3-8b", "h100-sxm")).model_copy(
+        update={"multi_token_s": 3e-4})
+    model = ForwardCostModel("qwen3-8b", "h100-sxm", forward_calibration=truth)
+    rows = read_measurements(REPO / truth.measurements)
+    exact = [dataclasses.replace(r, median_s=model.step_s(r.prefill_tokens, r.prefill_pairs, r.decode_rows,
+                                                          r.decode_kv_tokens)) for r in rows]
+    cal = fit_calibration(exact, "qwen3-8b", "h100-sxm", measurements="x", command="test")
+    assert cal.max_abs_error < 0.005
+    assert cal.multi_token_s == pytest.approx(3e-4, rel=0.1)
