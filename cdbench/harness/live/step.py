@@ -67,6 +67,10 @@ from cdbench.kernels import apply_bitmask, masked_argmax
 KV_MEMORY_SHARE = 0.85  # of the GPU memory left after the weights, for the KV cache (the rest: activations, graphs)
 
 
+def _nothing() -> None:
+    """A step with nothing to stage."""
+
+
 def spin(seconds: float) -> None:
     """Hold this thread busy for ``seconds``: modelled host work, done where the engine does it."""
     if seconds <= 0.0:
@@ -202,10 +206,13 @@ class LiveStep:
         shape = LiveShape(decode_len, decode_drafts, prefill_new, prefill_cached)
         decode = self._decode_positions(shape)
         # graphs are captured before the clock starts; the step keeps its own until it ends
-        work = self._work = self._prepare(shape, decode)
+        stage, work = self._prepare(shape, decode)
+        self._work = work
         self._t0 = time.perf_counter()
         if sync:
             spin(host_s)
+        # the inputs' copies are queued before the forward's first event: forward_s is the GPU's forward alone
+        stage()
         if self.cuda:
             self._events[0].record()
         else:
@@ -243,11 +250,13 @@ class LiveStep:
 
     # ---- parts ---------------------------------------------------------------------------------------------
 
-    def _prepare(self, shape: LiveShape, decode: tuple[np.ndarray, np.ndarray] | None) -> Callable[[], object]:
-        """The step's forward, ready to launch: on a GPU a graph replay (a decode batch's graph is kept
-        per padded token count and refilled in place; a step with prefill chunks is captured for its
-        own shape, since the engines launch prefill far faster than this forward's eager Python could:
-        timed eagerly it would measure cdbench's launch pace, not the GPU); on a CPU the eager step."""
+    def _prepare(self, shape: LiveShape, decode: tuple[np.ndarray, np.ndarray] | None
+                 ) -> tuple[Callable[[], object], Callable[[], object]]:
+        """The step's input staging and its forward, ready to run in that order: on a GPU a graph replay
+        (a decode batch's graph is kept per padded token count and its inputs are refilled in place; a
+        step with prefill chunks is captured for its own shape, since the engines launch prefill far
+        faster than this forward's eager Python could: timed eagerly it would measure cdbench's launch
+        pace, not the GPU); on a CPU the eager step."""
         chunks = [PrefillChunk(0, int(c), int(n))
                   for n, c in zip(shape.prefill_new.tolist(), shape.prefill_cached.tolist(), strict=True) if n > 0]
         rows = len(shape.decode_len)
@@ -261,14 +270,14 @@ class LiveStep:
         if decode is not None and not chunks and self.cuda:
             graph = self._graph(len(decode[0]))
             if graph is not None:
-                return lambda: self._replay(graph, *decode)
+                return (lambda: self._stage_inputs(graph, *decode)), graph.replay
         inputs = self.forward.decode_inputs(decode[1].tolist(), decode[0].tolist(), per_row=True) \
             if decode is not None else None
         if self.cuda:
             captured = self.forward.capture(self.cache, inputs, chunks)
             torch.cuda.synchronize(self.device)
-            return captured.replay
-        return lambda: self.forward.step(self.cache, inputs, chunks)
+            return _nothing, captured.replay
+        return _nothing, lambda: self.forward.step(self.cache, inputs, chunks)
 
     @staticmethod
     def _decode_positions(shape: LiveShape) -> tuple[np.ndarray, np.ndarray] | None:
@@ -295,8 +304,8 @@ class LiveStep:
             torch.cuda.synchronize(self.device)
         return graph
 
-    def _replay(self, graph: StepGraph, slots: np.ndarray, positions: np.ndarray) -> None:
-        """Refill a decode graph's inputs in place and replay it (asynchronously)."""
+    def _stage_inputs(self, graph: StepGraph, slots: np.ndarray, positions: np.ndarray) -> None:
+        """Refill a decode graph's inputs in place (asynchronous copies, queued before its replay)."""
         tokens = len(slots)
         inputs: DecodeInputs = graph.inputs
         padded = len(inputs.slots)
@@ -310,7 +319,6 @@ class LiveStep:
         inputs.slots.copy_(stage[0], non_blocking=True)
         inputs.positions.copy_(stage[1], non_blocking=True)
         inputs.lengths.copy_(stage[2], non_blocking=True)
-        graph.replay()
 
     def _mask_and_sample(self, mask_rows: int, sample_rows: int) -> tuple[float, float, float, float]:
         """Queue the copy, apply and sampling behind the forward; wait for the tokens; each part's time."""

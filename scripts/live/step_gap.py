@@ -1,0 +1,104 @@
+"""Where a live decode step's forward time parts from the calibration's measurement of the same shape.
+
+``live`` mode's decode forwards run a few per cent slower than ``cdbench calibrate`` measured the same
+shapes. This times, on one GPU and in one process, the same decode shapes four ways:
+
+- ``grid``: as the calibration does (``measure_grid``: a graph replayed back to back, its own small cache);
+- ``live_equal``: through :class:`~cdbench.harness.live.step.LiveStep` (live mode's whole cache, graphs at
+  the policy's sizes, inputs staged, the bitmask copy, apply and sampling after it), every row as long;
+- ``live_ragged``: the same, row lengths spread uniformly over a quarter to 1.75 times the mean;
+- ``live_busy``: ``live_equal`` with the launching thread busy while the GPU runs (overlap's host work);
+
+then holds the GPU busy with live steps of one shape for ``--sustain-s`` seconds and prints the forward's
+median per second (clocks settling under sustained load). Usage (a CUDA host)::
+
+    python scripts/live/step_gap.py --model qwen3-8b --max-len 2400 --out reports/live/step_gap_h100.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cdbench.harness.costs.hardware import resolve_model
+from cdbench.harness.live.measure import StepShape, measure_grid
+from cdbench.harness.live.step import LiveStep
+from cdbench.harness.policies import policy
+
+ROWS = (1, 2, 4, 8, 16, 32)
+KV = (512, 1024)
+STEPS = 40
+BUSY_S = 4e-3
+VARIANTS = ("live_equal", "live_ragged", "live_busy")
+
+
+def lengths(rows: int, kv: int, ragged: bool, rng: np.random.Generator) -> np.ndarray:
+    if not ragged:
+        return np.full(rows, kv, dtype=np.int64)
+    return rng.integers(kv // 4, kv * 7 // 4 + 1, size=rows).astype(np.int64)
+
+
+def run_steps(step: LiveStep, rows: int, kv: int, variant: str, n: int, rng: np.random.Generator) -> list:
+    empty = np.zeros(0, dtype=np.int64)
+    busy = variant == "live_busy"
+    times = []
+    for _ in range(n + 3):
+        lens = lengths(rows, kv, variant == "live_ragged", rng)
+        step.begin(lens, np.zeros(rows, dtype=np.int64), empty, empty, sync=not busy, host_s=BUSY_S if busy else 0.0)
+        times.append(step.end(rows, rows, 0.0, sync=True))
+    return times[3:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen3-8b")
+    parser.add_argument("--max-len", type=int, default=2400, help="live mode's slot length (the longest context)")
+    parser.add_argument("--vocab", type=int, default=151_936)
+    parser.add_argument("--policy", default="sglang", help="whose CUDA-graph sizes the live step captures")
+    parser.add_argument("--sustain-s", type=float, default=30.0)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    spec = resolve_model(args.model)
+    shapes = [StepShape(rows=r, kv=kv) for r in ROWS for kv in KV]
+    grid = measure_grid(spec, shapes, per_row=True, cache_len=args.max_len, min_reps=20)
+    torch.cuda.empty_cache()
+    step = LiveStep(spec, args.vocab, args.max_len, graph_sizes=policy(args.policy).cuda_graph_sizes)
+    rng = np.random.default_rng(0)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["model", "gpu", "rows", "kv", "max_len", "grid_ms",
+                         *(f"{v}_ms" for v in VARIANTS), *(f"{v}_over_grid" for v in VARIANTS),
+                         "live_equal_duration_ms", "live_equal_sample_ms"])
+        for shape, measured in zip(shapes, grid, strict=True):
+            forward = {}
+            for variant in VARIANTS:
+                times = run_steps(step, shape.rows, shape.kv, variant, STEPS, rng)
+                forward[variant] = statistics.median(t.forward_s for t in times) * 1e3
+                if variant == "live_equal":
+                    duration = statistics.median(t.duration for t in times) * 1e3
+                    sample = statistics.median(t.copy_s + t.apply_s + t.sample_s for t in times) * 1e3
+            grid_ms = measured.median_s * 1e3
+            writer.writerow([spec.name, measured.gpu_device, shape.rows, shape.kv, args.max_len, f"{grid_ms:.4f}",
+                             *(f"{forward[v]:.4f}" for v in VARIANTS),
+                             *(f"{forward[v] / grid_ms:.4f}" for v in VARIANTS), f"{duration:.4f}", f"{sample:.4f}"])
+            print(f"rows {shape.rows:3d} kv {shape.kv:5d}: grid {grid_ms:.3f} ms, "
+                  + ", ".join(f"{v} {forward[v]:.3f}" for v in VARIANTS) + f", step {duration:.3f} ms", flush=True)
+    start = time.perf_counter()
+    second, window = 0, []
+    while time.perf_counter() - start < args.sustain_s:
+        window += [t.forward_s for t in run_steps(step, 8, 1024, "live_ragged", 10, rng)]
+        if time.perf_counter() - start >= second + 1:
+            print(f"sustained {second:3d}-{second + 1:3d} s: forward median {statistics.median(window) * 1e3:.3f} ms "
+                  f"({len(window)} steps of 8 rows, ragged around 1024)", flush=True)
+            second, window = second + 1, []
+
+
+if __name__ == "__main__":
+    main()
