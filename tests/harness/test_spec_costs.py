@@ -187,3 +187,48 @@ def test_outliers_replay_as_rare_spikes_not_spread_over_every_fill() -> None:
     assert fills.max() == pytest.approx(SPIKE_FILL, rel=0.01)
     assert 0.5 * 3 / 640 < spikes.mean() < 2 * 3 / 640
     assert fills.sum() == pytest.approx(len(fills) * (BODY_FILL * (1 - 3 / 640) + SPIKE_FILL * 3 / 640), rel=0.5)
+
+
+def _fills_at_positions(profile: GrammarProfile, spec_id: str, out: int, seed: int, n: int = 1) -> np.ndarray:
+    """Model-mode fill seconds of ``n`` requests of ``spec_id`` at each answer position (rows: requests)."""
+    requests = [Request(i, 0.0, 50, out, SPEC, spec_id) for i in range(n)]
+    ex = ModelExecutor(ProfileGrammarCosts(profile, seed))
+    ex.prepare(requests, SpecKeys.of(requests))
+    rid = np.arange(n)
+    return np.stack([
+        ex.step(StepRows(rid, np.ones(n, bool), np.zeros(n, np.int64), np.full(n, out - p), np.zeros(n, np.int64)),
+                np.random.default_rng(p)).fill_s for p in range(out)], axis=1)
+
+
+def test_a_short_answers_fills_replay_at_the_positions_measured() -> None:
+    # one walk of a regex whose fills follow its grammar states (heavy at its character classes, cheap at
+    # its literal and its end): a log2 bin's mean with that spread drawn as noise moved heavy fills elsewhere
+    measured = np.full(16, 8e-3)
+    measured[[0, 6, 13, 14, 15]] = [1e-3, 1e-3, 2e-4, 2e-4, 3e-4]
+    measured[9] = 0.2  # once at one position: the grammar's state there for all we know, not an outlier
+    walk = WalkMeasurement("corp/short", "regex", fill_s=measured, accept_s=np.full(16, 2e-6))
+    profile = GrammarProfile.from_measurements("test", "qwen3.6", [CompileMeasurement("corp/short", "regex", "ok", 0.01)],
+                                               [walk])
+    for seed in range(5):
+        np.testing.assert_allclose(_fills_at_positions(profile, "corp/short", 16, seed)[0], measured, rtol=1e-4)
+
+
+def test_a_requests_fills_add_up_to_its_specs_mean_whatever_the_seed() -> None:
+    # fills of one level but bimodal at every position: a request's total is 64 times the mean, not a
+    # draw of 64 independent residuals (which left one heavy spec's replayed total to the seed)
+    rng = np.random.default_rng(0)
+    walks = [WalkMeasurement("corp/bimodal", "regex", fill_s=1e-3 * np.where(rng.random(64) < 0.5, 0.4, 1.6),
+                             accept_s=np.full(64, 2e-6)) for _ in range(8)]
+    profile = GrammarProfile.from_measurements("test", "qwen3.6", [CompileMeasurement("corp/bimodal", "regex", "ok", 0.01)],
+                                               walks)
+    spec = profile.specs[spec_key_hash("regex:corp/bimodal")]
+    expected = 64 * spec.fill_scale_s  # (every position measured as often)
+    totals = np.concatenate([_fills_at_positions(profile, "corp/bimodal", 64, seed, n=4).sum(axis=1)
+                             for seed in range(10)])
+    np.testing.assert_allclose(totals, expected, rtol=0.05)
+
+
+def test_outliers_replay_evenly_spaced_so_no_request_takes_several_by_chance() -> None:
+    fills = _fills_at_positions(_spiky_profile(), "corp/spiky", 64, 0, n=400)
+    spikes = (fills > 1e-3).sum(axis=1)  # the rate is 3 in 640 fills: 0.3 per 64-token request
+    assert spikes.max() == 1 and 0.2 < spikes.mean() < 0.4

@@ -175,13 +175,25 @@ def _row(pool: np.ndarray, mean: float | None = None) -> np.ndarray:
     return np.concatenate((pool, pool[:DRAFT_WINDOW]))
 
 
+def _cycle(values: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """SPAN draws of equally likely ``values``: one random order of them (by ``u``) repeated, so that a
+    request's consecutive positions hold each value as often as their count allows (any ``len(values)`` of
+    them: each once). Drawn independently per position instead, the few positions of a short answer
+    leave its total to chance: one heavy spec of a short-answer workload then sets the run's mask time."""
+    return np.resize(values[np.argsort(u[:len(values)])], SPAN)
+
+
 def _spikes(spec: SpecProfile, rng: np.random.Generator) -> np.ndarray:
     """A pool row of ``spec``'s outlier fills (seconds, else 0): ``rate * SPAN`` of its positions, rounded
-    at random so that the expected count is exact, each one of its outliers drawn uniformly."""
+    at random so that the expected count is exact, evenly spaced from a random start so that any
+    consecutive positions hold as many as their count times the rate (rounded either way), each one of
+    its outliers in turn (:func:`_cycle`)."""
     pool = np.zeros(SPAN)
-    count = int(spec.fill_outlier_rate * SPAN + rng.random())
-    values = np.asarray(spec.fill_outliers_s)
-    pool[rng.choice(SPAN, min(count, SPAN), replace=False)] = values[rng.integers(0, len(values), min(count, SPAN))]
+    count = min(int(spec.fill_outlier_rate * SPAN + rng.random()), SPAN)
+    if count:
+        at = (rng.random() + np.arange(count) * (SPAN / count)).astype(np.int64) % SPAN
+        values = np.asarray(spec.fill_outliers_s)
+        pool[at] = _cycle(values, rng.random(len(values)))[:count]
     return _row(pool)
 
 
@@ -263,9 +275,8 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
             spikes.append(_spikes(spec, np.random.default_rng([seed, 0x7370, KIND_CODES[kind], int(name, 16)]))
                           if spiky else None)
             if own:
-                values = np.asarray(spec.fill_residual)  # equally likely: one drawn per position
-                fills.append(_row(values[np.minimum((u[0] * len(values)).astype(np.int64), len(values) - 1)], 1.0))
-                curves.append(spec.fill_by_bin_s()[bins])
+                fills.append(_row(_cycle(np.asarray(spec.fill_residual), u[0]), 1.0))
+                curves.append(spec.fill_by_position_s(np.arange(width)))
             else:
                 fills.append(_row(fill_dist.quantile(u[0]), fill_dist.mean))
                 curve = kp.fill_curve if relative and len(kp.fill_curve) == N_POSITION_BINS else None

@@ -37,12 +37,18 @@ from pydantic import BaseModel, ConfigDict, Field
 POSITION_BIN_STARTS: tuple[int, ...] = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 """First answer position of each position bin: the first fill alone, then doubling widths, the last open."""
 N_POSITION_BINS = len(POSITION_BIN_STARTS)
+HEAD_POSITIONS = 16
+"""Answer positions a spec's curve also keeps one by one (:attr:`SpecProfile.fill_head`): a short answer's
+fills differ by grammar state from token to token (a regex's literal against its character classes), and
+a bin's mean with its in-bin spread drawn as noise would move its heavy fills to other positions."""
 RESIDUAL_VALUES = 64
 """Equal-weight values a spec's fill residual is kept as (its samples, or the means of as many equal slices)."""
 MIN_SPREAD_FILLS = 4
-"""Fills a position bin needs for its residuals to describe a spec's spread (fewer: the curve alone)."""
+"""Fills a cell (a head position, or a position bin past the head) needs for its residuals to describe a
+spec's spread and its outliers to stand apart (fewer: the curve alone)."""
 OUTLIER_FACTOR = 20.0
-"""A fill above this many times its position bin's median fill is an outlier, kept apart from the body."""
+"""A fill above this many times the median fill of its cell (its answer position in the head, its position
+bin past it) is an outlier, kept apart from the body."""
 COPY_MARK = "#copy"  # the workload generator's suffix for a cache-distinct copy of a corpus item
 
 
@@ -82,12 +88,17 @@ class SpecProfile(BaseModel):
     ``fill_scale_s`` is their mean and ``fill_curve[b]`` the mean of those in
     position bin ``b`` (outliers apart, below) (:data:`POSITION_BIN_STARTS`) over ``fill_scale_s`` (a
     bin without samples takes the nearest measured bin's value).
+    ``fill_head[p]``: the mean of its fills at answer position ``p`` itself
+    over ``fill_scale_s``, for its first :data:`HEAD_POSITIONS` positions up
+    to the last it measured (a position without samples takes its bin's
+    mean); where it has one, it is the curve there, in place of the bin's
+    (empty: a profile written before heads were kept, bins alone).
     ``fill_residual``: its fills over its curve (the spec's own token-to-token
     spread, mean 1) as up to :data:`RESIDUAL_VALUES` equally likely values:
     the sorted samples, or the means of equal slices of them, so that drawing
     one uniformly keeps the mean (a quantile grid drawn by interpolation does
     not, with a few spikes in the tail). ``fill_outliers_s``: its rare fills
-above :data:`OUTLIER_FACTOR` times their position bin's median (a bin of
+above :data:`OUTLIER_FACTOR` times their cell's median (a cell of
 :data:`MIN_SPREAD_FILLS` or more), in seconds (up to :data:`RESIDUAL_VALUES`
 equally likely values, as the residual), and ``fill_outlier_rate`` the
 fraction of its fills they were; the curve and residual describe the other
@@ -123,6 +134,7 @@ empty list: none measured, or a profile written before outliers were kept).
     fills: int = Field(default=0, ge=0)
     fill_scale_s: float = Field(default=0.0, ge=0)
     fill_curve: list[float] = []
+    fill_head: list[float] = []
     fill_residual: list[float] = []
     fill_outliers_s: list[float] = []
     fill_outlier_rate: float = Field(default=0.0, ge=0, le=1)
@@ -140,6 +152,16 @@ empty list: none measured, or a profile written before outliers were kept).
     def fill_by_bin_s(self) -> np.ndarray:
         """Mean fill seconds per position bin (outliers apart)."""
         return self.fill_scale_s * np.asarray(self.fill_curve, np.float64)
+
+    def fill_by_position_s(self, positions: np.ndarray) -> np.ndarray:
+        """Mean fill seconds at each answer position (outliers apart): the head where it has the
+        position, else the position's bin."""
+        p = np.asarray(positions, np.int64)
+        out = self.fill_by_bin_s()[position_bins(p)]
+        head = self.fill_scale_s * np.asarray(self.fill_head, np.float64)
+        inside = p < len(head)
+        out[inside] = head[p[inside]]
+        return out
 
 
 @dataclass(frozen=True)
@@ -182,13 +204,13 @@ def _bin_means(fill_s: np.ndarray, bins: np.ndarray) -> np.ndarray:
     return sums[nearest] / counts[nearest]
 
 
-def _outliers(fill_s: np.ndarray, bins: np.ndarray, spread: np.ndarray) -> np.ndarray:
-    """Which fills are outliers: above OUTLIER_FACTOR times the median of their position bin (a bin of
-    MIN_SPREAD_FILLS or more fills, ``spread``; a smaller bin's median says too little)."""
-    median = np.zeros(N_POSITION_BINS)
-    for b in np.unique(bins[spread]).tolist():
-        median[b] = np.median(fill_s[bins == b])
-    return spread & (median[bins] > 0) & (fill_s > OUTLIER_FACTOR * median[bins])
+def _outliers(fill_s: np.ndarray, cells: np.ndarray, spread: np.ndarray) -> np.ndarray:
+    """Which fills are outliers: above OUTLIER_FACTOR times the median of their cell (a cell of
+    MIN_SPREAD_FILLS or more fills, ``spread``; a smaller cell's median says too little)."""
+    median = np.zeros(int(cells.max()) + 1)
+    for c in np.unique(cells[spread]).tolist():
+        median[c] = np.median(fill_s[cells == c])
+    return spread & (median[cells] > 0) & (fill_s > OUTLIER_FACTOR * median[cells])
 
 
 def _equal_slices(sorted_values: np.ndarray) -> np.ndarray:
@@ -251,25 +273,39 @@ def spec_sections(specs: Iterable[SpecSamples]) -> tuple[dict[str, SpecProfile],
     pooled: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
     for s in specs:
         curve: list[float] = []
+        head: list[float] = []
         residual: list[float] = []
         outliers: list[float] = []
         outlier_rate = scale = 0.0
         if len(s.fill_s):
             bins = position_bins(s.positions)
             scale = float(np.mean(s.fill_s))
-            # a bin of one or two fills is its own mean (residual 1): it says nothing of the spread, and
-            # its 1s would pull every position's draw towards its mean (above the median of skewed fills)
-            spread = np.bincount(bins, minlength=N_POSITION_BINS)[bins] >= MIN_SPREAD_FILLS
-            spike = _outliers(s.fill_s, bins, spread)
+            # a fill's cell: its own position in the head, its bin past it. A cell of fewer than
+            # MIN_SPREAD_FILLS fills is its own mean (residual 1, never an outlier): it says nothing of the
+            # spread (a heavy fill measured once at a position may be the grammar's state there), and its
+            # 1s would pull every position's draw towards its mean (above the median of skewed fills)
+            head_n = min(HEAD_POSITIONS, int(s.positions.max()) + 1)
+            at_head = s.positions < head_n
+            cell = np.where(at_head, s.positions, head_n + bins)
+            spread = np.bincount(cell)[cell] >= MIN_SPREAD_FILLS
+            spike = _outliers(s.fill_s, cell, spread)
             body = ~spike
             by_bin = _bin_means(s.fill_s[body], bins[body])
+            head_body = body & at_head
+            counts = np.bincount(s.positions[head_body], minlength=head_n)
+            sums = np.bincount(s.positions[head_body], weights=s.fill_s[head_body], minlength=head_n)
+            by_head = np.where(counts > 0, sums / np.maximum(counts, 1),
+                               by_bin[position_bins(np.arange(head_n))])
+            level = np.where(at_head, by_head[np.minimum(s.positions, head_n - 1)], by_bin[bins])
             if scale > 0:
                 curve = [_round(v / scale) for v in by_bin]
+                head = [_round(v / scale) for v in by_head]
                 with np.errstate(divide="ignore", invalid="ignore"):
-                    r = s.fill_s / by_bin[bins]
-                r = np.where(by_bin[bins] > 0, r, 1.0)
+                    r = s.fill_s / level
+                r = np.where(level > 0, r, 1.0)
             else:  # a spec that filled for free (a constant-cost measurement)
                 curve = [1.0] * N_POSITION_BINS
+                head = [1.0] * head_n
                 r = np.ones(len(s.fill_s))
             kept = body & spread if (body & spread).any() else body
             # the kind's residual keeps the outliers (relative to the body): its pooled draws carry their mass
@@ -282,7 +318,7 @@ def spec_sections(specs: Iterable[SpecSamples]) -> tuple[dict[str, SpecProfile],
         tried, valid = draft_chain(s.drafts_past, s.valid_past)
         out[spec_key_hash(s.key_text)] = SpecProfile(
             kind=s.kind, spec_id=s.spec_id, corpus=corpus_of(s.spec_id), status=s.status, compile_s=s.compile_s,
-            fills=len(s.fill_s), fill_scale_s=scale, fill_curve=curve, fill_residual=residual,
+            fills=len(s.fill_s), fill_scale_s=scale, fill_curve=curve, fill_head=head, fill_residual=residual,
             fill_outliers_s=outliers, fill_outlier_rate=outlier_rate,
             accept_s=float(np.median(s.accept_s)) if len(s.accept_s) else None,
             rollback_s=float(np.median(s.rollback_s)) if len(s.rollback_s) else None, walks=s.walks,
