@@ -90,6 +90,8 @@ class StepRecord:
     forward_s, fill_s, copy_s, apply_s, sample_s, process_s : the parts.
     exposed_cpu_s, hidden_cpu_s : CPU time on the critical path / overlapped with the GPU.
     transfer_s : serializing the bitmask to the sampling worker's process (``mask_transfer="ipc"``).
+    launch_s : the host's staging and launch of the forward and its wake-up on the tokens (the
+        policy's ``launch_s``; in ``live`` mode the step's measured wall time beyond its timed parts).
     decode_tokens : query tokens of the decode rows (1 + drafts each), before graph padding;
     context_tokens : cached tokens those rows attend to, summed (with ``prefill_tokens``, the step's
         shape as the forward cost model takes it).
@@ -117,6 +119,7 @@ class StepRecord:
     exposed_cpu_s: float
     hidden_cpu_s: float
     transfer_s: float
+    launch_s: float
     decode_tokens: int
     context_tokens: int
 

@@ -27,7 +27,9 @@ Each iteration, at virtual time ``t``:
    sample + process``. With overlap, a batch holding any grammar row waits
    for the previous step's processing and this step's mask:
    ``max(forward, pre + process(prev) + fill + copy) + apply + sample``; a
-   batch without one: ``max(forward + sample, pre + process(prev))``. A
+   batch without one: ``max(forward + sample, pre + process(prev))``. Either
+   way the host's launch of the step (``launch_s``) is added: the GPU waits
+   for it. A
    decode step's forward is priced at the next CUDA-graph capture size
    (``cuda_graph_sizes``), as the engines pad it.
 
@@ -632,10 +634,13 @@ class Scheduler:
             sample_s = self.gpu.sample_s(sample_rows)
             process_s = work.process_s + engine_process_s
             # --- the step's duration (see the module docstring)
+            launch_s = cfg.launch_s
             duration, after_token, exposed, hidden, self._carry_process_s = step_time(
-                sync, has_grammar, pre, carry, forward_s, fill_s, copy_s + transfer_s, apply_s, sample_s, process_s)
+                sync, has_grammar, pre, carry, forward_s, fill_s, copy_s + transfer_s, apply_s, sample_s, process_s,
+                launch_s)
         else:
-            duration, after_token, exposed, hidden, forward_s, copy_s, apply_s, sample_s, process_s = self._live_end(
+            (duration, after_token, exposed, hidden, forward_s, copy_s, apply_s, sample_s, process_s,
+             launch_s) = self._live_end(
                 live, work, sync, has_grammar, pre, carry, fill_s, host_fill_s + transfer_s, transfer_s, mask_rows,
                 sample_rows, engine_process_s)
         t_token = t + duration - after_token
@@ -691,19 +696,20 @@ class Scheduler:
         self.steps.rows.append((t, duration, kind, n_sample, len(dec_rows), pf_tokens, grammar_rows,
                                 mask_rows, int(_sum(produced)), schedule_s, poll_s, sync_s, check_s, forward_s,
                                 fill_s, copy_s, apply_s, sample_s, process_s, exposed, hidden, transfer_s,
-                                dec_tokens, kv))
+                                launch_s, dec_tokens, kv))
         tl = self.timeline
         if tl is not None and tl.recording:
             tl.steps_seen += 1
-            tl.step_spans(t, sync, has_grammar, schedule_s, poll_s + sync_s + check_s, carry, forward_s, fill_s,
-                          copy_s + transfer_s, apply_s, sample_s, process_s, duration)
+            tl.step_spans(t, sync, has_grammar, schedule_s, poll_s + sync_s + check_s, carry, launch_s, forward_s,
+                          fill_s, copy_s + transfer_s, apply_s, sample_s, process_s, duration)
         return duration
 
     def _live_end(self, live: LiveStep, work: StepWork, sync: bool, has_grammar: bool, pre: float, carry: float,
                   fill_s: float, host_s: float, transfer_s: float, mask_rows: int, sample_rows: int,
                   engine_process_s: float) -> tuple[float, ...]:
         """Finish a live step (:mod:`cdbench.harness.live.step`): the measured duration and parts, the
-        grammar's deferred accepts merged into ``work``, and the CPU split by the overlap rules."""
+        grammar's deferred accepts merged into ``work``, and the CPU split by the overlap rules; the
+        launch is the measured duration beyond what those rules make of the measured parts."""
         settled: list[Settlement | None] = []
         times = live.end(mask_rows, sample_rows, host_s, sync, after_sample=lambda: settled.append(self.executor.settle()),
                          after_s=engine_process_s)
@@ -712,12 +718,13 @@ class Scheduler:
             if settled[0].rejected is not None:
                 work.rejected = settled[0].rejected if work.rejected is None else work.rejected | settled[0].rejected
         process_s = work.process_s + engine_process_s
-        _, _, exposed, hidden, _ = step_time(sync, has_grammar, pre, carry, times.forward_s, fill_s,
-                                             times.copy_s + transfer_s, times.apply_s, times.sample_s, process_s)
+        parts, _, exposed, hidden, _ = step_time(sync, has_grammar, pre, carry, times.forward_s, fill_s,
+                                                 times.copy_s + transfer_s, times.apply_s, times.sample_s, process_s)
+        launch_s = times.duration - parts
         # with overlap the grammar's accepts ran beside this forward; the engine's processing is paid next step
         self._carry_process_s = 0.0 if sync else engine_process_s
-        return (times.duration, times.after_token_s, exposed, hidden, times.forward_s, times.copy_s, times.apply_s,
-                times.sample_s, process_s)
+        return (times.duration, times.after_token_s, exposed + launch_s, hidden, times.forward_s, times.copy_s,
+                times.apply_s, times.sample_s, process_s, launch_s)
 
     def _sum_tallies(self) -> None:
         """Add the buffered steps' counters to the request table and the draft-position counts."""
@@ -755,7 +762,7 @@ class Scheduler:
             if pre > 0:  # a last poll (e.g. the one that timed the queue out) still ran
                 self.idle_iterations += 1
                 self.steps.rows.append((t, pre + carry, "idle", 0, 0, 0, 0, 0, 0, schedule_s, poll_s, sync_s,
-                                        check_s, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, pre + carry, 0.0, 0.0, 0, 0))
+                                        check_s, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, pre + carry, 0.0, 0.0, 0.0, 0, 0))
             return None
         cfg = self.cfg
         duration = max(pre + carry, cfg.idle_spin_s)
@@ -766,7 +773,7 @@ class Scheduler:
             poll_s, sync_s, check_s = (1 + repeats) * poll_s, (1 + repeats) * sync_s, (1 + repeats) * check_s
         self.idle_iterations += 1 + repeats
         self.steps.rows.append((t, duration, "idle", 0, 0, 0, 0, 0, 0, schedule_s, poll_s, sync_s, check_s,
-                                0.0, 0.0, 0.0, 0.0, 0.0, 0.0, duration, 0.0, 0.0, 0, 0))
+                                0.0, 0.0, 0.0, 0.0, 0.0, 0.0, duration, 0.0, 0.0, 0.0, 0, 0))
         return duration
 
     def _agree_for_real(self, queued: np.ndarray, seen: np.ndarray, gave_up: np.ndarray

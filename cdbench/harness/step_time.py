@@ -13,7 +13,7 @@ import numpy as np
 
 
 def step_time(sync: bool, has_grammar: bool, pre: float, carry: float, forward_s: float, fill_s: float,
-              copy_s: float, apply_s: float, sample_s: float, process_s: float
+              copy_s: float, apply_s: float, sample_s: float, process_s: float, launch_s: float = 0.0
               ) -> tuple[float, float, float, float, float]:
     """One step's ``(duration, after_token, exposed, hidden, carry_out)``.
 
@@ -22,8 +22,11 @@ def step_time(sync: bool, has_grammar: bool, pre: float, carry: float, forward_s
     (``sync``) the CPU and GPU parts run in turn, except the mask fill and
     copy, which run beside the forward; with overlap the CPU chain runs
     beside the forward and this step's processing moves to the next
-    (``carry_out``). ``after_token``: seconds of the step after its tokens
-    are out; ``exposed``/``hidden``: CPU seconds on / off the critical path.
+    (``carry_out``). ``launch_s``: the host's staging and launch of the
+    forward and its wake-up on the tokens, which nothing hides (the GPU
+    waits for it) in either case. ``after_token``: seconds of the step after
+    its tokens are out; ``exposed``/``hidden``: CPU seconds on / off the
+    critical path.
 
     >>> step_time(True, True, 0.001, 0.0, 0.010, 0.002, 0.0, 0.0, 0.0, 0.001)
     (0.012, 0.001, 0.002, 0.002, 0.0)
@@ -32,18 +35,18 @@ def step_time(sync: bool, has_grammar: bool, pre: float, carry: float, forward_s
     """
     if sync:
         mask_path = fill_s + copy_s
-        duration = pre + carry + max(forward_s, mask_path) + apply_s + sample_s + process_s
-        exposed = pre + carry + max(0.0, mask_path - forward_s) + process_s
-        cpu_total = pre + carry + fill_s + copy_s + process_s
+        duration = launch_s + pre + carry + max(forward_s, mask_path) + apply_s + sample_s + process_s
+        exposed = launch_s + pre + carry + max(0.0, mask_path - forward_s) + process_s
+        cpu_total = launch_s + pre + carry + fill_s + copy_s + process_s
         return duration, process_s, exposed, cpu_total - exposed, 0.0
     if has_grammar:  # sampling waits for this step's mask
         chain = pre + carry + fill_s + copy_s
-        duration = max(forward_s, chain) + apply_s + sample_s
+        duration = launch_s + max(forward_s, chain) + apply_s + sample_s
     else:
         chain = pre + carry
-        duration = max(forward_s + sample_s, chain)
+        duration = launch_s + max(forward_s + sample_s, chain)
     exposed = max(0.0, chain - forward_s)
-    return duration, 0.0, exposed, chain - exposed, process_s
+    return duration, 0.0, launch_s + exposed, chain - exposed, process_s
 
 
 def parallel_makespan(per_request_s: np.ndarray, chunk: int, threads: int) -> float:

@@ -39,17 +39,24 @@ class Timeline:
         if duration_s > 0:
             self.spans.append(Span(track, name, start_s, duration_s, args))
 
-    def step_spans(self, t, sync, has_grammar, schedule_s, wait_s, carry, forward_s, fill_s, copy_s, apply_s,
-                   sample_s, process_s, duration) -> None:
+    def step_spans(self, t, sync, has_grammar, schedule_s, wait_s, carry, launch_s, forward_s, fill_s, copy_s,
+                   apply_s, sample_s, process_s, duration) -> None:
         """Spans of one iteration starting at ``t`` (its parts as the scheduler priced them)."""
-        self.span("scheduler", "schedule", t, schedule_s)
-        self.span("scheduler", "grammar poll/check", t + schedule_s, wait_s)
-        cpu = t + schedule_s + wait_s
         if sync:
+            self.span("scheduler", "schedule", t, schedule_s)
+            self.span("scheduler", "grammar poll/check", t + schedule_s, wait_s)
+            cpu = t + schedule_s + wait_s
             self.span("scheduler", "process (previous)", cpu, carry)
             cpu += carry
+            self.span("scheduler", "launch", cpu, launch_s)
+            cpu += launch_s
             gpu_start = cpu
         else:
+            self.span("scheduler", "launch", t, launch_s)
+            t += launch_s
+            self.span("scheduler", "schedule", t, schedule_s)
+            self.span("scheduler", "grammar poll/check", t + schedule_s, wait_s)
+            cpu = t + schedule_s + wait_s
             gpu_start = t
             self.span("scheduler", "process (previous)", cpu, carry)
             cpu += carry

@@ -16,6 +16,7 @@ from cdbench.harness.policies import HOST_COST_FIELDS, policy
 
 ROOT = Path(__file__).resolve().parents[2]
 FITTED = ROOT / "reports" / "engine_costs" / "fitted.json"
+LAUNCH = ROOT / "reports" / "live" / "launch_h100.csv"
 
 #: preset field -> its entry in fitted.json (engine, key); None: not measured (the engine's module does not import here)
 SOURCES = {
@@ -36,10 +37,13 @@ SOURCES = {
 def test_preset_host_costs_are_the_committed_fit(preset):
     fitted = json.loads(FITTED.read_text())
     cfg = policy(preset)
-    assert set(SOURCES[preset]) == set(HOST_COST_FIELDS)
+    assert set(SOURCES[preset]) | {"launch_s"} == set(HOST_COST_FIELDS)
     for field, source in SOURCES[preset].items():
         expected = 0.0 if source is None else fitted[source[0]][source[1]]["value"]
         assert getattr(cfg, field) == expected, field
+    # the launch comes from live mode's decode steps (the engines' worker side did not run)
+    launch = pd.read_csv(LAUNCH).set_index("kind").loc["decode", "median_us"]
+    assert cfg.launch_s == pytest.approx(launch * 1e-6, rel=1e-9)
 
 
 def _fit_module():
@@ -126,3 +130,19 @@ def test_the_wrapper_stays_serial_when_the_fill_pool_spreads_the_fills():
                  fill_parallel_threshold=2, fill_chunk=1, fill_threads=4, fill_step_s=0.0, fill_row_s=6e-6)
     decode = result.steps[(result.steps["kind"] == "decode") & (result.steps["grammar_rows"] == 4)]
     assert decode.iloc[0]["fill_s"] == pytest.approx(1e-4 + 4 * 6e-6)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_launch_is_paid_on_every_step_with_or_without_overlap(overlap):
+    base = sim([req(0, 0.0, out=4, spec=None)], "sglang", overlap=overlap)
+    launched = sim([req(0, 0.0, out=4, spec=None)], "sglang", overlap=overlap, launch_s=0.002)
+    steps = launched.steps[launched.steps["kind"] != "idle"]
+    assert len(steps) == 4 and (steps["launch_s"] == 0.002).all()
+    assert (base.steps["launch_s"] == 0.0).all()
+    # nothing hides it: each step is 2 ms longer, the GPU waiting, and the CPU on the critical path grows by it
+    assert steps["duration_s"].to_numpy() == pytest.approx(
+        base.steps.loc[base.steps["kind"] != "idle", "duration_s"].to_numpy() + 0.002, abs=1e-12)
+    assert steps["exposed_cpu_s"].sum() == pytest.approx(
+        base.steps["exposed_cpu_s"].sum() + 4 * 0.002, abs=1e-12)
+    assert launched.requests["finish_s"].iloc[0] == pytest.approx(base.requests["finish_s"].iloc[0] + 4 * 0.002,
+                                                                  abs=1e-12)

@@ -92,6 +92,23 @@ def test_modelled_host_work_is_done_on_the_step_path(backend):
     assert (steps["duration_s"] >= 0.004).all()  # the busy wait holds the step for at least its length
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_live_mode_measures_the_launch_instead_of_pricing_it(backend, overlap):
+    requests = _requests(backend.vocab, n=3)
+    result = _run(backend, requests, "sglang", _live(requests, backend.vocab.size), overlap=overlap, launch_s=5.0)
+    steps = result.steps[result.steps["kind"] != "idle"]
+    # the policy's 5 s launch is not waited out: the launch is the step's measured wall time beyond
+    # its timed parts
+    assert (steps["duration_s"] < 5.0).all()
+    assert not np.isclose(steps["launch_s"], 5.0).any()
+    if not overlap:
+        pre = steps[["schedule_s", "poll_s", "sync_s", "check_s"]].sum(axis=1)
+        parts = pre + np.maximum(steps["forward_s"], steps["fill_s"] + steps["copy_s"]) + steps["apply_s"] \
+            + steps["sample_s"] + steps["process_s"]
+        assert steps["launch_s"].to_numpy() == pytest.approx((steps["duration_s"] - parts).to_numpy(), abs=1e-12)
+        assert (steps["launch_s"] >= 0).all()
+
+
 def test_drafts_are_query_tokens_of_their_row():
     shape = LiveShape(np.array([5, 9]), np.array([2, 0]), np.zeros(0, np.int64), np.zeros(0, np.int64))
     slots, positions = LiveStep._decode_positions(shape)

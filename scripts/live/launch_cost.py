@@ -1,0 +1,56 @@
+"""The host's launch of a live step: its measured wall time beyond the parts it timed, per step kind.
+
+A ``--mode live`` step stages its inputs, launches the forward, and wakes when the sampled tokens are
+out; none of that is in the timed GPU parts or the modelled host work, and the GPU waits for it. Runs
+record it as ``launch_s`` in ``steps.parquet``; for runs made before the column existed, a step without
+overlap gives it as its duration less its priced parts (the scheduler's overlap rules). Prints the
+median per run and step kind; the policies' ``launch_s`` is taken from it. Usage::
+
+    python scripts/live/launch_cost.py RUN [RUN ...] [--csv reports/live/launch_h100.csv]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from cdbench.harness.config import RunConfig
+from cdbench.results.run_folder import load_run
+
+
+def launches(folder: Path) -> pd.DataFrame:
+    """The run's non-idle steps with their launch seconds."""
+    run = load_run(folder)
+    steps = run.steps[run.steps["kind"] != "idle"].copy()
+    if "launch_s" not in steps:
+        if RunConfig.model_validate(run.config).scheduler_config().overlap:
+            raise SystemExit(f"{folder}: no launch_s column, and with overlap it cannot be derived")
+        pre = steps[["schedule_s", "poll_s", "sync_s", "check_s"]].sum(axis=1)
+        mask_path = steps["fill_s"] + steps["copy_s"] + steps["transfer_s"]
+        parts = pre + np.maximum(steps["forward_s"], mask_path) + steps["apply_s"] + steps["sample_s"] + steps["process_s"]
+        steps["launch_s"] = steps["duration_s"] - parts
+    steps["run"] = folder.name
+    return steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--csv", type=Path, default=None, help="write the per-run table here")
+    args = parser.parse_args()
+    steps = pd.concat([launches(folder) for folder in args.runs])
+    table = steps.groupby(["run", "kind"]).agg(
+        steps=("launch_s", "size"), p25_us=("launch_s", lambda s: 1e6 * s.quantile(0.25)),
+        median_us=("launch_s", lambda s: 1e6 * s.median()), p75_us=("launch_s", lambda s: 1e6 * s.quantile(0.75)))
+    print(table.round(1).to_string())
+    print(f"all runs, median: {1e6 * steps['launch_s'].median():.1f} us over {len(steps)} steps")
+    if args.csv is not None:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        table.round(1).to_csv(args.csv)
+
+
+if __name__ == "__main__":
+    main()
