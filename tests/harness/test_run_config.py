@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
+import pandas as pd
 import pytest
 from pydantic import ValidationError
 
@@ -134,10 +138,44 @@ def test_run_names_each_stage_before_its_slow_start(tmp_path, monkeypatch):
                           "corpora load"]
 
 
-def test_run_from_config_in_model_mode_is_deterministic(tmp_path):
-    a, b = _embedded(tmp_path, "model"), _embedded(tmp_path, "model")
-    assert a.summary.completed == 12
-    assert a.requests.equals(b.requests)
+def _profiled_model_config(seed: int) -> RunConfig:
+    """A model-mode run through the cost sources a default run builds: the shipped grammar profile (its
+    per-request tables and draft draws), the roofline forward and the measured mask tables."""
+    return RunConfig.model_validate({
+        "mode": "model", "vocab": "cl100k", "seed": seed,
+        "workload": {"num_requests": 12, "seed": seed, "kinds": ["regex", "choice"], "structured_ratio": 0.75,
+                     "arrival": {"process": "poisson", "rate": 50.0}, "prompt_len": {"dist": "fixed", "value": 64},
+                     "spec_decode": {"k": 2, "alpha": 0.7}}})
+
+
+_FRESH_RUN = """
+import sys
+import pandas as pd
+from cdbench.harness.config import RunConfig
+from cdbench.harness.run import run
+result = run(RunConfig.model_validate_json(sys.argv[1]))
+pd.to_pickle((result.requests, result.steps), sys.argv[2])
+"""
+
+
+def test_a_model_mode_run_does_not_depend_on_the_runs_before_it_in_its_process(tmp_path):
+    """Nothing a run builds (profile, cost tables, cost models, pooled draws) carries into the next run: a
+    seed's run after another seed's gives what it gives in a fresh process (a cache the first run filled
+    would show there), and a seed run again gives its first results (state a run adds to would show here)."""
+    from cdbench.harness.run import run
+
+    fresh = tmp_path / "fresh.pkl"
+    subprocess.run([sys.executable, "-c", _FRESH_RUN, _profiled_model_config(2).model_dump_json(), str(fresh)],
+                   check=True)
+    first, other, again = (run(_profiled_model_config(seed)) for seed in (1, 2, 1))
+    assert first.summary.completed == 12 and first.requests["drafted"].sum() > 0
+    fresh_requests, fresh_steps = pd.read_pickle(fresh)
+    pd.testing.assert_frame_equal(other.requests, fresh_requests)
+    pd.testing.assert_frame_equal(other.steps, fresh_steps)
+    pd.testing.assert_frame_equal(first.requests, again.requests)
+    pd.testing.assert_frame_equal(first.steps, again.steps)
+    assert first.summary == again.summary
+    assert not first.requests["finish_s"].equals(other.requests["finish_s"])
 
 
 def test_a_model_mode_run_passes_the_reasoners_inner_backend_to_its_costs(monkeypatch):
