@@ -29,10 +29,14 @@ from cdbench.reports.gate import parse_tolerances
 from cdbench.results.run_folder import SavedRun, load_run
 
 
-def _noise_runs(folders: tuple[Path, Path], runs: dict[str, SavedRun]) -> dict[str, SavedRun]:
-    """The two noise runs by label; a folder that is also a compared run keeps that run's label."""
-    if folders[0].resolve() == folders[1].resolve():
-        raise FidelityError(f"--noise names {folders[0]} twice; give two runs of the same seed")
+def _noise_runs(folders: list[Path], runs: dict[str, SavedRun]) -> dict[str, SavedRun]:
+    """The noise runs by label, in the order given; a folder that is also a compared run keeps that run's label."""
+    seen: dict[Path, Path] = {}
+    for folder in folders:
+        if folder.resolve() in seen:
+            also = "" if seen[folder.resolve()] == folder else f" (also as {seen[folder.resolve()]})"
+            raise FidelityError(f"--noise/--noise-run name {folder} twice{also}; give each same-seed run once")
+        seen[folder.resolve()] = folder
     known = {run.folder.resolve(): label for label, run in runs.items()}
     noise: dict[str, SavedRun] = {}
     for folder in folders:
@@ -49,7 +53,10 @@ _DEFAULT_BAR = ", ".join(f"{m}={p:g}" for m, p in ACCEPTANCE_TOLERANCES.items())
 def fidelity(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run folders: the reference first (e.g. hybrid), then the runs to check (e.g. model).")],
     noise: Annotated[tuple[Path, Path] | None, typer.Option(
-        "--noise", help="Two same-seed reference-mode runs (e.g. hybrid A and B): their spread is the noise floor.")] = None,
+        "--noise", help="Two same-seed reference-mode runs X Y (e.g. hybrid A and B): their spread is the noise floor; --noise-run adds more.")] = None,
+    noise_run: Annotated[list[Path], typer.Option(
+        "--noise-run", help="One more same-seed run for the noise set given by --noise; repeatable. The noise floor "
+                            "becomes the largest |relative error| of any noise run against the first --noise run.")] = [],  # noqa: B006
     tolerance: Annotated[list[str], typer.Option(
         "--tolerance", "-t", help=f"METRIC=PCT: allowed |relative error|; repeatable; adds to or overrides the default bar ({_DEFAULT_BAR}).")] = [],  # noqa: B006
     allow_different_workloads: Annotated[bool, typer.Option(
@@ -58,13 +65,15 @@ def fidelity(
     overwrite: OverwriteOpt = False,
 ) -> None:
     """Relative error of each run against the first, per metric (latency medians/p90/p99, throughput, grammar wait,
-    compile, mask share), beside the noise floor of two same-seed runs.
+    compile, mask share), beside the noise floor of two or more same-seed runs.
 
-    A checked figure passes when |error| <= max(tolerance, noise). Exits 1 when one does not, 2 on bad input
-    (a missing run folder, runs of different workloads).
+    The noise floor of a metric is the largest |relative error| of any noise run (--noise Y, each --noise-run)
+    against the first --noise run X. A checked figure passes when |error| <= max(tolerance, noise). Exits 1
+    when one does not, 2 on bad input (a missing or repeated run folder, runs of different workloads).
 
     Examples:
       cdbench fidelity runs/hybrid-a runs/model --noise runs/hybrid-a runs/hybrid-b
+      cdbench fidelity runs/hybrid-a runs/model --noise runs/hybrid-a runs/hybrid-b --noise-run runs/hybrid-c
       cdbench fidelity runs/hybrid runs/model -t median_ttft_ms=15 -t p99_ttft_ms=25 --out runs/fid
     """
     with user_errors():
@@ -72,16 +81,15 @@ def fidelity(
         if len(run_dirs) < 2:
             raise FidelityError("fidelity needs at least two run folders: the reference first, then the runs to check")
         runs = label_runs([load_run(folder) for folder in run_dirs])
-        noise_runs = _noise_runs(noise, runs) if noise is not None else {}
+        if noise_run and noise is None:
+            raise FidelityError("--noise-run adds to the noise set of --noise; give --noise X Y as well")
+        noise_runs = _noise_runs([*noise, *noise_run], runs) if noise is not None else {}
         if not allow_different_workloads:
             check_same_workload({**runs, **noise_runs})
         out = output_folder(out, default_out_dir("fidelity-"), "fidelity", overwrite=overwrite)
-        noise_pair = noise_labels = None
-        if noise_runs:
-            (label_x, run_x), (label_y, run_y) = noise_runs.items()
-            noise_pair, noise_labels = (run_x.summary, run_y.summary), (label_x, label_y)
-        result = evaluate_fidelity({label: run.summary for label, run in runs.items()}, noise_pair, tolerances,
-                                   noise_labels)
+        noise_summaries = [run.summary for run in noise_runs.values()] if noise_runs else None
+        result = evaluate_fidelity({label: run.summary for label, run in runs.items()}, noise_summaries, tolerances,
+                                   tuple(noise_runs) if noise_runs else None)
     with user_errors(out / "fidelity.log"), err_console.status("writing the fidelity report and its plots"):
         md = write_fidelity(runs, result, out, noise_runs)
     console.print(fidelity_rich(result))

@@ -3,10 +3,12 @@
 The reference is the first run (typically a ``hybrid`` run, which measures
 real grammar backends); each other run (typically ``model`` mode) gets the
 relative error of every fidelity metric against it, ``(run - ref) / |ref|``.
-Two ``hybrid`` runs with the same seed differ only by host noise; their
-absolute relative error per metric is the *noise floor*, and a figure passes
-when ``|error| <= max(tolerance, noise)``. Metrics without a tolerance are
-reported only.
+Two or more ``hybrid`` runs with the same seed differ only by host noise; the
+largest absolute relative error per metric of any of them against the first
+is the *noise floor* (with two runs, simply their spread), and a figure passes
+when ``|error| <= max(tolerance, noise)``. The first noise run is usually the
+reference itself, so the floor is measured against what the runs are judged
+against. Metrics without a tolerance are reported only.
 
 Examples
 --------
@@ -20,6 +22,10 @@ Examples
 ...                           tolerances={"median_ttft_ms": 5.0})
 >>> noisy.cells[0].noise_pct, noisy.cells[0].verdict.value
 (10.0, 'within')
+>>> three = evaluate_fidelity({"hybrid": {"median_ttft_ms": 20.0}, "model": {"median_ttft_ms": 21.5}},
+...                           noise=({"median_ttft_ms": 20.0}, {"median_ttft_ms": 21.0}, {"median_ttft_ms": 18.0}))
+>>> three.cells[0].noise_pct  # the largest of 5 % and 10 % against the first noise run
+10.0
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -68,7 +74,7 @@ grammar profile must meet against that ``hybrid`` run."""
 
 
 class FidelityError(GateError):
-    """Runs that cannot be compared for fidelity (different workloads, too few runs, a bad noise pair)."""
+    """Runs that cannot be compared for fidelity (different workloads, too few runs, a bad noise set)."""
 
 
 class FidelityVerdict(str, Enum):
@@ -87,7 +93,7 @@ class FidelityCell:
     reference: float | None
     value: float | None
     error_pct: float | None  # signed: (value - reference) / |reference| * 100
-    noise_pct: float | None  # |relative error| between the two noise runs
+    noise_pct: float | None  # largest |relative error| of a noise run against the first noise run
     tolerance_pct: float | None
     verdict: FidelityVerdict
 
@@ -107,7 +113,7 @@ class FidelityResult:
     runs: tuple[str, ...]
     metrics: tuple[str, ...]
     cells: tuple[FidelityCell, ...]
-    noise_runs: tuple[str, str] | None = None
+    noise_runs: tuple[str, ...] | None = None  # the first is the one the others are measured against
 
     @property
     def failures(self) -> tuple[FidelityCell, ...]:
@@ -140,18 +146,25 @@ def relative_error_pct(reference: float | None, value: float | None) -> float | 
 
 def evaluate_fidelity(
     summaries: Mapping[str, Mapping[str, object]],
-    noise: tuple[Mapping[str, object], Mapping[str, object]] | None = None,
+    noise: Sequence[Mapping[str, object]] | None = None,
     tolerances: Mapping[str, float] | None = None,
-    noise_labels: tuple[str, str] | None = None,
+    noise_labels: Sequence[str] | None = None,
 ) -> FidelityResult:
     """Relative error of every run after the first against the first, per metric.
 
-    ``summaries``: label → ``summary.json`` mapping, the reference first. ``noise``: the summaries of two
-    same-seed runs whose spread is the noise floor. ``tolerances``: metric → percent; a metric named here
-    that is not among :data:`FIDELITY_METRICS` is added to the rows (it must be a numeric metric of a run).
+    ``summaries``: label → ``summary.json`` mapping, the reference first. ``noise``: the summaries of two or
+    more same-seed runs; per metric, the largest |relative error| of any of them against the first is the
+    noise floor, and a metric some noise run cannot be compared on (missing, or 0 in the first) has none.
+    ``noise_labels``: their names, one per summary, in the same order. ``tolerances``: metric → percent; a
+    metric named here that is not among :data:`FIDELITY_METRICS` is added to the rows (it must be a
+    numeric metric of a run).
     """
     if len(summaries) < 2:
         raise FidelityError("fidelity needs at least two runs: the reference first, then the runs to check")
+    if noise is not None and len(noise) < 2:
+        raise FidelityError(f"the noise floor needs at least two same-seed runs, got {len(noise)}")
+    if noise_labels is not None and (noise is None or len(noise_labels) != len(noise)):
+        raise FidelityError(f"{len(noise_labels)} noise labels for {0 if noise is None else len(noise)} noise runs")
     tolerances = dict(tolerances or {})
     numeric = {label: numeric_metrics(summary) for label, summary in summaries.items()}
     known = set(FIDELITY_METRICS).union(*numeric.values())
@@ -164,8 +177,10 @@ def evaluate_fidelity(
     for metric in metrics:
         noise_pct = None
         if noise_values is not None:
-            spread = relative_error_pct(noise_values[0].get(metric), noise_values[1].get(metric))
-            noise_pct = None if spread is None else abs(spread)
+            first = noise_values[0].get(metric)
+            spreads = [relative_error_pct(first, other.get(metric)) for other in noise_values[1:]]
+            # a floor taken over only some noise runs would understate the spread; without it the bar is stricter
+            noise_pct = None if None in spreads else max(abs(spread) for spread in spreads)
         tol = tolerances.get(metric)
         ref = numeric[reference].get(metric)
         for label in labels[1:]:
@@ -179,7 +194,8 @@ def evaluate_fidelity(
                 verdict = (FidelityVerdict.WITHIN if abs(error) <= max(tol, noise_pct or 0.0)
                            else FidelityVerdict.BEYOND)
             cells.append(FidelityCell(metric, label, ref, value, error, noise_pct, tol, verdict))
-    return FidelityResult(reference, tuple(labels[1:]), metrics, tuple(cells), noise_labels)
+    return FidelityResult(reference, tuple(labels[1:]), metrics, tuple(cells),
+                          None if noise_labels is None else tuple(noise_labels))
 
 
 # ----------------------------------------------------------------------------- same workload
@@ -300,6 +316,16 @@ def verdict_line(result: FidelityResult) -> str:
     return f"{len(result.failures)} of {len(checked)} checked figures beyond their bar: {names}"
 
 
+def _noise_text(labels: tuple[str, ...] | None) -> str:
+    """Which runs made the noise floor, for ``fidelity.md``."""
+    if labels is None:
+        return "none given: every bar is the tolerance alone"
+    if len(labels) == 2:
+        return f"|relative error| between `{labels[0]}` and `{labels[1]}` (same seed)"
+    others = ", ".join(f"`{label}`" for label in labels[1:])
+    return f"the largest |relative error| of {others} against `{labels[0]}` (same seed)"
+
+
 def write_fidelity(runs: Mapping[str, SavedRun], result: FidelityResult, out_dir: Path,
                    noise_runs: Mapping[str, SavedRun] | None = None) -> Path:
     """Write ``fidelity.md``, ``fidelity.csv`` and overlaid CDFs (``plots/``) into ``out_dir``; returns the md path.
@@ -309,8 +335,7 @@ def write_fidelity(runs: Mapping[str, SavedRun], result: FidelityResult, out_dir
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     figures = overlaid_cdfs({**runs, **(noise_runs or {})}, out_dir / "plots")
-    noise = ("none given: every bar is the tolerance alone" if result.noise_runs is None else
-             f"|relative error| between `{result.noise_runs[0]}` and `{result.noise_runs[1]}` (same seed)")
+    noise = _noise_text(result.noise_runs)
     lines = ["# cdbench fidelity", "",
              "Runs: " + ", ".join(f"`{label}` ({run.folder})" for label, run in runs.items()),
              f"Reference: `{result.reference}`; error = (run - reference) / |reference|.",

@@ -63,6 +63,20 @@ def test_the_noise_column_and_a_noise_floor_above_the_tolerance(runs, tmp_path):
     assert "`hybrid` and `noise hybrid-b` (same seed)" in md
 
 
+def test_noise_run_adds_to_the_noise_set_measured_against_the_first_noise_run(runs, simulated_run, tmp_path):
+    # against hybrid: hybrid-b +8 %, hybrid-c -12 % (hybrid-b against hybrid-c would be +22.7 %)
+    hybrid_c = _copy(simulated_run, tmp_path, "hybrid-c", {"median_ttft_ms": 0.88})
+    farther = _copy(simulated_run, tmp_path, "farther", {"median_ttft_ms": 1.11})
+    args = ["fidelity", str(runs["hybrid"]), str(farther), "--noise", str(runs["hybrid"]), str(runs["hybrid-b"])]
+    two = runner.invoke(app, [*args, "--out", str(tmp_path / "two")])
+    assert two.exit_code == 1, two.output  # +11 % is beyond the 8 % floor of two runs
+    result = runner.invoke(app, [*args, "--noise-run", str(hybrid_c), "--out", str(tmp_path / "three")])
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "three" / "fidelity.md").read_text()
+    assert "| +11.0% | 12.0% | 12.0% (noise) |" in md
+    assert "the largest |relative error| of `noise hybrid-b`, `noise hybrid-c` against `hybrid` (same seed)" in md
+
+
 def test_bad_input_is_a_one_line_error_with_exit_2(runs, tmp_path):
     cases = [
         ([str(runs["hybrid"]), str(tmp_path / "missing")], "not a cdbench run folder"),
@@ -72,6 +86,14 @@ def test_bad_input_is_a_one_line_error_with_exit_2(runs, tmp_path):
         ([str(runs["hybrid"]), str(runs["close"]), "--noise", str(runs["hybrid"]), str(runs["hybrid"])], "twice"),
         ([str(runs["hybrid"]), str(runs["close"]), "--noise", str(runs["hybrid"]), str(tmp_path / "missing")],
          "not a cdbench run folder"),
+        ([str(runs["hybrid"]), str(runs["close"]), "--noise", str(runs["hybrid"]), str(runs["hybrid-b"]),
+          "--noise-run", str(tmp_path / "missing")], "not a cdbench run folder"),
+        ([str(runs["hybrid"]), str(runs["close"]), "--noise", str(runs["hybrid"]), str(runs["hybrid-b"]),
+          "--noise-run", str(runs["far"]), "--noise-run", str(runs["far"])], f"name {runs['far']} twice"),
+        ([str(runs["hybrid"]), str(runs["close"]), "--noise", str(runs["hybrid"]), str(runs["hybrid-b"]),
+          "--noise-run", str(runs["hybrid"] / ".")], "twice"),
+        ([str(runs["hybrid"]), str(runs["close"]), "--noise-run", str(runs["hybrid-b"])],
+         "give --noise X Y as well"),
     ]
     for args, message in cases:
         result = runner.invoke(app, ["fidelity", *args, "--out", str(tmp_path / "f")])
@@ -88,5 +110,8 @@ def test_runs_of_different_workloads_are_refused_unless_allowed(runs, tmp_path):
     noise = runner.invoke(app, ["fidelity", str(runs["hybrid"]), str(runs["close"]), "--out", str(tmp_path / "f"),
                                 "--noise", str(runs["hybrid"]), str(runs["other"])])
     assert noise.exit_code == 2 and "different workload" in noise.output
+    third = runner.invoke(app, ["fidelity", str(runs["hybrid"]), str(runs["close"]), "--out", str(tmp_path / "f"),
+                                "--noise", str(runs["hybrid"]), str(runs["hybrid-b"]), "--noise-run", str(runs["other"])])
+    assert third.exit_code == 2 and "other has a different workload" in third.output
     allowed = runner.invoke(app, [*args, "--allow-different-workloads"])
     assert allowed.exit_code == 0, allowed.output  # same metrics, different requests

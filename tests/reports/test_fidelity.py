@@ -76,6 +76,36 @@ def test_the_noise_floor_widens_the_bar_only_where_it_is_larger():
     assert fidelity_rich(result).row_count == len(FIDELITY_METRICS)
 
 
+def test_with_three_noise_runs_the_floor_is_the_largest_error_against_the_first():
+    # against X: Y is +5 % / -2 %, Z is -10 % / +3 %; Y against Z (+16.7 %) is not a pair the floor looks at
+    x, y, z = (REF, {**REF, "median_ttft_ms": 21.0, "p99_ttft_ms": 98.0},
+               {**REF, "median_ttft_ms": 18.0, "p99_ttft_ms": 103.0})
+    run = {**REF, "median_ttft_ms": 22.0, "p99_ttft_ms": 112.0}  # +10 % and +12 %
+    tol = {"median_ttft_ms": 5, "p99_ttft_ms": 5}
+    result = evaluate_fidelity({"h": REF, "m": run}, noise=(x, y, z), tolerances=tol, noise_labels=("h", "h2", "h3"))
+    median, p99 = result.cell("median_ttft_ms", "m"), result.cell("p99_ttft_ms", "m")
+    assert median.noise_pct == pytest.approx(10.0) and median.verdict is FidelityVerdict.WITHIN
+    assert p99.noise_pct == pytest.approx(3.0) and p99.allowed_pct == 5 and p99.verdict is FidelityVerdict.BEYOND
+    assert result.noise_runs == ("h", "h2", "h3")
+    # the first two alone give the old two-run floor
+    assert evaluate_fidelity({"h": REF, "m": run}, noise=(x, y)).cell("median_ttft_ms", "m").noise_pct == \
+        pytest.approx(5.0)
+
+
+def test_a_metric_one_noise_run_lacks_has_no_floor():
+    noise = (REF, {**REF, "median_ttft_ms": 30.0}, {k: v for k, v in REF.items() if k != "median_ttft_ms"})
+    result = evaluate_fidelity({"h": REF, "m": REF}, noise=noise)
+    assert result.cell("median_ttft_ms", "m").noise_pct is None
+    assert result.cell("p99_ttft_ms", "m").noise_pct == 0.0
+
+
+def test_a_bad_noise_set_is_refused():
+    with pytest.raises(FidelityError, match="at least two same-seed runs, got 1"):
+        evaluate_fidelity({"a": REF, "b": REF}, noise=(REF,))
+    with pytest.raises(FidelityError, match="2 noise labels for 3 noise runs"):
+        evaluate_fidelity({"a": REF, "b": REF}, noise=(REF, REF, REF), noise_labels=("a", "b"))
+
+
 def test_tolerances_are_checked_and_extra_metrics_become_rows():
     with pytest.raises(GateError, match="did you mean p99_ttft_ms"):
         evaluate_fidelity({"a": REF, "b": REF}, tolerances={"p99_tft_ms": 5})
@@ -132,3 +162,15 @@ def test_write_fidelity_has_markdown_csv_and_overlaid_cdfs(tmp_path):
     assert math.isnan(frame[frame["metric"] == "mask_share"].iloc[0]["value"])
     for name in ("ttft", "tpot", "e2el"):
         assert (tmp_path / "fid" / "plots" / f"{name}_cdf.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_write_fidelity_names_every_noise_run_and_the_one_they_are_measured_against(tmp_path):
+    runs = {name: write_synthetic_run(tmp_path / name, seed=i) for i, name in enumerate(["hybrid", "model"])}
+    noise = {"hybrid": runs["hybrid"], **{name: write_synthetic_run(tmp_path / name, seed=i)
+                                          for i, name in ((2, "hybrid-b"), (3, "hybrid-c"))}}
+    result = evaluate_fidelity({k: r.summary for k, r in runs.items()}, [r.summary for r in noise.values()],
+                               ACCEPTANCE_TOLERANCES, tuple(noise))
+    text = write_fidelity(runs, result, tmp_path / "fid", noise).read_text()
+    assert "the largest |relative error| of `hybrid-b`, `hybrid-c` against `hybrid` (same seed)" in text
+    # request_throughput 20 / 22 / 23: the floor is the +15 % of hybrid-c, not hybrid-b's +10 %
+    assert "| request_throughput | 20 | 21 | +5.0% | 15.0% | 15.0% (noise) |" in text
