@@ -1,4 +1,4 @@
-"""How DP/TP ranks agree on grammar readiness: a modelled constant, or a real gloo all_gather.
+"""How DP/TP ranks agree on grammar readiness: a modelled constant, or a real all_gather (gloo or NCCL).
 
 With ``R > 1`` ranks each rank compiles every grammar itself; before a step
 the ranks exchange what each saw ready and what each gave up on (SGLang's
@@ -7,12 +7,14 @@ the ranks exchange what each saw ready and what each gave up on (SGLang's
 
 - ``scheduler.collectives: model``: the scheduler computes the sets over its
   per-rank arrays and prices the exchange at the constant ``all_gather_s``.
-- :class:`GlooAgreement` (``scheduler.collectives: gloo``) runs the exchange for
-  real: one local process per rank joined in a ``torch.distributed`` gloo
-  group; each receives its rank's sets, the ranks meet at a barrier, then
-  ``all_gather_object`` the sets, and each computes the agreement. The step
-  pays the measured all_gather (the slowest rank's) instead of the constant.
-  No GPU is needed.
+- :class:`RankAgreement` (``scheduler.collectives: gloo`` or ``nccl``) runs the
+  exchange for real: one local process per rank joined in a
+  ``torch.distributed`` group; each receives its rank's sets, the ranks meet at
+  a barrier, then ``all_gather_object`` the sets, and each computes the
+  agreement. The step pays the measured all_gather (the slowest rank's)
+  instead of the constant. gloo needs no GPU; with NCCL rank ``r`` holds GPU
+  ``r`` (the objects travel as GPU tensors, as in a multi-GPU engine), so it
+  needs as many GPUs as ranks.
 
 >>> agree_sets([[1, 2, 3], [2, 3]], [[], [3]])
 ((2,), (3,))
@@ -52,24 +54,36 @@ class CollectiveError(RuntimeError):
     """A rank process failed or the ranks disagreed."""
 
 
-class GlooAgreement:
-    """``ranks`` local processes that exchange the sets with a real gloo ``all_gather_object``.
+BACKENDS = ("gloo", "nccl")
+
+
+class RankAgreement:
+    """``ranks`` local processes that exchange the sets with a real ``all_gather_object`` over ``backend``.
 
     Use as a context manager, or call :meth:`close`; the processes end with it.
     """
 
-    def __init__(self, ranks: int, timeout_s: float = 60.0) -> None:
+    def __init__(self, ranks: int, backend: str = "gloo", timeout_s: float = 60.0) -> None:
         if ranks < 2:
             raise ValueError(f"a collective needs at least 2 ranks, got {ranks}")
-        self.ranks, self.timeout_s = ranks, timeout_s
-        self._dir = tempfile.TemporaryDirectory(prefix="cdbench-gloo-")
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown collectives backend {backend!r}; known: {', '.join(BACKENDS)}")
+        if backend == "nccl":
+            import torch
+
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if gpus < ranks:
+                raise CollectiveError(f"collectives 'nccl' puts each of the {ranks} ranks on its own GPU; "
+                                      f"this machine has {gpus} (gloo runs them on the CPU)")
+        self.ranks, self.backend, self.timeout_s = ranks, backend, timeout_s
+        self._dir = tempfile.TemporaryDirectory(prefix=f"cdbench-{backend}-")
         store = Path(self._dir.name) / "store"  # the rendezvous: a file store, no port to pick
         ctx = mp.get_context("spawn")  # a fresh interpreter per rank: no forked torch state
         self._conns: list[Connection] = []
         self._procs = []
         for rank in range(ranks):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_rank_main, args=(rank, ranks, str(store), child), daemon=True,
+            proc = ctx.Process(target=_rank_main, args=(rank, ranks, backend, str(store), child), daemon=True,
                                name=f"cdbench-rank{rank}")
             proc.start()
             child.close()
@@ -124,13 +138,16 @@ class GlooAgreement:
         self._dir.cleanup()
 
 
-def _rank_main(rank: int, ranks: int, store: str, conn: Connection) -> None:
-    """One rank: join the gloo group, then answer each pair of sets with the agreed pair and the time taken."""
+def _rank_main(rank: int, ranks: int, backend: str, store: str, conn: Connection) -> None:
+    """One rank: join the group, then answer each pair of sets with the agreed pair and the time taken."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
     import torch.distributed as dist
 
     try:
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=ranks)
+        if backend == "nccl":
+            torch.cuda.set_device(rank)  # all_gather_object sends its bytes from the current GPU
+        dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=ranks)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which names the rank
         conn.send(exc)
         return

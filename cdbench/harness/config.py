@@ -185,8 +185,8 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _real_collectives_in_hybrid(self) -> RunConfig:
-        if self.mode == "model" and self.scheduler_config().collectives == "gloo":
-            raise ValueError("scheduler.collectives 'gloo' runs real collectives in hybrid mode; "
+        if self.mode == "model" and (backend := self.scheduler_config().collectives) != "model":
+            raise ValueError(f"scheduler.collectives {backend!r} runs real collectives in hybrid mode; "
                              "model mode prices them (collectives: model) to stay deterministic")
         if self.mode != "hybrid" and self.costs.live_gpu:
             raise ValueError(f"costs.live_gpu measures the GPU parts in hybrid mode; {self.mode} mode "

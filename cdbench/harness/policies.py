@@ -95,9 +95,9 @@ class SchedulerConfig(BaseModel):
         None, description="per-rank compile-time factors, one per rank (e.g. a slow rank); None: all 1"
     )
     all_gather_s: float = Field(150e-6, ge=0, description="cost of one all_gather_object of (ready, failed) when ranks > 1")
-    collectives: Literal["model", "gloo"] = Field(
-        "model", description="ranks' agreement: model (all_gather_s) or gloo (one local process per rank, a real "
-        "all_gather_object whose measured time the step pays; hybrid mode)")
+    collectives: Literal["model", "gloo", "nccl"] = Field(
+        "model", description="ranks' agreement: model (all_gather_s), or gloo / nccl (one local process per rank, a "
+        "real all_gather_object whose measured time the step pays; hybrid and live mode; nccl: a GPU per rank)")
 
     # --- the engine's own host CPU (measured from its code: reports/engine_costs/)
     schedule_s: float = Field(0.0, ge=0, description="CPU per iteration to form the batch")

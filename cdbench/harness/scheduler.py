@@ -9,8 +9,8 @@ Each iteration, at virtual time ``t``:
    blocking poll (readiness checks every ``interval/naps``, an early exit when
    everything is ready, ``max_poll_iterations`` before a timeout), then with
    ``R`` ranks an all_gather: ready = ready on every rank, failed = failed on
-   any (priced at ``all_gather_s``, or run for real among ``R`` gloo processes
-   with ``collectives="gloo"``, :mod:`~cdbench.harness.collectives`). vLLM: each waiting request whose grammar is not ready costs up to
+   any (priced at ``all_gather_s``, or run for real among ``R`` rank processes
+   with ``collectives="gloo"`` or ``"nccl"``, :mod:`~cdbench.harness.collectives`). vLLM: each waiting request whose grammar is not ready costs up to
    ``check_timeout_s`` when the admission loop inspects it.
 2. **Batch.** Decode rows and continuing prefill chunks, then new requests in
    waiting-queue order while rows and the token budget last (chunked
@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cdbench.harness.batch import RunningBatch
-from cdbench.harness.collectives import GlooAgreement
+from cdbench.harness.collectives import RankAgreement
 from cdbench.harness.compile_service import CompilePools, GrammarCache
 from cdbench.harness.costs.gpu import GpuCosts
 from cdbench.harness.events import EventKind, EventQueue
@@ -116,7 +116,7 @@ class Scheduler:
         self.cfg, self.executor, self.gpu, self.live = config, executor, gpu, live
         self._row_bytes = gpu.mask_row_bytes  # the engines' per-byte host costs (mask allocation, IPC)
         self.timeline, self.on_progress = timeline, on_progress
-        self._gloo: GlooAgreement | None = None  # the rank processes of collectives=gloo, while run() runs
+        self._ranks: RankAgreement | None = None  # the rank processes of real collectives, while run() runs
         self.max_concurrency = max_concurrency
         seeds = np.random.SeedSequence(seed).spawn(2)
         self.rng_compile = np.random.default_rng(seeds[0])
@@ -192,17 +192,17 @@ class Scheduler:
         """
         collecting = gc.isenabled()
         gc.disable()
-        if self.cfg.collectives == "gloo" and self.cfg.ranks > 1:
-            self._gloo = GlooAgreement(self.cfg.ranks)
+        if self.cfg.collectives != "model" and self.cfg.ranks > 1:
+            self._ranks = RankAgreement(self.cfg.ranks, self.cfg.collectives)
         try:
             self._run()
             self._sum_tallies()
             for rid, valid in self.executor.validity():
                 self.rec.valid[rid] = int(valid)
         finally:
-            if self._gloo is not None:
-                self._gloo.close()
-                self._gloo = None
+            if self._ranks is not None:
+                self._ranks.close()
+                self._ranks = None
             if collecting:
                 gc.enable()
 
@@ -360,7 +360,7 @@ class Scheduler:
             gave_up = self.wait_ct[queued] >= cfg.max_poll_iterations  # per rank
         else:
             gave_up = np.zeros_like(seen)
-        if self._gloo is None:
+        if self._ranks is None:
             failed = gave_up.any(axis=1)
             ready = seen.all(axis=1) & ~failed
         else:
@@ -778,9 +778,9 @@ class Scheduler:
 
     def _agree_for_real(self, queued: np.ndarray, seen: np.ndarray, gave_up: np.ndarray
                         ) -> tuple[np.ndarray, np.ndarray, float]:
-        """Each rank's ready and failed sets through the gloo all_gather: (ready, failed, measured seconds)."""
+        """Each rank's ready and failed sets through the real all_gather: (ready, failed, measured seconds)."""
         cfg = self.cfg
-        agreement = self._gloo.agree([queued[seen[:, r]].tolist() for r in range(cfg.ranks)],
+        agreement = self._ranks.agree([queued[seen[:, r]].tolist() for r in range(cfg.ranks)],
                                      [queued[gave_up[:, r]].tolist() for r in range(cfg.ranks)])
         return np.isin(queued, agreement.ready), np.isin(queued, agreement.failed), agreement.seconds
 
@@ -788,7 +788,7 @@ class Scheduler:
         """How many identical idle iterations follow one that ends at ``t_next`` (0 when unsure)."""
         cfg = self.cfg
         full_poll = self.grammar_queue and cfg.readiness == "blocking_poll" and poll_s == cfg.poll_interval_s
-        if full_poll and self._gloo is not None:
+        if full_poll and self._ranks is not None:
             return 0  # every poll runs its own real all_gather
         waiting_unready = [rid for rid in self.waiting if math.isnan(self.rec.grammar_ready_s[rid])]
         if not full_poll and not (check_s > 0 and len(waiting_unready) == len(self.waiting)):

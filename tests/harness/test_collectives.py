@@ -1,4 +1,4 @@
-"""Ranks agree on readiness through a real gloo all_gather among local processes (no GPU)."""
+"""Ranks agree on readiness through a real all_gather among local processes (gloo: no GPU)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scheduler_helpers import req, row, sim
 
-from cdbench.harness.collectives import GlooAgreement, agree_sets
+from cdbench.harness.collectives import CollectiveError, RankAgreement, agree_sets
 from cdbench.harness.config import RunConfig
 from cdbench.harness.executors.model import FixedGrammarCosts
 
@@ -18,7 +18,7 @@ def test_agreement_is_intersection_of_ready_minus_union_of_failed() -> None:
 
 def test_gloo_processes_reach_the_same_agreement_and_time_it() -> None:
     rng = np.random.default_rng(0)
-    with GlooAgreement(2) as gloo:
+    with RankAgreement(2) as gloo:
         for _ in range(5):
             ready = [sorted(set(rng.integers(0, 30, 20).tolist())) for _ in range(2)]
             failed = [sorted(set(rng.integers(0, 30, 3).tolist())) for _ in range(2)]
@@ -26,7 +26,18 @@ def test_gloo_processes_reach_the_same_agreement_and_time_it() -> None:
             assert (real.ready, real.failed) == agree_sets(ready, failed)
             assert 0 < real.seconds < 5
     with pytest.raises(ValueError, match="at least 2 ranks"):
-        GlooAgreement(1)
+        RankAgreement(1)
+    with pytest.raises(ValueError, match="unknown collectives backend 'mpi'"):
+        RankAgreement(2, "mpi")
+
+
+def test_nccl_needs_a_gpu_per_rank() -> None:
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    ranks = max(2, gpus + 1)
+    with pytest.raises(CollectiveError, match=f"each of the {ranks} ranks on its own GPU; this machine has {gpus}"):
+        RankAgreement(ranks, "nccl")
 
 
 def test_scheduler_with_gloo_ranks_times_out_on_the_slow_rank_and_pays_measured_syncs() -> None:
@@ -53,7 +64,8 @@ def test_scheduler_with_gloo_ranks_releases_after_the_slowest_rank() -> None:
     assert r["first_token_s"] > r["grammar_ready_s"]
 
 
-def test_model_mode_refuses_real_collectives() -> None:
-    with pytest.raises(ValueError, match="collectives 'gloo' runs real collectives in hybrid mode"):
-        RunConfig.model_validate({"mode": "model", "scheduler": {"ranks": 2, "collectives": "gloo"}})
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_model_mode_refuses_real_collectives(backend) -> None:
+    with pytest.raises(ValueError, match=f"collectives '{backend}' runs real collectives in hybrid mode"):
+        RunConfig.model_validate({"mode": "model", "scheduler": {"ranks": 2, "collectives": backend}})
     assert RunConfig.model_validate({"scheduler": {"ranks": 2, "collectives": "gloo"}}).mode == "hybrid"
