@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from cdbench.harness.config import RunConfig
+from cdbench.harness.step_time import step_time
 from cdbench.results.run_folder import load_run
 
 
@@ -29,8 +29,8 @@ def launches(folder: Path) -> pd.DataFrame:
         if RunConfig.model_validate(run.config).scheduler_config().overlap:
             raise SystemExit(f"{folder}: no launch_s column, and with overlap it cannot be derived")
         pre = steps[["schedule_s", "poll_s", "sync_s", "check_s"]].sum(axis=1)
-        mask_path = steps["fill_s"] + steps["copy_s"] + steps["transfer_s"]
-        parts = pre + np.maximum(steps["forward_s"], mask_path) + steps["apply_s"] + steps["sample_s"] + steps["process_s"]
+        parts = [step_time(True, True, p, 0.0, s.forward_s, s.fill_s, s.copy_s + s.transfer_s, s.apply_s,
+                           s.sample_s, s.process_s)[0] for p, s in zip(pre, steps.itertuples(), strict=True)]
         steps["launch_s"] = steps["duration_s"] - parts
     steps["run"] = folder.name
     return steps

@@ -1,4 +1,4 @@
-"""Ranks agree on readiness through a real all_gather among local processes (gloo: no GPU)."""
+"""Ranks agree on readiness through a real all_gather among local processes (gloo: no GPU; nccl: a GPU each)."""
 
 from __future__ import annotations
 
@@ -16,15 +16,28 @@ def test_agreement_is_intersection_of_ready_minus_union_of_failed() -> None:
     assert agree_sets([[5], [5], [5]], [[], [], []]) == ((5,), ())
 
 
-def test_gloo_processes_reach_the_same_agreement_and_time_it() -> None:
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.parametrize("backend", [
+    "gloo",
+    pytest.param("nccl", marks=[pytest.mark.gpu, pytest.mark.skipif(_gpus() < 2, reason="needs 2 CUDA devices")]),
+])
+def test_rank_processes_reach_the_same_agreement_and_time_it(backend) -> None:
     rng = np.random.default_rng(0)
-    with RankAgreement(2) as gloo:
+    with RankAgreement(2, backend) as ranks:
         for _ in range(5):
             ready = [sorted(set(rng.integers(0, 30, 20).tolist())) for _ in range(2)]
             failed = [sorted(set(rng.integers(0, 30, 3).tolist())) for _ in range(2)]
-            real = gloo.agree(ready, failed)
+            real = ranks.agree(ready, failed)
             assert (real.ready, real.failed) == agree_sets(ready, failed)
             assert 0 < real.seconds < 5
+
+
+def test_a_collective_needs_two_ranks_and_a_known_backend() -> None:
     with pytest.raises(ValueError, match="at least 2 ranks"):
         RankAgreement(1)
     with pytest.raises(ValueError, match="unknown collectives backend 'mpi'"):
@@ -32,9 +45,7 @@ def test_gloo_processes_reach_the_same_agreement_and_time_it() -> None:
 
 
 def test_nccl_needs_a_gpu_per_rank() -> None:
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = _gpus()
     ranks = max(2, gpus + 1)
     with pytest.raises(CollectiveError, match=f"each of the {ranks} ranks on its own GPU; this machine has {gpus}"):
         RankAgreement(ranks, "nccl")
