@@ -99,3 +99,18 @@ def test_generation_never_mutates_the_spec():
     hypothesis_json_instance(spec)
     valid_instances("m", spec, 3, 0)
     assert schema == before
+
+
+def test_hypothesis_fallback_does_not_depend_on_the_clock(monkeypatch):
+    """A loaded machine must draw the same workload as an idle one: no wall-clock cap on the fallback."""
+    import itertools
+    import time
+
+    from cdbench.workloads.instances import hypothesis_json_instance
+
+    spec = ConstraintSpec("json_schema", {"type": "string", "not": {"pattern": "^[a-z0-9]*$"}})
+    expected = hypothesis_json_instance(spec)
+    ticks = itertools.count(step=3600.0)  # every clock reading an hour after the last
+    monkeypatch.setattr(time, "monotonic", lambda: next(ticks))
+    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks))
+    assert expected is not None and hypothesis_json_instance(spec) == expected
