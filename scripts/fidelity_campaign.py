@@ -4,7 +4,8 @@ A cell group is (backend, policy, corpus set). Its capacity is the request throu
 ``hybrid`` run (every request arrives within the first second: ``--rate 1000``). Each load of the group
 is a cell, run at ``load x capacity`` requests/s:
 
-- ``hybrid-a`` and ``hybrid-b``: the same config and seed twice; their spread is the cell's noise floor;
+- ``hybrid-a``, ``hybrid-b`` (and with ``--noise-copies N`` up to N copies: ``hybrid-c``, ...): the same config
+  and seed run again; the largest spread of a copy from ``hybrid-a`` is the cell's noise floor;
 - ``model-own``: ``model`` mode replaying ``hybrid-a``'s in-situ profile
   (``--set costs.grammar_profile=<hybrid-a>/grammar_profile.json``);
 - ``model-shipped`` (default corpus set only): ``model`` mode with the backend's shipped profile;
@@ -14,8 +15,8 @@ is a cell, run at ``load x capacity`` requests/s:
   whether it also predicts requests it has not seen.
 
 Each model run is judged against the hybrid run of its own workload (``cdbench fidelity hybrid-a model
---noise hybrid-a hybrid-b``; ``hybrid-oos`` for ``model-oos``), with ``hybrid-a`` vs ``hybrid-b`` as the
-noise floor: the own-profile and out-of-sample runs against issue 14's bar (5 % medians and throughput,
+--noise hybrid-a hybrid-b [--noise-run hybrid-c ...]``; ``hybrid-oos`` for ``model-oos``), with the copies'
+spread as the noise floor: the own-profile and out-of-sample runs against issue 14's bar (5 % medians and throughput,
 10 % p99s), the shipped-profile run against 15 % (medians, throughput) and 25 % (p99s); a cell's noise
 widens its bar.
 
@@ -204,7 +205,7 @@ def plan(args: argparse.Namespace, campaign: Campaign) -> list[Job]:
                         profile = ["--set", f"costs.grammar_profile={cell / 'hybrid-a' / 'grammar_profile.json'}"]
                         after_a = [Job(cell / "model-own", [*model, *profile])]
                         jobs.append(Job(cell / "hybrid-a", hybrid, then=lambda _, after=after_a: after))
-                        jobs.append(Job(cell / "hybrid-b", hybrid))
+                        jobs.extend(Job(cell / name, hybrid) for name in noise_copies(args.noise_copies)[1:])
                         if args.out_of_sample:  # hybrid-a's profile replayed on the other seed's requests
                             oos = [*config, *oos_common]
                             after_a.append(Job(cell / "model-oos", [*oos, "--mode", "model", *rate, *profile]))
@@ -227,9 +228,15 @@ def plan(args: argparse.Namespace, campaign: Campaign) -> list[Job]:
 # ----------------------------------------------------------------------------- evaluation and report
 
 
-def evaluate(out: Path, out_of_sample: bool = False) -> pd.DataFrame:
+def noise_copies(count: int) -> list[str]:
+    """The folder names of a cell's same-seed hybrid runs: hybrid-a, hybrid-b, ..."""
+    return [f"hybrid-{chr(ord('a') + i)}" for i in range(count)]
+
+
+def evaluate(out: Path, out_of_sample: bool = False, copies: int = 2) -> pd.DataFrame:
     """Every cell's fidelity (written into the cell as fidelity-own/, fidelity-shipped/ and, with
-    ``out_of_sample``, fidelity-oos/), as one frame."""
+    ``out_of_sample``, fidelity-oos/), as one frame; the noise floor is over ``copies`` same-seed hybrid runs."""
+    names = noise_copies(copies)
     rows = []
     for group in sorted(p for p in out.iterdir() if (p / "capacity").is_dir()):
         backend, policy, corpus = group.name.split("-", 2)
@@ -242,7 +249,7 @@ def evaluate(out: Path, out_of_sample: bool = False) -> pd.DataFrame:
             continue
         for cell in sorted(p for p in group.iterdir() if p.name.startswith("load")):
             load = float(cell.name.removeprefix("load"))
-            # (model run, the hybrid run of its workload, bar); the noise is always hybrid-a vs hybrid-b
+            # (model run, the hybrid run of its workload, bar); the noise is always the seed's hybrid copies
             comparisons = [("model-own", "hybrid-a", ACCEPTANCE_TOLERANCES)]
             if corpus == "default":
                 comparisons.append(("model-shipped", "hybrid-a", SHIPPED_TOLERANCES))
@@ -253,18 +260,17 @@ def evaluate(out: Path, out_of_sample: bool = False) -> pd.DataFrame:
                        "comparison": model_name}
                 try:
                     runs = {name: load_run(cell / name) for name in (reference, model_name)}
-                    noise = {name: load_run(cell / name) for name in ("hybrid-a", "hybrid-b")}
+                    noise = {name: load_run(cell / name) for name in names}
                     check_same_workload(runs)
                     check_same_workload(noise)
                 except (ResultsError, FidelityError) as err:
                     rows.append({**key, "metric": "", "verdict": f"incomplete: {err}"})
                     continue
                 result = evaluate_fidelity({n: r.summary for n, r in runs.items()},
-                                           (noise["hybrid-a"].summary, noise["hybrid-b"].summary), tolerances,
-                                           ("hybrid-a", "hybrid-b"))
-                # the CDFs draw hybrid-b only beside runs of its own workload
+                                           [noise[name].summary for name in names], tolerances, names)
+                # the CDFs draw the other copies only beside runs of their own workload
                 write_fidelity(runs, result, cell / f"fidelity-{model_name.removeprefix('model-')}",
-                               {"hybrid-b": noise["hybrid-b"]} if reference == "hybrid-a" else None)
+                               {name: noise[name] for name in names[1:]} if reference == "hybrid-a" else None)
                 frame = fidelity_frame(result).drop(columns=["run"])
                 for name, value in key.items():
                     frame.insert(list(key).index(name), name, value)
@@ -301,7 +307,8 @@ def _seeds(part: pd.DataFrame) -> str:
     return ", ".join(str(seed) for seed in sorted({int(s) for s in part["seed"].dropna()})) or "unknown"
 
 
-def write_report(frame: pd.DataFrame, out: Path, report_dir: Path, command: str, campaign: Campaign | None) -> Path:
+def write_report(frame: pd.DataFrame, out: Path, report_dir: Path, command: str, campaign: Campaign | None,
+                 copies: int = 2) -> Path:
     report_dir.mkdir(parents=True, exist_ok=True)
     frame.to_csv(report_dir / "campaign.csv", index=False)
     complete = frame[frame["metric"] != ""]
@@ -337,7 +344,8 @@ def write_report(frame: pd.DataFrame, out: Path, report_dir: Path, command: str,
             lines += [(f"Profiles measured on seed {_seeds(complete[complete['comparison'] == 'model-own'])}, "
                        f"replayed (model-oos) and measured again (hybrid-oos) on seed {_seeds(part)}."), ""]
         lines += [(f"Signed relative error of model against {reference}, in percent; `(n X)`: the cell's noise floor "
-                   "X % (|hybrid-a vs hybrid-b|) when it exceeds the tolerance; bold ✗: beyond the bar."), "",
+                   f"X % (the largest |hybrid-a vs {' / '.join(noise_copies(copies)[1:])}|) when it exceeds the "
+                   "tolerance; bold ✗: beyond the bar."), "",
                   *_comparison_table(part), ""]
     incomplete = frame[frame["metric"] == ""]
     for _, row in incomplete.iterrows():
@@ -367,6 +375,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pin", action="store_true", help="pin each run to its own core (taskset)")
     parser.add_argument("--first-core", type=int, default=0, help="with --pin: runs use cores first..first+jobs-1")
     parser.add_argument("--deadline-s", type=float, default=float("inf"), help="start no run after this many seconds")
+    parser.add_argument("--noise-copies", type=int, default=2,
+                        help="same-seed hybrid runs per cell (hybrid-a, hybrid-b, ...); their spread is the noise floor")
     parser.add_argument("--report-only", action="store_true", help="only evaluate existing runs and write the report")
     parser.add_argument("--out-of-sample", action="store_true",
                         help="also run and judge hybrid-oos and model-oos: hybrid-a's profile on another seed's workload")
@@ -376,6 +386,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = sorted(set(args.corpora) - set(CORPUS_SETS))
     if unknown:
         parser.error(f"unknown corpus set(s) {', '.join(unknown)} (known: {', '.join(CORPUS_SETS)})")
+    if args.noise_copies < 2:
+        parser.error("--noise-copies must be at least 2: the noise floor is a spread between same-seed runs")
     if args.oos_seed_offset == 0:
         parser.error("--oos-seed-offset 0 gives the out-of-sample runs hybrid-a's own seed: they would be in sample")
     return args
@@ -396,8 +408,9 @@ def main() -> None:
         print(f"runs took {time.monotonic() - started:.0f} s", flush=True)
         with open(args.out / "commands.txt", "w") as f:
             f.writelines("cdbench run " + " ".join(shlex.quote(a) for a in job.args) + f" --out {job.folder}\n" for job in [*campaign.finished, *campaign.failed] if not job.reused)
-    frame = evaluate(args.out, args.out_of_sample)
-    md = write_report(frame, args.out, args.report or args.out, command, None if args.report_only else campaign)
+    frame = evaluate(args.out, args.out_of_sample, args.noise_copies)
+    md = write_report(frame, args.out, args.report or args.out, command, None if args.report_only else campaign,
+                      args.noise_copies)
     print(f"report: {md}")
 
 

@@ -128,3 +128,27 @@ def test_out_of_sample_cells_are_judged_against_the_other_seeds_hybrid_with_the_
     assert "Profiles measured on seed 1, replayed (model-oos) and measured again (hybrid-oos) on seed 1001." in oos_part
     assert "| llguidance | vllm | regex_choice | 0.5 | 5 | **+7.0** ✗ | +7.0 (n 8.0) |" in oos_part
     assert "incomplete: llguidance/vllm/regex_choice/load 0.9 (model-oos)" in oos_part
+
+
+def test_more_noise_copies_are_planned_and_widen_the_floor_to_their_largest_spread(tmp_path):
+    assert sorted(_planned(tmp_path / "plan", "--noise-copies", "3")) == ["capacity", *(
+        f"load0.5/{name}" for name in ("hybrid-a", "hybrid-b", "hybrid-c", "model-own", "model-shipped"))]
+    with pytest.raises(SystemExit):
+        campaign.parse_args(["--out", str(tmp_path), "--noise-copies", "1"])
+
+    out = tmp_path / "campaign"
+    group = out / "xgrammar-vllm-default"
+    (group / "capacity").mkdir(parents=True)
+    (group / "capacity" / "summary.json").write_text(json.dumps({"request_throughput": 10.0}))
+    cell = group / "load0.9"
+    _run(cell / "hybrid-a", 9.0)
+    _run(cell / "hybrid-b", 9.0, p99_tpot_ms=1.03)
+    _run(cell / "hybrid-c", 9.0, p99_tpot_ms=0.8)  # this copy's spread is the floor: 20 %
+    _run(cell / "model-own", 9.0, p99_tpot_ms=1.15)
+    two, three = campaign.evaluate(out, copies=2), campaign.evaluate(out, copies=3)
+    pick = lambda f: f[(f["comparison"] == "model-own") & (f["metric"] == "p99_tpot_ms")].iloc[0]  # noqa: E731
+    assert pick(two)["noise_pct"] == pytest.approx(3.0) and pick(two)["verdict"] == "beyond"
+    assert pick(three)["noise_pct"] == pytest.approx(20.0) and pick(three)["verdict"] == "within"
+    text = campaign.write_report(three, out, tmp_path / "report", "python scripts/fidelity_campaign.py ...",
+                                 None, copies=3).read_text()
+    assert "the largest |hybrid-a vs hybrid-b / hybrid-c|" in text and "+15.0 (n 20.0)" in text
