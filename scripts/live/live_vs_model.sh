@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Live mode against the calibrated model and hybrid modes on one GPU host (reports/fidelity/live_vs_model.md).
-# Usage: scripts/live/live_vs_model.sh OUTDIR REQUESTS RATE WORKLOAD...
+# Usage: [COPIES=N] [POLICIES="sglang vllm"] [OVERLAPS="true false"] scripts/live/live_vs_model.sh OUTDIR REQUESTS RATE WORKLOAD...
 # For each workload (default: cdbench/configs/default.yaml's mix; json: every structured request a JSON schema),
 # policy (sglang, vllm) and overlap (on, off):
-#   live-a, live-b  two --mode live runs, same seed (their spread is the noise floor), one after another on
-#                   cores 0-3 and the GPU;
+#   live-a, live-b  COPIES (default 2) --mode live runs, same seed (live-a, live-b, live-c, ...; the largest
+#                   spread of a copy from live-a is the noise floor), one after another on cores 0-3 and the GPU;
 #   hybrid          --mode hybrid: the same grammar work, the GPU priced by the shipped calibration;
 #   model           --mode model with live-a's own grammar_profile.json;
 # the last two run beside the live runs, each on its own core from 4 up. Then `cdbench fidelity` compares
-# hybrid and model against live-a with live-b as the noise.
+# hybrid and model against live-a with the other copies as the noise (--noise live-a live-b --noise-run ...).
 # CDBENCH overrides the command (default: cdbench; on a GPU host without the script: python3 -m cdbench).
 set -uo pipefail
 out=$1 requests=$2 rate=$3
 shift 3
 cdbench=${CDBENCH:-cdbench}
+copies=(a b c d e f g h)
+copies=("${copies[@]:0:${COPIES:-2}}")
 mkdir -p "$out"
 core=4
 background() {  # name, then the run's arguments: on its own core, in the background
@@ -24,12 +26,12 @@ background() {  # name, then the run's arguments: on its own core, in the backgr
 for workload in "$@"; do
   mix=()
   [ "$workload" = json ] && mix=(--set 'workload.kind_weights={json_schema: 1.0}')
-  for policy in sglang vllm; do
-    for overlap in true false; do
+  for policy in ${POLICIES:-sglang vllm}; do
+    for overlap in ${OVERLAPS:-true false}; do
       cfg=$workload-$policy-overlap_$overlap
       common=(--policy "$policy" --requests "$requests" --rate "$rate" "${mix[@]}" --set "scheduler.overlap=$overlap"
               --set trace_steps=0)
-      for copy in a b; do
+      for copy in "${copies[@]}"; do
         start=$SECONDS
         taskset -c 0-3 $cdbench run --mode live "${common[@]}" --out "$out/$cfg-live-$copy" --overwrite \
           > "$out/$cfg-live-$copy.log" 2>&1 || { echo "$cfg-live-$copy failed:"; tail -5 "$out/$cfg-live-$copy.log"; }
@@ -44,9 +46,11 @@ done
 wait
 for run in "$out"/*-hybrid "$out"/*-model; do
   cfg=${run%-*}
-  [ -f "$run/summary.json" ] && [ -f "$cfg-live-a/summary.json" ] && [ -f "$cfg-live-b/summary.json" ] || {
-    echo "skipped $(basename "$run"): a run is missing"; continue; }
-  $cdbench fidelity "$cfg-live-a" "$run" --noise "$cfg-live-a" "$cfg-live-b" --out "$run-fidelity" --overwrite \
-    > "$run-fidelity.log" 2>&1
+  noise=(--noise "$cfg-live-a" "$cfg-live-b")
+  for copy in "${copies[@]:2}"; do noise+=(--noise-run "$cfg-live-$copy"); done
+  missing=0
+  for copy in "${copies[@]}"; do [ -f "$cfg-live-$copy/summary.json" ] || missing=1; done
+  [ -f "$run/summary.json" ] && [ $missing = 0 ] || { echo "skipped $(basename "$run"): a run is missing"; continue; }
+  $cdbench fidelity "$cfg-live-a" "$run" "${noise[@]}" --out "$run-fidelity" --overwrite > "$run-fidelity.log" 2>&1
   echo "$(basename "$run") vs live: exit $?"
 done
