@@ -232,3 +232,16 @@ def test_outliers_replay_evenly_spaced_so_no_request_takes_several_by_chance() -
     fills = _fills_at_positions(_spiky_profile(), "corp/spiky", 64, 0, n=400)
     spikes = (fills > 1e-3).sum(axis=1)  # the rate is 3 in 640 fills: 0.3 per 64-token request
     assert spikes.max() == 1 and 0.2 < spikes.mean() < 0.4
+
+
+def test_a_heavy_stretch_past_the_first_positions_replays_where_it_was_measured() -> None:
+    # one walk of a grammar that turns slow for a stretch of its answer (e.g. an Earley parser inside one
+    # rule): the stretch stays together, so its requests' steps run slow back to back as in the measured run;
+    # a position bin with its values in another order spread it over the bin and out of phase
+    measured = np.full(80, 2e-5)
+    measured[40:60] = 0.15
+    walk = WalkMeasurement("corp/stretch", "regex", fill_s=measured, accept_s=np.full(80, 2e-6))
+    profile = GrammarProfile.from_measurements("test", "qwen3.6",
+                                               [CompileMeasurement("corp/stretch", "regex", "ok", 0.01)], [walk])
+    for seed in range(3):
+        np.testing.assert_allclose(_fills_at_positions(profile, "corp/stretch", 80, seed)[0], measured, rtol=1e-4)

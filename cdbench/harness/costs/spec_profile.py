@@ -37,10 +37,11 @@ from pydantic import BaseModel, ConfigDict, Field
 POSITION_BIN_STARTS: tuple[int, ...] = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 """First answer position of each position bin: the first fill alone, then doubling widths, the last open."""
 N_POSITION_BINS = len(POSITION_BIN_STARTS)
-HEAD_POSITIONS = 16
-"""Answer positions a spec's curve also keeps one by one (:attr:`SpecProfile.fill_head`): a short answer's
-fills differ by grammar state from token to token (a regex's literal against its character classes), and
-a bin's mean with its in-bin spread drawn as noise would move its heavy fills to other positions."""
+HEAD_POSITIONS = 4096
+"""Answer positions a spec's curve also keeps one by one (:attr:`SpecProfile.fill_head`), in practice all of
+them: fills differ by grammar state from token to token (a regex's literal against its character classes, a
+slow stretch of an Earley grammar inside one rule), and a bin's mean with its in-bin spread drawn in another
+order would move heavy fills to other positions, breaking up a slow stretch that ran back to back."""
 RESIDUAL_VALUES = 64
 """Equal-weight values a spec's fill residual is kept as (its samples, or the means of as many equal slices)."""
 MIN_SPREAD_FILLS = 4
