@@ -139,6 +139,10 @@ class SchedulerConfig(BaseModel):
         0.0, ge=0, description="host time per step that nothing hides: staging the forward's inputs, launching it, "
         "waking when its tokens are out (the GPU waits meanwhile)"
     )
+    launch_prefill_s: float | None = Field(
+        None, ge=0, description="launch_s of a step with prefill chunks, whose graph needs no decode inputs staged "
+        "(None: launch_s)"
+    )
     cuda_graph_sizes: tuple[int, ...] = Field(
         (), description="decode query-token counts with a captured CUDA graph: a step of decode rows only runs padded "
         "up to the next size (each padding token attends to one key); beyond the largest, or with none, at its own size"
@@ -187,9 +191,10 @@ def _sglang(cpus: int) -> dict:
         abort_on_reject=True,
         # the host's launch of a step (inputs staged, the graph replayed, the wake-up on the sampled tokens): the
         # engines' worker side needs a CUDA host and did not run (reports/engine_costs), so this is cdbench's live
-        # executor, measured on an H100 host: the median over a live run's decode steps
-        # (reports/live/launch_h100.csv, scripts/live/launch_cost.py)
+        # executor, measured on an H100 host: the medians over a live run's decode steps and its steps with prefill
+        # chunks (reports/live/launch_h100.csv, scripts/live/launch_cost.py)
         launch_s=3.278e-4,
+        launch_prefill_s=1.617e-4,
         # ServerArgs' default capture list without spec decoding, up to cuda_graph_max_bs 256 (one GPU of 80 GB)
         cuda_graph_sizes=(1, 2, 4, 8, 12, *range(16, 257, 8)),
         # host costs of sglang 0.5.23 with xgrammar 0.2.7 (reports/engine_costs/fitted.json, "sglang" entries;
@@ -228,9 +233,10 @@ def _vllm(cpus: int) -> dict:
         spec_grammar_overlap=True,
         # the host's launch of a step (inputs staged, the graph replayed, the wake-up on the sampled tokens): the
         # engines' worker side needs a CUDA host and did not run (reports/engine_costs), so this is cdbench's live
-        # executor, measured on an H100 host: the median over a live run's decode steps
-        # (reports/live/launch_h100.csv, scripts/live/launch_cost.py)
+        # executor, measured on an H100 host: the medians over a live run's decode steps and its steps with prefill
+        # chunks (reports/live/launch_h100.csv, scripts/live/launch_cost.py)
         launch_s=3.278e-4,
+        launch_prefill_s=1.617e-4,
         # CompilationConfig's default capture sizes, up to min(2 * max_num_seqs, 512)
         cuda_graph_sizes=(1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)),
         # host costs of vllm 0.32.0 with xgrammar 0.2.8 (reports/engine_costs/fitted.json, "vllm" entries;
@@ -257,7 +263,7 @@ PRESETS = {"sglang": _sglang, "vllm": _vllm}
 #: the engines' own host costs, measured from their code (``reports/engine_costs/``), and the step's launch
 #: (measured from live mode, ``reports/live/launch_h100.csv``); zero them to see the grammar and GPU costs alone
 HOST_COST_FIELDS = ("schedule_s", "schedule_row_s", "process_step_s", "process_row_s", "accept_row_s", "fill_step_s",
-                    "fill_row_s", "mask_alloc_byte_s", "ipc_s", "ipc_byte_s", "launch_s")
+                    "fill_row_s", "mask_alloc_byte_s", "ipc_s", "ipc_byte_s", "launch_s", "launch_prefill_s")
 
 
 def policy(name: str, host_cpus: int = 32, **overrides: object) -> SchedulerConfig:

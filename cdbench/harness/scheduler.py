@@ -28,8 +28,8 @@ Each iteration, at virtual time ``t``:
    for the previous step's processing and this step's mask:
    ``max(forward, pre + process(prev) + fill + copy) + apply + sample``; a
    batch without one: ``max(forward + sample, pre + process(prev))``. Either
-   way the host's launch of the step (``launch_s``) is added: the GPU waits
-   for it. A
+   way the host's launch of the step (``launch_s``; ``launch_prefill_s`` for a
+   step with prefill chunks) is added: the GPU waits for it. A
    decode step's forward is priced at the next CUDA-graph capture size
    (``cuda_graph_sizes``), as the engines pad it.
 
@@ -634,7 +634,7 @@ class Scheduler:
             sample_s = self.gpu.sample_s(sample_rows)
             process_s = work.process_s + engine_process_s
             # --- the step's duration (see the module docstring)
-            launch_s = cfg.launch_s
+            launch_s = cfg.launch_s if not pf_tokens or cfg.launch_prefill_s is None else cfg.launch_prefill_s
             duration, after_token, exposed, hidden, self._carry_process_s = step_time(
                 sync, has_grammar, pre, carry, forward_s, fill_s, copy_s + transfer_s, apply_s, sample_s, process_s,
                 launch_s)

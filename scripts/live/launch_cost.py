@@ -4,7 +4,8 @@ A ``--mode live`` step stages its inputs, launches the forward, and wakes when t
 out; none of that is in the timed GPU parts or the modelled host work, and the GPU waits for it. Runs
 record it as ``launch_s`` in ``steps.parquet``; for runs made before the column existed, a step without
 overlap gives it as its duration less its priced parts (the scheduler's overlap rules). Prints the
-median per run and step kind; the policies' ``launch_s`` is taken from it. Usage::
+median per run and step kind; the policies' ``launch_s`` (decode) and ``launch_prefill_s`` (prefill) are
+taken from it. Usage::
 
     python scripts/live/launch_cost.py RUN [RUN ...] [--csv reports/live/launch_h100.csv]
 """

@@ -37,13 +37,14 @@ SOURCES = {
 def test_preset_host_costs_are_the_committed_fit(preset):
     fitted = json.loads(FITTED.read_text())
     cfg = policy(preset)
-    assert set(SOURCES[preset]) | {"launch_s"} == set(HOST_COST_FIELDS)
+    assert set(SOURCES[preset]) | {"launch_s", "launch_prefill_s"} == set(HOST_COST_FIELDS)
     for field, source in SOURCES[preset].items():
         expected = 0.0 if source is None else fitted[source[0]][source[1]]["value"]
         assert getattr(cfg, field) == expected, field
-    # the launch comes from live mode's decode steps (the engines' worker side did not run)
-    launch = pd.read_csv(LAUNCH).set_index("kind").loc["decode", "median_us"]
-    assert cfg.launch_s == pytest.approx(launch * 1e-6, rel=1e-9)
+    # the launch comes from live mode's steps (the engines' worker side did not run): decode, and with prefill
+    launch = pd.read_csv(LAUNCH).set_index("kind")["median_us"]
+    assert cfg.launch_s == pytest.approx(launch["decode"] * 1e-6, rel=1e-9)
+    assert cfg.launch_prefill_s == pytest.approx(launch["prefill"] * 1e-6, rel=1e-9)
 
 
 def _fit_module():
@@ -135,7 +136,7 @@ def test_the_wrapper_stays_serial_when_the_fill_pool_spreads_the_fills():
 @pytest.mark.parametrize("overlap", [False, True])
 def test_the_launch_is_paid_on_every_step_with_or_without_overlap(overlap):
     base = sim([req(0, 0.0, out=4, spec=None)], "sglang", overlap=overlap)
-    launched = sim([req(0, 0.0, out=4, spec=None)], "sglang", overlap=overlap, launch_s=0.002)
+    launched = sim([req(0, 0.0, out=4, spec=None)], "sglang", overlap=overlap, launch_s=0.002, launch_prefill_s=None)
     steps = launched.steps[launched.steps["kind"] != "idle"]
     assert len(steps) == 4 and (steps["launch_s"] == 0.002).all()
     assert (base.steps["launch_s"] == 0.0).all()
@@ -146,3 +147,15 @@ def test_the_launch_is_paid_on_every_step_with_or_without_overlap(overlap):
         base.steps["exposed_cpu_s"].sum() + 4 * 0.002, abs=1e-12)
     assert launched.requests["finish_s"].iloc[0] == pytest.approx(base.requests["finish_s"].iloc[0] + 4 * 0.002,
                                                                   abs=1e-12)
+
+
+def test_a_step_with_prefill_chunks_pays_its_own_launch():
+    reqs = [req(0, 0.0, out=4, spec=None), req(1, 0.0005, out=4, spec=None)]
+    both = sim(reqs, "vllm", overlap=False, launch_s=0.002, launch_prefill_s=0.0005).steps
+    both = both[both["kind"] != "idle"]
+    has_prefill = both["prefill_tokens"] > 0
+    assert has_prefill.any() and (~has_prefill).any()
+    assert (both.loc[has_prefill, "launch_s"] == 0.0005).all() and (both.loc[~has_prefill, "launch_s"] == 0.002).all()
+    # unset, a prefill step pays launch_s
+    alone = sim(reqs, "vllm", overlap=False, launch_s=0.002, launch_prefill_s=None).steps
+    assert (alone.loc[alone["kind"] != "idle", "launch_s"] == 0.002).all()
