@@ -8,6 +8,7 @@ import torch
 import typer
 from rich.progress import Progress
 
+from cdbench.cli.support import OverwriteOpt, default_out_dir, output_folder, user_errors
 from cdbench.kernels.bench import (
     DENSITIES,
     DTYPES,
@@ -37,7 +38,8 @@ def kernels_command(
     dtype: list[str] = typer.Option(None, "--dtype", help="fp32 / bf16 / fp16 (repeatable)"),
     density: list[str] = typer.Option(None, "--density", help="sparse / dense (repeatable)"),
     variant: list[str] = typer.Option(None, "--variant", help="variants to run (repeatable); default all but xgr-torch-compile"),
-    out: Path = typer.Option(Path("runs/kernels"), "--out", help="output folder"),
+    out: Path = typer.Option(None, "--out", help="output folder (default: runs/kernels-<UTC time>)"),
+    overwrite: OverwriteOpt = False,
     cost_table: str = typer.Option("", "--cost-table", help="write a MaskCostTable: a path, or 'auto' for cdbench/kernels/cost_tables/<gpu>.json"),
     seed: int = typer.Option(0, "--seed"),
     graph_max_batch: int = typer.Option(8, "--graph-max-batch", help="also time CUDA-graph replays up to this batch"),
@@ -66,8 +68,9 @@ def kernels_command(
         notes.append("no CUDA device: CPU wall-clock timings of the CPU paths (torch reference, xgrammar CPU); "
                      "GPU kernel timing needs CUDA")
         typer.echo("No CUDA device: timing needs CUDA; timing the CPU paths (torch reference, xgrammar CPU) instead.")
+    with user_errors():  # a folder holding earlier results is not written into unasked
+        out = output_folder(out, default_out_dir("kernels-"), "kernels", overwrite=overwrite)
     copy_gbs = copy_bandwidth_gbs() if device == "cuda" else cpu_copy_gbs()
-    out.mkdir(parents=True, exist_ok=True)
 
     def checkpoint(so_far: list[KernelResult]) -> None:  # a killed run still leaves its measurements
         results_frame(so_far).to_csv(out / "results.csv", index=False)

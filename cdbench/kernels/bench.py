@@ -14,7 +14,8 @@ never written as a GPU cost table.
 Example::
 
     cdbench kernels --quick --out runs/kernels-smoke
-    cdbench kernels --out reports/kernels --cost-table auto      # full sweep on a GPU
+    cdbench kernels --out runs/kernels-h100 --cost-table auto    # full sweep on a GPU (an --out holding
+                                                                 # results needs --overwrite)
 """
 
 from __future__ import annotations

@@ -42,13 +42,13 @@ import cdbench
 
 MARKER_FILE = ".cdbench.json"
 
-Command = Literal["run", "compare", "sweep", "profile", "fidelity"]
+Command = Literal["run", "compare", "sweep", "profile", "fidelity", "kernels"]
 
 # What each command wrote before folders carried a marker: such folders are recognized by these files.
 _OLDER_OUTPUTS: dict[str, Command] = {
     "summary.json": "run", "run.log": "run", "requests.parquet": "run", "comparison.md": "compare",
     "compare.log": "compare", "sweep.json": "sweep", "sweep.log": "sweep", "profile_config.json": "profile",
-    "items.jsonl": "profile", "fidelity.md": "fidelity",
+    "items.jsonl": "profile", "fidelity.md": "fidelity", "kernels.png": "kernels", "h2d.csv": "kernels",
 }
 
 

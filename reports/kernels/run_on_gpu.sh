@@ -4,7 +4,7 @@
 # host lacks (xgrammar, apache-tvm-ffi, pydantic, ...) may sit in .whl/. Writes to $OUT.
 set -uo pipefail
 OUT=${OUT:-runs/kernels-gpu}
-mkdir -p "$OUT"
+mkdir -p "$(dirname "$OUT")"
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site
@@ -28,4 +28,5 @@ export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_extensions}
   timeout ${BENCH_TIMEOUT:-330} python3 -c "import typer; from cdbench.cli.kernels import kernels_command as k; typer.run(k)" \
     --out "$OUT" --cost-table "$OUT/cost_table.json" "$@" 2>&1 | grep -v "━"
   nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu --format=csv
-} 2>&1 | tee "$OUT/run.log"
+} 2>&1 | tee "$OUT.run.log"  # beside the folder while the benchmark claims it, moved in after
+mkdir -p "$OUT" && mv "$OUT.run.log" "$OUT/run.log"

@@ -32,6 +32,14 @@ def test_quick_run_on_cpu_writes_reports(tmp_path):
     results, copies, env = load_run(out)
     assert len(results) == len(frame) and copies == []
     assert summary_markdown(results_frame(results), copies, env) == (out / "summary.md").read_text()
+    # a second run does not write over the first unasked
+    again = ["kernels", "--quick", "--batch", "1", "--dtype", "fp32", "--density", "sparse", "--out", str(out)]
+    refused = CliRunner().invoke(app, again)
+    assert refused.exit_code != 0 and "--overwrite" in refused.output
+    assert len(pd.read_csv(out / "results.csv")) == len(frame)
+    replaced = CliRunner().invoke(app, [*again, "--overwrite"])
+    assert replaced.exit_code == 0, replaced.output
+    assert len(pd.read_csv(out / "results.csv")) < len(frame)
 
 
 def test_cost_table_needs_a_gpu_and_bad_options_are_named(tmp_path):
