@@ -185,6 +185,9 @@ class Summary(BaseModel):
     gpu_share: float = 0.0
     steps: int
     idle_iterations: int
+    # what priced the forward: the calibration's name (a shipped file or a path), "none" for the uncalibrated
+    # roofline; None where the model did not price it (fixed costs, the GPU timed in hybrid, live mode)
+    forward_calibration: str | None = None
 
 
 def _stats_ms(values: np.ndarray) -> tuple[float, float, float, float, float]:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from cdbench.harness.costs.gpu import GpuCosts
+from cdbench.harness.costs.gpu import GpuCosts, RooflineGpuCosts
 from cdbench.harness.costs.grammar_profile import GrammarProfile
 from cdbench.harness.executors.base import GrammarExecutor
 from cdbench.harness.metrics import SLO, Summary, summarize
@@ -161,4 +161,6 @@ def run(config: RunConfig, progress: Progress | None = None) -> RunResult:
                       trace_steps=config.trace_steps,
                       progress=(lambda f: progress("simulating", f)) if progress else None, live=live)
     result.workload = workload
+    if isinstance(gpu, RooflineGpuCosts) and config.mode != "live":
+        result.summary.forward_calibration = gpu.forward.calibration_source
     return result

@@ -209,3 +209,18 @@ def test_cuda_graph_sizes_come_with_the_preset_and_are_checked():
     for bad in ([8, 4], [0, 1], [2, 2]):
         with pytest.raises(ValidationError, match="cuda_graph_sizes"):
             RunConfig.model_validate({"scheduler": {"cuda_graph_sizes": bad}}).scheduler_config()
+
+
+@pytest.mark.parametrize(("costs", "named"), [
+    ({"model": "qwen3-8b", "gpu": "h100-sxm"}, "qwen3-8b__h100-sxm.json"),  # the shipped calibration, by default
+    ({"model": "qwen3-8b", "gpu": "h100-sxm", "forward_calibration": "none"}, "none"),
+    ({"fixed_gpu": {"forward_base_s": 0.01}}, None),  # no forward model priced the steps
+])
+def test_the_summary_names_what_priced_the_forward(costs, named):
+    from cdbench.harness.run import run
+
+    tree = {"mode": "model", "vocab": "cl100k", "seed": 1,
+            "workload": {"num_requests": 4, "kinds": ["regex"], "arrival": {"process": "poisson", "rate": 50.0},
+                         "prompt_len": {"dist": "fixed", "value": 64}, "output_len": {"dist": "fixed", "value": 4}},
+            "costs": {"fixed_grammar": {}, **costs}}
+    assert run(RunConfig.model_validate(tree)).summary.forward_calibration == named
