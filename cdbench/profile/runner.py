@@ -14,8 +14,10 @@ for its item; one that runs out of its memory cap (``worker_memory``) records
 Workers die with the parent process, even when it is killed with SIGKILL.
 
 Resumable: each item's result is appended to ``items.jsonl`` as soon as it is
-known; a rerun with the same output folder skips what is there. A rerun with
-settings that change the results is refused before anything is built.
+known; a rerun with the same output folder skips what is there, except items
+that ran out of memory when the rerun's ``worker_memory`` is larger than the
+stored run's: those are tried again. A rerun with settings that change the
+results is refused before anything is built.
 
 Example
 -------
@@ -417,6 +419,15 @@ def check_resume(config: ProfileConfig, out_dir: str | Path) -> None:
             )
 
 
+def _recorded_worker_memory(out_dir: Path) -> int | None:
+    """The worker memory cap of the profile stored in ``out_dir`` (``None``: none stored, or not recorded)."""
+    path = out_dir / CONFIG_JSON
+    if not path.exists():
+        return None
+    cap = json.loads(path.read_text(encoding="utf-8")).get("worker_memory")
+    return int(cap) if cap is not None else None
+
+
 def _record_config(config: ProfileConfig, out_dir: Path) -> None:
     path = out_dir / CONFIG_JSON
     path.write_text(json.dumps(config.model_dump(), indent=2) + "\n", encoding="utf-8")
@@ -432,22 +443,30 @@ def profile_tasks(
 ) -> tuple[ResultStore, int]:
     """Profile ``tasks`` on every backend of ``config`` into ``out_dir/items.jsonl``.
 
-    Jobs already stored there are skipped (resume). With ``progress``, one bar
-    per backend counts its items done (stored ones included) on ``console``
-    (rich's default when ``None``). Returns the store and the number of new results.
+    Jobs already stored there are skipped (resume); an ``oom`` result is run
+    again when ``config.worker_memory`` is larger than the stored run's cap. With
+    ``progress``, one bar per backend counts its items done (stored ones
+    included) on ``console`` (rich's default when ``None``). Returns the store
+    and the number of new results.
     """
     out_dir = Path(out_dir)
     check_resume(config, out_dir)
+    earlier_cap = _recorded_worker_memory(out_dir)
+    retry_oom = earlier_cap is not None and config.worker_memory > earlier_cap
     out_dir.mkdir(parents=True, exist_ok=True)
     _record_config(config, out_dir)
     for plugin in config.plugins:
         load_plugin(plugin)
     store = ResultStore(out_dir)
+
+    def pending(key: tuple[str, str, str]) -> bool:
+        return key not in store or (retry_oom and store.results[key].status == "oom")
+
     jobs = [
         (backend, task)
         for task in tasks
         for backend in config.backends
-        if (task.corpus, task.item_id, backend) not in store
+        if pending((task.corpus, task.item_id, backend))
     ]
     new = 0
     try:
@@ -455,7 +474,7 @@ def profile_tasks(
             bars = {}
             if bar is not None:
                 for backend in config.backends:
-                    done = sum(1 for t in tasks if (t.corpus, t.item_id, backend) in store)
+                    done = sum(1 for t in tasks if not pending((t.corpus, t.item_id, backend)))
                     bars[backend] = bar.add_task(backend, total=len(tasks), completed=done)
             for result in pool.run(jobs):
                 store.append(result)

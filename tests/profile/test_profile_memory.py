@@ -93,3 +93,20 @@ def test_the_cli_takes_the_cap_reports_the_oom_item_in_one_line_and_keeps_the_re
                                    "--out", str(tmp_path / "bad"), "--worker-memory", "lots"])
     assert bad.exit_code == 2 and bad.output.strip() == "error: --worker-memory 'lots' is not a size (e.g. 8GB, 512MiB)"
 
+
+
+def test_a_resume_with_a_larger_cap_tries_the_oom_items_again(vocab, tmp_path):
+    tasks = [_task(vocab, "fits", ["alpha", "beta"], valid=["alpha"]), _task(vocab, "hog", ["HOG 2000"])]
+
+    def profile(cap: str):
+        config = ProfileConfig(backends=["toy_crashy"], corpora=["toy"], vocab="cl100k", plugins=[PLUGIN],
+                               worker_memory=cap)
+        store, new = profile_tasks(config, tasks, tmp_path, progress=False)
+        return {key[1]: r.status for key, r in store.results.items()}, new
+
+    assert profile("200MB") == ({"fits": "ok", "hog": "oom"}, 2)
+    assert profile("200MB") == ({"fits": "ok", "hog": "oom"}, 0)  # the same cap: nothing to try again
+    assert profile("100MB") == ({"fits": "ok", "hog": "oom"}, 0)  # a smaller one neither
+    assert profile("3GB") == ({"fits": "ok", "hog": "ok"}, 1)  # the 2 GB item now fits; the ok item stays
+    # the store read afresh keeps the later result
+    assert profile("3GB") == ({"fits": "ok", "hog": "ok"}, 0)
