@@ -25,11 +25,16 @@ def _run(folder: Path, rate: float, seed: int = 1, **scaled: float) -> None:
     (folder / "config.yaml").write_text(f"mode: model\nworkload:\n  seed: {seed}\n  arrival:\n    rate: {rate}\n")
 
 
+def _capacity(group: Path) -> None:
+    """The group's finished saturating run, as the campaign reads it: 10 requests/s."""
+    (group / "capacity").mkdir(parents=True)
+    (group / "capacity" / "summary.json").write_text(json.dumps({"request_throughput": 10.0}))
+
+
 def test_cells_are_judged_against_their_bars_and_incomplete_groups_are_listed(tmp_path):
     out = tmp_path / "campaign"
     group = out / "xgrammar-sglang-default"
-    (group / "capacity").mkdir(parents=True)
-    (group / "capacity" / "summary.json").write_text(json.dumps({"request_throughput": 10.0}))
+    _capacity(group)
     cell = group / "load0.5"
     _run(cell / "hybrid-a", 5.0)
     _run(cell / "hybrid-b", 5.0, median_ttft_ms=1.01)
@@ -61,8 +66,7 @@ def _planned(tmp_path: Path, *options: str) -> dict[str, campaign.Job]:
                                 "--policies", "sglang", "--corpora", "default", "--loads", "0.5", *options])
     plan = campaign.plan(args, campaign.Campaign(tmp_path, 20, 3, 1, False, 0, float("inf"), ["cdbench"]))
     capacity = plan[0]
-    capacity.folder.mkdir(parents=True)
-    (capacity.folder / "summary.json").write_text(json.dumps({"request_throughput": 10.0}))
+    _capacity(capacity.folder.parent)
     jobs, found = [capacity], {}
     while jobs:
         job = jobs.pop()
@@ -101,8 +105,7 @@ def test_without_out_of_sample_the_campaign_plans_what_it_did_before(tmp_path):
 def test_out_of_sample_cells_are_judged_against_the_other_seeds_hybrid_with_the_cells_noise(tmp_path):
     out = tmp_path / "campaign"
     group = out / "llguidance-vllm-regex_choice"
-    (group / "capacity").mkdir(parents=True)
-    (group / "capacity" / "summary.json").write_text(json.dumps({"request_throughput": 10.0}))
+    _capacity(group)
     for load, oos_error in ((0.5, 1.07), (0.9, 1.0)):
         cell = group / f"load{load:g}"
         _run(cell / "hybrid-a", 5.0)
@@ -138,8 +141,7 @@ def test_more_noise_copies_are_planned_and_widen_the_floor_to_their_largest_spre
 
     out = tmp_path / "campaign"
     group = out / "xgrammar-vllm-default"
-    (group / "capacity").mkdir(parents=True)
-    (group / "capacity" / "summary.json").write_text(json.dumps({"request_throughput": 10.0}))
+    _capacity(group)
     cell = group / "load0.9"
     _run(cell / "hybrid-a", 9.0)
     _run(cell / "hybrid-b", 9.0, p99_tpot_ms=1.03)
