@@ -164,22 +164,23 @@ class ResultStore:
     """``items.jsonl`` in ``out_dir``: one line per (item, backend), flushed per item.
 
     A torn last line (the run was killed while writing it) is dropped on open,
-    so that item is simply profiled again.
+    so that item is simply profiled again; of an item run again (an ``oom``
+    under a larger cap), only the later line is kept.
     """
 
     def __init__(self, out_dir: Path) -> None:
         self.path = out_dir / ITEMS_JSONL
         self.results: dict[tuple[str, str, str], ItemResult] = {}
         if self.path.exists():
-            good: list[str] = []
+            good: dict[tuple[str, str, str], str] = {}  # a key's later line (an oom item run again) wins
             for line in self.path.read_text(encoding="utf-8").splitlines():
                 try:
                     result = result_from_json(line)
                 except (json.JSONDecodeError, TypeError, KeyError):
                     continue
                 self.results[result.key] = result
-                good.append(line)
-            self.path.write_text("".join(f"{line}\n" for line in good), encoding="utf-8")
+                good[result.key] = line
+            self.path.write_text("".join(f"{line}\n" for line in good.values()), encoding="utf-8")
         self._file = self.path.open("a", encoding="utf-8")
 
     def __contains__(self, key: tuple[str, str, str]) -> bool:
@@ -403,12 +404,13 @@ def _progress(enabled: bool, console: Console | None = None) -> Iterator[Any]:
         yield bar
 
 
-def check_resume(config: ProfileConfig, out_dir: str | Path) -> None:
-    """Raise :class:`ResumeMismatchError` if ``out_dir`` holds results made with other settings."""
+def check_resume(config: ProfileConfig, out_dir: str | Path) -> dict[str, Any] | None:
+    """Raise :class:`ResumeMismatchError` if ``out_dir`` holds results made with other settings; else return
+    the stored profile's recorded config (``None``: nothing stored)."""
     out_dir = Path(out_dir)
     path = out_dir / CONFIG_JSON
-    if path.exists():
-        stored = json.loads(path.read_text(encoding="utf-8"))
+    stored = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    if stored is not None:
         identity = config.results_identity()
         differing = sorted(k for k in identity if stored.get(k) != identity[k])
         if differing:
@@ -417,15 +419,7 @@ def check_resume(config: ProfileConfig, out_dir: str | Path) -> None:
                 f"({', '.join(f'{k}={stored.get(k)!r}' for k in differing)}); use another --out, or --overwrite to "
                 "start afresh"
             )
-
-
-def _recorded_worker_memory(out_dir: Path) -> int | None:
-    """The worker memory cap of the profile stored in ``out_dir`` (``None``: none stored, or not recorded)."""
-    path = out_dir / CONFIG_JSON
-    if not path.exists():
-        return None
-    cap = json.loads(path.read_text(encoding="utf-8")).get("worker_memory")
-    return int(cap) if cap is not None else None
+    return stored
 
 
 def _record_config(config: ProfileConfig, out_dir: Path) -> None:
@@ -450,8 +444,7 @@ def profile_tasks(
     and the number of new results.
     """
     out_dir = Path(out_dir)
-    check_resume(config, out_dir)
-    earlier_cap = _recorded_worker_memory(out_dir)
+    earlier_cap = (check_resume(config, out_dir) or {}).get("worker_memory")
     retry_oom = earlier_cap is not None and config.worker_memory > earlier_cap
     out_dir.mkdir(parents=True, exist_ok=True)
     _record_config(config, out_dir)

@@ -110,3 +110,4 @@ def test_a_resume_with_a_larger_cap_tries_the_oom_items_again(vocab, tmp_path):
     assert profile("3GB") == ({"fits": "ok", "hog": "ok"}, 1)  # the 2 GB item now fits; the ok item stays
     # the store read afresh keeps the later result
     assert profile("3GB") == ({"fits": "ok", "hog": "ok"}, 0)
+    assert len((tmp_path / "items.jsonl").read_text().splitlines()) == 2  # the superseded oom line is gone
