@@ -38,7 +38,7 @@ def kernels_command(
     dtype: list[str] = typer.Option(None, "--dtype", help="fp32 / bf16 / fp16 (repeatable)"),
     density: list[str] = typer.Option(None, "--density", help="sparse / dense (repeatable)"),
     variant: list[str] = typer.Option(None, "--variant", help="variants to run (repeatable); default all but xgr-torch-compile"),
-    out: Path = typer.Option(None, "--out", help="output folder (default: runs/kernels-<UTC time>)"),
+    out: Path | None = typer.Option(None, "--out", help="output folder (default: runs/kernels-<UTC time>)"),
     overwrite: OverwriteOpt = False,
     cost_table: str = typer.Option("", "--cost-table", help="write a MaskCostTable: a path, or 'auto' for cdbench/kernels/cost_tables/<gpu>.json"),
     seed: int = typer.Option(0, "--seed"),
