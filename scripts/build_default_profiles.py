@@ -20,22 +20,26 @@ warm-loop measurements (``cdbench profile``) sit lower
 (reports/fidelity/profiles_in_situ.md). ``none.json`` (every cost zero) is
 written next to them. The run folders stay in ``--work-dir`` for inspection.
 
-Every spec of the corpus is profiled in situ: without ``--requests``, N is
-the smallest request count at which the default mix gives each kind at least
-as many requests as the corpus has distinct specs of that kind
-(:func:`covering_requests`; 951 for the embedded sample, whose 29 EBNF specs
-get 3 % of the requests). The workload draws each kind's specs without
-repeats until all were drawn (``spec_reuse: unique``), so one run of the
-default mix walks every spec at least once, and the per-kind pools keep the
-default mix; the common kinds' specs are walked several times (as copies,
-which ``model`` mode replays by their own or their item's section). After the
-run, :func:`uncovered` lists the corpus specs the profile has no in-situ
-walk of (a spec whose compile failed is covered by its failure).
+Every instance of every spec of the corpus is profiled in situ: without
+``--requests``, N is the smallest request count at which the default mix gives
+each kind at least as many requests as it has spec instances (its distinct
+specs times ``instances_per_spec``: :func:`covering_requests`; 3851 for the
+embedded sample, whose 29 EBNF specs get 3 % of the requests). The workload
+draws each kind's specs without repeats until all were drawn (``spec_reuse:
+unique``), and a spec's requests take its instances in turn, so one run of
+the default mix walks every instance at least once (a spec's fill cost depends
+on the text it walks: ``model`` mode replays each walked text's own fills), and
+the per-kind pools keep the default mix; the common kinds' specs are walked
+many times (as copies, which ``model`` mode replays by their own or their
+item's section). Instance pools are fixed by ``workload.instance_seed``, not
+the workload seed, so these are the texts runs at any seed walk. After the
+run, :func:`uncovered` lists the corpus specs the profile has no in-situ walk
+of (a spec whose compile failed is covered by its failure).
 
 The default run has no speculative decoding, so it rolls nothing back and
 builds no draft rows; a second hybrid run of the same config with drafts
 (``--set workload.spec_decode.k=3 --set workload.spec_decode.alpha=0.6``,
-``--spec-requests`` requests, by default N as well, into
+``--spec-requests`` requests, by default the fewest that walk every spec once, into
 ``<work-dir>/<backend>-spec``) gives each kind's and each spec's
 ``rollback_s`` and draft validity (``draft_tried``/``draft_valid``:
 :func:`with_drafts`). The default workload has neither random walks nor the
@@ -105,6 +109,9 @@ def covering_requests(specs: Mapping[str, int], weights: Mapping[str, float] | N
     >>> covering_requests({"json_schema": 160, "regex": 50, "choice": 50, "ebnf": 29},
     ...                   {"json_schema": 0.85, "regex": 0.06, "choice": 0.06, "ebnf": 0.03})
     951
+    >>> covering_requests({"json_schema": 640, "regex": 200, "choice": 200, "ebnf": 116},
+    ...                   {"json_schema": 0.85, "regex": 0.06, "choice": 0.06, "ebnf": 0.03})
+    3851
     """
     kinds = list(specs)
     need = np.array([specs[k] for k in kinds])
@@ -158,11 +165,11 @@ def with_drafts(profile: GrammarProfile, spec_run: GrammarProfile) -> GrammarPro
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=None,
-                        help="requests of each hybrid run (default: the fewest that walk every corpus spec)")
+                        help="requests of the hybrid run (default: the fewest that walk every instance of every corpus spec)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--spec-requests", type=int, default=None,
-                        help="requests of the run with drafts (default: as --requests)")
+                        help="requests of the run with drafts (default: the fewest that walk every corpus spec)")
     parser.add_argument("--work-dir", type=Path, default=Path(".cache/default_profiles_in_situ"))
     parser.add_argument("--dest", type=Path, default=PROFILE_DIR)
     args = parser.parse_args(argv)
@@ -172,12 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     if default.workload.structured_ratio != 1.0:
         raise SystemExit("the default workload has plain requests: covering_requests counts structured ones only")
     specs = corpus_specs(default.workload)
-    covering = covering_requests({k: len(ids) for k, ids in specs.items()}, default.workload.kind_weights)
+    weights, per_spec = default.workload.kind_weights, default.workload.instances_per_spec
+    covering = covering_requests({k: len(ids) * per_spec for k, ids in specs.items()}, weights)
     requests = args.requests or covering
-    spec_requests = args.spec_requests or requests
+    spec_requests = args.spec_requests or covering_requests({k: len(ids) for k, ids in specs.items()}, weights)
     print(f"corpus: {sum(map(len, specs.values()))} distinct specs "
-          f"({', '.join(f'{k} {len(v)}' for k, v in specs.items())}); {covering} requests walk them all; "
-          f"running {requests}", file=sys.stderr)
+          f"({', '.join(f'{k} {len(v)}' for k, v in specs.items())}); {covering} requests walk each of their "
+          f"{per_spec} instances; running {requests}", file=sys.stderr)
     args.dest.mkdir(parents=True, exist_ok=True)
     for backend in backends:
         run = _run(backend, requests, args.seed, args.work_dir / backend)
@@ -188,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         missing = uncovered(profile, specs)
         coverage = (f"walks all {sum(map(len, specs.values()))} corpus specs" if not missing else
                     "no in-situ walk of " + "; ".join(f"{k}: {', '.join(ids)}" for k, ids in missing.items()))
+        coverage += f", {len(profile.instances)} instances"
         when = datetime.now(UTC).strftime("%Y-%m-%d")
         profile = profile.model_copy(update={"source": (
             f"{command}: in situ, from `{run}` ({coverage}), rollbacks and draft validity from `{spec_run}` "

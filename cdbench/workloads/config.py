@@ -94,6 +94,15 @@ class WorkloadConfig(_Config):
     Kinds the filtered corpus has no item of are left out and the others'
     shares renormalized; kinds without a weight are not drawn. Without it,
     specs are drawn from the whole corpus alike, so the kind mix is the corpus's.
+
+    ``instances_per_spec``/``instance_seed``: each spec's pool of oracle
+    instances, part of the dataset rather than of the draw: the pool is
+    generated from ``instance_seed``, not the workload ``seed``, so runs at
+    every seed answer a spec with the same texts, and a profile that walked
+    them (``GrammarProfile.instances``) knows what each one costs. A spec's
+    requests take its pool's instances in turn, from a seeded start, so a
+    spec used ``instances_per_spec`` times walks each once. Change
+    ``instance_seed`` to draw other instances.
     """
 
     num_requests: int | None = Field(default=None, gt=0)
@@ -112,6 +121,7 @@ class WorkloadConfig(_Config):
     output_len: LengthDist = FixedLengths(value=128)
     token_source: Literal["oracle", "random_walk", "lengths"] = "oracle"
     instances_per_spec: int = Field(default=4, gt=0)
+    instance_seed: int = 0
     reasoning: ReasoningConfig = ReasoningConfig()
     spec_decode: SpecDecodeConfig = SpecDecodeConfig()
     random_walk: RandomWalkConfig = RandomWalkConfig()

@@ -13,6 +13,9 @@ so changing one aspect of the config does not reshuffle the others.
 Corpus items are told apart by their spec, not their id: items whose spec has
 the same canonical text as an earlier item are dropped (listed in
 ``Workload.duplicate_specs``), and instance pools are keyed by the spec's hash.
+A spec's pool comes from ``config.instance_seed``, not the workload seed (the
+same instances at every seed), and its requests take the pool's instances in
+turn from a seeded start.
 A config with ``trace`` replays that trace instead (:func:`cdbench.workloads.trace.replay`).
 """
 
@@ -67,6 +70,7 @@ class _SpecPicker:
         self.hashes = hashes
         self.pools: dict[str, InstancePool] = {}
         self.failed: dict[str, InstanceFailure] = {}
+        self.turns: dict[str, int] = {}  # item hash -> its next request's turn through the item's pool
         self.next_unique = 0
         self.label = label
         if config.spec_reuse.mode == "zipf" and self.order:
@@ -82,12 +86,23 @@ class _SpecPicker:
         if key not in self.pools and key not in self.failed:
             try:
                 self.pools[key] = self.cache.get(item.id, item.to_spec(), self.vocab,
-                                                 size=self.config.instances_per_spec, seed=self.config.seed)
+                                                 size=self.config.instances_per_spec, seed=self.config.instance_seed)
             except InstanceFailure as failure:
                 self.failed[key] = failure
             if self.progress is not None:
                 self.progress.advance(self.task)
         return self.pools.get(key)
+
+    def instance(self, item: CorpusItem, pool: InstancePool, rng: np.random.Generator) -> int:
+        """The pool index of ``item``'s next request: its instances in turn from a seeded start, so that a
+        spec drawn as often as its pool is large answers with each instance once (a draw per request
+        would leave some out and repeat others)."""
+        key = self.hashes[item.id]
+        turn = self.turns.get(key)
+        if turn is None:
+            turn = int(rng.integers(len(pool.tokens)))
+        self.turns[key] = turn + 1
+        return turn % len(pool.tokens)
 
     def usable(self, item: CorpusItem) -> bool:
         self.pool(item)
@@ -224,7 +239,7 @@ def generate(config: WorkloadConfig, vocab: Vocabulary, *, cache: PoolCache | No
                 spec_id, spec = unique_copy(item, copy)
                 pool = picker.pool(item)
                 if pool is not None:
-                    index = int(instance_rng.integers(len(pool.tokens)))
+                    index = picker.instance(item, pool, instance_rng)
                     tokens = pool.tokens[index]
                     out_len = len(tokens)
                     pools[spec_id] = pool

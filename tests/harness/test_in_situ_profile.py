@@ -12,7 +12,7 @@ from cdbench.backends.base import ConstraintSpec
 from cdbench.backends.vocab import load_vocab
 from cdbench.harness.costs.gpu import FixedGpuCosts
 from cdbench.harness.costs.grammar_profile import CompileMeasurement, GrammarProfile, WalkMeasurement
-from cdbench.harness.costs.spec_profile import spec_key_hash
+from cdbench.harness.costs.spec_profile import base_key_text, instance_key, spec_key_hash
 from cdbench.harness.executors.base import SpecKeys, StepRows
 from cdbench.harness.executors.hybrid import HybridExecutor
 from cdbench.harness.executors.in_situ import InSituRecorder, compile_status
@@ -68,6 +68,12 @@ def test_hybrid_profile_round_trips_and_covers_every_spec(backend, tmp_path) -> 
     assert profile.kinds["regex"].fill_residual.count > 0
     # the steps' fill seconds are the profile's samples
     assert profile.overall.fill_s.count == int(result.steps["mask_rows"].sum())
+    # and each walked text keeps its own fills by position, found by its spec and tokens
+    assert len(profile.instances) == len(requests)
+    for r in requests:
+        text = f"{r.spec.kind}:{r.spec_id}"
+        walked = profile.instances[instance_key(base_key_text(text, r.spec.kind, r.spec_id), r.output_tokens)]
+        assert walked.walks == 1 and len(walked.fill_s) == r.output_len and all(v > 0 for v in walked.fill_s)
 
 
 def test_hybrid_profile_with_drafts_measures_rollbacks(backend) -> None:

@@ -245,3 +245,35 @@ def test_a_heavy_stretch_past_the_first_positions_replays_where_it_was_measured(
                                                [CompileMeasurement("corp/stretch", "regex", "ok", 0.01)], [walk])
     for seed in range(3):
         np.testing.assert_allclose(_fills_at_positions(profile, "corp/stretch", 80, seed)[0], measured, rtol=1e-4)
+
+
+def test_a_text_the_profile_walked_replays_its_own_fills_and_an_unwalked_one_its_specs() -> None:
+    """Fills depend on the text walked, not only the spec: two texts of one spec, one cheap and one a
+    hundred times dearer at positions 5-9, each replay their own measured fills; a third, unwalked
+    text takes the spec's curve (the mean of the two)."""
+    from cdbench.harness.costs.spec_profile import base_key_text, instance_key
+
+    out = 20
+    texts = {"cheap": tuple(range(100, 100 + out)), "dear": tuple(range(200, 200 + out))}
+    measured = {"cheap": np.full(out, 1e-5), "dear": np.full(out, 1e-5)}
+    measured["dear"][5:10] = 1e-3
+    base = base_key_text("regex:corp/one", "regex", "corp/one")
+    walks = [WalkMeasurement("corp/one", "regex", fill_s=measured[t], accept_s=np.full(out, 2e-6),
+                             instance=instance_key(base, texts[t])) for t in texts]
+    profile = GrammarProfile.from_measurements("test", "qwen3.6", [CompileMeasurement("corp/one", "regex", "ok", 0.001)],
+                                               walks)
+    assert len(profile.instances) == 2
+    assert profile.instances[instance_key(base, texts["dear"])].fill_s[7] == pytest.approx(1e-3)
+    tokens = [texts["cheap"], texts["dear"], tuple(range(300, 300 + out))]
+    requests = [Request(i, 10.0 * i, 50, out, SPEC, "corp/one" if i == 0 else f"corp/one#copy{i}", t, instance_index=i)
+                for i, t in enumerate(tokens)]
+    result = simulate(requests, policy("vllm", **NO_HOST_COSTS, overlap=False),
+                      ModelExecutor(ProfileGrammarCosts(profile, 0)), FixedGpuCosts(forward_base_s=0.01), seed=0,
+                      trace_steps=0)
+    steps = result.steps[result.steps["grammar_rows"] > 0]
+    owner = (steps["start_s"] // 10.0).astype(int)
+    fills = [steps.loc[owner == i, "fill_s"].to_numpy() for i in range(3)]
+    np.testing.assert_allclose(fills[0], measured["cheap"][:len(fills[0])], rtol=1e-4)
+    np.testing.assert_allclose(fills[1], measured["dear"][:len(fills[1])], rtol=1e-4)
+    spec_mean = (measured["cheap"] + measured["dear"]) / 2
+    assert fills[2][5:10].mean() == pytest.approx(spec_mean[5:10].mean(), rel=0.3)

@@ -36,6 +36,26 @@ def test_oracle_outputs_are_instance_tokens(vocab, pool_cache):
     assert [r.arrival_s for r in wl.requests] == sorted(r.arrival_s for r in wl.requests)
 
 
+def test_instance_pools_come_from_instance_seed_not_the_workload_seed(vocab, pool_cache):
+    """Pools are part of the dataset: every workload seed answers a spec with the same texts."""
+    cfg = dict(num_requests=30, kinds=["regex"])
+    a, b = gen(vocab, pool_cache, seed=1, **cfg), gen(vocab, pool_cache, seed=2, **cfg)
+    shared = set(a.pools) & set(b.pools)
+    assert shared and all(a.pools[s] == b.pools[s] for s in shared)
+    other = gen(vocab, pool_cache, seed=1, instance_seed=5, **cfg)
+    assert any(other.pools[s].texts != a.pools[s].texts for s in set(other.pools) & set(a.pools))
+
+
+def test_a_specs_requests_take_its_instances_in_turn(vocab, pool_cache, tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"id": "r", "kind": "regex", "spec": "[a-d]{3}", "source": "s", "license": "MIT"}) + "\n")
+    wl = gen(vocab, pool_cache, num_requests=10, spec_reuse={"mode": "same"}, corpus=[str(corpus)])
+    size = len(wl.pools["r"].tokens)
+    assert size == 4
+    turns = [r.instance_index for r in wl.requests]
+    assert turns == [(turns[0] + i) % size for i in range(len(turns))]
+
+
 def test_unique_reuse_gives_distinct_specs_past_the_corpus(vocab, pool_cache, tmp_path):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("\n".join(json.dumps(x) for x in [

@@ -5,7 +5,10 @@ profiled spec (:class:`SpecIndex`: its own spec where the profile measured
 it, else a whole profiled spec of the same kind, and corpus where one
 matches), so a slow spec is slow at every token of its requests, and its
 fills follow the spec's position curve (first fills cost more). Around that,
-token-to-token noise comes from the kind's residual distribution.
+token-to-token noise comes from the kind's residual distribution. A request
+whose text the profile walked (the same spec item, the same tokens) replays
+that text's own fills by position instead: what a grammar costs at a position
+depends on the text it walks, not only on the spec.
 
 Per-request streams keep the draws independent of scheduling order: each
 cost spec (a profiled spec, or a kind's pooled costs) has a pool of
@@ -241,7 +244,11 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
     One cost spec per profiled spec that the run's specs resolve to, plus one
     per kind for specs the kind's pooled costs serve; each cost spec's pools
     are drawn from a generator seeded by the seed and the cost spec alone, so
-    they do not depend on which other specs the run holds.
+    they do not depend on which other specs the run holds. A request walking a
+    text the profile walked (:attr:`GrammarProfile.instances`) replays that
+    text's fills: its curve is the instance's mean fill at each measured
+    position (its spec's curve elsewhere), over a pool of ones and without
+    drawn outliers, as the measured fills already hold the text's own spread.
     """
     out_len = output_lengths(requests)
     width = int(out_len.max(initial=0)) + 1
@@ -249,31 +256,28 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
     kinds = {kind: _kind_dists(profile, profile.kind(kind)) for kind in sorted(set(keys.kinds))}
     has_rollback = all(d[3] is not None for d in kinds.values())
     fills, accepts, rollbacks, forced, curves, spikes = [], [], [], [], [], []
-    row_of: dict[tuple[str, str | None], int] = {}
-    key_row = np.zeros(max(len(keys.texts), 1), np.int64)
-    key_reject_rate = np.zeros(max(len(keys.texts), 1))
-    key_reject_at = np.zeros(max(len(keys.texts), 1), np.int64)
-    key_spec: list[SpecProfile | None] = []
-    chains = [np.ones(DRAFT_WINDOW - 1)]  # chain 0: every draft valid (not measured)
-    chain_of: dict[tuple[str | None, str], int] = {}
-    key_chain = np.zeros(max(len(keys.texts), 1), np.int64)
-    key_think = np.zeros(max(len(keys.texts), 1))
-    for k, (text, spec_id, kind) in enumerate(zip(keys.texts, keys.spec_ids, keys.kinds)):
-        name = index.resolve(text, spec_id, kind)
-        spec = index.spec(name)
-        fill_dist, relative, accept, rollback = kinds[kind]
-        own = spec is not None and spec.fills > 0 and relative and len(spec.fill_residual) > 0
-        row_key = (kind, name if own or spec is not None and spec.accept_s is not None else None)
+    row_of: dict[tuple[str, str | None, bool], int] = {}
+    row_curve: list[int] = []  # each row's own curve (replay rows: their spec row's)
+
+    def make_row(kind: str, name: str | None, spec: SpecProfile | None, own: bool, replay: bool) -> int:
+        """The pool row of a cost spec (``replay``: a text's own fills, so its fill pool is ones)."""
+        row_key = (kind, name if own or spec is not None and spec.accept_s is not None else None, replay)
         row = row_of.get(row_key)
-        if row is None:
-            row = row_of[row_key] = len(fills)
-            kp = profile.kind(kind)
-            rng = np.random.default_rng([seed, 0x6772, KIND_CODES[kind],
-                                         int(row_key[1], 16) if row_key[1] is not None else 0])
-            u = rng.random((4, SPAN))
-            spiky = own and spec.fill_outlier_rate > 0 and len(spec.fill_outliers_s) > 0
-            spikes.append(_spikes(spec, np.random.default_rng([seed, 0x7370, KIND_CODES[kind], int(name, 16)]))
-                          if spiky else None)
+        if row is not None:
+            return row
+        row = row_of[row_key] = len(fills)
+        fill_dist, relative, accept, rollback = kinds[kind]
+        kp = profile.kind(kind)
+        rng = np.random.default_rng([seed, 0x6772, KIND_CODES[kind],
+                                     int(row_key[1], 16) if row_key[1] is not None else 0])
+        u = rng.random((4, SPAN))
+        spiky = own and not replay and spec.fill_outlier_rate > 0 and len(spec.fill_outliers_s) > 0
+        spikes.append(_spikes(spec, np.random.default_rng([seed, 0x7370, KIND_CODES[kind], int(name, 16)]))
+                      if spiky else None)
+        if replay:
+            fills.append(np.ones(ROW))
+            row_curve.append(row_curve[make_row(kind, name, spec, own, False)])
+        else:
             if own:
                 fills.append(_row(_cycle(np.asarray(spec.fill_residual), u[0]), 1.0))
                 curves.append(spec.fill_by_position_s(np.arange(width)))
@@ -281,18 +285,37 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
                 fills.append(_row(fill_dist.quantile(u[0]), fill_dist.mean))
                 curve = kp.fill_curve if relative and len(kp.fill_curve) == N_POSITION_BINS else None
                 curves.append(kp.fill_s.mean * np.asarray(curve)[bins] if curve is not None else np.ones(width))
-            accept_scale = rollback_scale = 1.0
-            if spec is not None and spec.accept_s is not None and accept.p50 > 0:
-                accept_scale = spec.accept_s / accept.p50
-            if spec is not None and spec.rollback_s is not None and rollback is not None and rollback.p50 > 0:
-                rollback_scale = spec.rollback_s / rollback.p50
-            accepts.append(_row(accept.quantile(u[1]), accept.mean * accept_scale))
-            if has_rollback:
-                rollbacks.append(_row(rollback.quantile(u[2]), rollback.mean * rollback_scale))
-            jumps = rng.geometric(1.0 / max(kp.jump_forward_mean_tokens, 1.0), SPAN)
-            forced.append(_row(np.where(u[3] < kp.jump_forward_fraction, jumps, 0)))
-        key_row[k] = row
+            row_curve.append(len(curves) - 1)
+        accept_scale = rollback_scale = 1.0
+        if spec is not None and spec.accept_s is not None and accept.p50 > 0:
+            accept_scale = spec.accept_s / accept.p50
+        if spec is not None and spec.rollback_s is not None and rollback is not None and rollback.p50 > 0:
+            rollback_scale = spec.rollback_s / rollback.p50
+        accepts.append(_row(accept.quantile(u[1]), accept.mean * accept_scale))
+        if has_rollback:
+            rollbacks.append(_row(rollback.quantile(u[2]), rollback.mean * rollback_scale))
+        jumps = rng.geometric(1.0 / max(kp.jump_forward_mean_tokens, 1.0), SPAN)
+        forced.append(_row(np.where(u[3] < kp.jump_forward_fraction, jumps, 0)))
+        return row
+
+    n_keys = max(len(keys.texts), 1)
+    key_row = np.zeros(n_keys, np.int64)
+    key_reject_rate = np.zeros(n_keys)
+    key_reject_at = np.zeros(n_keys, np.int64)
+    key_spec: list[SpecProfile | None] = []
+    key_cost: list[tuple[str, str | None, SpecProfile | None, bool]] = []
+    chains = [np.ones(DRAFT_WINDOW - 1)]  # chain 0: every draft valid (not measured)
+    chain_of: dict[tuple[str | None, str], int] = {}
+    key_chain = np.zeros(n_keys, np.int64)
+    key_think = np.zeros(n_keys)
+    for k, (text, spec_id, kind) in enumerate(zip(keys.texts, keys.spec_ids, keys.kinds)):
+        name = index.resolve(text, spec_id, kind)
+        spec = index.spec(name)
+        relative = kinds[kind][1]
+        own = spec is not None and spec.fills > 0 and relative and len(spec.fill_residual) > 0
+        key_row[k] = make_row(kind, name, spec, own, False)
         key_spec.append(spec)
+        key_cost.append((kind, name, spec, own))
         kp = profile.kind(kind)
         own_chain = spec is not None and len(spec.draft_tried) > 0
         chain = (spec.draft_tried, spec.draft_valid) if own_chain else (kp.draft_tried, kp.draft_valid)
@@ -313,6 +336,23 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
     structured = keys.request_key >= 0
     rk = np.maximum(keys.request_key, 0)
     row = np.where(structured, key_row[rk], 0)
+    curve_of = np.array(row_curve or [0], np.int64)[row]
+    if profile.instances and keys.request_instance:
+        block_of: dict[str, int] = {}
+        for i in np.flatnonzero(structured).tolist():
+            walked = keys.request_instance[i]
+            instance = profile.instances.get(walked) if walked is not None else None
+            if instance is None:
+                continue
+            k = int(rk[i])
+            row[i] = make_row(*key_cost[k], True)
+            block = block_of.get(walked)
+            if block is None:
+                measured = instance.fill_at(width)
+                known = ~np.isnan(measured)
+                block = block_of[walked] = len(curves)
+                curves.append(np.where(known, measured, curves[row_curve[key_row[k]]]))
+            curve_of[i] = block
     fill = np.concatenate(fills) if fills else np.zeros(ROW)
     spike = None
     if any(x is not None for x in spikes):
@@ -336,7 +376,7 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
         rollback=np.concatenate(rollbacks) if has_rollback and rollbacks else None,
         forced=np.concatenate(forced).astype(np.int64) if forced else np.zeros(ROW, np.int64),
         base=row * ROW, off_end=offsets + out_len,
-        curve=np.concatenate(curves) if curves else np.ones(width), curve_end=row * width + out_len,
+        curve=np.concatenate(curves) if curves else np.ones(width), curve_end=curve_of * width + out_len,
         reject_left=reject_left, spike=spike,
         draft_survival=np.vstack(chains) if len(chains) > 1 else None,
         draft_chain=np.where(structured, key_chain[rk], 0) if len(chains) > 1 else None,

@@ -41,7 +41,14 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cdbench.backends.base import CONSTRAINT_KINDS
-from cdbench.harness.costs.spec_profile import SpecProfile, group_samples, kind_pools, spec_sections
+from cdbench.harness.costs.spec_profile import (
+    InstanceProfile,
+    SpecProfile,
+    group_samples,
+    instance_sections,
+    kind_pools,
+    spec_sections,
+)
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
 CompileStatus = Literal["ok", "unsupported", "error", "timeout", "crash", "oom"]
@@ -214,7 +221,9 @@ class WalkMeasurement:
     its tokens from the masks (no oracle), and ``ended_at`` is the answer
     length at which its grammar terminated it (``None``: it ran to its cap).
     ``think_tokens``/``think_s``: thinking-phase tokens the matcher accepted
-    and the seconds they took (the ``reasoner`` backend).
+    and the seconds they took (the ``reasoner`` backend). ``instance``: the
+    walked text's :func:`~cdbench.harness.costs.spec_profile.instance_key`
+    (``None``: not known, as for a random walk).
     """
 
     spec_id: str
@@ -232,6 +241,7 @@ class WalkMeasurement:
     ended_at: int | None = None
     think_tokens: int = 0
     think_s: float = 0.0
+    instance: str | None = None
 
 
 class GrammarProfile(BaseModel):
@@ -244,7 +254,11 @@ class GrammarProfile(BaseModel):
     ``specs`` (format 2) holds each measured spec's own costs
     (:class:`~cdbench.harness.costs.spec_profile.SpecProfile`), keyed by
     :func:`~cdbench.harness.costs.spec_profile.spec_key_hash`; a format-1 file
-    has none, and ``model`` mode then draws per kind.
+    has none, and ``model`` mode then draws per kind. ``instances`` holds each
+    walked instance's fills by position
+    (:class:`~cdbench.harness.costs.spec_profile.InstanceProfile`), keyed by
+    :func:`~cdbench.harness.costs.spec_profile.instance_key`: a request
+    walking a text the profile walked replays that text's fills.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -257,6 +271,7 @@ class GrammarProfile(BaseModel):
     compile_by_spec: dict[str, float] = {}
     failed_specs: dict[str, CompileStatus] = {}
     specs: dict[str, SpecProfile] = {}
+    instances: dict[str, InstanceProfile] = {}
 
     @model_validator(mode="after")
     def _known_kinds(self) -> GrammarProfile:
@@ -357,7 +372,7 @@ class GrammarProfile(BaseModel):
         for k, pooled in kind_pools(specs.values()).items():
             kinds[k] = kinds[k].model_copy(update=pooled)
         return cls(
-            backend=backend, vocab=vocab, source=source, specs=specs, kinds=kinds,
+            backend=backend, vocab=vocab, source=source, specs=specs, instances=instance_sections(walks), kinds=kinds,
             overall=kind_profile(measured),
             compile_by_spec={s: float(np.median(t)) for s, t in sorted(by_spec.items())},
             failed_specs={s: failed[s] for s in sorted(failed) if s not in by_spec},

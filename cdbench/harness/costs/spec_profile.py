@@ -19,6 +19,14 @@ Specs are keyed by :func:`spec_key_hash` of their compile-cache key text (the
 scheduler's :class:`~cdbench.harness.executors.base.SpecKeys` text:
 ``kind:spec_id`` where the spec has an id, else its canonical text).
 
+Below the spec, the instance: what a spec's fill costs at a position depends
+on the text being walked (an Earley grammar can fill in microseconds on one
+instance of a grammar and in tens of milliseconds on another), so each walked
+instance also keeps its own fills by position (:class:`InstanceProfile`,
+:func:`instance_sections`), keyed by :func:`instance_key` of its spec's base
+key text and its tokens. Workload instance pools are fixed by their own seed,
+so a profile's instances recur in runs at any workload seed.
+
 >>> position_bins(np.array([0, 1, 2, 3, 4, 100, 10**6])).tolist()
 [0, 1, 2, 2, 3, 7, 12]
 >>> corpus_of("jsb/Github_easy/o27838#copy2"), corpus_of("plain")
@@ -67,6 +75,20 @@ def spec_key_hash(key_text: str) -> str:
 def spec_key_text(kind: str, spec_id: str) -> str:
     """The compile-cache key text of a spec known by its id (as the scheduler numbers specs)."""
     return f"{kind}:{spec_id}"
+
+
+def instance_key(base_text: str, tokens) -> str:
+    """The key of one instance in :attr:`GrammarProfile.instances`: a short hash of its spec's
+    :func:`base_key_text` and its tokens."""
+    digest = hashlib.blake2b(base_text.encode(), digest_size=10)
+    digest.update(np.asarray(tokens, np.int64).tobytes())
+    return digest.hexdigest()
+
+
+def base_key_text(key_text: str, kind: str, spec_id: str | None) -> str:
+    """The key text an instance is known under: its corpus item's (a generator copy ``id#copyN``
+    walks its item's instances), else the spec's own key text."""
+    return key_text if spec_id is None else spec_key_text(kind, base_spec_id(spec_id))
 
 
 def base_spec_id(spec_id: str) -> str:
@@ -163,6 +185,47 @@ empty list: none measured, or a profile written before outliers were kept).
         inside = p < len(head)
         out[inside] = head[p[inside]]
         return out
+
+
+class InstanceProfile(BaseModel):
+    """What walking one instance of a spec cost: ``fill_s[p]``, the mean fill seconds at answer position
+    ``p`` over its ``walks`` (every fill, outliers included: each was measured at that position of that
+    text), ``None`` where none was measured (a position a draft row covered). ``spec_id`` names the spec
+    it was walked under."""
+
+    model_config = ConfigDict(extra="forbid")
+    spec_id: str | None = None
+    walks: int = Field(ge=1)
+    fill_s: list[float | None]
+
+    def fill_at(self, width: int) -> np.ndarray:
+        """Its fills at positions ``0 .. width - 1`` (NaN where not measured)."""
+        out = np.full(width, np.nan)
+        values = np.array([np.nan if v is None else v for v in self.fill_s[:width]], np.float64)
+        out[:len(values)] = values
+        return out
+
+
+def instance_sections(walks: Iterable) -> dict[str, InstanceProfile]:
+    """Each walked instance's fills by answer position, from ``walks``
+    (:class:`~cdbench.harness.costs.grammar_profile.WalkMeasurement` with an ``instance`` key)."""
+    grouped: dict[str, list] = {}
+    for w in walks:
+        if w.instance is not None:
+            grouped.setdefault(w.instance, []).append(w)
+    out = {}
+    for key, ws in grouped.items():
+        positions = [np.arange(len(w.fill_s)) if w.positions is None else np.asarray(w.positions, np.int64)
+                     for w in ws]
+        width = max((int(p.max()) + 1 for p in positions if len(p)), default=0)
+        if not width:
+            continue
+        counts = sum(np.bincount(p, minlength=width) for p in positions)
+        sums = sum(np.bincount(p, weights=np.asarray(w.fill_s, np.float64), minlength=width)
+                   for p, w in zip(positions, ws))
+        means = [_round(sums[i] / counts[i]) if counts[i] else None for i in range(width)]
+        out[key] = InstanceProfile(spec_id=ws[0].spec_id, walks=len(ws), fill_s=means)
+    return out
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import numpy as np
 
 from cdbench.backends.base import ConstraintSpec
 from cdbench.harness.costs.grammar_profile import GrammarProfile
+from cdbench.harness.costs.spec_profile import base_key_text, instance_key
 from cdbench.workloads.request import Request
 
 
@@ -129,13 +130,18 @@ def accepted_drafts(rng: np.random.Generator, drafts: np.ndarray, alpha: float) 
 
 @dataclass(frozen=True)
 class SpecKeys:
-    """The run's distinct specs (index = compile-cache key) and each request's key (-1: none)."""
+    """The run's distinct specs (index = compile-cache key) and each request's key (-1: none).
+
+    ``request_instance[r]``: the :func:`~cdbench.harness.costs.spec_profile.instance_key` of the text
+    request ``r`` walks (``None``: no oracle tokens).
+    """
 
     texts: list[str]
     kinds: list[str]
     specs: list[ConstraintSpec]
     spec_ids: list[str | None]
     request_key: np.ndarray
+    request_instance: list[str | None] | None = None
 
     @classmethod
     def of(cls, requests: Sequence[Request]) -> SpecKeys:
@@ -145,7 +151,10 @@ class SpecKeys:
         kinds: list[str] = []
         specs: list[ConstraintSpec] = []
         spec_ids: list[str | None] = []
+        bases: list[str] = []
         request_key = np.full(len(requests), -1, np.int64)
+        request_instance: list[str | None] = [None] * len(requests)
+        hashed: dict[tuple[str, int], str] = {}  # (base key text, pool index) -> instance key: hash each text once
         for i, r in enumerate(requests):
             if r.spec is None:
                 continue
@@ -157,8 +166,17 @@ class SpecKeys:
                 kinds.append(r.spec.kind)
                 specs.append(r.spec)
                 spec_ids.append(r.spec_id)
+                bases.append(base_key_text(text, r.spec.kind, r.spec_id))
             request_key[i] = key
-        return cls(texts, kinds, specs, spec_ids, request_key)
+            if r.output_tokens is not None:
+                pooled = None if r.instance_index is None else (bases[key], r.instance_index)
+                found = hashed.get(pooled) if pooled is not None else None
+                if found is None:
+                    found = instance_key(bases[key], r.output_tokens)
+                    if pooled is not None:
+                        hashed[pooled] = found
+                request_instance[i] = found
+        return cls(texts, kinds, specs, spec_ids, request_key, request_instance)
 
 
 class GrammarExecutor(ABC):

@@ -149,6 +149,7 @@ class InSituRecorder:
                                          rejected_at=None if refused is None else int(refused - start[r]),
                                          drafts_past=past, valid_past=valid,
                                          random_walk=bool(random_walk is not None and random_walk[r]),
-                                         ended_at=self._walk_ends.get(r), think_tokens=tokens, think_s=ns * 1e-9))
+                                         ended_at=self._walk_ends.get(r), think_tokens=tokens, think_s=ns * 1e-9,
+                                         instance=keys.request_instance[r] if keys.request_instance else None))
         return GrammarProfile.from_measurements(backend, vocab, compiles, walks, source=source)
 
