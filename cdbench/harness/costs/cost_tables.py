@@ -85,6 +85,9 @@ class CostTables:
     when the cost source has no rollback measurements. ``reject_left[r]``:
     the ``gen_left`` at which request ``r``'s sampled token is refused (its
     spec's measured refusal; -1: never), ``None`` when no request is.
+    ``fill_base[r]``: request ``r``'s row in ``fill``/``fill_csum``/``spike``
+    where it is not ``base[r]`` (a request replaying its text's own fills reads
+    a row of ones), ``None`` when every request reads its ``base``.
     """
 
     fill: np.ndarray
@@ -102,6 +105,7 @@ class CostTables:
     draft_chain: np.ndarray | None = None
     end_left: np.ndarray | None = None
     think_accept: np.ndarray | None = None
+    fill_base: np.ndarray | None = None
 
 
 def output_lengths(requests: Sequence) -> np.ndarray:
@@ -256,12 +260,11 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
     kinds = {kind: _kind_dists(profile, profile.kind(kind)) for kind in sorted(set(keys.kinds))}
     has_rollback = all(d[3] is not None for d in kinds.values())
     fills, accepts, rollbacks, forced, curves, spikes = [], [], [], [], [], []
-    row_of: dict[tuple[str, str | None, bool], int] = {}
-    row_curve: list[int] = []  # each row's own curve (replay rows: their spec row's)
+    row_of: dict[tuple[str, str | None], int] = {}
 
-    def make_row(kind: str, name: str | None, spec: SpecProfile | None, own: bool, replay: bool) -> int:
-        """The pool row of a cost spec (``replay``: a text's own fills, so its fill pool is ones)."""
-        row_key = (kind, name if own or spec is not None and spec.accept_s is not None else None, replay)
+    def make_row(kind: str, name: str | None, spec: SpecProfile | None, own: bool) -> int:
+        """The pool row (and curve) of a cost spec."""
+        row_key = (kind, name if own or spec is not None and spec.accept_s is not None else None)
         row = row_of.get(row_key)
         if row is not None:
             return row
@@ -271,21 +274,16 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
         rng = np.random.default_rng([seed, 0x6772, KIND_CODES[kind],
                                      int(row_key[1], 16) if row_key[1] is not None else 0])
         u = rng.random((4, SPAN))
-        spiky = own and not replay and spec.fill_outlier_rate > 0 and len(spec.fill_outliers_s) > 0
+        spiky = own and spec.fill_outlier_rate > 0 and len(spec.fill_outliers_s) > 0
         spikes.append(_spikes(spec, np.random.default_rng([seed, 0x7370, KIND_CODES[kind], int(name, 16)]))
                       if spiky else None)
-        if replay:
-            fills.append(np.ones(ROW))
-            row_curve.append(row_curve[make_row(kind, name, spec, own, False)])
+        if own:
+            fills.append(_row(_cycle(np.asarray(spec.fill_residual), u[0]), 1.0))
+            curves.append(spec.fill_by_position_s(np.arange(width)))
         else:
-            if own:
-                fills.append(_row(_cycle(np.asarray(spec.fill_residual), u[0]), 1.0))
-                curves.append(spec.fill_by_position_s(np.arange(width)))
-            else:
-                fills.append(_row(fill_dist.quantile(u[0]), fill_dist.mean))
-                curve = kp.fill_curve if relative and len(kp.fill_curve) == N_POSITION_BINS else None
-                curves.append(kp.fill_s.mean * np.asarray(curve)[bins] if curve is not None else np.ones(width))
-            row_curve.append(len(curves) - 1)
+            fills.append(_row(fill_dist.quantile(u[0]), fill_dist.mean))
+            curve = kp.fill_curve if relative and len(kp.fill_curve) == N_POSITION_BINS else None
+            curves.append(kp.fill_s.mean * np.asarray(curve)[bins] if curve is not None else np.ones(width))
         accept_scale = rollback_scale = 1.0
         if spec is not None and spec.accept_s is not None and accept.p50 > 0:
             accept_scale = spec.accept_s / accept.p50
@@ -303,7 +301,6 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
     key_reject_rate = np.zeros(n_keys)
     key_reject_at = np.zeros(n_keys, np.int64)
     key_spec: list[SpecProfile | None] = []
-    key_cost: list[tuple[str, str | None, SpecProfile | None, bool]] = []
     chains = [np.ones(DRAFT_WINDOW - 1)]  # chain 0: every draft valid (not measured)
     chain_of: dict[tuple[str | None, str], int] = {}
     key_chain = np.zeros(n_keys, np.int64)
@@ -313,9 +310,8 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
         spec = index.spec(name)
         relative = kinds[kind][1]
         own = spec is not None and spec.fills > 0 and relative and len(spec.fill_residual) > 0
-        key_row[k] = make_row(kind, name, spec, own, False)
+        key_row[k] = make_row(kind, name, spec, own)
         key_spec.append(spec)
-        key_cost.append((kind, name, spec, own))
         kp = profile.kind(kind)
         own_chain = spec is not None and len(spec.draft_tried) > 0
         chain = (spec.draft_tried, spec.draft_valid) if own_chain else (kp.draft_tried, kp.draft_valid)
@@ -336,23 +332,28 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
     structured = keys.request_key >= 0
     rk = np.maximum(keys.request_key, 0)
     row = np.where(structured, key_row[rk], 0)
-    curve_of = np.array(row_curve or [0], np.int64)[row]
+    curve_of = row.copy()  # a row's curve is the curve of the same index
+    fill_row = None
     if profile.instances and keys.request_instance:
         block_of: dict[str, int] = {}
+        ones = len(fills)  # the fill row of every replayed text: its curve holds its fills
         for i in np.flatnonzero(structured).tolist():
             walked = keys.request_instance[i]
             instance = profile.instances.get(walked) if walked is not None else None
             if instance is None:
                 continue
-            k = int(rk[i])
-            row[i] = make_row(*key_cost[k], True)
             block = block_of.get(walked)
             if block is None:
                 measured = instance.fill_at(width)
-                known = ~np.isnan(measured)
                 block = block_of[walked] = len(curves)
-                curves.append(np.where(known, measured, curves[row_curve[key_row[k]]]))
+                curves.append(np.where(np.isnan(measured), curves[row[i]], measured))
             curve_of[i] = block
+            if fill_row is None:
+                fill_row = row.copy()
+            fill_row[i] = ones
+        if fill_row is not None:
+            fills.append(np.ones(ROW))
+            spikes.append(None)
     fill = np.concatenate(fills) if fills else np.zeros(ROW)
     spike = None
     if any(x is not None for x in spikes):
@@ -380,4 +381,5 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
         reject_left=reject_left, spike=spike,
         draft_survival=np.vstack(chains) if len(chains) > 1 else None,
         draft_chain=np.where(structured, key_chain[rk], 0) if len(chains) > 1 else None,
-        end_left=end_left, think_accept=think if think.any() else None)
+        end_left=end_left, think_accept=think if think.any() else None,
+        fill_base=None if fill_row is None else fill_row * ROW)

@@ -177,6 +177,7 @@ class ModelExecutor(GrammarExecutor):
             g_rid = rows.rid[g]
             g_left = gen_left[g]  # a grammar row is past thinking: its answer position is output_len - gen_left
             at = ((t.off_end[g_rid] - g_left) & _SPAN_MASK) + t.base[g_rid]  # the rows' pool indexes
+            fat = at if t.fill_base is None else at + (t.fill_base[g_rid] - t.base[g_rid])  # in the fill pools
             ci = t.curve_end[g_rid] - g_left
             accept_one = t.accept[at]
             g_drafts = drafts[g]
@@ -184,9 +185,9 @@ class ModelExecutor(GrammarExecutor):
             if n_drafts >= DRAFT_WINDOW and int(g_drafts.max()) >= DRAFT_WINDOW:
                 raise ValueError(f"model mode reads at most {DRAFT_WINDOW - 1} drafts per row")
             if not n_drafts:
-                row_fill = t.fill[at] * t.curve[ci]
+                row_fill = t.fill[fat] * t.curve[ci]
                 if t.spike is not None:
-                    row_fill += t.spike[at]
+                    row_fill += t.spike[fat]
                 per_row = constant_ints(1, ng)
             else:
                 g_accepted = accepted[g]
@@ -202,9 +203,9 @@ class ModelExecutor(GrammarExecutor):
                 # a row's fills at its next 1 + valid positions, from the pool's prefix sums, all at the row's
                 # position on the spec's curve
                 csum = t.fill_csum
-                row_fill = (csum[at + per_row] - csum[at]) * t.curve[ci]
+                row_fill = (csum[fat + per_row] - csum[fat]) * t.curve[ci]
                 if t.spike is not None:  # an outlier is one per measured row: a drafted row's is its mean over its rows
-                    row_fill += t.spike[at] * per_row
+                    row_fill += t.spike[fat] * per_row
                 row_fill = row_fill + accept_one * valid  # valid drafts enter the grammar to fill their rows
                 rolled = valid - g_accepted
                 rolled_back = np.zeros(n, np.int64)
