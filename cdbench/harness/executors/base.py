@@ -154,7 +154,9 @@ class SpecKeys:
         bases: list[str] = []
         request_key = np.full(len(requests), -1, np.int64)
         request_instance: list[str | None] = [None] * len(requests)
-        hashed: dict[tuple[str, int], str] = {}  # (base key text, pool index) -> instance key: hash each text once
+        # (base key text, id of the tokens) -> instance key: requests of one pooled text share its tuple, so
+        # each text is hashed once (the requests hold the tuples, so no id is reused meanwhile)
+        hashed: dict[tuple[str, int], str] = {}
         for i, r in enumerate(requests):
             if r.spec is None:
                 continue
@@ -169,12 +171,10 @@ class SpecKeys:
                 bases.append(base_key_text(text, r.spec.kind, r.spec_id))
             request_key[i] = key
             if r.output_tokens is not None:
-                pooled = None if r.instance_index is None else (bases[key], r.instance_index)
-                found = hashed.get(pooled) if pooled is not None else None
+                text_of = (bases[key], id(r.output_tokens))
+                found = hashed.get(text_of)
                 if found is None:
-                    found = instance_key(bases[key], r.output_tokens)
-                    if pooled is not None:
-                        hashed[pooled] = found
+                    found = hashed[text_of] = instance_key(bases[key], r.output_tokens)
                 request_instance[i] = found
         return cls(texts, kinds, specs, spec_ids, request_key, request_instance)
 
