@@ -94,3 +94,34 @@ def test_shipped_profiles_walk_every_default_corpus_spec_and_keep_draft_validity
     profile = GrammarProfile.builtin(backend)
     assert build.uncovered(profile, build.corpus_specs(default.workload)) == {}
     assert all(kp.draft_tried and kp.rollback_s.count for kp in profile.kinds.values())
+
+
+@pytest.mark.slow  # builds the default corpus's instance pools (minutes on a fresh cache)
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_shipped_profiles_walk_every_text_of_the_default_pools(backend: str) -> None:
+    from cdbench.backends.vocab import load_vocab
+    from cdbench.harness.costs.spec_profile import instance_key, spec_key_text
+    from cdbench.workloads.corpora import load_corpora
+    from cdbench.workloads.generator import distinct_specs
+    from cdbench.workloads.instances import InstanceFailure, PoolCache
+
+    default = validate_config(RunConfig, read_yaml_mapping(builtin_config_path("default")), "default.yaml")
+    wl = default.workload
+    load = load_corpora(wl.corpus, kinds=wl.kinds, id_prefix=wl.id_prefix, sample=wl.corpus_sample, seed=wl.seed,
+                        limit=wl.corpus_limit)
+    profile = GrammarProfile.builtin(backend)
+    failed = {s.spec_id for s in profile.specs.values() if s.status not in (None, "ok")} | set(profile.failed_specs)
+    vocab, cache = load_vocab(default.vocab), PoolCache()
+    walked = missing = 0
+    for item in distinct_specs(load.items)[0]:
+        if item.id in failed or item.kind not in wl.kind_weights:
+            continue
+        try:
+            pool = cache.get(item.id, item.to_spec(), vocab, size=wl.instances_per_spec, seed=wl.instance_seed)
+        except InstanceFailure:
+            continue
+        base = spec_key_text(item.kind, item.id)
+        found = sum(instance_key(base, tokens) in profile.instances for tokens in pool.tokens)
+        walked += found
+        missing += len(pool.tokens) - found
+    assert walked > 0 and missing == 0
