@@ -20,7 +20,9 @@ spread as the noise floor: the own-profile and out-of-sample runs against issue 
 10 % p99s), the shipped-profile run against 15 % (medians, throughput) and 25 % (p99s); a cell's noise
 widens its bar.
 
-Runs go in parallel, each pinned to its own core (``--pin``) with one thread, and a run folder that
+Runs go in parallel, each pinned to its own core (``--pin``; ``--cores-per-run N``: N cores of its own,
+as a profile build with N cores had them: xgrammar compiles with threads) with one thread of OpenMP and
+tokenizers, and a run folder that
 already holds a ``summary.json`` is not run again. ``--deadline-s`` stops starting runs (and stops
 running ones) so that the report is always written; cells left incomplete are listed as such.
 
@@ -101,10 +103,11 @@ class Campaign:
     first_core: int
     deadline: float
     cdbench: list[str]
+    cores_per_run: int = 1
     finished: list[Job] = field(default_factory=list)
     failed: list[Job] = field(default_factory=list)
     skipped: list[Job] = field(default_factory=list)
-    _cores: deque[int] = field(default_factory=deque)
+    _cores: deque[str] = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _procs: set[subprocess.Popen] = field(default_factory=set)
 
@@ -121,7 +124,7 @@ class Campaign:
                "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
         cmd = self.command(job)
         if core is not None:
-            cmd = ["taskset", "-c", str(core), *cmd]
+            cmd = ["taskset", "-c", core, *cmd]
         job.folder.parent.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
         try:
@@ -149,11 +152,22 @@ class Campaign:
             job.error = f"exit {code}: {lines[-1] if lines else ''}"
         return job
 
+    def core_sets(self) -> list[str]:
+        """The ``taskset -c`` core list of each of the ``jobs`` slots: ``cores_per_run`` consecutive cores each,
+        from ``first_core`` on.
+
+        >>> Campaign(Path("x"), 1, 1, 3, True, 2, 0.0, [], cores_per_run=2).core_sets()
+        ['2-3', '4-5', '6-7']
+        """
+        n = self.cores_per_run
+        starts = range(self.first_core, self.first_core + self.jobs * n, n)
+        return [str(a) if n == 1 else f"{a}-{a + n - 1}" for a in starts]
+
     def execute(self, initial: list[Job]) -> None:
         """Run ``initial`` and whatever finished jobs start, ``jobs`` at a time; dependants first (a cell
         completes before new groups start), until the deadline."""
         if self.pin:
-            self._cores.extend(range(self.first_core, self.first_core + self.jobs))
+            self._cores.extend(self.core_sets())
         pending: deque[Job] = deque(initial)
         running: set[Future[Job]] = set()
         with ThreadPoolExecutor(self.jobs) as pool:
@@ -373,7 +387,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="skip the groups (BACKEND-POLICY-CORPUS) matching this glob, e.g. 'outlines-*-default'")
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     parser.add_argument("--pin", action="store_true", help="pin each run to its own core (taskset)")
-    parser.add_argument("--first-core", type=int, default=0, help="with --pin: runs use cores first..first+jobs-1")
+    parser.add_argument("--first-core", type=int, default=0,
+                        help="with --pin: runs use cores first..first+jobs*cores_per_run-1")
+    parser.add_argument("--cores-per-run", type=int, default=1,
+                        help="with --pin: consecutive cores each run gets (xgrammar compiles with threads)")
     parser.add_argument("--deadline-s", type=float, default=float("inf"), help="start no run after this many seconds")
     parser.add_argument("--noise-copies", type=int, default=2,
                         help="same-seed hybrid runs per cell (hybrid-a, hybrid-b, ...); their spread is the noise floor")
@@ -400,7 +417,7 @@ def main() -> None:
     if shutil.which("cdbench") and Path(shutil.which("cdbench")).parent == Path(sys.executable).parent:
         cdbench = [shutil.which("cdbench")]
     campaign = Campaign(args.out, args.requests, args.seed, args.jobs, args.pin, args.first_core,
-                        time.monotonic() + args.deadline_s, cdbench)
+                        time.monotonic() + args.deadline_s, cdbench, args.cores_per_run)
     if not args.report_only:
         initial = plan(args, campaign)
         started = time.monotonic()

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -154,3 +155,20 @@ def test_more_noise_copies_are_planned_and_widen_the_floor_to_their_largest_spre
     text = campaign.write_report(three, out, tmp_path / "report", "python scripts/fidelity_campaign.py ...",
                                  None, copies=3).read_text()
     assert "the largest |hybrid-a vs hybrid-b / hybrid-c|" in text and "+15.0 (n 20.0)" in text
+
+
+@pytest.mark.parametrize(("per_run", "sets"), [(1, ["2", "3", "4"]), (2, ["2-3", "4-5", "6-7"])])
+def test_pinned_runs_get_their_own_cores_per_run(tmp_path, monkeypatch, per_run, sets):
+    """With --pin each slot is its own set of consecutive cores, and a run's command starts with its taskset."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "taskset").write_text('#!/bin/sh\necho taskset "$@"\n')  # stands in: this host may lack the cores
+    (bin_dir / "taskset").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    run = campaign.Campaign(tmp_path, 20, 1, 3, True, 2, float("inf"), ["cdbench"], cores_per_run=per_run)
+    assert run.core_sets() == sets
+    job = campaign.Job(tmp_path / "cell" / "hybrid-a", ["--seed", "1"])
+    run.execute([job])
+    assert not job.error and job in run.finished
+    assert job.log.read_text().split()[:4] == ["taskset", "-c", sets[0], "cdbench"]
+    assert sorted(run._cores) == sorted(sets)  # the slot went back after the run
