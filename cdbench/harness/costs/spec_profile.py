@@ -206,6 +206,11 @@ class InstanceProfile(BaseModel):
         return out
 
 
+def walk_positions(walk) -> np.ndarray:
+    """The answer position of each of a walk's fills (its ``positions``, else 0, 1, 2, ...)."""
+    return np.arange(len(walk.fill_s)) if walk.positions is None else np.asarray(walk.positions, np.int64)
+
+
 def instance_sections(walks: Iterable) -> dict[str, InstanceProfile]:
     """Each walked instance's fills by answer position, from ``walks``
     (:class:`~cdbench.harness.costs.grammar_profile.WalkMeasurement` with an ``instance`` key)."""
@@ -215,8 +220,7 @@ def instance_sections(walks: Iterable) -> dict[str, InstanceProfile]:
             grouped.setdefault(w.instance, []).append(w)
     out = {}
     for key, ws in grouped.items():
-        positions = [np.arange(len(w.fill_s)) if w.positions is None else np.asarray(w.positions, np.int64)
-                     for w in ws]
+        positions = [walk_positions(w) for w in ws]
         width = max((int(p.max()) + 1 for p in positions if len(p)), default=0)
         if not width:
             continue
@@ -424,8 +428,7 @@ def group_samples(walks: Sequence, compiles: Sequence) -> list[SpecSamples]:
             parts = [np.asarray(getattr(w, name), np.float64).ravel() for w in ws]
             return np.concatenate(parts) if parts else np.zeros(0)
 
-        positions = [np.arange(len(w.fill_s)) if w.positions is None else np.asarray(w.positions, np.int64)
-                     for w in ws]
+        positions = [walk_positions(w) for w in ws]
         cs = compiled.get(key, [])
         ok = [c.seconds for c in cs if c.status == "ok"]
         failed = [c for c in cs if c.status != "ok"]
