@@ -261,41 +261,6 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
     has_rollback = all(d[3] is not None for d in kinds.values())
     fills, accepts, rollbacks, forced, curves, spikes = [], [], [], [], [], []
     row_of: dict[tuple[str, str | None], int] = {}
-
-    def make_row(kind: str, name: str | None, spec: SpecProfile | None, own: bool) -> int:
-        """The pool row (and curve) of a cost spec."""
-        row_key = (kind, name if own or spec is not None and spec.accept_s is not None else None)
-        row = row_of.get(row_key)
-        if row is not None:
-            return row
-        row = row_of[row_key] = len(fills)
-        fill_dist, relative, accept, rollback = kinds[kind]
-        kp = profile.kind(kind)
-        rng = np.random.default_rng([seed, 0x6772, KIND_CODES[kind],
-                                     int(row_key[1], 16) if row_key[1] is not None else 0])
-        u = rng.random((4, SPAN))
-        spiky = own and spec.fill_outlier_rate > 0 and len(spec.fill_outliers_s) > 0
-        spikes.append(_spikes(spec, np.random.default_rng([seed, 0x7370, KIND_CODES[kind], int(name, 16)]))
-                      if spiky else None)
-        if own:
-            fills.append(_row(_cycle(np.asarray(spec.fill_residual), u[0]), 1.0))
-            curves.append(spec.fill_by_position_s(np.arange(width)))
-        else:
-            fills.append(_row(fill_dist.quantile(u[0]), fill_dist.mean))
-            curve = kp.fill_curve if relative and len(kp.fill_curve) == N_POSITION_BINS else None
-            curves.append(kp.fill_s.mean * np.asarray(curve)[bins] if curve is not None else np.ones(width))
-        accept_scale = rollback_scale = 1.0
-        if spec is not None and spec.accept_s is not None and accept.p50 > 0:
-            accept_scale = spec.accept_s / accept.p50
-        if spec is not None and spec.rollback_s is not None and rollback is not None and rollback.p50 > 0:
-            rollback_scale = spec.rollback_s / rollback.p50
-        accepts.append(_row(accept.quantile(u[1]), accept.mean * accept_scale))
-        if has_rollback:
-            rollbacks.append(_row(rollback.quantile(u[2]), rollback.mean * rollback_scale))
-        jumps = rng.geometric(1.0 / max(kp.jump_forward_mean_tokens, 1.0), SPAN)
-        forced.append(_row(np.where(u[3] < kp.jump_forward_fraction, jumps, 0)))
-        return row
-
     n_keys = max(len(keys.texts), 1)
     key_row = np.zeros(n_keys, np.int64)
     key_reject_rate = np.zeros(n_keys)
@@ -308,9 +273,37 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
     for k, (text, spec_id, kind) in enumerate(zip(keys.texts, keys.spec_ids, keys.kinds)):
         name = index.resolve(text, spec_id, kind)
         spec = index.spec(name)
-        relative = kinds[kind][1]
+        fill_dist, relative, accept, rollback = kinds[kind]
         own = spec is not None and spec.fills > 0 and relative and len(spec.fill_residual) > 0
-        key_row[k] = make_row(kind, name, spec, own)
+        row_key = (kind, name if own or spec is not None and spec.accept_s is not None else None)
+        row = row_of.get(row_key)
+        if row is None:
+            row = row_of[row_key] = len(fills)
+            kp = profile.kind(kind)
+            rng = np.random.default_rng([seed, 0x6772, KIND_CODES[kind],
+                                         int(row_key[1], 16) if row_key[1] is not None else 0])
+            u = rng.random((4, SPAN))
+            spiky = own and spec.fill_outlier_rate > 0 and len(spec.fill_outliers_s) > 0
+            spikes.append(_spikes(spec, np.random.default_rng([seed, 0x7370, KIND_CODES[kind], int(name, 16)]))
+                          if spiky else None)
+            if own:
+                fills.append(_row(_cycle(np.asarray(spec.fill_residual), u[0]), 1.0))
+                curves.append(spec.fill_by_position_s(np.arange(width)))
+            else:
+                fills.append(_row(fill_dist.quantile(u[0]), fill_dist.mean))
+                curve = kp.fill_curve if relative and len(kp.fill_curve) == N_POSITION_BINS else None
+                curves.append(kp.fill_s.mean * np.asarray(curve)[bins] if curve is not None else np.ones(width))
+            accept_scale = rollback_scale = 1.0
+            if spec is not None and spec.accept_s is not None and accept.p50 > 0:
+                accept_scale = spec.accept_s / accept.p50
+            if spec is not None and spec.rollback_s is not None and rollback is not None and rollback.p50 > 0:
+                rollback_scale = spec.rollback_s / rollback.p50
+            accepts.append(_row(accept.quantile(u[1]), accept.mean * accept_scale))
+            if has_rollback:
+                rollbacks.append(_row(rollback.quantile(u[2]), rollback.mean * rollback_scale))
+            jumps = rng.geometric(1.0 / max(kp.jump_forward_mean_tokens, 1.0), SPAN)
+            forced.append(_row(np.where(u[3] < kp.jump_forward_fraction, jumps, 0)))
+        key_row[k] = row
         key_spec.append(spec)
         kp = profile.kind(kind)
         own_chain = spec is not None and len(spec.draft_tried) > 0
