@@ -15,14 +15,15 @@ Each iteration, at virtual time ``t``:
 2. **Batch.** Decode rows and continuing prefill chunks, then new requests in
    waiting-queue order while rows and the token budget last (chunked
    prefill). With ``mixed_batches=False`` a prefill batch runs alone.
-3. **Grammar work** from the executor: mask fill per row (serial, or parallel
-   above a row threshold), drafts (1 + k mask rows), verification, rollback,
-   jump-forward — as arrays over the step's rows. The engine's own host code
-   around it (measured, ``policies.py``): batch forming per row, the mask
-   wrapper per structured row (serial: it holds the GIL), a per-iteration mask
-   allocation per byte, the bitmask's serialization to another process
-   (``mask_transfer="ipc"``, on the mask path), result processing per row and
-   per structured row.
+3. **Grammar work** from the executor: mask fill per row (serial, or on a
+   thread pool above a row threshold: the executor prices or times the pool's
+   wall time, :class:`~cdbench.harness.executors.base.ParallelFill`), drafts
+   (1 + k mask rows), verification, rollback, jump-forward — as arrays over
+   the step's rows. The engine's own host code around it (measured,
+   ``policies.py``): batch forming per row, the mask wrapper per structured
+   row (serial: it holds the GIL), a per-iteration mask allocation per byte,
+   the bitmask's serialization to another process (``mask_transfer="ipc"``,
+   on the mask path), result processing per row and per structured row.
 4. **Time.** Without overlap: ``pre + max(forward, fill + copy) + apply +
    sample + process``. With overlap, a batch holding any grammar row waits
    for the previous step's processing and this step's mask:
@@ -56,6 +57,7 @@ from cdbench.harness.events import EventKind, EventQueue
 from cdbench.harness.executors.base import (
     CompileOutcome,
     GrammarExecutor,
+    ParallelFill,
     Settlement,
     SpecKeys,
     StepRows,
@@ -71,7 +73,7 @@ from cdbench.harness.records import (
     RequestTable,
     StepLog,
 )
-from cdbench.harness.step_time import parallel_makespan, step_time
+from cdbench.harness.step_time import step_time
 from cdbench.harness.timeline import Timeline
 from cdbench.workloads.request import Request
 
@@ -140,7 +142,10 @@ class Scheduler:
 
         self.keys = SpecKeys.of(ordered)
         rec.spec_key[:] = self.keys.request_key
-        executor.prepare(ordered, self.keys, jump_forward=config.jump_forward)
+        parallel = config.fill_parallel_threshold is not None and config.spec_tokens == 0  # (vLLM: no spec decoding)
+        executor.prepare(ordered, self.keys, jump_forward=config.jump_forward,
+                         parallel_fill=ParallelFill(config.fill_parallel_threshold, config.fill_chunk,
+                                                    config.fill_threads) if parallel else None)
         self._outcomes: dict[int, CompileOutcome] = {}
 
         R = config.ranks
@@ -594,12 +599,8 @@ class Scheduler:
         grammar_rows = len(row_fill)
         mask_rows = n_filter
         fill_s = 0.0
-        if grammar_rows:
-            threshold = cfg.fill_parallel_threshold
-            if threshold is not None and grammar_rows > threshold and k == 0 and live is None:
-                fill_s = parallel_makespan(row_fill, cfg.fill_chunk, cfg.fill_threads)
-            else:  # (live: the fills ran one after another)
-                fill_s = float(_sum(row_fill))
+        if grammar_rows:  # (the executor times or prices a parallel fill: its pool's wall time)
+            fill_s = float(_sum(row_fill)) if work.fill_wall_s is None else work.fill_wall_s
             self.fill_hist.add(row_fill / row_masks, row_masks)
             mask_rows += int(_sum(row_masks))
         host_fill_s = n_filter * cfg.think_filter_s

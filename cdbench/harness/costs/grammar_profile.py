@@ -244,6 +244,32 @@ class WalkMeasurement:
     instance: str | None = None
 
 
+class ParallelFillProfile(BaseModel):
+    """How a run's fills went on the engine's parallel fill pool.
+
+    Over ``steps`` steps whose fills ran on ``threads`` threads in tasks of
+    ``chunk`` rows, ``wall_s`` is the pool's measured wall time and
+    ``makespan_s`` what the same rows' own fill times give when the threads
+    run side by side (:func:`~cdbench.harness.step_time.parallel_makespan`).
+    :attr:`factor` is how far the real pool fell short of that (the GIL, caches
+    and cores the threads share): ``model`` mode scales its makespans by it.
+
+    >>> ParallelFillProfile(steps=2, threads=8, chunk=16, wall_s=3e-3, makespan_s=1e-3).factor
+    3.0
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    steps: int = Field(ge=1)
+    threads: int = Field(ge=1)
+    chunk: int = Field(ge=1)
+    wall_s: float = Field(gt=0)
+    makespan_s: float = Field(gt=0)
+
+    @property
+    def factor(self) -> float:
+        return self.wall_s / self.makespan_s
+
+
 class GrammarProfile(BaseModel):
     """Costs of one grammar backend on one vocabulary, measured on a corpus.
 
@@ -259,6 +285,8 @@ class GrammarProfile(BaseModel):
     (:class:`~cdbench.harness.costs.spec_profile.InstanceProfile`), keyed by
     :func:`~cdbench.harness.costs.spec_profile.instance_key`: a request
     walking a text the profile walked replays that text's fills.
+    ``parallel_fill`` (an in-situ profile whose run used the engine's fill
+    pool) says how the pool's wall time compared with its rows' fills.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -272,6 +300,7 @@ class GrammarProfile(BaseModel):
     failed_specs: dict[str, CompileStatus] = {}
     specs: dict[str, SpecProfile] = {}
     instances: dict[str, InstanceProfile] = {}
+    parallel_fill: ParallelFillProfile | None = None
 
     @model_validator(mode="after")
     def _known_kinds(self) -> GrammarProfile:
@@ -288,6 +317,7 @@ class GrammarProfile(BaseModel):
         compiles: Iterable[CompileMeasurement],
         walks: Iterable[WalkMeasurement],
         source: str = "",
+        parallel_fill: ParallelFillProfile | None = None,
     ) -> GrammarProfile:
         """Build a profile from raw measurements (what ``cdbench profile`` calls).
 
@@ -376,6 +406,7 @@ class GrammarProfile(BaseModel):
             overall=kind_profile(measured),
             compile_by_spec={s: float(np.median(t)) for s, t in sorted(by_spec.items())},
             failed_specs={s: failed[s] for s in sorted(failed) if s not in by_spec},
+            parallel_fill=parallel_fill,
         )
 
     @classmethod

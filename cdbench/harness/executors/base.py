@@ -56,6 +56,16 @@ class CompileOutcome:
     error: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ParallelFill:
+    """vLLM's parallel mask fill: a step with more than ``threshold`` grammar rows (and no drafts)
+    fills them in tasks of ``chunk`` rows on a pool of ``threads`` threads, and waits for all."""
+
+    threshold: int
+    chunk: int
+    threads: int
+
+
 @dataclass(slots=True)
 class StepRows:
     """The rows that sample in one step (parallel arrays, one entry a request).
@@ -89,6 +99,9 @@ class StepWork:
     terminated; ``None``: none); ``drafted``: drafts actually verified per row
     (``None``: as scheduled). ``process_s``: CPU seconds to advance the
     grammars after sampling (accept, rollback, jump-forward), all rows together.
+    ``fill_wall_s``: the step's fills spread over the parallel fill pool
+    (:class:`ParallelFill`): their wall time, start to the last task's end
+    (``None``: the fills ran one after another, and took ``fill_s``'s sum).
     Executors may return shared read-only arrays; the scheduler only reads them,
     and keeps the counters until it sums them in bulk, so an executor must not
     change an array it has returned.
@@ -104,6 +117,7 @@ class StepWork:
     process_s: float
     ended: np.ndarray | None = None
     drafted: np.ndarray | None = None
+    fill_wall_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -188,11 +202,16 @@ class GrammarExecutor(ABC):
     validation_s: float = 0.0
     #: set by the ``live`` loop per step: defer the accepts of sampled tokens to :meth:`settle`
     defer_accepts: bool = False
+    #: the engine's parallel fill, from :meth:`prepare` (``None``: serial fills)
+    parallel_fill: ParallelFill | None = None
 
-    def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False) -> None:
-        """Called once with the run's requests (in scheduler order), their spec keys, and whether
-        forced tokens are emitted without a forward step (the jump-forward what-if)."""
+    def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False,
+                parallel_fill: ParallelFill | None = None) -> None:
+        """Called once with the run's requests (in scheduler order), their spec keys, whether
+        forced tokens are emitted without a forward step (the jump-forward what-if), and the
+        engine's parallel fill (``None``: fills always run one after another)."""
         self.requests, self.keys, self.jump_forward = requests, keys, jump_forward
+        self.parallel_fill = parallel_fill
 
     @abstractmethod
     def compile(self, key: int) -> CompileOutcome:

@@ -33,8 +33,10 @@ schemas through a validator compiled once per spec).
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from operator import itemgetter
 from time import perf_counter_ns
@@ -54,6 +56,7 @@ from cdbench.harness.executors.base import (
     NO_FILL,
     CompileOutcome,
     GrammarExecutor,
+    ParallelFill,
     Settlement,
     SpecKeys,
     StepRows,
@@ -82,6 +85,18 @@ def _gaps_s(stamps: list[int]) -> np.ndarray:
     about three times faster than ``np.diff`` inferring one)."""
     ns = np.array(stamps, np.int64)
     return (ns[1:] - ns[:-1]) * _NS
+
+
+def _fill_rows(fills: Sequence[Callable], mask: torch.Tensor, first: int) -> list[int]:
+    """One parallel fill task: fill rows ``first``, ``first + 1``, ... of ``mask``; clock stamps
+    around each fill."""
+    clock = perf_counter_ns
+    stamps = [clock()]
+    stamp = stamps.append
+    for row, fill in enumerate(fills, first):
+        fill(mask, row)
+        stamp(clock())
+    return stamps
 
 
 def build_draft_masks(matcher: Matcher, mask: torch.Tensor, drafts: Sequence[int]) -> tuple[int, int]:
@@ -117,6 +132,7 @@ class _Step:
     ended: list[int] = field(default_factory=list)  # random-walk rows whose grammar terminated
     backend_ns: int = 0  # mask building
     process_ns: int = 0  # accepts, rollbacks, jump-forward after sampling
+    fill_wall_ns: int | None = None  # the fills ran on the parallel fill pool: its wall time
 
     def roll_back(self, rows: np.ndarray, counts: Sequence[int]) -> None:
         if self.rolled_back is None:
@@ -190,8 +206,13 @@ class HybridExecutor(GrammarExecutor):
         self._deferred: tuple | None = None  # the lean rows' accepts, until settle()
         self._deferred_step: tuple | None = None
 
-    def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False) -> None:
-        super().prepare(requests, keys, jump_forward)
+    def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False,
+                parallel_fill: ParallelFill | None = None) -> None:
+        super().prepare(requests, keys, jump_forward, parallel_fill)
+        self._pool = None
+        if parallel_fill is not None:
+            self._pool = ThreadPoolExecutor(parallel_fill.threads, thread_name_prefix="cdbench-fill")
+            weakref.finalize(self, self._pool.shutdown, wait=False)
         n = len(requests)
         short = [r.request_id for r in requests
                  if r.output_tokens is not None and r.spec is not None and len(r.output_tokens) < r.output_len]
@@ -298,7 +319,8 @@ class HybridExecutor(GrammarExecutor):
                     lean, drafted = np.flatnonzero(oracle), _NO_ROWS
                 general = np.flatnonzero(grammar ^ oracle) if len(lean) + len(drafted) < n_grammar else _NO_ROWS
             if len(lean) == n_grammar:  # the common step: the grammar rows are the lean rows
-                fill_s, mask_rows = self._lean(rows, lean, out), constant_ints(1, n_grammar)
+                pooled = self.parallel_fill is not None and n_grammar > self.parallel_fill.threshold
+                fill_s, mask_rows = self._lean(rows, lean, out, pooled), constant_ints(1, n_grammar)
             else:
                 out.fill_s, out.mask_rows = np.zeros(n), np.zeros(n, np.int64)
                 if len(lean):
@@ -329,7 +351,7 @@ class HybridExecutor(GrammarExecutor):
         return StepWork(fill_s, mask_rows, out.produced, out.accepted,
                         zeros if out.rolled_back is None else out.rolled_back,
                         zeros if out.jumped is None else out.jumped, rejected, out.process_ns * _NS, ended,
-                        out.verified)
+                        out.verified, None if out.fill_wall_ns is None else out.fill_wall_ns * _NS)
 
     def settle(self) -> Settlement | None:
         """Accept the oracle tokens of the step's lean rows, deferred by :attr:`defer_accepts` (timed)."""
@@ -365,8 +387,9 @@ class HybridExecutor(GrammarExecutor):
             if fill is None:
                 self._matcher(r)
 
-    def _lean(self, rows: StepRows, lean: np.ndarray, out: _Step) -> np.ndarray:
-        """One fill and one accept of the oracle token per row; the rows' fill seconds."""
+    def _lean(self, rows: StepRows, lean: np.ndarray, out: _Step, pooled: bool = False) -> np.ndarray:
+        """One fill and one accept of the oracle token per row (the fills on the parallel fill
+        pool when ``pooled``); the rows' fill seconds."""
         lean_rids = rows.rid[lean]
         lean_list = lean_rids.tolist()
         # the rows' bound methods, gathered in C (a 1-row getter returns the item itself)
@@ -376,14 +399,18 @@ class HybridExecutor(GrammarExecutor):
             self._row_matchers(lean_list, row_fills)
             row_fills = pick(self._fills)
         row_accepts = pick(self._accepts)
-        mask = self._mask
-        clock = perf_counter_ns
-        stamps = [clock()]
-        stamp = stamps.append
-        for fill in row_fills:
-            fill(mask, 0)
-            stamp(clock())
-        out.backend_ns += stamps[-1] - stamps[0]
+        if pooled:
+            fill_s = self._fill_pooled(row_fills, out)
+        else:
+            mask = self._mask
+            clock = perf_counter_ns
+            stamps = [clock()]
+            stamp = stamps.append
+            for fill in row_fills:
+                fill(mask, 0)
+                stamp(clock())
+            out.backend_ns += stamps[-1] - stamps[0]
+            fill_s = _gaps_s(stamps)
         at = self._at
         tokens = self._flat[at[lean_rids]].tolist()
         at[lean_rids] += 1
@@ -391,7 +418,25 @@ class HybridExecutor(GrammarExecutor):
             self._deferred = (row_accepts, tokens, lean, lean_rids)
         else:
             self._accept_lean(row_accepts, tokens, lean, lean_rids, out)
-        return _gaps_s(stamps)
+        return fill_s
+
+    def _fill_pooled(self, row_fills: Sequence[Callable], out: _Step) -> np.ndarray:
+        """Fill each row into its own mask row on the parallel fill pool, in tasks of ``chunk`` rows,
+        and wait for all; the rows' fill seconds (each timed in its task), the wall time in ``out``."""
+        setting = self.parallel_fill
+        n, chunk = len(row_fills), setting.chunk
+        if self._mask.shape[0] < n:
+            self._mask = self.backend.allocate_mask(n)
+        mask = self._mask
+        start = perf_counter_ns()
+        tasks = [self._pool.submit(_fill_rows, row_fills[i:i + chunk], mask, i) for i in range(0, n, chunk)]
+        stamps = [task.result() for task in tasks]
+        wall = perf_counter_ns() - start
+        out.backend_ns += wall
+        out.fill_wall_ns = wall
+        fill_s = np.concatenate([_gaps_s(s) for s in stamps])
+        self.recorder.parallel(setting, wall * _NS, fill_s)
+        return fill_s
 
     def _accept_lean(self, row_accepts: Sequence[Callable], tokens: list[int], lean: np.ndarray,
                      lean_rids: np.ndarray, out: _Step) -> None:

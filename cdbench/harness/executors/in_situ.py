@@ -26,7 +26,9 @@ proposed past those the target accepted and how many of them the grammar took
 (it builds rows for its valid prefix only); per random walk (no oracle
 tokens), the answer length at which its grammar terminated it; per thinking
 request of the ``reasoner`` backend, the thinking tokens its matcher accepted
-and their seconds.
+and their seconds; for the steps whose fills ran on the engine's parallel fill
+pool, the pool's wall time against the makespan of the rows' own fill times
+(:class:`~cdbench.harness.costs.grammar_profile.ParallelFillProfile`).
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ import numpy as np
 from cdbench.harness.costs.grammar_profile import (
     CompileMeasurement,
     GrammarProfile,
+    ParallelFillProfile,
     WalkMeasurement,
 )
 from cdbench.harness.costs.spec_profile import spec_key_hash
-from cdbench.harness.executors.base import SpecKeys
+from cdbench.harness.executors.base import ParallelFill, SpecKeys
+from cdbench.harness.step_time import parallel_makespan
 
 _STATUS = {"unsupported": "unsupported", "timeout": "timeout"}  # any other CompileError reason is an error
 
@@ -61,6 +65,8 @@ class InSituRecorder:
         self._drafts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (request ids, past accepted, valid)
         self._walk_ends: dict[int, int] = {}  # random-walk request -> answer length its grammar ended it at
         self._thought: dict[int, list[int]] = {}  # request -> [thinking tokens accepted, their nanoseconds]
+        self._parallel: list[tuple[float, np.ndarray]] = []  # per pooled step: (wall s, the rows' fill s)
+        self._pool: ParallelFill | None = None
 
     def compiled(self, key: int, seconds: float, reason: str | None) -> None:
         self._compiles[key] = (seconds, compile_status(reason))
@@ -68,6 +74,11 @@ class InSituRecorder:
     def step(self, rids: np.ndarray, cursor: np.ndarray, fill_s: np.ndarray, mask_rows: np.ndarray,
              process_ns: int, rolled: np.ndarray | None, jumped: np.ndarray | None) -> None:
         self._steps.append((rids, cursor, fill_s, mask_rows, process_ns, rolled, jumped))
+
+    def parallel(self, pool: ParallelFill, wall_s: float, fill_s: np.ndarray) -> None:
+        """A step's fills ran on ``pool``, taking ``wall_s`` in all; ``fill_s``: each row's own fill."""
+        self._pool = pool
+        self._parallel.append((wall_s, fill_s))
 
     def rejected(self, rids: np.ndarray, cursor: np.ndarray) -> None:
         """Requests ``rids`` whose sampled token the grammar refused, at oracle index ``cursor``."""
@@ -97,8 +108,17 @@ class InSituRecorder:
 
         compiles = [CompileMeasurement(spec_id(k), keys.kinds[k], status, seconds, key=keys.texts[k])  # type: ignore[arg-type]
                     for k, (seconds, status) in sorted(self._compiles.items())]
+        parallel = None
+        pool = self._pool
+        if pool is not None:
+            wall = sum(wall for wall, _ in self._parallel)
+            makespan = sum(parallel_makespan(fills, pool.chunk, pool.threads) for _, fills in self._parallel)
+            if wall > 0 and makespan > 0:
+                parallel = ParallelFillProfile(steps=len(self._parallel), threads=pool.threads, chunk=pool.chunk,
+                                               wall_s=wall, makespan_s=makespan)
         if not self._steps:
-            return GrammarProfile.from_measurements(backend, vocab, compiles, [], source=source)
+            return GrammarProfile.from_measurements(backend, vocab, compiles, [], source=source,
+                                                    parallel_fill=parallel)
         rids = np.concatenate([s[0] for s in self._steps])
         positions = np.concatenate([s[1] for s in self._steps]) - start[rids]
         fill_s = np.concatenate([s[2] for s in self._steps])
@@ -151,5 +171,6 @@ class InSituRecorder:
                                          random_walk=bool(random_walk is not None and random_walk[r]),
                                          ended_at=self._walk_ends.get(r), think_tokens=tokens, think_s=ns * 1e-9,
                                          instance=keys.request_instance[r] if keys.request_instance else None))
-        return GrammarProfile.from_measurements(backend, vocab, compiles, walks, source=source)
+        return GrammarProfile.from_measurements(backend, vocab, compiles, walks, source=source,
+                                                parallel_fill=parallel)
 

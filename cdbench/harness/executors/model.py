@@ -21,12 +21,14 @@ from cdbench.harness.executors.base import (
     NO_FILL,
     CompileOutcome,
     GrammarExecutor,
+    ParallelFill,
     SpecKeys,
     StepRows,
     StepWork,
     accepted_drafts,
     constant_ints,
 )
+from cdbench.harness.step_time import parallel_makespan
 from cdbench.workloads.request import Request
 
 # Per-step calls on small arrays cost mostly call overhead: count_nonzero is the cheapest
@@ -39,8 +41,12 @@ _SPAN_MASK = SPAN - 1
 
 
 class GrammarCosts(Protocol):
-    """Grammar costs the model executor reads: one compile per spec, and per-request cost tables
-    (:class:`~cdbench.harness.costs.cost_tables.CostTables`) built once for the run."""
+    """Grammar costs the model executor reads: one compile per spec, per-request cost tables
+    (:class:`~cdbench.harness.costs.cost_tables.CostTables`) built once for the run, and how far
+    the engine's parallel fill pool falls short of its threads running side by side (a factor on
+    the pool's makespan; 1: it does not)."""
+
+    parallel_fill_factor: float
 
     def compile(self, spec_id: str | None, key_text: str, kind: str) -> CompileOutcome: ...
 
@@ -53,7 +59,8 @@ class FixedGrammarCosts(BaseModel):
     ``compile_by_key`` overrides ``compile_time_s`` per spec (by spec id, or
     ``kind:spec_id``); specs in ``failing_keys`` fail to compile after their
     compile time. ``forced_tokens`` is how many tokens the grammar forces after
-    every token (used by the jump-forward what-if).
+    every token (used by the jump-forward what-if). ``parallel_fill_factor``
+    scales the parallel fill pool's makespan.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -65,6 +72,7 @@ class FixedGrammarCosts(BaseModel):
     accept_time_s: float = Field(3e-6, ge=0)
     rollback_time_s: float = Field(5e-6, ge=0)
     forced_tokens: int = Field(0, ge=0)
+    parallel_fill_factor: float = Field(1.0, gt=0)
 
     def compile(self, spec_id: str | None, key_text: str, kind: str) -> CompileOutcome:
         names = {key_text} | ({spec_id} if spec_id is not None else set())
@@ -85,12 +93,15 @@ class ProfileGrammarCosts:
     and outcome, fill scale and position curve, accept and rollback costs. A
     spec taken from a profile without compile measurements for it gets the
     kind's compile draw (:meth:`ProfileSampler.compile_one`), stable per spec.
+    The parallel fill pool's factor is the one its run measured
+    (:class:`~cdbench.harness.costs.grammar_profile.ParallelFillProfile`), else 1.
     """
 
     def __init__(self, profile: GrammarProfile, seed: int) -> None:
         self.profile, self.seed = profile, seed
         self.sampler = profile.sampler(seed)
         self.index = SpecIndex(profile, seed)
+        self.parallel_fill_factor = profile.parallel_fill.factor if profile.parallel_fill is not None else 1.0
 
     def compile(self, spec_id: str | None, key_text: str, kind: str) -> CompileOutcome:
         spec = self.index.spec(self.index.resolve(key_text, spec_id, kind))
@@ -122,7 +133,9 @@ class ModelExecutor(GrammarExecutor):
     jump-forward accepts the forced tokens. A random walk (a structured
     request without oracle tokens) ends where its spec's measured walks
     ended, as often; a thinking row of a profile that measured thinking
-    accepts (the ``reasoner`` backend) pays one per thinking token.
+    accepts (the ``reasoner`` backend) pays one per thinking token. A step
+    of more grammar rows than the parallel fill's threshold fills in the
+    pool's makespan times the cost source's ``parallel_fill_factor``.
     Costs are looked up in the run's per-request tables
     (:mod:`~cdbench.harness.costs.cost_tables`) at each row's answer position.
     """
@@ -144,8 +157,9 @@ class ModelExecutor(GrammarExecutor):
         self._runs_at += n
         return np.minimum(runs, drafts)
 
-    def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False) -> None:
-        super().prepare(requests, keys, jump_forward)
+    def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False,
+                parallel_fill: ParallelFill | None = None) -> None:
+        super().prepare(requests, keys, jump_forward, parallel_fill)
         self.tables = self.costs.tables(requests, keys)
 
     def compile(self, key: int) -> CompileOutcome:
@@ -238,5 +252,10 @@ class ModelExecutor(GrammarExecutor):
                 if _any(hit):
                     rejected = np.zeros(n, bool)
                     rejected[g[hit]] = True
-            return StepWork(row_fill, per_row, produced, accepted, rolled_back, jumped, rejected, process_s, ended)
+            pool = self.parallel_fill
+            fill_wall_s = None
+            if pool is not None and ng > pool.threshold and not n_drafts:
+                fill_wall_s = parallel_makespan(row_fill, pool.chunk, pool.threads) * self.costs.parallel_fill_factor
+            return StepWork(row_fill, per_row, produced, accepted, rolled_back, jumped, rejected, process_s, ended,
+                            fill_wall_s=fill_wall_s)
         return StepWork(NO_FILL, constant_ints(0, 0), produced, accepted, rolled_back, jumped, None, process_s)
