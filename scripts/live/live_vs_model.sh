@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Live mode against the calibrated model and hybrid modes on one GPU host (reports/fidelity/live_vs_model.md).
-# Usage: [COPIES=N] [POLICIES="sglang vllm"] [OVERLAPS="true false"] scripts/live/live_vs_model.sh OUTDIR REQUESTS RATE WORKLOAD...
+# Usage: [COPIES=N] [POLICIES="sglang vllm"] [OVERLAPS="true false"] [SETS="key=value ..."] \
+#        scripts/live/live_vs_model.sh OUTDIR REQUESTS RATE WORKLOAD...
+# (SETS: config overrides for every run, one --set each, e.g. SETS=workload.prompt_len.max=1024)
 # For each workload (default: cdbench/configs/default.yaml's mix; json: every structured request a JSON schema),
 # policy (sglang, vllm) and overlap (on, off):
 #   live-a, live-b  COPIES (default 2) --mode live runs, same seed (live-a, live-b, live-c, ...; the largest
@@ -17,6 +19,8 @@ shift 3
 cdbench=${CDBENCH:-cdbench}
 copies=(a b c d e f g h)
 copies=("${copies[@]:0:${COPIES:-2}}")
+sets=()
+for item in ${SETS:-}; do sets+=(--set "$item"); done
 mkdir -p "$out"
 block=4
 background() {  # name, then the run's arguments: on the pair's four cores, in the background
@@ -30,7 +34,7 @@ for workload in "$@"; do
     for overlap in ${OVERLAPS:-true false}; do
       cfg=$workload-$policy-overlap_$overlap
       common=(--policy "$policy" --requests "$requests" --rate "$rate" "${mix[@]}" --set "scheduler.overlap=$overlap"
-              --set trace_steps=0)
+              --set trace_steps=0 "${sets[@]}")
       for copy in "${copies[@]}"; do
         start=$SECONDS
         taskset -c 0-3 $cdbench run --mode live "${common[@]}" --out "$out/$cfg-live-$copy" --overwrite \
