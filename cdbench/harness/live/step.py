@@ -176,11 +176,13 @@ class LiveStep:
 
     def _warm_up(self) -> None:
         """Compile every kernel variant a run can meet before it starts, as an engine does at start-up:
-        Triton specializes integer arguments equal to 1 or divisible by 16, so row counts 1, 2 and 16
-        cover the apply and sampling kernels; a prefill and a mixed step cover the eager forward and
-        the decode-attention kernel outside a graph. (Decode graphs are captured on first use, off the
-        step's clock.)"""
-        rows = [n for n in (1, 2, 16) if n <= self.max_rows]
+        the apply and sampling kernels at every row count up to ``max_rows`` (their column block, apply
+        mode and Triton's specialization of integer arguments all follow the row count, and a variant
+        first met mid-run compiles on the step's clock: 0.4 s, seen on a fresh GPU host); a prefill
+        and a mixed step cover the eager forward and the decode-attention kernel outside a graph.
+        (Decode graphs are captured on first use, off the step's clock.) On a CPU device, where the
+        kernels run torch's reference code, a few row counts do."""
+        rows = range(1, self.max_rows + 1) if self.cuda else [n for n in (1, 2, 16) if n <= self.max_rows]
         for n in rows:
             apply_bitmask(self.logits[:n], self.mask[:n])
             masked_argmax(self.logits[:n], self.mask[:n])

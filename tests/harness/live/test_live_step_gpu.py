@@ -66,3 +66,23 @@ def test_a_live_run_measures_its_steps() -> None:
         assert result.live is not None and result.live.graphs_captured  # decode steps replayed graphs
         assert set(result.live.graphs_captured) <= set(config.cuda_graph_sizes)  # at the policy's sizes
         assert result.live.device != "cpu"
+
+
+def test_start_up_compiles_every_mask_and_sampling_kernel_variant_a_run_can_meet() -> None:
+    from cdbench.harness.live.step import LiveStep
+    from cdbench.kernels import apply_bitmask, masked_argmax
+    from cdbench.kernels.bitmask import _apply_bitmask_packs
+    from cdbench.kernels.sampling import _argmax_combine, _argmax_partial
+
+    live = LiveStep(SMALL, 151_000, 256, kv_tokens=2**14, max_rows=160)
+    kernels = (_apply_bitmask_packs, _argmax_partial, _argmax_combine)
+
+    def variants() -> int:  # compiled kernels: the first item of Triton's per-device cache entry
+        return sum(len(entry[0]) for k in kernels for entry in k.device_caches.values())
+
+    compiled = variants()
+    for rows in (3, 19, 37, 100, 129, 160):  # counts the start-up did not meet one by one before
+        apply_bitmask(live.logits[:rows], live.mask[:rows])
+        masked_argmax(live.logits[:rows], live.mask[:rows])
+    torch.cuda.synchronize()
+    assert variants() == compiled
