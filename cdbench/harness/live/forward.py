@@ -14,14 +14,8 @@ bytes an engine's cache would. Attention is torch's
 - decode rows: one query each; the ``G`` query heads that share a KV head are
   laid out as ``G`` query positions of that head, so the kernel reads each
   cached KV head once for the whole group (what decode kernels do);
-- prefill chunks: the step's new keys and values are written to the cache in
-  one indexed store for all chunks (as decode rows' are); a chunk after a
-  cached prefix attends causally, aligned to its end (``causal_lower_right``),
-  over its slot; the chunks without one (whole prompts) attend in a single
-  variable-length flash-attention call on a CUDA device (torch's
-  ``varlen_attn``), as the engines run a batch's prefill attention, and one by
-  one elsewhere. (Attending chunk by chunk costs several small kernels per
-  chunk and layer: a step of 14 chunks ran 13 % over the calibrated forward.)
+- prefill chunks: causal attention aligned to the chunk's end
+  (``causal_lower_right``) over the cached prefix and the chunk itself.
 
 Rows of one decode batch whose contexts differ are masked to their own length.
 A step of a fixed shape can be captured as a CUDA graph (:meth:`LiveForward.capture`)
@@ -33,7 +27,6 @@ device (the CPU for tests, at tiny shapes).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,13 +36,6 @@ from torch.nn.attention.bias import causal_lower_right
 
 from cdbench.harness.costs.hardware import ModelSpec
 from cdbench.kernels.decode_attention import decode_attention
-
-try:
-    from torch.nn.attention.varlen import varlen_attn
-except ImportError:  # torch before 2.10
-    varlen_attn = None
-# torch 2.12 takes grouped KV heads; earlier versions need them repeated to the query heads
-_VARLEN_GQA = varlen_attn is not None and "enable_gqa" in inspect.signature(varlen_attn).parameters
 
 ROPE_THETA = 500_000.0  # rotary base; the value only changes the numbers, not the time
 NORM_EPS = 1e-6
@@ -79,19 +65,6 @@ def check_supported(spec: ModelSpec) -> None:
                          f"(this one is {'MoE' if spec.is_moe else spec.attention})")
     if spec.n_heads % spec.n_kv_heads:
         raise ValueError(f"{spec.name}: n_heads {spec.n_heads} is not a multiple of n_kv_heads {spec.n_kv_heads}")
-
-
-@dataclass(frozen=True)
-class _PrefillPlan:
-    """A step's prefill tokens, laid out once for every layer: each token's cache ``slots`` and
-    ``positions``; the chunks from ``fresh_from`` on have no cached prefix, with cumulative
-    lengths ``cu_seq`` (``None``: they attend one by one) and the longest ``max_new``."""
-
-    slots: torch.Tensor
-    positions: torch.Tensor
-    fresh_from: int
-    cu_seq: torch.Tensor | None
-    max_new: int
 
 
 class KVCapacityError(RuntimeError):
@@ -175,11 +148,9 @@ class LiveForward:
     """Random-weight forward of ``spec`` on ``device``; :meth:`step` runs one continuous-batching step."""
 
     def __init__(self, spec: ModelSpec, device: torch.device | str, dtype: torch.dtype = torch.bfloat16,
-                 seed: int = 0, batched_prefill: bool = True) -> None:
+                 seed: int = 0) -> None:
         check_supported(spec)
         self.spec, self.device, self.dtype = spec, torch.device(device), dtype
-        # whole-prompt chunks attend in one variable-length call (CUDA only); False: chunk by chunk
-        self.batched_prefill = batched_prefill and self.device.type == "cuda" and varlen_attn is not None
         h, d = spec.hidden_size, spec.head_dim
         self.group = spec.n_heads // spec.n_kv_heads
         self.q_width, self.kv_width = spec.n_heads * d, spec.n_kv_heads * d
@@ -256,11 +227,10 @@ class LiveForward:
         if rows:
             parts_tok.append(decode.tokens)
             parts_pos.append(decode.positions)
-        plan = None
         if n_prefill:
-            plan = self._prefill_plan(prefill)
             parts_tok.append(prefill_tokens)
-            parts_pos.append(plan.positions)
+            parts_pos.append(torch.cat([torch.arange(c.cached, c.cached + c.new, device=self.device)
+                                        for c in prefill]))
         tokens = torch.cat(parts_tok) if len(parts_tok) > 1 else parts_tok[0]
         positions = torch.cat(parts_pos) if len(parts_pos) > 1 else parts_pos[0]
         cos, sin = self._rope(positions)
@@ -268,7 +238,7 @@ class LiveForward:
         x = F.embedding(tokens, self.embed)
         for index, layer in enumerate(self.layers):
             x = x + self._attention(layer, F.rms_norm(x, (x.shape[-1],), layer.attn_norm, NORM_EPS),
-                                    cos, sin, cache.k[index], cache.v[index], decode, rows, prefill, plan)
+                                    cos, sin, cache.k[index], cache.v[index], decode, rows, prefill)
             gate, up = (F.rms_norm(x, (x.shape[-1],), layer.mlp_norm, NORM_EPS) @ layer.gate_up).chunk(2, dim=-1)
             x = x + (F.silu(gate) * up) @ layer.down
         # Logits only for the tokens that are sampled: every decode row, each chunk's last token
@@ -278,30 +248,13 @@ class LiveForward:
             x = torch.cat(([x[:rows]] if rows else []) + [x[end - 1:end] for end in ends])
         return F.rms_norm(x, (x.shape[-1],), self.final_norm, NORM_EPS) @ self.lm_head
 
-    def _prefill_plan(self, prefill: Sequence[PrefillChunk]) -> _PrefillPlan:
-        """Lay out ``prefill``'s tokens (built on the device, so that a CUDA graph can capture it)."""
-        device = self.device
-        slots = torch.cat([torch.full((c.new,), c.slot, device=device, dtype=torch.int64) for c in prefill])
-        positions = torch.cat([torch.arange(c.cached, c.cached + c.new, device=device) for c in prefill])
-        fresh_from = len(prefill)
-        while fresh_from and prefill[fresh_from - 1].cached == 0:
-            fresh_from -= 1
-        fresh = prefill[fresh_from:]
-        cu_seq = None
-        if self.batched_prefill and fresh:
-            ends = [0]
-            for c in fresh:
-                ends.append(ends[-1] + c.new)
-            cu_seq = torch.cat([torch.full((1,), e, device=device, dtype=torch.int32) for e in ends])
-        return _PrefillPlan(slots, positions, fresh_from, cu_seq, max((c.new for c in fresh), default=0))
-
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         angles = positions.to(torch.float32)[:, None] * self._inv_freq[None, :]
         return torch.cos(angles).to(self.dtype), torch.sin(angles).to(self.dtype)
 
     def _attention(self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    cache_k: torch.Tensor, cache_v: torch.Tensor, decode: DecodeInputs | None, rows: int,
-                   prefill: Sequence[PrefillChunk], plan: _PrefillPlan | None) -> torch.Tensor:
+                   prefill: Sequence[PrefillChunk]) -> torch.Tensor:
         spec, d = self.spec, self.spec.head_dim
         q, k, v = (x @ layer.qkv).split([self.q_width, self.kv_width, self.kv_width], dim=-1)
         q = q.view(-1, spec.n_heads, d)
@@ -329,25 +282,18 @@ class LiveForward:
                     values = cache_v.index_select(0, decode.slots)[:, :, :decode.attend]
                 o = F.scaled_dot_product_attention(q_rows, keys, values, attn_mask=decode.mask)
             out.append(o.reshape(rows, self.q_width))
-        if plan is not None:
-            self._prefill_attention(q, k, v, cache_k, cache_v, rows, prefill, plan, out)
-        attn = torch.cat(out) if len(out) > 1 else out[0]
-        return attn @ layer.o
+        return self._prefill_attention(layer, q, k, v, cache_k, cache_v, rows, prefill, out)
 
-    def _prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    def _prefill_attention(self, layer: _Layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            cache_k: torch.Tensor, cache_v: torch.Tensor, rows: int,
-                           prefill: Sequence[PrefillChunk], plan: _PrefillPlan, out: list[torch.Tensor]) -> None:
-        """The prefill chunks' keys and values into the cache, then their causal attention, appended
-        to ``out`` after the decode rows'."""
-        cache_k[plan.slots, :, plan.positions] = k[rows:]
-        cache_v[plan.slots, :, plan.positions] = v[rows:]
+                           prefill: Sequence[PrefillChunk], out: list[torch.Tensor]) -> torch.Tensor:
+        """Each prefill chunk's causal attention after the decode rows' (``out``), then the output projection."""
         start = rows
-        for index, chunk in enumerate(prefill):
-            if index == plan.fresh_from and plan.cu_seq is not None:
-                out.append(self._varlen_attention(q[start:], k[start:], v[start:], plan))
-                return
+        for chunk in prefill:
             stop = start + chunk.new
             end = chunk.cached + chunk.new
+            cache_k[chunk.slot, :, chunk.cached:end] = k[start:stop].transpose(0, 1)
+            cache_v[chunk.slot, :, chunk.cached:end] = v[start:stop].transpose(0, 1)
             q_chunk = q[start:stop].transpose(0, 1)[None]  # [1, heads, new, d]
             keys, values = cache_k[chunk.slot, :, :end][None], cache_v[chunk.slot, :, :end][None]
             if chunk.cached == 0:
@@ -357,18 +303,8 @@ class LiveForward:
                                                    attn_mask=causal_lower_right(chunk.new, end))
             out.append(o[0].transpose(0, 1).reshape(chunk.new, self.q_width))
             start = stop
-
-    def _varlen_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: _PrefillPlan
-                          ) -> torch.Tensor:
-        """Causal attention of whole-prompt chunks packed back to back, in one flash-attention call."""
-        if _VARLEN_GQA:
-            grouped = {"enable_gqa": True}
-        else:
-            k, v = k.repeat_interleave(self.group, dim=1), v.repeat_interleave(self.group, dim=1)
-            grouped = {}
-        o = varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), plan.cu_seq, plan.cu_seq,
-                        plan.max_new, plan.max_new, window_size=(-1, 0), **grouped)  # (-1, 0): causal
-        return o.reshape(q.shape[0], self.q_width)
+        attn = torch.cat(out) if len(out) > 1 else out[0]
+        return attn @ layer.o
 
     # ---- CUDA graphs --------------------------------------------------------------------------------------
 

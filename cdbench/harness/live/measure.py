@@ -76,7 +76,6 @@ def pool_tokens(shapes: Iterable[StepShape], cache_len: int | None = None) -> in
 def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cuda", *,
                  dtype: torch.dtype = torch.bfloat16, min_reps: int = 10, min_time_s: float = 0.25,
                  per_row: bool = False, cache_len: int | None = None, idle_s: float = 0.0,
-                 batched_prefill: bool = True,
                  progress: Callable[[ForwardMeasurement], None] | None = None) -> list[ForwardMeasurement]:
     """Build ``spec``'s live forward on ``device`` and time every shape (see the module doc).
 
@@ -85,12 +84,11 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
     shape's longest context); ``live`` mode's slots are as long as the workload's longest context,
     and the per-row kernel's launch shape depends on it. ``idle_s``: time each repetition alone,
     launched after that long with the GPU idle (default: back to back, the GPU's time alone).
-    ``batched_prefill``: whole-prompt chunks attend in one call (:class:`LiveForward`), as live mode runs them.
     """
     longest = max(s.max_len for s in shapes)
     if cache_len is not None and cache_len < longest:
         raise ValueError(f"cache_len {cache_len} is shorter than a shape's context ({longest} tokens)")
-    forward = LiveForward(spec, device, dtype=dtype, batched_prefill=batched_prefill)
+    forward = LiveForward(spec, device, dtype=dtype)
     pool = KVPool(spec, pool_tokens(shapes, cache_len), device, dtype)
     cuda = forward.device.type == "cuda"
     gpu_device = torch.cuda.get_device_name(forward.device) if cuda else "cpu"

@@ -268,8 +268,6 @@ class LiveStep:
             raise KVCapacityError(
                 f"a step of {rows} decode rows and {len(chunks)} prefill chunks, the longest context {longest} "
                 f"tokens, needs {used} slots of {longest}; the live KV cache has {self.slots} slots of {self.max_len}")
-        # chunks after a cached prefix first: the whole prompts behind them attend in one call
-        chunks = sorted(chunks, key=lambda c: c.cached == 0)
         chunks = [PrefillChunk(rows + i, c.cached, c.new) for i, c in enumerate(chunks)]
         if decode is not None and not chunks and self.cuda:
             graph = self._graph(len(decode[0]))

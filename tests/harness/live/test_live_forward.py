@@ -56,33 +56,6 @@ def test_mixed_batch_rows_of_different_lengths_match_separate_steps() -> None:
     torch.testing.assert_close(mixed, torch.cat(expected), rtol=1e-4, atol=1e-5)
 
 
-def several_chunks_in_one_step(fwd: LiveForward, spec: ModelSpec, device: str, dtype: torch.dtype) -> tuple:
-    """One step of a chunk after 5 cached tokens and two whole prompts, and each chunk run alone:
-    their logits, and the caches both left."""
-    torch.manual_seed(0)
-    prompts = [torch.randint(0, spec.vocab_size, (n,), device=device) for n in (11, 7, 9)]
-    together = KVCache.allocate(spec, 3, 16, device, dtype)
-    alone = KVCache.allocate(spec, 3, 16, device, dtype)
-    for cache in (together, alone):
-        fwd.step(cache, prefill=[PrefillChunk(0, 0, 5)], prefill_tokens=prompts[0][:5])
-    chunks = [PrefillChunk(0, 5, 6), PrefillChunk(1, 0, 7), PrefillChunk(2, 0, 9)]
-    tokens = torch.cat([prompts[0][5:], prompts[1], prompts[2]])
-    step = fwd.step(together, prefill=chunks, prefill_tokens=tokens)
-    single = torch.cat([fwd.step(alone, prefill=[c], prefill_tokens=t)
-                        for c, t in zip(chunks, (prompts[0][5:], prompts[1], prompts[2]))])
-    return step, single, together, alone
-
-
-def test_several_chunks_in_one_step_match_each_chunk_alone() -> None:
-    spec = tiny(True)
-    step, single, together, alone = several_chunks_in_one_step(LiveForward(spec, "cpu", dtype=torch.float32), spec,
-                                                               "cpu", torch.float32)
-    torch.testing.assert_close(step, single, rtol=1e-4, atol=1e-5)
-    for layer in range(spec.n_layers):  # every token's key and value at its slot and position
-        torch.testing.assert_close(together.k[layer], alone.k[layer], rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(together.v[layer], alone.v[layer], rtol=1e-4, atol=1e-5)
-
-
 def test_shapes_and_refusals() -> None:
     assert intermediate_size(resolve_model("llama-3.1-8b")) == 14336
     derived = resolve_model("qwen3-8b").model_copy(update={"intermediate_size": None})

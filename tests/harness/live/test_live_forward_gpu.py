@@ -49,20 +49,3 @@ def test_measure_grid_times_steps_after_an_idle_gpu() -> None:
     alone = measure_grid(spec, shapes, per_row=True, cache_len=1024, idle_s=1e-3, min_reps=5, min_time_s=0.0)
     packed = measure_grid(spec, shapes, per_row=True, cache_len=1024, min_reps=5, min_time_s=0.0)
     assert alone[0].reps == 5 and alone[0].median_s > 0 and packed[0].median_s > 0
-
-
-def test_whole_prompts_attend_in_one_varlen_call_as_they_would_one_by_one() -> None:
-    from test_live_forward import several_chunks_in_one_step
-
-    spec = ModelSpec(name="small", params_total=1e7, n_layers=4, hidden_size=512, n_heads=8, n_kv_heads=2,
-                     head_dim=64, vocab_size=1000, intermediate_size=1024, qk_norm=True)
-    batched = LiveForward(spec, "cuda")  # bf16: flash attention's
-    assert batched.batched_prefill  # the GPU has torch's varlen attention
-    one_by_one = LiveForward(spec, "cuda", batched_prefill=False)
-    step, single, together, _ = several_chunks_in_one_step(batched, spec, "cuda", torch.bfloat16)
-    reference, _, _, _ = several_chunks_in_one_step(one_by_one, spec, "cuda", torch.bfloat16)
-    torch.testing.assert_close(step, single, rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(step, reference, rtol=2e-2, atol=2e-2)
-    chunks = [PrefillChunk(0, 0, 5), PrefillChunk(1, 0, 9)]  # captured, the graph replays the eager step
-    eager = batched.step(together, prefill=chunks).clone()
-    torch.testing.assert_close(batched.capture(together, prefill=chunks).replay(), eager, rtol=2e-2, atol=2e-2)
