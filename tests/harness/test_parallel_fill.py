@@ -25,7 +25,7 @@ from scheduler_helpers import req, sim
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
           "required": ["name", "age"]}
-FILL_SLEEP_S = 0.004  # each traced fill also sleeps this long (without the GIL), so two threads halve a step
+FILL_SLEEP_S = 0.004  # each traced fill also sleeps this long (off the CPU), so two threads halve a step
 POOL = dict(fill_parallel_threshold=2, fill_chunk=2, fill_threads=2, fill_step_s=0.0, fill_row_s=0.0,
             mask_alloc_byte_s=0.0)
 
@@ -97,7 +97,8 @@ def test_hybrid_fills_a_step_above_the_threshold_on_the_pool_and_charges_its_wal
     # the step's fill is the pool's wall time (no host costs here), not the rows' sum: two threads halve it
     assert pooled["fill_s"].sum() == pytest.approx(measured.wall_s)
     assert measured.wall_s < 0.75 * rows * FILL_SLEEP_S
-    assert measured.makespan_s == pytest.approx(rows / 2 * FILL_SLEEP_S, rel=0.5)
+    # a row's own time is its thread's CPU time: the sleep (off the CPU) is in the pool's wall, not in the row
+    assert measured.makespan_s < 0.5 * measured.wall_s
 
 
 def test_hybrid_fills_serially_at_or_below_the_threshold_and_with_drafts(backend):

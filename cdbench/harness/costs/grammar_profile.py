@@ -249,10 +249,12 @@ class ParallelFillProfile(BaseModel):
 
     Over ``steps`` steps whose fills ran on ``threads`` threads in tasks of
     ``chunk`` rows, ``wall_s`` is the pool's measured wall time and
-    ``makespan_s`` what the same rows' own fill times give when the threads
-    run side by side (:func:`~cdbench.harness.step_time.parallel_makespan`).
-    :attr:`factor` is how far the real pool fell short of that (the GIL, caches
-    and cores the threads share): ``model`` mode scales its makespans by it.
+    ``makespan_s`` what the same rows' own fill times (each its thread's CPU
+    time) give when the threads run side by side
+    (:func:`~cdbench.harness.step_time.parallel_makespan`). :attr:`factor` is
+    how far the real pool fell short of that (the GIL, caches and cores the
+    threads share, the pool's own overhead): ``model`` mode scales its
+    makespans by it.
 
     >>> ParallelFillProfile(steps=2, threads=8, chunk=16, wall_s=3e-3, makespan_s=1e-3).factor
     3.0

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from operator import itemgetter
-from time import perf_counter_ns
+from time import perf_counter_ns, thread_time_ns
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -88,9 +88,10 @@ def _gaps_s(stamps: list[int]) -> np.ndarray:
 
 
 def _fill_rows(fills: Sequence[Callable], mask: torch.Tensor, first: int) -> list[int]:
-    """One parallel fill task: fill rows ``first``, ``first + 1``, ... of ``mask``; clock stamps
-    around each fill."""
-    clock = perf_counter_ns
+    """One parallel fill task: fill rows ``first``, ``first + 1``, ... of ``mask``; the thread's CPU
+    clock around each fill (a row's own work: not the time its thread waited for a core or the GIL,
+    which the pool's wall time holds)."""
+    clock = thread_time_ns
     stamps = [clock()]
     stamp = stamps.append
     for row, fill in enumerate(fills, first):
@@ -166,6 +167,15 @@ class HybridExecutor(GrammarExecutor):
     are independent matchers, so the order does not matter); token lookup and
     position advance are array operations. Every other row (drafts, random
     walk, jump-forward) runs the general per-row path.
+
+    With the engine's parallel fill (:class:`~cdbench.harness.executors.base.ParallelFill`,
+    given to :meth:`prepare`), a common step of more rows than its threshold
+    fills them on a real thread pool, in tasks of ``chunk`` rows writing their
+    own mask rows, and waits for all (as vLLM does): the step's fill is that
+    wall time, GIL and shared cores included, and each row's own time is its
+    task thread's CPU time (with more threads than free cores, a row's wall
+    time would hold its neighbours' work, and a profile replaying it in a
+    serial step would charge that too).
 
     Memory: a request's matcher is dropped when it ends or aborts, and a
     compiled grammar is kept only by the live matchers made from it and, for
@@ -422,7 +432,7 @@ class HybridExecutor(GrammarExecutor):
 
     def _fill_pooled(self, row_fills: Sequence[Callable], out: _Step) -> np.ndarray:
         """Fill each row into its own mask row on the parallel fill pool, in tasks of ``chunk`` rows,
-        and wait for all; the rows' fill seconds (each timed in its task), the wall time in ``out``."""
+        and wait for all; the rows' fill seconds (each its task thread's CPU time), the wall time in ``out``."""
         setting = self.parallel_fill
         n, chunk = len(row_fills), setting.chunk
         if self._mask.shape[0] < n:
