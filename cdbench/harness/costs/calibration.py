@@ -152,7 +152,7 @@ class ForwardCalibration(BaseModel):
     + prefill pairs' FLOPs / (peak·attention_efficiency)
     + max(decode attention FLOPs at that rate, KV bytes / (peak bandwidth·kv_memory_efficiency))
       · smoothmax(rows, attention_rows) / rows
-    + n_layers·(tokens·token_layer_s + decode rows·row_layer_s)
+    + n_layers·(tokens·token_layer_s + decode rows·row_layer_s + prefill chunks·chunk_layer_s)
     + multi_token_s (a step of two or more tokens)``,
     with ``smoothmax(a, b) = (a^p + b^p)^(1/p)``, ``p = linear_sharpness``
     (the linear layers move from the bandwidth roof to the compute roof
@@ -163,6 +163,9 @@ class ForwardCalibration(BaseModel):
     the linear layers as matrix-vector products and any larger step as matrix
     products, different kernels with a different fixed cost: ``multi_token_s``
     is the difference, fitted (0 in calibrations made before it existed).
+    Each prefill chunk's attention runs its own kernels in every layer:
+    ``chunk_layer_s``, fitted where the measurements hold steps of several
+    chunks (0 otherwise).
     The fixed cost of a step is one constant:
     measurements of one model at its one depth cannot tell a per-layer fixed
     cost from a per-step one, so it is fitted as ``step_overhead_s``.
@@ -184,6 +187,7 @@ class ForwardCalibration(BaseModel):
     attention_sharpness: float = Field(ge=1)
     multi_token_s: float = Field(0.0, ge=0, description="added to a step of two or more tokens (matrix kernels "
                                  "instead of the one-token matrix-vector ones)")
+    chunk_layer_s: float = Field(0.0, ge=0, description="per prefill chunk and layer (its attention's own kernels)")
     decode_attention: Literal["dense", "per_row"] = Field(
         "dense", description="how the measured decode rows attended: dense (masked, over the longest row) or "
         "per_row (each row its own length, the decode-attention kernel live mode runs)")

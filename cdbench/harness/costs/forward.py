@@ -108,6 +108,7 @@ class ForwardParams:
     attention_rows: float = 0.0
     attention_sharpness: float = float("inf")
     multi_token_s: float = 0.0
+    chunk_layer_s: float = 0.0
 
     @classmethod
     def roofline(cls, gpu: GPUSpec, step_overhead_s: float) -> ForwardParams:
@@ -118,7 +119,8 @@ class ForwardParams:
     def from_calibration(cls, cal: ForwardCalibration) -> ForwardParams:
         return cls(cal.compute_efficiency, cal.memory_efficiency, cal.attention_efficiency,
                    cal.kv_memory_efficiency, cal.linear_sharpness, cal.step_overhead_s, cal.token_layer_s,
-                   cal.row_layer_s, cal.attention_rows, cal.attention_sharpness, cal.multi_token_s)
+                   cal.row_layer_s, cal.attention_rows, cal.attention_sharpness, cal.multi_token_s,
+                   cal.chunk_layer_s)
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,7 @@ class PeakTimes:
     communication_s: object
     tokens: object
     decode_rows: object
+    prefill_chunks: object = 0
 
 
 def smooth_max(a, b, sharpness: float):
@@ -208,7 +211,8 @@ class ForwardCostModel:
         return (f"ForwardCostModel({self.model.name!r}, {self.gpu.name!r}, tp={self.tp}, "
                 f"calibration={self.calibration}, forward_calibration={self.calibration_source!r})")
 
-    def peak_times(self, prefill_tokens, prefill_context_tokens, decode_rows, decode_kv_tokens) -> PeakTimes:
+    def peak_times(self, prefill_tokens, prefill_context_tokens, decode_rows, decode_kv_tokens,
+                   prefill_chunks=0) -> PeakTimes:
         """The step's parts at the datasheet peaks (what a calibration fit scales)."""
         tokens = prefill_tokens + decode_rows
         experts_touched = self._n_experts * (1.0 - self._miss_prob**tokens)
@@ -221,6 +225,7 @@ class ForwardCostModel:
             communication_s=self._comm_s_per_token * tokens + self._comm_fixed_s,
             tokens=tokens,
             decode_rows=decode_rows,
+            prefill_chunks=prefill_chunks,
         )
 
     def _parts(self, peak: PeakTimes, params: ForwardParams):
@@ -234,7 +239,8 @@ class ForwardCostModel:
             rows = np.maximum(peak.decode_rows, 1e-9)
             da = da * smooth_max(rows, params.attention_rows, params.attention_sharpness) / rows
         n_layers = self.model.n_layers
-        per_token = n_layers * (params.token_layer_s * peak.tokens + params.row_layer_s * peak.decode_rows)
+        per_token = n_layers * (params.token_layer_s * peak.tokens + params.row_layer_s * peak.decode_rows
+                                + params.chunk_layer_s * peak.prefill_chunks)
         if params.multi_token_s:
             # one token runs the linear layers as matrix-vector kernels; two or more switch to matrix kernels
             per_token = per_token + np.where(peak.tokens >= 2, params.multi_token_s, 0.0)
@@ -253,6 +259,7 @@ class ForwardCostModel:
         prefill_context_tokens: float = 0,
         decode_rows: float = 0,
         decode_kv_tokens: float = 0,
+        prefill_chunks: int = 0,
     ) -> float:
         """Seconds for one step (0 when there is nothing to run).
 
@@ -263,17 +270,21 @@ class ForwardCostModel:
             (:func:`attention_pairs` per chunk).
         decode_rows : rows decoding one token each (spec decoding: 1 + k each).
         decode_kv_tokens : KV-cache tokens those rows read, summed.
+        prefill_chunks : how many prefill chunks carry those tokens (each one's attention runs
+            its own kernels in every layer).
         """
         if prefill_tokens + decode_rows <= 0:
             return 0.0
         return float(self.price(self.peak_times(prefill_tokens, prefill_context_tokens, decode_rows,
-                                                decode_kv_tokens)))
+                                                decode_kv_tokens, prefill_chunks)))
 
-    def step_s_array(self, prefill_tokens, prefill_context_tokens, decode_rows, decode_kv_tokens) -> np.ndarray:
+    def step_s_array(self, prefill_tokens, prefill_context_tokens, decode_rows, decode_kv_tokens,
+                     prefill_chunks=0) -> np.ndarray:
         """:meth:`step_s` over numpy arrays (broadcast), e.g. to price a whole schedule at once."""
-        pf, pairs, rows, kv = (np.asarray(x, dtype=np.float64) for x in
-                               (prefill_tokens, prefill_context_tokens, decode_rows, decode_kv_tokens))
-        total = self.price(self.peak_times(pf, pairs, rows, kv))
+        pf, pairs, rows, kv, chunks = (np.asarray(x, dtype=np.float64) for x in
+                                       (prefill_tokens, prefill_context_tokens, decode_rows, decode_kv_tokens,
+                                        prefill_chunks))
+        total = self.price(self.peak_times(pf, pairs, rows, kv, chunks))
         return np.where(pf + rows > 0, total, 0.0)
 
     def breakdown(
@@ -282,11 +293,12 @@ class ForwardCostModel:
         prefill_context_tokens: float = 0,
         decode_rows: float = 0,
         decode_kv_tokens: float = 0,
+        prefill_chunks: int = 0,
     ) -> StepCost:
         """The parts of :meth:`step_s` (before the ``calibration`` multiplier), for reports and tests."""
-        peak = self.peak_times(prefill_tokens, prefill_context_tokens, decode_rows, decode_kv_tokens)
+        peak = self.peak_times(prefill_tokens, prefill_context_tokens, decode_rows, decode_kv_tokens, prefill_chunks)
         lc, lm, pa, da, comm, per_token = (float(x) for x in self._parts(peak, self.params))
-        total = self.step_s(prefill_tokens, prefill_context_tokens, decode_rows, decode_kv_tokens)
+        total = self.step_s(prefill_tokens, prefill_context_tokens, decode_rows, decode_kv_tokens, prefill_chunks)
         overhead = self.params.step_overhead_s if total else 0.0
         return StepCost(lc, lm, pa, da, comm, overhead, total, per_token)
 

@@ -104,7 +104,7 @@ class RooflineGpuCosts:
             pairs = float(attention_pairs(prefill_chunks, prefill_cached).sum())
         else:
             tokens = pairs = 0.0
-        return self.forward.step_s(tokens, pairs, decode_rows, decode_kv_tokens)
+        return self.forward.step_s(tokens, pairs, decode_rows, decode_kv_tokens, len(prefill_chunks))
 
     def copy_s(self, mask_rows: int, pinned: bool) -> float:
         key = (mask_rows, pinned)

@@ -10,7 +10,10 @@ The default grid (:func:`default_grid`): decode rows 1-512 × cached context
 256-8192 (rows × context up to 2^18 tokens, a KV cache an engine holds next to
 8B weights on one 80 GB GPU), prefill chunks of 64-8192 tokens from an empty
 cache and after a cached prefix, and mixed steps (a prefill chunk with decode
-rows).
+rows), and steps of 2-16 whole-prompt chunks sharing 1024 or 4096 tokens,
+alone and beside 64 decode rows (:func:`chunk_grid`: each chunk's attention runs
+its own kernels, so a busy engine's mixed steps cost more than one chunk of
+the same tokens).
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ DECODE_KV = (256, 512, 1024, 2048, 4096, 8192)
 MAX_DECODE_TOKENS = 2**18
 PREFILL_NEW = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
 PREFILL_AFTER_CACHE = ((512, 1024), (512, 4096), (2048, 2048), (1024, 7168), (64, 2048))
+CHUNKS = (2, 4, 8, 16)
+CHUNK_TOKENS = (1024, 4096)
+CHUNK_DECODE = ((0, 0), (64, 1024))  # (rows, cached tokens each) beside the chunks
 MIXED = ((256, 8, 1024), (256, 64, 1024), (256, 256, 1024), (1024, 8, 1024), (1024, 64, 1024),
          (1024, 256, 1024), (2048, 16, 2048), (2048, 128, 2048), (512, 32, 4096), (128, 128, 512))
 
@@ -65,7 +71,13 @@ def default_grid() -> list[StepShape]:
     prefill = [StepShape(chunks=1, new=n) for n in PREFILL_NEW]
     prefill += [StepShape(chunks=1, new=n, cached=c) for n, c in PREFILL_AFTER_CACHE]
     mixed = [StepShape(rows=r, kv=kv, chunks=1, new=n) for n, r, kv in MIXED]
-    return decode + prefill + mixed
+    return decode + prefill + mixed + chunk_grid()
+
+
+def chunk_grid() -> list[StepShape]:
+    """The default grid's steps of several whole-prompt chunks."""
+    return [StepShape(rows=rows, kv=kv, chunks=chunks, new=total // chunks)
+            for total in CHUNK_TOKENS for chunks in CHUNKS for rows, kv in CHUNK_DECODE]
 
 
 def pool_tokens(shapes: Iterable[StepShape], cache_len: int | None = None) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cdbench.harness.costs.calibration import (
@@ -15,7 +16,7 @@ from cdbench.harness.costs.calibration import (
     write_measurements,
 )
 from cdbench.harness.costs.calibration_fit import fit_calibration
-from cdbench.harness.costs.forward import ForwardConfig, ForwardCostModel
+from cdbench.harness.costs.forward import ForwardConfig, ForwardCostModel, attention_pairs
 
 REPO = Path(__file__).resolve().parents[3]
 SHIPPED = sorted(CALIBRATION_DIR.glob("*.json"))
@@ -139,3 +140,51 @@ def test_the_fit_recovers_a_known_several_token_cost() -> None:
     cal = fit_calibration(exact, "qwen3-8b", "h100-sxm", measurements="x", command="test")
     assert cal.max_abs_error < 0.005
     assert cal.multi_token_s == pytest.approx(3e-4, rel=0.1)
+
+
+def test_each_prefill_chunk_pays_its_own_kernels_in_every_layer() -> None:
+    shipped = ForwardCalibration.load(shipped_calibration_path("qwen3-8b", "h100-sxm"))
+    priced = shipped.model_copy(update={"chunk_layer_s": 2e-5})
+    forward = ForwardCostModel("qwen3-8b", "h100-sxm", forward_calibration=priced)
+    layers = forward.model.n_layers
+    shape = dict(prefill_tokens=1024, prefill_context_tokens=40_000, decode_rows=8, decode_kv_tokens=8000)
+    assert forward.step_s(**shape, prefill_chunks=4) - forward.step_s(**shape, prefill_chunks=1) == pytest.approx(
+        3 * layers * 2e-5, rel=1e-9)
+    assert forward.step_s_array([1024, 1024], [40_000] * 2, [8, 8], [8000] * 2, [1, 4]).tolist() == pytest.approx(
+        [forward.step_s(**shape, prefill_chunks=1), forward.step_s(**shape, prefill_chunks=4)])
+    # the scheduler's GPU costs count the step's chunks
+    from cdbench.harness.costs.gpu import RooflineGpuCosts
+    from cdbench.harness.costs.mask import MaskCost
+
+    gpu = RooflineGpuCosts(forward, MaskCost.for_gpu("h100-sxm", 151_936))
+    one, four = np.array([1024]), np.array([256] * 4)
+    assert gpu.forward_s(four, np.zeros(4), 0, 0) - forward.step_s(
+        1024, float(attention_pairs(four, np.zeros(4)).sum()), 0, 0, 1) == pytest.approx(3 * layers * 2e-5, rel=1e-6)
+    assert gpu.forward_s(one, np.zeros(1), 0, 0) == forward.step_s(1024, float(attention_pairs(one, np.zeros(1))[0]),
+                                                                     0, 0, 1)
+    # calibrations written before the term existed load as without it
+    assert ForwardCalibration.model_validate(shipped.model_dump(exclude={"chunk_layer_s"})).chunk_layer_s == 0.0
+
+
+def test_the_fit_recovers_a_known_per_chunk_cost_from_several_chunk_steps() -> None:
+    import dataclasses
+
+    from cdbench.harness.live.measure import chunk_grid
+
+    truth = ForwardCalibration.load(shipped_calibration_path("qwen3-8b", "h100-sxm")).model_copy(
+        update={"chunk_layer_s": 1.5e-5})
+    model = ForwardCostModel("qwen3-8b", "h100-sxm", forward_calibration=truth)
+    rows = read_measurements(REPO / truth.measurements)
+    several = [dataclasses.replace(rows[0], kind="mixed" if s.rows else "prefill", decode_rows=s.rows,
+                                   decode_kv=s.kv, prefill_chunks=s.chunks, prefill_new=s.new, prefill_cached=0)
+               for s in chunk_grid()]
+
+    def exact(measured):
+        return [dataclasses.replace(r, median_s=model.step_s(r.prefill_tokens, r.prefill_pairs, r.decode_rows,
+                                                             r.decode_kv_tokens, r.prefill_chunks)) for r in measured]
+
+    cal = fit_calibration(exact(rows + several), "qwen3-8b", "h100-sxm", measurements="x", command="test")
+    assert cal.max_abs_error < 0.005
+    assert cal.chunk_layer_s == pytest.approx(1.5e-5, rel=0.1)
+    # one chunk a step: the term is not fitted
+    assert fit_calibration(exact(rows), "qwen3-8b", "h100-sxm", measurements="x", command="test").chunk_layer_s == 0
