@@ -1,10 +1,11 @@
 """Steps of several whole-prompt prefill chunks: the live forward against the calibrated forward model.
 
-``cdbench calibrate``'s grid has one prefill chunk a step, while a busy engine's mixed steps carry a
-dozen (chunked prefill fills the token budget with whole prompts), and the live forward attends chunk by
-chunk. This times, as the calibration does (graph replays, ``measure_grid``), steps of 1-16 chunks
-sharing the same prompt tokens, alone and beside decode rows, and prints each against the shipped
-calibration's price: how the live forward's cost grows with the chunk count where the model's does not.
+A busy engine's mixed steps carry a dozen prompt chunks (chunked prefill fills the token budget with whole
+prompts), and the live forward attends chunk by chunk. This times, as the calibration does (graph replays,
+``measure_grid``), the calibration grid's steps of 2-16 chunks (``chunk_grid``) and one chunk of the same
+prompt tokens, alone and beside decode rows, and prints each against the shipped calibration's price. Run
+against a calibration fitted without several-chunk steps (``chunk_layer_s`` 0), it shows the live forward's
+cost growing with the chunk count where the model's does not (``reports/live/multi_chunk_h100.csv``).
 Usage (a CUDA host)::
 
     python scripts/live/multi_chunk.py --model qwen3-8b --gpu h100-sxm --out reports/live/multi_chunk_h100.csv
@@ -20,16 +21,13 @@ import numpy as np
 
 from cdbench.harness.costs.forward import ForwardCostModel, attention_pairs
 from cdbench.harness.costs.hardware import resolve_model
-from cdbench.harness.live.measure import StepShape, measure_grid
-
-TOTAL = (1024, 4096)  # prompt tokens a step, split evenly over its chunks
-CHUNKS = (1, 2, 4, 8, 16)
-DECODE = ((0, 0), (64, 1024))  # (rows, cached tokens each)
+from cdbench.harness.live.measure import CHUNK_DECODE, CHUNK_TOKENS, StepShape, chunk_grid, measure_grid
 
 
 def shapes() -> list[StepShape]:
-    return [StepShape(rows=rows, kv=kv, chunks=chunks, new=total // chunks)
-            for total in TOTAL for chunks in CHUNKS for rows, kv in DECODE]
+    """The calibration grid's several-chunk steps, after one chunk of the same tokens as their reference."""
+    single = [StepShape(rows=rows, kv=kv, chunks=1, new=total) for total in CHUNK_TOKENS for rows, kv in CHUNK_DECODE]
+    return single + chunk_grid()
 
 
 def main() -> None:
