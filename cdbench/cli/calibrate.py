@@ -119,7 +119,7 @@ def fit_table(cal: ForwardCalibration, roofline: np.ndarray) -> str:
         *(f"| {name} | {getattr(cal, name):.4g} |" for name in (
             "compute_efficiency", "memory_efficiency", "attention_efficiency", "kv_memory_efficiency",
             "linear_sharpness", "step_overhead_s", "token_layer_s", "row_layer_s", "attention_rows",
-            "attention_sharpness", "multi_token_s", "chunk_layer_s")),
+            "attention_sharpness", "multi_token_s", "chunk_layer_s", "mixed_row_layer_s")),
         "",
         "| shape | measured ms | fitted ms | fit error | roofline error |",
         "|---|---:|---:|---:|---:|",

@@ -152,7 +152,8 @@ class ForwardCalibration(BaseModel):
     + prefill pairs' FLOPs / (peak·attention_efficiency)
     + max(decode attention FLOPs at that rate, KV bytes / (peak bandwidth·kv_memory_efficiency))
       · smoothmax(rows, attention_rows) / rows
-    + n_layers·(tokens·token_layer_s + decode rows·row_layer_s + prefill chunks·chunk_layer_s)
+    + n_layers·(tokens·token_layer_s + decode rows·row_layer_s + prefill chunks·chunk_layer_s
+                + decode rows beside prefill chunks·mixed_row_layer_s)
     + multi_token_s (a step of two or more tokens)``,
     with ``smoothmax(a, b) = (a^p + b^p)^(1/p)``, ``p = linear_sharpness``
     (the linear layers move from the bandwidth roof to the compute roof
@@ -165,7 +166,10 @@ class ForwardCalibration(BaseModel):
     is the difference, fitted (0 in calibrations made before it existed).
     Each prefill chunk's attention runs its own kernels in every layer:
     ``chunk_layer_s``, fitted where the measurements hold steps of several
-    chunks (0 otherwise).
+    chunks (0 otherwise). Decode rows in a step with prefill chunks cost more
+    than in a decode-only step: ``mixed_row_layer_s`` per such row and layer,
+    fitted under the same condition (the several-chunk shapes beside 64 decode
+    rows are what separate it from the other per-row and per-chunk costs).
     The fixed cost of a step is one constant:
     measurements of one model at its one depth cannot tell a per-layer fixed
     cost from a per-step one, so it is fitted as ``step_overhead_s``.
@@ -188,6 +192,8 @@ class ForwardCalibration(BaseModel):
     multi_token_s: float = Field(0.0, ge=0, description="added to a step of two or more tokens (matrix kernels "
                                  "instead of the one-token matrix-vector ones)")
     chunk_layer_s: float = Field(0.0, ge=0, description="per prefill chunk and layer (its attention's own kernels)")
+    mixed_row_layer_s: float = Field(0.0, ge=0, description="per decode row and layer in a step with prefill "
+                                     "chunks (beyond row_layer_s)")
     decode_attention: Literal["dense", "per_row"] = Field(
         "dense", description="how the measured decode rows attended: dense (masked, over the longest row) or "
         "per_row (each row its own length, the decode-attention kernel live mode runs)")

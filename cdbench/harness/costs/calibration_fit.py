@@ -29,14 +29,16 @@ _REFINE_POWER = 8
 # Parameter vector: four efficiencies, the sharpness, then the fixed and per-token costs in
 # microseconds and nanoseconds so every entry is of order one for the solver.
 # Then the decode-attention occupancy (rows, sharpness), the several-token step's cost in microseconds,
-# and the per-chunk cost in microseconds (solved only when a measured step has several chunks).
-_LOWER = np.array([0.05, 0.05, 0.05, 0.05, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0])
-_UPPER = np.array([1.5, 1.5, 1.5, 1.5, 64.0, 1e5, 1e4, 1e5, 1024.0, 64.0, 1e4, 1e3])
+# and the last _SEVERAL_CHUNK_TERMS, solved only when a measured step has several chunks: the per-chunk
+# cost in microseconds and the mixed step's per-row cost in nanoseconds.
+_LOWER = np.array([0.05, 0.05, 0.05, 0.05, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+_UPPER = np.array([1.5, 1.5, 1.5, 1.5, 64.0, 1e5, 1e4, 1e5, 1024.0, 64.0, 1e4, 1e3, 1e5])
 _STARTS = (
-    np.array([0.6, 0.8, 0.5, 0.7, 4.0, 200.0, 10.0, 100.0, 8.0, 4.0, 100.0, 10.0]),
-    np.array([0.8, 0.9, 0.3, 0.5, 2.0, 1000.0, 1.0, 10.0, 32.0, 2.0, 0.0, 1.0]),
-    np.array([0.4, 0.6, 0.8, 0.9, 8.0, 50.0, 50.0, 500.0, 2.0, 8.0, 400.0, 30.0]),
+    np.array([0.6, 0.8, 0.5, 0.7, 4.0, 200.0, 10.0, 100.0, 8.0, 4.0, 100.0, 10.0, 100.0]),
+    np.array([0.8, 0.9, 0.3, 0.5, 2.0, 1000.0, 1.0, 10.0, 32.0, 2.0, 0.0, 1.0, 10.0]),
+    np.array([0.4, 0.6, 0.8, 0.9, 8.0, 50.0, 50.0, 500.0, 2.0, 8.0, 400.0, 30.0, 500.0]),
 )
+_SEVERAL_CHUNK_TERMS = 2
 
 
 def _params(x: np.ndarray) -> ForwardParams:
@@ -44,7 +46,8 @@ def _params(x: np.ndarray) -> ForwardParams:
                          kv_memory_efficiency=x[3], linear_sharpness=x[4], step_overhead_s=x[5] * 1e-6,
                          token_layer_s=x[6] * 1e-9, row_layer_s=x[7] * 1e-9, attention_rows=x[8],
                          attention_sharpness=x[9], multi_token_s=x[10] * 1e-6,
-                         chunk_layer_s=x[11] * 1e-6 if len(x) > 11 else 0.0)
+                         chunk_layer_s=x[11] * 1e-6 if len(x) > 11 else 0.0,
+                         mixed_row_layer_s=x[12] * 1e-9 if len(x) > 12 else 0.0)
 
 
 def peak_times(forward: ForwardCostModel, rows: Sequence[ForwardMeasurement]) -> PeakTimes:
@@ -75,8 +78,9 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
     peak = peak_times(forward, rows)
     measured = np.asarray([r.median_s for r in rows])
 
-    # with one chunk a step, a per-chunk cost is not identifiable: it stays 0, out of the solved vector
-    free = len(_LOWER) if max(r.prefill_chunks for r in rows) >= 2 else len(_LOWER) - 1
+    # with one chunk a step, the per-chunk and mixed per-row costs are not told apart from the rest: they stay 0,
+    # out of the solved vector (so fits of such measurements are what they were before these terms)
+    free = len(_LOWER) if max(r.prefill_chunks for r in rows) >= 2 else len(_LOWER) - _SEVERAL_CHUNK_TERMS
     lower, upper, starts = _LOWER[:free], _UPPER[:free], [start[:free] for start in _STARTS]
 
     def residuals(x: np.ndarray) -> np.ndarray:
@@ -102,6 +106,7 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
         token_layer_s=params.token_layer_s, row_layer_s=params.row_layer_s,
         attention_rows=params.attention_rows, attention_sharpness=params.attention_sharpness,
         multi_token_s=params.multi_token_s, chunk_layer_s=params.chunk_layer_s,
+        mixed_row_layer_s=params.mixed_row_layer_s,
         measurements=measurements, command=command, torch_version=rows[0].torch_version,
         decode_attention=attention.pop(),
         fit=[ShapeFit(shape=r.label, measured_s=float(m), predicted_s=float(p))

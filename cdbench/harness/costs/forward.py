@@ -109,6 +109,7 @@ class ForwardParams:
     attention_sharpness: float = float("inf")
     multi_token_s: float = 0.0
     chunk_layer_s: float = 0.0
+    mixed_row_layer_s: float = 0.0
 
     @classmethod
     def roofline(cls, gpu: GPUSpec, step_overhead_s: float) -> ForwardParams:
@@ -120,7 +121,7 @@ class ForwardParams:
         return cls(cal.compute_efficiency, cal.memory_efficiency, cal.attention_efficiency,
                    cal.kv_memory_efficiency, cal.linear_sharpness, cal.step_overhead_s, cal.token_layer_s,
                    cal.row_layer_s, cal.attention_rows, cal.attention_sharpness, cal.multi_token_s,
-                   cal.chunk_layer_s)
+                   cal.chunk_layer_s, cal.mixed_row_layer_s)
 
 
 @dataclass(frozen=True)
@@ -241,6 +242,10 @@ class ForwardCostModel:
         n_layers = self.model.n_layers
         per_token = n_layers * (params.token_layer_s * peak.tokens + params.row_layer_s * peak.decode_rows
                                 + params.chunk_layer_s * peak.prefill_chunks)
+        if params.mixed_row_layer_s:
+            # measured, not derived: the mixed shapes' residuals grow with their decode rows
+            # (reports/calibration/README.md)
+            per_token = per_token + n_layers * params.mixed_row_layer_s * (peak.prefill_chunks > 0) * peak.decode_rows
         if params.multi_token_s:
             # one token runs the linear layers as matrix-vector kernels; two or more switch to matrix kernels
             per_token = per_token + np.where(peak.tokens >= 2, params.multi_token_s, 0.0)

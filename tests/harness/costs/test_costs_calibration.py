@@ -96,20 +96,22 @@ def test_the_decode_attention_path_is_recorded_and_never_mixed(tmp_path: Path) -
     import dataclasses
 
     shipped = ForwardCalibration.load(shipped_calibration_path("qwen3-8b", "h200"))
-    rows = read_measurements(REPO / shipped.measurements)
+    per_row = read_measurements(REPO / shipped.measurements)
+    assert {r.decode_attention for r in per_row} == {"per_row"} and shipped.decode_attention == "per_row"
     # a file measured before the column existed was measured with dense attention
-    with (REPO / shipped.measurements).open() as fh:
-        assert "decode_attention" not in next(csv.reader(fh))
-    assert {r.decode_attention for r in rows} == {"dense"} and shipped.decode_attention == "dense"
-    per_row = [dataclasses.replace(r, decode_attention="per_row") for r in rows]
     path = tmp_path / "m.csv"
     write_measurements(per_row, path)
-    again = read_measurements(path)
-    assert again == per_row
-    cal = fit_calibration(again, "qwen3-8b", "h200", measurements=str(path), command="test")
-    assert cal.decode_attention == "per_row"
+    with path.open() as fh:
+        table = list(csv.reader(fh))
+    column = table[0].index("decode_attention")
+    with path.open("w", newline="") as fh:
+        csv.writer(fh).writerows([row[:column] + row[column + 1:] for row in table])
+    dense = read_measurements(path)
+    assert dense == [dataclasses.replace(r, decode_attention="dense") for r in per_row]
+    cal = fit_calibration(dense, "qwen3-8b", "h200", measurements=str(path), command="test")
+    assert cal.decode_attention == "dense"
     with pytest.raises(CalibrationError, match="mix decode attention paths: dense, per_row"):
-        fit_calibration(rows[:5] + per_row[5:], "qwen3-8b", "h200", measurements="x", command="test")
+        fit_calibration(dense[:5] + per_row[5:], "qwen3-8b", "h200", measurements="x", command="test")
 
 
 def test_a_step_of_several_tokens_pays_the_matrix_kernels_fixed_cost() -> None:
@@ -167,13 +169,38 @@ def test_each_prefill_chunk_pays_its_own_kernels_in_every_layer() -> None:
     assert ForwardCalibration.model_validate(shipped.model_dump(exclude={"chunk_layer_s"})).chunk_layer_s == 0.0
 
 
-def test_the_fit_recovers_a_known_per_chunk_cost_from_several_chunk_steps() -> None:
+def test_decode_rows_beside_prefill_chunks_pay_the_mixed_row_cost() -> None:
+    shipped = ForwardCalibration.load(shipped_calibration_path("qwen3-8b", "h100-sxm"))
+    without = ForwardCostModel("qwen3-8b", "h100-sxm", forward_calibration=shipped.model_copy(
+        update={"mixed_row_layer_s": 0.0}))
+    with_term = ForwardCostModel("qwen3-8b", "h100-sxm", forward_calibration=shipped.model_copy(
+        update={"mixed_row_layer_s": 3e-7}))
+    layers = with_term.model.n_layers
+    mixed = dict(prefill_tokens=512, prefill_context_tokens=float(attention_pairs(512, 0)), decode_rows=64,
+                 decode_kv_tokens=64 * 1024, prefill_chunks=2)
+    assert with_term.step_s(**mixed) - without.step_s(**mixed) == pytest.approx(64 * layers * 3e-7, rel=1e-9)
+    # a decode-only step and a prefill-only step do not pay it
+    assert with_term.step_s(decode_rows=64, decode_kv_tokens=64 * 1024) == without.step_s(
+        decode_rows=64, decode_kv_tokens=64 * 1024)
+    assert with_term.step_s(512, mixed["prefill_context_tokens"], prefill_chunks=2) == without.step_s(
+        512, mixed["prefill_context_tokens"], prefill_chunks=2)
+    # arrays price each step by its own chunk count
+    assert with_term.step_s_array([512, 512], [mixed["prefill_context_tokens"]] * 2, [64, 64], [65536] * 2,
+                                  [0, 2]).tolist() == pytest.approx(
+        [with_term.step_s(512, mixed["prefill_context_tokens"], 64, 65536, 0), with_term.step_s(**mixed)])
+    # calibrations written before the term existed load as without it
+    assert ForwardCalibration.model_validate(
+        shipped.model_dump(exclude={"mixed_row_layer_s"})).mixed_row_layer_s == 0.0
+
+
+@pytest.mark.parametrize(("term", "value"), [("chunk_layer_s", 1.5e-5), ("mixed_row_layer_s", 4e-7)])
+def test_the_fit_recovers_a_known_several_chunk_term(term: str, value: float) -> None:
     import dataclasses
 
     from cdbench.harness.live.measure import chunk_grid
 
     truth = ForwardCalibration.load(shipped_calibration_path("qwen3-8b", "h100-sxm")).model_copy(
-        update={"chunk_layer_s": 1.5e-5})
+        update={term: value})
     model = ForwardCostModel("qwen3-8b", "h100-sxm", forward_calibration=truth)
     rows = [r for r in read_measurements(REPO / truth.measurements) if r.prefill_chunks <= 1]
     several = [dataclasses.replace(rows[0], kind="mixed" if s.rows else "prefill", decode_rows=s.rows,
@@ -186,6 +213,7 @@ def test_the_fit_recovers_a_known_per_chunk_cost_from_several_chunk_steps() -> N
 
     cal = fit_calibration(exact(rows + several), "qwen3-8b", "h100-sxm", measurements="x", command="test")
     assert cal.max_abs_error < 0.005
-    assert cal.chunk_layer_s == pytest.approx(1.5e-5, rel=0.1)
-    # one chunk a step: the term is not fitted
-    assert fit_calibration(exact(rows), "qwen3-8b", "h100-sxm", measurements="x", command="test").chunk_layer_s == 0
+    assert getattr(cal, term) == pytest.approx(value, rel=0.15)
+    # one chunk a step: neither several-chunk term is fitted
+    one_chunk = fit_calibration(exact(rows), "qwen3-8b", "h100-sxm", measurements="x", command="test")
+    assert one_chunk.chunk_layer_s == 0 and one_chunk.mixed_row_layer_s == 0
