@@ -26,7 +26,7 @@ from cdbench.harness.costs.calibration import (
 from cdbench.harness.costs.calibration_fit import fit_calibration, roofline_errors
 from cdbench.harness.costs.hardware import SpecFileError, UnknownSpecError, resolve_gpu, resolve_model
 
-GRIDS = ("default", "chunks", "tiny")
+GRIDS = ("default", "chunks", "few_rows", "tiny")
 
 
 def calibrate(
@@ -38,9 +38,10 @@ def calibrate(
     measure_out: Annotated[Path | None, typer.Option(
         "--measure-out", help="where the measured CSV goes (default: --out with .csv)")] = None,
     report: Annotated[Path | None, typer.Option("--report", help="also write the fit table as markdown")] = None,
-    grid: Annotated[str, typer.Option("--grid", help="default; chunks (the default grid's several-chunk steps "
-                                      "only, to add to an earlier measurement); or tiny (a few small shapes: a "
-                                      "CPU smoke test)")] = "default",
+    grid: Annotated[str, typer.Option("--grid", help="default; chunks or few_rows (the default grid's "
+                                      "several-chunk steps, or its mixed steps of a few decode rows, only: to add "
+                                      "to an earlier measurement); or tiny (a few small shapes: a CPU smoke "
+                                      "test)")] = "default",
     device: Annotated[str, typer.Option("--device", help="torch device to measure on")] = "cuda",
     decode_attention: Annotated[str, typer.Option(
         "--decode-attention", help="per_row: each decode row attends to its own length through the kernel "
@@ -80,7 +81,7 @@ def calibrate(
 
 def _measure(spec, grid: str, device: str, decode_attention: str) -> list[ForwardMeasurement]:
     # Imported here: measuring needs torch on a GPU, fitting stored measurements does not.
-    from cdbench.harness.live.measure import StepShape, chunk_grid, default_grid, measure_grid
+    from cdbench.harness.live.measure import StepShape, chunk_grid, default_grid, few_rows_grid, measure_grid
 
     if grid not in GRIDS:
         raise ValueError(f"--grid {grid!r}: choose from {', '.join(GRIDS)}")
@@ -91,7 +92,8 @@ def _measure(spec, grid: str, device: str, decode_attention: str) -> list[Forwar
 
         if not torch.cuda.is_available():
             raise ValueError("measuring on 'cuda' needs a CUDA device; fit stored ones with --measurements")
-    shapes = default_grid() if grid == "default" else chunk_grid() if grid == "chunks" else [
+    named = {"default": default_grid, "chunks": chunk_grid, "few_rows": few_rows_grid}
+    shapes = named[grid]() if grid in named else [
         StepShape(rows=1, kv=8), StepShape(rows=4, kv=16), StepShape(rows=8, kv=32), StepShape(chunks=1, new=16),
         StepShape(chunks=1, new=64), StepShape(chunks=1, new=16, cached=32), StepShape(rows=4, kv=16, chunks=1, new=32)]
 

@@ -13,7 +13,9 @@ cache and after a cached prefix, and mixed steps (a prefill chunk with decode
 rows), and steps of 2-16 whole-prompt chunks sharing 1024 or 4096 tokens,
 alone and beside 64 decode rows (:func:`chunk_grid`: each chunk's attention runs
 its own kernels, so a busy engine's mixed steps cost more than one chunk of
-the same tokens).
+the same tokens), and one chunk of 256-1024 tokens beside 1-4 decode rows
+(:func:`few_rows_grid`: the mixed step of chunked prefill under light load,
+a request's first-token step there).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ CHUNK_TOKENS = (1024, 4096)
 CHUNK_DECODE = ((0, 0), (64, 1024))  # (rows, cached tokens each) beside the chunks
 MIXED = ((256, 8, 1024), (256, 64, 1024), (256, 256, 1024), (1024, 8, 1024), (1024, 64, 1024),
          (1024, 256, 1024), (2048, 16, 2048), (2048, 128, 2048), (512, 32, 4096), (128, 128, 512))
+FEW_ROWS_MIXED = tuple((new, rows, 1024) for new in (256, 512, 1024) for rows in (1, 2, 4))
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,12 @@ def default_grid() -> list[StepShape]:
     prefill = [StepShape(chunks=1, new=n) for n in PREFILL_NEW]
     prefill += [StepShape(chunks=1, new=n, cached=c) for n, c in PREFILL_AFTER_CACHE]
     mixed = [StepShape(rows=r, kv=kv, chunks=1, new=n) for n, r, kv in MIXED]
-    return decode + prefill + mixed + chunk_grid()
+    return decode + prefill + mixed + chunk_grid() + few_rows_grid()
+
+
+def few_rows_grid() -> list[StepShape]:
+    """The default grid's mixed steps of one chunk beside a few decode rows."""
+    return [StepShape(rows=r, kv=kv, chunks=1, new=n) for n, r, kv in FEW_ROWS_MIXED]
 
 
 def chunk_grid() -> list[StepShape]:

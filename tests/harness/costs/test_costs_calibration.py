@@ -217,3 +217,18 @@ def test_the_fit_recovers_a_known_several_chunk_term(term: str, value: float) ->
     # one chunk a step: neither several-chunk term is fitted
     one_chunk = fit_calibration(exact(rows), "qwen3-8b", "h100-sxm", measurements="x", command="test")
     assert one_chunk.chunk_layer_s == 0 and one_chunk.mixed_row_layer_s == 0
+
+
+def test_the_default_grid_holds_mixed_steps_of_a_few_decode_rows() -> None:
+    from cdbench.harness.live.measure import chunk_grid, default_grid, few_rows_grid
+
+    grid, few = default_grid(), few_rows_grid()
+    assert len(set(grid)) == len(grid) == 98
+    assert set(few) <= set(grid) and set(chunk_grid()) <= set(grid)
+    assert {(s.kind, s.chunks, s.cached) for s in few} == {("mixed", 1, 0)}
+    assert {s.rows for s in few} == {1, 2, 4} and {s.new for s in few} == {256, 512, 1024}
+    # every shipped calibration was measured over the whole grid
+    for model, gpu in (("qwen3-8b", "h100-sxm"), ("llama-3.1-8b", "h100-sxm"), ("qwen3-8b", "h200"),
+                       ("llama-3.1-8b", "h200")):
+        cal = ForwardCalibration.load(shipped_calibration_path(model, gpu))
+        assert len(cal.fit) == len(grid)
