@@ -26,8 +26,6 @@ from cdbench.harness.costs.calibration import (
 from cdbench.harness.costs.calibration_fit import fit_calibration, roofline_errors
 from cdbench.harness.costs.hardware import SpecFileError, UnknownSpecError, resolve_gpu, resolve_model
 
-GRIDS = ("default", "chunks", "few_rows", "tiny")
-
 
 def calibrate(
     model: Annotated[str, typer.Option("--model", help="built-in model name or a model spec file")],
@@ -81,7 +79,7 @@ def calibrate(
 
 def _measure(spec, grid: str, device: str, decode_attention: str) -> list[ForwardMeasurement]:
     # Imported here: measuring needs torch on a GPU, fitting stored measurements does not.
-    from cdbench.harness.live.measure import StepShape, chunk_grid, default_grid, few_rows_grid, measure_grid
+    from cdbench.harness.live.measure import GRIDS, measure_grid
 
     if grid not in GRIDS:
         raise ValueError(f"--grid {grid!r}: choose from {', '.join(GRIDS)}")
@@ -92,10 +90,7 @@ def _measure(spec, grid: str, device: str, decode_attention: str) -> list[Forwar
 
         if not torch.cuda.is_available():
             raise ValueError("measuring on 'cuda' needs a CUDA device; fit stored ones with --measurements")
-    named = {"default": default_grid, "chunks": chunk_grid, "few_rows": few_rows_grid}
-    shapes = named[grid]() if grid in named else [
-        StepShape(rows=1, kv=8), StepShape(rows=4, kv=16), StepShape(rows=8, kv=32), StepShape(chunks=1, new=16),
-        StepShape(chunks=1, new=64), StepShape(chunks=1, new=16, cached=32), StepShape(rows=4, kv=16, chunks=1, new=32)]
+    shapes = GRIDS[grid]()
 
     def show(row: ForwardMeasurement) -> None:
         typer.echo(f"  {row.label:<32} {row.median_s * 1e3:9.3f} ms  ({row.reps} reps{', graph' if row.graph else ''})")

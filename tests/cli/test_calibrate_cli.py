@@ -54,3 +54,7 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["calibrate", "--model", "llama-3.1-8b", "--gpu-name", "h100", "--out",
                                       str(tmp_path / "x.json"), "--measurements", str(tmp_path / "missing.csv")])
     assert result.exit_code == 2 and "cannot read measurements" in result.output
+    result = CliRunner().invoke(app, ["calibrate", "--model", "llama-3.1-8b", "--gpu-name", "h100", "--out",
+                                      str(tmp_path / "x.json"), "--grid", "huge", "--device", "cpu"])
+    assert result.exit_code == 2
+    assert "--grid 'huge': choose from default, chunks, few_rows, tiny" in result.output

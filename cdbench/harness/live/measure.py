@@ -88,6 +88,17 @@ def chunk_grid() -> list[StepShape]:
             for total in CHUNK_TOKENS for chunks in CHUNKS for rows, kv in CHUNK_DECODE]
 
 
+def tiny_grid() -> list[StepShape]:
+    """A few small shapes of every kind: a CPU smoke test of measuring and fitting."""
+    return [StepShape(rows=1, kv=8), StepShape(rows=4, kv=16), StepShape(rows=8, kv=32), StepShape(chunks=1, new=16),
+            StepShape(chunks=1, new=64), StepShape(chunks=1, new=16, cached=32),
+            StepShape(rows=4, kv=16, chunks=1, new=32)]
+
+
+GRIDS: dict[str, Callable[[], list[StepShape]]] = {
+    "default": default_grid, "chunks": chunk_grid, "few_rows": few_rows_grid, "tiny": tiny_grid}
+
+
 def pool_tokens(shapes: Iterable[StepShape], cache_len: int | None = None) -> int:
     """Cache tokens the largest shape needs (its slots × its longest context, or × ``cache_len``)."""
     return max(s.slots * (cache_len or s.max_len) for s in shapes)
