@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 import cdbench
-from cdbench.cli import calibrate, compare, fidelity, gate, kernels, profile, report, run, sweep
+from cdbench.cli import calibrate, compare, fidelity, gate, host, kernels, profile, report, run, sweep
 
 app = typer.Typer(
     name="cdbench",
@@ -35,6 +35,7 @@ COMMANDS = {
     "profile": profile.profile,
     "kernels": kernels.kernels_command,
     "calibrate": calibrate.calibrate,
+    "host": host.host,
     "version": version,
 }
 for name, command in COMMANDS.items():
