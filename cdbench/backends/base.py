@@ -261,3 +261,7 @@ class GrammarBackend(ABC):
     def options_key(self) -> str:
         """Options that change compiled output; part of the compile-cache key."""
         return f"{self.name}:{self.vocab.name}"
+
+    def clear_engine_cache(self) -> None:
+        """Forget what the engine kept from earlier compiles (nothing, unless the engine shares work
+        between grammars): a compile measured after it costs what it costs the engine the first time."""

@@ -167,6 +167,11 @@ class XGrammarBackend(GrammarBackend):
         return (f"{super().options_key()}:whitespace={self.whitespace}:max_threads={self.max_threads}"
                 f":compiler_cache={self.compiler_cache}")
 
+    def clear_engine_cache(self) -> None:
+        # xgrammar's compiler also keeps what grammars share (the token masks of common JSON rules), so
+        # with its cache on, a schema compiles several times faster after others than alone
+        self._compiler.clear_cache()
+
     def compile(self, spec: ConstraintSpec) -> CompiledGrammar:
         with engine_log() as logged:
             grammar = self._compile(spec)

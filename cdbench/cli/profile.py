@@ -41,6 +41,7 @@ def profile(
     """
     from pydantic import ByteSize, TypeAdapter, ValidationError
 
+    from cdbench.backends.measure_worker import load_plugin
     from cdbench.backends.registry import available_backends
     from cdbench.profile.runner import (
         ProfileConfig,
@@ -48,7 +49,6 @@ def profile(
         check_resume,
         run_profile,
     )
-    from cdbench.profile.worker import load_plugin
     from cdbench.results.output_folder import FolderInUseError, claim_folder
 
     try:

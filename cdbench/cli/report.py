@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from cdbench.cli.support import console, err_console, print_workload_issues, user_errors
+from cdbench.cli.support import console, err_console, print_spec_costs, print_workload_issues, user_errors
 from cdbench.reports.run_report import build_report
 from cdbench.reports.tables import console_sections, to_rich
 from cdbench.results.run_folder import load_run
@@ -28,4 +28,5 @@ def report(
         for section in console_sections(run.summary):
             console.print(to_rich(section))
         print_workload_issues(run)
+        print_spec_costs(run)
     console.print(f"report: {path}")

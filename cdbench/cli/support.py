@@ -121,6 +121,16 @@ def print_workload_issues(run: SavedRun) -> None:
                       f"{run.folder / issues.details})", highlight=False)
 
 
+def print_spec_costs(run: SavedRun) -> None:
+    """Where a ``model`` run's spec prices came from, one line each (a per-kind guess in yellow)."""
+    coverage = run.spec_costs
+    if coverage is None:
+        return
+    for line in coverage.lines():
+        style = "yellow" if line.startswith(("warning", "no predictor", "cannot measure")) or "failed" in line else ""
+        console.print(f"[{style}]{line}[/]" if style else line, highlight=False, markup=bool(style))
+
+
 def progress_bar(transient: bool = False) -> Progress:
     """The progress bar every long command shows (on stderr, so stdout stays clean for tables)."""
     return Progress(

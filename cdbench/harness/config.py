@@ -42,6 +42,7 @@ from cdbench.harness.costs.forward import ForwardConfig
 from cdbench.harness.costs.gpu import FixedGpuCosts, GpuCosts, RooflineGpuCosts
 from cdbench.harness.costs.grammar_profile import GrammarProfile
 from cdbench.harness.costs.mask import MaskCost
+from cdbench.harness.costs.spec_costs import Progress, SpecCostSettings, price_specs
 from cdbench.harness.executors.model import (
     FixedGrammarCosts,
     GrammarCosts,
@@ -55,8 +56,10 @@ if TYPE_CHECKING:
     import torch
 
     from cdbench.harness.live.step import LiveStep
+    from cdbench.workloads.request import Request
 
-_REASONER_INNER = inspect.signature(ReasonerBackend).parameters["inner"].default
+_REASONER_PARAMS = inspect.signature(ReasonerBackend).parameters
+_REASONER_INNER = _REASONER_PARAMS["inner"].default
 
 
 class BackendConfig(BaseModel):
@@ -92,13 +95,15 @@ SchedulerOverrides = create_model(
 )
 
 
-class CostConfig(ForwardConfig):
+class CostConfig(ForwardConfig, SpecCostSettings):
     """Cost models: the forward roofline (model, GPU, TP, calibration), mask and grammar costs.
 
     ``fixed_gpu`` replaces the roofline and mask tables with constants;
     ``grammar_profile`` (``model`` mode) is a profile JSON path or a backend
     name whose shipped profile to use (default: the run's backend);
-    ``fixed_grammar`` replaces the profile with constants.
+    ``fixed_grammar`` replaces the profile with constants. How ``model`` mode
+    prices each spec of the run (``spec_costs``, ``host``, ``spec_store``,
+    ...) is :class:`~cdbench.harness.costs.spec_costs.SpecCostSettings`.
     """
 
     mask_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
@@ -148,24 +153,36 @@ class CostConfig(ForwardConfig):
         return LiveStep(resolve_model(self.model), vocab_size, max_len, "cuda", self.live_kv_tokens,
                         logits_dtype=dtype, graph_sizes=graph_sizes)
 
-    def grammar_costs(self, backend: str, seed: int, options: Mapping[str, Any] | None = None) -> GrammarCosts:
+    def grammar_costs(self, backend: str, seed: int, options: Mapping[str, Any] | None = None,
+                      requests: Sequence[Request] | None = None, vocab: str | None = None,
+                      progress: Progress | None = None) -> GrammarCosts:
         """The ``model``-mode grammar costs of ``backend`` (built with ``options``).
 
         The ``reasoner`` backend's grammar work is its inner backend's (thinking
         adds only token filters, which the scheduler costs itself), so it draws
-        from the inner backend's profile.
+        from the inner backend's profile. Given the run's ``requests`` and
+        ``vocab``, every spec of them is priced from a measurement
+        (:func:`~cdbench.harness.costs.spec_costs.price_specs`: found, measured
+        now or predicted), and the costs' ``coverage`` says from which.
         """
         if self.fixed_grammar is not None:
             return self.fixed_grammar
+        options = dict(options or {})
         if backend == "reasoner":
-            inner = (options or {}).get("inner", _REASONER_INNER)
+            inner = options.get("inner", _REASONER_INNER)
             if not isinstance(inner, str):
                 raise ValueError(f"reasoner option inner={inner!r}: model mode needs the inner backend's name")
-            backend = inner
+            # what is not the wrapper's own parameter builds the inner backend
+            backend, options = inner, {k: v for k, v in options.items() if k not in _REASONER_PARAMS}
         source = self.grammar_profile or backend
         path = Path(source)
-        profile = GrammarProfile.load(path) if path.suffix == ".json" else GrammarProfile.builtin(source)
-        return ProfileGrammarCosts(profile, seed)
+        named = path.suffix == ".json"
+        profile = GrammarProfile.load(path) if named else GrammarProfile.builtin(source)
+        coverage = None
+        if requests is not None and vocab is not None and backend != "none":
+            profile, coverage = price_specs(profile, backend, options, vocab, requests, self,
+                                            named_profile=named, progress=progress)
+        return ProfileGrammarCosts(profile, seed, coverage)
 
 
 class RunConfig(BaseModel):

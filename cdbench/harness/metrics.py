@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
+from cdbench.harness.costs.spec_costs import SpecCoverage
 from cdbench.harness.records import DraftPositionCounts
 
 _sum = np.add.reduce
@@ -188,6 +189,8 @@ class Summary(BaseModel):
     # what priced the forward: the calibration's name (a shipped file or a path), "none" for the uncalibrated
     # roofline; None where the model did not price it (fixed costs, the GPU timed in hybrid, live mode)
     forward_calibration: str | None = None
+    # model mode: where each spec's grammar costs came from (measured here or elsewhere, predicted, guessed)
+    spec_costs: SpecCoverage | None = None
 
 
 def _stats_ms(values: np.ndarray) -> tuple[float, float, float, float, float]:

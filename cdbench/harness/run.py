@@ -154,13 +154,17 @@ def run(config: RunConfig, progress: Progress | None = None) -> RunResult:
         executor: GrammarExecutor = HybridExecutor(backend, spec_decode.alpha, workload.draft_source(vocab),
                                                    seed=config.seed)
     else:
-        executor = ModelExecutor(config.costs.grammar_costs(config.backend.name, config.seed, config.backend.options),
-                                 spec_decode.alpha)
+        costs = config.costs.grammar_costs(config.backend.name, config.seed, config.backend.options,
+                                           requests=workload.requests, vocab=config.vocab, progress=progress)
+        coverage = getattr(costs, "coverage", None)
+        executor = ModelExecutor(costs, spec_decode.alpha)
     result = simulate(workload.requests, scheduler, executor, gpu, seed=config.seed,
                       max_concurrency=workload.max_concurrency, slo=config.slo,
                       trace_steps=config.trace_steps,
                       progress=(lambda f: progress("simulating", f)) if progress else None, live=live)
     result.workload = workload
+    if config.mode == "model":
+        result.summary.spec_costs = coverage
     if isinstance(gpu, RooflineGpuCosts) and config.mode != "live":
         result.summary.forward_calibration = gpu.forward.calibration_source
     return result

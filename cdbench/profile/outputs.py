@@ -23,12 +23,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from cdbench.backends.measure_worker import ItemResult
 from cdbench.harness.costs.grammar_profile import (
     CompileMeasurement,
     GrammarProfile,
     WalkMeasurement,
 )
-from cdbench.profile.worker import ItemResult
 
 ENGINE_DISTRIBUTIONS = ("xgrammar", "llguidance", "outlines-core")
 

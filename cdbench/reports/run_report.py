@@ -175,6 +175,18 @@ def workload_issue_lines(run: SavedRun) -> list[str]:
     return lines
 
 
+def spec_cost_lines(run: SavedRun) -> list[str]:
+    """The report's account of where a ``model`` run's spec prices came from (nothing for other modes)."""
+    coverage = run.spec_costs
+    if coverage is None:
+        return []
+    rows = [f"| {name} | {specs} | {requests} | {share:.1%} |" for name, specs, requests, share in coverage.rows()]
+    lines = ["## Spec costs", "", "Where each spec's grammar costs came from (model mode prices every spec from "
+             "a measurement, a prediction with its error, or, where neither exists, a guess per kind):", "",
+             "| source | specs | requests | share of requests |", "| --- | ---: | ---: | ---: |", *rows, ""]
+    return lines + [f"- {line}" for line in coverage.lines()[1:]] + ([""] if len(coverage.lines()) > 1 else [])
+
+
 def build_report(run: SavedRun) -> Path:
     """Write ``report.md`` (config, summary tables, plots) into the run folder and return its path."""
     figures = build_figures(run)
@@ -190,6 +202,7 @@ def build_report(run: SavedRun) -> Path:
     for section in summary_sections(run.summary):
         lines += [f"### {section.title}", "", to_markdown(section), ""]
     lines += workload_issue_lines(run)
+    lines += spec_cost_lines(run)
     lines += ["## Plots", ""]
     for figure in figures:
         if figure.path is None:

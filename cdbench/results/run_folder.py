@@ -53,6 +53,7 @@ from cdbench.results.config_files import ConfigError, dump_config, validate_conf
 
 if TYPE_CHECKING:
     from cdbench.harness.config import RunConfig
+    from cdbench.harness.costs.spec_costs import SpecCoverage
     from cdbench.harness.run import RunResult
     from cdbench.workloads.workload import WorkloadReport
 
@@ -123,6 +124,20 @@ class SavedRun:
             return WorkloadIssues.model_validate(section)
         except ValidationError as err:
             raise ResultsError(f"run folder {self.folder}: summary.json's workload_issues is malformed: "
+                               f"{err.errors()[0]['msg']}") from None
+
+    @property
+    def spec_costs(self) -> SpecCoverage | None:
+        """Where a ``model`` run's spec prices came from (``None``: another mode, or a run from before)."""
+        from cdbench.harness.costs.spec_costs import SpecCoverage
+
+        section = self.summary.get("spec_costs")
+        if section is None:
+            return None
+        try:
+            return SpecCoverage.model_validate(section)
+        except ValidationError as err:
+            raise ResultsError(f"run folder {self.folder}: summary.json's spec_costs is malformed: "
                                f"{err.errors()[0]['msg']}") from None
 
     def trace_note(self) -> str:

@@ -54,6 +54,17 @@ def unique_copy(item: CorpusItem, copy: int) -> tuple[str, ConstraintSpec]:
     return f"{item.id}#copy{copy}", ConstraintSpec(spec.kind, spec.spec, {**spec.options, "unique_copy": copy})
 
 
+def original_of_copy(spec: ConstraintSpec) -> ConstraintSpec:
+    """The corpus spec a :func:`unique_copy` was made from (``spec`` itself when it is no copy): a copy
+    costs what its original costs, so measurements are shared between them."""
+    if spec.kind == "json_schema" and isinstance(spec.spec, dict) and \
+            str(spec.spec.get("$comment", "")).startswith("cdbench copy "):
+        return ConstraintSpec(spec.kind, {k: v for k, v in spec.spec.items() if k != "$comment"}, spec.options)
+    if "unique_copy" in spec.options:
+        return ConstraintSpec(spec.kind, spec.spec, {k: v for k, v in spec.options.items() if k != "unique_copy"})
+    return spec
+
+
 class _SpecPicker:
     """Draws specs for structured requests, building pools lazily and skipping failed specs.
 

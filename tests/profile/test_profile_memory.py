@@ -13,8 +13,9 @@ from cdbench.backends.base import ConstraintSpec
 from cdbench.backends.vocab import load_vocab
 from cdbench.cli.app import app
 from cdbench.harness.costs.grammar_profile import GrammarProfile
-from cdbench.profile.runner import WORKER_MEMORY_SHARE, ProfileConfig, profile_tasks
-from cdbench.profile.worker import Instance, ProfileTask
+from cdbench.backends.measure_pool import WORKER_MEMORY_SHARE
+from cdbench.profile.runner import ProfileConfig, profile_tasks
+from cdbench.backends.measure_worker import Instance, ProfileTask
 
 PLUGIN = str(Path(__file__).with_name("profile_backends.py"))
 

@@ -11,7 +11,7 @@ import pytest
 from cdbench.harness.costs.grammar_profile import GrammarProfile
 from cdbench.profile.outputs import items_frame, tokens_frame, write_outputs
 from cdbench.profile.runner import ProfileConfig
-from cdbench.profile.worker import ItemResult, TokenTimes
+from cdbench.backends.measure_worker import ItemResult, TokenTimes
 from cdbench.reports.profile_report import summarize, token_costs
 
 

@@ -24,7 +24,7 @@ from cdbench.profile.runner import (
     profile_tasks,
     run_profile,
 )
-from cdbench.profile.worker import (
+from cdbench.backends.measure_worker import (
     Instance,
     ProfileTask,
     load_plugin,
@@ -326,7 +326,7 @@ def test_plugins_load_by_path_or_module_and_bad_ones_are_named(tmp_path, monkeyp
     import sys
 
     from cdbench.backends.registry import available_backends
-    from cdbench.profile.worker import load_plugin
+    from cdbench.backends.measure_worker import load_plugin
 
     load_plugin(PLUGIN)
     assert {"toy", "toy_lenient", "toy_strict", "toy_crashy"} <= set(available_backends())

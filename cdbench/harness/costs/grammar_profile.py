@@ -289,6 +289,11 @@ class GrammarProfile(BaseModel):
     walking a text the profile walked replays that text's fills.
     ``parallel_fill`` (an in-situ profile whose run used the engine's fill
     pool) says how the pool's wall time compared with its rows' fills.
+    ``engine_version``: the version of the engine measured (``None``: not
+    recorded). ``spec_contents`` maps a key of ``specs`` to
+    :func:`~cdbench.workloads.instances.spec_hash` of the spec it measured (a
+    generator copy's original), so that a run finds a measured spec by its
+    content whatever id its corpus gives it (:mod:`~cdbench.harness.costs.spec_costs`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -303,6 +308,8 @@ class GrammarProfile(BaseModel):
     specs: dict[str, SpecProfile] = {}
     instances: dict[str, InstanceProfile] = {}
     parallel_fill: ParallelFillProfile | None = None
+    engine_version: str | None = None
+    spec_contents: dict[str, str] = {}
 
     @model_validator(mode="after")
     def _known_kinds(self) -> GrammarProfile:

@@ -42,8 +42,11 @@ from cdbench.harness.costs.grammar_profile import (
     WalkMeasurement,
 )
 from cdbench.harness.costs.spec_profile import spec_key_hash
+from cdbench.harness.costs.spec_store import backend_version
 from cdbench.harness.executors.base import ParallelFill, SpecKeys
 from cdbench.harness.step_time import parallel_makespan
+from cdbench.workloads.generator import original_of_copy
+from cdbench.workloads.instances import spec_hash
 
 _STATUS = {"unsupported": "unsupported", "timeout": "timeout"}  # any other CompileError reason is an error
 
@@ -116,9 +119,12 @@ class InSituRecorder:
             if wall > 0 and makespan > 0:
                 parallel = ParallelFillProfile(steps=len(self._parallel), threads=pool.threads, chunk=pool.chunk,
                                                wall_s=wall, makespan_s=makespan)
+        found = {"engine_version": backend_version(backend),
+                 "spec_contents": {spec_key_hash(keys.texts[k]): spec_hash(original_of_copy(keys.specs[k]))
+                                   for k in self._compiles}}
         if not self._steps:
             return GrammarProfile.from_measurements(backend, vocab, compiles, [], source=source,
-                                                    parallel_fill=parallel)
+                                                    parallel_fill=parallel).model_copy(update=found)
         rids = np.concatenate([s[0] for s in self._steps])
         positions = np.concatenate([s[1] for s in self._steps]) - start[rids]
         fill_s = np.concatenate([s[2] for s in self._steps])
@@ -172,5 +178,5 @@ class InSituRecorder:
                                          ended_at=self._walk_ends.get(r), think_tokens=tokens, think_s=ns * 1e-9,
                                          instance=keys.request_instance[r] if keys.request_instance else None))
         return GrammarProfile.from_measurements(backend, vocab, compiles, walks, source=source,
-                                                parallel_fill=parallel)
+                                                parallel_fill=parallel).model_copy(update=found)
 

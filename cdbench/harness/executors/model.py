@@ -17,6 +17,7 @@ from cdbench.harness.costs.cost_tables import (
     profile_tables,
 )
 from cdbench.harness.costs.grammar_profile import GrammarProfile, ProfileError
+from cdbench.harness.costs.spec_costs import SpecCoverage
 from cdbench.harness.executors.base import (
     NO_FILL,
     CompileOutcome,
@@ -95,10 +96,12 @@ class ProfileGrammarCosts:
     kind's compile draw (:meth:`ProfileSampler.compile_one`), stable per spec.
     The parallel fill pool's factor is the one its run measured
     (:class:`~cdbench.harness.costs.grammar_profile.ParallelFillProfile`), else 1.
+    ``coverage``: where the profile's prices of the run's specs came from
+    (:func:`~cdbench.harness.costs.spec_costs.price_specs`; ``None``: not priced spec by spec).
     """
 
-    def __init__(self, profile: GrammarProfile, seed: int) -> None:
-        self.profile, self.seed = profile, seed
+    def __init__(self, profile: GrammarProfile, seed: int, coverage: SpecCoverage | None = None) -> None:
+        self.profile, self.seed, self.coverage = profile, seed, coverage
         self.sampler = profile.sampler(seed)
         self.index = SpecIndex(profile, seed)
         self.parallel_fill_factor = profile.parallel_fill.factor if profile.parallel_fill is not None else 1.0

@@ -10,7 +10,7 @@ instances to check they are rejected. It talks to the parent over a pipe:
 ``("compiled", status)`` when it ends, then ``("done", ItemResult)``.
 
 Engine calls run here and not in the parent so that a hang can be killed and a
-segfault only takes this process down (see :mod:`cdbench.profile.runner`).
+segfault only takes this process down (see :mod:`cdbench.backends.measure_pool`).
 Memory is capped here too (:func:`cap_memory`), so one item that needs more
 than its share (outlines-core can need tens of GB on a JSON schema with long
 string bounds) ends as ``oom`` instead of taking the machine down.
@@ -355,14 +355,35 @@ def profile_item(
     return result
 
 
+WARM_UP_SPEC = ConstraintSpec("json_schema", {
+    "type": "object", "required": ["s"],
+    "properties": {"s": {"type": "string"}, "i": {"type": "integer"}, "n": {"type": "number"},
+                   "b": {"type": "boolean"}, "a": {"type": "array", "items": {"type": "string"}},
+                   "o": {"type": "object", "properties": {"e": {"enum": ["x", "y"]}}}}})
+"""What a worker that measures as an engine would compiles before each task, untimed (``warm_up``): the
+rules every JSON schema shares, which an engine has compiled long before any spec of a run arrives."""
+
+
+def warm_up_engine(backend: GrammarBackend) -> None:
+    """Put ``backend`` in the state of an engine that has compiled other grammars, but not this one: its
+    shared work kept (:data:`WARM_UP_SPEC`), nothing of earlier tasks (so measurements do not depend on
+    the order of the tasks)."""
+    backend.clear_engine_cache()
+    try:
+        backend.compile(WARM_UP_SPEC)
+    except CompileError:
+        pass  # a backend without JSON schemas has nothing to warm
+
+
 def worker_main(conn: Any, vocab_name: str, plugins: list[str], rollback_every: int, backend_options: dict,
-                memory_budget: int, stderr_path: str) -> None:
+                memory_budget: int, stderr_path: str, warm_up: bool = False) -> None:
     """Serve tasks from ``conn`` until it sends ``None`` (the entry point of a worker process).
 
     ``memory_budget``: bytes the engines may use beyond the worker's start-up
     (:func:`cap_memory`). ``stderr_path``: a file that takes
     this process's descriptor 2, so the parent can read why it died (a native
     engine's last words, e.g. an allocation failure, come only there).
+    ``warm_up``: before each task, :func:`warm_up_engine`.
     """
     die_with_parent()
     fd = os.open(stderr_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -394,6 +415,8 @@ def worker_main(conn: Any, vocab_name: str, plugins: list[str], rollback_every: 
                     message=f"backend construction failed: {type(exc).__name__}: {exc}",
                 )))
                 continue
+        if warm_up:
+            warm_up_engine(backends[backend_name])
         conn.send(("done", profile_item(
             backend_name, backends[backend_name], task, rollback_every, vocab.decode, conn.send
         )))

@@ -1,0 +1,473 @@
+"""Price every spec of a ``model`` run from a measurement: found, measured on demand, or predicted.
+
+Before a ``model`` run, each distinct spec of its workload is looked up, in this order:
+
+1. the run's grammar profile (the shipped one, or ``costs.grammar_profile``), by the spec's
+   content (:attr:`GrammarProfile.spec_contents`) where its backend, vocabulary and engine version
+   are the run's, or by the spec's key where the user named the profile;
+2. the spec-cost store (:mod:`~cdbench.harness.costs.spec_store`): the target host's entry, else
+   another host's, scaled by the ratio of the hosts' benchmark scores
+   (:func:`~cdbench.harness.costs.host.time_scale`);
+3. what is still missing is measured now (``costs.spec_costs: measure``, the default): compiled once
+   and its walked texts timed in isolated worker processes
+   (:class:`~cdbench.backends.measure_pool.WorkerPool`, as ``cdbench profile`` does), stored, and
+   used; or predicted from the spec's features (``predict``, or where measuring is impossible here:
+   the backend is not installed), with the predictor's held-out error; or refused (``strict``).
+
+A spec that no layer prices takes a whole measured spec of its kind (the per-kind fallback); that
+only happens when neither measuring nor a predictor is available, and it is counted, like every
+other source, in the run's :class:`SpecCoverage` (``summary.json``, the console, the report).
+
+A measurement that fails is kept as the engine would meet it: a compile error, crash, timeout or
+out-of-memory aborts the spec's requests (as a compile error does in the engines), and the spec is
+listed in :attr:`SpecCoverage.failed`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ByteSize, ConfigDict, Field
+
+from cdbench.backends.base import ConstraintSpec
+from cdbench.harness.costs.grammar_profile import (
+    CompileMeasurement,
+    Distribution,
+    GrammarProfile,
+    KindProfile,
+    WalkMeasurement,
+)
+from cdbench.harness.costs.host import HostInfo, load_host, this_host, time_scale
+from cdbench.harness.costs.spec_profile import (
+    N_POSITION_BINS,
+    InstanceProfile,
+    SpecProfile,
+    base_key_text,
+    base_spec_id,
+    instance_key,
+    spec_key_hash,
+    spec_key_text,
+)
+from cdbench.harness.costs.spec_store import (
+    SpecCostEntry,
+    SpecCostStore,
+    backend_version,
+    instance_base,
+    spec_digest,
+)
+from cdbench.workloads.generator import original_of_copy
+from cdbench.workloads.instances import spec_hash
+
+SpecCostsMode = Literal["measure", "predict", "strict"]
+SpecSource = Literal["measured_here", "measured_elsewhere", "profile", "predicted", "kind_fallback"]
+SPEC_SOURCES: tuple[str, ...] = ("measured_here", "measured_elsewhere", "profile", "predicted", "kind_fallback")
+SOURCE_NAMES = {
+    "measured_here": "measured on the target host",
+    "measured_elsewhere": "measured on another host, scaled",
+    "profile": "from the grammar profile",
+    "predicted": "predicted from the spec",
+    "kind_fallback": "guessed per kind",
+}
+MAX_WALKED_TEXTS = 8
+"""Texts of one spec walked when it is measured (the run's first ones); its other texts take the
+spec's measured curve."""
+MEASURE_ROLLBACK_EVERY = 4  # as `cdbench profile`: every 4th accepted token is rolled back (timed)
+
+
+class SpecCostsError(ValueError):
+    """A ``model`` run whose specs cannot be priced as asked (``strict`` with unmeasured specs)."""
+
+
+class SpecCostSettings(BaseModel):
+    """How ``model`` mode prices the specs of a run (part of ``costs``).
+
+    ``spec_costs``: ``measure`` (default) measures every spec the store and
+    profile lack; ``predict`` never measures and predicts them; ``strict``
+    refuses a run with one. ``host``: the host to price for, ``this`` (this
+    machine) or a recorded host's id (``cdbench host`` lists them).
+    ``spec_store``: the store's folder (default: ``spec_costs`` in the cache
+    folder). ``measure_workers``: worker processes measuring at once (default:
+    half this machine's CPUs, so that measurements do not crowd each other).
+    ``measure_timeout_s``: a compile still running after this is killed and
+    the spec recorded as ``timeout``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    spec_costs: SpecCostsMode = "measure"
+    host: str = "this"
+    spec_store: str | None = None
+    measure_workers: int | None = Field(None, ge=1)
+    measure_timeout_s: float = Field(60.0, gt=0)
+
+    def store(self) -> SpecCostStore:
+        from cdbench._env import cache_dir
+
+        return SpecCostStore(self.spec_store if self.spec_store is not None else cache_dir() / "spec_costs")
+
+
+class SpecCoverage(BaseModel):
+    """Where a ``model`` run's spec prices came from (``summary.json``'s ``spec_costs``).
+
+    ``specs``/``requests``: how many distinct specs, and structured requests,
+    each source priced (:data:`SPEC_SOURCES`). ``measured_now``: specs
+    measured for this run, in ``measure_wall_s`` seconds. ``failed``: specs
+    whose measurement failed (label: status and reason); their requests abort.
+    ``predictor_error``: per kind, the predictor's held-out median relative
+    error of compile time and mean fill (only when specs were predicted).
+    ``host_scales``: per other host, the factor its times were scaled by.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    mode: SpecCostsMode
+    target_host: str
+    specs: dict[str, int]
+    requests: dict[str, int]
+    measured_now: int = 0
+    measure_wall_s: float = 0.0
+    failed: dict[str, str] = {}
+    predictor_error: dict[str, dict[str, float]] = {}
+    host_scales: dict[str, float] = {}
+    notes: list[str] = []
+
+    def request_share(self, source: str) -> float:
+        total = sum(self.requests.values())
+        return self.requests.get(source, 0) / total if total else 0.0
+
+    def rows(self) -> list[tuple[str, int, int, float]]:
+        """Per source (:data:`SPEC_SOURCES` order): its name, specs, requests and share of requests."""
+        return [(SOURCE_NAMES[s], self.specs.get(s, 0), self.requests.get(s, 0), self.request_share(s))
+                for s in SPEC_SOURCES]
+
+    def lines(self) -> list[str]:
+        """What a reader must know, one line each (the console prints them)."""
+        total_specs, total_requests = sum(self.specs.values()), sum(self.requests.values())
+        parts = [f"{SOURCE_NAMES[s]} {self.specs[s]} ({self.request_share(s):.0%} of requests)"
+                 for s in SPEC_SOURCES if self.specs.get(s)]
+        out = [f"spec costs ({self.mode}, host {self.target_host}): {total_specs} specs, "
+               f"{total_requests} structured requests: " + "; ".join(parts)]
+        if self.measured_now:
+            out.append(f"measured {self.measured_now} specs now in {self.measure_wall_s:.1f} s")
+        for host, factor in self.host_scales.items():
+            out.append(f"times measured on {host} scaled by {factor:.3f}")
+        if self.predictor_error:
+            errors = ", ".join(f"{k} compile {e['compile']:.0%} fill {e['fill']:.0%}"
+                               for k, e in sorted(self.predictor_error.items()))
+            out.append(f"predicted specs: held-out median |error| {errors}")
+        if self.specs.get("kind_fallback"):
+            out.append(f"warning: {self.specs['kind_fallback']} specs were priced by a guess per kind "
+                       "(nothing measured or predicted them)")
+        if self.failed:
+            shown = "; ".join(f"{k}: {v}" for k, v in list(self.failed.items())[:5])
+            more = f" (and {len(self.failed) - 5} more)" if len(self.failed) > 5 else ""
+            out.append(f"{len(self.failed)} specs failed to measure, their requests abort: {shown}{more}")
+        return out + self.notes
+
+
+@dataclass
+class _RunSpec:
+    """One distinct spec of the run, and what prices it."""
+
+    key_text: str
+    kind: str
+    spec_id: str | None
+    original: ConstraintSpec
+    digest: str
+    texts: list[tuple[int, ...]]
+    requests: int
+    source: str = "kind_fallback"
+    costs: SpecProfile | None = None
+    instances: Mapping[str, InstanceProfile] | None = None
+    base: str | None = None  # the base text its found instances are keyed under
+    scale: float = 1.0
+
+    @property
+    def label(self) -> str:
+        return self.spec_id or self.key_text[:60]
+
+
+Progress = Callable[[str, float], None]
+
+
+def _scaled(costs: SpecProfile, factor: float) -> SpecProfile:
+    if factor == 1.0:
+        return costs
+
+    def mul(x):
+        return None if x is None else x * factor
+
+    return costs.model_copy(update={
+        "compile_s": mul(costs.compile_s), "fill_scale_s": costs.fill_scale_s * factor,
+        "fill_outliers_s": [v * factor for v in costs.fill_outliers_s], "accept_s": mul(costs.accept_s),
+        "rollback_s": mul(costs.rollback_s), "think_accept_s": mul(costs.think_accept_s)})
+
+
+def _scaled_instance(instance: InstanceProfile, factor: float) -> InstanceProfile:
+    if factor == 1.0:
+        return instance
+    return instance.model_copy(update={"fill_s": [None if v is None else v * factor for v in instance.fill_s]})
+
+
+def _run_specs(requests: Sequence, backend: str, version: str, vocab: str,
+               options: Mapping[str, Any]) -> list[_RunSpec]:
+    found: dict[str, _RunSpec] = {}
+    for r in requests:
+        if r.spec is None:
+            continue
+        text = f"{r.spec.kind}:{r.spec_id}" if r.spec_id is not None else r.spec.canonical()
+        spec = found.get(text)
+        if spec is None:
+            original = original_of_copy(r.spec)
+            spec = found[text] = _RunSpec(text, r.spec.kind, r.spec_id, original,
+                                          spec_digest(backend, version, vocab, options, original), [], 0)
+        spec.requests += 1
+        if r.output_tokens is not None and r.output_tokens not in spec.texts:
+            spec.texts.append(r.output_tokens)
+    return list(found.values())
+
+
+def _from_profile(profile: GrammarProfile, specs: list[_RunSpec], by_key: bool) -> None:
+    """Price what ``profile`` measured: by content, and by key too when ``by_key`` (a profile the user
+    named is trusted to describe the specs it names)."""
+    by_content: dict[str, str] = {}
+    for key, content in profile.spec_contents.items():
+        by_content.setdefault(content, key)
+    for s in specs:
+        key = by_content.get(spec_hash(s.original))
+        if key is None and by_key:
+            key = spec_key_hash(s.key_text) if spec_key_hash(s.key_text) in profile.specs else None
+        if key is None or key not in profile.specs:
+            continue
+        found = profile.specs[key]
+        s.source, s.costs, s.instances = "profile", found, profile.instances
+        s.base = spec_key_text(found.kind, base_spec_id(found.spec_id)) if found.spec_id is not None else s.key_text
+
+
+def _from_store(store: SpecCostStore, specs: list[_RunSpec], target: HostInfo,
+                scales: dict[str, float]) -> None:
+    for s in specs:
+        if s.source != "kind_fallback":
+            continue
+        entries = store.entries(s.digest)
+        if not entries:
+            continue
+        entry = next((e for e in entries if e.host.id == target.id), entries[0])
+        s.scale = 1.0 if entry.host.id == target.id else time_scale(entry.host, target)
+        if entry.host.id != target.id:
+            scales[entry.host.name] = s.scale
+        s.source = "measured_here" if entry.host.id == target.id else "measured_elsewhere"
+        s.costs, s.instances, s.base = entry.costs, entry.instances, instance_base(s.digest)
+
+
+@dataclass(frozen=True)
+class _PoolSettings:
+    """What the measuring worker pool reads (see :class:`~cdbench.backends.measure_pool.PoolSettings`)."""
+
+    vocab: str
+    backend_options: dict[str, dict[str, Any]]
+    worker_memory: ByteSize
+    workers: int
+    compile_timeout_s: float
+    walk_timeout_s: float
+    plugins: tuple[str, ...] = ()
+    rollback_every: int = MEASURE_ROLLBACK_EVERY
+
+
+def _entry(result, s: _RunSpec, backend: str, version: str, vocab: str, host: HostInfo,
+           timeout_s: float) -> SpecCostEntry:
+    """A worker's :class:`~cdbench.backends.measure_worker.ItemResult` for ``s`` as a store entry."""
+    measured = f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}, model mode's on-demand measurement, " \
+               f"{backend} {version}"
+    base = instance_base(s.digest)
+    if result.status != "ok":
+        seconds = timeout_s if result.status == "timeout" else 0.0
+        costs = SpecProfile(kind=s.kind, spec_id=s.spec_id, status=result.status, compile_s=seconds)
+        return SpecCostEntry(digest=s.digest, backend=backend, backend_version=version, vocab=vocab, kind=s.kind,
+                             label=s.label, host=host, status=result.status, message=result.message,
+                             costs=costs, measured=measured)
+    t = result.tokens
+    index = np.asarray(t.instance, np.int64)
+    walks = []
+    for i, tokens in enumerate(s.texts[:MAX_WALKED_TEXTS]):
+        at = np.flatnonzero(index == i)
+        if not len(at):
+            continue
+        rollback = np.array([t.rollback_us[j] for j in at if t.rollback_us[j] is not None], np.float64)
+        walks.append(WalkMeasurement(
+            s.label, s.kind, fill_s=np.asarray(t.fill_us, np.float64)[at] / 1e6,
+            accept_s=np.asarray(t.accept_us, np.float64)[at] / 1e6, rollback_s=rollback / 1e6,
+            forced_tokens=np.asarray(t.forced_tokens, np.int64)[at],
+            positions=np.asarray(t.position, np.int64)[at], key=s.key_text, instance=instance_key(base, tokens)))
+    compiles = [CompileMeasurement(s.label, s.kind, "ok", (result.compile_ms or 0.0) / 1e3, key=s.key_text)]
+    profile = GrammarProfile.from_measurements(backend, vocab, compiles, walks)
+    costs = profile.specs[spec_key_hash(s.key_text)].model_copy(update={"spec_id": None, "corpus": None})
+    return SpecCostEntry(digest=s.digest, backend=backend, backend_version=version, vocab=vocab, kind=s.kind,
+                         label=s.label, host=host, status="ok", message="; ".join(result.warnings)[:500],
+                         costs=costs, instances=profile.instances, measured=measured)
+
+
+def _measure(missing: list[_RunSpec], backend: str, version: str, vocab: str, options: Mapping[str, Any],
+             settings: SpecCostSettings, store: SpecCostStore, host: HostInfo,
+             progress: Progress | None) -> tuple[int, float, str | None]:
+    """Measure ``missing`` in worker processes and store each entry as it comes; returns how many were
+    measured, the wall seconds, and why measuring is impossible here (``None``: it was possible)."""
+    from cdbench.backends.measure_pool import WorkerPool, default_worker_memory
+    from cdbench.backends.measure_worker import Instance, ProfileTask
+
+    workers = settings.measure_workers or max(1, (os.cpu_count() or 2) // 2)
+    pool_settings = _PoolSettings(
+        vocab=vocab, backend_options={backend: dict(options)}, workers=workers,
+        worker_memory=ByteSize(default_worker_memory(workers)),
+        compile_timeout_s=settings.measure_timeout_s, walk_timeout_s=max(600.0, settings.measure_timeout_s))
+    by_digest = {s.digest: s for s in missing}
+    jobs = [(backend, ProfileTask("spec-costs", s.digest, s.original,
+                                  tuple(Instance("", t) for t in s.texts[:MAX_WALKED_TEXTS])))
+            for s in by_digest.values()]
+    start, done = time.perf_counter(), 0
+    stage = f"measuring {len(jobs)} specs ({backend}, {workers} workers)"
+    if progress is not None:
+        progress(stage, 0.0)
+    with WorkerPool(pool_settings, warm_up=True) as pool:
+        for result in pool.run(jobs):
+            if result.message.startswith("backend construction failed"):
+                return done, time.perf_counter() - start, result.message
+            s = by_digest[result.item_id]
+            store.put(_entry(result, s, backend, version, vocab, host, settings.measure_timeout_s))
+            done += 1
+            if progress is not None:
+                elapsed = time.perf_counter() - start
+                left = elapsed / done * (len(jobs) - done)
+                progress(f"{stage}, about {left:.0f} s left", done / len(jobs))
+    return done, time.perf_counter() - start, None
+
+
+def _predict(specs: list[_RunSpec], backend: str, vocab: str, base: GrammarProfile,
+             errors: dict[str, dict[str, float]]) -> str | None:
+    """Price ``specs`` by the shipped predictor of (backend, vocab); returns why not (``None``: done)."""
+    from cdbench.harness.costs.spec_predictor import SpecCostPredictor
+
+    try:
+        predictor = SpecCostPredictor.builtin(backend, vocab)
+    except ValueError as exc:
+        return str(exc)
+    for s in specs:
+        guess = predictor.predict(s.original)
+        kp = base.kind(s.kind)
+        residual = kp.fill_residual.quantile(np.linspace(0.5 / 64, 1 - 0.5 / 64, 64)) \
+            if kp.fill_residual.count else np.ones(1)
+        residual = residual / residual.mean()
+        s.costs = SpecProfile(kind=s.kind, status="ok", compile_s=guess.compile_s, fills=1,
+                              fill_scale_s=guess.fill_mean_s,
+                              fill_curve=list(kp.fill_curve) if kp.fill_curve else [1.0] * N_POSITION_BINS,
+                              fill_residual=[float(v) for v in residual])
+        s.source, s.instances = "predicted", None
+        errors[s.kind] = {"compile": guess.median_error_compile, "fill": guess.median_error_fill}
+    return None
+
+
+def price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any], vocab: str, requests: Sequence,
+                settings: SpecCostSettings, named_profile: bool = False,
+                progress: Progress | None = None) -> tuple[GrammarProfile, SpecCoverage]:
+    """The grammar profile that prices ``requests`` spec by spec, and where each price came from.
+
+    ``base`` is the run's profile (kind-level shapes, and the specs it
+    measured); ``named_profile``: the user named it, so its specs are also
+    found by key. Raises :class:`SpecCostsError` for ``strict`` with specs
+    that nothing measured.
+    """
+    version = backend_version(backend)
+    specs = _run_specs(requests, backend, version, vocab, options)
+    store = settings.store()
+    target = this_host(store.root) if settings.host == "this" else load_host(store.root, settings.host)
+    if base.backend == backend and base.vocab == vocab and base.engine_version in (None, version) \
+            and not options:
+        _from_profile(base, specs, by_key=named_profile)
+    elif named_profile:
+        _from_profile(base, specs, by_key=True)
+    scales: dict[str, float] = {}
+    _from_store(store, specs, target, scales)
+    missing = [s for s in specs if s.source == "kind_fallback"]
+    coverage_notes: list[str] = []
+    measured_now, wall = 0, 0.0
+    errors: dict[str, dict[str, float]] = {}
+    if missing and settings.spec_costs == "strict":
+        more = f" and {len(missing) - 20} more" if len(missing) > 20 else ""
+        listed = ", ".join(s.label for s in missing[:20]) + more
+        raise SpecCostsError(f"costs.spec_costs is 'strict' and {len(missing)} of {len(specs)} specs have no "
+                             f"measurement for {backend} {version} on {vocab}: {listed}; measure them "
+                             "(costs.spec_costs=measure) or predict them (costs.spec_costs=predict)")
+    if missing and settings.spec_costs == "measure":
+        if settings.host != "this":
+            coverage_notes.append(f"{len(missing)} specs measured on this machine for host {target.name}, scaled")
+        here = this_host(store.root)
+        measured_now, wall, impossible = _measure(missing, backend, version, vocab, options, settings, store, here,
+                                                  progress)
+        if impossible is not None:
+            coverage_notes.append(f"cannot measure here ({impossible[:200]}); predicted instead")
+        _from_store(store, specs, target, scales)
+        missing = [s for s in specs if s.source == "kind_fallback"]
+    if missing:
+        why = _predict(missing, backend, vocab, base, errors)
+        if why is not None:
+            coverage_notes.append(f"no predictor: {why}")
+    failed = {s.label: f"{s.costs.status}" for s in specs
+              if s.costs is not None and s.costs.status not in (None, "ok")}
+    if failed:
+        messages = {}
+        for s in specs:
+            if s.label in failed and s.source.startswith("measured"):
+                entry = next((e for e in store.entries(s.digest)), None)
+                if entry is not None and entry.message:
+                    messages[s.label] = f"{failed[s.label]}: {entry.message[:160]}"
+        failed |= messages
+    profile = _run_profile(base, specs)
+    coverage = SpecCoverage(
+        mode=settings.spec_costs, target_host=target.name,
+        specs={src: sum(s.source == src for s in specs) for src in SPEC_SOURCES},
+        requests={src: sum(s.requests for s in specs if s.source == src) for src in SPEC_SOURCES},
+        measured_now=measured_now, measure_wall_s=wall, failed=failed, predictor_error=errors,
+        host_scales=scales, notes=coverage_notes)
+    return profile, coverage
+
+
+def _run_profile(base: GrammarProfile, specs: list[_RunSpec]) -> GrammarProfile:
+    """``base`` with each run spec's priced costs under the run's own keys: a spec's costs under
+    its key text, each of its texts' measured fills under the run's instance key of the text."""
+    own_specs, own_instances = dict(base.specs), dict(base.instances)
+    for s in specs:
+        if s.costs is None:
+            continue
+        own_specs[spec_key_hash(s.key_text)] = _scaled(s.costs, s.scale)
+        if s.instances and s.base is not None:
+            run_base = base_key_text(s.key_text, s.kind, s.spec_id)
+            for tokens in s.texts:
+                found = s.instances.get(instance_key(s.base, tokens))
+                if found is not None:
+                    own_instances[instance_key(run_base, tokens)] = _scaled_instance(found, s.scale)
+    kinds = dict(base.kinds)
+    for kind in sorted({s.kind for s in specs if s.costs is not None and s.costs.fill_residual}):
+        if kind not in kinds or not kinds[kind].fill_residual.count:
+            kinds[kind] = _kind_from_specs([own_specs[spec_key_hash(s.key_text)] for s in specs
+                                            if s.kind == kind and s.costs is not None and s.costs.fill_residual])
+    return base.model_copy(update={"specs": own_specs, "instances": own_instances, "kinds": kinds})
+
+
+def _kind_from_specs(specs: list[SpecProfile]) -> KindProfile:
+    """A kind's shapes from its priced specs, for a kind the base profile did not measure: the kind's
+    residual spread, fills, curve and accepts are its specs' own, pooled."""
+    curves = np.array([s.fill_curve for s in specs if len(s.fill_curve) == N_POSITION_BINS])
+    accepts = [s.accept_s for s in specs if s.accept_s is not None]
+    rollbacks = [s.rollback_s for s in specs if s.rollback_s is not None]
+    return KindProfile(
+        statuses={"ok": len(specs)},
+        compile_s=Distribution.from_samples([s.compile_s for s in specs if s.compile_s is not None]),
+        fill_s=Distribution.from_samples([s.fill_scale_s for s in specs]),
+        accept_s=Distribution.from_samples(accepts), rollback_s=Distribution.from_samples(rollbacks),
+        fill_residual=Distribution.from_samples(np.concatenate([s.fill_residual for s in specs])),
+        fill_curve=curves.mean(axis=0).tolist() if len(curves) else [])
+

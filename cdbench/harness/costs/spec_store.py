@@ -1,0 +1,138 @@
+"""The spec-cost store: each spec's measured grammar costs, content-addressed and shared between runs.
+
+``model`` mode prices a spec with what its backend measurably cost on it, so before a run every
+distinct spec of the workload needs a measurement for its (backend, backend version, vocabulary,
+backend options, spec) — :func:`spec_digest` hashes exactly these. A measurement also records the
+host it ran on (:class:`~cdbench.harness.costs.host.HostInfo`), so one spec may hold entries of
+several hosts side by side::
+
+    <root>/<digest[:2]>/<digest>/<host id>.json      one SpecCostEntry
+
+Entries are written atomically (a temporary file renamed into place), so runs that measure at the
+same time share the store safely: the last writer of an identical key wins, and a reader never sees
+half a file. Nothing is ever keyed by a spec id or a corpus name: the same schema in two corpora is
+one entry, and two corpora that reuse an id for different schemas are two.
+
+>>> from cdbench.backends.base import ConstraintSpec
+>>> a = spec_digest("xgrammar", "0.2.8", "qwen3.6", {}, ConstraintSpec("regex", "[ab]+"))
+>>> a == spec_digest("xgrammar", "0.2.8", "qwen3.6", {}, ConstraintSpec("regex", "[ab]+"))
+True
+>>> a == spec_digest("xgrammar", "0.2.9", "qwen3.6", {}, ConstraintSpec("regex", "[ab]+"))
+False
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from cdbench.backends.base import ConstraintSpec
+from cdbench.harness.costs.grammar_profile import CompileStatus, ProfileError
+from cdbench.harness.costs.host import HostInfo
+from cdbench.harness.costs.spec_profile import InstanceProfile, SpecProfile
+
+METHOD = 1
+"""How specs are measured (a warmed engine without the earlier specs' cached work, every 4th token
+rolled back); bumped when that changes, so entries measured otherwise are not reused."""
+ENGINE_DISTRIBUTIONS = {"xgrammar": "xgrammar", "llguidance": "llguidance", "outlines": "outlines-core"}
+"""The package whose version names each built-in engine backend's version."""
+
+
+def backend_version(backend: str) -> str:
+    """The version of the engine behind ``backend`` (``unversioned``: a backend of no known package)."""
+    dist = ENGINE_DISTRIBUTIONS.get(backend)
+    if dist is None:
+        return "unversioned"
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def spec_digest(backend: str, version: str, vocab: str, options: Mapping[str, Any], spec: ConstraintSpec) -> str:
+    """The store key of one spec's costs: a hash of everything that decides them but the host."""
+    key = json.dumps({"method": METHOD, "backend": backend, "version": version, "vocab": vocab,
+                      "options": dict(sorted(options.items())), "spec": spec.canonical()},
+                     separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def instance_base(digest: str) -> str:
+    """The base text a stored entry's instances are keyed under
+    (:func:`~cdbench.harness.costs.spec_profile.instance_key` of it and the walked tokens)."""
+    return f"spec:{digest}"
+
+
+class SpecCostEntry(BaseModel):
+    """One spec's measured costs on one host.
+
+    ``status``/``message``: how its measurement ended (``ok``, or the failure
+    class and reason, as ``cdbench profile`` classes them); ``costs``: its
+    :class:`SpecProfile` (compile time, fill curve and spread, accept and
+    rollback); ``instances``: each walked text's fills by position, keyed by
+    :func:`~cdbench.harness.costs.spec_profile.instance_key` of
+    :func:`instance_base` and its tokens. ``label``: the spec id it was first
+    measured under (for messages only: it is not part of the key).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    format_version: Literal[1] = 1
+    digest: str
+    backend: str
+    backend_version: str
+    vocab: str
+    kind: str
+    label: str = ""
+    host: HostInfo
+    status: CompileStatus
+    message: str = ""
+    costs: SpecProfile
+    instances: dict[str, InstanceProfile] = {}
+    measured: str = Field(description="when and how: date, command, versions")
+
+
+class SpecCostStore:
+    """The entries under ``root`` (created on the first write)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def _folder(self, digest: str) -> Path:
+        return self.root / digest[:2] / digest
+
+    def entries(self, digest: str) -> list[SpecCostEntry]:
+        """Every host's entry for ``digest``, ordered by host id; a damaged file raises
+        :class:`~cdbench.harness.costs.grammar_profile.ProfileError` naming it."""
+        folder = self._folder(digest)
+        if not folder.is_dir():
+            return []
+        out = []
+        for path in sorted(folder.glob("*.json")):
+            try:
+                out.append(SpecCostEntry.model_validate_json(path.read_text(encoding="utf-8")))
+            except (OSError, ValidationError) as exc:
+                raise ProfileError(f"{path}: not a spec-cost entry ({exc.__class__.__name__}: "
+                                   f"{str(exc).splitlines()[0]}); delete it to measure the spec again") from exc
+        return out
+
+    def put(self, entry: SpecCostEntry) -> Path:
+        """Store ``entry`` (replacing this host's earlier one for its spec); returns its path."""
+        folder = self._folder(entry.digest)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{entry.host.id}.json"
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(entry.model_dump_json())
+        os.replace(tmp, path)
+        return path
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self.root.glob("*/*/*.json")) if self.root.is_dir() else 0
