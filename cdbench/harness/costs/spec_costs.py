@@ -396,11 +396,13 @@ def price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any], 
     measured_now, wall = 0, 0.0
     errors: dict[str, dict[str, float]] = {}
     if missing and settings.spec_costs == "strict":
-        more = f" and {len(missing) - 20} more" if len(missing) > 20 else ""
-        listed = ", ".join(s.label for s in missing[:20]) + more
-        raise SpecCostsError(f"costs.spec_costs is 'strict' and {len(missing)} of {len(specs)} specs have no "
-                             f"measurement for {backend} {version} on {vocab}: {listed}; measure them "
-                             "(costs.spec_costs=measure) or predict them (costs.spec_costs=predict)")
+        unique = list({s.digest: s for s in reversed(missing)}.values())[::-1]  # copies share their item's
+        more = f" and {len(unique) - 20} more" if len(unique) > 20 else ""
+        listed = ", ".join(s.label for s in unique[:20]) + more
+        raise SpecCostsError(f"costs.spec_costs is 'strict' and {len(unique)} specs ({len(missing)} of the run's "
+                             f"{len(specs)} spec keys) have no measurement for {backend} {version} on {vocab}: "
+                             f"{listed}; measure them (costs.spec_costs=measure) or predict them "
+                             "(costs.spec_costs=predict)")
     if missing and settings.spec_costs == "measure":
         if settings.host != "this":
             coverage_notes.append(f"{len(missing)} specs measured on this machine for host {target.name}, scaled")

@@ -1,0 +1,230 @@
+"""Model mode's spec prices: the content-addressed store, on-demand measurement, strict and predict, coverage.
+
+The measuring tests run real xgrammar compiles in worker processes on a corpus of a few specs written
+here, so they cost seconds, not minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cdbench.backends.base import ConstraintSpec
+from cdbench.harness.config import RunConfig
+from cdbench.harness.costs.grammar_profile import GrammarProfile
+from cdbench.harness.costs.host import BENCHMARK_VERSION, HostInfo, this_host
+from cdbench.harness.costs.spec_costs import SPEC_SOURCES, SpecCostsError, SpecCostSettings, price_specs
+from cdbench.harness.costs.spec_profile import SpecProfile, spec_key_hash
+from cdbench.harness.costs.spec_store import SpecCostEntry, SpecCostStore, spec_digest
+from cdbench.harness.run import run
+from cdbench.workloads.request import Request
+
+SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name"]},
+    {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Lima"]}}, "required": ["city"]},
+    {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "number"}}, "required": ["ok", "n"]},
+]
+BROKEN = {"type": "object", "properties": {"x": {"$ref": "#/definitions/missing"}}}
+
+
+def _corpus(path: Path, ids: list[str], broken: bool = False) -> Path:
+    lines = [{"id": i, "kind": "json_schema", "spec": s, "source": "test", "license": "CC0"}
+             for i, s in zip(ids, SCHEMAS)]
+    if broken:
+        lines.append({"id": "t/broken", "kind": "json_schema", "spec": BROKEN, "source": "test", "license": "CC0"})
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def _config(corpus: Path, store: Path, **costs) -> RunConfig:
+    return RunConfig.model_validate({
+        "mode": "model", "vocab": "cl100k",
+        "costs": {"spec_store": str(store), "measure_workers": 1, **costs},
+        "workload": {"num_requests": 24, "corpus": [str(corpus)], "structured_ratio": 1.0,
+                     "arrival": {"process": "poisson", "rate": 20.0}},
+    })
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """One store, filled by a first run over three specs, then a second run over the same corpus."""
+    root = tmp_path_factory.mktemp("spec_costs")
+    corpus = _corpus(root / "a.jsonl", ["t/a0", "t/a1", "t/a2"], broken=True)
+    first = run(_config(corpus, root / "store"))
+    second = run(_config(corpus, root / "store"))
+    return root, corpus, first, second
+
+
+def test_a_first_run_measures_every_spec_and_a_second_measures_nothing(measured):
+    _, _, first, second = measured
+    keys = first.requests.loc[first.requests["structured"], "spec_key"].nunique()
+    # the workload's cache-distinct copies of a corpus item are measured once, as their item
+    assert first.summary.spec_costs.measured_now == 4
+    assert first.summary.spec_costs.specs["measured_here"] == keys
+    assert second.summary.spec_costs.measured_now == 0
+    assert second.summary.spec_costs.specs["measured_here"] == keys
+
+
+def test_the_same_store_gives_the_same_run(measured):
+    _, _, first, second = measured
+    assert first.requests.equals(second.requests)
+    assert first.steps.equals(second.steps)
+
+
+def test_coverage_counts_are_exact(measured):
+    _, _, first, _ = measured
+    structured = int(first.requests["structured"].sum())
+    coverage = first.summary.spec_costs
+    assert sum(coverage.requests.values()) == structured
+    assert set(coverage.specs) == set(SPEC_SOURCES)
+    assert coverage.request_share("measured_here") == 1.0
+
+
+def test_a_spec_that_fails_to_compile_is_recorded_listed_and_aborts_its_requests(measured):
+    _, _, first, _ = measured
+    failed = first.summary.spec_costs.failed
+    assert failed and all(label.startswith("t/broken") for label in failed)
+    assert all(reason.startswith("error: ") and "definitions" in reason for reason in failed.values())
+    aborted = first.requests[first.requests["abort_reason"] == "compile_error"]
+    assert len(aborted) == first.summary.failed > 0
+
+
+def test_the_store_is_content_addressed_so_other_ids_reuse_the_measurements(measured):
+    root, _, _, _ = measured
+    renamed = _corpus(root / "b.jsonl", ["other/x", "other/y", "other/z"])
+    result = run(_config(renamed, root / "store"))
+    assert result.summary.spec_costs.measured_now == 0
+    assert result.summary.spec_costs.specs["measured_here"] == sum(result.summary.spec_costs.specs.values())
+
+
+def test_strict_refuses_unmeasured_specs_and_lists_them(tmp_path):
+    corpus = _corpus(tmp_path / "c.jsonl", ["t/s0", "t/s1", "t/s2"])
+    with pytest.raises(SpecCostsError, match=r"strict' and 3 specs .*: t/s0, t/s1, t/s2;"):
+        run(_config(corpus, tmp_path / "empty", spec_costs="strict"))
+
+
+def test_strict_runs_once_everything_is_measured(measured):
+    root, corpus, first, _ = measured
+    result = run(_config(corpus, root / "store", spec_costs="strict"))
+    assert result.requests.equals(first.requests)
+
+
+# --- the store and pricing without worker processes --------------------------------------------------
+
+
+def _host(host_id: str, score: float) -> HostInfo:
+    return HostInfo(id=host_id, name=f"cpu-{host_id}", cpu_model="x", cores=2, arch="x86_64", score=score,
+                    benchmark_version=BENCHMARK_VERSION, measured="2026-11-26")
+
+
+def _entry(digest: str, host: HostInfo, compile_s: float) -> SpecCostEntry:
+    costs = SpecProfile(kind="regex", status="ok", compile_s=compile_s, fills=4, fill_scale_s=1e-5,
+                        fill_curve=[1.0] * 13, fill_residual=[1.0], accept_s=1e-6)
+    return SpecCostEntry(digest=digest, backend="xgrammar", backend_version="0.2.8", vocab="cl100k", kind="regex",
+                         host=host, status="ok", costs=costs, measured="test")
+
+
+def test_entries_of_several_hosts_live_side_by_side(tmp_path):
+    store = SpecCostStore(tmp_path)
+    store.put(_entry("ab" * 16, _host("h1", 1.0), 0.01))
+    store.put(_entry("ab" * 16, _host("h2", 2.0), 0.005))
+    store.put(_entry("ab" * 16, _host("h1", 1.0), 0.02))  # the same host's later measurement replaces it
+    entries = store.entries("ab" * 16)
+    assert [(e.host.id, e.costs.compile_s) for e in entries] == [("h1", 0.02), ("h2", 0.005)]
+    assert len(store) == 2 and store.entries("cd" * 16) == []
+
+
+def test_concurrent_writers_never_leave_a_torn_entry(tmp_path):
+    store = SpecCostStore(tmp_path)
+    threads = [threading.Thread(target=lambda i=i: [store.put(_entry("ef" * 16, _host("h", 1.0), i * 1e-3))
+                                                   for _ in range(20)]) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(store.entries("ef" * 16)) == 1
+    assert not list(tmp_path.rglob(".tmp-*"))
+
+
+def test_a_damaged_entry_is_named(tmp_path):
+    store = SpecCostStore(tmp_path)
+    path = store.put(_entry("01" * 16, _host("h", 1.0), 0.01))
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match=str(path)):
+        store.entries("01" * 16)
+
+
+def test_the_digest_covers_backend_version_vocabulary_options_and_spec():
+    spec = ConstraintSpec("regex", "[ab]+")
+    base = spec_digest("xgrammar", "0.2.8", "qwen3.6", {}, spec)
+    assert base == spec_digest("xgrammar", "0.2.8", "qwen3.6", {}, ConstraintSpec("regex", "[ab]+"))
+    others = {spec_digest("llguidance", "0.2.8", "qwen3.6", {}, spec),
+              spec_digest("xgrammar", "0.2.9", "qwen3.6", {}, spec),
+              spec_digest("xgrammar", "0.2.8", "cl100k", {}, spec),
+              spec_digest("xgrammar", "0.2.8", "qwen3.6", {"whitespace": "flexible"}, spec),
+              spec_digest("xgrammar", "0.2.8", "qwen3.6", {}, ConstraintSpec("regex", "[ab]*"))}
+    assert base not in others and len(others) == 5
+
+
+def _regex_requests() -> list[Request]:
+    return [Request(i, i * 0.1, 16, 8, ConstraintSpec("regex", f"[a-z]{{{i + 1}}}"), f"r/{i}") for i in range(3)]
+
+
+def test_another_hosts_measurement_is_scaled_by_the_benchmark_ratio(tmp_path, monkeypatch):
+    from cdbench.harness.costs import spec_costs, spec_store
+
+    monkeypatch.setattr(spec_store, "backend_version", lambda backend: "0.2.8")
+    monkeypatch.setattr(spec_costs, "backend_version", lambda backend: "0.2.8")
+    store = SpecCostStore(tmp_path)
+    here = this_host(tmp_path)
+    there = _host("elsewhere", here.score * 2.0)  # twice as fast: its seconds cost twice as many here
+    requests = _regex_requests()
+    for r in requests:
+        store.put(_entry(spec_digest("xgrammar", "0.2.8", "cl100k", {}, r.spec), there, 0.004))
+    profile, coverage = price_specs(GrammarProfile.builtin("xgrammar"), "xgrammar", {}, "cl100k", requests,
+                                    SpecCostSettings(spec_store=str(tmp_path), spec_costs="strict"))
+    assert coverage.specs["measured_elsewhere"] == 3 and coverage.host_scales == {"cpu-elsewhere": 2.0}
+    priced = profile.specs[spec_key_hash("regex:r/0")]
+    assert priced.compile_s == pytest.approx(0.008) and priced.fill_scale_s == pytest.approx(2e-5)
+    # priced for the other host, nothing is scaled
+    (tmp_path / "hosts").mkdir(exist_ok=True)
+    (tmp_path / "hosts" / "elsewhere.json").write_text(there.model_dump_json())
+    profile, coverage = price_specs(GrammarProfile.builtin("xgrammar"), "xgrammar", {}, "cl100k", requests,
+                                    SpecCostSettings(spec_store=str(tmp_path), spec_costs="strict", host="elsewhere"))
+    assert coverage.specs["measured_here"] == 3
+    assert profile.specs[spec_key_hash("regex:r/0")].compile_s == pytest.approx(0.004)
+
+
+def test_shipped_profile_prices_its_own_corpus_by_content(tmp_path):
+    """The embedded sample's specs are in the shipped profile, found by content: nothing to measure."""
+    config = RunConfig.model_validate({"mode": "model", "costs": {"spec_store": str(tmp_path / "s"),
+                                                                   "spec_costs": "strict"},
+                                       "workload": {"num_requests": 60}})
+    result = run(config)
+    coverage = result.summary.spec_costs
+    assert coverage.specs["profile"] == sum(coverage.specs.values()) > 0
+    assert coverage.measured_now == 0
+
+
+def test_a_profile_of_another_vocabulary_is_not_used_for_its_specs(tmp_path):
+    requests = [Request(0, 0.0, 16, 8, ConstraintSpec("regex", "[a-z]+"), "r/x")]
+    base = GrammarProfile.builtin("xgrammar")  # measured on qwen3.6
+    base = base.model_copy(update={"spec_contents": {next(iter(base.specs)): "irrelevant"}})
+    with pytest.raises(SpecCostsError):
+        price_specs(base, "xgrammar", {}, "cl100k", requests, SpecCostSettings(spec_store=str(tmp_path),
+                                                                               spec_costs="strict"))
+
+
+def test_coverage_lines_never_hide_a_guess():
+    from cdbench.harness.costs.spec_costs import SpecCoverage
+
+    coverage = SpecCoverage(mode="predict", target_host="h", specs={"kind_fallback": 2, "measured_here": 1},
+                            requests={"kind_fallback": 5, "measured_here": 5})
+    lines = coverage.lines()
+    assert "guessed per kind 2 (50% of requests)" in lines[0]
+    assert any(line.startswith("warning: 2 specs were priced by a guess per kind") for line in lines)
+    assert np.isclose(sum(share for *_, share in coverage.rows()), 1.0)
