@@ -11,8 +11,9 @@ checks, continuous batching with chunked prefill, overlap, speculative
 decoding (k = 3, alpha = 0.7), thinking on a fifth of the requests with a
 budget, strict thinking, and jump-forward. Grammar costs come from a backend
 profile (``--profile``: a profile JSON; by default a synthetic lognormal
-profile built here), GPU costs from the roofline model and the H200 mask table.
-Prints start-up time (building requests and the scheduler), simulation time
+profile built here), GPU costs from the roofline model and the H200 mask table; with ``--spec-store DIR``,
+each spec is priced from that spec-cost store as a model run prices it (measured on demand the first time:
+the cold cost). Prints start-up time (building requests and the scheduler), simulation time
 and the simulated throughput.
 """
 
@@ -35,6 +36,7 @@ from cdbench.harness.costs.grammar_profile import (  # noqa: E402
     WalkMeasurement,
 )
 from cdbench.harness.costs.mask import MaskCost  # noqa: E402
+from cdbench.harness.costs.spec_costs import SpecCostSettings, price_specs  # noqa: E402
 from cdbench.harness.executors.model import ModelExecutor, ProfileGrammarCosts  # noqa: E402
 from cdbench.harness.policies import policy  # noqa: E402
 from cdbench.harness.run import simulate  # noqa: E402
@@ -63,8 +65,8 @@ def workload(n: int, rate: float, seed: int) -> list[Request]:
     spec_ids = np.minimum(rng.zipf(1.2, n), 2000)
     thinking = rng.random(n) < 0.2
     think_len = np.where(thinking, rng.integers(20, 120, n), 0)
-    spec = ConstraintSpec("json_schema", {"type": "object"})
-    return [Request(i, float(arrivals[i]), 512, 200, spec if structured[i] else None,
+    specs = {k: ConstraintSpec("json_schema", {"type": "object", "title": f"schema-{k}"}) for k in np.unique(spec_ids)}
+    return [Request(i, float(arrivals[i]), 512, 200, specs[spec_ids[i]] if structured[i] else None,
                     f"schema-{spec_ids[i]}" if structured[i] else None, None, int(think_len[i]),
                     64 if thinking[i] else None)
             for i in range(n)]
@@ -78,6 +80,9 @@ def main() -> None:
     parser.add_argument("--policy", default="sglang", choices=["sglang", "vllm"])
     parser.add_argument("--profile", default=None, help="grammar profile JSON (default: synthetic)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--spec-store", default=None,
+                        help="price every spec from this spec-cost store as model runs do (xgrammar, cl100k), "
+                             "measuring what it lacks; the pricing time is printed apart (cold: measuring)")
     args = parser.parse_args()
 
     t0 = time.perf_counter()
@@ -86,6 +91,13 @@ def main() -> None:
     cfg = policy(args.policy, ranks=2, rank_jitter=0.2, spec_tokens=3, strict_thinking=True, jump_forward=True,
                  max_running_requests=512, schedule_s=2e-4, process_row_s=2e-6)
     gpu = RooflineGpuCosts(ForwardCostModel("llama-3.1-8b", "h200"), MaskCost.for_gpu("h200", vocab_size=100_277))
+    pricing = ""
+    if args.spec_store:
+        t_price = time.perf_counter()
+        profile, coverage = price_specs(profile, "xgrammar", {}, "cl100k", requests,
+                                        SpecCostSettings(spec_store=args.spec_store))
+        pricing = (f"pricing_s={time.perf_counter() - t_price:.2f} (measured {coverage.measured_now} specs in "
+                   f"{coverage.measure_wall_s:.1f} s) ")
     executor = ModelExecutor(ProfileGrammarCosts(profile, args.seed), alpha=0.7)
     startup = time.perf_counter() - t0
 
@@ -94,7 +106,7 @@ def main() -> None:
     elapsed, cpu = time.perf_counter() - t1, time.process_time() - c1
     s = result.summary
     print(f"policy={args.policy} requests={args.requests} rate={args.rate}/s")
-    print(f"import_s={IMPORT_S:.2f} startup_s={startup:.2f} simulate_s={elapsed:.2f} cpu_s={cpu:.2f} "
+    print(f"import_s={IMPORT_S:.2f} startup_s={startup:.2f} {pricing}simulate_s={elapsed:.2f} cpu_s={cpu:.2f} "
           f"({args.requests / elapsed:.0f} simulated requests per wall second)")
     print(f"steps={s.steps} idle_iterations={s.idle_iterations} completed={s.completed} failed={s.failed} "
           f"output_tokens={s.total_output_tokens}")

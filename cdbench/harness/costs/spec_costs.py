@@ -156,7 +156,7 @@ class SpecCoverage(BaseModel):
         for host, factor in self.host_scales.items():
             out.append(f"times measured on {host} scaled by {factor:.3f}")
         if self.predictor_error:
-            errors = ", ".join(f"{k} compile {e['compile']:.0%} fill {e['fill']:.0%}"
+            errors = ", ".join(f"{k} " + " ".join(f"{name} {value:.0%}" for name, value in e.items())
                                for k, e in sorted(self.predictor_error.items()))
             out.append(f"predicted specs: held-out median |error| {errors}")
         if self.specs.get("kind_fallback"):
@@ -278,56 +278,82 @@ class _PoolSettings:
     rollback_every: int = MEASURE_ROLLBACK_EVERY
 
 
-def _entry(result, s: _RunSpec, backend: str, version: str, vocab: str, host: HostInfo,
+@dataclass(frozen=True)
+class SpecToMeasure:
+    """One spec to measure: its ``label`` (an id, for messages and held-out splits by corpus), the spec,
+    and the token texts to walk (at most :data:`MAX_WALKED_TEXTS` are; none: compile only)."""
+
+    label: str
+    spec: ConstraintSpec
+    texts: tuple[tuple[int, ...], ...] = ()
+
+
+@dataclass(frozen=True)
+class MeasureOutcome:
+    """What :func:`measure_specs` did: specs measured and stored, wall seconds, and why measuring is
+    impossible here (``None``: it was possible)."""
+
+    measured: int
+    wall_s: float
+    impossible: str | None = None
+
+
+def _entry(result, item: SpecToMeasure, digest: str, backend: str, version: str, vocab: str, host: HostInfo,
            timeout_s: float) -> SpecCostEntry:
-    """A worker's :class:`~cdbench.backends.measure_worker.ItemResult` for ``s`` as a store entry."""
+    """A worker's :class:`~cdbench.backends.measure_worker.ItemResult` for ``item`` as a store entry."""
     measured = f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}, model mode's on-demand measurement, " \
                f"{backend} {version}"
-    base = instance_base(s.digest)
+    kind, key = item.spec.kind, spec_key_text(item.spec.kind, item.label)
+    common = dict(digest=digest, backend=backend, backend_version=version, vocab=vocab, kind=kind,
+                  label=item.label, spec=item.spec.canonical(), host=host, measured=measured)
     if result.status != "ok":
         seconds = timeout_s if result.status == "timeout" else 0.0
-        costs = SpecProfile(kind=s.kind, spec_id=s.spec_id, status=result.status, compile_s=seconds)
-        return SpecCostEntry(digest=s.digest, backend=backend, backend_version=version, vocab=vocab, kind=s.kind,
-                             label=s.label, host=host, status=result.status, message=result.message,
-                             costs=costs, measured=measured)
+        costs = SpecProfile(kind=kind, status=result.status, compile_s=seconds)
+        return SpecCostEntry(**common, status=result.status, message=result.message, costs=costs)
     t = result.tokens
     index = np.asarray(t.instance, np.int64)
+    base = instance_base(digest)
     walks = []
-    for i, tokens in enumerate(s.texts[:MAX_WALKED_TEXTS]):
+    for i, tokens in enumerate(item.texts[:MAX_WALKED_TEXTS]):
         at = np.flatnonzero(index == i)
         if not len(at):
             continue
         rollback = np.array([t.rollback_us[j] for j in at if t.rollback_us[j] is not None], np.float64)
         walks.append(WalkMeasurement(
-            s.label, s.kind, fill_s=np.asarray(t.fill_us, np.float64)[at] / 1e6,
+            item.label, kind, fill_s=np.asarray(t.fill_us, np.float64)[at] / 1e6,
             accept_s=np.asarray(t.accept_us, np.float64)[at] / 1e6, rollback_s=rollback / 1e6,
             forced_tokens=np.asarray(t.forced_tokens, np.int64)[at],
-            positions=np.asarray(t.position, np.int64)[at], key=s.key_text, instance=instance_key(base, tokens)))
-    compiles = [CompileMeasurement(s.label, s.kind, "ok", (result.compile_ms or 0.0) / 1e3, key=s.key_text)]
+            positions=np.asarray(t.position, np.int64)[at], key=key, instance=instance_key(base, tokens)))
+    compiles = [CompileMeasurement(item.label, kind, "ok", (result.compile_ms or 0.0) / 1e3, key=key)]
     profile = GrammarProfile.from_measurements(backend, vocab, compiles, walks)
-    costs = profile.specs[spec_key_hash(s.key_text)].model_copy(update={"spec_id": None, "corpus": None})
-    return SpecCostEntry(digest=s.digest, backend=backend, backend_version=version, vocab=vocab, kind=s.kind,
-                         label=s.label, host=host, status="ok", message="; ".join(result.warnings)[:500],
-                         costs=costs, instances=profile.instances, measured=measured)
+    costs = profile.specs[spec_key_hash(key)].model_copy(update={"spec_id": None, "corpus": None})
+    return SpecCostEntry(**common, status="ok", message="; ".join(result.warnings)[:500], costs=costs,
+                         instances=profile.instances)
 
 
-def _measure(missing: list[_RunSpec], backend: str, version: str, vocab: str, options: Mapping[str, Any],
-             settings: SpecCostSettings, store: SpecCostStore, host: HostInfo,
-             progress: Progress | None) -> tuple[int, float, str | None]:
-    """Measure ``missing`` in worker processes and store each entry as it comes; returns how many were
-    measured, the wall seconds, and why measuring is impossible here (``None``: it was possible)."""
+def measure_specs(items: Sequence[SpecToMeasure], backend: str, options: Mapping[str, Any], vocab: str,
+                  settings: SpecCostSettings, progress: Progress | None = None) -> MeasureOutcome:
+    """Measure ``items`` with ``backend`` on this machine, in worker processes (each task on a warmed
+    engine without the earlier tasks' cached work, as an engine meets a new spec), and store each entry
+    as it comes, so an interrupted measurement keeps what it finished. Items of one content are measured
+    once."""
     from cdbench.backends.measure_pool import WorkerPool, default_worker_memory
     from cdbench.backends.measure_worker import Instance, ProfileTask
 
+    version = backend_version(backend)
+    store = settings.store()
+    host = this_host(store.root)
     workers = settings.measure_workers or max(1, (os.cpu_count() or 2) // 2)
     pool_settings = _PoolSettings(
         vocab=vocab, backend_options={backend: dict(options)}, workers=workers,
         worker_memory=ByteSize(default_worker_memory(workers)),
         compile_timeout_s=settings.measure_timeout_s, walk_timeout_s=max(600.0, settings.measure_timeout_s))
-    by_digest = {s.digest: s for s in missing}
-    jobs = [(backend, ProfileTask("spec-costs", s.digest, s.original,
-                                  tuple(Instance("", t) for t in s.texts[:MAX_WALKED_TEXTS])))
-            for s in by_digest.values()]
+    by_digest: dict[str, SpecToMeasure] = {}
+    for item in items:
+        by_digest.setdefault(spec_digest(backend, version, vocab, options, item.spec), item)
+    jobs = [(backend, ProfileTask("spec-costs", digest, item.spec,
+                                  tuple(Instance("", t) for t in item.texts[:MAX_WALKED_TEXTS])))
+            for digest, item in by_digest.items()]
     start, done = time.perf_counter(), 0
     stage = f"measuring {len(jobs)} specs ({backend}, {workers} workers)"
     if progress is not None:
@@ -335,39 +361,45 @@ def _measure(missing: list[_RunSpec], backend: str, version: str, vocab: str, op
     with WorkerPool(pool_settings, warm_up=True) as pool:
         for result in pool.run(jobs):
             if result.message.startswith("backend construction failed"):
-                return done, time.perf_counter() - start, result.message
-            s = by_digest[result.item_id]
-            store.put(_entry(result, s, backend, version, vocab, host, settings.measure_timeout_s))
+                return MeasureOutcome(done, time.perf_counter() - start, result.message)
+            store.put(_entry(result, by_digest[result.item_id], result.item_id, backend, version, vocab, host,
+                             settings.measure_timeout_s))
             done += 1
             if progress is not None:
-                elapsed = time.perf_counter() - start
-                left = elapsed / done * (len(jobs) - done)
+                left = (time.perf_counter() - start) / done * (len(jobs) - done)
                 progress(f"{stage}, about {left:.0f} s left", done / len(jobs))
-    return done, time.perf_counter() - start, None
+    return MeasureOutcome(done, time.perf_counter() - start)
 
 
 def _predict(specs: list[_RunSpec], backend: str, vocab: str, base: GrammarProfile,
              errors: dict[str, dict[str, float]]) -> str | None:
-    """Price ``specs`` by the shipped predictor of (backend, vocab); returns why not (``None``: done)."""
-    from cdbench.harness.costs.spec_predictor import SpecCostPredictor
+    """Price ``specs`` by the shipped predictor of (backend, vocab); returns why some or all could not be
+    (``None``: every one was); those keep the per-kind fallback."""
+    from cdbench.harness.costs.spec_predictor import PredictorError, SpecCostPredictor
 
     try:
         predictor = SpecCostPredictor.builtin(backend, vocab)
-    except ValueError as exc:
+    except PredictorError as exc:
         return str(exc)
+    refused: dict[str, str] = {}
     for s in specs:
-        guess = predictor.predict(s.original)
+        try:
+            guess = predictor.predict(s.original)
+        except (PredictorError, ValueError) as exc:
+            refused.setdefault(s.kind, str(exc))
+            continue
         kp = base.kind(s.kind)
         residual = kp.fill_residual.quantile(np.linspace(0.5 / 64, 1 - 0.5 / 64, 64)) \
             if kp.fill_residual.count else np.ones(1)
-        residual = residual / residual.mean()
         s.costs = SpecProfile(kind=s.kind, status="ok", compile_s=guess.compile_s, fills=1,
                               fill_scale_s=guess.fill_mean_s,
                               fill_curve=list(kp.fill_curve) if kp.fill_curve else [1.0] * N_POSITION_BINS,
-                              fill_residual=[float(v) for v in residual])
+                              fill_residual=[float(v) for v in residual / residual.mean()])
         s.source, s.instances = "predicted", None
-        errors[s.kind] = {"compile": guess.median_error_compile, "fill": guess.median_error_fill}
-    return None
+        errors[s.kind] = {name: value for name, value in (("compile", guess.median_error_compile),
+                                                           ("fill", guess.median_error_fill))
+                          if np.isfinite(value)}
+    return "; ".join(refused.values()) or None
 
 
 def price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any], vocab: str, requests: Sequence,
@@ -406,11 +438,11 @@ def price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any], 
     if missing and settings.spec_costs == "measure":
         if settings.host != "this":
             coverage_notes.append(f"{len(missing)} specs measured on this machine for host {target.name}, scaled")
-        here = this_host(store.root)
-        measured_now, wall, impossible = _measure(missing, backend, version, vocab, options, settings, store, here,
-                                                  progress)
-        if impossible is not None:
-            coverage_notes.append(f"cannot measure here ({impossible[:200]}); predicted instead")
+        outcome = measure_specs([SpecToMeasure(s.label, s.original, tuple(s.texts)) for s in missing], backend,
+                                options, vocab, settings, progress)
+        measured_now, wall = outcome.measured, outcome.wall_s
+        if outcome.impossible is not None:
+            coverage_notes.append(f"cannot measure here ({outcome.impossible[:200]}); predicted instead")
         _from_store(store, specs, target, scales)
         missing = [s for s in specs if s.source == "kind_fallback"]
     if missing:

@@ -80,7 +80,9 @@ class SpecCostEntry(BaseModel):
     rollback); ``instances``: each walked text's fills by position, keyed by
     :func:`~cdbench.harness.costs.spec_profile.instance_key` of
     :func:`instance_base` and its tokens. ``label``: the spec id it was first
-    measured under (for messages only: it is not part of the key).
+    measured under (for messages and held-out splits by corpus: it is not part
+    of the key); ``spec``: the spec's canonical text (what a predictor of
+    spec costs is fitted on).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -91,6 +93,7 @@ class SpecCostEntry(BaseModel):
     vocab: str
     kind: str
     label: str = ""
+    spec: str = ""
     host: HostInfo
     status: CompileStatus
     message: str = ""

@@ -228,3 +228,24 @@ def test_coverage_lines_never_hide_a_guess():
     assert "guessed per kind 2 (50% of requests)" in lines[0]
     assert any(line.startswith("warning: 2 specs were priced by a guess per kind") for line in lines)
     assert np.isclose(sum(share for *_, share in coverage.rows()), 1.0)
+
+
+def test_predict_prices_unmeasured_specs_with_the_predictors_stated_error(tmp_path):
+    requests = [Request(i, i * 0.1, 16, 8, ConstraintSpec("json_schema", s), f"p/{i}") for i, s in enumerate(SCHEMAS)]
+    profile, coverage = price_specs(GrammarProfile.builtin("xgrammar"), "xgrammar", {}, "qwen3.6", requests,
+                                    SpecCostSettings(spec_store=str(tmp_path), spec_costs="predict"))
+    assert coverage.specs["predicted"] == 3 and coverage.measured_now == 0
+    assert set(coverage.predictor_error) == {"json_schema"}
+    assert any(line.startswith("predicted specs: held-out median |error| json_schema compile") for line in coverage.lines())
+    priced = profile.specs[spec_key_hash("json_schema:p/0")]
+    assert priced.compile_s > 0 and priced.fill_scale_s > 0 and priced.fill_residual
+    assert len(SpecCostStore(tmp_path)) == 0  # nothing measured, nothing stored
+
+
+def test_a_kind_the_predictor_cannot_price_keeps_the_counted_per_kind_fallback(tmp_path):
+    requests = [Request(0, 0.0, 16, 8, ConstraintSpec("structural_tag", {"type": "structural_tag", "format": {
+        "type": "const_string", "value": "x"}}), "st/0")]
+    _, coverage = price_specs(GrammarProfile.builtin("xgrammar"), "xgrammar", {}, "qwen3.6", requests,
+                              SpecCostSettings(spec_store=str(tmp_path), spec_costs="predict"))
+    assert coverage.specs["kind_fallback"] == 1
+    assert any(line.startswith("warning: 1 specs were priced by a guess per kind") for line in coverage.lines())
