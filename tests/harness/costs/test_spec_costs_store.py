@@ -249,3 +249,16 @@ def test_a_kind_the_predictor_cannot_price_keeps_the_counted_per_kind_fallback(t
                               SpecCostSettings(spec_store=str(tmp_path), spec_costs="predict"))
     assert coverage.specs["kind_fallback"] == 1
     assert any(line.startswith("warning: 1 specs were priced by a guess per kind") for line in coverage.lines())
+
+
+def test_a_measurement_past_its_timeout_is_recorded_as_timeout_and_aborts_its_requests(tmp_path):
+    """outlines-core builds a DFA per regex: this one takes minutes (see backends/outlines.py), far past 2 s."""
+    slow = ConstraintSpec("regex", "(a|b)*a(a|b){14}")
+    requests = [Request(0, 0.0, 16, 8, slow, "r/slow"), Request(1, 0.1, 16, 8, ConstraintSpec("regex", "[ab]"), "r/fast")]
+    settings = SpecCostSettings(spec_store=str(tmp_path), measure_timeout_s=2.0, measure_workers=1)
+    profile, coverage = price_specs(GrammarProfile.builtin("outlines"), "outlines", {}, "cl100k", requests, settings)
+    assert coverage.failed == {"r/slow": "timeout: compile exceeded 2 s"}
+    assert coverage.specs["measured_here"] == 2
+    slow_costs = profile.specs[spec_key_hash("regex:r/slow")]
+    assert slow_costs.status == "timeout" and slow_costs.compile_s == 2.0
+    assert profile.specs[spec_key_hash("regex:r/fast")].status == "ok"
