@@ -3,7 +3,10 @@
 Compiles are submitted in time order, so a pool of ``N`` threads is exact as a
 heap of thread free times: a compile starts on the earliest free thread (FIFO
 when all are busy) and ends ``seconds`` later. Each of ``R`` ranks has its own
-pool and compiles every spec itself, with its own jitter.
+pool and compiles every spec itself, with its own jitter. With the host's
+cores given (:class:`~cdbench.harness.contention.HostCores`), a compile that
+starts while the running compiles and the scheduler loops outnumber the cores
+takes longer by their demand over the cores.
 
 >>> pools = CompilePools(ranks=1, threads=1)
 >>> pools.submit(0.0, 0.010, np.random.default_rng(0))[1].tolist()   # ends
@@ -16,25 +19,63 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
+from bisect import bisect_left, bisect_right, insort
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
+from cdbench.harness.contention import HostCores
+
 
 class CompilePools:
     """``ranks`` independent pools of ``threads`` compile threads each.
 
     ``jitter`` is the sigma of a lognormal factor drawn per rank and compile;
-    ``scale`` multiplies each rank's compile times (a slow rank).
+    ``scale`` multiplies each rank's compile times (a slow rank); ``host``:
+    the cores every rank's pool shares, which stretch a compile that starts
+    beside too many others (``None``: compiles never contend).
+
+    >>> pools = CompilePools(ranks=1, threads=4, host=HostCores(cores=2))
+    >>> rng = np.random.default_rng(0)
+    >>> [pools.submit_one(0.0, 1.0, rng)[1] for _ in range(3)]  # 1 + 1 loop, 2 + 1, 3 + 1 threads on 2 cores
+    [1.0, 1.5, 2.0]
+    >>> pools.running(0.5), pools.running(1.2), pools.next_free(1.2)
+    (3, 2, 1.5)
     """
 
     def __init__(self, ranks: int, threads: int, jitter: float = 0.0,
-                 scale: tuple[float, ...] | None = None) -> None:
-        self.ranks, self.threads, self.jitter = ranks, threads, jitter
+                 scale: tuple[float, ...] | None = None, host: HostCores | None = None) -> None:
+        self.ranks, self.threads, self.jitter, self.host = ranks, threads, jitter, host
         self.scale = np.ones(ranks) if scale is None else np.asarray(scale, dtype=np.float64)
         self._free = [[(0.0, tid) for tid in range(threads)] for _ in range(ranks)]
+        self._ends = [0.0] * (ranks * threads)  # every thread's free time, sorted (counted at every step)
+
+    def running(self, t: float) -> int:
+        """Compile threads busy at ``t``, over every rank's pool.
+
+        ``t`` is no earlier than the last submission: a thread then runs from
+        before ``t`` without a gap until its free time, so it is busy exactly
+        when that time is later than ``t``.
+        """
+        return len(self._ends) - bisect_right(self._ends, t)
+
+    def next_free(self, t: float) -> float:
+        """The first time after ``t`` that a busy thread frees (``inf``: none is busy): the running
+        count stays :meth:`running` ``(t)`` until then unless a compile is submitted."""
+        i = bisect_right(self._ends, t)
+        return self._ends[i] if i < len(self._ends) else math.inf
+
+    def _assign(self, heap: list[tuple[float, int]], end: float) -> int:
+        """Give ``heap``'s earliest free thread a compile that ends at ``end``; the thread's id."""
+        tid = heap[0][1]
+        free_at, _ = heapq.heapreplace(heap, (end, tid))
+        ends = self._ends
+        del ends[bisect_left(ends, free_at)]
+        insort(ends, end)
+        return tid
 
     def submit(self, t: float, seconds: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Queue a compile of ``seconds`` at ``t``; per rank ``(start, end, thread)``."""
@@ -44,11 +85,13 @@ class CompilePools:
         durations = (float(seconds) * self.scale).tolist()
         if self.jitter > 0:
             durations = [d * f for d, f in zip(durations, rng.lognormal(0.0, self.jitter, size=self.ranks).tolist())]
+        begins = [t if t > heap[0][0] else heap[0][0] for heap in self._free]
+        if self.host is not None:  # at each rank's start: the compiles running then, this one's on every rank too
+            durations = [d * self.host.stretch(self.running(b) + sum(other <= b for other in begins))
+                         for d, b in zip(durations, begins)]
         start, end, thread = [], [], []
-        for heap, duration in zip(self._free, durations):
-            free_at, tid = heap[0]
-            begin = t if t > free_at else free_at
-            heapq.heapreplace(heap, (begin + duration, tid))
+        for heap, begin, duration in zip(self._free, begins, durations):
+            tid = self._assign(heap, begin + duration)
             start.append(begin)
             end.append(begin + duration)
             thread.append(tid)
@@ -66,10 +109,11 @@ class CompilePools:
         if self.jitter > 0:
             duration *= rng.lognormal(0.0, self.jitter)  # the same draw as submit's one-element array
         heap = self._free[0]
-        free_at, tid = heap[0]
+        free_at = heap[0][0]
         begin = t if t > free_at else free_at
-        heapq.heapreplace(heap, (begin + duration, tid))
-        return begin, begin + duration, tid
+        if self.host is not None:
+            duration *= self.host.stretch(self.running(begin) + 1)
+        return begin, begin + duration, self._assign(heap, begin + duration)
 
 
 Lookup = Literal["hit", "invalid", "inflight", "miss"]

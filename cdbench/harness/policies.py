@@ -118,6 +118,19 @@ class SchedulerConfig(BaseModel):
     ipc_s: float = Field(0.0, ge=0, description="ipc: CPU per message carrying the bitmask (send and receive)")
     ipc_byte_s: float = Field(0.0, ge=0, description="ipc: CPU per bitmask byte (serialize, shared-memory copy, deserialize)")
 
+    # --- the host's cores (cdbench/harness/contention.py)
+    host_cpus: int = Field(
+        32, ge=1, description="CPUs of the engine host, shared by the compile pool, the fill pool and the scheduler "
+        "loop (the presets size their pools from it: policy.host_cpus)"
+    )
+    host_contention: bool = Field(
+        True, description="when compiles, fill threads and the scheduler loop outnumber host_cpus, a step's host CPU "
+        "work and a starting compile stretch by demand / cores (processor sharing); False: never"
+    )
+    compile_cores: float = Field(
+        1.0, gt=0, description="cores one running compile keeps busy (xgrammar's compiler runs threads of its own)"
+    )
+
     # --- mask building
     fill_parallel_threshold: int | None = Field(
         None, ge=0, description="fill in parallel when more structured rows than this (and no spec); None: always serial"
@@ -174,6 +187,7 @@ class SchedulerConfig(BaseModel):
 def _sglang(cpus: int) -> dict:
     return dict(
         name="sglang",
+        host_cpus=cpus,
         max_running_requests=256,
         max_batched_tokens=8192,
         mixed_batches=False,
@@ -215,6 +229,7 @@ def _sglang(cpus: int) -> dict:
 def _vllm(cpus: int) -> dict:
     return dict(
         name="vllm",
+        host_cpus=cpus,
         max_running_requests=256,
         max_batched_tokens=8192,
         mixed_batches=True,
@@ -266,15 +281,21 @@ HOST_COST_FIELDS = ("schedule_s", "schedule_row_s", "process_step_s", "process_r
                     "fill_row_s", "mask_alloc_byte_s", "ipc_s", "ipc_byte_s", "launch_s", "launch_prefill_s")
 
 
-def policy(name: str, host_cpus: int = 32, **overrides: object) -> SchedulerConfig:
+def policy(name: str, host_cpus: int = 32, /, **overrides: object) -> SchedulerConfig:
     """The preset ``name`` for an engine host with ``host_cpus`` CPUs, with ``overrides`` applied.
+
+    An override of the field ``host_cpus`` (as a dumped configuration holds)
+    takes the argument's place, so the preset's pools are sized for it too:
+
+    >>> policy("vllm", 32, host_cpus=4).compile_threads
+    2
 
     Raises ``KeyError`` for an unknown preset and pydantic's ``ValidationError``
     for an unknown or invalid override.
     """
     if name not in PRESETS:
         raise KeyError(f"unknown scheduler policy {name!r}; known: {', '.join(sorted(PRESETS))}")
-    return SchedulerConfig(**{**PRESETS[name](host_cpus), **overrides})
+    return SchedulerConfig(**{**PRESETS[name](overrides.get("host_cpus", host_cpus)), **overrides})
 
 
 def graph_size(sizes: Sequence[int], tokens: int) -> int | None:

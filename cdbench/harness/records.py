@@ -95,6 +95,8 @@ class StepRecord:
     decode_tokens : query tokens of the decode rows (1 + drafts each), before graph padding;
     context_tokens : cached tokens those rows attend to, summed (with ``prefill_tokens``, the step's
         shape as the forward cost model takes it).
+    contention : how much longer the step's host CPU work took because compiles and the scheduler loop
+        outnumbered the host's cores (:mod:`cdbench.harness.contention`; 1: they did not, or not charged).
     """
 
     start_s: float
@@ -122,6 +124,7 @@ class StepRecord:
     launch_s: float
     decode_tokens: int
     context_tokens: int
+    contention: float
 
 
 STEP_COLUMNS = tuple(f.name for f in fields(StepRecord))

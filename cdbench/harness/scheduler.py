@@ -33,6 +33,12 @@ Each iteration, at virtual time ``t``:
    step with prefill chunks) is added: the GPU waits for it. A
    decode step's forward is priced at the next CUDA-graph capture size
    (``cuda_graph_sizes``), as the engines pad it.
+5. **Host contention** (``model`` and ``hybrid``): while the compiles running
+   at the step's start and the scheduler loop outnumber ``host_cpus``, the
+   step's host CPU work (batch forming, fills and their wrapper, transfer,
+   processing, launch) takes demand / cores as long, and a parallel fill's
+   wall counts its pool's threads instead of the loop
+   (:mod:`~cdbench.harness.contention`).
 
 Per-request Python runs only at events (arrival, release, admission, finish,
 abort); everything per token is a numpy operation over the running batch,
@@ -52,6 +58,7 @@ import numpy as np
 from cdbench.harness.batch import RunningBatch
 from cdbench.harness.collectives import RankAgreement
 from cdbench.harness.compile_service import CompilePools, GrammarCache
+from cdbench.harness.contention import HostCores
 from cdbench.harness.costs.gpu import GpuCosts
 from cdbench.harness.events import EventKind, EventQueue
 from cdbench.harness.executors.base import (
@@ -153,7 +160,15 @@ class Scheduler:
         self._ready_at = [math.inf] * n  # done_at's maximum per request (the last rank's end), for checks
         self.grammar_ok = np.ones(n, bool)
         self.wait_ct = np.zeros((n, R), np.int64)
-        self.pools = CompilePools(R, config.compile_threads, config.rank_jitter, config.rank_compile_scale)
+        # the host's cores, where its threads can outnumber them (live mode runs its steps for real)
+        host = HostCores(config.host_cpus, config.compile_cores, R)
+        fill_threads = config.fill_threads if parallel else 1
+        self._host = host if (config.host_contention and live is None
+                              and host.can_exceed(R * config.compile_threads, fill_threads)) else None
+        self._stretch = 1.0  # this iteration's stretch of the loop's CPU work (contention.py)
+        self._stretch_until = math.inf  # when a compile thread frees and the stretch may change
+        self.pools = CompilePools(R, config.compile_threads, config.rank_jitter, config.rank_compile_scale,
+                                  self._host)
         self.cache = GrammarCache(config.cache, config.cache_write, config.cache_dedup_inflight,
                                   config.cache_capacity, config.cache_failures)
 
@@ -454,7 +469,14 @@ class Scheduler:
     def _iterate(self, t: float) -> float | None:
         """Run one scheduler iteration starting at ``t``; its duration, or ``None`` when idle."""
         cfg, rec, batch = self.cfg, self.rec, self.batch
-        schedule_s = cfg.schedule_s + self._carry_cpu_s
+        if self._host is not None:
+            compiles = self.pools.running(t)
+            stretch = self._stretch = self._host.stretch(compiles)
+            # idle strides repeat this iteration's stretch only while no compile thread frees
+            self._stretch_until = self.pools.next_free(t) if stretch > 1.0 else math.inf
+        else:
+            stretch = 1.0
+        schedule_s = (cfg.schedule_s + self._carry_cpu_s) * stretch
         self._carry_cpu_s = 0.0
         poll_s = sync_s = check_s = 0.0
         if self.grammar_queue:
@@ -512,7 +534,7 @@ class Scheduler:
             else:
                 n_drafts = 0
         if cfg.schedule_row_s:
-            schedule_s += cfg.schedule_row_s * (n_rows + len(new_ids))
+            schedule_s += cfg.schedule_row_s * (n_rows + len(new_ids)) * stretch
         pre = schedule_s + poll_s + sync_s + check_s
 
         if len(pf_rows):  # continuing prompts: those the budget reached run a chunk
@@ -600,12 +622,19 @@ class Scheduler:
         mask_rows = n_filter
         fill_s = 0.0
         if grammar_rows:  # (the executor times or prices a parallel fill: its pool's wall time)
-            fill_s = float(_sum(row_fill)) if work.fill_wall_s is None else work.fill_wall_s
+            if work.fill_wall_s is None:
+                fill_s = float(_sum(row_fill)) * stretch
+            elif self._host is not None:  # the loop waits on the pool, whose busy threads share the cores
+                tasks = -(-grammar_rows // cfg.fill_chunk)
+                fill_s = work.fill_wall_s * self._host.stretch(compiles, min(cfg.fill_threads, tasks))
+            else:
+                fill_s = work.fill_wall_s
             self.fill_hist.add(row_fill / row_masks, row_masks)
             mask_rows += int(_sum(row_masks))
         host_fill_s = n_filter * cfg.think_filter_s
         if mask_rows:  # the engine's own wrapper around the fills: Python under the GIL, so serial even with a pool
             host_fill_s += cfg.fill_step_s + cfg.fill_row_s * grammar_rows + cfg.mask_alloc_byte_s * self._row_bytes * n_sample
+        host_fill_s *= stretch
         fill_s += host_fill_s
 
         # --- GPU
@@ -621,8 +650,9 @@ class Scheduler:
         pf_tokens = int(_sum(pf_chunks)) if len(pf_rows) else 0
         sample_rows = n_sample + n_drafts
         # a bitmask built in another process than the sampler's travels serialized, on the mask path
-        transfer_s = cfg.ipc_s + cfg.ipc_byte_s * self._row_bytes * mask_rows if mask_rows and cfg.mask_transfer == "ipc" else 0.0
-        engine_process_s = cfg.process_step_s + cfg.process_row_s * n_sample + cfg.accept_row_s * grammar_rows
+        transfer_s = (cfg.ipc_s + cfg.ipc_byte_s * self._row_bytes * mask_rows) * stretch \
+            if mask_rows and cfg.mask_transfer == "ipc" else 0.0
+        engine_process_s = (cfg.process_step_s + cfg.process_row_s * n_sample + cfg.accept_row_s * grammar_rows) * stretch
         carry = self._carry_process_s
         if live is None:
             fw_tokens, fw_kv = dec_tokens, kv
@@ -633,9 +663,9 @@ class Scheduler:
             copy_s = self.gpu.copy_s(mask_rows, cfg.pinned_mask) if mask_rows else 0.0
             apply_s = self.gpu.apply_s(mask_rows) if mask_rows else 0.0
             sample_s = self.gpu.sample_s(sample_rows)
-            process_s = work.process_s + engine_process_s
+            process_s = work.process_s * stretch + engine_process_s
             # --- the step's duration (see the module docstring)
-            launch_s = cfg.launch_s if not pf_tokens or cfg.launch_prefill_s is None else cfg.launch_prefill_s
+            launch_s = (cfg.launch_s if not pf_tokens or cfg.launch_prefill_s is None else cfg.launch_prefill_s) * stretch
             duration, after_token, exposed, hidden, self._carry_process_s = step_time(
                 sync, has_grammar, pre, carry, forward_s, fill_s, copy_s + transfer_s, apply_s, sample_s, process_s,
                 launch_s)
@@ -697,7 +727,7 @@ class Scheduler:
         self.steps.rows.append((t, duration, kind, n_sample, len(dec_rows), pf_tokens, grammar_rows,
                                 mask_rows, int(_sum(produced)), schedule_s, poll_s, sync_s, check_s, forward_s,
                                 fill_s, copy_s, apply_s, sample_s, process_s, exposed, hidden, transfer_s,
-                                launch_s, dec_tokens, kv))
+                                launch_s, dec_tokens, kv, stretch))
         tl = self.timeline
         if tl is not None and tl.recording:
             tl.steps_seen += 1
@@ -763,18 +793,19 @@ class Scheduler:
             if pre > 0:  # a last poll (e.g. the one that timed the queue out) still ran
                 self.idle_iterations += 1
                 self.steps.rows.append((t, pre + carry, "idle", 0, 0, 0, 0, 0, 0, schedule_s, poll_s, sync_s,
-                                        check_s, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, pre + carry, 0.0, 0.0, 0.0, 0, 0))
+                                        check_s, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, pre + carry, 0.0, 0.0, 0.0, 0, 0,
+                                        self._stretch))
             return None
         cfg = self.cfg
         duration = max(pre + carry, cfg.idle_spin_s)
         repeats = self._idle_repeats(t + duration, poll_s, check_s)
         if repeats:
-            step = max(cfg.schedule_s + poll_s + sync_s + check_s, cfg.idle_spin_s)
+            step = max(cfg.schedule_s * self._stretch + poll_s + sync_s + check_s, cfg.idle_spin_s)
             duration += repeats * step
             poll_s, sync_s, check_s = (1 + repeats) * poll_s, (1 + repeats) * sync_s, (1 + repeats) * check_s
         self.idle_iterations += 1 + repeats
         self.steps.rows.append((t, duration, "idle", 0, 0, 0, 0, 0, 0, schedule_s, poll_s, sync_s, check_s,
-                                0.0, 0.0, 0.0, 0.0, 0.0, 0.0, duration, 0.0, 0.0, 0.0, 0, 0))
+                                0.0, 0.0, 0.0, 0.0, 0.0, 0.0, duration, 0.0, 0.0, 0.0, 0, 0, self._stretch))
         return duration
 
     def _agree_for_real(self, queued: np.ndarray, seen: np.ndarray, gave_up: np.ndarray
@@ -796,11 +827,13 @@ class Scheduler:
             return 0
         if cfg.readiness == "blocking_poll" and self.waiting:
             return 0
-        step = max(cfg.schedule_s + poll_s + (cfg.all_gather_s if cfg.ranks > 1 and full_poll else 0.0) + check_s,
+        schedule_s = cfg.schedule_s * self._stretch
+        step = max(schedule_s + poll_s + (cfg.all_gather_s if cfg.ranks > 1 and full_poll else 0.0) + check_s,
                    cfg.idle_spin_s)
         pending = np.array(self.grammar_queue + waiting_unready, np.int64)
         done = self.done_at[pending]
         change = min(self.queue.peek_time(), float(done.max(axis=1).min()))
+        change = min(change, self._stretch_until)
         if full_poll and cfg.poll_early_exit:
             change = min(change, float(done.max(axis=0).min()))
         repeats = int((change - t_next) // step) - 1
@@ -813,7 +846,7 @@ class Scheduler:
                 if repeats <= 0:
                     return 0
             # poll j (1..repeats) starts at t_next + (j-1)·step; its last check sees compiles done by then
-            last_check = t_next + cfg.schedule_s + (cfg.poll_naps - 1) * cfg.poll_interval_s / cfg.poll_naps
+            last_check = t_next + schedule_s + (cfg.poll_naps - 1) * cfg.poll_interval_s / cfg.poll_naps
             seen_at = np.ceil((self.done_at[queued] - last_check) / step - 1e-9) + 1
             self.wait_ct[queued] += np.clip(seen_at - 1, 0, repeats).astype(np.int64)
         return repeats
