@@ -185,17 +185,20 @@ def test_a_model_mode_run_passes_the_reasoners_inner_backend_to_its_costs(monkey
     seen = []
     original = config_module.CostConfig.grammar_costs
 
-    def recording(self, backend, seed, options=None):
+    def recording(self, backend, seed, options=None, **run):
         seen.append((backend, dict(options or {})))
-        return original(self, backend, seed, options)
+        return original(self, backend, seed, options, **run)
 
     monkeypatch.setattr(config_module.CostConfig, "grammar_costs", recording)
     config = RunConfig.model_validate({
         "mode": "model", "backend": {"name": "reasoner", "options": {"inner": "llguidance"}},
         "workload": {"num_requests": 5, "corpus": ["embedded"], "token_source": "lengths"},
     })
-    run(config)
+    result = run(config)
     assert seen == [("reasoner", {"inner": "llguidance"})]
+    # the inner backend's shipped profile priced the embedded specs: nothing guessed, nothing measured
+    coverage = result.summary.spec_costs
+    assert coverage.specs["profile"] == sum(coverage.specs.values()) and coverage.measured_now == 0
 
 
 def test_cuda_graph_sizes_come_with_the_preset_and_are_checked():

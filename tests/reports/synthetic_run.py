@@ -37,7 +37,7 @@ def synthetic_frames(seed: int = 0, n: int = 60, steps: int = 120, ranks_skew: b
         "mask_rows": grammar_rows, "tokens": grammar_rows + 5, "schedule_s": 1e-4, "poll_s": 0.0, "sync_s": 0.0,
         "check_s": 0.0, "forward_s": 0.01, "fill_s": grammar_rows * 3e-5, "copy_s": 1e-5, "apply_s": 1e-5,
         "sample_s": 2e-4, "process_s": 1e-4, "exposed_cpu_s": 5e-4, "hidden_cpu_s": grammar_rows * 3e-5,
-        "transfer_s": 0.0, "launch_s": 3e-4, "decode_tokens": grammar_rows + 5,
+        "transfer_s": 0.0, "launch_s": 3e-4, "contention": 1.0, "decode_tokens": grammar_rows + 5,
         "context_tokens": (grammar_rows + 5) * 300,
     })[list(STEP_COLUMNS)]
     return requests, step_frame
