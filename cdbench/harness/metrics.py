@@ -184,6 +184,10 @@ class Summary(BaseModel):
     host_transfer_share: float = 0.0
     host_process_share: float = 0.0
     gpu_share: float = 0.0
+    # host CPU contention (harness/contention.py): the mean stretch of a step's host work, and the share of
+    # steps it stretched at all
+    mean_contention: float = 1.0
+    contended_step_share: float = 0.0
     steps: int
     idle_iterations: int
     # what priced the forward: the calibration's name (a shipped file or a path), "none" for the uncalibrated
@@ -254,6 +258,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: LogHistogram, ma
             return []
         return [int(v) for v in counts(draft_positions)]
 
+    busy = steps[steps["kind"] != "idle"] if len(steps) else steps
     t = _stats_ms(ttft)
     p = _stats_ms(tpot)
     e = _stats_ms(e2el)
@@ -306,6 +311,8 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: LogHistogram, ma
         host_transfer_share=share("transfer_s"),
         host_process_share=share("process_s"),
         gpu_share=share("forward_s", "apply_s", "sample_s"),  # (the mask copy sits on the host's chain: mask_share)
+        mean_contention=float(busy["contention"].mean()) if len(busy) and "contention" in busy else 1.0,
+        contended_step_share=float((busy["contention"] > 1.0).mean()) if len(busy) and "contention" in busy else 0.0,
         steps=int((steps["kind"] != "idle").sum()) if len(steps) else 0,
         idle_iterations=idle_iterations if idle_iterations is not None else
         int((steps["kind"] == "idle").sum()) if len(steps) else 0,

@@ -31,7 +31,7 @@ _TOPICS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("Throughput", re.compile(r"throughput|goodput|^completed$|^duration|^total_(input|output)_tokens$|^num_")),
     ("Grammar compile and wait", re.compile(r"compile|wait|cache|poll|inflight")),
     ("Aborts and failures", re.compile(r"abort|timeout|fail|error")),
-    ("Step time: host CPU beside the GPU", re.compile(r"^host_|^gpu_share$")),
+    ("Step time: host CPU beside the GPU", re.compile(r"^host_|^gpu_share$|contention|contended")),
     ("Masks and overlap", re.compile(r"mask|fill|apply|copy|overlap|hidden|exposed|share")),
     ("Speculative decoding, jump-forward, validity", re.compile(r"draft|rollback|rolled|accept|jump|valid")),
     ("Ranks", re.compile(r"rank|skew")),
