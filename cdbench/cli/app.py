@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 import cdbench
-from cdbench.cli import calibrate, compare, fidelity, gate, host, kernels, profile, report, run, sweep
+from cdbench.cli import calibrate, compare, fidelity, gate, host, kernels, measure_specs, profile, report, run, sweep
 
 app = typer.Typer(
     name="cdbench",
@@ -33,6 +33,7 @@ COMMANDS = {
     "gate": gate.gate,
     "fidelity": fidelity.fidelity,
     "profile": profile.profile,
+    "measure-specs": measure_specs.measure_specs,
     "kernels": kernels.kernels_command,
     "calibrate": calibrate.calibrate,
     "host": host.host,

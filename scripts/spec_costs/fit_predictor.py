@@ -1,18 +1,28 @@
-"""Fit the shipped spec-cost predictors from ``cdbench profile`` outputs, and tabulate their held-out error.
+"""Fit the shipped spec-cost predictors from the spec-cost store, and tabulate their held-out error.
 
-Command (from the repository root; seconds)::
+Commands (from the repository root): fill the store with the developer corpora (``cdbench measure-specs``,
+minutes; reports/spec_costs/predictor.md lists the corpora and limits), then fit (seconds)::
 
-    .venv/bin/python scripts/spec_costs/fit_predictor.py --data .cache/spec_predictor_data
+    .venv/bin/cdbench measure-specs --corpus <corpora> --limit <n> --backend xgrammar,llguidance \
+        --vocab qwen3.6 --store .cache/spec_store_dev
+    .venv/bin/python scripts/spec_costs/fit_predictor.py --store .cache/spec_store_dev
 
-``--data`` holds one ``cdbench profile`` output folder per corpus (``items.parquet``: each item's compile
-status and time per backend; ``tokens.parquet``: every timed fill). Each item becomes a
-:class:`~cdbench.harness.costs.spec_predictor.SpecCostRow` per backend: its spec (read back from its
-corpus by id), compile outcome and time, and mean fill over its walked instance. The held-out split goes
-by source: a corpus file, except for the corpora derived from JSON schemas (regexes and choice lists),
-whose items are grouped by the JSONSchemaBench sub-dataset (or BFCL) they were taken from, so that a
-regex from a held-out schema collection is held out with it. The default held-out groups are chosen
-before looking at any error: JSONSchemaBench's ``Github_hard`` and ``Glaiveai2K`` (schemas, and the
-regexes and choice lists taken from them) and the grammar corpus ``gbnf_transformers_cfg``.
+The predictor prices what model mode would measure, so it is fitted on what model mode measures: the
+store's entries (each spec compiled on a warmed engine without earlier specs' cached work, and walked along
+its oracle texts), of this machine's host only, since other hosts' times are on another scale. Each entry
+becomes a :class:`~cdbench.harness.costs.spec_predictor.SpecCostRow`: its spec rebuilt from the entry's
+canonical text, compile outcome and time, and mean fill (where a text was walked). ``--data`` fits on
+``cdbench profile`` output folders instead (one per corpus: ``items.parquet``, ``tokens.parquet``), as
+the first shipped predictors were; given beside ``--store``, it is only compared with the store, spec by
+spec (the fit stays the store's).
+
+The held-out split goes by source: the corpus file an entry's label (its item id) comes from, except for
+the corpora derived from JSON schemas (regexes and choice lists), whose items are grouped by the
+JSONSchemaBench sub-dataset (or BFCL) they were taken from, so that a regex from a held-out schema
+collection is held out with it; a label no known corpus has goes by its id prefix
+(:func:`~cdbench.harness.costs.spec_profile.corpus_of`). The default held-out groups were chosen before
+looking at any error: JSONSchemaBench's ``Github_hard`` and ``Glaiveai2K`` (schemas, and the regexes and
+choice lists taken from them) and the grammar corpus ``gbnf_transformers_cfg``.
 
 Writes ``cdbench/harness/costs/predictors/<backend>__<vocab>.json`` for each backend and a markdown table
 (``--table``) of the held-out median and 90th percentile ``|predicted / measured - 1|`` by backend and kind,
@@ -31,8 +41,11 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
+from cdbench.backends.base import ConstraintSpec
+from cdbench.harness.costs.host import this_host
 from cdbench.harness.costs.spec_predictor import (
     PREDICTOR_DIR,
     HeldOutError,
@@ -40,7 +53,9 @@ from cdbench.harness.costs.spec_predictor import (
     SpecCostPredictor,
     SpecCostRow,
 )
-from cdbench.workloads.corpora import CorpusItem, load_corpus
+from cdbench.harness.costs.spec_profile import corpus_of
+from cdbench.harness.costs.spec_store import SpecCostStore
+from cdbench.workloads.corpora import CorpusItem, known_corpora, load_corpus
 
 DERIVED_CORPORA = ("regex_from_json_schemas", "choice_from_json_schema_enums")
 HELD_OUT_SOURCES = ("Github_hard", "Glaiveai2K")
@@ -83,6 +98,32 @@ def read_rows(data: Path, vocab: str) -> tuple[dict[str, list[SpecCostRow]], lis
     return rows, folders
 
 
+def read_store_rows(store: SpecCostStore, vocab: str, host_id: str) -> dict[str, list[SpecCostRow]]:
+    """Rows per backend from the entries of ``store`` of ``vocab`` measured on host ``host_id``."""
+    # An entry keeps its item's id, not its corpus: the known corpora's ids give the corpus file (and the
+    # source of a derived item) the held-out split goes by. The embedded corpus samples the shared files,
+    # so its ids are looked up last: an item belongs to the file it was sampled from.
+    items = {}
+    for corpus in sorted(known_corpora(), key=lambda name: name == "embedded"):
+        for item in load_corpus(corpus).items:
+            items.setdefault(item.id, (corpus, item))
+    rows: dict[str, list[SpecCostRow]] = {}
+    for folder in sorted(p for p in store.root.glob("*/*") if p.is_dir()):
+        for entry in store.entries(folder.name):
+            if entry.host.id != host_id or entry.vocab != vocab:
+                continue
+            canonical = json.loads(entry.spec)
+            spec = ConstraintSpec(canonical["kind"], canonical["spec"], canonical["options"])
+            found = items.get(entry.label)
+            group = group_of(*found) if found is not None else corpus_of(entry.label) or entry.label
+            ok = entry.status == "ok"
+            rows.setdefault(entry.backend, []).append(SpecCostRow(
+                spec=spec, corpus=group, status=entry.status, compile_s=entry.costs.compile_s if ok else None,
+                fill_mean_s=entry.costs.fill_scale_s if ok and entry.costs.fills else None,
+            ))
+    return rows
+
+
 def held_out_groups(rows: list[SpecCostRow]) -> list[str]:
     """The default held-out groups present in ``rows``."""
     present = {r.corpus for r in rows}
@@ -122,6 +163,28 @@ def table(predictors: dict[str, SpecCostPredictor], baselines: dict[str, SpecCos
     return "\n".join(lines) + "\n"
 
 
+def comparison(store_rows: dict[str, list[SpecCostRow]], profile_rows: dict[str, list[SpecCostRow]]) -> str:
+    """A markdown table of how the store's measurement of each spec compares with the profile's, per backend
+    and kind: the specs both compiled, and the median store / profile ratio of compile time and mean fill."""
+    lines = ["| backend | kind | specs in both | compile: store / profile, median (p10-p90) "
+             "| mean fill: store / profile, median (p10-p90) |", "| --- | --- | ---: | ---: | ---: |"]
+    for backend in sorted(store_rows.keys() & profile_rows.keys()):
+        profiled = {r.spec: r for r in profile_rows[backend] if r.status == "ok"}
+        pairs = [(r, profiled[r.spec]) for r in store_rows[backend] if r.status == "ok" and r.spec in profiled]
+        for kind in sorted({r.kind for r, _ in pairs}):
+            cells = [backend, kind, str(sum(r.kind == kind for r, _ in pairs))]
+            for target in ("compile_s", "fill_mean_s"):
+                ratios = [getattr(a, target) / getattr(b, target) for a, b in pairs
+                          if a.kind == kind and getattr(a, target) and getattr(b, target)]
+                if ratios:
+                    p10, p50, p90 = np.quantile(ratios, [0.1, 0.5, 0.9])
+                    cells.append(f"{p50:.2f} ({p10:.2f}-{p90:.2f})")
+                else:
+                    cells.append("–")
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _host() -> str:
     model = platform.processor() or "unknown CPU"
     try:
@@ -136,19 +199,33 @@ def _host() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, required=True, help="folder of cdbench profile output folders")
+    parser.add_argument("--store", type=Path, help="spec-cost store folder (cdbench measure-specs --store)")
+    parser.add_argument("--data", type=Path, help="folder of cdbench profile output folders: fitted on without "
+                                                  "--store, compared with the store beside it")
     parser.add_argument("--vocab", default="qwen3.6")
     parser.add_argument("--out-dir", type=Path, default=PREDICTOR_DIR)
     parser.add_argument("--table", type=Path, default=Path("reports/spec_costs/heldout_errors.md"))
     args = parser.parse_args(argv)
-    rows, folders = read_rows(args.data, args.vocab)
-    if not rows:
-        parser.error(f"no profile output of vocabulary {args.vocab} under {args.data}")
+    if args.store is None and args.data is None:
+        parser.error("give --store (a spec-cost store) or --data (cdbench profile outputs)")
+    if args.data is not None:
+        profile_rows, folders = read_rows(args.data, args.vocab)
+        if not profile_rows:
+            parser.error(f"no profile output of vocabulary {args.vocab} under {args.data}")
+    if args.store is not None:
+        store = SpecCostStore(args.store)
+        host = this_host(store.root)
+        rows = read_store_rows(store, args.vocab, host.id)
+        if not rows:
+            parser.error(f"no entry of vocabulary {args.vocab} measured on this host ({host.id}) in {args.store}")
+        what = f"the spec-cost store {args.store} (entries of host {host.id}, {host.name})"
+    else:
+        rows, what = profile_rows, f"cdbench profile outputs of {', '.join(folders)}"
     predictors, baselines = {}, {}
     for backend, backend_rows in sorted(rows.items()):
         held_out = held_out_groups(backend_rows)
-        source = (f"scripts/spec_costs/fit_predictor.py over cdbench profile outputs of {', '.join(folders)} "
-                  f"({len(backend_rows)} specs; {datetime.now(UTC):%Y-%m-%d}; {_host()})")
+        source = (f"scripts/spec_costs/fit_predictor.py over {what} ({len(backend_rows)} specs; "
+                  f"{datetime.now(UTC):%Y-%m-%d}; {_host()})")
         predictors[backend] = SpecCostPredictor.fit(backend_rows, backend, args.vocab, held_out, source=source)
         baselines[backend] = SpecCostPredictor.fit(backend_rows, backend, args.vocab, held_out,
                                                    min_specs=sys.maxsize)
@@ -161,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
             "factor of 2). 'kind median' prices every held-out spec at its kind's training median (median "
             "relative error, mean abs log). 'model': the shipped fit, and the held-out fit's where it differs.\n\n"
             + table(predictors, baselines))
+    if args.store is not None and args.data is not None:
+        text += ("\nThe same specs in the store and in the profile outputs (both compiled): store / profile "
+                 "ratios.\n\n" + comparison(rows, profile_rows))
     args.table.parent.mkdir(parents=True, exist_ok=True)
     args.table.write_text(text, encoding="utf-8")
     print(text)
