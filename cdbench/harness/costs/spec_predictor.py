@@ -5,8 +5,8 @@ fill (:mod:`.spec_profile`). A spec that was never measured (its backend is
 not installed here, or the user asks for ``predict``) needs a price too: a
 :class:`SpecCostPredictor` holds, per constraint kind, a ridge regression of
 log compile seconds and of log mean fill seconds on the spec's
-:func:`~cdbench.harness.costs.spec_features.spec_features`, fitted on specs
-``cdbench profile`` measured, the kind's compile failure rate, and the
+:func:`~cdbench.harness.costs.spec_features.spec_features`, fitted on the
+spec-cost store's entries (what model mode measures: ``cdbench measure-specs``), the kind's compile failure rate, and the
 regressions' error on corpora held out of the fit, so every prediction comes
 with the error it can be expected to have.
 
