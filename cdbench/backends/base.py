@@ -236,10 +236,15 @@ def row_error(backend: str, row: object, rows: int) -> IndexError:
 
 
 class GrammarBackend(ABC):
-    """One grammar engine bound to one vocabulary."""
+    """One grammar engine bound to one vocabulary.
+
+    ``shares_compile_work``: the engine keeps work of earlier compiles that later grammars reuse (so a
+    spec's compile time depends on what was compiled before it, not only on the spec).
+    """
 
     name: str
     mask_format: MaskFormat = MaskFormat.BITMASK
+    shares_compile_work: bool = False
 
     def __init__(self, vocab: Vocabulary) -> None:
         self.vocab = vocab

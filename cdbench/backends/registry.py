@@ -59,3 +59,11 @@ def create_backend(name: str, vocab: Vocabulary | str, **options: Any) -> Gramma
     if isinstance(vocab, str):
         vocab = load_vocab(vocab)
     return _factory(name)(vocab, **options)
+
+
+def shares_compile_work(name: str) -> bool:
+    """Whether backend ``name``'s compiles reuse earlier compiles' work
+    (:attr:`GrammarBackend.shares_compile_work`), known without building it; ``False`` for a factory that
+    is not a backend class."""
+    factory = _factory(name)
+    return isinstance(factory, type) and issubclass(factory, GrammarBackend) and factory.shares_compile_work

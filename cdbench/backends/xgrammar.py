@@ -147,6 +147,7 @@ class XGrammarBackend(GrammarBackend):
     """
 
     name = "xgrammar"
+    shares_compile_work = True  # its compiler caches the token masks of rules that grammars share
 
     def __init__(self, vocab: Vocabulary, *, whitespace: str = "compact", max_threads: int = 8,
                  compiler_cache: bool = True) -> None:

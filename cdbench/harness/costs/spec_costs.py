@@ -14,6 +14,12 @@ Before a ``model`` run, each distinct spec of its workload is looked up, in this
    used; or predicted from the spec's features (``predict``, or where measuring is impossible here:
    the backend is not installed), with the predictor's held-out error; or refused (``strict``).
 
+An engine that reuses work between compiles (xgrammar caches the token masks of rules that schemas
+share) compiles a spec faster after related ones, so a spec's compile time alone overstates what a run
+pays for it on a corpus of related schemas. For such a backend the run's specs are also compiled one
+after another, in the order the run first meets them, on one fresh engine (:func:`measure_sequence`,
+stored by the sequence's content), and each spec's compile takes that time.
+
 A spec that no layer prices takes a whole measured spec of its kind (the per-kind fallback); that
 only happens when neither measuring nor a predictor is available, and it is counted, like every
 other source, in the run's :class:`SpecCoverage` (``summary.json``, the console, the report).
@@ -36,6 +42,7 @@ import numpy as np
 from pydantic import BaseModel, ByteSize, ConfigDict, Field
 
 from cdbench.backends.base import ConstraintSpec
+from cdbench.backends.registry import shares_compile_work
 from cdbench.harness.costs.grammar_profile import (
     CompileMeasurement,
     Distribution,
@@ -55,10 +62,12 @@ from cdbench.harness.costs.spec_profile import (
     spec_key_text,
 )
 from cdbench.harness.costs.spec_store import (
+    SequenceEntry,
     SpecCostEntry,
     SpecCostStore,
     backend_version,
     instance_base,
+    sequence_digest,
     spec_digest,
 )
 from cdbench.workloads.generator import original_of_copy
@@ -121,6 +130,10 @@ class SpecCoverage(BaseModel):
     ``predictor_error``: per kind, the predictor's held-out median relative
     error of compile time and mean fill (only when specs were predicted).
     ``host_scales``: per other host, the factor its times were scaled by.
+    ``compile_order``: for an engine that reuses work between compiles
+    (:attr:`~cdbench.backends.base.GrammarBackend.shares_compile_work`), whether
+    compile times are each spec's alone or the run's specs compiled one after
+    another in the order the run meets them (stored, or measured for this run).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -133,6 +146,7 @@ class SpecCoverage(BaseModel):
     failed: dict[str, str] = {}
     predictor_error: dict[str, dict[str, float]] = {}
     host_scales: dict[str, float] = {}
+    compile_order: Literal["alone", "run order", "run order, measured now"] = "alone"
     notes: list[str] = []
 
     def request_share(self, source: str) -> float:
@@ -153,6 +167,9 @@ class SpecCoverage(BaseModel):
                f"{total_requests} structured requests: " + "; ".join(parts)]
         if self.measured_now:
             out.append(f"measured {self.measured_now} specs now in {self.measure_wall_s:.1f} s")
+        if self.compile_order != "alone":
+            out.append(f"compile times in the run's order ({self.compile_order}): the engine reuses work of "
+                       "earlier compiles")
         for host, factor in self.host_scales.items():
             out.append(f"times measured on {host} scaled by {factor:.3f}")
         if self.predictor_error:
@@ -176,6 +193,7 @@ class _RunSpec:
     key_text: str
     kind: str
     spec_id: str | None
+    spec: ConstraintSpec
     original: ConstraintSpec
     digest: str
     texts: list[tuple[int, ...]]
@@ -185,6 +203,7 @@ class _RunSpec:
     instances: Mapping[str, InstanceProfile] | None = None
     base: str | None = None  # the base text its found instances are keyed under
     scale: float = 1.0
+    compile_in_order_s: float | None = None  # its compile after the run's earlier specs (target host seconds)
 
     @property
     def label(self) -> str:
@@ -223,7 +242,7 @@ def _run_specs(requests: Sequence, backend: str, version: str, vocab: str,
         spec = found.get(text)
         if spec is None:
             original = original_of_copy(r.spec)
-            spec = found[text] = _RunSpec(text, r.spec.kind, r.spec_id, original,
+            spec = found[text] = _RunSpec(text, r.spec.kind, r.spec_id, r.spec, original,
                                           spec_digest(backend, version, vocab, options, original), [], 0)
         spec.requests += 1
         if r.output_tokens is not None and r.output_tokens not in spec.texts:
@@ -371,6 +390,59 @@ def measure_specs(items: Sequence[SpecToMeasure], backend: str, options: Mapping
     return MeasureOutcome(done, time.perf_counter() - start)
 
 
+def measure_sequence(specs: Sequence[ConstraintSpec], backend: str, options: Mapping[str, Any], vocab: str,
+                     settings: SpecCostSettings, progress: Progress | None = None) -> SequenceEntry:
+    """Compile ``specs`` one after another on one fresh engine in one worker process, as a run's engine
+    meets them, and store the times (:class:`~cdbench.harness.costs.spec_store.SequenceEntry`). A spec
+    whose compile fails (or crashes, or times out: the worker is replaced, and with it what the engine
+    kept) has ``None``."""
+    from cdbench.backends.measure_pool import WorkerPool, default_worker_memory
+    from cdbench.backends.measure_worker import ProfileTask
+
+    version = backend_version(backend)
+    store = settings.store()
+    pool_settings = _PoolSettings(
+        vocab=vocab, backend_options={backend: dict(options)}, workers=1,
+        worker_memory=ByteSize(default_worker_memory(1)), compile_timeout_s=settings.measure_timeout_s, walk_timeout_s=max(600.0, settings.measure_timeout_s))
+    times: list[float | None] = [None] * len(specs)
+    stage = f"compiling {len(specs)} specs in the run's order ({backend} reuses work between compiles)"
+    if progress is not None:
+        progress(stage, 0.0)
+    with WorkerPool(pool_settings) as pool:
+        jobs = [(backend, ProfileTask("spec-sequence", str(i), spec)) for i, spec in enumerate(specs)]
+        for done, result in enumerate(pool.run(jobs), 1):
+            if result.status == "ok" and result.compile_ms is not None:
+                times[int(result.item_id)] = result.compile_ms / 1e3
+            if progress is not None:
+                progress(stage, done / len(specs))
+    entry = SequenceEntry(digest=sequence_digest(backend, version, vocab, options, specs), backend=backend,
+                          backend_version=version, vocab=vocab, host=this_host(store.root), compile_s=times,
+                          measured=f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}")
+    store.put_sequence(entry)
+    return entry
+
+
+def _in_run_order(specs: list[_RunSpec], backend: str, version: str, vocab: str, options: Mapping[str, Any],
+                  settings: SpecCostSettings, store: SpecCostStore, target: HostInfo,
+                  progress: Progress | None) -> str:
+    """Give each spec its compile time after the run's earlier specs (stored, or measured now where
+    ``measure``); returns how (:attr:`SpecCoverage.compile_order`)."""
+    digest = sequence_digest(backend, version, vocab, options, [s.spec for s in specs])
+    entries = store.sequences(digest)
+    how = "run order"
+    if not entries and settings.spec_costs == "measure":
+        entries, how = [measure_sequence([s.spec for s in specs], backend, options, vocab, settings, progress)], \
+            "run order, measured now"
+    if not entries:
+        return "alone"
+    entry = next((e for e in entries if e.host.id == target.id), entries[0])
+    scale = 1.0 if entry.host.id == target.id else time_scale(entry.host, target)
+    for s, seconds in zip(specs, entry.compile_s, strict=True):
+        if seconds is not None and s.costs is not None and s.costs.status in (None, "ok"):
+            s.compile_in_order_s = seconds * scale
+    return how
+
+
 def _predict(specs: list[_RunSpec], backend: str, vocab: str, base: GrammarProfile,
              errors: dict[str, dict[str, float]]) -> str | None:
     """Price ``specs`` by the shipped predictor of (backend, vocab); returns why some or all could not be
@@ -449,6 +521,9 @@ def price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any], 
         why = _predict(missing, backend, vocab, base, errors)
         if why is not None:
             coverage_notes.append(f"no predictor: {why}")
+    order = "alone"
+    if specs and settings.spec_costs != "predict" and shares_compile_work(backend):
+        order = _in_run_order(specs, backend, version, vocab, options, settings, store, target, progress)
     failed = {s.label: f"{s.costs.status}" for s in specs
               if s.costs is not None and s.costs.status not in (None, "ok")}
     if failed:
@@ -465,7 +540,7 @@ def price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any], 
         specs={src: sum(s.source == src for s in specs) for src in SPEC_SOURCES},
         requests={src: sum(s.requests for s in specs if s.source == src) for src in SPEC_SOURCES},
         measured_now=measured_now, measure_wall_s=wall, failed=failed, predictor_error=errors,
-        host_scales=scales, notes=coverage_notes)
+        host_scales=scales, compile_order=order, notes=coverage_notes)
     return profile, coverage
 
 
@@ -476,7 +551,10 @@ def _run_profile(base: GrammarProfile, specs: list[_RunSpec]) -> GrammarProfile:
     for s in specs:
         if s.costs is None:
             continue
-        own_specs[spec_key_hash(s.key_text)] = _scaled(s.costs, s.scale)
+        costs = _scaled(s.costs, s.scale)
+        if s.compile_in_order_s is not None:
+            costs = costs.model_copy(update={"compile_s": s.compile_in_order_s})
+        own_specs[spec_key_hash(s.key_text)] = costs
         if s.instances and s.base is not None:
             run_base = base_key_text(s.key_text, s.kind, s.spec_id)
             for tokens in s.texts:

@@ -67,6 +67,9 @@ def test_a_first_run_measures_every_spec_and_a_second_measures_nothing(measured)
     assert first.summary.spec_costs.specs["measured_here"] == keys
     assert second.summary.spec_costs.measured_now == 0
     assert second.summary.spec_costs.specs["measured_here"] == keys
+    # xgrammar reuses work between compiles: the run's specs were also compiled in its order, once
+    assert first.summary.spec_costs.compile_order == "run order, measured now"
+    assert second.summary.spec_costs.compile_order == "run order"
 
 
 def test_the_same_store_gives_the_same_run(measured):
@@ -262,3 +265,31 @@ def test_a_measurement_past_its_timeout_is_recorded_as_timeout_and_aborts_its_re
     slow_costs = profile.specs[spec_key_hash("regex:r/slow")]
     assert slow_costs.status == "timeout" and slow_costs.compile_s == 2.0
     assert profile.specs[spec_key_hash("regex:r/fast")].status == "ok"
+
+
+def test_compile_times_in_run_order_replace_each_specs_alone_and_scale_by_host(tmp_path, monkeypatch):
+    from cdbench.harness.costs import spec_costs, spec_store
+    from cdbench.harness.costs.spec_store import SequenceEntry, sequence_digest
+
+    monkeypatch.setattr(spec_store, "backend_version", lambda backend: "0.2.8")
+    monkeypatch.setattr(spec_costs, "backend_version", lambda backend: "0.2.8")
+    store = SpecCostStore(tmp_path)
+    here = this_host(tmp_path)
+    requests = _regex_requests()
+    for r in requests:
+        store.put(_entry(spec_digest("xgrammar", "0.2.8", "cl100k", {}, r.spec), here, 0.004))
+    settings = SpecCostSettings(spec_store=str(tmp_path), spec_costs="strict")
+    profile, coverage = price_specs(GrammarProfile.builtin("xgrammar"), "xgrammar", {}, "cl100k", requests, settings)
+    assert coverage.compile_order == "alone"  # strict never measures; nothing stored for this order
+    assert profile.specs[spec_key_hash("regex:r/1")].compile_s == pytest.approx(0.004)
+    faster = _host("fast", here.score * 2.0)
+    store.put_sequence(SequenceEntry(
+        digest=sequence_digest("xgrammar", "0.2.8", "cl100k", {}, [r.spec for r in requests]), backend="xgrammar",
+        backend_version="0.2.8", vocab="cl100k", host=faster, compile_s=[0.010, 0.001, None], measured="test"))
+    profile, coverage = price_specs(GrammarProfile.builtin("xgrammar"), "xgrammar", {}, "cl100k", requests, settings)
+    assert coverage.compile_order == "run order"
+    compiles = [profile.specs[spec_key_hash(f"regex:r/{i}")].compile_s for i in range(3)]
+    assert compiles == pytest.approx([0.020, 0.002, 0.004])  # scaled to this host; a failed one keeps its own
+    reordered = list(reversed(requests))
+    _, coverage = price_specs(GrammarProfile.builtin("xgrammar"), "xgrammar", {}, "cl100k", reordered, settings)
+    assert coverage.compile_order == "alone"  # another order is another sequence
