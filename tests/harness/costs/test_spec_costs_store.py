@@ -293,3 +293,17 @@ def test_compile_times_in_run_order_replace_each_specs_alone_and_scale_by_host(t
     reordered = list(reversed(requests))
     _, coverage = price_specs(GrammarProfile.builtin("xgrammar"), "xgrammar", {}, "cl100k", reordered, settings)
     assert coverage.compile_order == "alone"  # another order is another sequence
+
+
+def test_a_backend_the_workers_cannot_build_is_not_measured_and_never_silently_guessed(tmp_path):
+    """A backend registered in this process only (no plugin) does not exist in the measuring workers."""
+    from cdbench.backends.registry import create_backend, register_backend
+
+    register_backend("in-process-only", lambda vocab, **options: create_backend("xgrammar", vocab, **options))
+    requests = [Request(0, 0.0, 16, 8, ConstraintSpec("regex", "[ab]+"), "r/0")]
+    _, coverage = price_specs(GrammarProfile.builtin("xgrammar"), "in-process-only", {}, "cl100k", requests,
+                              SpecCostSettings(spec_store=str(tmp_path), measure_workers=1))
+    assert coverage.specs["kind_fallback"] == 1 and coverage.measured_now == 0
+    lines = coverage.lines()
+    assert any(line.startswith("cannot measure here (backend construction failed") for line in lines)
+    assert any(line.startswith("warning: 1 specs were priced by a guess per kind") for line in lines)
