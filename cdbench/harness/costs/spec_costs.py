@@ -104,7 +104,9 @@ class SpecCostSettings(BaseModel):
     folder). ``measure_workers``: worker processes measuring at once (default:
     half this machine's CPUs, so that measurements do not crowd each other).
     ``measure_timeout_s``: a compile still running after this is killed and
-    the spec recorded as ``timeout``.
+    the spec recorded as ``timeout``. ``measure_repeats``: times a run's
+    compile sequence is measured (each spec's median counts: one compile of a
+    multi-threaded engine on a shared host varies by a third from run to run).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -113,6 +115,7 @@ class SpecCostSettings(BaseModel):
     spec_store: str | None = None
     measure_workers: int | None = Field(None, ge=1)
     measure_timeout_s: float = Field(60.0, gt=0)
+    measure_repeats: int = Field(3, ge=1)
 
     def store(self) -> SpecCostStore:
         from cdbench._env import cache_dir
@@ -393,9 +396,9 @@ def measure_specs(items: Sequence[SpecToMeasure], backend: str, options: Mapping
 def measure_sequence(specs: Sequence[ConstraintSpec], backend: str, options: Mapping[str, Any], vocab: str,
                      settings: SpecCostSettings, progress: Progress | None = None) -> SequenceEntry:
     """Compile ``specs`` one after another on one fresh engine in one worker process, as a run's engine
-    meets them, and store the times (:class:`~cdbench.harness.costs.spec_store.SequenceEntry`). A spec
-    whose compile fails (or crashes, or times out: the worker is replaced, and with it what the engine
-    kept) has ``None``."""
+    meets them, ``settings.measure_repeats`` times, and store each spec's median time
+    (:class:`~cdbench.harness.costs.spec_store.SequenceEntry`). A spec whose compile fails in any repeat
+    (or crashes, or times out: the worker is replaced, and with it what the engine kept) has ``None``."""
     from cdbench.backends.measure_pool import WorkerPool, default_worker_memory
     from cdbench.backends.measure_worker import ProfileTask
 
@@ -404,19 +407,25 @@ def measure_sequence(specs: Sequence[ConstraintSpec], backend: str, options: Map
     pool_settings = _PoolSettings(
         vocab=vocab, backend_options={backend: dict(options)}, workers=1,
         worker_memory=ByteSize(default_worker_memory(1)), compile_timeout_s=settings.measure_timeout_s, walk_timeout_s=max(600.0, settings.measure_timeout_s))
-    times: list[float | None] = [None] * len(specs)
-    stage = f"compiling {len(specs)} specs in the run's order ({backend} reuses work between compiles)"
+    repeats = settings.measure_repeats
+    times = np.full((repeats, len(specs)), np.nan)
+    stage = (f"compiling {len(specs)} specs in the run's order, {repeats} times ({backend} reuses work "
+             "between compiles)")
     if progress is not None:
         progress(stage, 0.0)
-    with WorkerPool(pool_settings) as pool:
-        jobs = [(backend, ProfileTask("spec-sequence", str(i), spec)) for i, spec in enumerate(specs)]
-        for done, result in enumerate(pool.run(jobs), 1):
-            if result.status == "ok" and result.compile_ms is not None:
-                times[int(result.item_id)] = result.compile_ms / 1e3
-            if progress is not None:
-                progress(stage, done / len(specs))
+    jobs = [(backend, ProfileTask("spec-sequence", str(i), spec)) for i, spec in enumerate(specs)]
+    for repeat in range(repeats):
+        with WorkerPool(pool_settings) as pool:  # a fresh engine each time, as a run's engine starts
+            for done, result in enumerate(pool.run(jobs), 1):
+                if result.status == "ok" and result.compile_ms is not None:
+                    times[repeat, int(result.item_id)] = result.compile_ms / 1e3
+                if progress is not None:
+                    progress(stage, (repeat * len(specs) + done) / (repeats * len(specs)))
+    failed = np.isnan(times).any(axis=0)
+    median = np.median(np.where(np.isnan(times), 0.0, times), axis=0)
     entry = SequenceEntry(digest=sequence_digest(backend, version, vocab, options, specs), backend=backend,
-                          backend_version=version, vocab=vocab, host=this_host(store.root), compile_s=times,
+                          backend_version=version, vocab=vocab, host=this_host(store.root),
+                          compile_s=[None if f else float(t) for f, t in zip(failed, median, strict=True)],
                           measured=f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}")
     store.put_sequence(entry)
     return entry

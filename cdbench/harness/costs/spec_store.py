@@ -43,6 +43,9 @@ from cdbench.harness.costs.spec_profile import InstanceProfile, SpecProfile
 METHOD = 1
 """How specs are measured (a warmed engine without the earlier specs' cached work, every 4th token
 rolled back); bumped when that changes, so entries measured otherwise are not reused."""
+SEQUENCE_METHOD = 2
+"""How a run's compile sequence is measured (2: each spec's median over repeated sequences, each on a fresh
+engine); bumped when that changes."""
 ENGINE_DISTRIBUTIONS = {"xgrammar": "xgrammar", "llguidance": "llguidance", "outlines": "outlines-core"}
 """The package whose version names each built-in engine backend's version."""
 
@@ -106,8 +109,8 @@ class SpecCostEntry(BaseModel):
 def sequence_digest(backend: str, version: str, vocab: str, options: Mapping[str, Any],
                     specs: Sequence[ConstraintSpec]) -> str:
     """The store key of the compile times of ``specs`` compiled one after another, in this order."""
-    key = json.dumps({"method": METHOD, "backend": backend, "version": version, "vocab": vocab,
-                      "options": dict(sorted(options.items())), "specs": [s.canonical() for s in specs]},
+    key = json.dumps({"method": METHOD, "sequence_method": SEQUENCE_METHOD, "backend": backend, "version": version,
+                      "vocab": vocab, "options": dict(sorted(options.items())), "specs": [s.canonical() for s in specs]},
                      separators=(",", ":"), ensure_ascii=False, default=str)
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
