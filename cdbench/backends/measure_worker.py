@@ -90,7 +90,9 @@ class ItemResult:
 
     ``false_rejects`` counts valid instances the backend refused, the first one
     located by ``first_reject_position`` (token index) and ``first_reject_text``
-    (the text accepted so far, then the refused token's text in ``[[...]]``).
+    (the text accepted so far, then the refused token's text in ``[[...]]``);
+    ``refusals`` lists each refused instance's index and the position it was
+    refused at (its length: accepted to the end, but not terminated).
     ``false_accepts`` counts invalid instances it accepted to the end, EOS
     included; ``false_accept_labels`` names their mutations.
     """
@@ -107,6 +109,7 @@ class ItemResult:
     n_valid: int = 0
     false_rejects: int = 0
     first_reject_position: int | None = None
+    refusals: list[list[int]] = field(default_factory=list)
     first_reject_text: str = ""
     n_invalid: int = 0
     false_accepts: int = 0
@@ -339,6 +342,7 @@ def profile_item(
             )
             if refusal is not None:
                 result.false_rejects += 1
+                result.refusals.append([index, refusal[0]])
                 if result.first_reject_position is None:
                     result.first_reject_position, result.first_reject_text = refusal
         for instance in task.invalid:

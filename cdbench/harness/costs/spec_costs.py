@@ -102,7 +102,7 @@ class SpecCostSettings(BaseModel):
     machine) or a recorded host's id (``cdbench host`` lists them).
     ``spec_store``: the store's folder (default: ``spec_costs`` in the cache
     folder). ``measure_workers``: worker processes measuring at once (default:
-    half this machine's CPUs, so that measurements do not crowd each other).
+    half the CPUs this process may use, so that measurements do not crowd each other).
     ``measure_timeout_s``: a compile still running after this is killed and
     the spec recorded as ``timeout``. ``measure_repeats``: times a run's
     compile sequence is measured (each spec's median counts: one compile of a
@@ -335,17 +335,21 @@ def _entry(result, item: SpecToMeasure, digest: str, backend: str, version: str,
     t = result.tokens
     index = np.asarray(t.instance, np.int64)
     base = instance_base(digest)
+    refused = {i: position for i, position in result.refusals}
     walks = []
     for i, tokens in enumerate(item.texts[:MAX_WALKED_TEXTS]):
         at = np.flatnonzero(index == i)
         if not len(at):
             continue
+        # a refused token ends the request, as the engines abort it; a text accepted to its end is not refused
+        rejected_at = refused[i] if refused.get(i, len(tokens)) < len(tokens) else None
         rollback = np.array([t.rollback_us[j] for j in at if t.rollback_us[j] is not None], np.float64)
         walks.append(WalkMeasurement(
             item.label, kind, fill_s=np.asarray(t.fill_us, np.float64)[at] / 1e6,
             accept_s=np.asarray(t.accept_us, np.float64)[at] / 1e6, rollback_s=rollback / 1e6,
             forced_tokens=np.asarray(t.forced_tokens, np.int64)[at],
-            positions=np.asarray(t.position, np.int64)[at], key=key, instance=instance_key(base, tokens)))
+            positions=np.asarray(t.position, np.int64)[at], key=key, instance=instance_key(base, tokens),
+            rejected_at=rejected_at))
     compiles = [CompileMeasurement(item.label, kind, "ok", (result.compile_ms or 0.0) / 1e3, key=key)]
     profile = GrammarProfile.from_measurements(backend, vocab, compiles, walks)
     costs = profile.specs[spec_key_hash(key)].model_copy(update={"spec_id": None, "corpus": None})
@@ -365,7 +369,7 @@ def measure_specs(items: Sequence[SpecToMeasure], backend: str, options: Mapping
     version = backend_version(backend)
     store = settings.store()
     host = this_host(store.root)
-    workers = settings.measure_workers or max(1, (os.cpu_count() or 2) // 2)
+    workers = settings.measure_workers or max(1, len(os.sched_getaffinity(0)) // 2)
     pool_settings = _PoolSettings(
         vocab=vocab, backend_options={backend: dict(options)}, workers=workers,
         worker_memory=ByteSize(default_worker_memory(workers)),

@@ -40,9 +40,9 @@ from cdbench.harness.costs.grammar_profile import CompileStatus, ProfileError
 from cdbench.harness.costs.host import HostInfo
 from cdbench.harness.costs.spec_profile import InstanceProfile, SpecProfile
 
-METHOD = 1
+METHOD = 2
 """How specs are measured (a warmed engine without the earlier specs' cached work, every 4th token
-rolled back); bumped when that changes, so entries measured otherwise are not reused."""
+rolled back, refused texts kept: 2); bumped when that changes, so entries measured otherwise are not reused."""
 SEQUENCE_METHOD = 2
 """How a run's compile sequence is measured (2: each spec's median over repeated sequences, each on a fresh
 engine); bumped when that changes."""

@@ -307,3 +307,21 @@ def test_a_backend_the_workers_cannot_build_is_not_measured_and_never_silently_g
     lines = coverage.lines()
     assert any(line.startswith("cannot measure here (backend construction failed") for line in lines)
     assert any(line.startswith("warning: 1 specs were priced by a guess per kind") for line in lines)
+
+
+def test_a_text_the_grammar_refuses_is_kept_so_model_mode_aborts_its_requests_too(tmp_path):
+    from cdbench.backends.vocab import load_vocab
+    from cdbench.harness.costs.spec_costs import SpecToMeasure, measure_specs
+
+    vocab = load_vocab("cl100k")
+    eos = vocab.eos_token_ids[0]
+    good = tuple(vocab.encode("ab")) + (eos,)
+    bad = tuple(vocab.encode("ab")) + tuple(vocab.encode("9")) + (eos,)
+    spec = ConstraintSpec("regex", "[ab]+")
+    settings = SpecCostSettings(spec_store=str(tmp_path), measure_workers=1)
+    outcome = measure_specs([SpecToMeasure("r/ab", spec, (good, bad))], "xgrammar", {}, "cl100k", settings)
+    assert outcome.measured == 1
+    from cdbench.harness.costs.spec_store import backend_version
+
+    (entry,) = SpecCostStore(tmp_path).entries(spec_digest("xgrammar", backend_version("xgrammar"), "cl100k", {}, spec))
+    assert (entry.costs.walks, entry.costs.rejected, entry.costs.rejected_at) == (2, 1, len(vocab.encode("ab")))
