@@ -438,8 +438,9 @@ def measure_sequence(specs: Sequence[ConstraintSpec], backend: str, options: Map
 def _in_run_order(specs: list[_RunSpec], backend: str, version: str, vocab: str, options: Mapping[str, Any],
                   settings: SpecCostSettings, store: SpecCostStore, target: HostInfo,
                   progress: Progress | None) -> str:
-    """Give each spec its compile time after the run's earlier specs (stored, or measured now where
-    ``measure``); returns how (:attr:`SpecCoverage.compile_order`)."""
+    """Give each spec the store measured alone its compile time after the run's earlier specs (stored,
+    or measured now where ``measure``); returns how (:attr:`SpecCoverage.compile_order`). The sequence
+    holds every spec of the run, since those a profile prices are compiled in the run too."""
     digest = sequence_digest(backend, version, vocab, options, [s.spec for s in specs])
     entries = store.sequences(digest)
     how = "run order"
@@ -451,7 +452,8 @@ def _in_run_order(specs: list[_RunSpec], backend: str, version: str, vocab: str,
     entry = next((e for e in entries if e.host.id == target.id), entries[0])
     scale = 1.0 if entry.host.id == target.id else time_scale(entry.host, target)
     for s, seconds in zip(specs, entry.compile_s, strict=True):
-        if seconds is not None and s.costs is not None and s.costs.status in (None, "ok"):
+        if seconds is not None and s.source.startswith("measured") and s.costs is not None \
+                and s.costs.status in (None, "ok"):
             s.compile_in_order_s = seconds * scale
     return how
 
@@ -535,7 +537,9 @@ def price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any], 
         if why is not None:
             coverage_notes.append(f"no predictor: {why}")
     order = "alone"
-    if specs and settings.spec_costs != "predict" and shares_compile_work(backend):
+    # a profile's compiles were timed in a run (in its order); only the store's were timed alone
+    if any(s.source.startswith("measured") for s in specs) and settings.spec_costs != "predict" \
+            and shares_compile_work(backend):
         order = _in_run_order(specs, backend, version, vocab, options, settings, store, target, progress)
     failed = {s.label: f"{s.costs.status}" for s in specs
               if s.costs is not None and s.costs.status not in (None, "ok")}

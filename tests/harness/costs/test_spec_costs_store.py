@@ -325,3 +325,12 @@ def test_a_text_the_grammar_refuses_is_kept_so_model_mode_aborts_its_requests_to
 
     (entry,) = SpecCostStore(tmp_path).entries(spec_digest("xgrammar", backend_version("xgrammar"), "cl100k", {}, spec))
     assert (entry.costs.walks, entry.costs.rejected, entry.costs.rejected_at) == (2, 1, len(vocab.encode("ab")))
+
+
+def test_a_profiles_compile_times_were_measured_in_a_run_and_are_not_replaced_by_the_run_order(tmp_path):
+    """The shipped profile was measured in situ (in its run's order): its specs need no sequence pass."""
+    config = RunConfig.model_validate({"mode": "model", "costs": {"spec_store": str(tmp_path / "s")},
+                                       "workload": {"num_requests": 30}})
+    coverage = run(config).summary.spec_costs
+    assert coverage.specs["profile"] == sum(coverage.specs.values())
+    assert coverage.compile_order == "alone" and len(SpecCostStore(tmp_path / "s")) == 0
