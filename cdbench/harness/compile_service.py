@@ -52,6 +52,7 @@ class CompilePools:
         self.scale = np.ones(ranks) if scale is None else np.asarray(scale, dtype=np.float64)
         self._free = [[(0.0, tid) for tid in range(threads)] for _ in range(ranks)]
         self._ends = [0.0] * (ranks * threads)  # every thread's free time, sorted (counted at every step)
+        self.assigned = 0  # compiles given to a thread so far: the running count changes only with it or time
 
     def running(self, t: float) -> int:
         """Compile threads busy at ``t``, over every rank's pool.
@@ -70,6 +71,7 @@ class CompilePools:
 
     def _assign(self, heap: list[tuple[float, int]], end: float) -> int:
         """Give ``heap``'s earliest free thread a compile that ends at ``end``; the thread's id."""
+        self.assigned += 1
         tid = heap[0][1]
         free_at, _ = heapq.heapreplace(heap, (end, tid))
         ends = self._ends

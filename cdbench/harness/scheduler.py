@@ -167,6 +167,7 @@ class Scheduler:
                               and host.can_exceed(R * config.compile_threads, fill_threads)) else None
         self._stretch = 1.0  # this iteration's stretch of the loop's CPU work (contention.py)
         self._stretch_until = math.inf  # when a compile thread frees and the stretch may change
+        self._compiles, self._counted_until, self._counted_assigned = 0, -math.inf, -1  # the last count's
         self.pools = CompilePools(R, config.compile_threads, config.rank_jitter, config.rank_compile_scale,
                                   self._host)
         self.cache = GrammarCache(config.cache, config.cache_write, config.cache_dedup_inflight,
@@ -470,10 +471,15 @@ class Scheduler:
         """Run one scheduler iteration starting at ``t``; its duration, or ``None`` when idle."""
         cfg, rec, batch = self.cfg, self.rec, self.batch
         if self._host is not None:
-            compiles = self.pools.running(t)
-            stretch = self._stretch = self._host.stretch(compiles)
-            # idle strides repeat this iteration's stretch only while no compile thread frees
-            self._stretch_until = self.pools.next_free(t) if stretch > 1.0 else math.inf
+            pools = self.pools
+            # the running count holds until a thread frees or a compile is assigned: counted only then
+            if t >= self._counted_until or pools.assigned != self._counted_assigned:
+                self._compiles = pools.running(t)
+                self._stretch = self._host.stretch(self._compiles)
+                self._counted_until, self._counted_assigned = pools.next_free(t), pools.assigned
+                # idle strides repeat this iteration's stretch only while no compile thread frees
+                self._stretch_until = self._counted_until if self._stretch > 1.0 else math.inf
+            compiles, stretch = self._compiles, self._stretch
         else:
             stretch = 1.0
         schedule_s = (cfg.schedule_s + self._carry_cpu_s) * stretch
