@@ -31,7 +31,7 @@ import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -63,10 +63,13 @@ def backend_version(backend: str) -> str:
 
 def spec_digest(backend: str, version: str, vocab: str, options: Mapping[str, Any], spec: ConstraintSpec) -> str:
     """The store key of one spec's costs: a hash of everything that decides them but the host."""
-    key = json.dumps({"method": METHOD, "backend": backend, "version": version, "vocab": vocab,
-                      "options": dict(sorted(options.items())), "spec": spec.canonical()},
-                     separators=(",", ":"), ensure_ascii=False, default=str)
-    return hashlib.sha256(key.encode()).hexdigest()[:32]
+    return _digest({"method": METHOD, "backend": backend, "version": version, "vocab": vocab,
+                    "options": dict(sorted(options.items())), "spec": spec.canonical()})
+
+
+def _digest(key: Mapping[str, Any]) -> str:
+    text = json.dumps(key, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def instance_base(digest: str) -> str:
@@ -109,10 +112,8 @@ class SpecCostEntry(BaseModel):
 def sequence_digest(backend: str, version: str, vocab: str, options: Mapping[str, Any],
                     specs: Sequence[ConstraintSpec]) -> str:
     """The store key of the compile times of ``specs`` compiled one after another, in this order."""
-    key = json.dumps({"method": METHOD, "sequence_method": SEQUENCE_METHOD, "backend": backend, "version": version,
-                      "vocab": vocab, "options": dict(sorted(options.items())), "specs": [s.canonical() for s in specs]},
-                     separators=(",", ":"), ensure_ascii=False, default=str)
-    return hashlib.sha256(key.encode()).hexdigest()[:32]
+    return _digest({"method": METHOD, "sequence_method": SEQUENCE_METHOD, "backend": backend, "version": version,
+                    "vocab": vocab, "options": dict(sorted(options.items())), "specs": [s.canonical() for s in specs]})
 
 
 class SequenceEntry(BaseModel):
@@ -135,6 +136,9 @@ class SequenceEntry(BaseModel):
     measured: str
 
 
+_Entry = TypeVar("_Entry", SpecCostEntry, SequenceEntry)
+
+
 class SpecCostStore:
     """The entries under ``root`` (created on the first write)."""
 
@@ -147,17 +151,7 @@ class SpecCostStore:
     def entries(self, digest: str) -> list[SpecCostEntry]:
         """Every host's entry for ``digest``, ordered by host id; a damaged file raises
         :class:`~cdbench.harness.costs.grammar_profile.ProfileError` naming it."""
-        folder = self._folder(digest)
-        if not folder.is_dir():
-            return []
-        out = []
-        for path in sorted(folder.glob("*.json")):
-            try:
-                out.append(SpecCostEntry.model_validate_json(path.read_text(encoding="utf-8")))
-            except (OSError, ValidationError) as exc:
-                raise ProfileError(f"{path}: not a spec-cost entry ({exc.__class__.__name__}: "
-                                   f"{str(exc).splitlines()[0]}); delete it to measure the spec again") from exc
-        return out
+        return _read(self._folder(digest), SpecCostEntry, "a spec-cost entry", "the spec")
 
     def put(self, entry: SpecCostEntry) -> Path:
         """Store ``entry`` (replacing this host's earlier one for its spec); returns its path."""
@@ -165,15 +159,8 @@ class SpecCostStore:
 
     def sequences(self, digest: str) -> list[SequenceEntry]:
         """Every host's :class:`SequenceEntry` for ``digest``, ordered by host id."""
-        folder = self.root / "sequences" / digest[:2] / digest
-        out = []
-        for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
-            try:
-                out.append(SequenceEntry.model_validate_json(path.read_text(encoding="utf-8")))
-            except (OSError, ValidationError) as exc:
-                raise ProfileError(f"{path}: not a compile-sequence entry ({exc.__class__.__name__}); "
-                                   "delete it to measure the sequence again") from exc
-        return out
+        return _read(self.root / "sequences" / digest[:2] / digest, SequenceEntry, "a compile-sequence entry",
+                     "the sequence")
 
     def put_sequence(self, entry: SequenceEntry) -> Path:
         """Store ``entry`` (replacing this host's earlier one for its sequence); returns its path."""
@@ -190,3 +177,15 @@ class SpecCostStore:
 
     def __len__(self) -> int:
         return sum(1 for _ in self.root.glob("*/*/*.json")) if self.root.is_dir() else 0
+
+
+def _read(folder: Path, model: type[_Entry], what: str, again: str) -> list[_Entry]:
+    """Every host's file in ``folder`` as ``model``, ordered by host id; a damaged one names itself."""
+    out = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+        try:
+            out.append(model.model_validate_json(path.read_text(encoding="utf-8")))
+        except (OSError, ValidationError) as exc:
+            raise ProfileError(f"{path}: not {what} ({exc.__class__.__name__}: {str(exc).splitlines()[0]}); "
+                               f"delete it to measure {again} again") from exc
+    return out
