@@ -108,6 +108,12 @@ def compare(
         md = write_comparison(runs, out)
     table = comparison_table({label: run.summary for label, run in runs.items()})
     console.print(comparison_rich(table, len(runs)))
+    for label, run in runs.items():  # where each model run's spec prices came from (nothing for other modes)
+        coverage = run.spec_costs
+        if coverage is not None:
+            first, *rest = coverage.lines()
+            for line in [first, *(line for line in rest if line.startswith("warning"))]:
+                console.print(f"{label}: {line}", highlight=False)
     console.print(f"comparison: {md}  (plots in {out / 'plots'})")
     if not run_dirs:
         print_engine_log([run.folder for run in runs.values()])

@@ -100,6 +100,9 @@ def test_compare_backends_in_model_mode_runs_each_backend_on_the_same_requests(t
         pd.testing.assert_series_equal(requests[0][column], requests[1][column])
     table = pd.read_csv(out / "comparison.csv", index_col=0)
     assert list(table.columns) == ["xgrammar", "llguidance", "llguidance / xgrammar"]
+    # each model run says where its spec prices came from (the embedded sample: the shipped profiles)
+    for backend in ("xgrammar", "llguidance"):
+        assert f"{backend}: spec costs (measure, host " in result.output
 
 
 def test_compare_validates_every_combination_before_running_any(tmp_path):
