@@ -207,6 +207,7 @@ class _RunSpec:
     base: str | None = None  # the base text its found instances are keyed under
     scale: float = 1.0
     compile_in_order_s: float | None = None  # its compile after the run's earlier specs (target host seconds)
+    message: str = ""  # why its measurement failed (the entry's message)
 
     @property
     def label(self) -> str:
@@ -284,6 +285,7 @@ def _from_store(store: SpecCostStore, specs: list[_RunSpec], target: HostInfo,
             scales[entry.host.name] = s.scale
         s.source = "measured_here" if entry.host.id == target.id else "measured_elsewhere"
         s.costs, s.instances, s.base = entry.costs, entry.instances, instance_base(s.digest)
+        s.message = entry.message if entry.status != "ok" else ""
 
 
 @dataclass(frozen=True)
@@ -541,16 +543,8 @@ def price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any], 
     if any(s.source.startswith("measured") for s in specs) and settings.spec_costs != "predict" \
             and shares_compile_work(backend):
         order = _in_run_order(specs, backend, version, vocab, options, settings, store, target, progress)
-    failed = {s.label: f"{s.costs.status}" for s in specs
+    failed = {s.label: f"{s.costs.status}: {s.message[:160]}" if s.message else s.costs.status for s in specs
               if s.costs is not None and s.costs.status not in (None, "ok")}
-    if failed:
-        messages = {}
-        for s in specs:
-            if s.label in failed and s.source.startswith("measured"):
-                entry = next((e for e in store.entries(s.digest)), None)
-                if entry is not None and entry.message:
-                    messages[s.label] = f"{failed[s.label]}: {entry.message[:160]}"
-        failed |= messages
     profile = _run_profile(base, specs)
     coverage = SpecCoverage(
         mode=settings.spec_costs, target_host=target.name,
