@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -138,11 +139,12 @@ def test_run_names_each_stage_before_its_slow_start(tmp_path, monkeypatch):
                           "corpora load"]
 
 
-def _profiled_model_config(seed: int) -> RunConfig:
+def _profiled_model_config(seed: int, store: Path) -> RunConfig:
     """A model-mode run through the cost sources a default run builds: the shipped grammar profile (its
-    per-request tables and draft draws), the roofline forward and the measured mask tables."""
+    per-request tables and draft draws), specs priced from the spec-cost store ``store``, the roofline
+    forward and the measured mask tables."""
     return RunConfig.model_validate({
-        "mode": "model", "vocab": "cl100k", "seed": seed,
+        "mode": "model", "vocab": "cl100k", "seed": seed, "costs": {"spec_store": str(store)},
         "workload": {"num_requests": 12, "seed": seed, "kinds": ["regex", "choice"], "structured_ratio": 0.75,
                      "arrival": {"process": "poisson", "rate": 50.0}, "prompt_len": {"dist": "fixed", "value": 64},
                      "spec_decode": {"k": 2, "alpha": 0.7}}})
@@ -164,10 +166,13 @@ def test_a_model_mode_run_does_not_depend_on_the_runs_before_it_in_its_process(t
     would show there), and a seed run again gives its first results (state a run adds to would show here)."""
     from cdbench.harness.run import run
 
-    fresh = tmp_path / "fresh.pkl"
-    subprocess.run([sys.executable, "-c", _FRESH_RUN, _profiled_model_config(2).model_dump_json(), str(fresh)],
-                   check=True)
-    first, other, again = (run(_profiled_model_config(seed)) for seed in (1, 2, 1))
+    store, fresh = tmp_path / "spec_costs", tmp_path / "fresh.pkl"
+    # the store is meant to carry between runs: filled for both seeds in fresh processes first, every run
+    # below finds it in the same state (its specs measured), so its summary's spec_costs is the same too
+    for seed, out in ((1, tmp_path / "warm.pkl"), (2, fresh)):
+        subprocess.run([sys.executable, "-c", _FRESH_RUN, _profiled_model_config(seed, store).model_dump_json(),
+                        str(out)], check=True)
+    first, other, again = (run(_profiled_model_config(seed, store)) for seed in (1, 2, 1))
     assert first.summary.completed == 12 and first.requests["drafted"].sum() > 0
     fresh_requests, fresh_steps = pd.read_pickle(fresh)
     pd.testing.assert_frame_equal(other.requests, fresh_requests)
