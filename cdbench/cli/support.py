@@ -110,7 +110,8 @@ def user_errors(log_file: Path | None = None) -> Iterator[None]:
             raise
         log_file.parent.mkdir(parents=True, exist_ok=True)
         log_file.write_text(traceback.format_exc())
-        raise fail(f"{type(err).__name__}: {_message(err)} (details in {log_file})", code=1) from None
+        # the message, not the exception's class: the class names code the user never sees (it is in the log)
+        raise fail(f"{_message(err) or type(err).__name__} (details in {log_file})", code=1) from None
 
 
 def print_workload_issues(run: SavedRun) -> None:

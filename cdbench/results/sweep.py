@@ -185,7 +185,7 @@ def run_point(config_tree: dict[str, Any], folder: str, finish: Finisher | None 
     except Exception as err:  # a failing point must not end the sweep
         Path(folder).mkdir(parents=True, exist_ok=True)
         (Path(folder) / "error.log").write_text(traceback.format_exc())
-        return f"{type(err).__name__}: {err} (details in {Path(folder) / 'error.log'})"
+        return f"{str(err) or type(err).__name__} (details in {Path(folder) / 'error.log'})"
 
 
 PointRunner = Callable[[dict[str, Any], str], "str | None"]
@@ -211,7 +211,7 @@ def _local_results(
                 try:
                     yield point, folder, future.result()
                 except Exception as err:  # a worker that died (e.g. killed for memory)
-                    yield point, folder, f"worker failed: {type(err).__name__}: {err}"
+                    yield point, folder, f"worker failed: {str(err) or type(err).__name__}"
 
 
 def _ray_results(
@@ -236,7 +236,7 @@ def _ray_results(
         try:
             yield point, folder, ray.get(ready[0])
         except Exception as err:  # a task that crashed its worker
-            yield point, folder, f"ray task failed: {type(err).__name__}: {err}"
+            yield point, folder, f"ray task failed: {str(err) or type(err).__name__}"
 
 
 def run_sweep(

@@ -85,7 +85,7 @@ def test_a_failure_that_is_not_a_user_mistake_is_one_line_with_its_traceback_in_
     out = tmp_path / "crashed"
     result = runner.invoke(app, ["run", str(builtin_config_path("ci")), "--requests", "5", "--out", str(out)])
     assert result.exit_code == 1
-    assert f"RuntimeError: scheduler invariant broken (details in {out / 'run.log'})" in " ".join(result.output.split())
+    assert result.output.strip().startswith(f"error: scheduler invariant broken (details in {out / 'run.log'})")
     assert "Traceback" not in result.output
     log = (out / "run.log").read_text()
     assert log.startswith("Traceback") and "broken_simulate" in log
