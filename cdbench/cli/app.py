@@ -9,7 +9,20 @@ from __future__ import annotations
 import typer
 
 import cdbench
-from cdbench.cli import calibrate, compare, fidelity, gate, host, kernels, measure_specs, profile, report, run, sweep
+from cdbench.cli import (
+    calibrate,
+    compare,
+    fidelity,
+    gate,
+    host,
+    kernels,
+    measure_specs,
+    pack,
+    profile,
+    report,
+    run,
+    sweep,
+)
 
 app = typer.Typer(
     name="cdbench",
@@ -32,6 +45,7 @@ COMMANDS = {
     "report": report.report,
     "gate": gate.gate,
     "fidelity": fidelity.fidelity,
+    "pack": pack.pack,
     "profile": profile.profile,
     "measure-specs": measure_specs.measure_specs,
     "kernels": kernels.kernels_command,

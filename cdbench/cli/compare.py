@@ -36,7 +36,8 @@ from cdbench.reports.compare import (
     write_comparison,
 )
 from cdbench.results.config_files import ConfigError, apply_overrides
-from cdbench.results.run_folder import SavedRun, load_run, validate_run_config
+from cdbench.results.pack import open_run
+from cdbench.results.run_folder import SavedRun, validate_run_config
 
 if TYPE_CHECKING:
     from cdbench.harness.config import RunConfig
@@ -47,7 +48,8 @@ def _split(value: str | None) -> list[str]:
 
 
 def compare(
-    run_dirs: Annotated[list[Path] | None, typer.Argument(help="Saved run folders to compare (instead of running).")] = None,
+    run_dirs: Annotated[list[str] | None, typer.Argument(
+        help="Saved run folders or PACK::RUN_ID refs (cdbench pack) to compare (instead of running).")] = None,
     backends: Annotated[str | None, typer.Option("--backends", help="Comma-separated backends to run.")] = None,
     policies: Annotated[str | None, typer.Option("--policies", help="Comma-separated policies to run.")] = None,
     config: Annotated[Path | None, typer.Option("--config", "-c", help="Run-config YAML (default: built-in).")] = None,
@@ -74,6 +76,7 @@ def compare(
       cdbench compare --backends xgrammar,llguidance,outlines --mode model --requests 500
       cdbench compare --policies sglang,vllm --rate 30
       cdbench compare runs/a runs/b
+      cdbench compare campaign.pack::cell/hybrid-a campaign.pack::cell/model
     """
     with user_errors():
         backend_list, policy_list = _split(backends), _split(policies)
@@ -83,7 +86,7 @@ def compare(
             raise ConfigError("nothing to compare: give run folders, --backends a,b or --policies a,b")
         runs: dict[str, SavedRun] = {}
         if run_dirs:
-            runs = label_runs([load_run(folder) for folder in run_dirs])
+            runs = label_runs([open_run(ref) for ref in run_dirs])
         else:
             options = dict(backend=backend, policy=policy, mode=mode, model=model, gpu=gpu, corpus=corpus,
                            requests=requests, rate=rate, seed=seed)
@@ -97,8 +100,8 @@ def compare(
                         raise ConfigError(f"{label!r} is listed twice in --backends/--policies")
                     tree = apply_overrides(base, option_overrides({"backend": b, "policy": p}))
                     configs[label] = validate_run_config(tree, f"{source} ({label})")
-        if out is not None and overwrite and any(out.resolve() in (d.resolve(), *d.resolve().parents)
-                                                 for d in run_dirs or []):
+        if out is not None and overwrite and any(out.resolve() in (run.folder.resolve(), *run.folder.resolve().parents)
+                                                 for run in runs.values()):
             raise ConfigError(f"--out {out} holds a run being compared; --overwrite would delete it")
         out = output_folder(out, default_out_dir("compare-"), "compare", overwrite=overwrite)
     if not run_dirs:

@@ -26,23 +26,25 @@ from cdbench.reports.fidelity import (
     write_fidelity,
 )
 from cdbench.reports.gate import parse_tolerances
-from cdbench.results.run_folder import SavedRun, load_run
+from cdbench.results.pack import open_run
+from cdbench.results.run_folder import SavedRun
 
 
-def _noise_runs(folders: list[Path], runs: dict[str, SavedRun]) -> dict[str, SavedRun]:
-    """The noise runs by label, in the order given; a folder that is also a compared run keeps that run's label."""
-    seen: dict[Path, Path] = {}
-    for folder in folders:
-        if folder.resolve() in seen:
-            also = "" if seen[folder.resolve()] == folder else f" (also as {seen[folder.resolve()]})"
-            raise FidelityError(f"--noise/--noise-run name {folder} twice{also}; give each same-seed run once")
-        seen[folder.resolve()] = folder
+def _noise_runs(refs: list[str], runs: dict[str, SavedRun]) -> dict[str, SavedRun]:
+    """The noise runs by label, in the order given; a run that is also a compared run keeps that run's label."""
+    opened = [open_run(ref) for ref in refs]
+    seen: dict[Path, str] = {}
+    for ref, run in zip(refs, opened, strict=True):
+        key = run.folder.resolve()  # a packed run's folder is its pack joined with its id: one per run
+        if key in seen:
+            also = "" if seen[key] == ref else f" (also as {seen[key]})"
+            raise FidelityError(f"--noise/--noise-run name {ref} twice{also}; give each same-seed run once")
+        seen[key] = ref
     known = {run.folder.resolve(): label for label, run in runs.items()}
     noise: dict[str, SavedRun] = {}
-    for folder in folders:
-        run = load_run(folder)
+    for ref, run in zip(refs, opened, strict=True):
         label = known.get(run.folder.resolve()) or next(
-            name for name in (f"noise {run.label}", f"noise {run.label} ({folder})") if name not in noise)
+            name for name in (f"noise {run.label}", f"noise {run.label} ({ref})") if name not in noise)
         noise[label] = run
     return noise
 
@@ -51,10 +53,10 @@ _DEFAULT_BAR = ", ".join(f"{m}={p:g}" for m, p in ACCEPTANCE_TOLERANCES.items())
 
 
 def fidelity(
-    run_dirs: Annotated[list[Path], typer.Argument(help="Run folders: the reference first (e.g. hybrid), then the runs to check (e.g. model).")],
-    noise: Annotated[tuple[Path, Path] | None, typer.Option(
+    run_dirs: Annotated[list[str], typer.Argument(help="Run folders or PACK::RUN_ID refs (cdbench pack): the reference first (e.g. hybrid), then the runs to check (e.g. model).")],
+    noise: Annotated[tuple[str, str] | None, typer.Option(
         "--noise", help="Two same-seed reference-mode runs X Y (e.g. hybrid A and B): their spread is the noise floor; --noise-run adds more.")] = None,
-    noise_run: Annotated[list[Path], typer.Option(
+    noise_run: Annotated[list[str], typer.Option(
         "--noise-run", help="One more same-seed run for the noise set given by --noise; repeatable. The noise floor "
                             "becomes the largest |relative error| of any noise run against the first --noise run.")] = [],  # noqa: B006
     tolerance: Annotated[list[str], typer.Option(
@@ -70,17 +72,20 @@ def fidelity(
     The noise floor of a metric is the largest |relative error| of any noise run (--noise Y, each --noise-run)
     against the first --noise run X. A checked figure passes when |error| <= max(tolerance, noise). Exits 1
     when one does not, 2 on bad input (a missing or repeated run folder, runs of different workloads).
+    A run is a folder or a run in a pack (PACK::RUN_ID); a run that kept only its summary is compared
+    but not drawn.
 
     Examples:
       cdbench fidelity runs/hybrid-a runs/model --noise runs/hybrid-a runs/hybrid-b
       cdbench fidelity runs/hybrid-a runs/model --noise runs/hybrid-a runs/hybrid-b --noise-run runs/hybrid-c
       cdbench fidelity runs/hybrid runs/model -t median_ttft_ms=15 -t p99_ttft_ms=25 --out runs/fid
+      cdbench fidelity camp.pack::cell/hybrid-a camp.pack::cell/model --noise camp.pack::cell/hybrid-a camp.pack::cell/hybrid-b
     """
     with user_errors():
         tolerances = {**ACCEPTANCE_TOLERANCES, **parse_tolerances(tolerance)}
         if len(run_dirs) < 2:
             raise FidelityError("fidelity needs at least two run folders: the reference first, then the runs to check")
-        runs = label_runs([load_run(folder) for folder in run_dirs])
+        runs = label_runs([open_run(ref) for ref in run_dirs])
         if noise_run and noise is None:
             raise FidelityError("--noise-run adds to the noise set of --noise; give --noise X Y as well")
         noise_runs = _noise_runs([*noise, *noise_run], runs) if noise is not None else {}

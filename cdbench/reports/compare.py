@@ -24,6 +24,7 @@ from cdbench.reports.gate import Direction, metric_direction, numeric_metrics
 from cdbench.reports.run_report import request_latencies_ms
 from cdbench.reports.tables import format_value
 from cdbench.results.run_folder import SavedRun
+from cdbench.results.stopped_run import status_of
 
 _LATENCY_ORDER = re.compile(r"^(mean|median|p\d+)_(ttft|tpot|itl|e2el)_ms$")
 
@@ -92,16 +93,22 @@ def comparison_markdown(table: pd.DataFrame, n_runs: int) -> str:
 
 
 def label_runs(runs: Sequence[SavedRun]) -> dict[str, SavedRun]:
-    """Each run under its folder's name; a name seen before gets ``#<position>`` appended."""
+    """Each run under its folder's name (a run that stopped early with its status, e.g. ``(interrupted,
+    120 of 3000 done)``); a name seen before gets ``#<position>`` appended."""
     labelled: dict[str, SavedRun] = {}
     for i, run in enumerate(runs):
-        labelled[run.label if run.label not in labelled else f"{run.label}#{i}"] = run
+        status = status_of(run.summary)
+        name = run.label if status is None else f"{run.label} ({status.label()})"
+        labelled[name if name not in labelled else f"{name}#{i}"] = run
     return labelled
 
 
 def overlaid_cdfs(runs: Mapping[str, SavedRun], plot_dir: Path) -> list[tuple[str, Path]]:
-    """TTFT, TPOT and E2EL CDFs with one line per run, written into ``plot_dir``: (name, path) of each."""
-    latencies = {label: request_latencies_ms(run.requests) for label, run in runs.items()}
+    """TTFT, TPOT and E2EL CDFs with one line per run that kept its requests, written into ``plot_dir``:
+    (name, path) of each; none when no run kept them."""
+    latencies = {label: request_latencies_ms(run.requests) for label, run in runs.items() if run.has_tables}
+    if not latencies:
+        return []
     figures = []
     for metric, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2el_ms", "E2EL")):
         path = plots.cdf_plot({label: lat[metric].to_numpy() for label, lat in latencies.items()},
@@ -118,13 +125,20 @@ def figure_sections(figures: list[tuple[str, Path]], out_dir: Path) -> list[str]
     return lines
 
 
+def summary_only_lines(runs: Mapping[str, SavedRun]) -> list[str]:
+    """A markdown line naming the runs saved without their per-request table (left out of the CDFs)."""
+    missing = [f"`{label}`" for label, run in runs.items() if not run.has_tables]
+    return [f"Not in the CDFs (saved without requests.parquet): {', '.join(missing)}.", ""] if missing else []
+
+
 def write_comparison(runs: Mapping[str, SavedRun], out_dir: Path) -> Path:
     """Write ``comparison.md`` (the table) and overlaid TTFT/TPOT CDFs into ``out_dir``; returns the markdown path."""
     out_dir = Path(out_dir)
     table = comparison_table({label: run.summary for label, run in runs.items()})
     figures = overlaid_cdfs(runs, out_dir / "plots")
-    lines = ["# cdbench comparison", "", "Runs: " + ", ".join(f"`{label}` ({run.folder})" for label, run in runs.items()),
-             "", comparison_markdown(table, len(runs)), "", *figure_sections(figures, out_dir)]
+    lines = ["# cdbench comparison", "", "Runs: " + ", ".join(f"`{label}` ({run.ref})" for label, run in runs.items()),
+             "", comparison_markdown(table, len(runs)), "", *figure_sections(figures, out_dir),
+             *summary_only_lines(runs)]
     md = out_dir / "comparison.md"
     md.write_text("\n".join(lines))
     table.to_csv(out_dir / "comparison.csv")

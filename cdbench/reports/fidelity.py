@@ -31,6 +31,7 @@ Examples
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -42,7 +43,7 @@ import numpy as np
 import pandas as pd
 from rich.table import Table
 
-from cdbench.reports.compare import figure_sections, overlaid_cdfs
+from cdbench.reports.compare import figure_sections, overlaid_cdfs, summary_only_lines
 from cdbench.reports.gate import GateError, check_tolerance_names, numeric_metrics
 from cdbench.reports.tables import format_value
 from cdbench.results.run_folder import WORKLOAD_TRACE_FILE, SavedRun
@@ -213,13 +214,13 @@ def workload_identity(run: SavedRun, by_config: bool = False) -> WorkloadIdentit
     """The digest of the request lines of the run's ``workload.trace.jsonl`` (its header, which restates the
     config with every default of the cdbench version that wrote it, is left out), or with ``by_config`` or
     no trace, of the ``workload`` section of its ``config.yaml``."""
-    trace = run.folder / WORKLOAD_TRACE_FILE
-    if not by_config and trace.is_file():
+    trace = None if by_config else run.read_file(WORKLOAD_TRACE_FILE)
+    if trace is not None:
         digest = hashlib.sha256()
-        with trace.open("rb") as lines:
-            next(lines, None)  # line 1 is the header
-            for line in lines:
-                digest.update(line)
+        lines = io.BytesIO(trace)
+        next(lines, None)  # line 1 is the header
+        for line in lines:
+            digest.update(line)
         return WorkloadIdentity(f"the requests in {WORKLOAD_TRACE_FILE}", digest.hexdigest())
     section = run.config.get("workload", {})
     text = json.dumps(section, sort_keys=True, default=str)
@@ -229,13 +230,13 @@ def workload_identity(run: SavedRun, by_config: bool = False) -> WorkloadIdentit
 def check_same_workload(runs: Mapping[str, SavedRun]) -> None:
     """Raise :class:`FidelityError` naming the first run whose workload differs from the first run's."""
     labels = list(runs)
-    by_config = not all((run.folder / WORKLOAD_TRACE_FILE).is_file() for run in runs.values())
+    by_config = any(run.read_file(WORKLOAD_TRACE_FILE) is None for run in runs.values())
     first = workload_identity(runs[labels[0]], by_config)
     for label in labels[1:]:
         other = workload_identity(runs[label], by_config)
         if other.digest != first.digest:
             raise FidelityError(
-                f"run {runs[label].folder} has a different workload from {runs[labels[0]].folder} "
+                f"run {runs[label].ref} has a different workload from {runs[labels[0]].ref} "
                 f"(compared by {first.source}); give --allow-different-workloads to compare them anyway")
 
 
@@ -330,18 +331,18 @@ def write_fidelity(runs: Mapping[str, SavedRun], result: FidelityResult, out_dir
                    noise_runs: Mapping[str, SavedRun] | None = None) -> Path:
     """Write ``fidelity.md``, ``fidelity.csv`` and overlaid CDFs (``plots/``) into ``out_dir``; returns the md path.
 
-    The noise runs, when given, are drawn in the CDFs too.
+    The noise runs, when given, are drawn in the CDFs too; runs saved without their tables are not.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     figures = overlaid_cdfs({**runs, **(noise_runs or {})}, out_dir / "plots")
     noise = _noise_text(result.noise_runs)
     lines = ["# cdbench fidelity", "",
-             "Runs: " + ", ".join(f"`{label}` ({run.folder})" for label, run in runs.items()),
+             "Runs: " + ", ".join(f"`{label}` ({run.ref})" for label, run in runs.items()),
              f"Reference: `{result.reference}`; error = (run - reference) / |reference|.",
              f"Noise floor: {noise}. A checked figure passes when |error| <= max(tolerance, noise).", "",
              fidelity_markdown(result), "", f"Verdict: {verdict_line(result)}.", "",
-             *figure_sections(figures, out_dir)]
+             *figure_sections(figures, out_dir), *summary_only_lines({**runs, **(noise_runs or {})})]
     md = out_dir / "fidelity.md"
     md.write_text("\n".join(lines))
     fidelity_frame(result).replace({np.nan: None}).to_csv(out_dir / "fidelity.csv", index=False)
