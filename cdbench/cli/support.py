@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
+import click
 import typer
 from rich.console import Console
 from rich.progress import (
@@ -45,6 +46,7 @@ from cdbench.results.output_folder import (
     FolderInUseError,
     claim_folder,
     new_folder,
+    release_folder,
 )
 from cdbench.results.run_folder import SavedRun, record_run
 from cdbench.workloads.corpora import UnknownCorpusError
@@ -240,6 +242,9 @@ def output_folder(out: Path | None, default: Path, command: Command, overwrite: 
         out = new_folder(default)
     folder = out if out is not None else default
     claim_folder(folder, command, identity=identity, resumable=resumable, overwrite=overwrite)
+    context = click.get_current_context(silent=True)
+    if context is not None:  # the claim lasts as long as the command (a test runs many commands in one process)
+        context.call_on_close(lambda: release_folder(folder))
     return folder
 
 

@@ -15,6 +15,15 @@ continue the folder's work. A claim is refused with :class:`FolderInUseError`
   cdbench output folder (the marker, or the files of an older cdbench), so a
   mistyped ``--out`` never deletes someone's files.
 
+A claim is atomic: the claiming process holds an exclusive lock on the folder
+(``flock``) from before it looks inside until it releases the claim
+(:func:`release_folder`) or exits, so of two commands started on one folder
+exactly one proceeds and the other is refused in one line. The kernel drops the
+lock of a process that dies, even one killed outright, so a stale claim never
+blocks a folder (an exclusively created claim file would, with no safe way to
+tell a dead claimer from a slow one). The marker is written whole (renamed into
+place), so a reader never sees half of one.
+
 >>> import tempfile
 >>> folder = Path(tempfile.mkdtemp()) / "keep"
 >>> claim_folder(folder, "run")
@@ -31,7 +40,9 @@ cdbench.results.output_folder.FolderInUseError: --out ... already holds the resu
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any, Literal
@@ -108,42 +119,95 @@ def _empty(folder: Path) -> None:
             entry.unlink()
 
 
+_HELD: dict[Path, int] = {}
+"""Folders this process has claimed → the open, locked file descriptor of each."""
+
+
+def _lock(folder: Path) -> int:
+    """An open descriptor of ``folder`` holding its exclusive lock, or :class:`FolderInUseError` when
+    another process holds it."""
+    key = folder.resolve()
+    if key in _HELD:
+        return _HELD[key]
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        try:
+            marker = _read_marker(folder)
+        except FolderInUseError:  # a marker from before markers were written whole
+            marker = None
+        what = f"`cdbench {marker.command}`" if marker is not None else "another cdbench command"
+        raise FolderInUseError(f"--out {folder} is being written by {what} right now; give another --out, or "
+                               "wait for it to finish") from None
+    return fd
+
+
+def release_folder(folder: Path) -> None:
+    """Give up this process's claim on ``folder`` (its marker stays; another command may now claim it)."""
+    fd = _HELD.pop(Path(folder).resolve(), None)
+    if fd is not None:
+        os.close(fd)  # closing the last descriptor drops the lock
+
+
+def _check(folder: Path, command: Command, identity: Any, resumable: bool, overwrite: bool, act: bool) -> None:
+    """Raise :class:`FolderInUseError` if ``command`` may not write into ``folder``; with ``act``, empty it
+    when ``overwrite`` allows."""
+    # (the marker, and the marker being renamed into place)
+    contents = [p.name for p in folder.iterdir() if not p.name.startswith(MARKER_FILE)] if folder.is_dir() else []
+    if not contents:  # a folder holding only a marker (a claim whose command then stopped) has nothing to lose
+        return
+    marker = _read_marker(folder)
+    maker = _maker(folder, marker)
+    if overwrite:
+        if maker is None:
+            raise FolderInUseError(f"--out {folder} holds files cdbench did not write (e.g. {min(contents)}); "
+                                   "--overwrite only replaces a cdbench output folder: give another --out")
+        if act:
+            _empty(folder)
+    elif maker is None:
+        raise FolderInUseError(f"--out {folder} is not empty and not a cdbench output folder (it holds "
+                               f"{min(contents)}); give another --out")
+    elif maker != command:
+        raise FolderInUseError(f"--out {folder} holds the results of `cdbench {maker}`; give another --out, "
+                               "or --overwrite to replace them")
+    elif not resumable:
+        raise FolderInUseError(f"--out {folder} already holds the results of `cdbench {command}`; "
+                               "give another --out, or --overwrite to replace them")
+    elif _identity(folder, marker, command) not in (None, identity):
+        raise FolderInUseError(f"--out {folder} holds a `cdbench {command}` made with other settings, so it "
+                               "cannot be resumed; give another --out, or --overwrite to replace it")
+
+
 def claim_folder(folder: Path, command: Command, identity: Any = None, resumable: bool = False,
                  overwrite: bool = False) -> None:
     """Make ``folder`` ``command``'s output folder (created if missing), or raise :class:`FolderInUseError`.
 
     ``resumable`` commands may continue a folder their own command made with an equal ``identity``
     (a JSON-able value); a folder of that command from before markers is continued when its own record
-    agrees (a sweep's ``sweep.json``; a profile checks its settings itself).
+    agrees (a sweep's ``sweep.json``; a profile checks its settings itself). The claim holds until
+    :func:`release_folder` or the process's end; claiming a folder this process holds checks it again.
     """
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise FolderInUseError(f"--out {folder} is a file; it must be a folder (new or existing)")
-    contents = [p.name for p in folder.iterdir() if p.name != MARKER_FILE] if folder.is_dir() else []
-    marker = _read_marker(folder) if contents else None
-    maker = _maker(folder, marker) if contents else None
-    if contents:  # a folder holding only a marker (a claim whose command then stopped) has nothing to lose
-        if overwrite:
-            if maker is None:
-                raise FolderInUseError(f"--out {folder} holds files cdbench did not write (e.g. {min(contents)}); "
-                                       "--overwrite only replaces a cdbench output folder: give another --out")
-            _empty(folder)
-        elif maker is None and contents:
-            raise FolderInUseError(f"--out {folder} is not empty and not a cdbench output folder (it holds "
-                                   f"{min(contents)}); give another --out")
-        elif maker != command:
-            raise FolderInUseError(f"--out {folder} holds the results of `cdbench {maker}`; give another --out, "
-                                   "or --overwrite to replace them")
-        elif not resumable:
-            if contents:
-                raise FolderInUseError(f"--out {folder} already holds the results of `cdbench {command}`; "
-                                       "give another --out, or --overwrite to replace them")
-        elif _identity(folder, marker, command) not in (None, identity):
-            raise FolderInUseError(f"--out {folder} holds a `cdbench {command}` made with other settings, so it "
-                                   "cannot be resumed; give another --out, or --overwrite to replace it")
+    # Checked first without the lock, so a folder refused for what it holds is not even created.
+    _check(folder, command, identity, resumable, overwrite, act=False)
     folder.mkdir(parents=True, exist_ok=True)
+    held = folder.resolve() in _HELD
+    fd = _lock(folder)
+    try:
+        _check(folder, command, identity, resumable, overwrite, act=True)  # again, now that no one else can
+    except FolderInUseError:
+        if not held:  # a claim this process already held stays held
+            os.close(fd)
+        raise
+    _HELD[folder.resolve()] = fd
     marker = FolderMarker(command=command, identity=identity, cdbench_version=cdbench.__version__)
-    (folder / MARKER_FILE).write_text(marker.model_dump_json(indent=2) + "\n")
+    partial = folder / f"{MARKER_FILE}.{os.getpid()}"
+    partial.write_text(marker.model_dump_json(indent=2) + "\n")
+    partial.replace(folder / MARKER_FILE)
 
 
 def new_folder(base: Path) -> Path:
@@ -161,4 +225,4 @@ def new_folder(base: Path) -> Path:
             candidate = base.with_name(f"{base.name}-{n}")
 
 
-__all__ = ["MARKER_FILE", "FolderInUseError", "FolderMarker", "claim_folder", "new_folder"]
+__all__ = ["MARKER_FILE", "FolderInUseError", "FolderMarker", "claim_folder", "new_folder", "release_folder"]
