@@ -15,6 +15,11 @@ the ranks exchange what each saw ready and what each gave up on (SGLang's
   instead of the constant. gloo needs no GPU; with NCCL rank ``r`` holds GPU
   ``r`` (the objects travel as GPU tensors, as in a multi-GPU engine), so it
   needs as many GPUs as ranks.
+- :class:`PeerAgreement` is one rank's side of the same exchange when every
+  rank is a process with a scheduler of its own (``live`` mode's rank
+  processes, :mod:`~cdbench.harness.live.ranks`): it gathers this rank's sets
+  from the others' over a process group the caller joined, and the step
+  durations the ranks must share.
 
 >>> agree_sets([[1, 2, 3], [2, 3]], [[], [3]])
 ((2,), (3,))
@@ -136,6 +141,48 @@ class RankAgreement:
             conn.close()
         self._conns, self._procs = [], []
         self._dir.cleanup()
+
+
+class PeerAgreement:
+    """This process's side of the ranks' exchange, over ``group`` (a gloo group of ``ranks`` processes;
+    ``None``: the default group), with :meth:`agree` shaped as :meth:`RankAgreement.agree` for one rank.
+
+    Each exchange is timed alone (after a barrier): ``seconds`` holds the all_gathers' times,
+    ``step_seconds`` the step agreements'.
+    """
+
+    def __init__(self, ranks: int, group: object = None) -> None:
+        self.ranks, self.group = ranks, group
+        self.seconds: list[float] = []
+        self.step_seconds: list[float] = []
+
+    def agree(self, ready: Sequence[Sequence[int]], failed: Sequence[Sequence[int]]) -> Agreement:
+        """This rank's ``ready[0]`` and ``failed[0]`` against every other rank's: the agreed sets."""
+        import torch.distributed as dist
+
+        (mine,), (gave_up,) = ready, failed
+        dist.barrier(group=self.group)  # the exchange's time alone, not the wait for a slower rank
+        start = time.perf_counter()
+        gathered: list = [None] * self.ranks
+        dist.all_gather_object(gathered, (list(mine), list(gave_up)), group=self.group)
+        seconds = time.perf_counter() - start
+        self.seconds.append(seconds)
+        agreed_ready, agreed_failed = agree_sets([g[0] for g in gathered], [g[1] for g in gathered])
+        return Agreement(agreed_ready, agreed_failed, seconds)
+
+    def agree_step(self, duration: float, token_at: float) -> tuple[float, float]:
+        """The slowest rank's step ``duration`` and sampled-token time (seconds from the step's start)."""
+        import torch
+        import torch.distributed as dist
+
+        start = time.perf_counter()
+        values = torch.tensor([duration, token_at], dtype=torch.float64)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self.group)
+        self.step_seconds.append(time.perf_counter() - start)
+        return float(values[0]), float(values[1])
+
+    def close(self) -> None:
+        """Nothing to end: the group belongs to the rank process."""
 
 
 def _rank_main(rank: int, ranks: int, backend: str, store: str, conn: Connection) -> None:

@@ -82,6 +82,15 @@ class LogHistogram:
             self.weight += float(weights.sum())
         self._plain, self._values, self._weights, self._buffered = [], [], [], 0
 
+    def merge(self, other: LogHistogram) -> None:
+        """Count everything ``other`` counted (the records of several ranks in one histogram)."""
+        other._flush()
+        self._flush()
+        self.counts += other.counts
+        self.total += other.total
+        self.weight += other.weight
+        self.sq_total += other.sq_total
+
     def mean(self) -> float:
         self._flush()
         return self.total / self.weight if self.weight else math.nan

@@ -90,6 +90,10 @@ class SchedulerConfig(BaseModel):
 
     # --- ranks
     ranks: int = Field(1, ge=1, description="TP/DP ranks that each compile every grammar and agree by all_gather")
+    parallel: Literal["tp", "dp"] = Field(
+        "tp", description="what the ranks split: tp (every rank the same batch, each compiling every grammar; "
+        "live mode shards the forward, one process and GPU a rank) or dp (requests dealt round robin, each rank "
+        "its own batch and grammars, no agreement)")
     rank_jitter: float = Field(0.0, ge=0, description="per-rank compile-time jitter: lognormal sigma")
     rank_compile_scale: tuple[float, ...] | None = Field(
         None, description="per-rank compile-time factors, one per rank (e.g. a slow rank); None: all 1"

@@ -3,6 +3,8 @@
 Records are columnar (numpy arrays filled in place while the loop runs) and
 become pandas DataFrames at the end; :class:`RequestRecord` and
 :class:`StepRecord` document the columns and give typed access to one row.
+:class:`FinishedRows` hands out finished requests' rows while the run goes, so
+they can be written before it ends.
 Times are seconds of virtual time; ``NaN`` means "did not happen".
 """
 
@@ -155,19 +157,45 @@ class RequestTable:
         self.abort = np.zeros(n, np.int8)  # index into ABORT_REASONS
         self.valid = np.full(n, -1, np.int8)  # -1 unchecked, 0 invalid, 1 valid
 
-    def to_frame(self) -> pd.DataFrame:
-        data = {name: getattr(self, name) for name in REQUEST_COLUMNS
+    def to_frame(self, rows: np.ndarray | None = None) -> pd.DataFrame:
+        """The table (or its ``rows``, positions in request order) as a DataFrame."""
+        pick = (lambda column: column) if rows is None else (lambda column: column[rows])
+        data = {name: pick(getattr(self, name)) for name in REQUEST_COLUMNS
                 if name not in ("cache", "abort_reason", "valid")}
-        data["cache"] = pd.Categorical.from_codes(self.cache, CACHE_RESULTS)
-        data["abort_reason"] = pd.Categorical.from_codes(self.abort, ABORT_REASONS)
-        data["valid"] = pd.array(np.where(self.valid < 0, None, self.valid == 1), dtype="boolean")
+        data["cache"] = pd.Categorical.from_codes(pick(self.cache), CACHE_RESULTS)
+        data["abort_reason"] = pd.Categorical.from_codes(pick(self.abort), ABORT_REASONS)
+        valid = pick(self.valid)
+        data["valid"] = pd.array(np.where(valid < 0, None, valid == 1), dtype="boolean")
         return pd.DataFrame(data, columns=list(REQUEST_COLUMNS))
+
+    def finished(self) -> np.ndarray:
+        """Positions of the requests that have ended (finished or aborted)."""
+        return np.flatnonzero(~np.isnan(self.finish_s))
 
     def record(self, i: int) -> RequestRecord:
         """Row ``i`` as a typed record."""
         row = self.to_frame().iloc[i].to_dict()
         row["valid"] = None if pd.isna(row["valid"]) else bool(row["valid"])
         return RequestRecord(**row)
+
+
+class FinishedRows:
+    """Each ended request's row, handed out once, while the run goes.
+
+    A request's row is final when it ends, once the scheduler's buffered
+    per-step counters are summed into the table (``valid`` excepted: outputs
+    are checked at the end of the run, so these rows leave it unchecked).
+    """
+
+    def __init__(self, table: RequestTable) -> None:
+        self.table = table
+        self.given = np.zeros(table.n, bool)
+
+    def take(self) -> pd.DataFrame:
+        """Rows of the requests that ended since the last call."""
+        new = ~np.isnan(self.table.finish_s) & ~self.given
+        self.given |= new
+        return self.table.to_frame(np.flatnonzero(new))
 
 
 class StepLog:
@@ -202,6 +230,15 @@ class DraftPositionCounts:
         self._drafted = np.zeros(max_drafts + 1, np.int64)  # rows by verified drafts
         self._accepted = np.zeros(max_drafts + 1, np.int64)  # rows by accepted drafts
         self._rolled_end = np.zeros(max_drafts + 1, np.int64)  # rows by last rolled-back position
+
+    def merge(self, other: DraftPositionCounts) -> None:
+        """Count ``other``'s rows too (the records of several ranks)."""
+        if other.max_drafts != self.max_drafts:
+            raise ValueError(f"draft counts of {other.max_drafts} positions cannot join {self.max_drafts}")
+        self.rows += other.rows
+        self._drafted += other._drafted
+        self._accepted += other._accepted
+        self._rolled_end += other._rolled_end
 
     def add(self, drafted: np.ndarray, accepted: np.ndarray, rolled_back: np.ndarray) -> None:
         """Count one step's rows (parallel arrays of per-row counts)."""

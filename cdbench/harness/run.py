@@ -20,15 +20,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Protocol
 
 import pandas as pd
 
 from cdbench.harness.costs.gpu import GpuCosts, RooflineGpuCosts
 from cdbench.harness.costs.grammar_profile import GrammarProfile
 from cdbench.harness.executors.base import GrammarExecutor
-from cdbench.harness.metrics import SLO, Summary, summarize
+from cdbench.harness.metrics import SLO, LogHistogram, Summary, summarize
 from cdbench.harness.policies import SchedulerConfig
+from cdbench.harness.records import FinishedRows, RequestTable, StepLog
 from cdbench.harness.scheduler import Scheduler
 from cdbench.harness.timeline import Timeline
 from cdbench.workloads.request import Request
@@ -86,22 +88,75 @@ class RunResult:
         return 1.0 - self.backend_call_s / self.wall_s if self.wall_s else 0.0
 
 
+class RecordSink(Protocol):
+    """Where a run's records go before it ends (:class:`cdbench.results.stopped_run.RecordSpill` writes them
+    into the run folder), so an interrupted or failed run keeps the requests it finished."""
+
+    interval_s: float
+    """Wall seconds between hand-overs of finished requests (checked every few hundred iterations)."""
+
+    def finished(self, requests: pd.DataFrame) -> None:
+        """Rows of the requests that ended since the last call (``valid`` unchecked)."""
+
+    def stopped(self, result: RunResult, total: int, error: BaseException) -> None:
+        """The run ended early with ``error``: ``result`` holds the ``total`` requests' finished ones and
+        their summary."""
+
+
+def empty_result() -> RunResult:
+    """A run that finished nothing (one stopped before its simulation began)."""
+    requests, steps = RequestTable(0).to_frame(), StepLog().to_frame()
+    return RunResult(requests, steps, summarize(requests, steps, LogHistogram(), LogHistogram()))
+
+
+def _stopped_result(sched: Scheduler, slo: SLO | None, timeline: Timeline, start: float,
+                    executor: GrammarExecutor) -> RunResult:
+    """What a run stopped mid-way finished: the ended requests' rows, every step so far, their summary."""
+    sched._sum_tallies()  # the buffered per-step counters (summing early changes no value)
+    requests = sched.rec.to_frame(sched.rec.finished())
+    steps = sched.steps.to_frame()
+    summary = summarize(requests, steps, sched.itl, sched.fill_hist, slo, sched.idle_iterations,
+                        sched.draft_positions)
+    return RunResult(requests, steps, summary, timeline, time.perf_counter() - start, executor.backend_call_s,
+                     executor.validation_s, sched.compile_errors)
+
+
 def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: GrammarExecutor, gpu: GpuCosts,
              seed: int = 0, max_concurrency: int | None = None, slo: SLO | None = None,
              trace_steps: int = 2000, progress: Callable[[float], None] | None = None,
-             live: LiveStep | None = None) -> RunResult:
+             live: LiveStep | None = None, records: RecordSink | None = None) -> RunResult:
     """Simulate ``requests`` under ``scheduler`` with the given cost sources.
 
     ``progress`` is called with the fraction of requests ended (0..1) now and then; ``live``
-    runs every step for real instead of pricing it (``live`` mode).
+    runs every step for real instead of pricing it (``live`` mode). ``records`` is handed the
+    finished requests every ``records.interval_s`` seconds, and what the run finished if it stops
+    early (an interrupt or an error, which is then raised on).
     """
     start = time.perf_counter()
     timeline = Timeline(max_steps=trace_steps)
     total = max(len(requests), 1)
     on_progress = (lambda ended: progress(ended / total)) if progress is not None else None
+    if records is not None:
+        sink, show, due = records, on_progress, start + records.interval_s
+
+        def on_progress(ended: int) -> None:
+            nonlocal due
+            if show is not None:
+                show(ended)
+            if time.perf_counter() >= due:
+                sched._sum_tallies()  # the ended requests' counters are in the table (summing early changes nothing)
+                sink.finished(finished.take())
+                due = time.perf_counter() + sink.interval_s
+
     sched = Scheduler(scheduler, requests, executor, gpu, seed=seed, max_concurrency=max_concurrency,
                       timeline=timeline if trace_steps else None, on_progress=on_progress, live=live)
-    sched.run()
+    finished = FinishedRows(sched.rec)
+    try:
+        sched.run()
+    except BaseException as err:  # Ctrl-C included: what finished is kept
+        if records is not None:
+            records.stopped(_stopped_result(sched, slo, timeline, start, executor), len(requests), err)
+        raise
     requests_frame = sched.rec.to_frame()
     steps_frame = sched.steps.to_frame()
     summary = summarize(requests_frame, steps_frame, sched.itl, sched.fill_hist, slo, sched.idle_iterations,
@@ -119,11 +174,12 @@ def max_context(requests: Sequence[Request], spec_tokens: int = 0) -> int:
                default=1)
 
 
-def run(config: RunConfig, progress: Progress | None = None) -> RunResult:
+def run(config: RunConfig, progress: Progress | None = None, records: RecordSink | None = None) -> RunResult:
     """Run ``config``: generate its workload, build its cost sources, simulate.
 
     ``progress`` is called with the stage and its fraction done: the share of
     requests built while the workload is generated, then of requests ended.
+    ``records`` as in :func:`simulate`.
     """
     # Imported here so that simulate() stays usable without the workload generator's dependencies.
     from cdbench.backends.registry import create_backend
@@ -142,7 +198,9 @@ def run(config: RunConfig, progress: Progress | None = None) -> RunResult:
     scheduler = config.scheduler_config(spec_tokens=spec_decode.k)
     gpu = config.costs.gpu_costs(vocab.size)
     live = None
-    if config.mode == "live":
+    # several ranks as processes (live mode: one a GPU) or data-parallel ranks: cdbench.harness.live.ranks
+    ranked = scheduler.ranks > 1 and (config.mode == "live" or scheduler.parallel == "dp")
+    if config.mode == "live" and not ranked:
         if progress is not None:
             progress(f"building {config.costs.model} on the GPU", 0.0)
         live = config.costs.live_step(vocab.size, max_context(workload.requests, spec_decode.k),
@@ -150,21 +208,59 @@ def run(config: RunConfig, progress: Progress | None = None) -> RunResult:
     if config.mode in ("hybrid", "live"):
         if progress is not None:
             progress(f"loading {config.backend.name}", 0.0)
-        backend = create_backend(config.backend.name, vocab, **config.backend.options)
-        executor: GrammarExecutor = HybridExecutor(backend, spec_decode.alpha, workload.draft_source(vocab),
-                                                   seed=config.seed)
+        if ranked:  # each rank builds its own backend
+            from cdbench.harness.live.ranks import HybridExecutors
+
+            executors: Callable[[], GrammarExecutor] = HybridExecutors(
+                config.backend.name, dict(config.backend.options), config.vocab, spec_decode.alpha,
+                workload.config.seed, workload.pools, config.seed)
+        else:
+            backend = create_backend(config.backend.name, vocab, **config.backend.options)
+            executor: GrammarExecutor = HybridExecutor(backend, spec_decode.alpha, workload.draft_source(vocab),
+                                                       seed=config.seed)
     else:
         costs = config.costs.grammar_costs(config.backend.name, config.seed, config.backend.options,
                                            requests=workload.requests, vocab=config.vocab, progress=progress)
         coverage = getattr(costs, "coverage", None)
         executor = ModelExecutor(costs, spec_decode.alpha)
-    result = simulate(workload.requests, scheduler, executor, gpu, seed=config.seed,
-                      max_concurrency=workload.max_concurrency, slo=config.slo,
-                      trace_steps=config.trace_steps,
-                      progress=(lambda f: progress("simulating", f)) if progress else None, live=live)
+        executors = partial(ModelExecutor, costs, spec_decode.alpha)
+    if ranked:
+        result = _simulate_ranked(config, workload, vocab.size, scheduler, gpu, executors, progress)
+    else:
+        result = simulate(workload.requests, scheduler, executor, gpu, seed=config.seed,
+                          max_concurrency=workload.max_concurrency, slo=config.slo,
+                          trace_steps=config.trace_steps,
+                          progress=(lambda f: progress("simulating", f)) if progress else None, live=live,
+                          records=records)
     result.workload = workload
     if config.mode == "model":
         result.summary.spec_costs = coverage
     if isinstance(gpu, RooflineGpuCosts) and config.mode != "live":
         result.summary.forward_calibration = gpu.forward.calibration_source
     return result
+
+
+def _simulate_ranked(config: RunConfig, workload: Workload, vocab_size: int, scheduler: SchedulerConfig,
+                     gpu: GpuCosts, executors: Callable[[], GrammarExecutor], progress: Progress | None) -> RunResult:
+    """A run of several ranks (:mod:`cdbench.harness.live.ranks`), each building its grammar executor from
+    ``executors``: live mode's as processes, one a GPU."""
+    from cdbench.harness.costs.hardware import resolve_model
+    from cdbench.harness.live.ranks import LiveSpec, RankJob, simulate_ranks
+
+    spec_decode = workload.config.spec_decode
+    live = None
+    if config.mode == "live":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("mode 'live' runs every step on a CUDA GPU; this machine has none "
+                             "(hybrid mode runs the same grammar work with the GPU modelled)")
+        live = LiveSpec(resolve_model(config.costs.model), vocab_size,
+                        max_context(workload.requests, spec_decode.k), "cuda", config.costs.live_kv_tokens,
+                        logits_dtype=str(config.costs.logits_dtype()).removeprefix("torch."),
+                        graph_sizes=tuple(scheduler.cuda_graph_sizes))
+    if progress is not None:
+        progress(f"running {scheduler.ranks} {scheduler.parallel.upper()} ranks", 0.0)
+    job = RankJob(scheduler.parallel, tuple(workload.requests), scheduler, executors, gpu, live, config.seed,
+                  workload.max_concurrency, config.trace_steps)
+    return simulate_ranks(job, config.slo, (lambda f: progress("simulating", f)) if progress else None)

@@ -21,6 +21,12 @@ Rows of one decode batch whose contexts differ are masked to their own length.
 A step of a fixed shape can be captured as a CUDA graph (:meth:`LiveForward.capture`)
 and replayed, as engines run their decode batches.
 
+With a :class:`TensorParallel` group the forward is one rank's shard, as
+tensor-parallel engines split it: the query and KV heads, the MLP's width and
+the output vocabulary divided among the ranks (column-parallel QKV, gate/up
+and LM head; row-parallel output and down projections), an all-reduce after
+each row-parallel projection (two a layer) and an all-gather of the logits.
+
 Torch only: importing this module needs no GPU; the forward runs on any torch
 device (the CPU for tests, at tiny shapes).
 """
@@ -65,6 +71,45 @@ def check_supported(spec: ModelSpec) -> None:
                          f"(this one is {'MoE' if spec.is_moe else spec.attention})")
     if spec.n_heads % spec.n_kv_heads:
         raise ValueError(f"{spec.name}: n_heads {spec.n_heads} is not a multiple of n_kv_heads {spec.n_kv_heads}")
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """This rank's place in a tensor-parallel group: ``size`` ranks, this one ``rank``, joined in ``group``
+    (a ``torch.distributed`` process group: NCCL on GPUs, gloo on the CPU)."""
+
+    size: int
+    rank: int
+    group: object = None
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        dist.all_reduce(x, group=self.group)
+        return x
+
+    def all_gather_columns(self, x: torch.Tensor) -> torch.Tensor:
+        """``[rows, width]`` of every rank, side by side: ``[rows, size * width]`` (rank order)."""
+        import torch.distributed as dist
+
+        rows, width = x.shape
+        out = torch.empty((self.size * rows, width), device=x.device, dtype=x.dtype)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # (renamed in torch 2.13)
+        gather(out, x.contiguous(), group=self.group)
+        return out.view(self.size, rows, width).permute(1, 0, 2).reshape(rows, self.size * width)
+
+
+def shard(spec: ModelSpec, size: int) -> ModelSpec:
+    """One rank's part of ``spec`` under ``size``-way tensor parallelism: heads, KV heads and MLP width
+    divided (the embedding is whole; the LM head is divided by :class:`LiveForward`)."""
+    if size == 1:
+        return spec
+    width = intermediate_size(spec)
+    for name, value in (("n_heads", spec.n_heads), ("n_kv_heads", spec.n_kv_heads), ("intermediate_size", width)):
+        if value % size:
+            raise ValueError(f"{spec.name}: {name} {value} does not divide among {size} tensor-parallel ranks")
+    return spec.model_copy(update={"n_heads": spec.n_heads // size, "n_kv_heads": spec.n_kv_heads // size,
+                                   "intermediate_size": width // size})
 
 
 class KVCapacityError(RuntimeError):
@@ -145,24 +190,31 @@ class DecodeInputs:
 
 
 class LiveForward:
-    """Random-weight forward of ``spec`` on ``device``; :meth:`step` runs one continuous-batching step."""
+    """Random-weight forward of ``spec`` on ``device``; :meth:`step` runs one continuous-batching step.
+
+    With ``tp`` it is that rank's shard (the module doc); ``spec`` is then the shard's shape
+    (what the KV cache holds), ``full_spec`` the whole model's.
+    """
 
     def __init__(self, spec: ModelSpec, device: torch.device | str, dtype: torch.dtype = torch.bfloat16,
-                 seed: int = 0) -> None:
+                 seed: int = 0, tp: TensorParallel | None = None) -> None:
         check_supported(spec)
+        self.full_spec, self.tp = spec, tp if tp is not None and tp.size > 1 else None
+        spec = shard(spec, self.tp.size) if self.tp is not None else spec
         self.spec, self.device, self.dtype = spec, torch.device(device), dtype
         h, d = spec.hidden_size, spec.head_dim
         self.group = spec.n_heads // spec.n_kv_heads
         self.q_width, self.kv_width = spec.n_heads * d, spec.n_kv_heads * d
         width = intermediate_size(spec)
-        gen = torch.Generator(device=self.device).manual_seed(seed)
+        # each rank its own random weights (their values do not matter, only their shapes)
+        gen = torch.Generator(device=self.device).manual_seed(seed + (self.tp.rank if self.tp else 0))
 
         def weight(*shape: int) -> torch.Tensor:
             # Small values keep activations finite through many layers; nothing else depends on them.
             return (torch.randn(shape, generator=gen, device=self.device, dtype=torch.float32) * 0.02).to(dtype)
 
         self.embed = weight(spec.vocab_size, h)
-        self.lm_head = weight(h, spec.vocab_size)
+        self.lm_head = weight(h, -(-spec.vocab_size // self.tp.size) if self.tp else spec.vocab_size)
         self.final_norm = torch.ones(h, device=self.device, dtype=dtype)
         self.layers = [
             _Layer(
@@ -240,13 +292,18 @@ class LiveForward:
             x = x + self._attention(layer, F.rms_norm(x, (x.shape[-1],), layer.attn_norm, NORM_EPS),
                                     cos, sin, cache.k[index], cache.v[index], decode, rows, prefill)
             gate, up = (F.rms_norm(x, (x.shape[-1],), layer.mlp_norm, NORM_EPS) @ layer.gate_up).chunk(2, dim=-1)
-            x = x + (F.silu(gate) * up) @ layer.down
+            x = x + self._reduce((F.silu(gate) * up) @ layer.down)
         # Logits only for the tokens that are sampled: every decode row, each chunk's last token
         # (slices, so the step reads no host data and a CUDA graph can capture it).
         if prefill:
             ends = [rows + sum(c.new for c in prefill[: i + 1]) for i in range(len(prefill))]
             x = torch.cat(([x[:rows]] if rows else []) + [x[end - 1:end] for end in ends])
-        return F.rms_norm(x, (x.shape[-1],), self.final_norm, NORM_EPS) @ self.lm_head
+        logits = F.rms_norm(x, (x.shape[-1],), self.final_norm, NORM_EPS) @ self.lm_head
+        return logits if self.tp is None else self.tp.all_gather_columns(logits)[:, :self.full_spec.vocab_size]
+
+    def _reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """A row-parallel projection's partial sums, added over the ranks (nothing to add on one)."""
+        return x if self.tp is None else self.tp.all_reduce(x)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         angles = positions.to(torch.float32)[:, None] * self._inv_freq[None, :]
@@ -304,7 +361,7 @@ class LiveForward:
             out.append(o[0].transpose(0, 1).reshape(chunk.new, self.q_width))
             start = stop
         attn = torch.cat(out) if len(out) > 1 else out[0]
-        return attn @ layer.o
+        return self._reduce(attn @ layer.o)
 
     # ---- CUDA graphs --------------------------------------------------------------------------------------
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -60,8 +61,12 @@ from cdbench.harness.live.forward import (
     LiveForward,
     PrefillChunk,
     StepGraph,
+    TensorParallel,
 )
 from cdbench.harness.policies import graph_size
+
+if TYPE_CHECKING:
+    from cdbench.harness.live.ranks import RanksInfo
 from cdbench.kernels import apply_bitmask, masked_argmax
 
 KV_MEMORY_SHARE = 0.85  # of the GPU memory left after the weights, for the KV cache (the rest: activations, graphs)
@@ -125,6 +130,7 @@ class LiveInfo:
     max_len: int
     steps: int
     graphs_captured: list[int]
+    ranks: RanksInfo | None = None  # a run of several rank processes: what they measured (rank 0's info above)
 
 
 class LiveStep:
@@ -139,15 +145,17 @@ class LiveStep:
     kv_tokens : KV-cache capacity in tokens (default: :data:`KV_MEMORY_SHARE` of the GPU
         memory left after the weights; required on a CPU device).
     max_rows : the most rows (and mask rows) one step samples.
+    tp : this rank's tensor-parallel group: the forward is its shard (:mod:`.forward`).
     """
 
     def __init__(self, spec: ModelSpec, vocab_size: int, max_len: int, device: str = "cuda",
                  kv_tokens: int | None = None, max_rows: int = 1024, dtype: torch.dtype = torch.bfloat16,
                  logits_dtype: torch.dtype = torch.bfloat16, seed: int = 0,
-                 graph_sizes: Sequence[int] = ()) -> None:
+                 graph_sizes: Sequence[int] = (), tp: TensorParallel | None = None) -> None:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
-        self.forward = LiveForward(spec, self.device, dtype=dtype, seed=seed)
+        self.forward = LiveForward(spec, self.device, dtype=dtype, seed=seed, tp=tp)
+        spec = self.forward.spec  # a tensor-parallel rank's cache holds its shard's KV heads
         if kv_tokens is None:
             if not self.cuda:
                 raise ValueError("kv_tokens is required on a CPU device")

@@ -1,0 +1,555 @@
+"""Runs of several ranks, one process each: tensor parallelism (``tp``) or data parallelism (``dp``).
+
+Every rank is a process of its own (spawned, a fresh interpreter), with its own
+device (GPU ``r`` for ``live`` mode on a CUDA host; the CPU in tests), its own
+grammar backend, compile pool, grammar queue and scheduler loop, as a
+multi-GPU engine runs them:
+
+- ``tp``: every rank runs every request and the same batch; its forward is
+  its shard (:class:`~cdbench.harness.live.forward.TensorParallel`: heads and
+  MLP divided, an all-reduce after each row-parallel projection, NCCL on GPUs).
+  At each poll of the grammar queue the ranks exchange their ready and failed
+  sets with a real ``all_gather_object`` over a CPU (gloo) group, as SGLang's
+  grammar sync group does (ready = intersection, failed = union), and each
+  step's duration and token time are the slowest rank's (the forward's
+  collectives make every rank wait for it), exchanged likewise, so the ranks'
+  clocks and batches stay the same. The run's records are rank 0's, with each
+  request's compile spread over the ranks (``rank_skew_s``).
+- ``dp``: the requests are dealt to the ranks round robin in arrival order
+  (the engine's DP controller); each rank runs its own requests and batch on
+  its own full model, with no agreement (each DP rank's grammar group is its own
+  TP group). The run's records are every rank's, merged, with a ``rank`` column.
+
+What the ranks measured (the grammar all_gather's time per poll, the step
+agreement's, the spread of the ranks' step durations and compile times, the
+forward all-reduce at a few sizes) is :class:`RanksInfo`, saved in the run's
+``live.json``; :func:`model_parameters` turns it into the model's
+``all_gather_s`` and ``rank_jitter``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import multiprocessing as mp
+import os
+import pickle
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from cdbench.harness.collectives import CollectiveError, PeerAgreement
+from cdbench.harness.costs.gpu import GpuCosts
+from cdbench.harness.costs.hardware import ModelSpec
+from cdbench.harness.executors.base import GrammarExecutor
+from cdbench.harness.live.forward import TensorParallel
+from cdbench.harness.live.step import LiveStep, LiveTimes
+from cdbench.harness.metrics import SLO, LogHistogram, summarize
+from cdbench.harness.policies import SchedulerConfig
+from cdbench.harness.records import DraftPositionCounts
+from cdbench.harness.scheduler import Scheduler
+from cdbench.harness.timeline import Timeline
+from cdbench.workloads.request import Request
+
+Parallel = Literal["tp", "dp"]
+ALL_REDUCE_TOKENS = (1, 16, 128, 1024, 8192)  # rows of hidden-size activations the forward all-reduces
+_QUANTILES = (0.5, 0.9, 0.99)
+
+
+def deal(requests: Sequence[Request], ranks: int) -> list[list[Request]]:
+    """The DP controller's round robin: the ``i``-th request to arrive goes to rank ``i mod ranks``.
+
+    >>> [[r.request_id for r in part] for part in deal([Request(i, 0.1 * i, 4, 2) for i in range(5)], 2)]
+    [[0, 2, 4], [1, 3]]
+    """
+    ordered = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
+    return [ordered[rank::ranks] for rank in range(ranks)]
+
+
+@dataclass(frozen=True)
+class LiveSpec:
+    """How each rank builds its live step: ``model``'s forward (its shard under ``tp``) on GPU ``rank``
+    (``device="cuda"``) or on the CPU (tests, a tiny model; ``kv_tokens`` required)."""
+
+    model: ModelSpec
+    vocab_size: int
+    max_len: int
+    device: Literal["cuda", "cpu"] = "cuda"
+    kv_tokens: int | None = None
+    max_rows: int = 1024
+    logits_dtype: str = "bfloat16"
+    graph_sizes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class RankJob:
+    """Everything a rank process builds its run from (pickled to it).
+
+    ``scheduler`` is the whole run's policy (``ranks`` = the processes);
+    ``executor`` makes a rank's grammar executor in its process (a picklable
+    callable: each rank its own backend); ``gpu`` prices the GPU when
+    ``live`` is ``None``.
+    """
+
+    parallel: Parallel
+    requests: tuple[Request, ...]
+    scheduler: SchedulerConfig
+    executor: Callable[[], GrammarExecutor]
+    gpu: GpuCosts
+    live: LiveSpec | None = None
+    seed: int = 0
+    max_concurrency: int | None = None
+    trace_steps: int = 0
+    timeout_s: float = 600.0
+
+    @property
+    def ranks(self) -> int:
+        return self.scheduler.ranks
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Quantiles and mean of a measured quantity (seconds), with its count."""
+
+    count: int
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+
+    @classmethod
+    def of(cls, values: Sequence[float] | np.ndarray) -> Spread:
+        v = np.asarray(values, float)
+        v = v[np.isfinite(v)]
+        if not len(v):
+            return cls(0, math.nan, math.nan, math.nan, math.nan)
+        return cls(len(v), float(v.mean()), *(float(np.quantile(v, q)) for q in _QUANTILES))
+
+
+@dataclass(frozen=True)
+class RanksInfo:
+    """What a run of several rank processes measured (the ``ranks`` entry of ``live.json``).
+
+    all_gather_s : each poll's grammar all_gather (the exchange alone, after a barrier), every rank's.
+    step_agree_s : each step's exchange of durations (tp).
+    step_skew_s : per step, the slowest rank's duration minus the fastest's (tp): what the others wait.
+    compile_skew_s : per compiled request, the latest rank's compile end minus the earliest's (tp).
+    compile_sigma : the spread of one spec's compile time among the ranks, as a lognormal sigma (tp): the
+        model's ``rank_jitter``.
+    all_reduce_s : the forward's all-reduce of ``tokens`` rows of the hidden size (tp, timed alone at start).
+    requests, steps, busy_s : per rank: requests run, steps, summed step durations.
+    """
+
+    parallel: Parallel
+    ranks: int
+    devices: list[str]
+    all_gather_s: Spread | None = None
+    step_agree_s: Spread | None = None
+    step_skew_s: Spread | None = None
+    compile_skew_s: Spread | None = None
+    compile_sigma: float | None = None
+    all_reduce_s: dict[int, float] = field(default_factory=dict)
+    requests: list[int] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    busy_s: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _RankOutput:
+    """One rank's records and measurements, sent back to the parent."""
+
+    rank: int
+    device: str
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    itl: LogHistogram
+    fill_hist: LogHistogram
+    idle_iterations: int
+    draft_positions: DraftPositionCounts
+    compile_errors: dict[str, str]
+    backend_call_s: float
+    validation_s: float
+    profile: object
+    live: object
+    timeline: Timeline | None
+    all_gather_s: list[float]
+    step_agree_s: list[float]
+    step_local_s: list[float]
+    all_reduce_s: dict[int, float]
+
+
+class RankScheduler(Scheduler):
+    """A tensor-parallel rank's scheduler loop: its polls agree with the other ranks' through ``peer``,
+    and so do its idle iterations' durations (a busy step's is agreed by its live step)."""
+
+    def __init__(self, *args, peer: PeerAgreement, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.peer = peer
+        self._ranks = peer  # the poll's all_gather (Scheduler._agree_for_real) goes to the other processes
+
+    def _idle_iteration(self, t, pre, schedule_s, poll_s, sync_s, check_s) -> float | None:
+        rows = len(self.steps.rows)
+        duration = super()._idle_iteration(t, pre, schedule_s, poll_s, sync_s, check_s)
+        if duration is None:  # the same on every rank: their queues agree
+            return None
+        agreed, _ = self.peer.agree_step(duration, duration)
+        if len(self.steps.rows) > rows:  # its row holds the agreed duration (a step row starts (t, duration, ...))
+            row = self.steps.rows[-1]
+            self.steps.rows[-1] = (row[0], agreed, *row[2:])
+        return agreed
+
+
+def run_ranks(job: RankJob, progress: Callable[[float], None] | None = None
+              ) -> tuple[list[_RankOutput], RanksInfo]:
+    """Run ``job`` on ``job.ranks`` processes; every rank's output (rank order) and what they measured.
+
+    A rank that fails ends the others; the error names it. ``progress`` is called with the share of
+    ranks done.
+    """
+    if job.ranks < 2:
+        raise ValueError(f"a run of rank processes needs at least 2 ranks, got {job.ranks}")
+    if job.parallel == "tp":
+        _check_tp(job.scheduler)
+    if job.live is not None and job.live.device == "cuda":
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus < job.ranks:
+            raise CollectiveError(f"{job.ranks} {job.parallel.upper()} ranks each need a GPU of their own; "
+                                  f"this machine has {gpus}")
+    ctx = mp.get_context("spawn")  # a fresh interpreter per rank: no forked torch or backend state
+    with tempfile.TemporaryDirectory(prefix="cdbench-ranks-") as tmp:
+        folder = Path(tmp)
+        (folder / "job.pkl").write_bytes(pickle.dumps(job))
+        procs = [ctx.Process(target=_rank_main, args=(rank, str(folder)), name=f"cdbench-rank{rank}")
+                 for rank in range(job.ranks)]
+        for proc in procs:
+            proc.start()
+        try:
+            _wait(procs, folder, job.timeout_s, progress)
+        finally:
+            for proc in procs:
+                if proc.is_alive():
+                    proc.terminate()  # our own child, left waiting on a failed rank: ended by its handle
+                proc.join()
+        outputs = [pickle.loads((folder / f"rank{rank}.pkl").read_bytes()) for rank in range(job.ranks)]
+    return outputs, _info(job, outputs)
+
+
+def _check_tp(config: SchedulerConfig) -> None:
+    if config.readiness != "blocking_poll" or config.grammar_wait != "grammar_queue":
+        raise ValueError("tensor-parallel ranks agree at SGLang's poll of its grammar queue (readiness "
+                         "blocking_poll, grammar_wait grammar_queue); this policy checks each request instead "
+                         "(vLLM: one scheduler drives its TP workers, nothing to agree)")
+    if config.cache_write != "harvest":
+        raise ValueError("tensor-parallel ranks need cache_write harvest: a grammar enters each rank's cache when "
+                         "the ranks agree it is ready, so a later request finds the same on every rank")
+
+
+def _wait(procs, folder: Path, timeout_s: float, progress: Callable[[float], None] | None) -> None:
+    deadline = time.monotonic() + timeout_s
+    done: set[int] = set()
+    while len(done) < len(procs):
+        for rank, proc in enumerate(procs):
+            if rank in done:
+                continue
+            failure = folder / f"rank{rank}.err"
+            if failure.exists():
+                raise CollectiveError(f"rank {rank} failed: {failure.read_text().strip().splitlines()[-1]}\n"
+                                      f"{failure.read_text()}")
+            if not proc.is_alive():
+                if (folder / f"rank{rank}.pkl").exists():
+                    done.add(rank)
+                    if progress is not None:
+                        progress(len(done) / len(procs))
+                elif not failure.exists():
+                    raise CollectiveError(f"rank {rank} ended (exit code {proc.exitcode}) without a result")
+        if time.monotonic() > deadline:
+            raise CollectiveError(f"the ranks did not finish within {timeout_s:g} s (done: {sorted(done)})")
+        time.sleep(0.05)
+
+
+def _rank_main(rank: int, folder: str) -> None:
+    """One rank process: join the group, run its part of the job, leave its output (or its error) in ``folder``."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    path = Path(folder)
+    try:
+        job: RankJob = pickle.loads((path / "job.pkl").read_bytes())
+        output = _run_rank(rank, job, path / "store")
+        scratch = path / f"rank{rank}.tmp"
+        scratch.write_bytes(pickle.dumps(output))
+        scratch.rename(path / f"rank{rank}.pkl")  # whole or absent: the parent never reads half of it
+    except BaseException:  # noqa: BLE001 - reported to the parent, which names the rank and ends the others
+        (path / f"rank{rank}.err").write_text(traceback.format_exc())
+
+
+def _run_rank(rank: int, job: RankJob, store: Path) -> _RankOutput:
+    """A rank process's run: join the ranks' group (NCCL on GPUs, gloo on the CPU), then :func:`_simulate_rank`."""
+    import torch
+    import torch.distributed as dist
+
+    cuda = job.live is not None and job.live.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=job.ranks)
+    try:
+        # the grammar's agreement travels on a CPU group, as SGLang's grammar sync group does
+        cpu_group = dist.new_group(backend="gloo") if cuda else None
+        peer = PeerAgreement(job.ranks, cpu_group) if job.parallel == "tp" else None
+        tp = TensorParallel(job.ranks, rank, None) if job.parallel == "tp" else None
+        return _simulate_rank(rank, job, job.executor(), peer, tp)
+    finally:
+        dist.destroy_process_group()
+
+
+def _simulate_rank(rank: int, job: RankJob, executor: GrammarExecutor, peer: PeerAgreement | None,
+                   tp: TensorParallel | None) -> _RankOutput:
+    """Rank ``rank``'s scheduler loop over its requests (all of them under tp, its deal under dp)."""
+    import torch
+
+    requests = list(job.requests) if job.parallel == "tp" else deal(job.requests, job.ranks)[rank]
+    local = job.scheduler.model_copy(update={"ranks": 1, "collectives": "model", "rank_compile_scale": None})
+    live, all_reduce = None, {}
+    if job.live is not None:
+        spec = job.live
+        kwargs = {"peer": peer} if peer is not None else {}
+        live = (AgreeingLiveStep if peer is not None else LiveStep)(
+            spec.model, spec.vocab_size, spec.max_len, spec.device, spec.kv_tokens, max_rows=spec.max_rows,
+            logits_dtype=getattr(torch, spec.logits_dtype), graph_sizes=spec.graph_sizes, tp=tp, **kwargs)
+        if tp is not None:
+            all_reduce = _time_all_reduce(spec.model.hidden_size, live.device, tp)
+    timeline = Timeline(max_steps=job.trace_steps) if job.trace_steps and rank == 0 else None
+    concurrency = job.max_concurrency
+    if concurrency is not None and job.parallel == "dp":
+        concurrency = -(-concurrency // job.ranks)  # the client's requests in flight, dealt like the requests
+    if peer is not None:
+        sched: Scheduler = RankScheduler(local, requests, executor, job.gpu, seed=job.seed,
+                                         max_concurrency=concurrency, timeline=timeline, live=live, peer=peer)
+    else:
+        sched = Scheduler(local, requests, executor, job.gpu, seed=job.seed, max_concurrency=concurrency,
+                          timeline=timeline, live=live)
+    sched.run()
+    cuda = live is not None and live.cuda
+    if cuda:
+        torch.cuda.synchronize()
+    return _RankOutput(
+        rank, torch.cuda.get_device_name(live.device) if cuda else "cpu", sched.rec.to_frame(),
+        sched.steps.to_frame(), sched.itl, sched.fill_hist, sched.idle_iterations, sched.draft_positions,
+        sched.compile_errors, executor.backend_call_s, executor.validation_s,
+        executor.measured_profile(f"in situ: rank {rank} of a {job.parallel}={job.ranks} run of {len(requests)} "
+                                  f"requests, seed {job.seed}"),
+        live.info() if live is not None else None, timeline,
+        peer.seconds if peer else [], peer.step_seconds if peer else [], getattr(live, "local_durations", []),
+        all_reduce)
+
+
+def simulate_dp(job: RankJob, executors: Callable[[int], GrammarExecutor]) -> tuple[list[_RankOutput], RanksInfo]:
+    """A data-parallel job without processes (its ranks share nothing): each rank's loop in turn, here;
+    ``executors`` makes rank ``r``'s grammar executor. For model and hybrid mode, where no rank owns a GPU."""
+    if job.parallel != "dp" or job.live is not None:
+        raise ValueError("only a data-parallel run without live steps runs its ranks in one process")
+    outputs = [_simulate_rank(rank, job, executors(rank), None, None) for rank in range(job.ranks)]
+    return outputs, _info(job, outputs)
+
+
+class AgreeingLiveStep(LiveStep):
+    """A tensor-parallel rank's live step: its duration and token time are the slowest rank's."""
+
+    def __init__(self, *args, peer: PeerAgreement, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.peer = peer
+        self.local_durations: list[float] = []  # before the agreement: the ranks' spread is the skew
+
+    def end(self, *args, **kwargs) -> LiveTimes:
+        times = super().end(*args, **kwargs)
+        self.local_durations.append(times.duration)
+        duration, token_at = self.peer.agree_step(times.duration, times.duration - times.after_token_s)
+        return dataclasses.replace(times, duration=duration, after_token_s=duration - token_at)
+
+
+def _time_all_reduce(hidden: int, device, group, repeats: int = 20) -> dict[int, float]:
+    """The forward's all-reduce of ``tokens`` rows of the hidden size, timed alone (median of ``repeats``)."""
+    import torch
+
+    times: dict[int, float] = {}
+    for tokens in ALL_REDUCE_TOKENS:
+        x = torch.zeros((tokens, hidden), device=device, dtype=torch.bfloat16 if device.type == "cuda"
+                        else torch.float32)
+        group.all_reduce(x)  # warm-up: the first call sets the communicator up
+        seconds = []
+        for _ in range(repeats):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            group.all_reduce(x)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds.append(time.perf_counter() - start)
+        times[tokens] = float(np.median(seconds))
+    return times
+
+
+# ---- merging ----------------------------------------------------------------------------------------------
+
+def merge_hist(parts: Sequence[LogHistogram]) -> LogHistogram:
+    merged = LogHistogram()
+    for part in parts:
+        merged.merge(part)
+    return merged
+
+
+def merged_records(job: RankJob, outputs: Sequence[_RankOutput]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The run's request and step tables (see the module doc), each with a ``rank`` column."""
+    if job.parallel == "tp":
+        _check_same_schedule(outputs)
+        requests = outputs[0].requests.copy()
+        starts = np.stack([o.requests["compile_start_s"].to_numpy() for o in outputs])
+        ends = np.stack([o.requests["compile_end_s"].to_numpy() for o in outputs])
+        with np.errstate(invalid="ignore"):
+            requests["compile_start_s"] = starts.min(axis=0)
+            requests["compile_end_s"] = ends.max(axis=0)
+            requests["rank_skew_s"] = ends.max(axis=0) - ends.min(axis=0)
+        requests["rank"] = 0
+        steps = outputs[0].steps.assign(rank=0)
+        return requests, steps
+    requests = pd.concat([o.requests.assign(rank=o.rank) for o in outputs], ignore_index=True)
+    requests = requests.sort_values(["arrival_s", "request_id"], kind="stable", ignore_index=True)
+    steps = pd.concat([o.steps.assign(rank=o.rank) for o in outputs], ignore_index=True)
+    return requests, steps
+
+
+def _check_same_schedule(outputs: Sequence[_RankOutput]) -> None:
+    """Tensor-parallel ranks run the same batches: every request's first token and output length agree."""
+    first = outputs[0].requests
+    for other in outputs[1:]:
+        for column in ("first_token_s", "output_tokens", "abort_reason"):
+            a, b = first[column], other.requests[column]
+            same = (a == b) | (a.isna() & b.isna()) if column != "abort_reason" else (a == b)
+            if not bool(np.all(same)):
+                rid = int(first["request_id"][~np.asarray(same)].iloc[0])
+                raise CollectiveError(f"tensor-parallel ranks 0 and {other.rank} diverged: request {rid}'s "
+                                      f"{column} differs ({a[~np.asarray(same)].iloc[0]} against "
+                                      f"{b[~np.asarray(same)].iloc[0]})")
+
+
+def summary_of(job: RankJob, outputs: Sequence[_RankOutput], requests: pd.DataFrame, steps: pd.DataFrame,
+               slo: SLO | None):
+    """The run's summary: rank 0's (tp: every rank ran the same steps) or over every rank's records (dp)."""
+    if job.parallel == "tp":
+        o = outputs[0]
+        return summarize(requests, o.steps, o.itl, o.fill_hist, slo, o.idle_iterations, o.draft_positions)
+    drafts = DraftPositionCounts(job.scheduler.spec_tokens)
+    for o in outputs:
+        drafts.merge(o.draft_positions)
+    return summarize(requests, steps, merge_hist([o.itl for o in outputs]), merge_hist([o.fill_hist for o in outputs]),
+                     slo, sum(o.idle_iterations for o in outputs), drafts)
+
+
+def _info(job: RankJob, outputs: Sequence[_RankOutput]) -> RanksInfo:
+    per_rank = dict(requests=[len(o.requests) for o in outputs], steps=[len(o.steps) for o in outputs],
+                    busy_s=[float(o.steps.loc[o.steps["kind"] != "idle", "duration_s"].sum()) for o in outputs])
+    devices = [o.device for o in outputs]
+    if job.parallel == "dp":
+        return RanksInfo("dp", job.ranks, devices, **per_rank)
+    local = [np.asarray(o.step_local_s) for o in outputs]
+    steps = min(len(x) for x in local)
+    skew = np.ptp(np.stack([x[:steps] for x in local]), axis=0) if steps else []
+    ends = np.stack([o.requests["compile_end_s"].to_numpy() for o in outputs])
+    starts = np.stack([o.requests["compile_start_s"].to_numpy() for o in outputs])
+    missed = np.asarray(outputs[0].requests["cache"] == "miss")
+    with np.errstate(invalid="ignore"):
+        compile_skew = (ends.max(axis=0) - ends.min(axis=0))[missed]
+    return RanksInfo(
+        "tp", job.ranks, devices,
+        all_gather_s=Spread.of(np.concatenate([o.all_gather_s for o in outputs])),
+        step_agree_s=Spread.of(np.concatenate([o.step_agree_s for o in outputs])),
+        step_skew_s=Spread.of(skew), compile_skew_s=Spread.of(compile_skew),
+        compile_sigma=compile_sigma((ends - starts)[:, missed]),
+        all_reduce_s=outputs[0].all_reduce_s, **per_rank)
+
+
+def compile_sigma(seconds: np.ndarray) -> float | None:
+    """The lognormal sigma of one spec's compile time among ranks, from ``seconds[rank, spec]``: the
+    spread of each rank's log time about the spec's mean log time, unbiased for the rank count.
+
+    >>> round(compile_sigma(np.array([[1.0, 2.0], [np.e, 2.0 * np.e]])), 3)
+    0.707
+    """
+    ranks = seconds.shape[0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.log(seconds)
+    logs = logs[:, np.isfinite(logs).all(axis=0)]
+    if ranks < 2 or logs.shape[1] == 0:
+        return None
+    deviations = logs - logs.mean(axis=0)
+    return float(np.sqrt((deviations ** 2).sum() / (logs.shape[1] * (ranks - 1))))
+
+
+def model_parameters(info: RanksInfo) -> dict[str, float]:
+    """The model's prices of a tensor-parallel run's ranks, from what it measured: ``all_gather_s`` (the
+    median exchange) and ``rank_jitter`` (the compile spread's sigma)."""
+    if info.parallel != "tp" or info.all_gather_s is None:
+        raise ValueError("the ranks' prices come from a tensor-parallel run (it measured the agreement)")
+    out = {"ranks": float(info.ranks), "all_gather_s": info.all_gather_s.p50}
+    if info.compile_sigma is not None:
+        out["rank_jitter"] = info.compile_sigma
+    return out
+
+
+# ---- a whole run ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HybridExecutors:
+    """A rank's grammar executor in live and hybrid mode: its own ``backend`` built in its own process
+    (picklable: the rank builds it), drafts at ``alpha`` from ``pools`` as the workload's draft source."""
+
+    backend: str
+    options: dict
+    vocab: str
+    alpha: float
+    draft_seed: int
+    pools: dict
+    seed: int
+
+    def __call__(self) -> GrammarExecutor:
+        from cdbench.backends.registry import create_backend
+        from cdbench.backends.vocab import load_vocab
+        from cdbench.harness.executors.hybrid import HybridExecutor
+        from cdbench.workloads.drafts import DraftSource
+
+        vocab = load_vocab(self.vocab)
+        backend = create_backend(self.backend, vocab, **self.options)
+        return HybridExecutor(backend, self.alpha, DraftSource(self.alpha, vocab, self.draft_seed, self.pools),
+                              seed=self.seed)
+
+
+def simulate_ranks(job: RankJob, slo: SLO | None = None, progress: Callable[[float], None] | None = None):
+    """Run ``job`` (rank processes, but a data-parallel job without live steps in this process) and
+    merge the ranks into one :class:`~cdbench.harness.run.RunResult` (its ``live`` info holds
+    :class:`RanksInfo`; without live steps, :class:`RanksInfo` is the result's ``ranks``)."""
+    from cdbench.harness.run import RunResult
+
+    start = time.perf_counter()
+    if job.live is not None or job.parallel == "tp":
+        outputs, info = run_ranks(job, progress)
+    else:
+        outputs, info = simulate_dp(job, lambda rank: job.executor())
+    requests, steps = merged_records(job, outputs)
+    summary = summary_of(job, outputs, requests, steps, slo)
+    live = outputs[0].live
+    if live is not None:
+        live = dataclasses.replace(live, ranks=info)
+    errors: dict[str, str] = {}
+    for o in outputs:
+        errors.update(o.compile_errors)
+    return RunResult(requests, steps, summary, outputs[0].timeline or Timeline(), time.perf_counter() - start,
+                     sum(o.backend_call_s for o in outputs), sum(o.validation_s for o in outputs), errors,
+                     grammar_profile=outputs[0].profile, live=live)
