@@ -64,7 +64,7 @@ def gate(
     """
     with user_errors():
         tolerances = parse_tolerances(tolerance)
-        run = load_run(run_dir)
+        run = load_run(run_dir, stopped_ok=False)  # a gate judges finished runs only
         current = numeric_metrics(run.summary)
         if update:
             if is_run_summary(baseline):

@@ -4,11 +4,18 @@ A user mistake (bad config, unknown backend, corpus, model or GPU, a missing
 file) is printed as ``error: <what and why>`` on stderr with exit code 2 and
 no traceback. Anything else is a bug or a failed run: its traceback goes to a
 log file and the console gets one line saying where.
+
+A run interrupted (Ctrl-C, SIGTERM) or failing keeps what it finished
+(:mod:`cdbench.results.stopped_run`); its one line says how many requests
+finished and where they are, and an interrupted run exits 130 (Ctrl-C) or
+143 (SIGTERM), as a shell reports those signals.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -92,6 +99,11 @@ def _message(err: BaseException) -> str:
     return str(err)
 
 
+def _notes(err: BaseException) -> str:
+    """The notes added on the way up (e.g. what a stopped run saved), as ``; ``-joined text."""
+    return "; ".join(getattr(err, "__notes__", ()))
+
+
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print ``error: message`` and return the exit to raise."""
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
@@ -106,14 +118,17 @@ def user_errors(log_file: Path | None = None) -> Iterator[None]:
     except typer.Exit:
         raise
     except USER_ERRORS as err:
-        raise fail(_message(err)) from None
+        notes = _notes(err)
+        raise fail(_message(err) + (f" ({notes})" if notes else "")) from None
     except Exception as err:
         if log_file is None:
             raise
         log_file.parent.mkdir(parents=True, exist_ok=True)
         log_file.write_text(traceback.format_exc())
         # the message, not the exception's class: the class names code the user never sees (it is in the log)
-        raise fail(f"{_message(err) or type(err).__name__} (details in {log_file})", code=1) from None
+        notes = _notes(err)
+        raise fail(f"{_message(err) or type(err).__name__} (details in {log_file}{'; ' + notes if notes else ''})",
+                   code=1) from None
 
 
 def print_workload_issues(run: SavedRun) -> None:
@@ -248,17 +263,41 @@ def output_folder(out: Path | None, default: Path, command: Command, overwrite: 
     return folder
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C's ``KeyboardInterrupt`` so that a run stops the same way, keeping what it
+    finished."""
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Within: SIGTERM raises :class:`Terminated` (by default it ends the process on the spot, losing the run)."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Terminated("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def execute(run_config: RunConfig, out: Path, label: str = "") -> SavedRun:
     """Run a validated config with a progress bar, save and report; user mistakes become one-line errors.
 
     Callers validate (``validate_run_config``) before claiming ``out``, so a refused config leaves no folder.
 
     The bar shows each stage of the run (workload generation, then simulation), prefixed by ``label``.
+    An interrupted run prints one line and exits 130 (Ctrl-C) or 143 (SIGTERM).
     """
     prefix = f"{label}: " if label else ""
+    logged: list[str] = []
     # Native engine logging would cut through the progress bar and tables: it goes to a file of the run.
     try:
-        with engine_log() as logged, user_errors(out / "run.log"):
+        with sigterm_interrupts(), engine_log() as logged, user_errors(out / "run.log"):
             with progress_bar(transient=True) as bar:
                 task = bar.add_task(f"{prefix}starting", total=100)
 
@@ -266,6 +305,11 @@ def execute(run_config: RunConfig, out: Path, label: str = "") -> SavedRun:
                     bar.update(task, description=prefix + stage, completed=100 * fraction)
 
                 saved = record_run(run_config, out, progress=show, finish=build_report)
+    except KeyboardInterrupt as err:
+        signum = signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT
+        err_console.print(f"[bold yellow]interrupted[/] ({signum.name}): {_notes(err) or 'nothing was saved'}",
+                          highlight=False, soft_wrap=True)
+        raise typer.Exit(128 + signum) from None
     finally:
         save_engine_log(logged, out)
     return saved

@@ -24,6 +24,7 @@ from cdbench.reports.gate import Direction, metric_direction, numeric_metrics
 from cdbench.reports.run_report import request_latencies_ms
 from cdbench.reports.tables import format_value
 from cdbench.results.run_folder import SavedRun
+from cdbench.results.stopped_run import status_of
 
 _LATENCY_ORDER = re.compile(r"^(mean|median|p\d+)_(ttft|tpot|itl|e2el)_ms$")
 
@@ -92,10 +93,13 @@ def comparison_markdown(table: pd.DataFrame, n_runs: int) -> str:
 
 
 def label_runs(runs: Sequence[SavedRun]) -> dict[str, SavedRun]:
-    """Each run under its folder's name; a name seen before gets ``#<position>`` appended."""
+    """Each run under its folder's name (a run that stopped early with its status, e.g. ``(interrupted,
+    120 of 3000 done)``); a name seen before gets ``#<position>`` appended."""
     labelled: dict[str, SavedRun] = {}
     for i, run in enumerate(runs):
-        labelled[run.label if run.label not in labelled else f"{run.label}#{i}"] = run
+        status = status_of(run.summary)
+        name = run.label if status is None else f"{run.label} ({status.label()})"
+        labelled[name if name not in labelled else f"{name}#{i}"] = run
     return labelled
 
 

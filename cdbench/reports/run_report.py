@@ -20,6 +20,7 @@ import yaml
 from cdbench.reports import plots
 from cdbench.reports.tables import summary_sections, to_markdown
 from cdbench.results.run_folder import WORKLOAD_TRACE_FILE, SavedRun
+from cdbench.results.stopped_run import STOPPED_SUMMARY_FILE, status_of
 from cdbench.workloads.workload import WorkloadReport
 
 STEP_PARTS = ("forward_s", "fill_s", "copy_s", "transfer_s", "apply_s", "sample_s", "schedule_s", "poll_s", "sync_s",
@@ -191,8 +192,12 @@ def build_report(run: SavedRun) -> Path:
     """Write ``report.md`` (config, summary tables, plots) into the run folder and return its path."""
     figures = build_figures(run)
     lines = [f"# cdbench run `{run.folder.name}`", ""]
+    status = status_of(run.summary)
+    if status is not None:
+        lines += [f"**This run {status.describe()}.** Its summary, tables and plots cover the requests that "
+                  "ended before it stopped (their outputs unchecked).", ""]
     trace_note = run.trace_note()
-    lines += ["Files: `summary.json`, `requests.parquet`, `steps.parquet`, `config.yaml`, "
+    lines += [f"Files: `{'summary.json' if status is None else STOPPED_SUMMARY_FILE}`, `requests.parquet`, `steps.parquet`, `config.yaml`, "
               f"`trace.json` (open in https://ui.perfetto.dev){'; ' + trace_note if trace_note else ''}.", ""]
     replay = run.folder / WORKLOAD_TRACE_FILE
     if replay.is_file():

@@ -18,6 +18,9 @@ Layout (every file written by :func:`save_run`)::
       live.json          live runs: the GPU, torch version, KV slots and captured graphs
       report.md, plots/  the report (cdbench.reports.run_report), rebuildable with ``cdbench report``
       summary.json       the summary (vLLM serving-benchmark names where they exist); written last
+      summary.stopped.json   instead of summary.json, for a run interrupted or failed: the summary of the
+                         requests it finished, with its run_status (cdbench.results.stopped_run)
+      requests.partial/  while a run goes: its finished requests, one Parquet file a batch (removed at its end)
       run.log            the traceback, if the run failed
       engine_log.txt     what native code (the grammar engine) wrote to stderr during the run, when it did
                          (written by the CLI: cdbench.cli.support.save_engine_log)
@@ -55,6 +58,7 @@ if TYPE_CHECKING:
     from cdbench.harness.config import RunConfig
     from cdbench.harness.costs.spec_costs import SpecCoverage
     from cdbench.harness.run import RunResult
+    from cdbench.results.stopped_run import RunStatus
     from cdbench.workloads.workload import WorkloadReport
 
 TRACE_MAX_SPANS = 200_000
@@ -221,8 +225,10 @@ def validate_run_config(tree: Mapping[str, Any], source: str = "config") -> RunC
 
 
 def save_run(result: RunResult, config: RunConfig, folder: Path, trace_max_spans: int = TRACE_MAX_SPANS,
-             finish: Finisher | None = None) -> SavedRun:
+             finish: Finisher | None = None, status: RunStatus | None = None) -> SavedRun:
     """Write ``result`` into ``folder`` (created; existing files replaced), then call ``finish`` on it.
+
+    ``status``: the run stopped early; its summary (with ``run_status``) goes to ``summary.stopped.json``.
 
     ``finish`` adds what is derived from the saved run (the CLI passes the
     report builder). ``summary.json`` is written after everything else,
@@ -251,10 +257,13 @@ def save_run(result: RunResult, config: RunConfig, folder: Path, trace_max_spans
         result.grammar_profile.save(folder / GRAMMAR_PROFILE_FILE)
     if result.live is not None:
         (folder / LIVE_FILE).write_text(json.dumps(dataclasses.asdict(result.live), indent=2) + "\n")
+    if status is not None:
+        summary["run_status"] = status.model_dump()
     saved = SavedRun(folder, config.model_dump(mode="json"), summary, result.requests, result.steps)
     if finish is not None:
         finish(saved)
-    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    summary_file = "summary.json" if status is None else "summary.stopped.json"
+    (folder / summary_file).write_text(json.dumps(summary, indent=2) + "\n")
     return saved
 
 
@@ -262,21 +271,24 @@ TABLES = ("requests.parquet", "steps.parquet")
 """The run folder's per-request and per-step tables (see ``tables_optional`` of :func:`load_run`)."""
 
 
-def load_run(folder: Path, tables_optional: bool = False) -> SavedRun:
+def load_run(folder: Path, tables_optional: bool = False, stopped_ok: bool = True) -> SavedRun:
     """Read a run folder written by :func:`save_run`; raises :class:`ResultsError` when it is not one.
 
     ``tables_optional``: a missing table is read as an empty frame instead of refused. The committed
     campaigns kept only the summary and config of most runs; what compares runs needs their summaries.
     """
     folder = Path(folder)
-    if not (folder / "summary.json").is_file():
-        raise ResultsError(f"{folder} is not a cdbench run folder (no summary.json)")
+    summary_file = folder / "summary.json"
+    if not summary_file.is_file():  # a run that stopped early, read unless refused (``stopped_ok=False``)
+        from cdbench.results.stopped_run import stopped_summary
+
+        summary_file = stopped_summary(folder, stopped_ok)
     for name in ("config.yaml", *(() if tables_optional else TABLES)):
         if not (folder / name).is_file():
             raise ResultsError(f"run folder {folder} is incomplete: {name} is missing")
     try:
         config = yaml.safe_load((folder / "config.yaml").read_text()) or {}
-        summary = json.loads((folder / "summary.json").read_text())
+        summary = json.loads(summary_file.read_text())
         requests, steps = (pd.read_parquet(folder / name) if (folder / name).is_file() else pd.DataFrame()
                            for name in TABLES)
     except (ValueError, OSError, yaml.YAMLError) as err:
@@ -297,14 +309,25 @@ def record_run(
 
     ``progress`` is handed to :func:`cdbench.harness.run.run`, then told the
     stage ``saving the results``. Raises :class:`ConfigError` for a
-    configuration the run rejects.
+    configuration the run rejects. A run interrupted or failing saves what it
+    finished first (:func:`cdbench.results.stopped_run.save_stopped`), then raises
+    on, the error carrying a note of what was saved and where.
     """
     from cdbench.harness.run import run
+    from cdbench.results.stopped_run import RecordSpill, save_stopped
 
-    result = run(config, progress=progress)
+    spill = RecordSpill(folder)
+    try:
+        result = run(config, progress=progress, records=spill)
+    except BaseException as err:
+        status = save_stopped(spill, err, config, folder, finish)
+        err.add_note(f"{status.counted()} finished; they and their summary are in {folder}/")
+        raise
     if progress is not None:
         progress("saving the results", 1.0)
-    return save_run(result, config, folder, finish=finish)
+    saved = save_run(result, config, folder, finish=finish)
+    spill.remove()
+    return saved
 
 
 __all__ = ["TABLES", "ConfigError", "ResultsError", "RunSource", "SavedRun", "WorkloadIssues", "load_run",

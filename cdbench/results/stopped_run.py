@@ -1,0 +1,152 @@
+"""A run that stopped before its last request ended: what it finished, kept.
+
+While a run goes, :class:`RecordSpill` writes the requests that ended into
+``<folder>/requests.partial/`` (one Parquet file a batch, each written under a
+hidden name and renamed into place whole), so even a run killed outright
+leaves them readable: ``pandas.read_parquet("<folder>/requests.partial")``.
+A finished run removes that folder after writing ``requests.parquet``.
+
+When a run is interrupted (Ctrl-C, SIGTERM) or fails, :func:`save_stopped`
+saves what it finished as a run folder of its own kind: ``requests.parquet``
+holds the requests that ended (outputs unchecked: ``valid`` is empty),
+``steps.parquet`` every step so far, and the summary of those goes to
+:data:`STOPPED_SUMMARY_FILE` instead of ``summary.json`` (which keeps meaning
+"a finished run": sweeps rerun such a point, ``gate`` and ``fidelity`` refuse
+it), with a ``run_status`` section (:class:`RunStatus`) saying how and why it
+stopped and how many requests finished. ``cdbench report`` and
+``cdbench compare`` read such a folder and label it.
+
+>>> RunStatus(status="interrupted", reason="SIGINT", requests_done=120, requests_total=3000).describe()
+'interrupted (SIGINT) after 120 of 3000 requests'
+>>> RunStatus(status="failed", reason="out of KV slots", requests_done=0, requests_total=None).describe()
+'failed (out of KV slots) after 0 requests'
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from cdbench.harness.config import RunConfig
+    from cdbench.harness.run import RunResult
+    from cdbench.results.run_folder import Finisher
+
+PARTIAL_REQUESTS_DIR = "requests.partial"
+STOPPED_SUMMARY_FILE = "summary.stopped.json"
+SPILL_INTERVAL_S = 2.0
+"""Wall seconds between writes of the finished requests (each costs milliseconds)."""
+
+
+class RunStatus(BaseModel):
+    """The ``run_status`` section of a stopped run's summary."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: Literal["interrupted", "failed"]
+    reason: str = Field(description="the signal (SIGINT, SIGTERM) or the error's message")
+    requests_done: int = Field(description="requests that ended (finished or aborted) before the run stopped")
+    requests_total: int | None = Field(description="the run's requests (None: stopped before they were built)")
+
+    @classmethod
+    def of(cls, error: BaseException, done: int, total: int | None) -> RunStatus:
+        """The status of a run stopped by ``error`` (a ``KeyboardInterrupt`` is an interrupt)."""
+        if isinstance(error, KeyboardInterrupt):
+            return cls(status="interrupted", reason=str(error) or "SIGINT", requests_done=done, requests_total=total)
+        message = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        return cls(status="failed", reason=message, requests_done=done, requests_total=total)
+
+    def counted(self) -> str:
+        """``120 of 3000 requests`` (``0 requests`` when the total is unknown)."""
+        of = f" of {self.requests_total}" if self.requests_total is not None else ""
+        return f"{self.requests_done}{of} request{'s' if (self.requests_total or self.requests_done) != 1 else ''}"
+
+    def describe(self) -> str:
+        return f"{self.status} ({self.reason}) after {self.counted()}"
+
+    def label(self) -> str:
+        """A short label for tables: ``interrupted, 120 of 3000 done``."""
+        return f"{self.status}, {self.counted().removesuffix(' requests').removesuffix(' request')} done"
+
+
+class RecordSpill:
+    """The run's :class:`~cdbench.harness.run.RecordSink`: finished requests into ``requests.partial/`` as the
+    run goes, and the partial result if it stops early."""
+
+    def __init__(self, folder: Path, interval_s: float = SPILL_INTERVAL_S) -> None:
+        self.dir = Path(folder) / PARTIAL_REQUESTS_DIR
+        self.interval_s = interval_s
+        self.parts = 0
+        self.result: RunResult | None = None
+        self.total: int | None = None
+
+    def finished(self, requests: pd.DataFrame) -> None:
+        if requests.empty:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.parts += 1
+        name = f"part-{self.parts:05d}.parquet"
+        hidden = self.dir / f".{name}"  # readers of the folder skip hidden files
+        requests.to_parquet(hidden, index=False)
+        hidden.replace(self.dir / name)
+
+    def stopped(self, result: RunResult, total: int, error: BaseException) -> None:
+        self.result, self.total = result, total
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def save_stopped(spill: RecordSpill, error: BaseException, config: RunConfig, folder: Path,
+                 finish: Finisher | None = None) -> RunStatus:
+    """Save what a run stopped by ``error`` finished into ``folder`` (see the module); returns its status.
+
+    A run stopped before its simulation began (while building its workload or backend) finished nothing:
+    its folder gets the config and a summary of no requests.
+    """
+    from cdbench.harness.run import empty_result
+    from cdbench.results.run_folder import save_run
+
+    result = spill.result if spill.result is not None else empty_result()
+    status = RunStatus.of(error, len(result.requests), spill.total)
+    save_run(result, config, folder, finish=finish, status=status)
+    spill.remove()
+    return status
+
+
+def stopped_summary(folder: Path, stopped_ok: bool) -> Path:
+    """The summary of a run folder without ``summary.json``: its :data:`STOPPED_SUMMARY_FILE` where
+    ``stopped_ok``; else a one-line ``ResultsError`` saying what the folder holds."""
+    from cdbench.results.run_folder import ResultsError
+
+    path = folder / STOPPED_SUMMARY_FILE
+    if path.is_file():
+        if stopped_ok:
+            return path
+        try:
+            status = status_of(json.loads(path.read_text()))
+            what = f" ({status.describe()})" if status is not None else ""
+        except (ValueError, AttributeError):  # (read for the message only)
+            what = ""
+        raise ResultsError(f"{folder} holds a run that stopped early{what}; `cdbench report` and "
+                           "`cdbench compare` read it, this command needs a finished run")
+    if (folder / PARTIAL_REQUESTS_DIR).is_dir():
+        raise ResultsError(f"{folder} holds a run that ended before saving (killed, or still running): the "
+                           f"requests it finished are in {folder / PARTIAL_REQUESTS_DIR}/ (pandas.read_parquet "
+                           "reads that folder)")
+    raise ResultsError(f"{folder} is not a cdbench run folder (no summary.json)")
+
+
+def status_of(summary: dict) -> RunStatus | None:
+    """A summary's ``run_status`` (``None`` for a finished run)."""
+    section = summary.get("run_status")
+    return RunStatus.model_validate(section) if section is not None else None
+
+
+__all__ = ["PARTIAL_REQUESTS_DIR", "STOPPED_SUMMARY_FILE", "RecordSpill", "RunStatus", "save_stopped", "status_of",
+           "stopped_summary"]
