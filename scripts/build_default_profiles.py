@@ -13,11 +13,13 @@ its workload, vocabulary, policy and load) with the backend swapped in::
 and ships the run's ``grammar_profile.json`` (the costs measured inside the
 run: per constraint kind, and per spec with compile time, fill scale and
 position curve, residual spread, outlier fills, accept, refusals) as
-``cdbench/harness/costs/profiles/<backend>.json``, its ``source`` naming the
+``cdbench/harness/costs/profiles/<backend>.parquet`` (the compressed profile
+file, read a spec at a time: :class:`~cdbench.harness.costs.grammar_profile.LazySections`),
+its ``source`` naming the
 commands, date, commit and engine versions. Costs measured in situ, between a
 running batch's other work, are what ``model`` mode must reproduce; isolated
 warm-loop measurements (``cdbench profile``) sit lower
-(reports/fidelity/profiles_in_situ.md). ``none.json`` (every cost zero) is
+(reports/fidelity/profiles_in_situ.md). ``none.parquet`` (every cost zero) is
 written next to them. The run folders stay in ``--work-dir`` for inspection.
 
 Every instance of every spec of the corpus is profiled in situ: without
@@ -201,12 +203,12 @@ def main(argv: list[str] | None = None) -> int:
         profile = profile.model_copy(update={"source": (
             f"{command}: in situ, from `{run}` ({coverage}), rollbacks and draft validity from `{spec_run}` "
             f"(default run config, commit {_commit()}, {when}; python {platform.python_version()}, {_versions()})")})
-        profile.save(args.dest / f"{backend}.json")
+        profile.save(args.dest / f"{backend}.parquet")
         o = profile.overall
         print(f"{backend}: {o.items} compiles ({o.rate('ok'):.0%} ok), compile p50 {o.compile_s.p50 * 1e3:.2f} ms, "
               f"fill p50 {o.fill_s.p50 * 1e6:.1f} us p99 {o.fill_s.p99 * 1e6:.1f} us over {o.fill_s.count} tokens, "
               f"{len(profile.specs)} specs; {coverage}")
-    GrammarProfile.zero("none", VOCAB).save(args.dest / "none.json")
+    GrammarProfile.zero("none", VOCAB).save(args.dest / "none.parquet")
     return 0
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
 from pydantic import (
@@ -40,9 +39,14 @@ from cdbench.backends.reasoner import ReasonerBackend
 from cdbench.backends.registry import available_backends
 from cdbench.harness.costs.forward import ForwardConfig
 from cdbench.harness.costs.gpu import FixedGpuCosts, GpuCosts, RooflineGpuCosts
-from cdbench.harness.costs.grammar_profile import GrammarProfile
+from cdbench.harness.costs.grammar_profile import (
+    GrammarProfile,
+    ProfileError,
+    is_profile_file,
+)
 from cdbench.harness.costs.mask import MaskCost
 from cdbench.harness.costs.spec_costs import Progress, SpecCostSettings, price_specs
+from cdbench.harness.costs.spec_store import backend_version
 from cdbench.harness.executors.model import (
     FixedGrammarCosts,
     GrammarCosts,
@@ -99,8 +103,11 @@ class CostConfig(ForwardConfig, SpecCostSettings):
     """Cost models: the forward roofline (model, GPU, TP, calibration), mask and grammar costs.
 
     ``fixed_gpu`` replaces the roofline and mask tables with constants;
-    ``grammar_profile`` (``model`` mode) is a profile JSON path or a backend
-    name whose shipped profile to use (default: the run's backend);
+    ``grammar_profile`` (``model`` mode) is a profile file (``.parquet`` or
+    ``.json``) or a backend name whose shipped profile to use (default: the
+    run's backend); a profile measured with another backend, engine version
+    or vocabulary than the run's is refused unless ``allow_mismatched_profile``
+    (then ``summary.json``'s ``spec_costs.profile_mismatch`` says how it differs);
     ``fixed_grammar`` replaces the profile with constants. How ``model`` mode
     prices each spec of the run (``spec_costs``, ``host``, ``spec_store``,
     ...) is :class:`~cdbench.harness.costs.spec_costs.SpecCostSettings`.
@@ -114,6 +121,8 @@ class CostConfig(ForwardConfig, SpecCostSettings):
                                        "live_gpu 2^18)")
     fixed_gpu: FixedGpuCosts | None = None
     grammar_profile: str | None = None
+    allow_mismatched_profile: bool = Field(False, description="model mode: use a grammar profile measured with "
+                                           "another backend, engine version or vocabulary than the run's")
     fixed_grammar: FixedGrammarCosts | None = None
 
     def gpu_costs(self, vocab_size: int) -> GpuCosts:
@@ -175,13 +184,19 @@ class CostConfig(ForwardConfig, SpecCostSettings):
             # what is not the wrapper's own parameter builds the inner backend
             backend, options = inner, {k: v for k, v in options.items() if k not in _REASONER_PARAMS}
         source = self.grammar_profile or backend
-        path = Path(source)
-        named = path.suffix == ".json"
-        profile = GrammarProfile.load(path) if named else GrammarProfile.builtin(source)
+        named = is_profile_file(source)
+        profile = GrammarProfile.load(source) if named else GrammarProfile.builtin(source)
+        mismatch = profile.mismatch(backend, vocab, backend_version(backend)) if vocab is not None else None
+        if mismatch is not None:
+            which = f"grammar profile {source}" if named else f"the shipped {source} grammar profile"
+            mismatch = f"{which} was {mismatch}"
+            if not self.allow_mismatched_profile:
+                raise ProfileError(f"{mismatch}; refused (set costs.allow_mismatched_profile=true to use it anyway)")
         coverage = None
         if requests is not None and vocab is not None and backend != "none":
             profile, coverage = price_specs(profile, backend, options, vocab, requests, self,
                                             named_profile=named, progress=progress)
+            coverage.profile_mismatch = mismatch
         return ProfileGrammarCosts(profile, seed, coverage)
 
 

@@ -5,8 +5,9 @@
   the number of forced (jump-forward) tokens at that step, counted by each backend's own
   rule (:data:`cdbench.reports.profile_report.FORCED_TOKEN_RULES`), so the counts do not
   compare across backends;
-- ``profile_<backend>.json``: a :class:`~cdbench.harness.costs.grammar_profile.GrammarProfile`
-  built from these measurements, the input of ``model`` mode;
+- ``profile_<backend>.parquet``: a :class:`~cdbench.harness.costs.grammar_profile.GrammarProfile`
+  built from these measurements, the input of ``model`` mode, in the compressed file format of
+  the shipped profiles;
 - ``report.md`` and PNG plots (:mod:`cdbench.reports.profile_report`).
 """
 
@@ -175,7 +176,7 @@ def write_outputs(
     files = [items_path, tokens_path]
     source = f"{command} ({datetime.now(timezone.utc):%Y-%m-%d}; " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ")"
     for backend, profile in backend_profiles(results, config.vocab, source).items():
-        path = out_dir / f"profile_{backend}.json"
+        path = out_dir / f"profile_{backend}.parquet"
         profile.save(path)
         files.append(path)
     info = ProfileReportInfo(

@@ -205,17 +205,17 @@ def validate_run_config(tree: Mapping[str, Any], source: str = "config") -> RunC
     """
     from cdbench.harness import footprint
     from cdbench.harness.config import RunConfig
-    from cdbench.harness.costs.grammar_profile import PROFILE_DIR
+    from cdbench.harness.costs.grammar_profile import is_profile_file, shipped_profiles
 
     config = validate_config(RunConfig, tree, source)
     if config.mode == "model" and config.costs.fixed_grammar is None:
         key, name = ("costs.grammar_profile", config.costs.grammar_profile) if config.costs.grammar_profile else (
             "backend.name", config.backend.name)
-        if Path(name).suffix == ".json":
+        if is_profile_file(name):
             if not Path(name).is_file():
                 raise ConfigError(f"{source}: {key} = {name!r}: no such grammar profile file")
-        elif not (PROFILE_DIR / f"{name}.json").is_file():
-            shipped = ", ".join(sorted(p.stem for p in PROFILE_DIR.glob("*.json")))
+        elif name not in shipped_profiles():
+            shipped = ", ".join(shipped_profiles())
             raise ConfigError(f"{source}: {key} = {name!r}: model mode needs a grammar profile and none is shipped "
                               f"for it (shipped: {shipped}); set costs.grammar_profile or costs.fixed_grammar")
     too_big = footprint.refusal(config)

@@ -144,7 +144,8 @@ def _profiled_model_config(seed: int, store: Path) -> RunConfig:
     per-request tables and draft draws), specs priced from the spec-cost store ``store``, the roofline
     forward and the measured mask tables."""
     return RunConfig.model_validate({
-        "mode": "model", "vocab": "cl100k", "seed": seed, "costs": {"spec_store": str(store)},
+        "mode": "model", "vocab": "cl100k", "seed": seed,
+        "costs": {"spec_store": str(store), "allow_mismatched_profile": True},  # the profile is qwen3.6's
         "workload": {"num_requests": 12, "seed": seed, "kinds": ["regex", "choice"], "structured_ratio": 0.75,
                      "arrival": {"process": "poisson", "rate": 50.0}, "prompt_len": {"dist": "fixed", "value": 64},
                      "spec_decode": {"k": 2, "alpha": 0.7}}})

@@ -49,7 +49,7 @@ def test_profile_command_writes_every_output_and_resumes(tmp_path):
     assert (by.loc[("choice/colors", "toy"), ["n_valid", "false_rejects", "false_accepts"]] == [1, 0, 0]).all()
     assert by.loc[("choice/colors", "toy_lenient"), "false_accepts"] == 2
     assert "1 corpus line(s) skipped" in (out / "report.md").read_text()
-    for name in ("tokens.parquet", "profile_toy.json", "profile_toy_lenient.json", "report.md", "tbm_cdf.png"):
+    for name in ("tokens.parquet", "profile_toy.parquet", "profile_toy_lenient.parquet", "report.md", "tbm_cdf.png"):
         assert (out / name).exists(), name
 
     again = CliRunner().invoke(app, args)

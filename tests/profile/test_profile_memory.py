@@ -88,7 +88,7 @@ def test_the_cli_takes_the_cap_reports_the_oom_item_in_one_line_and_keeps_the_re
     assert "oom: 1 item ran out of the 200.0MB worker memory cap (--worker-memory)" in result.output
     report = (out / "report.md").read_text()
     assert "out of memory while compiling (worker memory cap 200.0MB)" in report and "worker memory=200.0MB" in report
-    assert GrammarProfile.load(out / "profile_toy_crashy.json").kinds["choice"].statuses == {"ok": 1, "oom": 1}
+    assert GrammarProfile.load(out / "profile_toy_crashy.parquet").kinds["choice"].statuses == {"ok": 1, "oom": 1}
 
     bad = CliRunner().invoke(app, ["profile", "--backends", "toy", "--corpus", str(corpus), "--plugin", PLUGIN,
                                    "--out", str(tmp_path / "bad"), "--worker-memory", "lots"])

@@ -74,19 +74,19 @@ def test_write_outputs_writes_tables_profiles_report_and_plots(results, tmp_path
     config = ProfileConfig(backends=["fast", "slow"], corpora=["easy", "regex"], vocab="cl100k")
     files = write_outputs(results, config, tmp_path, command="cdbench profile --example")
     names = {f.name for f in files}
-    assert {"items.parquet", "tokens.parquet", "profile_fast.json", "profile_slow.json", "report.md",
+    assert {"items.parquet", "tokens.parquet", "profile_fast.parquet", "profile_slow.parquet", "report.md",
             "tbm_cdf.png", "ttfm_cdf.png", "tbm_by_position.png"} <= names
     items = pd.read_parquet(tmp_path / "items.parquet")
     tokens = pd.read_parquet(tmp_path / "tokens.parquet")
     assert len(items) == 7 and len(tokens) == 10
     assert items.set_index(["item_id", "backend"]).loc[("b", "fast"), "first_reject_position"] == 1
 
-    profile = GrammarProfile.load(tmp_path / "profile_fast.json")
+    profile = GrammarProfile.load(tmp_path / "profile_fast.parquet")
     assert profile.vocab == "cl100k" and profile.backend == "fast"
     assert profile.overall.fill_s.count == 6
     assert profile.overall.fill_s.max == pytest.approx(200e-6)
     assert profile.kinds["regex"].statuses == {"timeout": 1}
-    assert GrammarProfile.load(tmp_path / "profile_slow.json").kinds["regex"].statuses == {"crash": 1, "timeout": 1}
+    assert GrammarProfile.load(tmp_path / "profile_slow.parquet").kinds["regex"].statuses == {"crash": 1, "timeout": 1}
     assert profile.compile_by_spec == {"a": pytest.approx(1e-3), "b": pytest.approx(3e-3)}
     assert profile.overall.rollback_s.count == 2
     assert profile.overall.jump_forward_fraction == pytest.approx(2 / 6)

@@ -146,11 +146,10 @@ class SpecIndex:
         self.profile, self.seed = profile, seed
         self._by_kind: dict[str, list[str]] = {}
         self._by_corpus: dict[tuple[str, str], list[str]] = {}
-        for key in sorted(profile.specs):
-            s = profile.specs[key]
-            self._by_kind.setdefault(s.kind, []).append(key)
-            if s.corpus is not None:
-                self._by_corpus.setdefault((s.kind, s.corpus), []).append(key)
+        for key, kind, corpus in sorted(profile.spec_labels()):  # labels alone: a spec is decoded when used
+            self._by_kind.setdefault(kind, []).append(key)
+            if corpus is not None:
+                self._by_corpus.setdefault((kind, corpus), []).append(key)
         self._cache: dict[str, str | None] = {}
 
     def resolve(self, key_text: str, spec_id: str | None, kind: str) -> str | None:

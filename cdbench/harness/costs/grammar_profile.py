@@ -7,6 +7,12 @@ next tokens (jump-forward). ``cdbench profile`` writes one with
 :meth:`GrammarProfile.from_measurements`; ``model`` mode draws costs from it
 with :meth:`GrammarProfile.sampler`, an array at a time.
 
+A profile is stored as JSON (``.json``, what a ``hybrid`` run writes) or as a
+compressed Parquet file (``.parquet``, the shipped profiles and ``cdbench
+profile``'s): one row per spec and per walked instance, each decoded the
+first time a run asks for it (:class:`LazySections`), so a run reads the few
+hundred specs it prices rather than the thousands a covering profile holds.
+
 Each time distribution is an empirical quantile function
 (:class:`Distribution`): every sample when there are few, otherwise quantiles
 on a grid that is refined towards the top so that p99, p99.9 and the maximum
@@ -32,13 +38,20 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+    model_validator,
+)
 
 from cdbench.backends.base import CONSTRAINT_KINDS
 from cdbench.harness.costs.spec_profile import (
@@ -50,7 +63,11 @@ from cdbench.harness.costs.spec_profile import (
     spec_sections,
 )
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 PROFILE_DIR = Path(__file__).with_name("profiles")
+PROFILE_SUFFIXES = (".parquet", ".json")  # a profile file's formats; a shipped profile is the first
 CompileStatus = Literal["ok", "unsupported", "error", "timeout", "crash", "oom"]
 COMPILE_STATUSES: tuple[str, ...] = ("ok", "unsupported", "error", "timeout", "crash", "oom")
 EXACT_SAMPLES = 512  # up to this many samples are stored as they are
@@ -272,6 +289,124 @@ class ParallelFillProfile(BaseModel):
         return self.wall_s / self.makespan_s
 
 
+Section = TypeVar("Section", SpecProfile, InstanceProfile)
+
+
+class LazySections(Mapping[str, Section], Generic[Section]):
+    """A profile file's specs (or instances) by key, each decoded from its row the first time it is read.
+
+    ``labels`` gives each spec's kind and corpus without decoding it (what a
+    run draws stand-in specs from). ``updated`` is a copy with some sections
+    added or replaced (decoded already); the copies share what was decoded.
+
+    >>> import pyarrow as pa
+    >>> specs = LazySections(SpecProfile, "f.parquet", ["k1"], pa.array(['{"kind": "regex", "fills": 3}']),
+    ...                      ["regex"], [None])
+    >>> specs["k1"].fills, "k2" in specs, len(specs.updated({"k2": SpecProfile(kind="choice")}))
+    (3, False, 2)
+    """
+
+    def __init__(self, model: type[Section], path: str | Path, keys: Sequence[str], bodies: pa.StringArray,
+                 kinds: Sequence[str | None], corpora: Sequence[str | None]) -> None:
+        self._model, self._path, self._bodies = model, path, bodies
+        self._rows = {k: i for i, k in enumerate(keys)}
+        self._kinds, self._corpora = kinds, corpora
+        self._decoded: dict[str, Section] = {}
+        self._extra: dict[str, Section] = {}
+
+    def __getitem__(self, key: str) -> Section:
+        found = self._extra.get(key)
+        if found is None:
+            found = self._decoded.get(key)
+        if found is None:
+            row = self._rows[key]
+            try:
+                found = self._model.model_validate_json(self._bodies[row].as_py())
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in first["loc"]) or "<root>"
+                raise ProfileError(f"{self._path}: invalid {self._model.__name__} {key!r}, field {where!r}: "
+                                   f"{first['msg']}") from exc
+            self._decoded[key] = found
+        return found
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._extra or key in self._rows
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._rows
+        yield from (k for k in self._extra if k not in self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows) + sum(k not in self._rows for k in self._extra)
+
+    def labels(self) -> list[tuple[str, str | None, str | None]]:
+        """``(key, kind, corpus)`` of every section, the file's from its columns (nothing decoded)."""
+        own = [(k, self._kinds[i], self._corpora[i]) for k, i in self._rows.items() if k not in self._extra]
+        return own + [(k, getattr(v, "kind", None), getattr(v, "corpus", None)) for k, v in self._extra.items()]
+
+    def updated(self, extra: Mapping[str, Section]) -> LazySections[Section]:
+        """A copy with ``extra``'s sections added, or in place of the file's."""
+        copy = LazySections.__new__(LazySections)
+        copy.__dict__.update(self.__dict__)
+        copy._extra = {**self._extra, **extra}
+        return copy
+
+
+def with_sections(base: Mapping[str, Section], extra: Mapping[str, Section]) -> Mapping[str, Section]:
+    """``base`` with ``extra`` added or replacing its sections, decoding nothing more of a profile file."""
+    return base.updated(extra) if isinstance(base, LazySections) else {**base, **extra}
+
+
+_COLUMNS = ("section", "key", "kind", "corpus", "body")
+"""A profile file's columns: ``section`` is ``header`` (one row: every field but the specs and instances,
+as JSON), ``spec`` or ``instance``; ``kind``/``corpus`` label a spec's row; ``body`` is the row's JSON."""
+
+
+def _write_parquet(profile: GrammarProfile, path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows: list[tuple[str, str, str | None, str | None, str]] = [
+        ("header", "", None, None, profile.model_dump_json(exclude={"specs", "instances"}))]
+    rows += [("spec", k, s.kind, s.corpus, s.model_dump_json()) for k, s in profile.specs.items()]
+    rows += [("instance", k, None, None, i.model_dump_json()) for k, i in profile.instances.items()]
+    table = pa.table({name: [r[j] for r in rows] for j, name in enumerate(_COLUMNS)},
+                     schema=pa.schema([(name, pa.string()) for name in _COLUMNS]))
+    pq.write_table(table, path, compression="zstd", compression_level=19)
+
+
+def _read_parquet(path: Path) -> GrammarProfile:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.ParquetFile(path).read()  # not pq.read_table: it imports pyarrow.dataset (a quarter second)
+    except (OSError, pa.ArrowException) as exc:
+        raise ProfileError(f"{path}: cannot read grammar profile: {exc}") from exc
+    missing = [c for c in _COLUMNS if c not in table.column_names]
+    if missing:
+        raise ProfileError(f"{path}: not a grammar profile file (no column {', '.join(missing)})")
+    section, keys, kinds, corpora = (table[c].to_pylist() for c in _COLUMNS[:4])
+    bodies = table["body"].combine_chunks()
+    if section.count("header") != 1:
+        raise ProfileError(f"{path}: not a grammar profile file (it needs one header row, has "
+                           f"{section.count('header')})")
+    try:
+        header = GrammarProfile.model_validate_json(bodies[section.index("header")].as_py())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "<root>"
+        raise ProfileError(f"{path}: invalid grammar profile field {where!r}: {first['msg']}") from exc
+
+    def rows(name: str, model: type[Section]) -> LazySections[Section]:
+        at = [i for i, s in enumerate(section) if s == name]
+        return LazySections(model, path, [keys[i] for i in at], bodies.take(pa.array(at, pa.int64())),
+                            [kinds[i] for i in at], [corpora[i] for i in at])
+
+    return header.model_copy(update={"specs": rows("spec", SpecProfile), "instances": rows("instance", InstanceProfile)})
+
+
 class GrammarProfile(BaseModel):
     """Costs of one grammar backend on one vocabulary, measured on a corpus.
 
@@ -294,6 +429,8 @@ class GrammarProfile(BaseModel):
     :func:`~cdbench.workloads.instances.spec_hash` of the spec it measured (a
     generator copy's original), so that a run finds a measured spec by its
     content whatever id its corpus gives it (:mod:`~cdbench.harness.costs.spec_costs`).
+    A profile read from a ``.parquet`` file holds its ``specs`` and
+    ``instances`` as :class:`LazySections`, decoded as they are read.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -310,6 +447,10 @@ class GrammarProfile(BaseModel):
     parallel_fill: ParallelFillProfile | None = None
     engine_version: str | None = None
     spec_contents: dict[str, str] = {}
+
+    @field_serializer("specs", "instances", mode="wrap")
+    def _decoded(self, sections, handler):
+        return handler(dict(sections.items()) if isinstance(sections, LazySections) else sections)
 
     @model_validator(mode="after")
     def _known_kinds(self) -> GrammarProfile:
@@ -427,8 +568,11 @@ class GrammarProfile(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path) -> GrammarProfile:
-        """Read a profile; a bad file raises :class:`ProfileError` naming the file and the field."""
+        """Read a profile file (``.parquet``, its sections decoded as they are read; else JSON); a bad
+        file raises :class:`ProfileError` naming the file and the field."""
         path = Path(path)
+        if path.suffix == ".parquet":
+            return _read_parquet(path)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except OSError as exc:
@@ -443,16 +587,37 @@ class GrammarProfile(BaseModel):
             raise ProfileError(f"{path}: invalid grammar profile field {where!r}: {first['msg']}") from exc
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.model_dump_json(indent=1) + "\n", encoding="utf-8")
+        """Write the profile: compressed Parquet for a ``.parquet`` path, else indented JSON."""
+        path = Path(path)
+        if path.suffix == ".parquet":
+            _write_parquet(self, path)
+        else:
+            path.write_text(self.model_dump_json(indent=1) + "\n", encoding="utf-8")
 
     @classmethod
     def builtin(cls, backend: str) -> GrammarProfile:
-        """The default profile shipped for ``backend`` (``profiles/<backend>.json``)."""
-        path = PROFILE_DIR / f"{backend}.json"
-        if not path.exists():
-            known = ", ".join(sorted(p.stem for p in PROFILE_DIR.glob("*.json")))
-            raise ProfileError(f"no default grammar profile for backend {backend!r}; known: {known}")
+        """The default profile shipped for ``backend`` (``profiles/<backend>.parquet``)."""
+        path = shipped_profiles().get(backend)
+        if path is None:
+            raise ProfileError(f"no default grammar profile for backend {backend!r}; "
+                               f"known: {', '.join(shipped_profiles())}")
         return cls.load(path)
+
+    def spec_labels(self) -> list[tuple[str, str | None, str | None]]:
+        """``(key, kind, corpus)`` of every spec in ``specs``; a profile file's are read without decoding."""
+        if isinstance(self.specs, LazySections):
+            return self.specs.labels()
+        return [(k, s.kind, s.corpus) for k, s in self.specs.items()]
+
+    def mismatch(self, backend: str, vocab: str, version: str) -> str | None:
+        """How this profile differs from a run of ``backend`` (engine ``version``) on ``vocab``, in one line
+        naming both sides (``measured with ...; the run uses ...``); ``None`` when it describes such a run. A profile without a recorded engine version
+        matches any; the ``none`` backend's costs (all zero) match any vocabulary."""
+        ours = f"{self.backend}{f' {self.engine_version}' if self.engine_version else ''} on {self.vocab}"
+        theirs = f"{backend}{f' {version}' if self.engine_version else ''} on {vocab}"
+        differs = self.backend != backend or self.engine_version not in (None, version) \
+            or (self.vocab != vocab and self.backend != "none")
+        return f"measured with {ours}; the run uses {theirs}" if differs else None
 
     def kind(self, kind: str) -> KindProfile:
         """The profile of ``kind``, or the pooled one when ``kind`` was not measured."""
@@ -461,6 +626,16 @@ class GrammarProfile(BaseModel):
     def sampler(self, seed: int) -> ProfileSampler:
         """A seeded sampler of this profile's costs."""
         return ProfileSampler(self, seed)
+
+
+def shipped_profiles() -> dict[str, Path]:
+    """Backend name → its shipped default profile file."""
+    return {p.stem: p for p in sorted(PROFILE_DIR.glob(f"*{PROFILE_SUFFIXES[0]}"))}
+
+
+def is_profile_file(name: str) -> bool:
+    """Whether ``costs.grammar_profile = name`` names a profile file (else a backend's shipped profile)."""
+    return Path(name).suffix in PROFILE_SUFFIXES
 
 
 def _check_kind(spec_id: str, kind: str) -> None:

@@ -49,6 +49,7 @@ from cdbench.harness.costs.grammar_profile import (
     GrammarProfile,
     KindProfile,
     WalkMeasurement,
+    with_sections,
 )
 from cdbench.harness.costs.host import HostInfo, load_host, this_host, time_scale
 from cdbench.harness.costs.spec_profile import (
@@ -137,6 +138,9 @@ class SpecCoverage(BaseModel):
     (:attr:`~cdbench.backends.base.GrammarBackend.shares_compile_work`), whether
     compile times are each spec's alone or the run's specs compiled one after
     another in the order the run meets them (stored, or measured for this run).
+    ``profile_mismatch``: how the run's grammar profile differs from the run
+    (backend, engine version, vocabulary), where ``costs.allow_mismatched_profile``
+    had it used anyway.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -151,6 +155,7 @@ class SpecCoverage(BaseModel):
     host_scales: dict[str, float] = {}
     compile_order: Literal["alone", "run order", "run order, measured now"] = "alone"
     notes: list[str] = []
+    profile_mismatch: str | None = None
 
     def request_share(self, source: str) -> float:
         total = sum(self.requests.values())
@@ -186,6 +191,8 @@ class SpecCoverage(BaseModel):
             shown = "; ".join(f"{k}: {v}" for k, v in list(self.failed.items())[:5])
             more = f" (and {len(self.failed) - 5} more)" if len(self.failed) > 5 else ""
             out.append(f"{len(self.failed)} specs failed to measure, their requests abort: {shown}{more}")
+        if self.profile_mismatch:
+            out.append(f"warning: {self.profile_mismatch} (costs.allow_mismatched_profile)")
         return out + self.notes
 
 
@@ -558,7 +565,8 @@ def price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any], 
 def _run_profile(base: GrammarProfile, specs: list[_RunSpec]) -> GrammarProfile:
     """``base`` with each run spec's priced costs under the run's own keys: a spec's costs under
     its key text, each of its texts' measured fills under the run's instance key of the text."""
-    own_specs, own_instances = dict(base.specs), dict(base.instances)
+    own_specs: dict[str, SpecProfile] = {}
+    own_instances: dict[str, InstanceProfile] = {}
     for s in specs:
         if s.costs is None:
             continue
@@ -577,7 +585,8 @@ def _run_profile(base: GrammarProfile, specs: list[_RunSpec]) -> GrammarProfile:
         if kind not in kinds or not kinds[kind].fill_residual.count:
             kinds[kind] = _kind_from_specs([own_specs[spec_key_hash(s.key_text)] for s in specs
                                             if s.kind == kind and s.costs is not None and s.costs.fill_residual])
-    return base.model_copy(update={"specs": own_specs, "instances": own_instances, "kinds": kinds})
+    return base.model_copy(update={"specs": with_sections(base.specs, own_specs),
+                                   "instances": with_sections(base.instances, own_instances), "kinds": kinds})
 
 
 def _kind_from_specs(specs: list[SpecProfile]) -> KindProfile:

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from cdbench.harness.costs.grammar_profile import (
     EXACT_SAMPLES,
     KIND_CODES,
-    PROFILE_DIR,
     CompileMeasurement,
     Distribution,
     GrammarProfile,
@@ -237,8 +236,6 @@ def test_missing_metric_is_reported_when_drawn() -> None:
 
 @pytest.mark.parametrize("backend", ["xgrammar", "llguidance", "outlines", "none"])
 def test_shipped_default_profiles_load_and_sample(backend: str) -> None:
-    if not (PROFILE_DIR / f"{backend}.json").exists():
-        pytest.skip(f"default profile for {backend} not built yet (scripts/build_default_profiles.py)")
     p = GrammarProfile.builtin(backend)
     assert p.backend == backend and p.vocab == "qwen3.6"
     s = p.sampler(0)
