@@ -11,6 +11,7 @@ import typer
 import cdbench
 from cdbench.cli import (
     calibrate,
+    campaign,
     compare,
     fidelity,
     gate,
@@ -55,3 +56,4 @@ COMMANDS = {
 }
 for name, command in COMMANDS.items():
     app.command(name)(command)
+app.add_typer(campaign.app, name="campaign")

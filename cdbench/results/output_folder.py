@@ -53,7 +53,7 @@ import cdbench
 
 MARKER_FILE = ".cdbench.json"
 
-Command = Literal["run", "compare", "sweep", "profile", "fidelity", "kernels"]
+Command = Literal["run", "compare", "sweep", "profile", "fidelity", "kernels", "campaign"]
 
 # What each command wrote before folders carried a marker: such folders are recognized by these files.
 _OLDER_OUTPUTS: dict[str, Command] = {

@@ -100,7 +100,7 @@ def _short_key(dotted: str, all_keys: list[str]) -> str:
     return dotted if clash else leaf
 
 
-def _folder_safe(text: str) -> str:
+def folder_safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=,+-]", "_", text)
 
 
@@ -110,7 +110,7 @@ def expand_grid(spec: SweepSpec) -> list[SweepPoint]:
     points = []
     for index, combo in enumerate(itertools.product(*(spec.grid[k] for k in keys))):
         name = ",".join(f"{_short_key(k, keys)}={v}" for k, v in zip(keys, combo))
-        points.append(SweepPoint(index, _folder_safe(name), dict(zip(keys, combo))))
+        points.append(SweepPoint(index, folder_safe(name), dict(zip(keys, combo))))
     return points
 
 
@@ -120,13 +120,18 @@ def load_sweep(path: Path) -> tuple[SweepSpec, dict[str, Any]]:
 
     path = Path(path)
     spec = validate_config(SweepSpec, read_yaml_mapping(path, "sweep file"), source=f"sweep file {path}")
-    base_path = Path(spec.base)
+    return spec, apply_overrides(base_config(spec.base, path), spec.overrides)
+
+
+def base_config(base: str, relative_to: Path) -> dict[str, Any]:
+    """The configuration mapping a sweep or campaign file names as its ``base``: a built-in config name, or a
+    YAML path (relative paths are relative to the file ``relative_to``)."""
+    base_path = Path(base)
     if not base_path.suffix:
-        base_path = builtin_config_path(spec.base)
+        base_path = builtin_config_path(base)
     elif not base_path.is_absolute():
-        base_path = path.parent / base_path
-    base = apply_overrides(read_yaml_mapping(base_path), spec.overrides)
-    return spec, base
+        base_path = Path(relative_to).parent / base_path
+    return read_yaml_mapping(base_path)
 
 
 def point_config(base: Mapping[str, Any], point: SweepPoint) -> dict[str, Any]:

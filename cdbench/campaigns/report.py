@@ -1,0 +1,179 @@
+"""A campaign's report: each comparison, cell by cell, with ``cdbench fidelity``'s bars and noise floor.
+
+For every comparison, cell and seed, the comparison's runs (each arm's first copy) are judged against the
+reference arm's first copy, beside the noise arm's copies (:func:`cdbench.reports.fidelity.evaluate_fidelity`);
+each judgement is written as ``<report>/<comparison>/<cell>[/seed<S>]/fidelity.md`` with its CDF plots, and
+all of them as one frame (``campaign.csv``) and one page (``campaign.md``: per comparison, the cells passing,
+the figures within their bar, and a table of the checked figures' signed errors).
+
+Runs are read through a :data:`RunOpener` (run id -> run), so the report is the same from the campaign's run
+folders and from a pack of them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+
+from cdbench.campaigns.plan import Cell, axis_label, cells, run_id
+from cdbench.campaigns.spec import CampaignSpec, Comparison
+from cdbench.reports.fidelity import (
+    FidelityError,
+    check_same_workload,
+    evaluate_fidelity,
+    fidelity_frame,
+    write_fidelity,
+)
+from cdbench.results.run_folder import ResultsError, SavedRun
+
+RunOpener = Callable[[str], SavedRun]
+"""Run id -> the saved run (raises :class:`ResultsError` when it is missing)."""
+
+
+def folder_opener(out: Path) -> RunOpener:
+    """Read runs from the campaign folder (a run kept with only its summary and config reads with empty tables)."""
+    from cdbench.results.pack import open_run
+
+    return lambda rid: open_run(Path(out) / rid)
+
+
+def _judgements(spec: CampaignSpec, comparison: Comparison) -> list[tuple[Cell, int]]:
+    """The (cell, seed) pairs a comparison judges: one per distinct set of runs it reads."""
+    arms = [comparison.reference, *comparison.runs, *([comparison.noise] if comparison.noise else [])]
+    seen: dict[tuple[str, ...], tuple[Cell, int]] = {}
+    for cell, seed in itertools.product(cells(spec), spec.seeds):
+        key = tuple(run_id(spec, arm, cell, seed) for arm in arms)
+        seen.setdefault(key, (cell, seed))
+    return list(seen.values())
+
+
+def _noise_runs(spec: CampaignSpec, comparison: Comparison, cell: Cell, seed: int,
+                open_run: RunOpener) -> dict[str, SavedRun]:
+    if comparison.noise is None:
+        return {}
+    arm = comparison.noise
+    label = comparison.reference if arm == comparison.reference else f"{arm}-1"
+    runs = {label: open_run(run_id(spec, arm, cell, seed, 1))}
+    for copy in range(2, spec.arms[arm].copies + 1):
+        runs[f"{arm}-{copy}"] = open_run(run_id(spec, arm, cell, seed, copy))
+    return runs
+
+
+def _folder(spec: CampaignSpec, comparison: Comparison, cell: Cell, seed: int) -> Path:
+    folder = Path(comparison.name) / cell.name
+    return folder / f"seed{seed}" if len(spec.seeds) > 1 else folder
+
+
+def evaluate_campaign(spec: CampaignSpec, open_run: RunOpener, report_dir: Path) -> pd.DataFrame:
+    """Every comparison's figures as one frame (one row a cell, seed, run and metric; a row with an empty
+    metric says why a judgement is incomplete), writing each judgement's fidelity page and plots."""
+    rows = []
+    for comparison in spec.comparisons:
+        tolerances = comparison.tolerances()
+        for cell, seed in _judgements(spec, comparison):
+            key = {**{axis: _scalar(value) for axis, value in cell.values}, "seed": seed,
+                   "comparison": comparison.name}
+            try:
+                runs = {arm: open_run(run_id(spec, arm, cell, seed)) for arm in (comparison.reference, *comparison.runs)}
+                noise = _noise_runs(spec, comparison, cell, seed, open_run)
+                check_same_workload(runs)
+                if noise:
+                    check_same_workload(noise)
+            except (ResultsError, FidelityError) as err:
+                rows.append({**key, "run": "", "metric": "", "verdict": str(err)})
+                continue
+            result = evaluate_fidelity({label: run.summary for label, run in runs.items()},
+                                       [run.summary for run in noise.values()] or None, tolerances,
+                                       tuple(noise) if noise else None)
+            # the CDFs draw the other noise copies only beside runs of their own workload
+            drawn = {k: v for k, v in noise.items() if k not in runs} if comparison.noise == comparison.reference \
+                else None
+            write_fidelity(runs, result, report_dir / _folder(spec, comparison, cell, seed), drawn)
+            frame = fidelity_frame(result)
+            for position, (name, value) in enumerate(key.items()):
+                frame.insert(position, name, value)
+            rows.extend(frame.to_dict("records"))
+    return pd.DataFrame(rows)
+
+
+def _scalar(value: object) -> object:
+    """A cell value as one table entry: lists and mappings as JSON text, booleans as YAML writes them."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return value if isinstance(value, int | float | str) or value is None else json.dumps(value, sort_keys=True)
+
+
+def _cell_text(row: pd.Series) -> str:
+    if pd.isna(row["error_pct"]):
+        return "n/a"
+    text = f"{row['error_pct']:+.1f}"
+    if pd.notna(row["noise_pct"]) and row["noise_pct"] > row["tolerance_pct"]:
+        text += f" (n {row['noise_pct']:.1f})"
+    return text if row["verdict"] == "within" else f"**{text}** ✗"
+
+
+def _table(spec: CampaignSpec, part: pd.DataFrame, checked: list[str]) -> list[str]:
+    keys = [*spec.axes, *(["seed"] if len(spec.seeds) > 1 else []), "run"]
+    header = [*(axis_label(k, spec.axes) for k in keys), *checked, "pass"]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    for key, rows in part.groupby(keys, sort=False, dropna=False):
+        by_metric = rows.set_index("metric")
+        values = [_cell_text(by_metric.loc[m]) if m in by_metric.index else "-" for m in checked]
+        ok = (rows["verdict"] == "within").all()
+        lines.append("| " + " | ".join([*map(str, key), *values, "yes" if ok else "no"]) + " |")
+    return lines
+
+
+def verdicts(spec: CampaignSpec, frame: pd.DataFrame) -> dict[str, tuple[int, int, int, int]]:
+    """Per comparison: (cells passing, cells judged, figures within their bar, figures checked); a cell of a
+    comparison with several runs counts once per run."""
+    out = {}
+    keys = [*spec.axes, "seed", "run"]
+    for comparison in spec.comparisons:
+        part = frame[(frame["comparison"] == comparison.name) & (frame["metric"] != "")] if len(frame) else frame
+        checked = part[part["tolerance_pct"].notna()] if len(part) else part
+        if checked.empty:
+            out[comparison.name] = (0, 0, 0, 0)
+            continue
+        cell_pass = checked.groupby(keys, dropna=False)["verdict"].apply(lambda v: (v == "within").all())
+        out[comparison.name] = (int(cell_pass.sum()), len(cell_pass), int((checked["verdict"] == "within").sum()),
+                                len(checked))
+    return out
+
+
+def write_campaign_report(spec: CampaignSpec, frame: pd.DataFrame, report_dir: Path) -> Path:
+    """``campaign.md`` and ``campaign.csv`` in ``report_dir``; returns the markdown's path."""
+    report_dir.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(report_dir / "campaign.csv", index=False)
+    lines = [f"# Campaign {spec.name}", ""]
+    if spec.description:
+        lines += [spec.description.strip(), ""]
+    lines += ["Written by `cdbench campaign report`; every figure is read from the campaign's runs. Signed relative "
+              "error of each run against the reference, in percent; `(n X)`: the noise floor X % when it exceeds "
+              "the tolerance; bold ✗: beyond the bar (max of tolerance and noise).", ""]
+    counts = verdicts(spec, frame)
+    complete = frame[frame["metric"] != ""] if len(frame) else frame
+    for comparison in spec.comparisons:
+        passing, judged, within, checked = counts[comparison.name]
+        bar = ", ".join(f"{m} {p:g} %" for m, p in comparison.tolerances().items())
+        noise = f"the copies of `{comparison.noise}`" if comparison.noise else "none"
+        lines += [f"## {comparison.name}: {', '.join(comparison.runs)} against {comparison.reference}", ""]
+        if comparison.title:
+            lines += [comparison.title, ""]
+        lines += [f"Bar: {bar}. Noise floor: {noise}.", "",
+                  f"Cells passing: {passing} of {judged}; figures within their bar: {within} of {checked}.", ""]
+        part = complete[complete["comparison"] == comparison.name] if len(complete) else complete
+        if not part.empty:
+            metrics = [m for m in comparison.tolerances() if m in set(part["metric"])]
+            lines += [*_table(spec, part[part["metric"].isin(metrics)], metrics), ""]
+    incomplete = frame[frame["metric"] == ""] if len(frame) else frame
+    for _, row in incomplete.iterrows():
+        where = ", ".join(f"{axis}={row[axis]}" for axis in spec.axes)
+        lines.append(f"- incomplete: {row['comparison']} at {where or 'the cell'}, seed {row['seed']}: {row['verdict']}")
+    md = report_dir / "campaign.md"
+    md.write_text("\n".join(lines).rstrip() + "\n")
+    return md

@@ -1,0 +1,201 @@
+"""The campaign file: arms, cells, copies, seeds, comparisons and where the runs go (docs/campaigns.md).
+
+Read with :func:`load_campaign`, which checks everything that can be checked before a run starts (field
+types, arm and variable names in references, reference cycles, comparison arms) and reports the first
+mistake in one line naming the field.
+
+>>> spec = CampaignSpec.model_validate({"name": "t", "arms": {"a": {"mode": "model"}, "b": {"mode": "model"}},
+...                                     "comparisons": [{"name": "b-vs-a", "reference": "a", "runs": ["b"]}]})
+>>> spec.arms["a"].copies, spec.comparisons[0].tolerances()["median_ttft_ms"]
+(1, 5.0)
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from cdbench.reports.fidelity import ACCEPTANCE_TOLERANCES, FIDELITY_METRICS
+from cdbench.reports.gate import GateError, check_tolerance_names
+from cdbench.results.config_files import read_yaml_mapping, validate_config
+
+REFERENCE = re.compile(r"\$\{([A-Za-z_][\w-]*)(?:\.([\w.]+))?\}")
+"""``${name}`` (a cell variable, or ``seed``) or ``${arm.field}`` (``folder`` or a ``summary.json`` key of that
+arm's first copy in the same cell and seed)."""
+
+NAME = r"^[A-Za-z0-9][\w.-]*$"
+
+BARS: dict[str, dict[str, float]] = {
+    "acceptance": ACCEPTANCE_TOLERANCES,
+    # a shipped profile measured elsewhere is held to a looser bar (reports/fidelity/model_vs_hybrid.md)
+    "shipped": {"median_ttft_ms": 15.0, "median_tpot_ms": 15.0, "request_throughput": 15.0,
+                "p99_ttft_ms": 25.0, "p99_tpot_ms": 25.0, "p99_itl_ms": 25.0},
+}
+"""Named bars (percent |relative error| per metric) a comparison may use."""
+
+DEFAULT_LAYOUT = "{cell}/seed{seed}/{arm}-{copy}"
+
+
+class Arm(BaseModel):
+    """One kind of run: the campaign's base config with the arm's overrides, in one mode."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["model", "hybrid", "live"]
+    set: dict[str, Any] = Field(default_factory=dict, description="dotted config path -> value; strings may hold "
+                                "${...} references, and a string starting with '=' is arithmetic")
+    copies: int = Field(1, ge=1, le=26, description="same-config, same-seed runs (the noise floor)")
+    seed_offset: int = Field(0, description="this arm's workload seed is the campaign seed plus this")
+    over: list[str] | None = Field(None, description="the cell axes this arm varies with (default: all); an arm "
+                                   "over fewer axes runs once for all the cells that share them")
+    cores: int | None = Field(None, ge=1, description="cores each run gets (default: the runner's cores_per_run)")
+    lane: str | None = Field(None, description="runs of one lane go one at a time (e.g. the one GPU)")
+
+
+class Comparison(BaseModel):
+    """Runs judged against a reference run of the same cell and seed, beside a noise floor (cdbench fidelity)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME)
+    reference: str = Field(description="the arm whose first copy is the reference")
+    runs: list[str] = Field(min_length=1, description="arms whose first copy is judged")
+    noise: str | None = Field(None, description="the arm whose copies give the noise floor (first copy first)")
+    bar: str | dict[str, float] = Field("acceptance", description="a named bar (acceptance, shipped) or metric -> %")
+    title: str = ""
+
+    @field_validator("bar")
+    @classmethod
+    def _bar(cls, bar: str | dict[str, float]) -> str | dict[str, float]:
+        if isinstance(bar, str) and bar not in BARS:
+            raise ValueError(f"{bar!r} is not a named bar ({', '.join(BARS)}); give one or a mapping metric: percent")
+        if isinstance(bar, dict):
+            try:
+                check_tolerance_names(bar, FIDELITY_METRICS, "bar")
+            except GateError as err:
+                raise ValueError(str(err)) from None
+        return bar
+
+    def tolerances(self) -> dict[str, float]:
+        return dict(BARS[self.bar]) if isinstance(self.bar, str) else dict(self.bar)
+
+
+class Runner(BaseModel):
+    """Where runs go: local processes (on this machine, or on a GPU host by running the campaign there)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    jobs: int = Field(1, ge=1, description="runs at a time")
+    pin: bool = Field(False, description="pin each run to cores of its own (os.sched_setaffinity)")
+    first_core: int = Field(0, ge=0, description="with pin: the first core runs may use")
+    cores_per_run: int = Field(1, ge=1, description="with pin: cores each run gets unless its arm says")
+    threads: int | None = Field(1, ge=1, description="OMP / MKL / Rayon threads per run (None: leave unset)")
+
+
+class CampaignSpec(BaseModel):
+    """A campaign file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME)
+    description: str = ""
+    base: str = Field("default", description="built-in config name or a run-config YAML relative to the file")
+    set: dict[str, Any] = Field(default_factory=dict, description="overrides for every run")
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    cells: dict[str, list[Any]] | list[dict[str, Any]] = Field(
+        default_factory=dict, description="axis -> values (their product), or a list of cells; an axis with a "
+                                          "dot is a config path, one without is a variable for ${...}")
+    arms: dict[str, Arm] = Field(min_length=1)
+    comparisons: list[Comparison] = Field(default_factory=list)
+    runner: Runner = Field(default_factory=Runner)
+    layout: str = Field(DEFAULT_LAYOUT, description="a run's folder under the campaign folder: {cell}, {seed}, "
+                        "{arm}, {copy} (1, 2, ...), {copy_letter} (a, b, ...), {copy_suffix} ('' for a one-copy arm, "
+                        "else -a, -b, ...) and each axis by its short name")
+
+    @field_validator("arms")
+    @classmethod
+    def _arm_names(cls, arms: dict[str, Arm]) -> dict[str, Arm]:
+        for name in arms:
+            if not re.match(NAME, name):
+                raise ValueError(f"arm name {name!r} must be letters, digits, '.', '_' or '-'")
+        return arms
+
+    @field_validator("cells")
+    @classmethod
+    def _cells(cls, cells: dict[str, list[Any]] | list[dict[str, Any]]) -> dict[str, list[Any]] | list[dict[str, Any]]:
+        if isinstance(cells, dict):
+            for axis, values in cells.items():
+                if not values:
+                    raise ValueError(f"axis {axis!r} has no values")
+        elif cells and any(set(cell) != set(cells[0]) for cell in cells):
+            raise ValueError("every cell of the list must name the same axes")
+        return cells
+
+    @property
+    def axes(self) -> list[str]:
+        if isinstance(self.cells, dict):
+            return list(self.cells)
+        return list(self.cells[0]) if self.cells else []
+
+    @model_validator(mode="after")
+    def _references(self) -> CampaignSpec:
+        axes = self.axes
+        variables = {axis for axis in axes if "." not in axis} | {"seed"}
+        for name, arm in self.arms.items():
+            for axis in arm.over or []:
+                if axis not in axes:
+                    raise ValueError(f"arm {name}: over names {axis!r}, which is not a cell axis ({', '.join(axes)})")
+            for key, value in arm.set.items():
+                for ref, field in references(value):
+                    if field is None and ref not in variables:
+                        raise ValueError(f"arm {name}: set.{key} uses ${{{ref}}}, which is neither a cell variable "
+                                         f"nor seed (variables: {', '.join(sorted(variables))})")
+                    if field is not None and ref not in self.arms:
+                        raise ValueError(f"arm {name}: set.{key} refers to arm {ref!r}, which is not an arm")
+                    if field is not None and not set(self.arms[ref].over or axes) <= set(arm.over or axes):
+                        raise ValueError(f"arm {name}: set.{key} refers to arm {ref}, which varies with axes {name} "
+                                         "does not; give it the same `over`")
+        for cycle_start in self.arms:
+            _check_cycle(self, cycle_start, [])
+        for comparison in self.comparisons:
+            for arm in (comparison.reference, *comparison.runs, *([comparison.noise] if comparison.noise else [])):
+                if arm not in self.arms:
+                    raise ValueError(f"comparison {comparison.name}: {arm!r} is not an arm")
+            if comparison.noise and self.arms[comparison.noise].copies < 2:
+                raise ValueError(f"comparison {comparison.name}: noise arm {comparison.noise} needs copies >= 2 "
+                                 "(the floor is a spread between same-seed runs)")
+        names = [c.name for c in self.comparisons]
+        if len(set(names)) != len(names):
+            raise ValueError("comparison names must be unique")
+        if "{arm}" not in self.layout or not any(c in self.layout for c in ("{copy}", "{copy_letter}", "{copy_suffix}")):
+            raise ValueError("layout must hold {arm} and one of {copy}, {copy_letter}, {copy_suffix}, so that every "
+                             "run gets a folder of its own")
+        return self
+
+    def arm_dependencies(self, arm: str) -> list[str]:
+        """The arms whose runs ``arm``'s overrides refer to."""
+        return sorted({ref for value in self.arms[arm].set.values() for ref, field in references(value)
+                       if field is not None})
+
+
+def references(value: Any) -> list[tuple[str, str | None]]:
+    """The ``${...}`` references in a value: (name, field or None)."""
+    if not isinstance(value, str):
+        return []
+    return [(m.group(1), m.group(2)) for m in REFERENCE.finditer(value)]
+
+
+def _check_cycle(spec: CampaignSpec, arm: str, path: list[str]) -> None:
+    if arm in path:
+        raise ValueError(f"arms refer to each other in a cycle: {' -> '.join([*path, arm])}")
+    for dep in spec.arm_dependencies(arm):
+        _check_cycle(spec, dep, [*path, arm])
+
+
+def load_campaign(path: Path) -> CampaignSpec:
+    """Read and check a campaign file; a :class:`ConfigError` of one line naming the bad field otherwise."""
+    path = Path(path)
+    return validate_config(CampaignSpec, read_yaml_mapping(path, "campaign file"), source=f"campaign file {path}")

@@ -1,0 +1,150 @@
+"""``cdbench campaign``: run a campaign file's missing runs, report its comparisons, pack its runs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cdbench.campaigns.execute import (
+    RunOutcome,
+    check_finished_configs,
+    is_finished,
+    run_campaign,
+)
+from cdbench.campaigns.plan import plan_runs
+from cdbench.campaigns.report import (
+    evaluate_campaign,
+    folder_opener,
+    verdicts,
+    write_campaign_report,
+)
+from cdbench.campaigns.spec import CampaignSpec, load_campaign
+from cdbench.cli.support import (
+    console,
+    err_console,
+    output_folder,
+    progress_bar,
+    user_errors,
+)
+from cdbench.results.config_files import ConfigError
+from cdbench.results.sweep import base_config
+
+app = typer.Typer(help="Experiments as files: arms, copies, seeds and comparisons (docs/campaigns.md).",
+                  no_args_is_help=True)
+
+CampaignArg = Annotated[Path, typer.Argument(help="Campaign YAML (docs/campaigns.md).")]
+OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Campaign folder of the run folders "
+                                                                  "(default runs/campaign-<name>).")]
+
+
+def _default_out(spec: CampaignSpec) -> Path:
+    return Path("runs") / f"campaign-{spec.name}"
+
+
+@app.command("run")
+def run(
+    campaign_file: CampaignArg,
+    out: OutOpt = None,
+    deadline_s: Annotated[float | None, typer.Option("--deadline-s", help="Start no run after this many seconds "
+                                                                          "(and stop the running ones).")] = None,
+) -> None:
+    """Run every run of the campaign whose folder holds no finished run; a rerun runs only what is missing.
+
+    Example: cdbench campaign run campaigns/model_vs_hybrid.yaml --out runs/mvh
+    """
+    with user_errors():
+        spec = load_campaign(campaign_file)
+        base = base_config(spec.base, campaign_file)
+        runs = plan_runs(spec)
+        out = output_folder(out, _default_out(spec), "campaign", identity={"campaign": spec.name}, resumable=True)
+        check_finished_configs(spec, base, out, runs)
+    counts = {"done": 0, "skipped": 0}
+    problems: list[RunOutcome] = []
+    with user_errors(out / "campaign.log"), progress_bar() as bar:
+        task = bar.add_task(f"campaign {spec.name} ({len(runs)} runs)", total=len(runs))
+
+        def advance(outcome: RunOutcome) -> None:
+            if outcome.status in counts:
+                counts[outcome.status] += 1
+            else:
+                problems.append(outcome)
+            bar.advance(task)
+
+        run_campaign(spec, base, runs, out, [sys.executable, "-m", "cdbench"], on_outcome=advance,
+                     deadline_s=deadline_s)
+    console.print(f"campaign {spec.name}: {out}/ ({counts['done']} run, {counts['skipped']} already done, "
+                  f"{len(problems)} not done)")
+    for outcome in problems:
+        err_console.print(f"[red]{outcome.status}[/] {outcome.run.run_id}: {outcome.error}", soft_wrap=True)
+    if problems:
+        raise typer.Exit(1)
+
+
+@app.command("report")
+def report(
+    campaign_file: CampaignArg,
+    out: OutOpt = None,
+    pack: Annotated[Path | None, typer.Option("--pack", help="Read the runs from this pack (cdbench campaign "
+                                                             "pack) instead of the campaign folder.")] = None,
+    report_dir: Annotated[Path | None, typer.Option("--report", help="Folder of campaign.md, campaign.csv and each "
+                                                                     "comparison's pages (default <out>/report).")] = None,
+) -> None:
+    """Judge every comparison cell by cell (cdbench fidelity's bars and noise floor) and write campaign.md,
+    campaign.csv and each judgement's fidelity page with its plots.
+
+    Examples:
+      cdbench campaign report campaigns/model_vs_hybrid.yaml --out runs/mvh
+      cdbench campaign report campaigns/model_vs_hybrid.yaml --pack reports/fidelity/model_vs_hybrid.pack
+    """
+    with user_errors():
+        spec = load_campaign(campaign_file)
+        if not spec.comparisons:
+            raise ConfigError(f"campaign file {campaign_file}: it names no comparisons, so there is nothing to report")
+        if pack is not None:
+            from cdbench.results.pack import Pack
+
+            packed = Pack(pack)
+            opener = packed.open
+            report_dir = report_dir or pack.with_name(pack.name.removesuffix(".pack") + "-report")
+        else:
+            folder = out or _default_out(spec)
+            if not folder.is_dir():
+                raise ConfigError(f"campaign folder {folder} does not exist; run the campaign first or give --pack")
+            opener = folder_opener(folder)
+            report_dir = report_dir or folder / "report"
+    with user_errors(), err_console.status("judging the comparisons and drawing their plots"):
+        frame = evaluate_campaign(spec, opener, report_dir)
+        md = write_campaign_report(spec, frame, report_dir)
+    for name, (passing, judged, within, checked) in verdicts(spec, frame).items():
+        console.print(f"{name}: cells passing {passing} of {judged}; figures within their bar {within} of {checked}")
+    console.print(f"report: {md} (table {report_dir / 'campaign.csv'})")
+
+
+@app.command("pack")
+def pack(
+    campaign_file: CampaignArg,
+    dest: Annotated[Path, typer.Argument(help="The pack folder to write (e.g. reports/x/campaign.pack).")],
+    out: OutOpt = None,
+) -> None:
+    """Pack the campaign's finished runs, keyed by run id, into one pack (cdbench pack's format);
+    `cdbench campaign report FILE --pack DEST` reads it alone.
+
+    Example: cdbench campaign pack campaigns/model_vs_hybrid.yaml reports/fidelity/mvh.pack --out runs/mvh
+    """
+    from cdbench.results.pack import pack_runs
+
+    with user_errors():
+        spec = load_campaign(campaign_file)
+        folder = out or _default_out(spec)
+        runs = plan_runs(spec)
+        finished = {run.run_id: folder / run.run_id for run in runs if is_finished(folder / run.run_id)}
+        if not finished:
+            raise ConfigError(f"campaign folder {folder} holds none of the campaign's finished runs")
+        with progress_bar() as bar:
+            task = bar.add_task(f"packing {len(finished)} runs", total=len(finished))
+            pack_runs(finished, dest, progress=lambda _: bar.advance(task))
+    missing = len(runs) - len(finished)
+    console.print(f"pack: {dest} ({len(finished)} runs{f'; {missing} not finished, left out' if missing else ''})")

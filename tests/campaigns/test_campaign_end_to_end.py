@@ -1,0 +1,85 @@
+"""A tiny campaign on the CPU, end to end: run, resume (nothing to run), report, pack, report from the pack."""
+
+from typer.testing import CliRunner
+
+from cdbench.cli.app import app
+
+runner = CliRunner()
+
+TINY = """
+name: tiny
+base: ci
+set: {workload.num_requests: 24}
+seeds: [3]
+cells: {policy.name: [sglang]}
+arms:
+  model-a: {mode: model, copies: 2}
+  model-b: {mode: model, copies: 2, set: {scheduler.overlap: false}}
+comparisons:
+  - {name: b-vs-a, reference: model-a, runs: [model-b], noise: model-a}
+runner: {jobs: 2}
+"""
+
+
+def test_run_resume_report_pack_and_report_from_the_pack(tmp_path):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY)
+    out = tmp_path / "out"
+    first = runner.invoke(app, ["campaign", "run", str(spec), "--out", str(out)])
+    assert first.exit_code == 0, first.output
+    assert "(4 run, 0 already done, 0 not done)" in first.output
+    runs = sorted(p.parent.relative_to(out).as_posix() for p in out.rglob("summary.json"))
+    assert runs == [f"policy=sglang/seed3/{arm}-{copy}" for arm in ("model-a", "model-b") for copy in (1, 2)]
+
+    again = runner.invoke(app, ["campaign", "run", str(spec), "--out", str(out)])
+    assert again.exit_code == 0, again.output
+    assert "(0 run, 4 already done, 0 not done)" in again.output
+
+    report = runner.invoke(app, ["campaign", "report", str(spec), "--out", str(out)])
+    assert report.exit_code == 0, report.output
+    md = (out / "report" / "campaign.md").read_text()
+    assert "## b-vs-a: model-b against model-a" in md and "| policy | run | median_ttft_ms" in md
+    assert "Cells passing: " in md and "figures within their bar: " in md
+    assert (out / "report" / "b-vs-a" / "policy=sglang" / "fidelity.md").is_file()
+    # model mode is deterministic: the copies agree exactly, so the noise floor is 0
+    csv = (out / "report" / "campaign.csv").read_text()
+    assert ",model-b," in csv and ",median_ttft_ms," in csv
+
+    pack = tmp_path / "tiny.pack"
+    packed = runner.invoke(app, ["campaign", "pack", str(spec), str(pack), "--out", str(out)])
+    assert packed.exit_code == 0, packed.output
+    assert "(4 runs)" in packed.output
+    from_pack = runner.invoke(app, ["campaign", "report", str(spec), "--pack", str(pack),
+                                    "--report", str(tmp_path / "from-pack")])
+    assert from_pack.exit_code == 0, from_pack.output
+    assert (tmp_path / "from-pack" / "campaign.md").read_text() == md
+    assert (tmp_path / "from-pack" / "campaign.csv").read_text() == csv
+
+
+def test_a_failing_run_is_reported_and_the_others_still_run(tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("""
+name: bad
+base: ci
+set: {workload.num_requests: 12}
+arms:
+  good: {mode: model}
+  broken: {mode: model, set: {scheduler.no_such_setting: 1}}
+  after-broken: {mode: model, set: {workload.arrival.rate: "${broken.request_throughput}"}}
+""")
+    result = runner.invoke(app, ["campaign", "run", str(spec), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1
+    assert "(1 run, 0 already done, 2 not done)" in result.output
+    assert "failed all/seed0/broken-1" in " ".join(result.output.split())
+    assert "blocked all/seed0/after-broken-1: needs run all/seed0/broken-1, which failed" in " ".join(result.output.split())
+    assert (tmp_path / "out" / "all" / "seed0" / "good-1" / "summary.json").is_file()
+
+
+def test_a_finished_run_whose_configuration_changed_is_refused(tmp_path):
+    spec = tmp_path / "c.yaml"
+    spec.write_text("name: c\nbase: ci\nset: {workload.num_requests: 12}\narms: {a: {mode: model}}\n")
+    assert runner.invoke(app, ["campaign", "run", str(spec), "--out", str(tmp_path / "out")]).exit_code == 0
+    spec.write_text("name: c\nbase: ci\nset: {workload.num_requests: 13}\narms: {a: {mode: model}}\n")
+    changed = runner.invoke(app, ["campaign", "run", str(spec), "--out", str(tmp_path / "out")])
+    assert changed.exit_code == 2
+    assert "finished run all/seed0/a-1 was made from another configuration" in " ".join(changed.output.split())

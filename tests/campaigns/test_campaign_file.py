@@ -1,0 +1,141 @@
+"""Campaign files: what parses, and the one-line error each mistake gets."""
+
+from pathlib import Path
+
+import pytest
+
+from cdbench.campaigns.plan import (
+    Cell,
+    evaluate,
+    plan_runs,
+    resolve,
+    run_config,
+    run_id,
+)
+from cdbench.campaigns.spec import load_campaign
+from cdbench.results.config_files import ConfigError
+
+GOOD = """
+name: t
+set: {workload.num_requests: 20, workload.arrival.rate: "= ${load} * 10"}
+seeds: [1, 2]
+cells: {policy.name: [sglang, vllm], load: [0.5, 1]}
+arms:
+  capacity: {mode: hybrid, over: [policy.name], set: {workload.arrival.rate: 1000}}
+  hybrid: {mode: hybrid, copies: 2}
+  model:
+    mode: model
+    seed_offset: 1000
+    set: {costs.grammar_profile: "${hybrid.folder}/grammar_profile.json", workload.arrival.rate: "= ${load} * ${capacity.request_throughput}"}
+comparisons:
+  - {name: own, reference: hybrid, runs: [model], noise: hybrid, bar: shipped}
+  - {name: custom, reference: hybrid, runs: [model], bar: {median_ttft_ms: 3}}
+"""
+
+
+def write(tmp_path, text, name="c.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_good_file_plans_every_run_with_its_dependencies(tmp_path):
+    spec = load_campaign(write(tmp_path, GOOD))
+    runs = plan_runs(spec)
+    # capacity once per policy and seed; hybrid 2 copies and model once per cell and seed
+    assert sum(r.arm == "capacity" for r in runs) == 2 * 2
+    assert sum(r.arm == "hybrid" for r in runs) == 4 * 2 * 2
+    assert sum(r.arm == "model" for r in runs) == 4 * 2
+    model = next(r for r in runs if r.arm == "model")
+    assert model.run_id == "policy=sglang,load=0.5/seed1/model-1"
+    assert set(model.depends) == {"policy=sglang/seed1/capacity-1", "policy=sglang,load=0.5/seed1/hybrid-1"}
+    assert spec.comparisons[0].tolerances()["p99_ttft_ms"] == 25.0
+    assert spec.comparisons[1].tolerances() == {"median_ttft_ms": 3.0}
+
+
+def test_a_runs_configuration_resolves_its_references(tmp_path):
+    spec = load_campaign(write(tmp_path, GOOD))
+    model = next(r for r in plan_runs(spec) if r.arm == "model")
+    values = {"folder": "/x/hybrid", "request_throughput": 30.0}
+    tree = run_config(spec, {}, model, lambda rid, field: values[field] if "hybrid" in rid or field != "folder" else 0)
+    assert tree["mode"] == "model" and tree["seed"] == 1001 and tree["workload"]["seed"] == 1001
+    assert tree["policy"]["name"] == "sglang"
+    assert tree["workload"]["arrival"]["rate"] == 15.0  # the arm's set replaces the campaign's
+    assert tree["costs"]["grammar_profile"] == "/x/hybrid/grammar_profile.json"
+    hybrid = next(r for r in plan_runs(spec) if r.arm == "hybrid" and r.cell.as_dict()["load"] == 1)
+    assert run_config(spec, {}, hybrid, lambda *_: None)["workload"]["arrival"]["rate"] == 10
+
+
+def test_listed_cells_expand_their_list_values_and_a_layout_names_folders(tmp_path):
+    spec = load_campaign(write(tmp_path, """
+name: t
+cells:
+  - {policy.name: [sglang, vllm], scheduler.overlap: true, kind_weights: [[1, 2]]}
+arms: {live: {mode: live, copies: 2}, model: {mode: model}}
+layout: "{policy}-overlap_{overlap}-{arm}{copy_suffix}"
+"""))
+    assert [r.run_id for r in plan_runs(spec)] == [
+        "sglang-overlap_true-live-a", "sglang-overlap_true-live-b", "sglang-overlap_true-model",
+        "vllm-overlap_true-live-a", "vllm-overlap_true-live-b", "vllm-overlap_true-model"]
+    assert run_id(spec, "live", Cell((("policy.name", "x"), ("scheduler.overlap", False), ("kind_weights", [1]))),
+                  0, 2) == "x-overlap_false-live-b"
+
+
+def test_arithmetic_and_lone_references():
+    assert evaluate("= round_sig(0.9 * 26.65682195993375, 4)", "x") == 23.99
+    assert resolve("${n}", {"n": [1, 2]}, {}, lambda *_: None, "x") == [1, 2]  # a lone reference keeps its type
+    assert resolve("a-${n}", {"n": 3}, {}, lambda *_: None, "x") == "a-3"
+    with pytest.raises(ConfigError, match="is not arithmetic"):
+        evaluate("= __import__('os')", "arms.m.set.rate")
+    with pytest.raises(ConfigError, match="cannot be evaluated"):
+        evaluate("= 1 / 0", "arms.m.set.rate")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("name: t\narms: {a: {mode: modle}}", r"arms\.a\.mode"),
+    ("name: t\narms: {a: {mode: model, copies: 0}}", r"arms\.a\.copies"),
+    ("name: t\narms: {a: {mode: model, colour: red}}", r"arms\.a\.colour"),
+    ("name: t\narms: {}", r"arms"),
+    ("name: t\narms: {a: {mode: model, set: {x: '${b.folder}'}}}", r"arm a: set\.x refers to arm 'b', which is not an arm"),
+    ("name: t\narms: {a: {mode: model, set: {x: '${load}'}}}", r"\$\{load\}, which is neither a cell variable"),
+    ("name: t\narms: {a: {mode: model, set: {x: '${b.folder}'}}, b: {mode: model, set: {x: '${a.folder}'}}}",
+     r"cycle: a -> b -> a"),
+    ("name: t\narms: {a: {mode: model}}\ncomparisons: [{name: c, reference: a, runs: [z]}]",
+     r"comparison c: 'z' is not an arm"),
+    ("name: t\narms: {a: {mode: model}}\ncomparisons: [{name: c, reference: a, runs: [a], noise: a}]",
+     r"noise arm a needs copies >= 2"),
+    ("name: t\narms: {a: {mode: model}}\ncomparisons: [{name: c, reference: a, runs: [a], bar: loose}]",
+     r"comparisons\.0\.bar.*'loose' is not a named bar"),
+    ("name: t\narms: {a: {mode: model}}\ncomparisons: [{name: c, reference: a, runs: [a], bar: {p99_tft_ms: 5}}]",
+     r"p99_tft_ms"),
+    ("name: t\ncells: {load: []}\narms: {a: {mode: model}}", r"axis 'load' has no values"),
+    ("name: t\ncells: {load: [1]}\narms: {a: {mode: model, over: [rate]}}", r"over names 'rate'"),
+    ("name: t\narms: {a: {mode: model}}\nlayout: '{arm}'", r"layout must hold \{arm\} and one of"),
+    ("name: t\narms: [a]", r"arms"),
+])
+def test_a_bad_file_gets_one_line_naming_the_field(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        load_campaign(write(tmp_path, text))
+    assert "\n" not in str(err.value)
+    assert "c.yaml" in str(err.value)
+
+
+def test_folders_two_runs_would_share_are_refused(tmp_path):
+    spec = load_campaign(write(tmp_path, "name: t\ncells: {load: [1, 2]}\narms: {a: {mode: model}}\n"
+                                         "layout: '{arm}-{copy}'"))
+    with pytest.raises(ConfigError, match="two runs would share the folder a-1"):
+        plan_runs(spec)
+
+
+def test_not_yaml_and_missing_files_are_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_campaign(write(tmp_path, "name: [t"))
+    with pytest.raises(ConfigError):
+        load_campaign(tmp_path / "missing.yaml")
+
+
+def test_the_shipped_campaign_files_parse():
+    files = sorted((Path(__file__).parents[2] / "campaigns").glob("*.yaml"))
+    assert files
+    for path in files:
+        assert plan_runs(load_campaign(path)), path
