@@ -59,7 +59,7 @@ def check_finished_configs(spec: CampaignSpec, base: Mapping[str, Any], out: Pat
     for run in runs:
         saved = config_path(out, run)
         if is_finished(Path(out) / run.run_id) and saved.is_file():
-            if saved.read_text() != _dump(run_config(spec, base, run, lookup)):
+            if saved.read_text() != _dump(run_config(spec, base, run, lookup, out)):
                 raise ConfigError(f"campaign {spec.name}: finished run {run.run_id} was made from another "
                                   f"configuration than the campaign file gives it now ({saved}); rename the arm "
                                   "or give another --out")
@@ -132,7 +132,7 @@ def run_campaign(
 
     def start(run: PlannedRun, cores: list[int]) -> None:
         try:
-            tree = run_config(spec, base, run, lookup)
+            tree = run_config(spec, base, run, lookup, out)
         except ConfigError as err:
             record(RunOutcome(run, "failed", str(err)))
             return

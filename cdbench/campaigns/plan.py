@@ -47,7 +47,9 @@ class Cell:
 
 
 def _text(value: Any) -> str:
-    """A cell value as a folder name shows it (booleans as YAML writes them)."""
+    """A cell value as a folder name shows it (booleans as YAML writes them, a list's items joined by +)."""
+    if isinstance(value, list):
+        return "+".join(_text(item) for item in value)
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
@@ -106,6 +108,8 @@ def plan_runs(spec: CampaignSpec) -> list[PlannedRun]:
     for cell, seed in itertools.product(cells(spec), spec.seeds):
         for arm_name in _arm_order(spec):
             arm = spec.arms[arm_name]
+            if not spec.runs_in(arm_name, cell.as_dict()):
+                continue
             depends = tuple(run_id(spec, dep, cell, seed) for dep in spec.arm_dependencies(arm_name))
             for copy in range(1, arm.copies + 1):
                 rid = run_id(spec, arm_name, cell, seed, copy)
@@ -136,11 +140,15 @@ ArmLookup = Callable[[str, str], Any]
 """(run id, field) -> ``folder`` (absolute path) or a ``summary.json`` value of that finished run."""
 
 
-def run_config(spec: CampaignSpec, base: Mapping[str, Any], run: PlannedRun, lookup: ArmLookup) -> dict[str, Any]:
-    """The configuration mapping of ``run`` (its references resolved through ``lookup``)."""
+def run_config(spec: CampaignSpec, base: Mapping[str, Any], run: PlannedRun, lookup: ArmLookup,
+               campaign_folder: Path | None = None) -> dict[str, Any]:
+    """The configuration mapping of ``run`` (its references resolved through ``lookup``; ``${campaign_folder}``
+    is ``campaign_folder``, absolute)."""
     arm = spec.arms[run.arm]
     # an arm over fewer axes sees only its own axes' variables (its run serves every cell sharing them)
     variables = {k: v for k, v in run.cell.values if "." not in k}
+    if campaign_folder is not None:
+        variables["campaign_folder"] = str(Path(campaign_folder).resolve())
     workload_seed = run.seed + arm.seed_offset
     where = f"campaign {spec.name}, run {run.run_id}"
 

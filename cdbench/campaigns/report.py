@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cdbench.campaigns.plan import Cell, axis_label, cells, run_id
+from cdbench.campaigns.plan import Cell, axis_label, cells, plan_runs, run_id
 from cdbench.campaigns.spec import CampaignSpec, Comparison
 from cdbench.reports.fidelity import (
     FidelityError,
@@ -46,6 +46,8 @@ def _judgements(spec: CampaignSpec, comparison: Comparison) -> list[tuple[Cell, 
     arms = [comparison.reference, *comparison.runs, *([comparison.noise] if comparison.noise else [])]
     seen: dict[tuple[str, ...], tuple[Cell, int]] = {}
     for cell, seed in itertools.product(cells(spec), spec.seeds):
+        if not all(spec.runs_in(arm, cell.as_dict()) for arm in arms):
+            continue
         key = tuple(run_id(spec, arm, cell, seed) for arm in arms)
         seen.setdefault(key, (cell, seed))
     return list(seen.values())
@@ -107,6 +109,22 @@ def _scalar(value: object) -> object:
     return value if isinstance(value, int | float | str) or value is None else json.dumps(value, sort_keys=True)
 
 
+def runs_table(spec: CampaignSpec, open_run: RunOpener) -> pd.DataFrame:
+    """One row a planned run: its cell values, seed, arm, copy and id, and the numeric figures of its
+    summary (none where the run is missing)."""
+    rows = []
+    for run in plan_runs(spec):
+        row: dict[str, object] = {axis: _scalar(value) for axis, value in run.cell.values}
+        row.update(seed=run.seed, arm=run.arm, copy=run.copy, run_id=run.run_id)
+        try:
+            summary = open_run(run.run_id).summary
+        except ResultsError:
+            summary = {}
+        row.update({k: v for k, v in summary.items() if isinstance(v, int | float) and not isinstance(v, bool)})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def _cell_text(row: pd.Series) -> str:
     if pd.isna(row["error_pct"]):
         return "n/a"
@@ -145,16 +163,20 @@ def verdicts(spec: CampaignSpec, frame: pd.DataFrame) -> dict[str, tuple[int, in
     return out
 
 
-def write_campaign_report(spec: CampaignSpec, frame: pd.DataFrame, report_dir: Path) -> Path:
-    """``campaign.md`` and ``campaign.csv`` in ``report_dir``; returns the markdown's path."""
+def write_campaign_report(spec: CampaignSpec, frame: pd.DataFrame, runs: pd.DataFrame, report_dir: Path) -> Path:
+    """``campaign.md``, ``campaign.csv`` (the comparisons' figures) and ``runs.csv`` (:func:`runs_table`) in
+    ``report_dir``; returns the markdown's path."""
     report_dir.mkdir(parents=True, exist_ok=True)
     frame.to_csv(report_dir / "campaign.csv", index=False)
+    runs.to_csv(report_dir / "runs.csv", index=False)
     lines = [f"# Campaign {spec.name}", ""]
     if spec.description:
         lines += [spec.description.strip(), ""]
     lines += ["Written by `cdbench campaign report`; every figure is read from the campaign's runs. Signed relative "
               "error of each run against the reference, in percent; `(n X)`: the noise floor X % when it exceeds "
               "the tolerance; bold ✗: beyond the bar (max of tolerance and noise).", ""]
+    finished = int(runs["request_throughput"].notna().sum()) if "request_throughput" in runs else 0
+    lines += [f"Runs: {finished} of {len(runs)} planned runs found (one row each in `runs.csv`).", ""]
     counts = verdicts(spec, frame)
     complete = frame[frame["metric"] != ""] if len(frame) else frame
     for comparison in spec.comparisons:

@@ -13,6 +13,7 @@ mistake in one line naming the field.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -51,6 +52,8 @@ class Arm(BaseModel):
     seed_offset: int = Field(0, description="this arm's workload seed is the campaign seed plus this")
     over: list[str] | None = Field(None, description="the cell axes this arm varies with (default: all); an arm "
                                    "over fewer axes runs once for all the cells that share them")
+    only: dict[str, list[Any]] = Field(default_factory=dict, description="axis -> values: the arm runs only in "
+                                       "the cells whose value of each named axis is one of these")
     cores: int | None = Field(None, ge=1, description="cores each run gets (default: the runner's cores_per_run)")
     lane: str | None = Field(None, description="runs of one lane go one at a time (e.g. the one GPU)")
 
@@ -143,11 +146,12 @@ class CampaignSpec(BaseModel):
     @model_validator(mode="after")
     def _references(self) -> CampaignSpec:
         axes = self.axes
-        variables = {axis for axis in axes if "." not in axis} | {"seed"}
+        variables = {axis for axis in axes if "." not in axis} | {"seed", "campaign_folder"}
         for name, arm in self.arms.items():
-            for axis in arm.over or []:
+            for axis in [*(arm.over or []), *arm.only]:
                 if axis not in axes:
-                    raise ValueError(f"arm {name}: over names {axis!r}, which is not a cell axis ({', '.join(axes)})")
+                    raise ValueError(f"arm {name}: over or only names {axis!r}, which is not a cell axis "
+                                     f"({', '.join(axes)})")
             for key, value in arm.set.items():
                 for ref, field in references(value):
                     if field is None and ref not in variables:
@@ -174,6 +178,10 @@ class CampaignSpec(BaseModel):
             raise ValueError("layout must hold {arm} and one of {copy}, {copy_letter}, {copy_suffix}, so that every "
                              "run gets a folder of its own")
         return self
+
+    def runs_in(self, arm: str, cell: Mapping[str, Any]) -> bool:
+        """Whether ``arm`` runs in the cell with these axis values (its ``only``)."""
+        return all(cell.get(axis) in values for axis, values in self.arms[arm].only.items())
 
     def arm_dependencies(self, arm: str) -> list[str]:
         """The arms whose runs ``arm``'s overrides refer to."""

@@ -18,6 +18,7 @@ from cdbench.campaigns.plan import plan_runs
 from cdbench.campaigns.report import (
     evaluate_campaign,
     folder_opener,
+    runs_table,
     verdicts,
     write_campaign_report,
 )
@@ -93,7 +94,7 @@ def report(
                                                                      "comparison's pages (default <out>/report).")] = None,
 ) -> None:
     """Judge every comparison cell by cell (cdbench fidelity's bars and noise floor) and write campaign.md,
-    campaign.csv and each judgement's fidelity page with its plots.
+    campaign.csv, runs.csv (every run's summary figures) and each judgement's fidelity page with its plots.
 
     Examples:
       cdbench campaign report campaigns/model_vs_hybrid.yaml --out runs/mvh
@@ -101,8 +102,6 @@ def report(
     """
     with user_errors():
         spec = load_campaign(campaign_file)
-        if not spec.comparisons:
-            raise ConfigError(f"campaign file {campaign_file}: it names no comparisons, so there is nothing to report")
         if pack is not None:
             from cdbench.results.pack import Pack
 
@@ -117,7 +116,7 @@ def report(
             report_dir = report_dir or folder / "report"
     with user_errors(), err_console.status("judging the comparisons and drawing their plots"):
         frame = evaluate_campaign(spec, opener, report_dir)
-        md = write_campaign_report(spec, frame, report_dir)
+        md = write_campaign_report(spec, frame, runs_table(spec, opener), report_dir)
     for name, (passing, judged, within, checked) in verdicts(spec, frame).items():
         console.print(f"{name}: cells passing {passing} of {judged}; figures within their bar {within} of {checked}")
     console.print(f"report: {md} (table {report_dir / 'campaign.csv'})")

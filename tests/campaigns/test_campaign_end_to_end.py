@@ -44,6 +44,8 @@ def test_run_resume_report_pack_and_report_from_the_pack(tmp_path):
     # model mode is deterministic: the copies agree exactly, so the noise floor is 0
     csv = (out / "report" / "campaign.csv").read_text()
     assert ",model-b," in csv and ",median_ttft_ms," in csv
+    runs_csv = (out / "report" / "runs.csv").read_text().splitlines()
+    assert runs_csv[0].startswith("policy.name,seed,arm,copy,run_id,") and len(runs_csv) == 5
 
     pack = tmp_path / "tiny.pack"
     packed = runner.invoke(app, ["campaign", "pack", str(spec), str(pack), "--out", str(out)])
@@ -54,6 +56,7 @@ def test_run_resume_report_pack_and_report_from_the_pack(tmp_path):
     assert from_pack.exit_code == 0, from_pack.output
     assert (tmp_path / "from-pack" / "campaign.md").read_text() == md
     assert (tmp_path / "from-pack" / "campaign.csv").read_text() == csv
+    assert (tmp_path / "from-pack" / "runs.csv").read_text().splitlines() == runs_csv
 
 
 def test_a_failing_run_is_reported_and_the_others_still_run(tmp_path):

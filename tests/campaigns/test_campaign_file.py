@@ -81,6 +81,21 @@ layout: "{policy}-overlap_{overlap}-{arm}{copy_suffix}"
                   0, 2) == "x-overlap_false-live-b"
 
 
+def test_only_limits_an_arm_to_some_cells_and_campaign_folder_is_absolute(tmp_path):
+    spec = load_campaign(write(tmp_path, """
+name: t
+cells: {share: [0.5, 1.0], threads: [1, 8]}
+arms:
+  base: {mode: model}
+  ipc: {mode: model, only: {share: [1.0], threads: [8]}, set: {costs.spec_store: "${campaign_folder}/store"}}
+"""))
+    runs = plan_runs(spec)
+    assert [r.run_id for r in runs if r.arm == "ipc"] == ["share=1.0,threads=8/seed0/ipc-1"]
+    assert sum(r.arm == "base" for r in runs) == 4
+    tree = run_config(spec, {}, runs[-1], lambda *_: None, tmp_path / "out")
+    assert tree["costs"]["spec_store"] == f"{(tmp_path / 'out').resolve()}/store"
+
+
 def test_arithmetic_and_lone_references():
     assert evaluate("= round_sig(0.9 * 26.65682195993375, 4)", "x") == 23.99
     assert resolve("${n}", {"n": [1, 2]}, {}, lambda *_: None, "x") == [1, 2]  # a lone reference keeps its type
@@ -109,7 +124,7 @@ def test_arithmetic_and_lone_references():
     ("name: t\narms: {a: {mode: model}}\ncomparisons: [{name: c, reference: a, runs: [a], bar: {p99_tft_ms: 5}}]",
      r"p99_tft_ms"),
     ("name: t\ncells: {load: []}\narms: {a: {mode: model}}", r"axis 'load' has no values"),
-    ("name: t\ncells: {load: [1]}\narms: {a: {mode: model, over: [rate]}}", r"over names 'rate'"),
+    ("name: t\ncells: {load: [1]}\narms: {a: {mode: model, over: [rate]}}", r"over or only names 'rate'"),
     ("name: t\narms: {a: {mode: model}}\nlayout: '{arm}'", r"layout must hold \{arm\} and one of"),
     ("name: t\narms: [a]", r"arms"),
 ])
