@@ -30,6 +30,7 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -70,6 +71,23 @@ class ProfileTask:
     @property
     def kind(self) -> str:
         return self.spec.kind
+
+
+@dataclass(frozen=True)
+class BatchWalkTask:
+    """A run's texts walked the way its batches walk them: ``walks[i] = (s, tokens)`` is the ``i``-th
+    structured request in arrival order, walking ``tokens`` under ``specs[s]``; up to ``width`` walks
+    advance together, one fill each per step, a finished walk's slot taken by the next (see
+    :func:`walk_in_batch`)."""
+
+    corpus: str
+    item_id: str
+    specs: tuple[ConstraintSpec, ...]
+    walks: tuple[tuple[int, tuple[int, ...]], ...]
+    width: int
+    repeats: int = 1
+    kind: str = "batch"
+    instance_failure: str = ""
 
 
 @dataclass
@@ -359,6 +377,60 @@ def profile_item(
     return result
 
 
+def walk_in_batch(backend_name: str, backend: GrammarBackend, task: BatchWalkTask) -> ItemResult:
+    """Time every fill of ``task``'s walks, interleaved as a batch interleaves them.
+
+    An engine fills the rows of a step one grammar after another, and every grammar of the batch
+    touches its own state between two fills of one grammar: measured alone, a grammar's fills find
+    the caches warm, and in a run they do not. The specs are compiled first (in order, untimed: the
+    compile sequence times them), then the walks advance together, ``task.width`` at a time in
+    arrival order, ``task.repeats`` times over with fresh matchers. A walk stops at a token its
+    grammar refuses (as the request would abort); walks of a spec that does not compile are skipped.
+    ``tokens.instance`` is the walk's index and ``tokens.position`` the fill's answer position.
+    """
+    result = ItemResult(corpus=task.corpus, item_id=task.item_id, kind=task.kind, backend=backend_name,
+                        status="ok")
+    grammars: dict[int, Any] = {}
+    for index, spec in enumerate(task.specs):
+        try:
+            grammars[index] = backend.compile(spec)
+        except CompileError:
+            continue
+    walks = [(i, grammars[s], tokens) for i, (s, tokens) in enumerate(task.walks) if s in grammars and tokens]
+    mask = backend.allocate_mask(max(1, task.width))
+    times, clock = result.tokens, time.perf_counter_ns
+    gc.collect()
+    gc.disable()  # a collection pause inside a timed fill would be charged to the engine
+    try:
+        for _ in range(task.repeats):
+            waiting = deque(walks)
+            active: list[list[Any]] = []  # [walk index, matcher, tokens, position]
+            while waiting or active:
+                while waiting and len(active) < task.width:
+                    index, grammar, tokens = waiting.popleft()
+                    active.append([index, backend.matcher(grammar), tokens, 0])
+                for row, walk in enumerate(active):
+                    t0 = clock()
+                    walk[1].fill_mask(mask, row)
+                    times.fill_us.append((clock() - t0) / 1e3)
+                    times.instance.append(walk[0])
+                    times.position.append(walk[3])
+                still = []
+                for walk in active:
+                    index, matcher, tokens, position = walk
+                    if matcher.accept(tokens[position]) and position + 1 < len(tokens):
+                        walk[3] = position + 1
+                        still.append(walk)
+                active = still
+    except MemoryError:
+        result.status, result.message = "oom", "out of memory while walking in batch"
+    except Exception as exc:
+        result.status, result.message = "error", f"{type(exc).__name__}: {exc}"
+    finally:
+        gc.enable()
+    return result
+
+
 WARM_UP_SPEC = ConstraintSpec("json_schema", {
     "type": "object", "required": ["s"],
     "properties": {"s": {"type": "string"}, "i": {"type": "integer"}, "n": {"type": "number"},
@@ -419,6 +491,10 @@ def worker_main(conn: Any, vocab_name: str, plugins: list[str], rollback_every: 
                     message=f"backend construction failed: {type(exc).__name__}: {exc}",
                 )))
                 continue
+        if isinstance(task, BatchWalkTask):
+            conn.send(("compiled", "ok", None))  # the whole walk runs under the walk deadline
+            conn.send(("done", walk_in_batch(backend_name, backends[backend_name], task)))
+            continue
         if warm_up:
             warm_up_engine(backends[backend_name])
         conn.send(("done", profile_item(

@@ -63,10 +63,12 @@ from cdbench.harness.costs.spec_profile import (
     spec_key_text,
 )
 from cdbench.harness.costs.spec_store import (
+    BatchFillEntry,
     SequenceEntry,
     SpecCostEntry,
     SpecCostStore,
     backend_version,
+    batch_digest,
     instance_base,
     sequence_digest,
     spec_digest,
@@ -108,6 +110,9 @@ class SpecCostSettings(BaseModel):
     the spec recorded as ``timeout``. ``measure_repeats``: times a run's
     compile sequence is measured (each spec's median counts: one compile of a
     multi-threaded engine on a shared host varies by a third from run to run).
+    ``measure_batch_rows``: how many of the run's texts a batch walk advances
+    together (:func:`measure_batch_fills`; ``None``: price every fill from the
+    spec's walk alone).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -117,6 +122,7 @@ class SpecCostSettings(BaseModel):
     measure_workers: int | None = Field(None, ge=1)
     measure_timeout_s: float = Field(60.0, gt=0)
     measure_repeats: int = Field(3, ge=1)
+    measure_batch_rows: int | None = Field(16, ge=1)
 
     def store(self) -> SpecCostStore:
         from cdbench._env import cache_dir
@@ -141,6 +147,8 @@ class SpecCoverage(BaseModel):
     ``profile_mismatch``: how the run's grammar profile differs from the run
     (backend, engine version, vocabulary), where ``costs.allow_mismatched_profile``
     had it used anyway.
+    ``fill_order``: whether the run's texts' fills are each walked alone or
+    walked in batch as the run's steps interleave them (stored, or measured now).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -154,6 +162,7 @@ class SpecCoverage(BaseModel):
     predictor_error: dict[str, dict[str, float]] = {}
     host_scales: dict[str, float] = {}
     compile_order: Literal["alone", "run order", "run order, measured now"] = "alone"
+    fill_order: str = "alone"
     notes: list[str] = []
     profile_mismatch: str | None = None
 
@@ -178,6 +187,9 @@ class SpecCoverage(BaseModel):
         if self.compile_order != "alone":
             out.append(f"compile times in the run's order ({self.compile_order}): the engine reuses work of "
                        "earlier compiles")
+        if self.fill_order != "alone":
+            out.append(f"fills walked in batch ({self.fill_order}): a grammar's fills interleaved with the "
+                       "other rows' as the run's steps interleave them")
         for host, factor in self.host_scales.items():
             out.append(f"times measured on {host} scaled by {factor:.3f}")
         if self.predictor_error:
@@ -214,6 +226,7 @@ class _RunSpec:
     base: str | None = None  # the base text its found instances are keyed under
     scale: float = 1.0
     compile_in_order_s: float | None = None  # its compile after the run's earlier specs (target host seconds)
+    batch_fills: dict[tuple[int, ...], list[float | None]] | None = None  # per text, its fills walked in batch
     message: str = ""  # why its measurement failed (the entry's message)
 
     @property
@@ -467,6 +480,93 @@ def _in_run_order(specs: list[_RunSpec], backend: str, version: str, vocab: str,
     return how
 
 
+def _batch_walks(specs: list[_RunSpec], requests: Sequence) -> list[tuple[int, tuple[int, ...]]]:
+    """The run's texts of measured specs as batch walks: (index in ``specs``, tokens), in arrival order."""
+    index = {s.key_text: i for i, s in enumerate(specs)}
+    walks = []
+    for r in sorted((r for r in requests if r.spec is not None and r.output_tokens),
+                    key=lambda r: (r.arrival_s, r.request_id)):
+        i = index[f"{r.spec.kind}:{r.spec_id}" if r.spec_id is not None else r.spec.canonical()]
+        if specs[i].source.startswith("measured") and specs[i].costs is not None \
+                and specs[i].costs.status in (None, "ok"):
+            walks.append((i, tuple(r.output_tokens)))
+    return walks
+
+
+def measure_batch_fills(specs: Sequence[ConstraintSpec], walks: Sequence[tuple[int, tuple[int, ...]]],
+                        backend: str, options: Mapping[str, Any], vocab: str, settings: SpecCostSettings,
+                        progress: Progress | None = None) -> BatchFillEntry:
+    """Walk a run's texts in one worker as its batches walk them (``settings.measure_batch_rows`` at a
+    time, ``settings.measure_repeats`` times) and store each walk's fills, each position's median
+    (:class:`~cdbench.harness.costs.spec_store.BatchFillEntry`)."""
+    from cdbench.backends.measure_pool import WorkerPool, default_worker_memory
+    from cdbench.backends.measure_worker import BatchWalkTask
+
+    version, store, width = backend_version(backend), settings.store(), settings.measure_batch_rows
+    pool_settings = _PoolSettings(
+        vocab=vocab, backend_options={backend: dict(options)}, workers=1,
+        worker_memory=ByteSize(default_worker_memory(1)), compile_timeout_s=settings.measure_timeout_s,
+        walk_timeout_s=max(600.0, settings.measure_timeout_s * len(specs)))
+    if progress is not None:
+        progress(f"walking the run's {len(walks)} texts {width} at a time, {settings.measure_repeats} times "
+                 "(fills interleaved as in the run's steps)", 0.0)
+    task = BatchWalkTask("spec-batch", "walks", tuple(specs), tuple(walks), width, settings.measure_repeats)
+    with WorkerPool(pool_settings) as pool:
+        result = next(iter(pool.run([(backend, task)])))
+    fills: list[list[list[float]]] = [[] for _ in walks]
+    for walk, position, us in zip(result.tokens.instance, result.tokens.position, result.tokens.fill_us,
+                                  strict=True):
+        per_position = fills[walk]
+        while len(per_position) <= position:
+            per_position.append([])
+        per_position[position].append(us / 1e6)
+    if progress is not None:
+        progress("walked in batch", 1.0)
+    entry = BatchFillEntry(
+        digest=batch_digest(backend, version, vocab, options, specs, walks, width), backend=backend,
+        backend_version=version, vocab=vocab, host=this_host(store.root), width=width,
+        fill_s=[[float(np.median(t)) if t else None for t in walk] or None for walk in fills]
+        if result.status == "ok" else [None] * len(walks),
+        measured=f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}"
+                 + ("" if result.status == "ok" else f", failed: {result.status}: {result.message[:200]}"))
+    store.put_batch_fills(entry)
+    return entry
+
+
+def _in_batch(specs: list[_RunSpec], requests: Sequence, backend: str, version: str, vocab: str,
+              options: Mapping[str, Any], settings: SpecCostSettings, store: SpecCostStore, target: HostInfo,
+              progress: Progress | None) -> str:
+    """Give each measured spec's texts their fills walked in batch (stored, or measured now where
+    ``measure``); returns how (:attr:`SpecCoverage.fill_order`). A text several requests walk takes
+    each position's mean over them."""
+    walks = _batch_walks(specs, requests)
+    if not walks:
+        return "alone"
+    width = settings.measure_batch_rows
+    run_specs = [s.spec for s in specs]
+    entries = store.batch_fills(batch_digest(backend, version, vocab, options, run_specs, walks, width))
+    how = f"{width} at a time"
+    if not entries and settings.spec_costs == "measure":
+        entries = [measure_batch_fills(run_specs, walks, backend, options, vocab, settings, progress)]
+        how += ", measured now"
+    if not entries:
+        return "alone"
+    entry = next((e for e in entries if e.host.id == target.id), entries[0])
+    scale = 1.0 if entry.host.id == target.id else time_scale(entry.host, target)
+    sums: dict[tuple[int, tuple[int, ...]], list[list[float]]] = {}
+    for (i, tokens), fills in zip(walks, entry.fill_s, strict=True):
+        for position, seconds in enumerate(fills or ()):
+            if seconds is not None:
+                per_position = sums.setdefault((i, tokens), [])
+                while len(per_position) <= position:
+                    per_position.append([])
+                per_position[position].append(seconds * scale)
+    for (i, tokens), per_position in sums.items():
+        batch = specs[i].batch_fills = specs[i].batch_fills or {}
+        batch[tokens] = [float(np.mean(v)) if v else None for v in per_position]
+    return how if sums else "alone"
+
+
 def _predict(specs: list[_RunSpec], backend: str, vocab: str, base: GrammarProfile,
              errors: dict[str, dict[str, float]]) -> str | None:
     """Price ``specs`` by the shipped predictor of (backend, vocab); returns why some or all could not be
@@ -550,6 +650,10 @@ def price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any], 
     if any(s.source.startswith("measured") for s in specs) and settings.spec_costs != "predict" \
             and shares_compile_work(backend):
         order = _in_run_order(specs, backend, version, vocab, options, settings, store, target, progress)
+    fill_order = "alone"
+    if settings.measure_batch_rows is not None and settings.spec_costs != "predict":
+        fill_order = _in_batch(specs, requests, backend, version, vocab, options, settings, store, target,
+                               progress)
     failed = {s.label: f"{s.costs.status}: {s.message[:160]}" if s.message else s.costs.status for s in specs
               if s.costs is not None and s.costs.status not in (None, "ok")}
     profile = _run_profile(base, specs)
@@ -558,7 +662,7 @@ def price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any], 
         specs={src: sum(s.source == src for s in specs) for src in SPEC_SOURCES},
         requests={src: sum(s.requests for s in specs if s.source == src) for src in SPEC_SOURCES},
         measured_now=measured_now, measure_wall_s=wall, failed=failed, predictor_error=errors,
-        host_scales=scales, compile_order=order, notes=coverage_notes)
+        host_scales=scales, compile_order=order, fill_order=fill_order, notes=coverage_notes)
     return profile, coverage
 
 
@@ -574,12 +678,19 @@ def _run_profile(base: GrammarProfile, specs: list[_RunSpec]) -> GrammarProfile:
         if s.compile_in_order_s is not None:
             costs = costs.model_copy(update={"compile_s": s.compile_in_order_s})
         own_specs[spec_key_hash(s.key_text)] = costs
-        if s.instances and s.base is not None:
+        if s.base is not None and (s.instances or s.batch_fills):
             run_base = base_key_text(s.key_text, s.kind, s.spec_id)
             for tokens in s.texts:
-                found = s.instances.get(instance_key(s.base, tokens))
+                found = (s.instances or {}).get(instance_key(s.base, tokens))
                 if found is not None:
-                    own_instances[instance_key(run_base, tokens)] = _scaled_instance(found, s.scale)
+                    found = _scaled_instance(found, s.scale)
+                batch = (s.batch_fills or {}).get(tokens)
+                if batch is not None:  # walked in batch: its fills there, alone where the batch timed none
+                    alone = found.fill_s if found is not None else []
+                    found = InstanceProfile(spec_id=s.spec_id, walks=1, fill_s=[
+                        b if b is not None else (alone[p] if p < len(alone) else None) for p, b in enumerate(batch)])
+                if found is not None:
+                    own_instances[instance_key(run_base, tokens)] = found
     kinds = dict(base.kinds)
     for kind in sorted({s.kind for s in specs if s.costs is not None and s.costs.fill_residual}):
         if kind not in kinds or not kinds[kind].fill_residual.count:
