@@ -1,0 +1,265 @@
+"""Admission and batch forming: which rows one step runs, and which of them sample.
+
+The second phase of the scheduler's iteration (:mod:`cdbench.harness.scheduler`). Decode rows run
+first (with speculative decoding, ``k`` draft tokens each while their output lasts), then continuing
+prefill chunks, first come first served, then new requests in waiting-queue order while rows and
+the token budget last: a prompt over the budget runs a chunk of it (chunked prefill), or waits, or
+runs alone in an empty batch. A request whose grammar is not known to be ready is checked on the
+way (vLLM) and, not ready yet, keeps its place while later ones pass it. With
+``mixed_batches=False`` a step with prefill runs no decode rows. The rows that sample are the decode
+rows and the prefill rows whose prompt completes now.
+
+The common steps (all rows decode; or every new prompt fits whole) select their rows as slices of
+the running batch (views) instead of index arrays (gathers).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from cdbench.harness.batch import RunningBatch
+from cdbench.harness.executors.base import constant_ints
+from cdbench.harness.policies import SchedulerConfig
+from cdbench.harness.records import RequestTable
+
+_any = np.count_nonzero  # (the cheapest "any" and sum on small arrays: see scheduler.py)
+_sum = np.add.reduce
+_NO_ROWS = np.zeros(0, np.int64)
+
+Rows = slice | np.ndarray  # running-batch rows: an index array, or a slice where they are contiguous
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """One iteration's formed batch, and the loop's time before it runs.
+
+    ``schedule_s``/``poll_s``/``sync_s``/``check_s``: the loop's batch forming (stretched by
+    contention), grammar-queue poll, ranks' agreement and readiness checks; ``pre``: their sum.
+    Without rows to run (``runs`` false) the other fields are empty. ``dec_rows``: decode rows;
+    ``drafts``: their draft tokens (``None`` without speculative decoding), ``n_drafts`` in all;
+    ``pf_rows``/``pf_chunks``: prefill rows and the chunk each runs, ``pf_tokens`` in all;
+    ``first_rows``: prefill rows whose prompt completes; ``s_rows``: the rows that sample (decode,
+    then first rows), ``s_rid``/``s_drafts`` their requests and drafts; ``dec_sel``/``pf_sel``
+    index the decode and prefill rows' columns; ``everyone``: every row of the batch decodes.
+    """
+
+    schedule_s: float
+    poll_s: float
+    sync_s: float
+    check_s: float
+    pre: float
+    runs: bool
+    dec_rows: np.ndarray
+    dec_sel: Rows
+    drafts: np.ndarray | None
+    n_drafts: int
+    pf_rows: np.ndarray
+    pf_chunks: np.ndarray
+    pf_sel: Rows
+    pf_tokens: int
+    first_rows: np.ndarray
+    s_rows: Rows
+    s_rid: np.ndarray
+    s_drafts: np.ndarray
+    everyone: bool
+
+    @classmethod
+    def idle(cls, schedule_s: float, poll_s: float, sync_s: float, check_s: float, pre: float) -> StepPlan:
+        """An iteration without rows to run."""
+        none = _NO_ROWS
+        return cls(schedule_s, poll_s, sync_s, check_s, pre, False, none, none, None, 0, none, none, none, 0, none,
+                   none, none, none, False)
+
+
+class BatchFormer:
+    """Forms each iteration's batch from the running batch and the waiting queue.
+
+    Parameters
+    ----------
+    cfg : the policy (token budget, row limit, chunked prefill, mixed batches, drafts, row costs).
+    rec : the request table (prompt lengths, grammars; admission times are written here).
+    batch : the running batch, which admitted requests join.
+    waiting : the waiting queue, in admission order.
+    check : vLLM's readiness check of one request at a time: (ready, seconds it cost).
+    release : takes a request's ready grammar; ``False`` when it failed (the request aborted).
+    """
+
+    def __init__(self, cfg: SchedulerConfig, rec: RequestTable, batch: RunningBatch, waiting: deque[int],
+                 check: Callable[[int, float], tuple[bool, float]], release: Callable[[int, float], bool]) -> None:
+        self.cfg, self.rec, self.batch, self.waiting = cfg, rec, batch, waiting
+        self._check, self._release = check, release
+        # 0..n-1 for the decode rows of an all-decode batch (sliced, not rebuilt, each step)
+        self._rows = np.arange(cfg.max_running_requests if cfg.max_running_requests < 1 << 16 else 0)
+
+    def form(self, t: float, stretch: float, schedule_s: float, poll_s: float, sync_s: float,
+             check_s: float) -> StepPlan:
+        """The batch of the iteration at ``t`` after its poll and checks: decode rows, prefill chunks
+        and admitted requests (which join the running batch); ``stretch``: the loop's CPU stretch."""
+        cfg, batch = self.cfg, self.batch
+        pre = schedule_s + poll_s + sync_s + check_s
+        k = cfg.spec_tokens
+        n_rows = len(batch)
+        room = cfg.max_running_requests - n_rows
+        if _any(batch.prefill_left):
+            decoding = batch.prefill_left == 0
+            pf_rows = (~decoding).nonzero()[0]
+            dec_rows = decoding.nonzero()[0]
+            all_decode = False
+        else:  # the common case: no prefill in flight
+            pf_rows = _NO_ROWS
+            if n_rows > len(self._rows):
+                self._rows = np.arange(2 * n_rows)
+            dec_rows = self._rows[:n_rows]
+            all_decode = True
+        new_ids: list[int] = []
+        new_chunks: list[int] = []
+        new_whole = True
+        drafts = None
+        if cfg.mixed_batches:
+            if k:
+                drafts = np.minimum(k, (batch.gen_left if all_decode else batch.gen_left[dec_rows]) - 1)
+                n_drafts = int(_sum(drafts))
+            else:
+                n_drafts = 0
+            budget = cfg.max_batched_tokens - len(dec_rows) - n_drafts
+            if len(pf_rows):
+                pf_chunks = self._allocate(pf_rows, budget)
+                budget -= int(_sum(pf_chunks))
+            else:
+                pf_chunks = _NO_ROWS
+            if self.waiting and room > 0 and budget > 0:
+                new_ids, new_chunks, c, new_whole = self._admit(t + pre, budget, room)
+                check_s += c
+        else:
+            pf_chunks = self._allocate(pf_rows, cfg.max_batched_tokens)
+            if len(pf_rows) or (self.waiting and room > 0):
+                budget = cfg.max_batched_tokens - int(_sum(pf_chunks))
+                if self.waiting and room > 0 and budget > 0:
+                    new_ids, new_chunks, c, new_whole = self._admit(t + pre, budget, room)
+                    check_s += c
+            if new_chunks or (len(pf_chunks) and _sum(pf_chunks) > 0):
+                dec_rows = _NO_ROWS
+                all_decode = False
+            if k:
+                drafts = np.minimum(k, (batch.gen_left if all_decode else batch.gen_left[dec_rows]) - 1)
+                n_drafts = int(_sum(drafts))
+            else:
+                n_drafts = 0
+        if cfg.schedule_row_s:
+            schedule_s += cfg.schedule_row_s * (n_rows + len(new_ids)) * stretch
+        timing = (schedule_s, poll_s, sync_s, check_s, schedule_s + poll_s + sync_s + check_s)
+        return self._place(t, timing, dec_rows, all_decode, drafts, n_drafts, pf_rows, pf_chunks, new_ids,
+                           new_chunks, new_whole)
+
+    def _place(self, t: float, timing: tuple[float, float, float, float, float], dec_rows: np.ndarray,
+               all_decode: bool, drafts: np.ndarray | None, n_drafts: int, pf_rows: np.ndarray,
+               pf_chunks: np.ndarray, new_ids: list[int], new_chunks: list[int], new_whole: bool) -> StepPlan:
+        """The plan of the formed batch (``timing``: the plan's first fields): the admitted requests join
+        the running batch at ``t`` + the loop's time before the step, and the rows that run and sample."""
+        batch = self.batch
+        if len(pf_rows):  # continuing prompts: those the budget reached run a chunk
+            reached = pf_chunks > 0
+            pf_rows, pf_chunks = pf_rows[reached], pf_chunks[reached]
+        continuing = len(pf_rows) > 0
+        if new_ids:
+            ids = np.array(new_ids, np.int64)
+            self.rec.admitted_s[ids] = t + timing[4]
+            first_new = len(batch)
+            batch.append(ids)
+            new_rows = np.arange(first_new, len(batch))
+            # (admitted chunks are never empty)
+            new_chunk_arr = np.array(new_chunks, np.int64)
+            if continuing:
+                pf_rows = np.concatenate((pf_rows, new_rows))
+                pf_chunks = np.concatenate((pf_chunks, new_chunk_arr))
+            else:
+                pf_rows, pf_chunks = new_rows, new_chunk_arr
+        if len(dec_rows) == 0 and len(pf_rows) == 0:
+            return StepPlan.idle(*timing)
+        # indexes the prefill rows' columns: a slice (views, not gathers) when they are the new rows alone
+        pf_sel = slice(first_new, None) if new_ids and not continuing else pf_rows
+        # rows that sample: decode rows and prefill rows whose last chunk runs now
+        if new_ids and new_whole and not continuing:  # just the new prompts, each whole
+            first_rows = pf_rows
+        elif len(pf_rows):
+            completing = pf_chunks == batch.prefill_left[pf_sel]
+            first_rows = pf_rows[completing]
+        else:
+            first_rows = pf_rows
+        n_dec = len(dec_rows)
+        n_first = len(first_rows)
+        everyone = n_first == 0 and n_dec == len(batch)
+        if everyone or (all_decode and n_dec + n_first == len(batch)):
+            # the common steps (all decode; or every new prompt fits now): the sampling rows are the
+            # whole batch, in order, so slices (views) instead of gathers
+            s_rows = slice(None)
+        elif n_first:
+            s_rows = np.concatenate((dec_rows, first_rows))
+        else:
+            s_rows = dec_rows
+        if drafts is None:
+            s_drafts = constant_ints(0, n_dec + n_first)
+        elif n_first:
+            s_drafts = np.concatenate((drafts, constant_ints(0, n_first)))
+        else:
+            s_drafts = drafts
+        # decode rows are the batch's first n_dec rows when no prefill was in flight before this step
+        dec_sel = slice(0, n_dec) if all_decode else dec_rows
+        pf_tokens = int(_sum(pf_chunks)) if len(pf_rows) else 0
+        return StepPlan(*timing, True, dec_rows, dec_sel, drafts, n_drafts, pf_rows, pf_chunks, pf_sel, pf_tokens,
+                        first_rows, s_rows, batch.rid[s_rows], s_drafts, everyone)
+
+    def _admit(self, t: float, budget: int, room: int) -> tuple[list[int], list[int], float, bool]:
+        """New requests from the waiting queue: (ids, prefill chunks, readiness-check seconds, whether
+        every admitted prompt runs whole in this step)."""
+        cfg, rec = self.cfg, self.rec
+        waiting = self.waiting
+        admitted: list[int] = []
+        chunks: list[int] = []
+        skipped: list[int] = []
+        check_s = 0.0
+        whole = True
+        while waiting and budget > 0 and room > 0:
+            rid = waiting.popleft()
+            if rec.structured[rid] and math.isnan(rec.grammar_ready_s[rid]):
+                ready, cost = self._check(rid, t + check_s)
+                check_s += cost
+                if not ready:
+                    skipped.append(rid)  # keeps its place; later requests may pass it
+                    continue
+                if not self._release(rid, t + check_s):
+                    continue
+            prompt = int(rec.prompt_len[rid])
+            if prompt <= budget:
+                chunk = prompt
+            elif cfg.chunked_prefill:
+                chunk = budget
+                whole = False
+            elif not admitted and len(self.batch) == 0:
+                chunk = prompt  # a prompt over the budget still runs alone
+            else:
+                waiting.appendleft(rid)
+                break
+            admitted.append(rid)
+            chunks.append(chunk)
+            budget -= chunk
+            room -= 1
+        if skipped:
+            waiting.extendleft(reversed(skipped))
+        return admitted, chunks, check_s, whole
+
+    def _allocate(self, rows: np.ndarray, budget: int) -> np.ndarray:
+        """Prefill chunks for continuing rows, first come first served, within ``budget`` tokens."""
+        if len(rows) == 0:
+            return _NO_ROWS
+        left = self.batch.prefill_left[rows]
+        if not self.cfg.chunked_prefill:
+            fits = np.add.accumulate(left) <= max(budget, 0)
+            return np.where(fits, left, 0)
+        before = np.add.accumulate(left) - left
+        return np.clip(budget - before, 0, left)

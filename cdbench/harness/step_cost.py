@@ -1,0 +1,161 @@
+"""A step's time: its CPU and GPU parts priced by the cost models, or measured by a live step.
+
+The fourth phase of the scheduler's iteration (:mod:`cdbench.harness.scheduler`, whose docstring
+states the rules). Given the rows a step runs (:class:`~cdbench.harness.admission.StepPlan`) and the
+grammar's work on them (:class:`~cdbench.harness.executors.base.StepWork`), :class:`StepPricer`
+prices the mask building (the fills, or a parallel fill's wall time; token filters of thinking rows;
+the engine's wrapper around the fills and its mask allocation), the bitmask's transfer to another
+process, the engine's result processing and the launch, each stretched by host contention; the
+GPU's forward (a decode step at the next captured graph size), mask copy, apply and sampling; and
+combines them by the overlap rules (:func:`~cdbench.harness.step_time.step_time`). A ``live`` step
+(:mod:`cdbench.harness.live.step`) measures the GPU parts and the whole step instead, and the
+launch is what its wall time holds beyond the parts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from cdbench.harness.admission import StepPlan
+from cdbench.harness.contention import HostCores
+from cdbench.harness.costs.gpu import GpuCosts
+from cdbench.harness.executors.base import Settlement, StepWork
+from cdbench.harness.policies import SchedulerConfig, padded_decode
+from cdbench.harness.step_time import step_time
+
+if TYPE_CHECKING:
+    from cdbench.harness.live.step import LiveStep
+
+_sum = np.add.reduce  # (the cheapest sum on small arrays: see scheduler.py)
+
+
+@dataclass(slots=True)
+class StepCost:
+    """One step's time and its parts, in seconds (the step log's columns of the same names).
+
+    ``after_token``: of the step, the time after its tokens are out; ``exposed``/``hidden``: CPU
+    time on / off the critical path; ``carry_out``: result processing paid in the next iteration
+    (overlap). ``grammar_rows``/``mask_rows``: rows that built masks, and mask rows in all
+    (drafts' and token filters' included); ``dec_tokens``/``kv``: the forward's decode tokens and
+    their context.
+    """
+
+    duration: float
+    after_token: float
+    exposed: float
+    hidden: float
+    carry_out: float
+    forward_s: float
+    fill_s: float
+    copy_s: float
+    apply_s: float
+    sample_s: float
+    process_s: float
+    transfer_s: float
+    launch_s: float
+    grammar_rows: int
+    mask_rows: int
+    dec_tokens: int
+    kv: int
+
+
+class StepPricer:
+    """Prices steps under ``cfg`` on ``gpu``; ``host``: the host's cores where contention can
+    happen (``None``: never); ``settle``: the grammar's work deferred past a live step's sampling."""
+
+    def __init__(self, cfg: SchedulerConfig, gpu: GpuCosts, host: HostCores | None,
+                 settle: Callable[[], Settlement | None]) -> None:
+        self.cfg, self.gpu, self.host, self.settle = cfg, gpu, host, settle
+        self.row_bytes = gpu.mask_row_bytes  # the engines' per-byte host costs (mask allocation, IPC)
+
+    def price(self, plan: StepPlan, work: StepWork, cached: np.ndarray, n_filter: int, sync: bool,
+              has_grammar: bool, carry: float, stretch: float, compiles: int, live: LiveStep | None) -> StepCost:
+        """The time of the step ``plan`` runs, given the grammar's ``work`` on it, the batch's
+        ``cached`` context per row, its ``n_filter`` token-filtered rows, whether it runs without
+        overlap (``sync``) and any row waits for a mask (``has_grammar``), the previous step's
+        processing ``carry``, and the loop's ``stretch`` with ``compiles`` compiles running."""
+        cfg = self.cfg
+        n_sample = len(plan.s_rid)
+        # --- mask building (CPU)
+        row_fill, row_masks = work.fill_s, work.mask_rows
+        grammar_rows = len(row_fill)
+        mask_rows = n_filter
+        fill_s = 0.0
+        if grammar_rows:  # (the executor times or prices a parallel fill: its pool's wall time)
+            if work.fill_wall_s is None:
+                fill_s = float(_sum(row_fill)) * stretch
+            elif self.host is not None:  # the loop waits on the pool, whose busy threads share the cores
+                tasks = -(-grammar_rows // cfg.fill_chunk)
+                fill_s = work.fill_wall_s * self.host.stretch(compiles, min(cfg.fill_threads, tasks))
+            else:
+                fill_s = work.fill_wall_s
+            mask_rows += int(_sum(row_masks))
+        host_fill_s = n_filter * cfg.think_filter_s
+        if mask_rows:  # the engine's own wrapper around the fills: Python under the GIL, so serial even with a pool
+            host_fill_s += cfg.fill_step_s + cfg.fill_row_s * grammar_rows + cfg.mask_alloc_byte_s * self.row_bytes * n_sample
+        host_fill_s *= stretch
+        fill_s += host_fill_s
+
+        # --- GPU
+        n_drafts = plan.n_drafts
+        if work.drafted is not None:
+            # the batch reserved k tokens per decode row; the forward verifies the drafts actually
+            # proposed (hybrid: fewer near an oracle's end, none for a random walk)
+            n_drafts = int(_sum(work.drafted))
+        n_dec = len(plan.dec_rows)
+        dec_tokens = n_dec + n_drafts
+        if plan.everyone:
+            kv = int(_sum(cached))
+        else:
+            kv = int(_sum(cached[plan.dec_sel])) if n_dec else 0
+        pf_tokens = plan.pf_tokens
+        sample_rows = n_sample + n_drafts
+        # a bitmask built in another process than the sampler's travels serialized, on the mask path
+        transfer_s = (cfg.ipc_s + cfg.ipc_byte_s * self.row_bytes * mask_rows) * stretch \
+            if mask_rows and cfg.mask_transfer == "ipc" else 0.0
+        engine_process_s = (cfg.process_step_s + cfg.process_row_s * n_sample + cfg.accept_row_s * grammar_rows) * stretch
+        if live is not None:
+            return self._measured(live, work, sync, has_grammar, plan.pre, carry, fill_s, host_fill_s, transfer_s,
+                                  grammar_rows, mask_rows, sample_rows, engine_process_s, dec_tokens, kv)
+        fw_tokens, fw_kv = dec_tokens, kv
+        if dec_tokens and not pf_tokens:  # a decode step replays the graph of the next captured size
+            fw_tokens, fw_kv = padded_decode(cfg.cuda_graph_sizes, dec_tokens, kv)
+        pf_chunks = plan.pf_chunks
+        forward_s = self.gpu.forward_s(pf_chunks, cached[plan.pf_sel] if pf_tokens else pf_chunks, fw_tokens, fw_kv)
+        copy_s = self.gpu.copy_s(mask_rows, cfg.pinned_mask) if mask_rows else 0.0
+        apply_s = self.gpu.apply_s(mask_rows) if mask_rows else 0.0
+        sample_s = self.gpu.sample_s(sample_rows)
+        process_s = work.process_s * stretch + engine_process_s
+        launch_s = (cfg.launch_s if not pf_tokens or cfg.launch_prefill_s is None else cfg.launch_prefill_s) * stretch
+        duration, after_token, exposed, hidden, carry_out = step_time(
+            sync, has_grammar, plan.pre, carry, forward_s, fill_s, copy_s + transfer_s, apply_s, sample_s, process_s,
+            launch_s)
+        return StepCost(duration, after_token, exposed, hidden, carry_out, forward_s, fill_s, copy_s, apply_s,
+                        sample_s, process_s, transfer_s, launch_s, grammar_rows, mask_rows, dec_tokens, kv)
+
+    def _measured(self, live: LiveStep, work: StepWork, sync: bool, has_grammar: bool, pre: float, carry: float,
+                  fill_s: float, host_fill_s: float, transfer_s: float, grammar_rows: int, mask_rows: int,
+                  sample_rows: int, engine_process_s: float, dec_tokens: int, kv: int) -> StepCost:
+        """Finish a live step: the measured duration and parts, the grammar's deferred accepts merged
+        into ``work``, and the CPU split by the overlap rules; the launch is the measured duration
+        beyond what those rules make of the measured parts."""
+        settled: list[Settlement | None] = []
+        times = live.end(mask_rows, sample_rows, host_fill_s + transfer_s, sync,
+                         after_sample=lambda: settled.append(self.settle()), after_s=engine_process_s)
+        if settled and settled[0] is not None:
+            work.process_s += settled[0].process_s
+            if settled[0].rejected is not None:
+                work.rejected = settled[0].rejected if work.rejected is None else work.rejected | settled[0].rejected
+        process_s = work.process_s + engine_process_s
+        parts, _, exposed, hidden, _ = step_time(sync, has_grammar, pre, carry, times.forward_s, fill_s,
+                                                 times.copy_s + transfer_s, times.apply_s, times.sample_s, process_s)
+        launch_s = times.duration - parts
+        # with overlap the grammar's accepts ran beside this forward; the engine's processing is paid next step
+        carry_out = 0.0 if sync else engine_process_s
+        return StepCost(times.duration, times.after_token_s, exposed + launch_s, hidden, carry_out, times.forward_s,
+                        fill_s, times.copy_s, times.apply_s, times.sample_s, process_s, transfer_s, launch_s,
+                        grammar_rows, mask_rows, dec_tokens, kv)
