@@ -90,11 +90,11 @@ def cells(spec: CampaignSpec) -> list[Cell]:
 
 
 def run_id(spec: CampaignSpec, arm: str, cell: Cell, seed: int, copy: int = 1) -> str:
-    """The folder of one run under the campaign folder (the campaign's ``layout``)."""
+    """The folder of one run under the campaign folder (the arm's or else the campaign's ``layout``)."""
     projected = cell.only(spec.arms[arm].over)
     fields = {axis_label(k, spec.axes): folder_safe(_text(v)) for k, v in cell.values}
     try:
-        return spec.layout.format(cell=projected.name, seed=seed, arm=arm, copy=copy,
+        return (spec.arms[arm].layout or spec.layout).format(cell=projected.name, seed=seed, arm=arm, copy=copy,
                                   copy_letter=chr(ord("a") + copy - 1),
                                   copy_suffix=f"-{chr(ord('a') + copy - 1)}" if spec.arms[arm].copies > 1 else "",
                                   **fields)

@@ -56,6 +56,7 @@ class Arm(BaseModel):
                                        "the cells whose value of each named axis is one of these")
     cores: int | None = Field(None, ge=1, description="cores each run gets (default: the runner's cores_per_run)")
     lane: str | None = Field(None, description="runs of one lane go one at a time (e.g. the one GPU)")
+    layout: str | None = Field(None, description="this arm's runs' folders (default: the campaign's layout)")
 
 
 class Comparison(BaseModel):
@@ -174,9 +175,12 @@ class CampaignSpec(BaseModel):
         names = [c.name for c in self.comparisons]
         if len(set(names)) != len(names):
             raise ValueError("comparison names must be unique")
-        if "{arm}" not in self.layout or not any(c in self.layout for c in ("{copy}", "{copy_letter}", "{copy_suffix}")):
-            raise ValueError("layout must hold {arm} and one of {copy}, {copy_letter}, {copy_suffix}, so that every "
-                             "run gets a folder of its own")
+        for where, layout in [("layout", self.layout),
+                              *((f"arms.{n}.layout", a.layout) for n, a in self.arms.items() if a.layout)]:
+            if (where == "layout" and "{arm}" not in layout) or not any(
+                    c in layout for c in ("{copy}", "{copy_letter}", "{copy_suffix}")):
+                raise ValueError(f"{where} must hold {'{arm} and ' if where == 'layout' else ''}one of {{copy}}, "
+                                 "{copy_letter}, {copy_suffix}, so that every run gets a folder of its own")
         return self
 
     def runs_in(self, arm: str, cell: Mapping[str, Any]) -> bool:
