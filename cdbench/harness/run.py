@@ -112,7 +112,7 @@ def empty_result() -> RunResult:
 def _stopped_result(sched: Scheduler, slo: SLO | None, timeline: Timeline, start: float,
                     executor: GrammarExecutor) -> RunResult:
     """What a run stopped mid-way finished: the ended requests' rows, every step so far, their summary."""
-    sched._sum_tallies()  # the buffered per-step counters (summing early changes no value)
+    sched.tallies.flush()  # the buffered per-step counters (summing early changes no value)
     requests = sched.rec.to_frame(sched.rec.finished())
     steps = sched.steps.to_frame()
     summary = summarize(requests, steps, sched.itl, sched.fill_hist, slo, sched.idle_iterations,
@@ -144,7 +144,7 @@ def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: 
             if show is not None:
                 show(ended)
             if time.perf_counter() >= due:
-                sched._sum_tallies()  # the ended requests' counters are in the table (summing early changes nothing)
+                sched.tallies.flush()  # the ended requests' counters are in the table (summing early changes nothing)
                 sink.finished(finished.take())
                 due = time.perf_counter() + sink.interval_s
 
