@@ -4,7 +4,7 @@ Command (from the repository root)::
 
     .venv/bin/python scripts/profile_gap.py --base <dir of isolated profiles> --other <dir of in-situ profiles>
 
-Each directory holds ``<backend>.json`` profiles (``GrammarProfile``). Prints a
+Each directory holds ``<backend>.parquet`` or ``<backend>.json`` profiles (``GrammarProfile``). Prints a
 markdown table per backend: for each kind both profiles measured, the fill
 p50 / p90 / p99 (µs) and compile p50 / p99 (ms) of each, and the ratio other ÷
 base, with the sample counts. The pooled row covers all kinds (its mix is
@@ -16,7 +16,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cdbench.harness.costs.grammar_profile import GrammarProfile, KindProfile
+from cdbench.harness.costs.grammar_profile import (
+    PROFILE_SUFFIXES,
+    GrammarProfile,
+    KindProfile,
+)
 
 BACKENDS = ("xgrammar", "llguidance", "outlines")
 
@@ -49,6 +53,12 @@ def table(backend: str, base: GrammarProfile, other: GrammarProfile) -> str:
     return "\n".join(lines)
 
 
+def _file(folder: Path, backend: str) -> Path:
+    """``backend``'s profile file in ``folder``: its ``.parquet``, else its ``.json``."""
+    found = [folder / f"{backend}{suffix}" for suffix in PROFILE_SUFFIXES if (folder / f"{backend}{suffix}").is_file()]
+    return found[0] if found else folder / f"{backend}.json"  # load names a missing file
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", type=Path, required=True)
@@ -56,8 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", default=",".join(BACKENDS))
     args = parser.parse_args(argv)
     for backend in args.backends.split(","):
-        base = GrammarProfile.load(args.base / f"{backend}.json")
-        other = GrammarProfile.load(args.other / f"{backend}.json")
+        base, other = (GrammarProfile.load(_file(folder, backend)) for folder in (args.base, args.other))
         print(table(backend, base, other), end="\n\n")
     return 0
 

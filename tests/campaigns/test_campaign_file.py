@@ -13,7 +13,9 @@ from cdbench.campaigns.plan import (
     run_id,
 )
 from cdbench.campaigns.spec import load_campaign
-from cdbench.results.config_files import ConfigError
+from cdbench.harness.config import RunConfig
+from cdbench.results.config_files import ConfigError, validate_config
+from cdbench.results.sweep import base_config
 
 GOOD = """
 name: t
@@ -153,4 +155,8 @@ def test_the_shipped_campaign_files_parse():
     files = sorted((Path(__file__).parents[2] / "campaigns").glob("*.yaml"))
     assert files
     for path in files:
-        assert plan_runs(load_campaign(path)), path
+        spec = load_campaign(path)
+        base = base_config(spec.base, path)
+        for run in plan_runs(spec):  # every run's configuration is a valid RunConfig
+            tree = run_config(spec, base, run, lambda rid, field: "/x" if field == "folder" else 1.0, Path("/x"))
+            validate_config(RunConfig, tree, f"{path.name}: {run.run_id}")

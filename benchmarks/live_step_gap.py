@@ -12,7 +12,12 @@ shapes. This times, on one GPU and in one process, the same decode shapes four w
 then holds the GPU busy with live steps of one shape for ``--sustain-s`` seconds and prints the forward's
 median per second (clocks settling under sustained load). Usage (a CUDA host)::
 
-    python scripts/live/step_gap.py --model qwen3-8b --max-len 2400 --out reports/live/step_gap_h100.csv
+    python benchmarks/live_step_gap.py --model qwen3-8b --max-len 2400 --out reports/live/step_gap_h100.csv
+
+Found (H100, reports/live/step_gap_h100.csv): the live forwards are 0.0-0.9 % above the grid; ragged lengths and a
+busy thread change nothing measurable; under 25 s of sustained steps the forward stayed at 8.94-8.98 ms and the
+SM clock at 1980 MHz. The step's wall time holds 150-340 us more than its forward and sampling: the launch
+(reports/live/README.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,11 @@ Prints this host's :class:`~cdbench.harness.costs.host.HostInfo` as JSON (benchm
 store if it is not yet), then the score of each fresh run and their min / median / max, and the load average
 before and after (other processes on the machine are what moves the score).
 
-    .venv/bin/python scripts/spec_costs/host_benchmark.py [--runs 5] [--store DIR]
+    .venv/bin/python benchmarks/host_score_spread.py [--runs 5] [--store DIR]
+
+Found (2-core AMD EPYC VM shared with other work; reports/spec_costs/host_benchmark.md): within one load level
+five runs stay within 4-7 % of each other, but load moves the score more: from about 1.0 near idle to about
+0.92 at a load average of 7-8, so a host recorded under load is priced about 8 % slow while its record is kept.
 """
 
 from __future__ import annotations
