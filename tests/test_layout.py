@@ -26,7 +26,9 @@ ALLOWED = {
     "profile": {"_env", "_files", "backends", "kernels", "workloads", "harness", "reports"},
     "results": {"_env", "_files", "backends", "kernels", "workloads", "harness"},
     "reports": {"_env", "_files", "workloads", "results"},
-    "cli": {"_env", "_files", "backends", "kernels", "workloads", "harness", "profile", "results", "reports"},
+    "campaigns": {"_env", "_files", "results", "reports"},
+    "cli": {"_env", "_files", "backends", "kernels", "workloads", "harness", "profile", "results", "reports",
+            "campaigns"},
     "__main__": {"cli"},  # python -m cdbench: the command line, nothing else
 }
 

@@ -210,7 +210,7 @@ def _sglang(cpus: int) -> dict:
         # the host's launch of a step (inputs staged, the graph replayed, the wake-up on the sampled tokens): the
         # engines' worker side needs a CUDA host and did not run (reports/engine_costs), so this is cdbench's live
         # executor, measured on an H100 host: the medians over a live run's decode steps and its steps with prefill
-        # chunks (reports/live/launch_h100.csv, scripts/live/launch_cost.py)
+        # chunks (reports/live/launch_h100.csv, benchmarks/live_launch_cost.py)
         launch_s=3.278e-4,
         launch_prefill_s=1.617e-4,
         # ServerArgs' default capture list without spec decoding, up to cuda_graph_max_bs 256 (one GPU of 80 GB)
@@ -253,7 +253,7 @@ def _vllm(cpus: int) -> dict:
         # the host's launch of a step (inputs staged, the graph replayed, the wake-up on the sampled tokens): the
         # engines' worker side needs a CUDA host and did not run (reports/engine_costs), so this is cdbench's live
         # executor, measured on an H100 host: the medians over a live run's decode steps and its steps with prefill
-        # chunks (reports/live/launch_h100.csv, scripts/live/launch_cost.py)
+        # chunks (reports/live/launch_h100.csv, benchmarks/live_launch_cost.py)
         launch_s=3.278e-4,
         launch_prefill_s=1.617e-4,
         # CompilationConfig's default capture sizes, up to min(2 * max_num_seqs, 512)

@@ -50,7 +50,7 @@ def test_every_kind_produces_valid_instances():
 
 def test_sampled_oracle_coverage_of_github_easy(corpora_dir):
     """50 seeded items of jsonschemabench_github_easy: at least 95 % get a validated instance
-    (the full-file measurement is scripts/oracle_coverage.py)."""
+    (the full-file measurement is benchmarks/oracle_coverage.py)."""
     from cdbench.workloads.corpora import read_corpus
 
     items = read_corpus(corpora_dir / "jsonschemabench_github_easy.jsonl", sample=50, seed=7).items
