@@ -380,30 +380,33 @@ def profile_item(
 def walk_in_batch(backend_name: str, backend: GrammarBackend, task: BatchWalkTask) -> ItemResult:
     """Time every fill of ``task``'s walks, interleaved as a batch interleaves them.
 
-    An engine fills the rows of a step one grammar after another, and every grammar of the batch
-    touches its own state between two fills of one grammar: measured alone, a grammar's fills find
-    the caches warm, and in a run they do not. The specs are compiled first (in order, untimed: the
-    compile sequence times them), then the walks advance together, ``task.width`` at a time in
-    arrival order, ``task.repeats`` times over with fresh matchers. A walk stops at a token its
-    grammar refuses (as the request would abort); walks of a spec that does not compile are skipped.
-    ``tokens.instance`` is the walk's index and ``tokens.position`` the fill's answer position.
+    An engine fills the rows of a step one grammar after another into one mask it keeps, so each
+    grammar meets caches its neighbours have just used; walked alone, a grammar finds them warm.
+    Each of ``task.repeats`` rounds starts from an empty engine cache and compiles the specs in
+    order (untimed: the compile sequence times them), so that no round meets grammars an earlier
+    round already walked (a grammar keeps what its fills computed); then the walks advance
+    together, ``task.width`` at a time in arrival order, a finished walk's row taken by the next.
+    A walk stops at a token its grammar refuses (as the request would abort); walks of a spec
+    that does not compile are skipped. ``tokens.instance`` is the walk's index and
+    ``tokens.position`` the fill's answer position.
     """
     result = ItemResult(corpus=task.corpus, item_id=task.item_id, kind=task.kind, backend=backend_name,
                         status="ok")
-    grammars: dict[int, Any] = {}
-    for index, spec in enumerate(task.specs):
-        try:
-            grammars[index] = backend.compile(spec)
-        except CompileError:
-            continue
-    walks = [(i, grammars[s], tokens) for i, (s, tokens) in enumerate(task.walks) if s in grammars and tokens]
     mask = backend.allocate_mask(max(1, task.width))
     times, clock = result.tokens, time.perf_counter_ns
-    gc.collect()
-    gc.disable()  # a collection pause inside a timed fill would be charged to the engine
     try:
         for _ in range(task.repeats):
-            waiting = deque(walks)
+            backend.clear_engine_cache()
+            grammars: dict[int, Any] = {}
+            for index, spec in enumerate(task.specs):
+                try:
+                    grammars[index] = backend.compile(spec)
+                except CompileError:
+                    continue
+            waiting = deque((i, grammars[s], tokens) for i, (s, tokens) in enumerate(task.walks)
+                            if s in grammars and tokens)
+            gc.collect()
+            gc.disable()  # a collection pause inside a timed fill would be charged to the engine
             active: list[list[Any]] = []  # [walk index, matcher, tokens, position]
             while waiting or active:
                 while waiting and len(active) < task.width:
@@ -422,6 +425,7 @@ def walk_in_batch(backend_name: str, backend: GrammarBackend, task: BatchWalkTas
                         walk[3] = position + 1
                         still.append(walk)
                 active = still
+            gc.enable()
     except MemoryError:
         result.status, result.message = "oom", "out of memory while walking in batch"
     except Exception as exc:

@@ -40,8 +40,14 @@ def test_walks_advance_width_at_a_time_in_arrival_order_and_a_finished_walks_slo
     specs = (ConstraintSpec("regex", "[ab]+"), ConstraintSpec("regex", "[0-9]+"))
     long, short = _text(vocab, "ab" * 6), _text(vocab, "7")
     walks = ((0, long), (1, short), (1, _text(vocab, "42")))
+    compiled, clears = [], []
+    compile, clear = backend.compile, backend.clear_engine_cache
+    backend.compile = lambda spec: compiled.append(spec) or compile(spec)
+    backend.clear_engine_cache = lambda: clears.append(1) or clear()
     result = walk_in_batch("xgrammar", backend, BatchWalkTask("t", "w", specs, walks, width=2, repeats=2))
     assert result.status == "ok"
+    # every repeat starts from an empty engine cache and its own grammars: a grammar keeps what its fills computed
+    assert compiled == list(specs) * 2 and len(clears) == 2
     order = list(zip(result.tokens.instance, result.tokens.position, strict=True))
     per_repeat = len(order) // 2
     assert order[:per_repeat] == order[per_repeat:]  # each repeat walks the same way, with fresh matchers
