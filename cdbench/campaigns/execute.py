@@ -166,37 +166,42 @@ def run_campaign(
         reason = "stopped at the campaign deadline" if code is None else f"exit {code}: {lines[-1] if lines else ''}"
         record(RunOutcome(job.run, "failed", f"{reason} (console: {log})", wall))
 
-    while pending or running:
-        for job in list(running):
-            code = job.proc.poll()
-            if code is None and time.monotonic() > deadline:
-                job.proc.kill()
-                job.proc.wait()
-            elif code is None:
-                continue
-            finish(job, code)
-        for run in list(pending):
-            failed_dep = next((d for d in run.depends if d in outcomes and outcomes[d].status not in ("done", "skipped")),
-                              None)
-            if failed_dep is not None:
-                pending.remove(run)
-                record(RunOutcome(run, "blocked", f"needs run {failed_dep}, which {outcomes[failed_dep].status}"))
-                continue
-            if time.monotonic() > deadline or len(running) >= spec.runner.jobs:
-                continue
-            if any(d not in outcomes for d in run.depends) or spec.arms[run.arm].lane in busy_lanes:
-                continue
-            cores: list[int] = []
-            if spec.runner.pin:
-                if len(free_cores) < core_count(spec, run):
+    try:
+        while pending or running:
+            for job in list(running):
+                code = job.proc.poll()
+                if code is None and time.monotonic() > deadline:
+                    job.proc.kill()
+                    job.proc.wait()
+                elif code is None:
                     continue
-                cores = free_cores[:core_count(spec, run)]
-            pending.remove(run)
-            start(run, cores)
-        if time.monotonic() > deadline and not running:
-            for run in pending:
-                record(RunOutcome(run, "not started", "the campaign deadline passed"))
-            pending.clear()
-        if running:
-            time.sleep(0.2)
+                finish(job, code)
+            for run in list(pending):
+                failed_dep = next((d for d in run.depends if d in outcomes and outcomes[d].status not in ("done", "skipped")),
+                                  None)
+                if failed_dep is not None:
+                    pending.remove(run)
+                    record(RunOutcome(run, "blocked", f"needs run {failed_dep}, which {outcomes[failed_dep].status}"))
+                    continue
+                if time.monotonic() > deadline or len(running) >= spec.runner.jobs:
+                    continue
+                if any(d not in outcomes for d in run.depends) or spec.arms[run.arm].lane in busy_lanes:
+                    continue
+                cores: list[int] = []
+                if spec.runner.pin:
+                    if len(free_cores) < core_count(spec, run):
+                        continue
+                    cores = free_cores[:core_count(spec, run)]
+                pending.remove(run)
+                start(run, cores)
+            if time.monotonic() > deadline and not running:
+                for run in pending:
+                    record(RunOutcome(run, "not started", "the campaign deadline passed"))
+                pending.clear()
+            if running:
+                time.sleep(0.2)
+    finally:  # an interrupted campaign (Ctrl-C, an error) leaves no run going on without it
+        for job in running:
+            job.proc.kill()
+            job.proc.wait()
     return [outcomes[run.run_id] for run in runs]
