@@ -1,0 +1,80 @@
+"""The campaign runner's placement: core pinning, lanes, jobs, dependencies and the deadline.
+
+The runs are a small script standing in for ``cdbench run`` (``run_campaign`` takes the command to run), which
+records the cores it was pinned to and when it ran, so placement is checked without simulating anything.
+"""
+
+import json
+import os
+import sys
+import textwrap
+
+import pytest
+
+from cdbench.campaigns.execute import run_campaign
+from cdbench.campaigns.plan import plan_runs
+from cdbench.campaigns.spec import CampaignSpec
+
+STAND_IN = textwrap.dedent("""
+    import json, os, sys, time, yaml
+    config, folder = sys.argv[2], sys.argv[4]
+    tree = yaml.safe_load(open(config))
+    start = time.time()
+    time.sleep(tree.get("sleep", 0.3))
+    os.makedirs(folder, exist_ok=True)
+    summary = {"cores": sorted(os.sched_getaffinity(0)), "start": start, "end": time.time(),
+               "omp": os.environ.get("OMP_NUM_THREADS"), "rate": tree.get("rate")}
+    json.dump(summary, open(os.path.join(folder, "summary.json"), "w"))
+""")
+
+
+def campaign(tmp_path, deadline_s=None, **fields):
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN)
+    spec = CampaignSpec.model_validate({"name": "t", **fields})
+    out = tmp_path / "out"
+    outcomes = run_campaign(spec, {}, plan_runs(spec), out, [sys.executable, str(script)],
+                            deadline_s=deadline_s)
+    summaries = {o.run.run_id: json.loads((out / o.run.run_id / "summary.json").read_text())
+                 for o in outcomes if o.status == "done"}
+    return outcomes, summaries
+
+
+def overlaps(a, b):
+    return a["start"] < b["end"] and b["start"] < a["end"]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning two runs apart needs two cores")
+def test_pinned_runs_get_cores_of_their_own_and_one_thread(tmp_path):
+    cores = sorted(os.sched_getaffinity(0))
+    outcomes, runs = campaign(tmp_path, arms={"a": {"mode": "model", "copies": 2}},
+                              runner={"jobs": 2, "pin": True, "first_core": cores[0]})
+    assert [o.status for o in outcomes] == ["done", "done"]
+    first, second = runs.values()
+    assert len(first["cores"]) == 1 and len(second["cores"]) == 1
+    if overlaps(first, second):  # side by side, so on different cores
+        assert first["cores"] != second["cores"]
+    assert first["omp"] == "1"
+
+
+def test_runs_of_one_lane_go_one_at_a_time(tmp_path):
+    _, runs = campaign(tmp_path, arms={"live": {"mode": "live", "copies": 3, "lane": "gpu"}}, runner={"jobs": 3})
+    spans = list(runs.values())
+    assert len(spans) == 3
+    assert not any(overlaps(a, b) for i, a in enumerate(spans) for b in spans[i + 1:])
+
+
+def test_a_run_waits_for_the_runs_it_refers_to_and_reads_their_summary(tmp_path):
+    _, runs = campaign(tmp_path, arms={"first": {"mode": "model"},
+                                       "second": {"mode": "model", "set": {"rate": "= 2 * ${first.end}"}}},
+                       runner={"jobs": 2})
+    first, second = runs["all/seed0/first-1"], runs["all/seed0/second-1"]
+    assert second["start"] >= first["end"]
+    assert second["rate"] == 2 * first["end"]
+
+
+def test_the_deadline_stops_starting_runs(tmp_path):
+    outcomes, _ = campaign(tmp_path, arms={"a": {"mode": "model", "copies": 3, "set": {"sleep": 2.0}}},
+                           runner={"jobs": 1}, deadline_s=0.5)
+    assert [o.status for o in outcomes] == ["failed", "not started", "not started"]
+    assert "deadline" in outcomes[0].error
