@@ -181,6 +181,16 @@ class PeerAgreement:
         self.step_seconds.append(time.perf_counter() - start)
         return float(values[0]), float(values[1])
 
+    def check_same(self, state: tuple, what: str) -> None:
+        """Raise :class:`CollectiveError` unless every rank holds the same ``state`` (ranks that should
+        move together and do not would otherwise wait on each other's collectives for ever)."""
+        import torch.distributed as dist
+
+        gathered: list = [None] * self.ranks
+        dist.all_gather_object(gathered, state, group=self.group)
+        if any(other != gathered[0] for other in gathered[1:]):
+            raise CollectiveError(f"the ranks diverged: {what}, by rank: {gathered}")
+
     def close(self) -> None:
         """Nothing to end: the group belongs to the rank process."""
 

@@ -25,11 +25,17 @@ agreement's, the spread of the ranks' step durations and compile times, the
 forward all-reduce at a few sizes) is :class:`RanksInfo`, saved in the run's
 ``live.json``; :func:`model_parameters` turns it into the model's
 ``all_gather_s`` and ``rank_jitter``.
+
+Every iteration the tensor-parallel ranks also check that they hold the same
+state (clock, queues): ranks that drifted apart would otherwise wait on each
+other's collectives for ever. With ``CDBENCH_RANK_STACKS_S`` set, each rank
+prints its threads' stacks every that many seconds (a stuck run's diagnosis).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import math
 import multiprocessing as mp
 import os
@@ -59,6 +65,7 @@ from cdbench.harness.timeline import Timeline
 from cdbench.workloads.request import Request
 
 Parallel = Literal["tp", "dp"]
+STACKS_ENV = "CDBENCH_RANK_STACKS_S"  # set: each rank prints its threads' stacks every that many seconds
 ALL_REDUCE_TOKENS = (1, 16, 128, 1024, 8192)  # rows of hidden-size activations the forward all-reduces
 _QUANTILES = (0.5, 0.9, 0.99)
 
@@ -194,6 +201,11 @@ class RankScheduler(Scheduler):
         self.peer = peer
         self._ranks = peer  # the poll's all_gather (Scheduler._agree_for_real) goes to the other processes
 
+    def _iterate(self, t: float) -> float | None:
+        self.peer.check_same((t, len(self.batch), len(self.waiting), self.grammar_queue, self.ended),
+                             "(clock, running, waiting, grammar queue, ended) at an iteration")
+        return super()._iterate(t)
+
     def _idle_iteration(self, t, pre, schedule_s, poll_s, sync_s, check_s) -> float | None:
         rows = len(self.steps.rows)
         duration = super()._idle_iteration(t, pre, schedule_s, poll_s, sync_s, check_s)
@@ -236,9 +248,10 @@ def run_ranks(job: RankJob, progress: Callable[[float], None] | None = None
             _wait(procs, folder, job.timeout_s, progress)
         finally:
             for proc in procs:
+                proc.join(timeout=10)  # (a rank that delivered may still be leaving its group)
                 if proc.is_alive():
-                    proc.terminate()  # our own child, left waiting on a failed rank: ended by its handle
-                proc.join()
+                    proc.terminate()  # our own child, stuck or left waiting on a failed rank: ended by its handle
+                    proc.join()
         outputs = [pickle.loads((folder / f"rank{rank}.pkl").read_bytes()) for rank in range(job.ranks)]
     return outputs, _info(job, outputs)
 
@@ -254,6 +267,7 @@ def _check_tp(config: SchedulerConfig) -> None:
 
 
 def _wait(procs, folder: Path, timeout_s: float, progress: Callable[[float], None] | None) -> None:
+    """Until every rank has delivered its output (a rank may still be leaving its group then)."""
     deadline = time.monotonic() + timeout_s
     done: set[int] = set()
     while len(done) < len(procs):
@@ -261,51 +275,60 @@ def _wait(procs, folder: Path, timeout_s: float, progress: Callable[[float], Non
             if rank in done:
                 continue
             failure = folder / f"rank{rank}.err"
-            if failure.exists():
-                raise CollectiveError(f"rank {rank} failed: {failure.read_text().strip().splitlines()[-1]}\n"
-                                      f"{failure.read_text()}")
-            if not proc.is_alive():
-                if (folder / f"rank{rank}.pkl").exists():
-                    done.add(rank)
-                    if progress is not None:
-                        progress(len(done) / len(procs))
-                elif not failure.exists():
-                    raise CollectiveError(f"rank {rank} ended (exit code {proc.exitcode}) without a result")
+            if (folder / f"rank{rank}.pkl").exists():
+                done.add(rank)
+                if progress is not None:
+                    progress(len(done) / len(procs))
+            elif failure.exists():
+                text = failure.read_text()
+                raise CollectiveError(f"rank {rank} failed: {text.strip().splitlines()[-1]}\n{text}")
+            elif not proc.is_alive():
+                raise CollectiveError(f"rank {rank} ended (exit code {proc.exitcode}) without a result")
         if time.monotonic() > deadline:
             raise CollectiveError(f"the ranks did not finish within {timeout_s:g} s (done: {sorted(done)})")
         time.sleep(0.05)
 
 
 def _rank_main(rank: int, folder: str) -> None:
-    """One rank process: join the group, run its part of the job, leave its output (or its error) in ``folder``."""
+    """One rank process: run its part of the job, leave its output (or its error) in ``folder``."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if stacks := os.environ.get(STACKS_ENV):  # a stuck rank says where it waits (every that many seconds)
+        faulthandler.dump_traceback_later(float(stacks), repeat=True)
     path = Path(folder)
     try:
         job: RankJob = pickle.loads((path / "job.pkl").read_bytes())
-        output = _run_rank(rank, job, path / "store")
-        scratch = path / f"rank{rank}.tmp"
-        scratch.write_bytes(pickle.dumps(output))
-        scratch.rename(path / f"rank{rank}.pkl")  # whole or absent: the parent never reads half of it
+        _run_rank(rank, job, path)
     except BaseException:  # noqa: BLE001 - reported to the parent, which names the rank and ends the others
         (path / f"rank{rank}.err").write_text(traceback.format_exc())
 
 
-def _run_rank(rank: int, job: RankJob, store: Path) -> _RankOutput:
-    """A rank process's run: join the ranks' group (NCCL on GPUs, gloo on the CPU), then :func:`_simulate_rank`."""
+def _deliver(folder: Path, rank: int, output: _RankOutput) -> None:
+    scratch = folder / f"rank{rank}.tmp"
+    scratch.write_bytes(pickle.dumps(output))
+    scratch.rename(folder / f"rank{rank}.pkl")  # whole or absent: the parent never reads half of it
+
+
+def _run_rank(rank: int, job: RankJob, folder: Path) -> None:
+    """A rank process's run (:func:`_simulate_rank`); tensor-parallel ranks first join their group (NCCL on
+    GPUs, gloo on the CPU). The output is delivered before the rank leaves the group: leaving may wait."""
+    import datetime
+
     import torch
     import torch.distributed as dist
 
     cuda = job.live is not None and job.live.device == "cuda"
     if cuda:
         torch.cuda.set_device(rank)
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{store}", rank=rank,
-                            world_size=job.ranks)
+    if job.parallel == "dp":  # nothing to share
+        _deliver(folder, rank, _simulate_rank(rank, job, job.executor(), None, None))
+        return
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{folder / 'store'}", rank=rank,
+                            world_size=job.ranks, timeout=datetime.timedelta(seconds=job.timeout_s))
     try:
         # the grammar's agreement travels on a CPU group, as SGLang's grammar sync group does
         cpu_group = dist.new_group(backend="gloo") if cuda else None
-        peer = PeerAgreement(job.ranks, cpu_group) if job.parallel == "tp" else None
-        tp = TensorParallel(job.ranks, rank, None) if job.parallel == "tp" else None
-        return _simulate_rank(rank, job, job.executor(), peer, tp)
+        tp = TensorParallel(job.ranks, rank, None)
+        _deliver(folder, rank, _simulate_rank(rank, job, job.executor(), PeerAgreement(job.ranks, cpu_group), tp))
     finally:
         dist.destroy_process_group()
 
@@ -553,3 +576,17 @@ def simulate_ranks(job: RankJob, slo: SLO | None = None, progress: Callable[[flo
     return RunResult(requests, steps, summary, outputs[0].timeline or Timeline(), time.perf_counter() - start,
                      sum(o.backend_call_s for o in outputs), sum(o.validation_s for o in outputs), errors,
                      grammar_profile=outputs[0].profile, live=live)
+
+
+def load_ranks_info(live_json: Path | str) -> RanksInfo:
+    """The :class:`RanksInfo` saved in a run's ``live.json``; ``ValueError`` naming the file if it has none."""
+    import json
+
+    data = json.loads(Path(live_json).read_text()).get("ranks")
+    if not data:
+        raise ValueError(f"{live_json}: not a run of several rank processes (no 'ranks' entry)")
+    spreads = {name: Spread(**data[name]) if data.get(name) else None
+               for name in ("all_gather_s", "step_agree_s", "step_skew_s", "compile_skew_s")}
+    rest = {k: v for k, v in data.items() if k not in spreads}
+    rest["all_reduce_s"] = {int(k): v for k, v in (rest.get("all_reduce_s") or {}).items()}
+    return RanksInfo(**rest, **spreads)
