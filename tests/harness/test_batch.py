@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from scheduler_helpers import SPEC
 
-from cdbench.harness import scheduler
+from cdbench.harness import tallies
 from cdbench.harness.batch import RunningBatch
 from cdbench.harness.costs.gpu import FixedGpuCosts
 from cdbench.harness.executors.model import FixedGrammarCosts, ModelExecutor
@@ -71,7 +71,7 @@ def _run(name: str):
 @pytest.mark.parametrize("name", ["sglang", "vllm"])
 def test_counters_summed_every_step_or_once_give_the_same_run(name, monkeypatch):
     once = _run(name)
-    monkeypatch.setattr(scheduler, "_TALLY_ROWS", 1)
+    monkeypatch.setattr(tallies, "ROWS", 1)
     every_step = _run(name)
     pd.testing.assert_frame_equal(once.requests, every_step.requests, check_exact=True)
     assert once.summary == every_step.summary
