@@ -177,6 +177,7 @@ class CostConfig(ForwardConfig, SpecCostSettings):
         if self.fixed_grammar is not None:
             return self.fixed_grammar
         options = dict(options or {})
+        configured = backend
         if backend == "reasoner":
             inner = options.get("inner", _REASONER_INNER)
             if not isinstance(inner, str):
@@ -186,7 +187,9 @@ class CostConfig(ForwardConfig, SpecCostSettings):
         source = self.grammar_profile or backend
         named = is_profile_file(source)
         profile = GrammarProfile.load(source) if named else GrammarProfile.builtin(source)
-        mismatch = profile.mismatch(backend, vocab, backend_version(backend)) if vocab is not None else None
+        # a reasoner run's own profile (a hybrid run of it: its thinking accepts too) fits it, as its inner's does
+        measured = configured if profile.backend == configured else backend
+        mismatch = profile.mismatch(measured, vocab, backend_version(measured)) if vocab is not None else None
         if mismatch is not None:
             which = f"grammar profile {source}" if named else f"the shipped {source} grammar profile"
             mismatch = f"{which} was {mismatch}"

@@ -48,6 +48,16 @@ def test_matching_profiles_and_the_none_backend_on_any_vocabulary_run(tmp_path):
     assert _costs(tmp_path).grammar_costs("none", 0, requests=[], vocab="cl100k").profile.backend == "none"
 
 
+def test_a_reasoner_runs_own_profile_fits_it(tmp_path):
+    path = tmp_path / "reasoner.parquet"
+    GrammarProfile.builtin("outlines").model_copy(update={"backend": "reasoner",
+                                                          "engine_version": backend_version("reasoner")}).save(path)
+    costs = _costs(tmp_path, grammar_profile=str(path)).grammar_costs("reasoner", 0, requests=[], vocab="qwen3.6")
+    assert costs.coverage.profile_mismatch is None
+    with pytest.raises(ProfileError, match="measured with reasoner unversioned on qwen3.6; the run uses xgrammar"):
+        _costs(tmp_path, grammar_profile=str(path)).grammar_costs("xgrammar", 0, requests=[], vocab="qwen3.6")
+
+
 def test_an_allowed_mismatch_runs_and_its_summary_records_it(tmp_path):
     from cdbench.harness.run import run
     from cdbench.results.run_folder import load_run, save_run
