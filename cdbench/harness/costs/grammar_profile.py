@@ -292,6 +292,12 @@ class ParallelFillProfile(BaseModel):
 Section = TypeVar("Section", SpecProfile, InstanceProfile)
 
 
+def _first_error(exc: ValidationError) -> str:
+    """``field 'a.b': message`` of the first thing wrong."""
+    first = exc.errors()[0]
+    return f"field {'.'.join(str(p) for p in first['loc']) or '<root>'!r}: {first['msg']}"
+
+
 class LazySections(Mapping[str, Section], Generic[Section]):
     """A profile file's specs (or instances) by key, each decoded from its row the first time it is read.
 
@@ -323,10 +329,8 @@ class LazySections(Mapping[str, Section], Generic[Section]):
             try:
                 found = self._model.model_validate_json(self._bodies[row].as_py())
             except ValidationError as exc:
-                first = exc.errors()[0]
-                where = ".".join(str(p) for p in first["loc"]) or "<root>"
-                raise ProfileError(f"{self._path}: invalid {self._model.__name__} {key!r}, field {where!r}: "
-                                   f"{first['msg']}") from exc
+                raise ProfileError(f"{self._path}: invalid {self._model.__name__} {key!r}, "
+                                   f"{_first_error(exc)}") from exc
             self._decoded[key] = found
         return found
 
@@ -395,16 +399,15 @@ def _read_parquet(path: Path) -> GrammarProfile:
     try:
         header = GrammarProfile.model_validate_json(bodies[section.index("header")].as_py())
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "<root>"
-        raise ProfileError(f"{path}: invalid grammar profile field {where!r}: {first['msg']}") from exc
+        raise ProfileError(f"{path}: invalid grammar profile {_first_error(exc)}") from exc
 
     def rows(name: str, model: type[Section]) -> LazySections[Section]:
         at = [i for i, s in enumerate(section) if s == name]
         return LazySections(model, path, [keys[i] for i in at], bodies.take(pa.array(at, pa.int64())),
                             [kinds[i] for i in at], [corpora[i] for i in at])
 
-    return header.model_copy(update={"specs": rows("spec", SpecProfile), "instances": rows("instance", InstanceProfile)})
+    return header.model_copy(update={"specs": rows("spec", SpecProfile),
+                                     "instances": rows("instance", InstanceProfile)})
 
 
 class GrammarProfile(BaseModel):
@@ -582,9 +585,7 @@ class GrammarProfile(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "<root>"
-            raise ProfileError(f"{path}: invalid grammar profile field {where!r}: {first['msg']}") from exc
+            raise ProfileError(f"{path}: invalid grammar profile {_first_error(exc)}") from exc
 
     def save(self, path: str | Path) -> None:
         """Write the profile: compressed Parquet for a ``.parquet`` path, else indented JSON."""
@@ -611,8 +612,9 @@ class GrammarProfile(BaseModel):
 
     def mismatch(self, backend: str, vocab: str, version: str) -> str | None:
         """How this profile differs from a run of ``backend`` (engine ``version``) on ``vocab``, in one line
-        naming both sides (``measured with ...; the run uses ...``); ``None`` when it describes such a run. A profile without a recorded engine version
-        matches any; the ``none`` backend's costs (all zero) match any vocabulary."""
+        naming both sides (``measured with ...; the run uses ...``); ``None`` when it describes such a run.
+        A profile without a recorded engine version matches any; the ``none`` backend's costs (all zero)
+        match any vocabulary."""
         ours = f"{self.backend}{f' {self.engine_version}' if self.engine_version else ''} on {self.vocab}"
         theirs = f"{backend}{f' {version}' if self.engine_version else ''} on {vocab}"
         differs = self.backend != backend or self.engine_version not in (None, version) \
