@@ -575,7 +575,22 @@ def simulate_ranks(job: RankJob, slo: SLO | None = None, progress: Callable[[flo
         errors.update(o.compile_errors)
     return RunResult(requests, steps, summary, outputs[0].timeline or Timeline(), time.perf_counter() - start,
                      sum(o.backend_call_s for o in outputs), sum(o.validation_s for o in outputs), errors,
-                     grammar_profile=outputs[0].profile, live=live)
+                     grammar_profile=merged_profile(job, [o.profile for o in outputs]), live=live)
+
+
+_SPEC_SECTIONS = ("compile_by_spec", "failed_specs", "specs", "instances", "spec_contents")
+
+
+def merged_profile(job: RankJob, profiles: Sequence):
+    """The run's in-situ grammar profile: rank 0's under tp (it compiled every spec); under dp each rank
+    measured its own requests' specs, so their per-spec sections are joined (the per-kind
+    distributions stay rank 0's)."""
+    first = profiles[0]
+    if first is None or job.parallel == "tp":
+        return first
+    update = {name: {key: value for p in profiles for key, value in getattr(p, name).items()}
+              for name in _SPEC_SECTIONS}
+    return first.model_copy(update=update | {"source": f"{first.source}; with the specs of ranks 1-{job.ranks - 1}"})
 
 
 def load_ranks_info(live_json: Path | str) -> RanksInfo:

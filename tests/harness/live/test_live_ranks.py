@@ -4,6 +4,7 @@ collectives and the grammar agreement, a tiny model stands in for the GPU forwar
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 from functools import partial
 
 import numpy as np
@@ -12,7 +13,7 @@ import torch.distributed as dist
 
 from cdbench.backends.base import ConstraintSpec
 from cdbench.backends.vocab import load_vocab
-from cdbench.harness.collectives import CollectiveError
+from cdbench.harness.collectives import CollectiveError, PeerAgreement
 from cdbench.harness.costs.gpu import FixedGpuCosts
 from cdbench.harness.costs.hardware import ModelSpec
 from cdbench.harness.executors.model import FixedGrammarCosts, ModelExecutor
@@ -97,6 +98,9 @@ def test_rank_processes_run_live_steps_and_merge_into_one_run(parallel, ranks) -
         assert info.requests == [4, 4] and info.all_gather_s is None
         assert sorted(set(result.steps["rank"])) == [0, 1]
         assert result.summary.completed == sum(info.requests)
+        # each rank measured its own requests' specs: the run's profile joins them
+        structured = {r.spec_id for r in requests if r.spec is not None}
+        assert set(result.grammar_profile.compile_by_spec) == structured
 
 
 def test_four_data_parallel_ranks_with_the_model_executor_match_four_separate_runs() -> None:
@@ -142,3 +146,31 @@ def test_compile_sigma_is_the_spread_among_ranks() -> None:
     seconds = base * rng.lognormal(0, 0.2, (2, 400))
     assert compile_sigma(seconds) == pytest.approx(0.2, rel=0.15)
     assert compile_sigma(np.full((2, 3), np.nan)) is None
+
+
+def _check_same_rank(rank: int, store: str, state: tuple, errors) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        PeerAgreement(2).check_same(state, "the test's state")
+        errors.put((rank, ""))
+    except CollectiveError as exc:
+        errors.put((rank, str(exc)))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("states,diverged", [((("t", 1), ("t", 1)), False), ((("t", 1), ("t", 2)), True)])
+def test_ranks_that_drift_apart_say_so_instead_of_waiting(tmp_path, states, diverged) -> None:
+    ctx = mp.get_context("spawn")
+    errors = ctx.Queue()
+    procs = [ctx.Process(target=_check_same_rank, args=(rank, str(tmp_path / "store"), states[rank], errors))
+             for rank in range(2)]
+    for proc in procs:
+        proc.start()
+    answers = dict(errors.get(timeout=120) for _ in procs)
+    for proc in procs:
+        proc.join()
+    if diverged:
+        assert all("the ranks diverged: the test's state, by rank: [('t', 1), ('t', 2)]" in answers[r] for r in (0, 1))
+    else:
+        assert answers == {0: "", 1: ""}
