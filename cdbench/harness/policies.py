@@ -98,7 +98,9 @@ class SchedulerConfig(BaseModel):
     rank_compile_scale: tuple[float, ...] | None = Field(
         None, description="per-rank compile-time factors, one per rank (e.g. a slow rank); None: all 1"
     )
-    all_gather_s: float = Field(150e-6, ge=0, description="cost of one all_gather_object of (ready, failed) when ranks > 1")
+    # measured: the median grammar all_gather_object (gloo, two rank processes) of two TP=2 live runs on 2 H200s,
+    # 0.676 and 0.820 ms (reports/fidelity/live_vs_model.md, "Multi-GPU"; scripts/live/ranks_vs_model.sh)
+    all_gather_s: float = Field(7.5e-4, ge=0, description="cost of one all_gather_object of (ready, failed) when ranks > 1")
     collectives: Literal["model", "gloo", "nccl"] = Field(
         "model", description="ranks' agreement: model (all_gather_s), or gloo / nccl (one local process per rank, a "
         "real all_gather_object whose measured time the step pays; hybrid and live mode; nccl: a GPU per rank)")
@@ -142,6 +144,10 @@ class SchedulerConfig(BaseModel):
     fill_chunk: int = Field(16, ge=1, description="requests per parallel fill task")
     fill_threads: int = Field(8, ge=1, description="threads of the parallel fill pool")
     pinned_mask: bool = Field(True, description="bitmask in pinned host memory (non-blocking copy)")
+    fill_beside_forward: bool = Field(
+        True, description="without overlap, the mask fill and copy run while the forward runs (vLLM V1 since its "
+        "async-scheduling rework); False: they run before it, on the step's critical path (vLLM V0 and V1 before it)"
+    )
 
     abort_on_reject: bool = Field(
         False, description="a token the grammar rejects aborts the request (SGLang); False: logged and ignored (vLLM)"

@@ -15,8 +15,7 @@ launch is what its wall time holds beyond the parts.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -33,9 +32,9 @@ if TYPE_CHECKING:
 _sum = np.add.reduce  # (the cheapest sum on small arrays: see scheduler.py)
 
 
-@dataclass(slots=True)
-class StepCost:
-    """One step's time and its parts, in seconds (the step log's columns of the same names).
+class StepCost(NamedTuple):
+    """One step's time and its parts, in seconds (the step log's columns of the same names); a
+    tuple, cheap to build once a step.
 
     ``after_token``: of the step, the time after its tokens are out; ``exposed``/``hidden``: CPU
     time on / off the critical path; ``carry_out``: result processing paid in the next iteration
@@ -133,7 +132,7 @@ class StepPricer:
         launch_s = (cfg.launch_s if not pf_tokens or cfg.launch_prefill_s is None else cfg.launch_prefill_s) * stretch
         duration, after_token, exposed, hidden, carry_out = step_time(
             sync, has_grammar, plan.pre, carry, forward_s, fill_s, copy_s + transfer_s, apply_s, sample_s, process_s,
-            launch_s)
+            launch_s, cfg.fill_beside_forward)
         return StepCost(duration, after_token, exposed, hidden, carry_out, forward_s, fill_s, copy_s, apply_s,
                         sample_s, process_s, transfer_s, launch_s, grammar_rows, mask_rows, dec_tokens, kv)
 
