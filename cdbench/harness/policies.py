@@ -103,7 +103,8 @@ class SchedulerConfig(BaseModel):
     all_gather_s: float = Field(7.5e-4, ge=0, description="cost of one all_gather_object of (ready, failed) when ranks > 1")
     collectives: Literal["model", "gloo", "nccl"] = Field(
         "model", description="ranks' agreement: model (all_gather_s), or gloo / nccl (one local process per rank, a "
-        "real all_gather_object whose measured time the step pays; hybrid and live mode; nccl: a GPU per rank)")
+        "real all_gather_object whose measured time the step pays; hybrid mode (live mode's ranks are processes "
+        "of their own, agreeing over gloo); nccl: a GPU per rank)")
 
     # --- the engine's own host CPU (measured from its code: reports/engine_costs/)
     schedule_s: float = Field(0.0, ge=0, description="CPU per iteration to form the batch")
