@@ -7,7 +7,7 @@
 #  MODEL=0: live runs only, each model run's prices printed, for model runs elsewhere)
 # For each workload (default: the default mix; json: every structured request a JSON schema) and parallelism:
 #   live-a, live-b, ...  COPIES (default 2) --mode live runs, SGLang, overlap on, same seed, on LIVE_CORES;
-#   model                --mode model with live-a's grammar_profile.json (rank 0's) and its ranks' prices:
+#   model                --mode model with live-a's grammar_profile.json and its ranks' prices, on live-a's GPU:
 #                        tp: scheduler.ranks, costs.tp, all_gather_s and rank_jitter from live-a's live.json
 #                        (cdbench.harness.live.ranks.model_parameters); dp: the same dealing of requests;
 # then `cdbench fidelity` against live-a with the other copies as the noise.
@@ -46,6 +46,10 @@ from cdbench.harness.live.ranks import load_ranks_info, model_parameters
 print(' '.join(f'scheduler.{k}={v:.6g}' for k, v in model_parameters(load_ranks_info(sys.argv[1])).items() if k != 'ranks'))
 " "$live/live.json"); do prices+=(--set "$item"); done
     fi
+    # the model prices the GPU the live run ran on
+    gpu=$(python3 -c "import json, sys; print('h200' if 'H200' in json.load(open(sys.argv[1]))['device'] else 'h100-sxm')" \
+      "$live/live.json")
+    prices+=(--set "costs.gpu=$gpu")
     echo "$cfg-model: ${prices[*]}"
     [ "${MODEL:-1}" = 1 ] || continue
     (  # beside the next live runs, on cores of its own
