@@ -53,10 +53,11 @@ import pandas as pd
 
 from cdbench.harness.collectives import CollectiveError, PeerAgreement
 from cdbench.harness.costs.gpu import GpuCosts
+from cdbench.harness.costs.grammar_profile import GrammarProfile
 from cdbench.harness.costs.hardware import ModelSpec
 from cdbench.harness.executors.base import GrammarExecutor
 from cdbench.harness.live.forward import TensorParallel
-from cdbench.harness.live.step import LiveStep, LiveTimes
+from cdbench.harness.live.step import LiveInfo, LiveStep, LiveTimes
 from cdbench.harness.metrics import SLO, LogHistogram, summarize
 from cdbench.harness.policies import SchedulerConfig
 from cdbench.harness.records import DraftPositionCounts
@@ -183,8 +184,8 @@ class _RankOutput:
     compile_errors: dict[str, str]
     backend_call_s: float
     validation_s: float
-    profile: object
-    live: object
+    profile: GrammarProfile | None
+    live: LiveInfo | None
     timeline: Timeline | None
     all_gather_s: list[float]
     step_agree_s: list[float]
@@ -581,7 +582,7 @@ def simulate_ranks(job: RankJob, slo: SLO | None = None, progress: Callable[[flo
 _SPEC_SECTIONS = ("compile_by_spec", "failed_specs", "specs", "instances", "spec_contents")
 
 
-def merged_profile(job: RankJob, profiles: Sequence):
+def merged_profile(job: RankJob, profiles: Sequence[GrammarProfile | None]) -> GrammarProfile | None:
     """The run's in-situ grammar profile: rank 0's under tp (it compiled every spec); under dp each rank
     measured its own requests' specs, so their per-spec sections are joined (the per-kind
     distributions stay rank 0's)."""

@@ -174,3 +174,17 @@ def test_ranks_that_drift_apart_say_so_instead_of_waiting(tmp_path, states, dive
         assert all("the ranks diverged: the test's state, by rank: [('t', 1), ('t', 2)]" in answers[r] for r in (0, 1))
     else:
         assert answers == {0: "", 1: ""}
+
+
+def test_a_model_run_of_data_parallel_ranks_deals_its_workload() -> None:
+    from cdbench.harness.config import RunConfig
+    from cdbench.harness.run import run
+
+    config = RunConfig.model_validate({
+        "mode": "model", "workload": {"num_requests": 6}, "trace_steps": 0,
+        "scheduler": {"ranks": 2, "parallel": "dp"},
+        "costs": {"fixed_grammar": {"compile_time_s": 0.002}, "fixed_gpu": {"forward_base_s": 0.01}}})
+    result = run(config)
+    assert result.summary.completed == 6
+    assert result.requests.groupby("rank").size().to_dict() == {0: 3, 1: 3}
+    assert sorted(set(result.steps["rank"])) == [0, 1]
