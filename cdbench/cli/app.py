@@ -20,6 +20,7 @@ from cdbench.cli import (
     measure_specs,
     pack,
     profile,
+    published,
     report,
     run,
     sweep,
@@ -57,3 +58,4 @@ COMMANDS = {
 for name, command in COMMANDS.items():
     app.command(name)(command)
 app.add_typer(campaign.app, name="campaign")
+app.add_typer(published.app, name="published")

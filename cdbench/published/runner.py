@@ -129,12 +129,16 @@ def run_entry(registry: Registry, entry: Entry, scale: Scale = "full") -> EntryR
 
 
 def run_registry(registry: Registry, entry_ids: list[str] | None = None, scale: Scale = "full",
-                 progress: Callable[[str], None] | None = None) -> list[EntryResult]:
-    """Run the entries named (default: all), in registry order."""
+                 progress: Callable[[str], None] | None = None,
+                 done: Callable[[], None] | None = None) -> list[EntryResult]:
+    """Run the entries named (default: all), in registry order; ``progress`` is called with each
+    entry's id before it runs, ``done`` after."""
     entries = [registry.entry(i) for i in entry_ids] if entry_ids else list(registry.entries)
     results = []
     for entry in entries:
         if progress is not None:
             progress(entry.id)
         results.append(run_entry(registry, entry, scale))
+        if done is not None:
+            done()
     return results

@@ -1,0 +1,69 @@
+"""``cdbench published``: the engines' published A/B results beside cdbench's prediction of each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cdbench.cli.support import console, progress_bar, user_errors
+
+app = typer.Typer(help="Published A/B results on structured outputs, each predicted by cdbench "
+                  "(reports/published/README.md).", no_args_is_help=True)
+
+RegistryOpt = Annotated[Path | None, typer.Option(
+    "--registry", help="Registry YAML (default: the shipped cdbench/published/registry.yaml).")]
+
+
+@app.command("list")
+def list_entries(registry: RegistryOpt = None) -> None:
+    """List the registry's entries. Example: cdbench published list"""
+    from cdbench.published.registry import load_registry
+
+    with user_errors():
+        reg = load_registry(registry)
+    for e in reg.entries:
+        effect = e.published.effect * 100
+        console.print(f"{e.id}: {e.title} ({e.published.metric} {effect:+.1f} %, {e.source.url})",
+                      highlight=False, soft_wrap=True)
+
+
+@app.command("run")
+def run_published(
+    entry: Annotated[list[str] | None, typer.Option("--entry", "-e", help="Entry id to run (repeatable; default: all).")] = None,
+    scale: Annotated[str, typer.Option("--scale", help="full (the source's request counts) or small "
+                                       "(each entry's small_requests, for a quick check).")] = "full",
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder for results.csv, table.md and "
+                                             "effects.png.")] = None,
+    registry: RegistryOpt = None,
+) -> None:
+    """Run both arms of each entry in model mode and print cdbench's effect beside the published one.
+
+    Example: cdbench published run --entry vllm-24300 --scale small
+    """
+    from cdbench.published.registry import RegistryError, load_registry
+    from cdbench.published.report import rich_table, write_results
+    from cdbench.published.runner import run_registry
+
+    with user_errors():
+        if scale not in ("full", "small"):
+            raise RegistryError(f"--scale {scale!r}: choose full or small")
+        reg = load_registry(registry)
+        ids = list(entry) if entry else None
+        count = len(ids) if ids else len(reg.entries)
+        with progress_bar(transient=True) as bar:
+            task = bar.add_task("published entries", total=count)
+
+            def step(entry_id: str) -> None:
+                bar.update(task, description=f"running {entry_id}", advance=0)
+
+            results = run_registry(reg, ids, scale, progress=step,
+                                   done=lambda: bar.advance(task))  # type: ignore[arg-type]
+    console.print(rich_table(results))
+    for r in results:
+        if r.reason:
+            console.print(f"{r.id} ({r.verdict}): {r.reason}", highlight=False, soft_wrap=True)
+    if out is not None:
+        for path in write_results(results, out):
+            console.print(f"wrote {path}", highlight=False)

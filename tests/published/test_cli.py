@@ -1,0 +1,47 @@
+"""``cdbench published list|run``: the table, the files it writes, and one-line errors."""
+
+from __future__ import annotations
+
+import pandas as pd
+from typer.testing import CliRunner
+
+from cdbench.cli.app import app
+from cdbench.published.registry import load_registry
+from cdbench.published.report import markdown_table
+from cdbench.published.runner import run_entry
+
+
+def test_list_names_every_entry():
+    result = CliRunner().invoke(app, ["published", "list"])
+    assert result.exit_code == 0, result.output
+    for entry in load_registry().entries:
+        assert entry.id in result.output
+
+
+def test_run_prints_the_table_and_writes_results_table_and_plot(tmp_path):
+    out = tmp_path / "pub"
+    result = CliRunner().invoke(app, ["published", "run", "--entry", "vllm-26866-structured-cost", "--entry",
+                                      "vllm-12563", "--scale", "small", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "vllm-26866-structured-cost" in result.output and "-32.8 %" in result.output
+    assert "vllm-12563 (missed): the host stall" in result.output
+    frame = pd.read_csv(out / "results.csv")
+    assert frame["id"].tolist() == ["vllm-26866-structured-cost", "vllm-12563"]
+    assert set(frame["verdict"]) <= {"reproduced", "missed", "not reproducible"}
+    assert (out / "effects.png").stat().st_size > 10_000
+    assert (out / "table.md").read_text().count("\n") == 4
+
+
+def test_bad_input_is_one_line():
+    result = CliRunner().invoke(app, ["published", "run", "--entry", "nope"])
+    assert result.exit_code == 2 and "no registry entry 'nope'" in result.output
+    result = CliRunner().invoke(app, ["published", "run", "--scale", "huge"])
+    assert result.exit_code == 2 and "--scale 'huge': choose full or small" in result.output
+
+
+def test_the_markdown_table_has_a_row_an_entry_with_its_ratio():
+    reg = load_registry()
+    result = run_entry(reg, reg.entry("vllm-26866-structured-cost"), "small")
+    row = markdown_table([result]).splitlines()[2]
+    assert row.startswith("| vllm-26866-structured-cost | request_throughput | -32.8 % |")
+    assert f"| {result.ratio:.2f} | {result.verdict} |" in row
