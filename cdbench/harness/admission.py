@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -34,9 +34,9 @@ _NO_ROWS = np.zeros(0, np.int64)
 Rows = slice | np.ndarray  # running-batch rows: an index array, or a slice where they are contiguous
 
 
-@dataclass(slots=True)
-class StepPlan:
-    """One iteration's formed batch, and the loop's time before it runs.
+class StepPlan(NamedTuple):
+    """One iteration's formed batch, and the loop's time before it runs (a tuple, cheap to build
+    once a step).
 
     ``schedule_s``/``poll_s``/``sync_s``/``check_s``: the loop's batch forming (stretched by
     contention), grammar-queue poll, ranks' agreement and readiness checks; ``pre``: their sum.

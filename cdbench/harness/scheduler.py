@@ -25,24 +25,20 @@ iteration at virtual time ``t`` runs these phases (:meth:`Scheduler._iterate`):
    :class:`~cdbench.harness.executors.base.ParallelFill`), drafts (1 + k mask rows), verification,
    rollback, jump-forward — as arrays over the step's rows. In ``live`` mode the forward starts on
    the GPU first and runs beside it.
-5. **Time** (:mod:`~cdbench.harness.step_cost`): priced, or measured in ``live`` mode. The engine's
-   own host code around the grammar work (measured, ``policies.py``): batch forming per row, the
-   mask wrapper per structured row (serial: it holds the GIL), a per-iteration mask allocation per
-   byte, the bitmask's serialization to another process (``mask_transfer="ipc"``, on the mask
-   path), result processing per row and per structured row. Without overlap: ``pre + max(forward,
-   fill + copy) + apply + sample + process``. With overlap, a batch holding any grammar row waits
-   for the previous step's processing and this step's mask: ``max(forward, pre + process(prev) +
-   fill + copy) + apply + sample``; a batch without one: ``max(forward + sample, pre +
-   process(prev))``. Either way the host's launch of the step (``launch_s``; ``launch_prefill_s``
-   for a step with prefill chunks) is added: the GPU waits for it. A decode step's forward is
-   priced at the next CUDA-graph capture size (``cuda_graph_sizes``), as the engines pad it.
+5. **Time** (:mod:`~cdbench.harness.step_cost`), priced, or measured in ``live`` mode, with the
+   engine's own host code around the grammar work (measured, ``policies.py``). Without overlap:
+   ``pre + max(forward, fill + copy) + apply + sample + process``. With overlap, a batch holding any
+   grammar row waits for the previous step's processing and this step's mask: ``max(forward, pre +
+   process(prev) + fill + copy) + apply + sample``; a batch without one: ``max(forward + sample,
+   pre + process(prev))``. Either way the host's launch of the step (``launch_s``;
+   ``launch_prefill_s`` for a step with prefill chunks) is added: the GPU waits for it. A decode
+   step's forward is priced at the next CUDA-graph capture size (``cuda_graph_sizes``), as the
+   engines pad it.
 6. **Results.** The batch advances by the tokens produced; counters are kept per step and summed
-   in bulk (:mod:`~cdbench.harness.tallies`); finished and refused requests leave; the step is
-   logged.
+   in bulk (:mod:`~cdbench.harness.tallies`); finished and refused requests leave; the step is logged.
 
-Per-request Python runs only at events (arrival, release, admission, finish,
-abort); everything per token is a numpy operation over the running batch,
-which is kept as a struct of arrays.
+Per-request Python runs only at events (arrival, release, admission, finish, abort); everything per
+token is a numpy operation over the running batch, which is kept as a struct of arrays.
 """
 
 from __future__ import annotations
@@ -101,8 +97,7 @@ _KIND_DECODE, _KIND_PREFILL, _KIND_MIXED = "decode", "prefill", "mixed"
 
 
 def _request_table(ordered: Sequence[Request]) -> RequestTable:
-    """The request table of ``ordered`` as the requests enter (thinking capped by its budget, plus
-    the think-end token)."""
+    """The request table of ``ordered`` as they enter (thinking capped by its budget, + its end token)."""
     rec = RequestTable(len(ordered))
     rec.request_id[:] = [r.request_id for r in ordered]
     rec.arrival_s[:] = [r.arrival_s for r in ordered]
@@ -421,7 +416,14 @@ class Scheduler:
         """Run one scheduler iteration starting at ``t``, phase by phase (see the module docstring);
         its duration, or ``None`` when idle."""
         cfg = self.cfg
-        stretch = self._count_compiles(t) if self._host is not None else 1.0
+        if self._host is not None:
+            pools = self.pools
+            # the running count holds until a thread frees or a compile is assigned: counted only then
+            if t >= self._counted_until or pools.assigned != self._counted_assigned:
+                self._count_compiles(t)
+            stretch = self._stretch
+        else:
+            stretch = 1.0
         schedule_s = (cfg.schedule_s + self._carry_cpu_s) * stretch
         self._carry_cpu_s = 0.0
         poll_s = sync_s = check_s = 0.0
@@ -442,22 +444,18 @@ class Scheduler:
         self._record(t, plan, work, cost, sync, has_grammar, carry, stretch)
         return cost.duration
 
-    def _count_compiles(self, t: float) -> float:
-        """The stretch of the loop's CPU work at ``t``, from the compiles running then (counted again
-        only once a compile thread frees or a compile is assigned)."""
+    def _count_compiles(self, t: float) -> None:
+        """Count the compiles running at ``t`` and the stretch of the loop's CPU work they make."""
         pools = self.pools
-        if t >= self._counted_until or pools.assigned != self._counted_assigned:
-            self._compiles = pools.running(t)
-            self._stretch = self._host.stretch(self._compiles)
-            self._counted_until, self._counted_assigned = pools.next_free(t), pools.assigned
-            # idle strides repeat this iteration's stretch only while no compile thread frees
-            self._stretch_until = self._counted_until if self._stretch > 1.0 else math.inf
-        return self._stretch
+        self._compiles = pools.running(t)
+        self._stretch = self._host.stretch(self._compiles)
+        self._counted_until, self._counted_assigned = pools.next_free(t), pools.assigned
+        # idle strides repeat this iteration's stretch only while no compile thread frees
+        self._stretch_until = self._counted_until if self._stretch > 1.0 else math.inf
 
     def _start_step(self, plan: StepPlan, carry: float) -> tuple[StepWork, bool, bool, int, np.ndarray, int]:
-        """Start the step: the live forward on the GPU first, then the grammar's work on the sampling
-        rows. Returns the work, whether the step runs without overlap (``sync``), whether any row
-        waits for a mask, the rows under a token filter, and the rows' thinking tokens left."""
+        """Start the step: the live forward first, then the grammar's work on the sampling rows. Returns the
+        work, ``sync`` (no overlap), whether a row waits for a mask, token-filtered rows, thinking left."""
         cfg, batch = self.cfg, self.batch
         k = cfg.spec_tokens
         s_rows, s_rid = plan.s_rows, plan.s_rid
@@ -546,18 +544,19 @@ class Scheduler:
         n_dec, n_pf = len(plan.dec_rows), len(plan.pf_rows)
         kind = _KIND_MIXED if n_dec and n_pf else (_KIND_DECODE if n_dec else _KIND_PREFILL)
         schedule_s, poll_s, sync_s, check_s = plan.schedule_s, plan.poll_s, plan.sync_s, plan.check_s
-        c = cost
-        self.steps.rows.append((t, c.duration, kind, len(plan.s_rid), n_dec, plan.pf_tokens, c.grammar_rows,
-                                c.mask_rows, int(_sum(work.produced)), schedule_s, poll_s, sync_s, check_s,
-                                c.forward_s, c.fill_s, c.copy_s, c.apply_s, c.sample_s, c.process_s, c.exposed,
-                                c.hidden, c.transfer_s, c.launch_s, c.dec_tokens, c.kv, stretch))
-        if c.grammar_rows:
+        (duration, _, exposed, hidden, _, forward_s, fill_s, copy_s, apply_s, sample_s, process_s, transfer_s,
+         launch_s, grammar_rows, mask_rows, dec_tokens, kv) = cost
+        self.steps.rows.append((t, duration, kind, len(plan.s_rid), n_dec, plan.pf_tokens, grammar_rows, mask_rows,
+                                int(_sum(work.produced)), schedule_s, poll_s, sync_s, check_s, forward_s, fill_s,
+                                copy_s, apply_s, sample_s, process_s, exposed, hidden, transfer_s, launch_s,
+                                dec_tokens, kv, stretch))
+        if grammar_rows:
             self.fill_hist.add(work.fill_s / work.mask_rows, work.mask_rows)
         tl = self.timeline
         if tl is not None and tl.recording:
             tl.steps_seen += 1
-            tl.step_spans(t, sync, has_grammar, schedule_s, poll_s + sync_s + check_s, carry, c.launch_s, c.forward_s,
-                          c.fill_s, c.copy_s + c.transfer_s, c.apply_s, c.sample_s, c.process_s, c.duration)
+            tl.step_spans(t, sync, has_grammar, schedule_s, poll_s + sync_s + check_s, carry, launch_s, forward_s,
+                          fill_s, copy_s + transfer_s, apply_s, sample_s, process_s, duration)
 
     # ------------------------------------------------------------------ idle
 
