@@ -27,8 +27,10 @@ ALLOWED = {
     "results": {"_env", "_files", "backends", "kernels", "workloads", "harness"},
     "reports": {"_env", "_files", "workloads", "results"},
     "campaigns": {"_env", "_files", "results", "reports"},
+    # published results: entries as run configurations (results' config files), run through harness.run
+    "published": {"_env", "_files", "harness", "results"},
     "cli": {"_env", "_files", "backends", "kernels", "workloads", "harness", "profile", "results", "reports",
-            "campaigns"},
+            "campaigns", "published"},
     "__main__": {"cli"},  # python -m cdbench: the command line, nothing else
 }
 
