@@ -275,15 +275,16 @@ def _run_specs(requests: Sequence, backend: str, version: str, vocab: str,
 
 
 def _from_profile(profile: GrammarProfile, specs: list[_RunSpec], by_key: bool) -> None:
-    """Price what ``profile`` measured: by content, and by key too when ``by_key`` (a profile the user
-    named is trusted to describe the specs it names)."""
+    """Price what ``profile`` measured: by content, and first by key when ``by_key`` (a profile the user
+    named is trusted to describe the specs it names: a run's cache-distinct copy of a corpus item has
+    the item's content but its own compile, which its key finds)."""
     by_content: dict[str, str] = {}
     for key, content in profile.spec_contents.items():
         by_content.setdefault(content, key)
     for s in specs:
-        key = by_content.get(spec_hash(s.original))
-        if key is None and by_key:
-            key = spec_key_hash(s.key_text) if spec_key_hash(s.key_text) in profile.specs else None
+        key = spec_key_hash(s.key_text) if by_key and spec_key_hash(s.key_text) in profile.specs else None
+        if key is None:
+            key = by_content.get(spec_hash(s.original))
         if key is None or key not in profile.specs:
             continue
         found = profile.specs[key]
