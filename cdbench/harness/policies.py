@@ -284,7 +284,37 @@ def _vllm(cpus: int) -> dict:
     )
 
 
-PRESETS = {"sglang": _sglang, "vllm": _vllm}
+def _vllm_0_10(cpus: int) -> dict:
+    """vLLM 0.10.1.1's V1 engine, the version behind the published results of mid-2025 (its code read and its host
+    costs measured in its own environment: ``.venv-engines/vllm-0.10.1``, ``reports/engine_costs/``)."""
+    return dict(
+        _vllm(cpus),
+        name="vllm-0.10",
+        # EngineArgs' defaults of the OpenAI server on a GPU of 70 GiB or more: max_num_seqs 1024 (max_num_batched_tokens
+        # 8192 as today), capture sizes [1, 2, 4] + every 8 up to min(2 * max_num_seqs, 512)
+        max_running_requests=1024,
+        cuda_graph_sizes=(1, 2, 4, *range(8, 513, 8)),
+        # Scheduler.schedule() calls StructuredOutputManager.grammar_bitmask before the step is launched, and
+        # async scheduling is opt-in (SchedulerConfig.async_scheduling = False)
+        fill_beside_forward=False,
+        overlap=False,
+        # host costs of vllm 0.10.1.1 with xgrammar 0.1.21 (reports/engine_costs/fitted.json, "vllm-0.10" entries;
+        # scripts/engine_costs/measure_vllm.py in its environment, then fit.py). process_step_s: the fit's intercept
+        # is 0 (update_from_output grows with the rows from 32 rows up)
+        schedule_s=3.963e-05,
+        schedule_row_s=6.903e-06,
+        process_step_s=0.0,
+        process_row_s=3.771e-06,
+        accept_row_s=8.763e-06,
+        fill_step_s=0.000214,
+        fill_row_s=4.741e-06,
+        # the bitmask rides in SchedulerOutput's execute_model message when the multiprocess executor runs
+        ipc_s=0.0002272,
+        ipc_byte_s=3.518e-10,
+    )
+
+
+PRESETS = {"sglang": _sglang, "vllm": _vllm, "vllm-0.10": _vllm_0_10}
 
 #: the engines' own host costs, measured from their code (``reports/engine_costs/``), and the step's launch
 #: (measured from live mode, ``reports/live/launch_h100.csv``); zero them to see the grammar and GPU costs alone

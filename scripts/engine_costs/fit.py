@@ -1,7 +1,8 @@
 """Fit the engines' host-cost parameters from the committed step measurements.
 
 Reads ``reports/engine_costs/{vllm,sglang}_steps.csv`` (``measure_vllm.py``,
-``measure_sglang.py``), takes the median of each case (engine, backend, vocabulary, batch,
+``measure_sglang.py``), ``sglang_scheduler_steps.csv`` (``measure_sglang_scheduler.py``) and the
+older engine versions' ``<engine>-<version>_steps.csv`` (``VERSIONS``), takes the median of each case (engine, backend, vocabulary, batch,
 structured share: the steps of one case repeat the same work, and the machine is shared, so
 medians rather than means), fits each cost by least squares on those medians, and writes
 ``reports/engine_costs/fitted.json``: one entry per parameter with its value, the engine,
@@ -19,11 +20,14 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from packaging.version import Version
 from scipy.optimize import nnls
 
 ROOT = Path(__file__).resolve().parents[2] / "reports" / "engine_costs"
 PRESET_VOCABS = (129280, 151936)
 CASE = ["engine", "version", "backend", "backend_version", "vocab", "batch", "share"]
+#: fitted.json key of an older engine version -> its measurement file (same script, its own environment)
+VERSIONS = {"vllm-0.10": ("vllm", "vllm-0.10.1_steps.csv")}
 
 
 def lstsq(frame: pd.DataFrame, y: str, xs: list[str], intercept: bool = True) -> tuple[list[float], float]:
@@ -42,15 +46,28 @@ def param(value: float, engine: str, version: str, function: str, fit: str, r2: 
             "fit": fit, "r2": round(r2, 3), "cases": n}
 
 
+def _vllm_functions(version: str) -> dict[str, str]:
+    """Where each timed piece lives in that vLLM version (0.10 fills the bitmask inside ``schedule()`` and ships it
+    inside ``SchedulerOutput``; later versions fill it in ``get_grammar_bitmask`` and ship it with ``sample_tokens``)."""
+    if Version(version) < Version("0.11"):
+        return {"schedule": "Scheduler.schedule (less the bitmask fill it calls)",
+                "fill": "Scheduler.schedule -> StructuredOutputManager.grammar_bitmask (serial path)",
+                "ipc": "MessageQueue.enqueue + dequeue of ('execute_model', (SchedulerOutput with the bitmask,))"}
+    return {"schedule": "Scheduler.schedule",
+            "fill": "Scheduler.get_grammar_bitmask -> StructuredOutputManager.grammar_bitmask (serial path)",
+            "ipc": "MessageQueue.enqueue + dequeue of ('sample_tokens', (GrammarOutput,))"}
+
+
 def fit_vllm(steps: pd.DataFrame) -> dict:
+    fn = _vllm_functions(str(steps.version.iloc[0]))
     steps = steps.assign(mq_s=steps.enqueue_s + steps.dequeue_s, wrapper_s=steps.bitmask_s - steps.raw_fill_s)
     med = steps.groupby(CASE, as_index=False).median(numeric_only=True)
     out: dict[str, dict] = {}
     for backend, cases in med.groupby("backend"):
         v = f"vllm {cases.version.iloc[0]}, {backend} {cases.backend_version.iloc[0]}"
         (s0, s1), r2 = lstsq(cases, "schedule_s", ["rows"])
-        out[f"{backend}.schedule_s"] = param(s0, "vllm", v, "Scheduler.schedule", "schedule_s ~ a + b*rows: a", r2, len(cases))
-        out[f"{backend}.schedule_row_s"] = param(s1, "vllm", v, "Scheduler.schedule", "schedule_s ~ a + b*rows: b", r2, len(cases))
+        out[f"{backend}.schedule_s"] = param(s0, "vllm", v, fn["schedule"], "schedule_s ~ a + b*rows: a", r2, len(cases))
+        out[f"{backend}.schedule_row_s"] = param(s1, "vllm", v, fn["schedule"], "schedule_s ~ a + b*rows: b", r2, len(cases))
         # xgrammar's accept path costs about twice as much at 262144 logits (see the README); the fit keeps
         # the vocabularies of the 8B models the presets serve (128256, 151936)
         near = cases[cases.vocab.isin(PRESET_VOCABS)]
@@ -66,8 +83,7 @@ def fit_vllm(steps: pd.DataFrame) -> dict:
         y = "wrapper_s" if backend == "xgrammar" else "bitmask_s"
         what = "bitmask_s - raw_fill_s" if backend == "xgrammar" else "bitmask_s (includes the fill itself)"
         (f0, f1), r2 = lstsq(serial, y, ["structured_rows"])
-        out[f"{backend}.fill_step_s"] = param(f0, "vllm", v, "Scheduler.get_grammar_bitmask -> StructuredOutputManager"
-                                              ".grammar_bitmask (serial path)", f"{what} ~ a + b*structured_rows: a", r2, len(serial))
+        out[f"{backend}.fill_step_s"] = param(f0, "vllm", v, fn["fill"], f"{what} ~ a + b*structured_rows: a", r2, len(serial))
         out[f"{backend}.fill_row_s"] = param(f1, "vllm", v, "StructuredOutputManager.grammar_bitmask (serial path)",
                                              f"{what} ~ a + b*structured_rows: b", r2, len(serial))
         par = cases[cases.structured_rows > 128]
@@ -79,10 +95,10 @@ def fit_vllm(steps: pd.DataFrame) -> dict:
     with_mask = steps[steps.message_bytes > 0]
     (m0, m1), r2 = lstsq(with_mask, "mq_s", ["message_bytes"])
     v = f"vllm {steps.version.iloc[0]}"
-    out["ipc_s"] = param(m0, "vllm", v, "MessageQueue.enqueue + dequeue of ('sample_tokens', (GrammarOutput,))",
-                         "enqueue_s + dequeue_s ~ a + b*message_bytes (every step): a", r2, len(with_mask))
-    out["ipc_byte_s"] = param(m1, "vllm", v, "MessageQueue.enqueue + dequeue of ('sample_tokens', (GrammarOutput,))",
-                              "enqueue_s + dequeue_s ~ a + b*message_bytes (every step): b", r2, len(with_mask))
+    out["ipc_s"] = param(m0, "vllm", v, fn["ipc"], "enqueue_s + dequeue_s ~ a + b*message_bytes (every step): a", r2,
+                         len(with_mask))
+    out["ipc_byte_s"] = param(m1, "vllm", v, fn["ipc"], "enqueue_s + dequeue_s ~ a + b*message_bytes (every step): b",
+                              r2, len(with_mask))
     return out
 
 
@@ -108,9 +124,41 @@ def fit_sglang(steps: pd.DataFrame) -> dict:
     return out
 
 
+def fit_sglang_scheduler(steps: pd.DataFrame) -> dict:
+    """Batch forming and result processing of decode steps (``measure_sglang_scheduler.py``), per backend."""
+    decode = steps[steps.kind == "decode"]
+    med = decode.groupby(CASE, as_index=False).median(numeric_only=True)
+    out: dict[str, dict] = {}
+    for backend, cases in med.groupby("backend"):
+        v = f"sglang {cases.version.iloc[0]}, {backend} {cases.backend_version.iloc[0]}"
+        fn = ("ScheduleBatch.merge_batch + filter_batch + check_decode_mem + prepare_for_decode "
+              "(Scheduler.get_next_batch_to_run / update_running_batch without retraction)")
+        (s0, s1), r2 = lstsq(cases, "schedule_s", ["rows"])
+        out[f"{backend}.schedule_s"] = param(s0, "sglang", v, fn, "decode schedule_s ~ a + b*rows: a", r2, len(cases))
+        out[f"{backend}.schedule_row_s"] = param(s1, "sglang", v, fn, "decode schedule_s ~ a + b*rows: b", r2, len(cases))
+        fn = "SchedulerBatchResultProcessor.process_batch_result_decode"
+        fit = "decode process_s ~ a + b*rows + c*structured_rows"
+        (p0, p1, p2), r2 = lstsq(cases, "process_s", ["rows", "structured_rows"])
+        out[f"{backend}.process_step_s"] = param(p0, "sglang", v, fn, f"{fit}: a", r2, len(cases))
+        out[f"{backend}.process_row_s"] = param(p1, "sglang", v, fn, f"{fit}: b", r2, len(cases))
+        out[f"{backend}.process_accept_row_s"] = param(
+            p2, "sglang", v, fn + " (its grammar accept path: _accept_grammar_tokens, grammar.finished)", f"{fit}: c",
+            r2, len(cases))
+    return out
+
+
+def fit_all(folder: Path = ROOT) -> dict:
+    """Every engine's fitted parameters from the measurement files in ``folder``."""
+    fitted = {"vllm": fit_vllm(pd.read_csv(folder / "vllm_steps.csv")),
+              "sglang": {**fit_sglang(pd.read_csv(folder / "sglang_steps.csv")),
+                         **fit_sglang_scheduler(pd.read_csv(folder / "sglang_scheduler_steps.csv"))}}
+    for key, (engine, name) in VERSIONS.items():
+        fitted[key] = {"vllm": fit_vllm}[engine](pd.read_csv(folder / name))
+    return fitted
+
+
 def main() -> None:
-    fitted = {"vllm": fit_vllm(pd.read_csv(ROOT / "vllm_steps.csv")),
-              "sglang": fit_sglang(pd.read_csv(ROOT / "sglang_steps.csv"))}
+    fitted = fit_all()
     (ROOT / "fitted.json").write_text(json.dumps(fitted, indent=1) + "\n")
     for engine, params in fitted.items():
         for name, p in params.items():

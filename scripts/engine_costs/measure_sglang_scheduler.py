@@ -112,6 +112,7 @@ class Engine:
                                                  enable_hierarchical_cache=False)
         self.zctx = zmq.Context()
         push, self.pull = self.zctx.socket(zmq.PUSH), self.zctx.socket(zmq.PULL)
+        self.push = push
         address = f"ipc://{tempfile.mkdtemp()}/detokenizer"  # the engine's detokenizer channel is an ipc socket
         self.pull.bind(address)
         push.connect(address)
@@ -141,6 +142,12 @@ class Engine:
     def drain(self) -> None:
         while self.pull.poll(0):
             self.pull.recv()
+
+    def close(self) -> None:
+        """Close the channel (a context with unsent messages would wait for ever when collected)."""
+        self.push.close(linger=0)
+        self.pull.close(linger=0)
+        self.zctx.term()
 
 
 def run_case(engine: Engine, backend, pool, batch, share, steps, warmup, rng, vocab, eos, rows_out, meta):
@@ -249,11 +256,12 @@ def main() -> None:
             meta = {"engine": "sglang", "version": version("sglang"), "backend": name,
                     "backend_version": version("xgrammar" if name == "xgrammar" else "llguidance"), "vocab": vocab}
             for batch in [int(b) for b in args.batches.split(",")]:
-                engine = Engine(model_dir(args.workdir, vocab), batch)
                 for share in [float(s) for s in args.shares.split(",")]:
+                    engine = Engine(model_dir(args.workdir, vocab), batch)  # empty pools and cache for each case
                     rng = np.random.default_rng(batch * 1000 + int(share * 100))
                     t0 = time.perf_counter()
                     run_case(engine, backend, pool, batch, share, args.steps, args.warmup, rng, vocab, eos, rows, meta)
+                    engine.close()
                     last = [r for r in rows[-args.steps:] if r["kind"] == "decode"]
                     print(f"V={vocab} {name} B={batch} s={share}: decode steps {len(last)}, schedule "
                           f"{np.median([r['schedule_s'] for r in last]) * 1e3:.2f} ms, process "

@@ -29,6 +29,7 @@ time would measure the other processes; torch runs one intra-op thread for the s
 
 from __future__ import annotations
 
+# ruff: noqa: E402  (vLLM 0.10's platform is chosen before its modules are imported)
 import json
 import os
 import pickle
@@ -40,13 +41,26 @@ from pathlib import Path
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # the platform vLLM can build a config for here
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import vllm.platforms
+from packaging.version import Version
+
+# vLLM before 0.11 (the 0.10 line): the bitmask is filled inside Scheduler.schedule() and travels to the workers
+# inside SchedulerOutput; structured requests carry GuidedDecodingParams; no get_grammar_bitmask / sample_tokens
+LEGACY = Version(version("vllm")) < Version("0.11")
+if LEGACY:
+    # 0.10 picks its CPU platform only for a CPU build of vLLM (a version string with "cpu"); PyPI's wheel is a
+    # CUDA build, which finds no platform here. Select the CPU platform, as a CPU build would, before any vLLM
+    # module reads it
+    from vllm.platforms.cpu import CpuPlatform
+
+    vllm.platforms._current_platform = CpuPlatform()
+
 import numpy as np
 import torch
 from step_grid import grid_parser, model_dir, write_rows  # this folder's shared grid
 from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 from vllm.engine.arg_utils import EngineArgs
-from vllm.sampling_params import SamplingParams, StructuredOutputsParams
-from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.sampling_params import SamplingParams
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import (
@@ -57,6 +71,15 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
+
+assert LEGACY != hasattr(Scheduler, "get_grammar_bitmask")
+if LEGACY:
+    from vllm.sampling_params import GuidedDecodingParams
+    from vllm.utils import get_hash_fn_by_name
+    from vllm.v1.structured_output.request import StructuredOutputRequest
+else:
+    from vllm.sampling_params import StructuredOutputsParams
+    from vllm.utils.hashing import get_hash_fn_by_name
 
 BLOCK = 16
 PROMPT = 32
@@ -92,8 +115,20 @@ def timed(fn, *a, clock=time.thread_time):
 
 def run_case(cfg, manager, backend, pool, eos, batch, share, steps, warmup, mq, rng, rows_out, vocab):
     kv = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
-        ["layer.0"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=8, head_size=128, dtype=torch.bfloat16))])
-    sched = Scheduler(cfg, kv, manager, block_size=BLOCK)
+        ["layer.0"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=8, head_size=128, dtype=torch.bfloat16,
+                                     **({"use_mla": False} if LEGACY else {})))])
+    sched = Scheduler(cfg, kv, manager) if LEGACY else Scheduler(cfg, kv, manager, block_size=BLOCK)
+    legacy_mask = {"s": 0.0, "thread_s": 0.0}
+    if LEGACY:  # time the fill where 0.10 calls it: inside schedule()
+        fill = manager.grammar_bitmask
+
+        def timed_fill(*a):
+            t, tt = time.process_time(), time.thread_time()
+            out = fill(*a)
+            legacy_mask["s"], legacy_mask["thread_s"] = time.process_time() - t, time.thread_time() - tt
+            return out
+
+        manager.grammar_bitmask = timed_fill
     tokens: dict[str, list[int]] = {}
     made = 0
     # as EngineCore builds it (prefix caching on)
@@ -107,12 +142,22 @@ def run_case(cfg, manager, backend, pool, eos, batch, share, steps, warmup, mq, 
             item = pool[made % len(pool)]
             structured = rng.random() < share
             toks = item["tokens"] if structured else [int(t) for t in rng.integers(2, 30000, len(item["tokens"]))]
-            sp = SamplingParams(max_tokens=len(toks), temperature=0.0, ignore_eos=not structured,
-                                structured_outputs=StructuredOutputsParams(json=item["schema"]) if structured else None)
-            if structured:
-                sp.structured_outputs._backend = backend
-            req = Request(f"r{made}", [int(t) for t in rng.integers(2, 30000, PROMPT)], sp, None,
-                          arrival_time=time.time(), block_hasher=hasher)
+            if LEGACY:
+                sp = SamplingParams(max_tokens=len(toks), temperature=0.0, ignore_eos=not structured,
+                                    guided_decoding=GuidedDecodingParams(json=item["schema"], backend=backend)
+                                    if structured else None)
+                # as Request.from_engine_core_request builds it in 0.10
+                extra = dict(multi_modal_kwargs=None, multi_modal_hashes=None, multi_modal_placeholders=None,
+                             eos_token_id=None, structured_output_request=StructuredOutputRequest(sampling_params=sp))
+            else:
+                sp = SamplingParams(max_tokens=len(toks), temperature=0.0, ignore_eos=not structured,
+                                    structured_outputs=StructuredOutputsParams(json=item["schema"]) if structured else None)
+                if structured:
+                    sp.structured_outputs._backend = backend
+                extra = {}
+            req = Request(request_id=f"r{made}", prompt_token_ids=[int(t) for t in rng.integers(2, 30000, PROMPT)],
+                          sampling_params=sp, pooling_params=None, arrival_time=time.time(),
+                          block_hasher=hasher, **extra)
             if req.use_structured_output:
                 manager.grammar_init(req)
                 req.structured_output_request._grammar.result()  # compile off the clock
@@ -123,11 +168,18 @@ def run_case(cfg, manager, backend, pool, eos, batch, share, steps, warmup, mq, 
     for step in range(warmup + steps):
         add(batch - len(sched.requests))  # a closed loop: ``batch`` requests live, finished ones replaced
         so, t_sched = timed(sched.schedule)
-        go, t_mask = timed(sched.get_grammar_bitmask, so, clock=time.process_time)
+        if LEGACY:  # schedule() held the fill: split it off
+            go = so if so.grammar_bitmask is not None else None
+            t_mask, t_sched = legacy_mask["s"], t_sched - legacy_mask["thread_s"]
+            legacy_mask.update(s=0.0, thread_s=0.0)
+        else:
+            go, t_mask = timed(sched.get_grammar_bitmask, so, clock=time.process_time)
         raw = 0.0
         if go is not None and backend == "xgrammar":
             scratch = torch.from_numpy(go.grammar_bitmask.copy())
-            for i, rid in enumerate(go.structured_output_request_ids):
+            order = sorted(go.structured_output_request_ids, key=go.structured_output_request_ids.get) if LEGACY \
+                else go.structured_output_request_ids
+            for i, rid in enumerate(order):
                 g = sched.requests[rid].structured_output_request.grammar
                 if not g.is_terminated():
                     t0 = time.thread_time()
@@ -136,7 +188,8 @@ def run_case(cfg, manager, backend, pool, eos, batch, share, steps, warmup, mq, 
         enq = deq = enq_so = deq_so = 0.0
         nbytes = mbytes = so_bytes = 0
         if go is not None:
-            msg = ("sample_tokens", (go,), {}, 0)
+            # the message that carries the bitmask to the workers: 0.10's execute_model, later sample_tokens
+            msg = ("execute_model", (so,), {}, 0) if LEGACY else ("sample_tokens", (go,), {}, 0)
             _, enq = timed(mq[0].enqueue, msg)
             _, deq = timed(mq[1].dequeue)
             nbytes = go.grammar_bitmask.nbytes
@@ -156,12 +209,13 @@ def run_case(cfg, manager, backend, pool, eos, batch, share, steps, warmup, mq, 
             if req.num_output_tokens == 0:
                 new += 1
             sampled.append([tokens[rid][req.num_output_tokens]])
+        legacy_fields = dict(spec_token_ids=None, logprobs=None, prompt_logprobs_dict={}, pooler_output=[]) if LEGACY else {}
         out = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                sampled_token_ids=sampled)
+                                sampled_token_ids=sampled, **legacy_fields)
         _, t_upd = timed(sched.update_from_output, so, out)
         if step < warmup:
             continue
-        n_struct = len(go.structured_output_request_ids) if go is not None else 0
+        n_struct = len(go.structured_output_request_ids) if go is not None else 0  # a list, or 0.10's dict
         rows_out.append({
             "engine": "vllm", "version": version("vllm"), "backend": backend,
             "backend_version": version("xgrammar" if backend == "xgrammar" else "llguidance"), "vocab": vocab,

@@ -30,10 +30,16 @@ SOURCES = {
                "fill_row_s": ("sglang", "xgrammar.fill_row_s"),
                "mask_alloc_byte_s": ("sglang", "xgrammar.mask_alloc_byte_s"),
                "ipc_s": ("vllm", "ipc_s"), "ipc_byte_s": ("vllm", "ipc_byte_s")},
+    # an engine-version preset: every host cost from its own version's measurement
+    "vllm-0.10": {field: ("vllm-0.10", f"xgrammar.{field}") for field in (
+        "schedule_s", "schedule_row_s", "process_step_s", "process_row_s", "accept_row_s", "fill_step_s", "fill_row_s")}
+    | {"mask_alloc_byte_s": None, "ipc_s": ("vllm-0.10", "ipc_s"), "ipc_byte_s": ("vllm-0.10", "ipc_byte_s")},
 }
+#: fitted.json key -> the engine and the version its entries must name
+ENGINES = {"vllm": ("vllm", "vllm 0.32"), "sglang": ("sglang", "sglang 0.5"), "vllm-0.10": ("vllm", "vllm 0.10.1")}
 
 
-@pytest.mark.parametrize("preset", ["vllm", "sglang"])
+@pytest.mark.parametrize("preset", sorted(SOURCES))
 def test_preset_host_costs_are_the_committed_fit(preset):
     fitted = json.loads(FITTED.read_text())
     cfg = policy(preset)
@@ -56,16 +62,40 @@ def _fit_module():
 
 def test_committed_fit_reproduces_from_the_committed_measurements():
     fit = _fit_module()
-    folder = FITTED.parent
-    refit = {"vllm": fit.fit_vllm(pd.read_csv(folder / "vllm_steps.csv")),
-             "sglang": fit.fit_sglang(pd.read_csv(folder / "sglang_steps.csv"))}
-    assert refit == json.loads(FITTED.read_text())
+    assert fit.fit_all(FITTED.parent) == json.loads(FITTED.read_text())
 
 
 def test_measurements_name_engine_version_and_function():
-    for engine in ("vllm", "sglang"):
-        for p in json.loads(FITTED.read_text())[engine].values():
-            assert p["engine"] == engine and p["version"].startswith(engine) and p["function"] and p["fit"]
+    fitted = json.loads(FITTED.read_text())
+    assert set(fitted) == set(ENGINES)
+    for key, (engine, version) in ENGINES.items():
+        for p in fitted[key].values():
+            assert p["engine"] == engine and p["version"].startswith(version) and p["function"] and p["fit"]
+
+
+def test_sglang_batch_forming_and_result_processing_are_measured():
+    # SGLang's scheduler did not import here until torchvision was stubbed: its batch forming and result
+    # processing now have entries of their own, fitted from the scheduler's steps (a 0 there is a fitted 0)
+    sglang = json.loads(FITTED.read_text())["sglang"]
+    for field in ("schedule_s", "schedule_row_s", "process_step_s", "process_row_s", "process_accept_row_s"):
+        entry = sglang[f"xgrammar.{field}"]
+        assert entry["value"] >= 0 and entry["cases"] >= 9 and "decode" in entry["fit"]
+    assert sglang["xgrammar.schedule_row_s"]["value"] > 0 and sglang["xgrammar.process_row_s"]["value"] > 0
+    assert "prepare_for_decode" in sglang["xgrammar.schedule_s"]["function"]
+    assert sglang["xgrammar.process_row_s"]["function"] == "SchedulerBatchResultProcessor.process_batch_result_decode"
+
+
+def test_the_version_preset_prices_its_fill_before_the_forward():
+    # vLLM 0.10 fills the bitmask inside schedule(), before the step launches, with no async scheduling: the
+    # same step costs the fill on top of the forward, where today's preset runs it beside the forward
+    reqs = [req(0, 0.0, out=4)]
+    grammar = FixedGrammarCosts(compile_time_s=0.0, fill_time_s=0.004, accept_time_s=0.0, rollback_time_s=0.0)
+    old = sim(reqs, "vllm-0.10", grammar=grammar, fill_row_s=0.001)
+    new = sim(reqs, "vllm", grammar=grammar, fill_row_s=0.001, overlap=False)
+    decode = [r.steps[(r.steps["kind"] == "decode") & (r.steps["grammar_rows"] == 1)] for r in (old, new)]
+    assert len(decode[0]) and len(decode[1])
+    assert decode[0]["duration_s"].iloc[0] == pytest.approx(decode[1]["duration_s"].iloc[0] + 0.005)
+    assert policy("vllm-0.10").name == "vllm-0.10" and not policy("vllm-0.10").overlap
 
 
 # ---------------------------------------------------------------- where the loop pays them
