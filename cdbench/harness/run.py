@@ -263,4 +263,7 @@ def _simulate_ranked(config: RunConfig, workload: Workload, vocab_size: int, sch
         progress(f"running {scheduler.ranks} {scheduler.parallel.upper()} ranks", 0.0)
     job = RankJob(scheduler.parallel, tuple(workload.requests), scheduler, executors, gpu, live, config.seed,
                   workload.max_concurrency, config.trace_steps)
-    return simulate_ranks(job, config.slo, (lambda f: progress("simulating", f)) if progress else None)
+    ranked = simulate_ranks(job, config.slo, (lambda f: progress("simulating", f)) if progress else None)
+    return RunResult(ranked.requests, ranked.steps, ranked.summary, ranked.timeline, ranked.wall_s,
+                     ranked.backend_call_s, ranked.validation_s, ranked.compile_errors,
+                     grammar_profile=ranked.grammar_profile, live=ranked.live)

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import faulthandler
-import math
 import multiprocessing as mp
 import os
 import pickle
@@ -44,7 +43,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -57,18 +56,17 @@ from cdbench.harness.costs.grammar_profile import GrammarProfile
 from cdbench.harness.costs.hardware import ModelSpec
 from cdbench.harness.executors.base import GrammarExecutor
 from cdbench.harness.live.forward import TensorParallel
+from cdbench.harness.live.rank_info import Parallel, RanksInfo, Spread
 from cdbench.harness.live.step import LiveInfo, LiveStep, LiveTimes
-from cdbench.harness.metrics import SLO, LogHistogram, summarize
+from cdbench.harness.metrics import SLO, LogHistogram, Summary, summarize
 from cdbench.harness.policies import SchedulerConfig
 from cdbench.harness.records import DraftPositionCounts
 from cdbench.harness.scheduler import Scheduler
 from cdbench.harness.timeline import Timeline
 from cdbench.workloads.request import Request
 
-Parallel = Literal["tp", "dp"]
 STACKS_ENV = "CDBENCH_RANK_STACKS_S"  # set: each rank prints its threads' stacks every that many seconds
 ALL_REDUCE_TOKENS = (1, 16, 128, 1024, 8192)  # rows of hidden-size activations the forward all-reduces
-_QUANTILES = (0.5, 0.9, 0.99)
 
 
 def deal(requests: Sequence[Request], ranks: int) -> list[list[Request]]:
@@ -120,53 +118,6 @@ class RankJob:
     @property
     def ranks(self) -> int:
         return self.scheduler.ranks
-
-
-@dataclass(frozen=True)
-class Spread:
-    """Quantiles and mean of a measured quantity (seconds), with its count."""
-
-    count: int
-    mean: float
-    p50: float
-    p90: float
-    p99: float
-
-    @classmethod
-    def of(cls, values: Sequence[float] | np.ndarray) -> Spread:
-        v = np.asarray(values, float)
-        v = v[np.isfinite(v)]
-        if not len(v):
-            return cls(0, math.nan, math.nan, math.nan, math.nan)
-        return cls(len(v), float(v.mean()), *(float(np.quantile(v, q)) for q in _QUANTILES))
-
-
-@dataclass(frozen=True)
-class RanksInfo:
-    """What a run of several rank processes measured (the ``ranks`` entry of ``live.json``).
-
-    all_gather_s : each poll's grammar all_gather (the exchange alone, after a barrier), every rank's.
-    step_agree_s : each step's exchange of durations (tp).
-    step_skew_s : per step, the slowest rank's duration minus the fastest's (tp): what the others wait.
-    compile_skew_s : per compiled request, the latest rank's compile end minus the earliest's (tp).
-    compile_sigma : the spread of one spec's compile time among the ranks, as a lognormal sigma (tp): the
-        model's ``rank_jitter``.
-    all_reduce_s : the forward's all-reduce of ``tokens`` rows of the hidden size (tp, timed alone at start).
-    requests, steps, busy_s : per rank: requests run, steps, summed step durations.
-    """
-
-    parallel: Parallel
-    ranks: int
-    devices: list[str]
-    all_gather_s: Spread | None = None
-    step_agree_s: Spread | None = None
-    step_skew_s: Spread | None = None
-    compile_skew_s: Spread | None = None
-    compile_sigma: float | None = None
-    all_reduce_s: dict[int, float] = field(default_factory=dict)
-    requests: list[int] = field(default_factory=list)
-    steps: list[int] = field(default_factory=list)
-    busy_s: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -555,12 +506,25 @@ class HybridExecutors:
                               seed=self.seed)
 
 
-def simulate_ranks(job: RankJob, slo: SLO | None = None, progress: Callable[[float], None] | None = None):
-    """Run ``job`` (rank processes, but a data-parallel job without live steps in this process) and
-    merge the ranks into one :class:`~cdbench.harness.run.RunResult` (its ``live`` info holds
-    :class:`RanksInfo`; without live steps, :class:`RanksInfo` is the result's ``ranks``)."""
-    from cdbench.harness.run import RunResult
+@dataclass
+class RanksRun:
+    """A run of several ranks merged into one (the fields of :class:`~cdbench.harness.run.RunResult`)."""
 
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    summary: Summary
+    timeline: Timeline
+    wall_s: float
+    backend_call_s: float
+    validation_s: float
+    compile_errors: dict[str, str]
+    grammar_profile: GrammarProfile | None
+    live: LiveInfo | None
+
+
+def simulate_ranks(job: RankJob, slo: SLO | None = None, progress: Callable[[float], None] | None = None) -> RanksRun:
+    """Run ``job`` (rank processes, but a data-parallel job without live steps in this process) and
+    merge the ranks into one run (its ``live`` info holds :class:`RanksInfo`)."""
     start = time.perf_counter()
     if job.live is not None or job.parallel == "tp":
         outputs, info = run_ranks(job, progress)
@@ -574,9 +538,9 @@ def simulate_ranks(job: RankJob, slo: SLO | None = None, progress: Callable[[flo
     errors: dict[str, str] = {}
     for o in outputs:
         errors.update(o.compile_errors)
-    return RunResult(requests, steps, summary, outputs[0].timeline or Timeline(), time.perf_counter() - start,
-                     sum(o.backend_call_s for o in outputs), sum(o.validation_s for o in outputs), errors,
-                     grammar_profile=merged_profile(job, [o.profile for o in outputs]), live=live)
+    return RanksRun(requests, steps, summary, outputs[0].timeline or Timeline(), time.perf_counter() - start,
+                    sum(o.backend_call_s for o in outputs), sum(o.validation_s for o in outputs), errors,
+                    merged_profile(job, [o.profile for o in outputs]), live)
 
 
 _SPEC_SECTIONS = ("compile_by_spec", "failed_specs", "specs", "instances", "spec_contents")

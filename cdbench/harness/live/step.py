@@ -66,7 +66,7 @@ from cdbench.harness.live.forward import (
 from cdbench.harness.policies import graph_size
 
 if TYPE_CHECKING:
-    from cdbench.harness.live.ranks import RanksInfo
+    from cdbench.harness.live.rank_info import RanksInfo
 from cdbench.kernels import apply_bitmask, masked_argmax
 
 KV_MEMORY_SHARE = 0.85  # of the GPU memory left after the weights, for the KV cache (the rest: activations, graphs)
