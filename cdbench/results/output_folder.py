@@ -44,6 +44,7 @@ import fcntl
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -134,14 +135,25 @@ def _lock(folder: Path) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        try:
-            marker = _read_marker(folder)
-        except FolderInUseError:  # a marker from before markers were written whole
-            marker = None
+        marker = _holders_marker(folder)
         what = f"`cdbench {marker.command}`" if marker is not None else "another cdbench command"
         raise FolderInUseError(f"--out {folder} is being written by {what} right now; give another --out, or "
                                "wait for it to finish") from None
     return fd
+
+
+def _holders_marker(folder: Path, wait_s: float = 1.0) -> FolderMarker | None:
+    """The marker of the command holding ``folder``'s lock, to name it; a holder writes its marker just
+    after taking the lock, so one that has not yet is given up to ``wait_s`` to do so."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            marker = _read_marker(folder)
+        except FolderInUseError:  # a marker from before markers were written whole
+            return None
+        if marker is not None or time.monotonic() >= deadline:
+            return marker
+        time.sleep(0.02)
 
 
 def release_folder(folder: Path) -> None:

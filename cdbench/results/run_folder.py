@@ -53,12 +53,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cdbench.results.chrome_trace import chrome_trace
 from cdbench.results.config_files import ConfigError, dump_config, validate_config
+from cdbench.results.errors import ResultsError
+from cdbench.results.stopped_run import RecordSpill, RunStatus, stopped_summary
 
 if TYPE_CHECKING:
     from cdbench.harness.config import RunConfig
     from cdbench.harness.costs.spec_costs import SpecCoverage
     from cdbench.harness.run import RunResult
-    from cdbench.results.stopped_run import RunStatus
     from cdbench.workloads.workload import WorkloadReport
 
 TRACE_MAX_SPANS = 200_000
@@ -98,10 +99,6 @@ class WorkloadIssues(BaseModel):
                   (self.bad_trace_lines, "trace line", "skipped"),
                   (self.duplicate_specs, "corpus item", "dropped as a duplicate spec"))
         return ", ".join(f"{n} {noun}{'s' if n != 1 else ''} {what}" for n, noun, what in counts if n)
-
-
-class ResultsError(FileNotFoundError):
-    """A folder that is not a (complete) run folder."""
 
 
 class RunSource(Protocol):
@@ -280,8 +277,6 @@ def load_run(folder: Path, tables_optional: bool = False, stopped_ok: bool = Tru
     folder = Path(folder)
     summary_file = folder / "summary.json"
     if not summary_file.is_file():  # a run that stopped early, read unless refused (``stopped_ok=False``)
-        from cdbench.results.stopped_run import stopped_summary
-
         summary_file = stopped_summary(folder, stopped_ok)
     for name in ("config.yaml", *(() if tables_optional else TABLES)):
         if not (folder / name).is_file():
@@ -310,17 +305,16 @@ def record_run(
     ``progress`` is handed to :func:`cdbench.harness.run.run`, then told the
     stage ``saving the results``. Raises :class:`ConfigError` for a
     configuration the run rejects. A run interrupted or failing saves what it
-    finished first (:func:`cdbench.results.stopped_run.save_stopped`), then raises
+    finished first (:func:`_save_stopped`), then raises
     on, the error carrying a note of what was saved and where.
     """
     from cdbench.harness.run import run
-    from cdbench.results.stopped_run import RecordSpill, save_stopped
 
     spill = RecordSpill(folder)
     try:
         result = run(config, progress=progress, records=spill)
     except BaseException as err:
-        status = save_stopped(spill, err, config, folder, finish)
+        status = _save_stopped(spill, err, config, folder, finish)
         err.add_note(f"{status.counted()} finished; they and their summary are in {folder}/")
         raise
     if progress is not None:
@@ -328,6 +322,23 @@ def record_run(
     saved = save_run(result, config, folder, finish=finish)
     spill.remove()
     return saved
+
+
+def _save_stopped(spill: RecordSpill, error: BaseException, config: RunConfig, folder: Path,
+                 finish: Finisher | None = None) -> RunStatus:
+    """Save what a run stopped by ``error`` finished into ``folder`` (see :mod:`cdbench.results.stopped_run`);
+    returns its status.
+
+    A run stopped before its simulation began (while building its workload or backend) finished nothing:
+    its folder gets the config and a summary of no requests.
+    """
+    from cdbench.harness.run import empty_result
+
+    result = spill.result if spill.result is not None else empty_result()
+    status = RunStatus.of(error, len(result.requests), spill.total)
+    save_run(result, config, folder, finish=finish, status=status)
+    spill.remove()
+    return status
 
 
 __all__ = ["TABLES", "ConfigError", "ResultsError", "RunSource", "SavedRun", "WorkloadIssues", "load_run",

@@ -6,7 +6,7 @@ hidden name and renamed into place whole), so even a run killed outright
 leaves them readable: ``pandas.read_parquet("<folder>/requests.partial")``.
 A finished run removes that folder after writing ``requests.parquet``.
 
-When a run is interrupted (Ctrl-C, SIGTERM) or fails, :func:`save_stopped`
+When a run is interrupted (Ctrl-C, SIGTERM) or fails, ``run_folder.record_run``
 saves what it finished as a run folder of its own kind: ``requests.parquet``
 holds the requests that ended (outputs unchecked: ``valid`` is empty),
 ``steps.parquet`` every step so far, and the summary of those goes to
@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Literal
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
+from cdbench.results.errors import ResultsError
+
 if TYPE_CHECKING:
-    from cdbench.harness.config import RunConfig
     from cdbench.harness.run import RunResult
-    from cdbench.results.run_folder import Finisher
 
 PARTIAL_REQUESTS_DIR = "requests.partial"
 STOPPED_SUMMARY_FILE = "summary.stopped.json"
@@ -102,28 +102,9 @@ class RecordSpill:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def save_stopped(spill: RecordSpill, error: BaseException, config: RunConfig, folder: Path,
-                 finish: Finisher | None = None) -> RunStatus:
-    """Save what a run stopped by ``error`` finished into ``folder`` (see the module); returns its status.
-
-    A run stopped before its simulation began (while building its workload or backend) finished nothing:
-    its folder gets the config and a summary of no requests.
-    """
-    from cdbench.harness.run import empty_result
-    from cdbench.results.run_folder import save_run
-
-    result = spill.result if spill.result is not None else empty_result()
-    status = RunStatus.of(error, len(result.requests), spill.total)
-    save_run(result, config, folder, finish=finish, status=status)
-    spill.remove()
-    return status
-
-
 def stopped_summary(folder: Path, stopped_ok: bool) -> Path:
     """The summary of a run folder without ``summary.json``: its :data:`STOPPED_SUMMARY_FILE` where
     ``stopped_ok``; else a one-line ``ResultsError`` saying what the folder holds."""
-    from cdbench.results.run_folder import ResultsError
-
     path = folder / STOPPED_SUMMARY_FILE
     if path.is_file():
         if stopped_ok:
@@ -148,5 +129,4 @@ def status_of(summary: dict) -> RunStatus | None:
     return RunStatus.model_validate(section) if section is not None else None
 
 
-__all__ = ["PARTIAL_REQUESTS_DIR", "STOPPED_SUMMARY_FILE", "RecordSpill", "RunStatus", "save_stopped", "status_of",
-           "stopped_summary"]
+__all__ = ["PARTIAL_REQUESTS_DIR", "STOPPED_SUMMARY_FILE", "RecordSpill", "RunStatus", "status_of", "stopped_summary"]

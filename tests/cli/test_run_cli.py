@@ -38,7 +38,7 @@ def test_model_run_writes_every_artifact_and_is_deterministic(tmp_path):
 def test_config_mistakes_are_one_line_errors_naming_key_value_and_choices(tmp_path):
     ci = str(builtin_config_path("ci"))
     cases = [
-        (["run", ci, "--policy", "trtllm"], "policy.name = 'trtllm': Input should be 'sglang' or 'vllm'"),
+        (["run", ci, "--policy", "trtllm"], "policy.name = 'trtllm': Input should be 'sglang', 'vllm' or 'vllm-0.10'"),
         (["run", ci, "--set", "workload.rte=3"], "unknown key 'workload.rte' (value 3); allowed keys here: arrival"),
         (["run", ci, "--mode", "replay"], "mode = 'replay': Input should be 'model', 'hybrid' or 'live'"),
         (["run", str(tmp_path / "missing.yaml")], "missing.yaml does not exist"),
@@ -85,7 +85,8 @@ def test_a_failure_that_is_not_a_user_mistake_is_one_line_with_its_traceback_in_
     out = tmp_path / "crashed"
     result = runner.invoke(app, ["run", str(builtin_config_path("ci")), "--requests", "5", "--out", str(out)])
     assert result.exit_code == 1
-    assert result.output.strip().startswith(f"error: scheduler invariant broken (details in {out / 'run.log'})")
+    assert result.output.strip() == (f"error: scheduler invariant broken (details in {out / 'run.log'}; 0 requests "
+                                     f"finished; they and their summary are in {out}/)")
     assert "Traceback" not in result.output
     log = (out / "run.log").read_text()
     assert log.startswith("Traceback") and "broken_simulate" in log
