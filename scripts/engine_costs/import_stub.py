@@ -49,6 +49,10 @@ class _Leaf:
         self._log.record(self._name, "call")
         return _Leaf(self._log, f"{self._name}()")
 
+    def __iter__(self):  # a module-level table built from a stub attribute at import time: empty
+        self._log.record(self._name, "iterated")
+        return iter(())
+
     def __mro_entries__(self, bases: tuple) -> tuple:  # ``class X(torchvision.Something)`` at import time
         self._log.record(self._name, "subclassed")
         return (object,)

@@ -67,6 +67,13 @@ def test_python_protocol_probes_are_not_uses(stub):
     assert stub.uses("measure") == [(f"{PACKAGE}.nms", "attribute")]
 
 
+def test_a_table_built_from_the_stub_at_import_is_empty_and_recorded(stub):
+    # outlines 0.0.x builds an enum from pyairports.airports.AIRPORT_LIST when imported
+    airports = importlib.import_module(f"{PACKAGE}.airports")
+    assert list(airports.AIRPORT_LIST) == []
+    assert (f"{PACKAGE}.airports.AIRPORT_LIST", "iterated") in stub.uses("import")
+
+
 def test_the_stub_refuses_a_package_already_imported():
     with pytest.raises(RuntimeError, match="json is already imported"):
         _stub_module().RecordingStub.install("json")
