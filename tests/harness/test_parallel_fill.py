@@ -94,9 +94,10 @@ def test_hybrid_fills_a_step_above_the_threshold_on_the_pool_and_charges_its_wal
     profile = result.grammar_profile
     measured = profile.parallel_fill
     assert (measured.steps, measured.threads, measured.chunk) == (len(pooled), 2, 2)
-    # the step's fill is the pool's wall time (no host costs here), not the rows' sum: two threads halve it
+    # the step's fill is the pool's wall time (no host costs here), not the rows' sum: two threads about halve
+    # it (the bound leaves room for a loaded machine's scheduling; a serial pool would take the whole sum)
     assert pooled["fill_s"].sum() == pytest.approx(measured.wall_s)
-    assert measured.wall_s < 0.75 * rows * FILL_SLEEP_S
+    assert measured.wall_s < 0.9 * rows * FILL_SLEEP_S
     # a row's own time is its thread's CPU time: the sleep (off the CPU) is in the pool's wall, not in the row
     assert measured.makespan_s < 0.5 * measured.wall_s
 
