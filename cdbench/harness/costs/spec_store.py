@@ -121,14 +121,8 @@ def sequence_digest(backend: str, version: str, vocab: str, options: Mapping[str
                     "vocab": vocab, "options": dict(sorted(options.items())), "specs": [s.canonical() for s in specs]})
 
 
-class SequenceEntry(BaseModel):
-    """A run's specs compiled one after another on one engine, in the order the run first meets them,
-    on one host: ``compile_s[i]`` is the ``i``-th spec's compile seconds there (``None``: it failed).
-
-    An engine that shares work between grammars (xgrammar caches the token masks of rules that
-    schemas share) compiles a spec faster after related ones: measured alone, the specs of a corpus
-    whose schemas share definitions (Kubernetes objects) compile about 12 % slower at the median.
-    """
+class _RunMeasurement(BaseModel):
+    """What a measurement of a whole run's specs (not one spec's) is keyed and labelled by."""
 
     model_config = ConfigDict(extra="forbid")
     format_version: Literal[1] = 1
@@ -137,8 +131,19 @@ class SequenceEntry(BaseModel):
     backend_version: str
     vocab: str
     host: HostInfo
-    compile_s: list[float | None]
     measured: str
+
+
+class SequenceEntry(_RunMeasurement):
+    """A run's specs compiled one after another on one engine, in the order the run first meets them,
+    on one host: ``compile_s[i]`` is the ``i``-th spec's compile seconds there (``None``: it failed).
+
+    An engine that shares work between grammars (xgrammar caches the token masks of rules that
+    schemas share) compiles a spec faster after related ones: measured alone, the specs of a corpus
+    whose schemas share definitions (Kubernetes objects) compile about 12 % slower at the median.
+    """
+
+    compile_s: list[float | None]
 
 
 def batch_digest(backend: str, version: str, vocab: str, options: Mapping[str, Any], specs: Sequence[ConstraintSpec],
@@ -149,7 +154,7 @@ def batch_digest(backend: str, version: str, vocab: str, options: Mapping[str, A
                     "walks": [[s, list(tokens)] for s, tokens in walks], "width": width})
 
 
-class BatchFillEntry(BaseModel):
+class BatchFillEntry(_RunMeasurement):
     """A run's texts walked as its batches walk them, on one host: ``fill_s[i][p]`` is the ``i``-th
     walk's fill seconds at answer position ``p`` (median over the repeats), ``None`` where the walk
     was not timed (its spec did not compile; it stopped before ``p``).
@@ -161,16 +166,8 @@ class BatchFillEntry(BaseModel):
     (``reports/fidelity/live_vs_model.md``, "Fills walked in batch").
     """
 
-    model_config = ConfigDict(extra="forbid")
-    format_version: Literal[1] = 1
-    digest: str
-    backend: str
-    backend_version: str
-    vocab: str
-    host: HostInfo
     width: int
     fill_s: list[list[float | None] | None]
-    measured: str
 
 
 _Entry = TypeVar("_Entry", SpecCostEntry, SequenceEntry, BatchFillEntry)
