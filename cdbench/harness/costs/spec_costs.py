@@ -39,6 +39,7 @@ from datetime import datetime, timezone
 from typing import Any, Literal
 
 import numpy as np
+import pandas as pd
 from pydantic import BaseModel, ByteSize, ConfigDict, Field
 
 from cdbench.backends.base import ConstraintSpec
@@ -482,16 +483,18 @@ def _in_run_order(specs: list[_RunSpec], backend: str, version: str, vocab: str,
 
 
 def _batch_walks(specs: list[_RunSpec], requests: Sequence) -> list[tuple[int, tuple[int, ...]]]:
-    """The run's texts of measured specs as batch walks: (index in ``specs``, tokens), in arrival order."""
+    """The run's distinct texts of measured specs as batch walks: (index in ``specs``, tokens), in the order
+    the run first meets them. A text that several requests answer with is walked once: the walk prices
+    texts, and its length stays bounded by the distinct texts however long the run."""
     index = {s.key_text: i for i, s in enumerate(specs)}
-    walks = []
+    walks: dict[tuple[int, tuple[int, ...]], None] = {}
     for r in sorted((r for r in requests if r.spec is not None and r.output_tokens),
                     key=lambda r: (r.arrival_s, r.request_id)):
         i = index[f"{r.spec.kind}:{r.spec_id}" if r.spec_id is not None else r.spec.canonical()]
         if specs[i].source.startswith("measured") and specs[i].costs is not None \
                 and specs[i].costs.status in (None, "ok"):
-            walks.append((i, tuple(r.output_tokens)))
-    return walks
+            walks[(i, tuple(r.output_tokens))] = None
+    return list(walks)
 
 
 def measure_batch_fills(specs: Sequence[ConstraintSpec], walks: Sequence[tuple[int, tuple[int, ...]]],
@@ -514,20 +517,19 @@ def measure_batch_fills(specs: Sequence[ConstraintSpec], walks: Sequence[tuple[i
     task = BatchWalkTask("spec-batch", "walks", tuple(specs), tuple(walks), width, settings.measure_repeats)
     with WorkerPool(pool_settings) as pool:
         result = next(iter(pool.run([(backend, task)])))
-    fills: list[list[list[float]]] = [[] for _ in walks]
-    for walk, position, us in zip(result.tokens.instance, result.tokens.position, result.tokens.fill_us,
-                                  strict=True):
-        per_position = fills[walk]
-        while len(per_position) <= position:
-            per_position.append([])
-        per_position[position].append(us / 1e6)
+    fill_s: list[list[float | None] | None] = [None] * len(walks)
+    if result.status == "ok" and result.tokens.fill_us:
+        # a walk times positions 0, 1, ... up to where it ends, so each walk's medians by position are its list
+        medians = pd.Series(np.asarray(result.tokens.fill_us) / 1e6).groupby(
+            [result.tokens.instance, result.tokens.position]).median()
+        for walk, by_position in medians.groupby(level=0):
+            fill_s[walk] = by_position.tolist()
     if progress is not None:
         progress("walked in batch", 1.0)
     entry = BatchFillEntry(
         digest=batch_digest(backend, version, vocab, options, specs, walks, width), backend=backend,
         backend_version=version, vocab=vocab, host=this_host(store.root), width=width,
-        fill_s=[[float(np.median(t)) if t else None for t in walk] or None for walk in fills]
-        if result.status == "ok" else [None] * len(walks),
+        fill_s=fill_s,
         measured=f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}"
                  + ("" if result.status == "ok" else f", failed: {result.status}: {result.message[:200]}"))
     store.put_batch_fills(entry)
@@ -538,8 +540,7 @@ def _in_batch(specs: list[_RunSpec], requests: Sequence, backend: str, version: 
               options: Mapping[str, Any], settings: SpecCostSettings, store: SpecCostStore, target: HostInfo,
               progress: Progress | None) -> str:
     """Give each measured spec's texts their fills walked in batch (stored, or measured now where
-    ``measure``); returns how (:attr:`SpecCoverage.fill_order`). A text several requests walk takes
-    each position's mean over them."""
+    ``measure``); returns how (:attr:`SpecCoverage.fill_order`)."""
     walks = _batch_walks(specs, requests)
     if not walks:
         return "alone"
@@ -554,18 +555,13 @@ def _in_batch(specs: list[_RunSpec], requests: Sequence, backend: str, version: 
         return "alone"
     entry = next((e for e in entries if e.host.id == target.id), entries[0])
     scale = 1.0 if entry.host.id == target.id else time_scale(entry.host, target)
-    sums: dict[tuple[int, tuple[int, ...]], list[list[float]]] = {}
+    walked = 0
     for (i, tokens), fills in zip(walks, entry.fill_s, strict=True):
-        for position, seconds in enumerate(fills or ()):
-            if seconds is not None:
-                per_position = sums.setdefault((i, tokens), [])
-                while len(per_position) <= position:
-                    per_position.append([])
-                per_position[position].append(seconds * scale)
-    for (i, tokens), per_position in sums.items():
-        batch = specs[i].batch_fills = specs[i].batch_fills or {}
-        batch[tokens] = [float(np.mean(v)) if v else None for v in per_position]
-    return how if sums else "alone"
+        if fills:
+            batch = specs[i].batch_fills = specs[i].batch_fills or {}
+            batch[tokens] = [None if v is None else v * scale for v in fills]
+            walked += 1
+    return how if walked else "alone"
 
 
 def _predict(specs: list[_RunSpec], backend: str, vocab: str, base: GrammarProfile,
