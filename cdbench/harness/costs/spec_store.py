@@ -83,7 +83,21 @@ def instance_base(digest: str) -> str:
     return f"spec:{digest}"
 
 
-class SpecCostEntry(BaseModel):
+class _StoreEntry(BaseModel):
+    """What every store entry is keyed and labelled by: its digest, the engine and vocabulary it measured,
+    the host it ran on, and when and how."""
+
+    model_config = ConfigDict(extra="forbid")
+    format_version: Literal[1] = 1
+    digest: str
+    backend: str
+    backend_version: str
+    vocab: str
+    host: HostInfo
+    measured: str = Field(description="when and how: date, command, versions")
+
+
+class SpecCostEntry(_StoreEntry):
     """One spec's measured costs on one host.
 
     ``status``/``message``: how its measurement ended (``ok``, or the failure
@@ -97,44 +111,30 @@ class SpecCostEntry(BaseModel):
     spec costs is fitted on).
     """
 
-    model_config = ConfigDict(extra="forbid")
-    format_version: Literal[1] = 1
-    digest: str
-    backend: str
-    backend_version: str
-    vocab: str
     kind: str
     label: str = ""
     spec: str = ""
-    host: HostInfo
     status: CompileStatus
     message: str = ""
     costs: SpecProfile
     instances: dict[str, InstanceProfile] = {}
-    measured: str = Field(description="when and how: date, command, versions")
 
 
 def sequence_digest(backend: str, version: str, vocab: str, options: Mapping[str, Any],
                     specs: Sequence[ConstraintSpec]) -> str:
     """The store key of the compile times of ``specs`` compiled one after another, in this order."""
-    return _digest({"method": METHOD, "sequence_method": SEQUENCE_METHOD, "backend": backend, "version": version,
-                    "vocab": vocab, "options": dict(sorted(options.items())), "specs": [s.canonical() for s in specs]})
+    return _digest(_run_key("sequence_method", SEQUENCE_METHOD, backend, version, vocab, options, specs))
 
 
-class _RunMeasurement(BaseModel):
-    """What a measurement of a whole run's specs (not one spec's) is keyed and labelled by."""
-
-    model_config = ConfigDict(extra="forbid")
-    format_version: Literal[1] = 1
-    digest: str
-    backend: str
-    backend_version: str
-    vocab: str
-    host: HostInfo
-    measured: str
+def _run_key(method_name: str, method: int, backend: str, version: str, vocab: str, options: Mapping[str, Any],
+             specs: Sequence[ConstraintSpec]) -> dict[str, Any]:
+    """What keys a measurement of a run's specs (``method_name``: that measurement's method field), before
+    what the measurement adds. The order of the fields is part of the digest."""
+    return {"method": METHOD, method_name: method, "backend": backend, "version": version, "vocab": vocab,
+            "options": dict(sorted(options.items())), "specs": [s.canonical() for s in specs]}
 
 
-class SequenceEntry(_RunMeasurement):
+class SequenceEntry(_StoreEntry):
     """A run's specs compiled one after another on one engine, in the order the run first meets them,
     on one host: ``compile_s[i]`` is the ``i``-th spec's compile seconds there (``None``: it failed).
 
@@ -149,12 +149,11 @@ class SequenceEntry(_RunMeasurement):
 def batch_digest(backend: str, version: str, vocab: str, options: Mapping[str, Any], specs: Sequence[ConstraintSpec],
                  walks: Sequence[tuple[int, tuple[int, ...]]], width: int) -> str:
     """The store key of the fills of ``walks`` (spec index, tokens) walked ``width`` at a time."""
-    return _digest({"method": METHOD, "batch_method": BATCH_METHOD, "backend": backend, "version": version,
-                    "vocab": vocab, "options": dict(sorted(options.items())), "specs": [s.canonical() for s in specs],
+    return _digest({**_run_key("batch_method", BATCH_METHOD, backend, version, vocab, options, specs),
                     "walks": [[s, list(tokens)] for s, tokens in walks], "width": width})
 
 
-class BatchFillEntry(_RunMeasurement):
+class BatchFillEntry(_StoreEntry):
     """A run's texts walked as its batches walk them, on one host: ``fill_s[i][p]`` is the ``i``-th
     walk's fill seconds at answer position ``p`` (median over the repeats), ``None`` where the walk
     was not timed (its spec did not compile; it stopped before ``p``).
@@ -170,7 +169,7 @@ class BatchFillEntry(_RunMeasurement):
     fill_s: list[list[float | None] | None]
 
 
-_Entry = TypeVar("_Entry", SpecCostEntry, SequenceEntry, BatchFillEntry)
+_Entry = TypeVar("_Entry", bound=_StoreEntry)
 
 
 class SpecCostStore:
