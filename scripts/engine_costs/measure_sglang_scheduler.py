@@ -40,11 +40,9 @@ from import_stub import RecordingStub
 
 STUB = RecordingStub.install("torchvision")  # before anything imports SGLang
 
-import json
 import tempfile
 import time
 from array import array
-from importlib.metadata import version
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -52,7 +50,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import torch
 import zmq
-from measure_sglang import grammar_for, make_backend, tokenizer
+from measure_sglang import engine_meta, grammar_for, grid_backends
 from sglang.srt.beam_search.coordinator import BeamCoordinator
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject
@@ -82,7 +80,7 @@ from sglang.srt.runtime_context import SpawnRanks, get_disagg, publish
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from step_grid import grid_parser, model_dir, write_rows  # (this folder's shared grid)
+from step_grid import grid_parser, grid_points, load_requests, model_dir, write_rows  # (this folder's shared grid)
 
 PROMPT = 32
 KV_TOKENS = 400_000
@@ -246,27 +244,20 @@ def main() -> None:
     ap.set_defaults(backends="xgrammar", vocabs="151936")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    data = json.loads(args.requests.read_text())
-    pool, eos = data["requests"], data["eos"]
-    tok = tokenizer()
+    pool, eos = load_requests(args.requests)
     rows: list[dict] = []
-    for vocab in [int(v) for v in args.vocabs.split(",")]:
-        for name in args.backends.split(","):
-            backend = make_backend(name, tok, vocab, eos)
-            meta = {"engine": "sglang", "version": version("sglang"), "backend": name,
-                    "backend_version": version("xgrammar" if name == "xgrammar" else "llguidance"), "vocab": vocab}
-            for batch in [int(b) for b in args.batches.split(",")]:
-                for share in [float(s) for s in args.shares.split(",")]:
-                    engine = Engine(model_dir(args.workdir, vocab), batch)  # empty pools and cache for each case
-                    rng = np.random.default_rng(batch * 1000 + int(share * 100))
-                    t0 = time.perf_counter()
-                    run_case(engine, backend, pool, batch, share, args.steps, args.warmup, rng, vocab, eos, rows, meta)
-                    engine.close()
-                    last = [r for r in rows[-args.steps:] if r["kind"] == "decode"]
-                    print(f"V={vocab} {name} B={batch} s={share}: decode steps {len(last)}, schedule "
-                          f"{np.median([r['schedule_s'] for r in last]) * 1e3:.2f} ms, process "
-                          f"{np.median([r['process_s'] for r in last]) * 1e3:.2f} ms ({time.perf_counter() - t0:.1f} s)",
-                          flush=True)
+    for vocab, name, backend in grid_backends(args, eos):
+        meta = engine_meta(name, vocab)
+        for batch, share, rng in grid_points(args):
+            engine = Engine(model_dir(args.workdir, vocab), batch)  # empty pools and cache for each case
+            t0 = time.perf_counter()
+            run_case(engine, backend, pool, batch, share, args.steps, args.warmup, rng, vocab, eos, rows, meta)
+            engine.close()
+            last = [r for r in rows[-args.steps:] if r["kind"] == "decode"]
+            print(f"V={vocab} {name} B={batch} s={share}: decode steps {len(last)}, schedule "
+                  f"{np.median([r['schedule_s'] for r in last]) * 1e3:.2f} ms, process "
+                  f"{np.median([r['process_s'] for r in last]) * 1e3:.2f} ms ({time.perf_counter() - t0:.1f} s)",
+                  flush=True)
     STUB.require_unused("measure")  # the measured paths never touched torchvision
     print(f"torchvision stub: {len(STUB.uses('import'))} uses while importing, none while measuring")
     write_rows(rows, FIELDS, args.out)

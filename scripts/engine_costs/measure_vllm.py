@@ -30,7 +30,6 @@ time would measure the other processes; torch runs one intra-op thread for the s
 from __future__ import annotations
 
 # ruff: noqa: E402  (vLLM 0.10's platform is chosen before its modules are imported)
-import json
 import os
 import pickle
 import threading
@@ -57,7 +56,7 @@ if LEGACY:
 
 import numpy as np
 import torch
-from step_grid import grid_parser, model_dir, write_rows  # this folder's shared grid
+from step_grid import grid_parser, grid_points, load_requests, model_dir, write_rows  # this folder's shared grid
 from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 from vllm.engine.arg_utils import EngineArgs
 from vllm.sampling_params import SamplingParams
@@ -230,8 +229,7 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/cdbench_engine_models"))
     args = ap.parse_args()
     torch.set_num_threads(1)
-    data = json.loads(args.requests.read_text())
-    pool, eos = data["requests"], data["eos"]
+    pool, eos = load_requests(args.requests)
     mq = message_queue()
     rows: list[dict] = []
     for vocab in [int(v) for v in args.vocabs.split(",")]:
@@ -241,18 +239,16 @@ def main() -> None:
         cfg.cache_config.num_gpu_blocks = NUM_BLOCKS  # what the workers' memory profiling would set
         for backend in args.backends.split(","):
             manager = StructuredOutputManager(cfg)
-            for batch in [int(b) for b in args.batches.split(",")]:
-                for share in [float(s) for s in args.shares.split(",")]:
-                    rng = np.random.default_rng(batch * 1000 + int(share * 100))
-                    t0 = time.perf_counter()
-                    run_case(cfg, manager, backend, pool, eos, batch, share, args.steps, args.warmup, mq, rng,
-                             rows, vocab)
-                    last = rows[-args.steps:]
-                    print(f"V={vocab} {backend} B={batch} s={share}: "
-                          f"sched {np.median([r['schedule_s'] for r in last])*1e3:.2f} ms, "
-                          f"mask {np.median([r['bitmask_s'] for r in last])*1e3:.2f} ms, "
-                          f"update {np.median([r['update_s'] for r in last])*1e3:.2f} ms "
-                          f"({time.perf_counter()-t0:.1f} s)", flush=True)
+            for batch, share, rng in grid_points(args):
+                t0 = time.perf_counter()
+                run_case(cfg, manager, backend, pool, eos, batch, share, args.steps, args.warmup, mq, rng,
+                         rows, vocab)
+                last = rows[-args.steps:]
+                print(f"V={vocab} {backend} B={batch} s={share}: "
+                      f"sched {np.median([r['schedule_s'] for r in last])*1e3:.2f} ms, "
+                      f"mask {np.median([r['bitmask_s'] for r in last])*1e3:.2f} ms, "
+                      f"update {np.median([r['update_s'] for r in last])*1e3:.2f} ms "
+                      f"({time.perf_counter()-t0:.1f} s)", flush=True)
     write_rows(rows, FIELDS, args.out)
 
 

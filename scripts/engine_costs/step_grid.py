@@ -7,7 +7,10 @@ import csv
 import json
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import numpy as np
 
 
 def grid_parser(description: str, shares: str) -> argparse.ArgumentParser:
@@ -22,6 +25,20 @@ def grid_parser(description: str, shares: str) -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=4)
     return ap
+
+
+def load_requests(path: Path) -> tuple[list, int]:
+    """The request pool ``export_requests.py`` wrote, and its EOS token id."""
+    data = json.loads(path.read_text())
+    return data["requests"], data["eos"]
+
+
+def grid_points(args: argparse.Namespace) -> Iterator[tuple[int, float, np.random.Generator]]:
+    """Each (batch, structured share) of the grid in order, with its case's random stream (seeded by the
+    pair, so a case draws the same rows whatever else the grid holds)."""
+    for batch in [int(b) for b in args.batches.split(",")]:
+        for share in [float(s) for s in args.shares.split(",")]:
+            yield batch, share, np.random.default_rng(batch * 1000 + int(share * 100))
 
 
 def write_rows(rows: list[dict], fields: list[str], out: Path) -> None:
