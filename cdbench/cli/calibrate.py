@@ -44,25 +44,29 @@ def calibrate(
     decode_attention: Annotated[str, typer.Option(
         "--decode-attention", help="per_row: each decode row attends to its own length through the kernel "
         "live mode runs; dense: masked attention over the longest row")] = "per_row",
+    tp: Annotated[int, typer.Option("--tp", min=1, help="tensor-parallel ranks, one process and GPU each (NCCL; "
+                                    "gloo on the CPU): the sharded forward live mode's TP ranks run")] = 1,
 ) -> None:
     """Fit the forward cost model to live forward steps: every shape's fit error is printed.
 
     Examples:
       cdbench calibrate --model llama-3.1-8b --gpu-name h100-sxm --out auto
       cdbench calibrate --model qwen3-8b --gpu-name h200 --out auto --measurements reports/calibration/qwen3-8b__h200.csv
+      cdbench calibrate --model qwen3-8b --gpu-name h200 --tp 2 --out auto
     """
     args = sys.argv[1:]
     command = shlex.join(["cdbench", *(args if args[:1] == ["calibrate"] else ["calibrate", *args])])
     try:
         spec, gpu = resolve_model(model), resolve_gpu(gpu_name)
-        target = shipped_calibration_path(spec.name, gpu.name) if str(out) == "auto" else out
         if measurements is None:
+            target = shipped_calibration_path(spec.name, gpu.name, tp) if str(out) == "auto" else out
             csv_path = measure_out or target.with_suffix(".csv")
-            rows = _measure(spec, grid, device, decode_attention)
+            rows = _measure(spec, grid, device, decode_attention, tp)
             write_measurements(rows, csv_path)
             typer.echo(f"measurements: {csv_path}")
         else:
             csv_path, rows = measurements, read_measurements(measurements)
+            target = shipped_calibration_path(spec.name, gpu.name, rows[0].tp) if str(out) == "auto" else out
         cal = fit_calibration(rows, spec, gpu, measurements=str(csv_path), command=command)
     except (CalibrationError, UnknownSpecError, SpecFileError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -77,9 +81,9 @@ def calibrate(
     typer.echo(f"calibration: {target}")
 
 
-def _measure(spec, grid: str, device: str, decode_attention: str) -> list[ForwardMeasurement]:
+def _measure(spec, grid: str, device: str, decode_attention: str, tp: int) -> list[ForwardMeasurement]:
     # Imported here: measuring needs torch on a GPU, fitting stored measurements does not.
-    from cdbench.harness.live.measure import GRIDS, measure_grid
+    from cdbench.harness.live.measure import GRIDS, measure_grid, measure_grid_tp
 
     if grid not in GRIDS:
         raise ValueError(f"--grid {grid!r}: choose from {', '.join(GRIDS)}")
@@ -95,7 +99,13 @@ def _measure(spec, grid: str, device: str, decode_attention: str) -> list[Forwar
     def show(row: ForwardMeasurement) -> None:
         typer.echo(f"  {row.label:<32} {row.median_s * 1e3:9.3f} ms  ({row.reps} reps{', graph' if row.graph else ''})")
 
-    typer.echo(f"measuring {spec.name} on {device}: {len(shapes)} shapes")
+    typer.echo(f"measuring {spec.name} on {device}: {len(shapes)} shapes" + (f", {tp} tensor-parallel ranks" if tp > 1 else ""))
+    if tp > 1:
+        rows = measure_grid_tp(spec, shapes, tp, device, min_reps=3 if grid == "tiny" else 20,
+                               per_row=decode_attention == "per_row")
+        for row in rows:
+            show(row)
+        return rows
     return measure_grid(spec, shapes, device, progress=show, min_reps=3 if grid == "tiny" else 10,
                         min_time_s=0.0 if grid == "tiny" else 0.25, per_row=decode_attention == "per_row")
 
@@ -103,7 +113,8 @@ def _measure(spec, grid: str, device: str, decode_attention: str) -> list[Forwar
 def fit_table(cal: ForwardCalibration, roofline: np.ndarray) -> str:
     """The fit as markdown: parameters, then each shape's measured and fitted time and the roofline's error."""
     lines = [
-        f"# Forward calibration: {cal.model} on {cal.gpu} ({cal.gpu_device}, torch {cal.torch_version})",
+        f"# Forward calibration: {cal.model} on {cal.gpu}{f' at tp={cal.tp}' if cal.tp > 1 else ''} "
+        f"({cal.gpu_device}, torch {cal.torch_version})",
         "",
         f"Command: `{cal.command}`  ",
         f"Measurements: `{cal.measurements}`",

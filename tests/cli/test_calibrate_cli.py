@@ -47,6 +47,28 @@ def test_measure_tiny_model_on_cpu(tmp_path: Path) -> None:
     assert ForwardCalibration.load(out).model == "tiny-gqa"
 
 
+def test_measure_tensor_parallel_ranks_on_cpu(tmp_path: Path) -> None:
+    """Two gloo ranks time their shards in step; the fit is marked tp=2 and prices only tp=2 runs."""
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY)
+    out = tmp_path / "tiny_tp2.json"
+    result = CliRunner().invoke(app, ["calibrate", "--model", str(spec), "--gpu-name", "h100", "--out", str(out),
+                                      "--grid", "tiny", "--device", "cpu", "--tp", "2"])
+    assert result.exit_code == 0, result.output
+    assert "2 tensor-parallel ranks" in result.output
+    rows = read_measurements(out.with_suffix(".csv"))
+    assert {r.tp for r in rows} == {2} and all(r.reps == 3 and r.median_s > 0 for r in rows)
+    cal = ForwardCalibration.load(out)
+    assert cal.tp == 2
+    assert "at tp=2" in result.output
+    # refitting the stored rows keeps their rank count
+    refit = tmp_path / "refit.json"
+    result = CliRunner().invoke(app, ["calibrate", "--model", str(spec), "--gpu-name", "h100", "--out", str(refit),
+                                      "--measurements", str(out.with_suffix(".csv"))])
+    assert result.exit_code == 0, result.output
+    assert ForwardCalibration.load(refit).tp == 2
+
+
 def test_bad_input_is_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["calibrate", "--model", "no-such-model", "--gpu-name", "h100", "--out",
                                       str(tmp_path / "x.json"), "--measurements", "x.csv"])

@@ -51,6 +51,7 @@ class ForwardMeasurement:
     p10_s: float
     p90_s: float
     decode_attention: str = "dense"  # dense (masked, over the longest row) or per_row (live mode's kernel)
+    tp: int = 1                      # tensor-parallel ranks the step ran on (this row: rank 0's shard)
 
     @property
     def label(self) -> str:
@@ -79,7 +80,7 @@ class ForwardMeasurement:
 
 
 _FIELDS = [f.name for f in fields(ForwardMeasurement)]
-_OPTIONAL = {"decode_attention"}  # absent from files measured before it existed (dense then)
+_OPTIONAL = {"decode_attention", "tp"}  # absent from files measured before they existed (dense, one GPU then)
 
 
 def write_measurements(rows: list[ForwardMeasurement], path: Path) -> None:
@@ -173,6 +174,8 @@ class ForwardCalibration(BaseModel):
     The fixed cost of a step is one constant:
     measurements of one model at its one depth cannot tell a per-layer fixed
     cost from a per-step one, so it is fitted as ``step_overhead_s``.
+    A calibration of ``tp`` > 1 is fitted to one rank's sharded steps, their
+    all-reduces included; it prices only runs of that many ranks.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -197,6 +200,7 @@ class ForwardCalibration(BaseModel):
     decode_attention: Literal["dense", "per_row"] = Field(
         "dense", description="how the measured decode rows attended: dense (masked, over the longest row) or "
         "per_row (each row its own length, the decode-attention kernel live mode runs)")
+    tp: int = Field(1, ge=1, description="tensor-parallel ranks of the measured steps (1: one GPU)")
     measurements: str = Field(description="the measurement CSV, relative to the repository")
     command: str = Field(description="the command that measured them")
     torch_version: str
@@ -229,6 +233,8 @@ class ForwardCalibration(BaseModel):
             raise CalibrationError(f"{path}: invalid forward calibration field {field!r}: {first['msg']}") from exc
 
 
-def shipped_calibration_path(model: str, gpu: str) -> Path:
-    """Where the shipped calibration of ``model`` on ``gpu`` (spec names) lives, whether or not it exists."""
-    return CALIBRATION_DIR / f"{normalize_name(model)}__{normalize_name(gpu)}.json"
+def shipped_calibration_path(model: str, gpu: str, tp: int = 1) -> Path:
+    """Where the shipped calibration of ``model`` on ``gpu`` (spec names) at ``tp`` ranks lives, whether or not
+    it exists."""
+    ranks = f"__tp{tp}" if tp > 1 else ""
+    return CALIBRATION_DIR / f"{normalize_name(model)}__{normalize_name(gpu)}{ranks}.json"

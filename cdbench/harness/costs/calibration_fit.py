@@ -65,7 +65,11 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
     """Fit :class:`ForwardCalibration` to ``rows`` (all of one model and one device)."""
     if not rows:
         raise CalibrationError("no measurements to fit")
-    forward = ForwardCostModel(model, gpu, forward_calibration="none")
+    ranks = {r.tp for r in rows}
+    if len(ranks) != 1:
+        raise CalibrationError(f"measurements mix tensor-parallel sizes: {', '.join(map(str, sorted(ranks)))}")
+    tp = ranks.pop()
+    forward = ForwardCostModel(model, gpu, tp=tp, forward_calibration="none")
     names = {r.model for r in rows}
     if names != {forward.model.name}:
         raise CalibrationError(f"measurements are of {', '.join(sorted(names))}, not {forward.model.name}")
@@ -108,7 +112,7 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
         multi_token_s=params.multi_token_s, chunk_layer_s=params.chunk_layer_s,
         mixed_row_layer_s=params.mixed_row_layer_s,
         measurements=measurements, command=command, torch_version=rows[0].torch_version,
-        decode_attention=attention.pop(),
+        decode_attention=attention.pop(), tp=tp,
         fit=[ShapeFit(shape=r.label, measured_s=float(m), predicted_s=float(p))
              for r, m, p in zip(rows, measured, predicted, strict=True)],
     )
@@ -116,6 +120,6 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
 
 def roofline_errors(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, gpu: str | GPUSpec) -> np.ndarray:
     """Relative errors of the uncalibrated roofline on ``rows`` (for the fit tables)."""
-    forward = ForwardCostModel(model, gpu, forward_calibration="none")
+    forward = ForwardCostModel(model, gpu, tp=rows[0].tp, forward_calibration="none")
     measured = np.asarray([r.median_s for r in rows])
     return forward.price(peak_times(forward, rows)) / measured - 1.0

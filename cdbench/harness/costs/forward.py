@@ -316,15 +316,15 @@ def _pick_calibration(choice: str | Path | ForwardCalibration, model: ModelSpec,
     elif str(choice) == "none":
         return None, "none"
     elif str(choice) == "auto":
-        path = shipped_calibration_path(model.name, gpu.name)
-        if tp != 1 or not path.is_file():  # calibrations are measured on one GPU
+        path = shipped_calibration_path(model.name, gpu.name, tp)
+        if not path.is_file():
             return None, "none"
         cal, source = ForwardCalibration.load(path), path.name
     else:
         cal, source = ForwardCalibration.load(choice), str(choice)
-    if (cal.model, cal.gpu) != (model.name, gpu.name):
-        raise CalibrationError(f"forward calibration {source} is for {cal.model} on {cal.gpu}, "
-                               f"not {model.name} on {gpu.name}")
+    if (cal.model, cal.gpu, cal.tp) != (model.name, gpu.name, tp):
+        raise CalibrationError(f"forward calibration {source} is for {cal.model} on {cal.gpu} at tp={cal.tp}, "
+                               f"not {model.name} on {gpu.name} at tp={tp}")
     return cal, source
 
 

@@ -29,7 +29,12 @@ import torch
 
 from cdbench.harness.costs.calibration import ForwardMeasurement
 from cdbench.harness.costs.hardware import ModelSpec
-from cdbench.harness.live.forward import KVPool, LiveForward, PrefillChunk
+from cdbench.harness.live.forward import (
+    KVPool,
+    LiveForward,
+    PrefillChunk,
+    TensorParallel,
+)
 from cdbench.harness.live.step import spin
 
 DECODE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -107,6 +112,7 @@ def pool_tokens(shapes: Iterable[StepShape], cache_len: int | None = None) -> in
 def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cuda", *,
                  dtype: torch.dtype = torch.bfloat16, min_reps: int = 10, min_time_s: float = 0.25,
                  per_row: bool = False, cache_len: int | None = None, idle_s: float = 0.0,
+                 tp: TensorParallel | None = None,
                  progress: Callable[[ForwardMeasurement], None] | None = None) -> list[ForwardMeasurement]:
     """Build ``spec``'s live forward on ``device`` and time every shape (see the module doc).
 
@@ -115,12 +121,18 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
     shape's longest context); ``live`` mode's slots are as long as the workload's longest context,
     and the per-row kernel's launch shape depends on it. ``idle_s``: time each repetition alone,
     launched after that long with the GPU idle (default: back to back, the GPU's time alone).
+    ``tp``: this process is one rank of a tensor-parallel group (:func:`measure_grid_tp`): it runs its
+    shard, and every rank times exactly ``min_reps`` repetitions (``min_time_s`` ignored), since a rank
+    that stopped early would leave the others waiting in their all-reduces.
     """
     longest = max(s.max_len for s in shapes)
     if cache_len is not None and cache_len < longest:
         raise ValueError(f"cache_len {cache_len} is shorter than a shape's context ({longest} tokens)")
-    forward = LiveForward(spec, device, dtype=dtype)
-    pool = KVPool(spec, pool_tokens(shapes, cache_len), device, dtype)
+    forward = LiveForward(spec, device, dtype=dtype, tp=tp)
+    ranks = forward.tp.size if forward.tp is not None else 1
+    if ranks > 1:
+        min_time_s, idle_s = 0.0, 0.0
+    pool = KVPool(forward.spec, pool_tokens(shapes, cache_len), device, dtype)
     cuda = forward.device.type == "cuda"
     gpu_device = torch.cuda.get_device_name(forward.device) if cuda else "cpu"
     rows = []
@@ -144,7 +156,7 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
             model=spec.name, gpu_device=gpu_device, torch_version=torch.__version__, kind=shape.kind,
             decode_rows=shape.rows, decode_kv=shape.kv, prefill_chunks=shape.chunks, prefill_new=shape.new,
             prefill_cached=shape.cached, graph=graph, reps=len(times), median_s=statistics.median(times),
-            p10_s=q[0], p90_s=q[-1], decode_attention="per_row" if per_row else "dense")
+            p10_s=q[0], p90_s=q[-1], decode_attention="per_row" if per_row else "dense", tp=ranks)
         rows.append(row)
         if progress is not None:
             progress(row)
@@ -189,3 +201,74 @@ def _time(run: Callable[[], object], cuda: bool, min_reps: int, min_time_s: floa
         torch.cuda.synchronize()
         times += [start.elapsed_time(end) / 1e3 for start, end in events]
     return times
+
+
+def measure_grid_tp(spec: ModelSpec, shapes: Sequence[StepShape], ranks: int, device: str = "cuda", *,
+                    min_reps: int = 20, per_row: bool = False, timeout_s: float = 1800.0) -> list[ForwardMeasurement]:
+    """Time every shape on ``ranks`` tensor-parallel ranks, one process (and GPU) each, joined by NCCL
+    (gloo on the CPU): rank 0's times of its sharded steps, all-reduces included, as the live mode's
+    tensor-parallel ranks run them."""
+    import multiprocessing as mp
+    import pickle
+    import tempfile
+    from pathlib import Path
+
+    if device == "cuda" and torch.cuda.device_count() < ranks:
+        raise ValueError(f"{ranks} tensor-parallel ranks each need a GPU; this machine has "
+                         f"{torch.cuda.device_count()}")
+    ctx = mp.get_context("spawn")  # fresh interpreters: no forked CUDA state
+    with tempfile.TemporaryDirectory(prefix="cdbench-calibrate-") as tmp:
+        folder = Path(tmp)
+        args = (spec, list(shapes), ranks, device, min_reps, per_row, timeout_s, str(folder))
+        procs = [ctx.Process(target=_measure_rank, args=(rank, *args), name=f"cdbench-calibrate{rank}")
+                 for rank in range(ranks)]
+        for proc in procs:
+            proc.start()
+        deadline = time.monotonic() + timeout_s
+        try:
+            for proc in procs:
+                proc.join(max(0.0, deadline - time.monotonic()))
+        finally:
+            for proc in procs:
+                if proc.is_alive():
+                    proc.terminate()
+                    proc.join()
+        for rank in range(ranks):
+            failure = folder / f"rank{rank}.err"
+            if failure.exists():
+                raise RuntimeError(f"calibration rank {rank} failed: {failure.read_text().strip()}")
+        result = folder / "rank0.pkl"
+        if not result.exists():
+            raise RuntimeError(f"the calibration ranks did not finish within {timeout_s:g} s")
+        return pickle.loads(result.read_bytes())
+
+
+def _measure_rank(rank: int, spec: ModelSpec, shapes: list[StepShape], ranks: int, device: str, min_reps: int,
+                  per_row: bool, timeout_s: float, folder: str) -> None:
+    """One rank of :func:`measure_grid_tp`: join the group, time the grid; rank 0 leaves the rows."""
+    import datetime
+    import os
+    import pickle
+    import traceback
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    path = Path(folder)
+    try:
+        cuda = device == "cuda"
+        if cuda:
+            torch.cuda.set_device(rank)
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{path / 'store'}", rank=rank,
+                                world_size=ranks, timeout=datetime.timedelta(seconds=timeout_s))
+        try:
+            rows = measure_grid(spec, shapes, f"cuda:{rank}" if cuda else device, min_reps=min_reps,
+                                per_row=per_row, tp=TensorParallel(ranks, rank, None))
+        finally:
+            dist.destroy_process_group()
+        if rank == 0:
+            (path / "rank0.tmp").write_bytes(pickle.dumps(rows))
+            (path / "rank0.tmp").rename(path / "rank0.pkl")
+    except BaseException:  # noqa: BLE001 - reported to the parent, which names the rank
+        (path / f"rank{rank}.err").write_text(traceback.format_exc())

@@ -60,9 +60,9 @@ def test_roofline_stays_available_and_is_named() -> None:
     assert roofline.calibration_source == "none"
     assert calibrated.step_s(decode_rows=1, decode_kv_tokens=1000) != roofline.step_s(decode_rows=1,
                                                                                       decode_kv_tokens=1000)
-    # No shipped fit for this GPU, or tensor parallelism (fits are of one GPU): the roofline, said so.
+    # No shipped fit for this GPU, or for this many tensor-parallel ranks: the roofline, said so.
     assert ForwardCostModel("llama-3.1-8b", "a100").calibration_source == "none"
-    assert ForwardCostModel("llama-3.1-8b", "h100", tp=2).calibration_source == "none"
+    assert ForwardCostModel("llama-3.1-8b", "h100", tp=4).calibration_source == "none"
     assert ForwardConfig(model="qwen3-8b", gpu="h200").build().calibration_source == "qwen3-8b__h200.json"
     explicit = ForwardCostModel("qwen3-8b", "h200", forward_calibration=shipped_calibration_path("qwen3-8b", "h200"))
     assert explicit.step_s(decode_rows=8, decode_kv_tokens=8000) == ForwardCostModel("qwen3-8b", "h200").step_s(
@@ -70,8 +70,11 @@ def test_roofline_stays_available_and_is_named() -> None:
 
 
 def test_a_calibration_for_another_model_or_a_bad_file_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(CalibrationError, match="is for llama-3.1-8b on h100-sxm, not qwen3-8b on h100-sxm"):
+    with pytest.raises(CalibrationError, match="is for llama-3.1-8b on h100-sxm at tp=1, not qwen3-8b on h100-sxm"):
         ForwardCostModel("qwen3-8b", "h100", forward_calibration=shipped_calibration_path("llama-3.1-8b", "h100-sxm"))
+    # a one-GPU fit does not price tensor-parallel steps (they add all-reduces), nor the reverse
+    with pytest.raises(CalibrationError, match="at tp=1, not qwen3-8b on h200 at tp=2"):
+        ForwardCostModel("qwen3-8b", "h200", tp=2, forward_calibration=shipped_calibration_path("qwen3-8b", "h200"))
     bad = tmp_path / "bad.json"
     bad.write_text('{"model": "x"}')
     with pytest.raises(CalibrationError, match="bad.json: invalid forward calibration field"):
