@@ -1,4 +1,5 @@
-"""``cdbench pack``: a campaign's run folders as one compressed Parquet pack, its listing, and unpacking."""
+"""``cdbench pack``: a campaign's run folders as one compressed Parquet pack, its listing, unpacking and
+rewriting in the current format."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ def _campaign_files(src: Path, run_folders: list[Path]) -> dict[str, Path]:
             if path.is_file() and not inside.intersection(path.parents)}
 
 
+def _size(pack: Path) -> int:
+    return sum(path.stat().st_size for path in pack.iterdir())
+
+
 def _listing(pack: Pack) -> Table:
     table = Table(title=f"{pack.path}: {len(pack.run_ids)} runs", title_justify="left")
     for name in ("run id", "mode", "backend", "policy", "seed", "requests", "steps"):
@@ -32,7 +37,8 @@ def _listing(pack: Pack) -> Table:
 
 
 def pack(
-    src: Annotated[Path, typer.Argument(help="Folder whose run folders are packed (with --list/--unpack: the pack).")],
+    src: Annotated[Path, typer.Argument(help="Folder whose run folders are packed (with --list, --unpack or "
+                                             "--repack: the pack).")],
     dest: Annotated[Path | None, typer.Argument(help="The pack folder to write (e.g. campaign.pack); with "
                                                       "--unpack, the folder to write the runs into.")] = None,
     list_: Annotated[bool, typer.Option("--list", help="List the runs of the pack SRC.")] = False,
@@ -40,6 +46,8 @@ def pack(
                                                          "folders under DEST.")] = False,
     all_files: Annotated[bool, typer.Option("--all-files", help="Pack every other file under SRC too (campaign "
                                                                "pages, logs), listed by its path.")] = False,
+    repack: Annotated[bool, typer.Option("--repack", help="Write the pack SRC again as the new pack DEST, in the "
+                                                         "current (smaller) format: the same runs and files.")] = False,
 ) -> None:
     """Pack every run folder under SRC (a folder holding summary.json and config.yaml) into DEST: the runs'
     summaries, configs, requests and steps as zstd Parquet keyed by run id (the folder's path under SRC),
@@ -52,10 +60,11 @@ def pack(
       cdbench pack --list reports/campaign.pack
       cdbench fidelity reports/campaign.pack::cell/hybrid-a reports/campaign.pack::cell/model
       cdbench pack --unpack reports/campaign.pack /tmp/campaign
+      cdbench pack --repack old.pack new.pack
     """
     with user_errors():
-        if list_ and unpack:
-            raise ConfigError("give either --list PACK or --unpack PACK DEST")
+        if list_ + unpack + repack > 1:
+            raise ConfigError("give one of --list PACK, --unpack PACK DEST and --repack PACK DEST")
         if list_:
             if dest is not None:
                 raise ConfigError(f"--list takes only the pack, not {dest}")
@@ -64,7 +73,14 @@ def pack(
             console.print(f"{len(packed.files())} more files (cdbench pack --unpack writes them out)")
             return
         if dest is None:
-            raise ConfigError("give the folder to write: cdbench pack SRC DEST (or --unpack PACK DEST)")
+            raise ConfigError("give the folder to write: cdbench pack SRC DEST (or --unpack/--repack PACK DEST)")
+        if repack:
+            packed = Pack(src)
+            with progress_bar(transient=True) as bar:
+                task = bar.add_task("repacking", total=len(packed.run_ids))
+                packed.repack(dest, progress=lambda run_id: bar.advance(task))
+            console.print(f"repacked {len(packed.run_ids)} runs: {_size(src) / 1e6:.2f} MB -> {_size(dest) / 1e6:.2f} MB")
+            return
         if unpack:
             packed = Pack(src)
             with progress_bar(transient=True) as bar:
@@ -81,6 +97,5 @@ def pack(
         with progress_bar(transient=True) as bar:
             task = bar.add_task("packing", total=len(folders))
             pack_runs(folders, dest, files=files, progress=lambda run_id: bar.advance(task))
-    size = sum(path.stat().st_size for path in dest.iterdir())
     console.print(f"packed {len(folders)} runs{f' and {len(files)} files' if files else ''} into {dest} "
-                  f"({size / 1e6:.1f} MB)")
+                  f"({_size(dest) / 1e6:.1f} MB)")

@@ -1,9 +1,12 @@
 """Packs: run folders into one Parquet file set and back, and fidelity / compare reading runs out of a pack."""
 
+import gzip
 import json
 import shutil
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
@@ -88,10 +91,13 @@ def test_runs_of_different_columns_each_keep_their_own(campaign, tmp_path):
     shutil.copytree(campaign / "vllm", new)
     requests = pd.read_parquet(old / "requests.parquet").drop(columns=["valid"])
     requests["output_tokens"] = requests["output_tokens"].astype("float64")  # int64 in the newer run
+    # categories the newer run does not have: the runs share a row group, each reads back its own
+    requests["cache"] = requests["cache"].cat.add_categories(["retired"])
     requests.to_parquet(old / "requests.parquet", index=False)
     pack = pack_runs({"old": old, "new": new}, tmp_path / "p.pack")
     _same_run(load_run(old), open_run(f"{pack}::old"))
     _same_run(load_run(new), open_run(f"{pack}::new"))
+    assert "retired" not in list(open_run(f"{pack}::new").requests["cache"].cat.categories)
 
 
 def test_summary_only_runs_are_packed_and_compared_without_plots(campaign, tmp_path):
@@ -128,3 +134,71 @@ def test_bad_refs_and_destinations_are_one_line_errors(packed, campaign, tmp_pat
     assert result.exit_code == 2 and result.output.startswith("error:") and "holds no run 'nope'" in result.output
     empty = runner.invoke(app, ["pack", str(tmp_path), str(tmp_path / "x.pack")])
     assert empty.exit_code == 2 and "holds no run folder" in empty.output
+
+
+def _pack_as_before(folders, dest):
+    """The layout packs were written in before: a row group a run, dictionary pages, gzip files as they were."""
+    dest.mkdir()
+    index, tables, files = [], {"requests.parquet": [], "steps.parquet": []}, []
+    for run_id, folder in folders.items():
+        row = {"run_id": run_id, "mode": "model", "backend": None, "policy": None, "seed": 0,
+               "summary": (folder / "summary.json").read_text(), "config": (folder / "config.yaml").read_text()}
+        for name, runs in tables.items():
+            table = pq.read_table(folder / name)
+            row[f"{name.removesuffix('.parquet')}_schema"] = table.schema.serialize().to_pybytes()
+            row[f"{name.removesuffix('.parquet')}_rows"] = table.num_rows
+            runs.append(table.add_column(0, "run_id", pa.array([run_id] * table.num_rows, pa.string()))
+                        .replace_schema_metadata(None))
+        index.append(row)
+        files += [{"run_id": run_id, "path": path.name, "data": path.read_bytes()} for path in sorted(folder.iterdir())
+                  if path.name in ("workload.trace.jsonl", "notes.json.gz")]
+    pq.write_table(pa.Table.from_pylist(index), dest / "runs.parquet")
+    for name, runs in tables.items():
+        with pq.ParquetWriter(dest / name, runs[0].schema) as writer:
+            for table in runs:
+                writer.write_table(table)
+    pq.write_table(pa.Table.from_pylist(files), dest / "files.parquet")
+    return dest
+
+
+def test_gzip_files_are_packed_inflated_and_read_back_gzipped(campaign, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(campaign / "sglang", run)
+    notes = b'{"note": "kept"}\n' * 50
+    (run / "notes.json.gz").write_bytes(gzip.compress(notes))
+    (run / "fake.gz").write_bytes(b"not gzip")  # a name that lies: kept byte for byte
+    pack = pack_runs({"run": run}, tmp_path / "p.pack")
+    stored = pq.read_table(pack / "files.parquet").to_pylist()
+    assert {r["path"]: r["inflated"] for r in stored}["notes.json.gz"] is True
+    assert {r["path"]: r["data"] for r in stored}["notes.json.gz"] == notes
+    assert gzip.decompress(Pack(pack).read_file("notes.json.gz", "run")) == notes
+    assert Pack(pack).read_file("fake.gz", "run") == b"not gzip"
+    back = Pack(pack).unpack(tmp_path / "back")
+    assert gzip.decompress((back / "run" / "notes.json.gz").read_bytes()) == notes
+
+
+def test_a_pack_of_the_earlier_layout_reads_the_same_and_repacks_smaller(campaign, tmp_path):
+    runs = {}
+    for name in ("sglang", "vllm"):
+        runs[name] = tmp_path / name
+        shutil.copytree(campaign / name, runs[name])
+    (runs["vllm"] / "notes.json.gz").write_bytes(gzip.compress(b"notes " * 100))
+    before = _pack_as_before(runs, tmp_path / "before.pack")
+    for name, folder in runs.items():
+        _same_run(load_run(folder), open_run(f"{before}::{name}"))
+    assert Pack(before).read_file("workload.trace.jsonl", "sglang") == (runs["sglang"] / "workload.trace.jsonl").read_bytes()
+
+    result = runner.invoke(app, ["pack", "--repack", str(before), str(tmp_path / "after.pack")])
+    assert result.exit_code == 0, result.output
+    after = tmp_path / "after.pack"
+    assert "repacked 2 runs" in result.output
+    for name, folder in runs.items():
+        _same_run(load_run(folder), open_run(f"{after}::{name}"))
+        assert Pack(after).read_file("workload.trace.jsonl", name) == (folder / "workload.trace.jsonl").read_bytes()
+    assert gzip.decompress(Pack(after).read_file("notes.json.gz", "vllm")) == b"notes " * 100
+    for table in ("requests.parquet", "steps.parquet"):
+        assert pq.ParquetFile(after / table).metadata.num_row_groups == 1  # every run's column compressed at once
+    size = {pack: sum(p.stat().st_size for p in pack.iterdir()) for pack in (before, after)}
+    assert size[after] < size[before]
+    again = runner.invoke(app, ["pack", "--repack", str(before), str(after)])
+    assert again.exit_code == 2 and "already exists" in again.output
