@@ -88,6 +88,14 @@ class TensorParallel:
         dist.all_reduce(x, group=self.group)
         return x
 
+    def barrier(self, device: torch.device) -> None:
+        """Return once every rank has called it: a one-element all-reduce, waited for."""
+        import torch.distributed as dist
+
+        dist.all_reduce(torch.zeros(1, device=device), group=self.group)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     def all_gather_columns(self, x: torch.Tensor) -> torch.Tensor:
         """``[rows, width]`` of every rank, side by side: ``[rows, size * width]`` (rank order)."""
         import torch.distributed as dist

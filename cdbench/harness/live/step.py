@@ -285,7 +285,7 @@ class LiveStep:
             if decode is not None else None
         if self.cuda:
             captured = self.forward.capture(self.cache, inputs, chunks)
-            torch.cuda.synchronize(self.device)
+            self._captured()
             return _nothing, captured.replay
         return _nothing, lambda: self.forward.step(self.cache, inputs, chunks)
 
@@ -311,8 +311,15 @@ class LiveStep:
         if graph is None:
             inputs = self.forward.decode_inputs([0] * padded, [0] * padded, per_row=True)
             graph = self._graphs[padded] = self.forward.capture(self.cache, inputs)
-            torch.cuda.synchronize(self.device)
+            self._captured()
         return graph
+
+    def _captured(self) -> None:
+        """After a capture: tensor-parallel ranks wait for each other, so no rank's capture (off the clock)
+        lands on another's clock as a wait inside the replay's first all-reduce."""
+        torch.cuda.synchronize(self.device)
+        if self.forward.tp is not None:
+            self.forward.tp.barrier(self.device)
 
     def _stage_inputs(self, graph: StepGraph, slots: np.ndarray, positions: np.ndarray) -> None:
         """Refill a decode graph's inputs in place (asynchronous copies, queued before its replay)."""

@@ -188,3 +188,36 @@ def test_a_model_run_of_data_parallel_ranks_deals_its_workload() -> None:
     assert result.summary.completed == 6
     assert result.requests.groupby("rank").size().to_dict() == {0: 3, 1: 3}
     assert sorted(set(result.steps["rank"])) == [0, 1]
+
+
+def _barrier_rank(rank: int, store: str, marker: str, answers) -> None:
+    import time
+    from pathlib import Path
+
+    import torch
+
+    from cdbench.harness.live.forward import TensorParallel
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        if rank == 1:  # the late rank: what it does before the barrier is done when the other leaves it
+            time.sleep(0.5)
+            Path(marker).write_text("late rank was here")
+        TensorParallel(2, rank, None).barrier(torch.device("cpu"))
+        answers.put((rank, Path(marker).exists()))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_barrier_holds_every_rank_until_the_last_arrives(tmp_path) -> None:
+    """The wait after a graph capture: no rank starts its clock while another still captures."""
+    ctx = mp.get_context("spawn")
+    answers = ctx.Queue()
+    procs = [ctx.Process(target=_barrier_rank, args=(rank, str(tmp_path / "store"), str(tmp_path / "marker"), answers))
+             for rank in range(2)]
+    for proc in procs:
+        proc.start()
+    seen = dict(answers.get(timeout=120) for _ in procs)
+    for proc in procs:
+        proc.join()
+    assert seen == {0: True, 1: True}
