@@ -25,6 +25,7 @@ from typing import Any
 
 from cdbench.campaigns.spec import REFERENCE, CampaignSpec
 from cdbench.results.config_files import ConfigError, apply_overrides
+from cdbench.results.run_folder import LIVE_FILE
 from cdbench.results.sweep import folder_safe
 
 
@@ -137,7 +138,8 @@ def _arm_order(spec: CampaignSpec) -> list[str]:
 
 
 ArmLookup = Callable[[str, str], Any]
-"""(run id, field) -> ``folder`` (absolute path) or a ``summary.json`` value of that finished run."""
+"""(run id, field) -> ``folder`` (absolute path), a ``live.json`` value (``live.<path>``) or a ``summary.json``
+value of that finished run."""
 
 
 def run_config(spec: CampaignSpec, base: Mapping[str, Any], run: PlannedRun, lookup: ArmLookup,
@@ -224,20 +226,34 @@ def evaluate(text: str, where: str) -> Any:
     return result
 
 
+def _at(data: Any, path: list[str]) -> Any:
+    """The value at a dotted path into nested mappings; ``KeyError`` naming the first missing part."""
+    for part in path:
+        if not isinstance(data, Mapping) or part not in data:
+            raise KeyError(part)
+        data = data[part]
+    return data
+
+
 def folder_lookup(out: Path) -> ArmLookup:
-    """Look references up in the run folders under ``out``."""
+    """Look references up in the run folders under ``out``: ``folder``, ``live.<path>`` (a value of the run's
+    ``live.json``, e.g. ``live.ranks.all_gather_s.p50``), or else a ``summary.json`` value (a dotted path
+    descends into its mappings)."""
     import json
 
     def lookup(rid: str, field: str) -> Any:
         folder = (Path(out) / rid).resolve()
         if field == "folder":
             return str(folder)
-        summary_path = folder / "summary.json"
-        if not summary_path.is_file():
+        if not (folder / "summary.json").is_file():
             raise ConfigError(f"run {rid} has not finished (no summary.json), so ${{...{field}}} has no value")
-        summary = json.loads(summary_path.read_text())
-        if field not in summary:
-            raise ConfigError(f"run {rid}'s summary.json has no {field!r}")
-        return summary[field]
+        parts = field.split(".")
+        name, path = (LIVE_FILE, parts[1:]) if parts[0] == "live" and len(parts) > 1 else ("summary.json", parts)
+        if not (folder / name).is_file():
+            raise ConfigError(f"run {rid} has no {name} (only live runs write one), so ${{...{field}}} has no value")
+        try:
+            return _at(json.loads((folder / name).read_text()), path)
+        except KeyError as missing:
+            raise ConfigError(f"run {rid}'s {name} has no {'.'.join(path)!r} (no {missing})") from None
 
     return lookup

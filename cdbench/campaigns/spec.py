@@ -24,8 +24,9 @@ from cdbench.reports.gate import GateError, check_tolerance_names
 from cdbench.results.config_files import read_yaml_mapping, validate_config
 
 REFERENCE = re.compile(r"\$\{([A-Za-z_][\w-]*)(?:\.([\w.]+))?\}")
-"""``${name}`` (a cell variable, or ``seed``) or ``${arm.field}`` (``folder`` or a ``summary.json`` key of that
-arm's first copy in the same cell and seed)."""
+"""``${name}`` (a cell variable, or ``seed``) or ``${arm.field}`` of that arm's first copy in the same cell and
+seed: ``folder``, ``live.<path>`` (a value of its ``live.json``) or a ``summary.json`` key (a dotted path
+descends into a mapping)."""
 
 NAME = r"^[A-Za-z0-9][\w.-]*$"
 

@@ -7,6 +7,7 @@ import pytest
 from cdbench.campaigns.plan import (
     Cell,
     evaluate,
+    folder_lookup,
     plan_runs,
     resolve,
     run_config,
@@ -106,6 +107,38 @@ def test_arithmetic_and_lone_references():
         evaluate("= __import__('os')", "arms.m.set.rate")
     with pytest.raises(ConfigError, match="cannot be evaluated"):
         evaluate("= 1 / 0", "arms.m.set.rate")
+
+
+def test_references_read_another_runs_live_json_and_nested_summary_values(tmp_path):
+    """What a model arm priced from a live run's ranks reads: live.json's measured agreement and spread."""
+    spec = load_campaign(write(tmp_path, """
+name: t
+arms:
+  live: {mode: live}
+  model:
+    mode: model
+    set: {scheduler.all_gather_s: "${live.live.ranks.all_gather_s.p50}", scheduler.rank_jitter: "= 2 * ${live.live.ranks.compile_sigma}",
+          costs.grammar_profile: "${live.folder}/grammar_profile.json", workload.seed: "${live.spec_costs.seed}"}
+"""))
+    out = tmp_path / "out"
+    live = out / "all/seed0/live-1"
+    live.mkdir(parents=True)
+    (live / "summary.json").write_text('{"request_throughput": 3.5, "spec_costs": {"seed": 7}}')
+    (live / "live.json").write_text('{"device": "NVIDIA H200", "ranks": {"all_gather_s": {"p50": 0.0007}, '
+                                    '"compile_sigma": 0.25}}')
+    model = next(r for r in plan_runs(spec) if r.arm == "model")
+    tree = run_config(spec, {}, model, folder_lookup(out))
+    assert tree["scheduler"] == {"all_gather_s": 0.0007, "rank_jitter": 0.5}
+    assert tree["workload"]["seed"] == 7 and tree["costs"]["grammar_profile"] == f"{live.resolve()}/grammar_profile.json"
+    lookup = folder_lookup(out)
+    assert lookup("all/seed0/live-1", "live.device") == "NVIDIA H200"
+    with pytest.raises(ConfigError, match=r"live\.json has no 'ranks\.all_reduce_s' \(no 'all_reduce_s'\)"):
+        lookup("all/seed0/live-1", "live.ranks.all_reduce_s")
+    with pytest.raises(ConfigError, match=r"summary\.json has no 'capacity'"):
+        lookup("all/seed0/live-1", "capacity")
+    (live / "live.json").unlink()
+    with pytest.raises(ConfigError, match=r"run all/seed0/live-1 has no live\.json \(only live runs write one\)"):
+        lookup("all/seed0/live-1", "live.device")
 
 
 @pytest.mark.parametrize(("text", "message"), [
