@@ -5,7 +5,7 @@
 without the earlier specs' cached work, as an engine meets a new spec) and
 keeps it in the spec-cost store (:mod:`~cdbench.harness.costs.spec_store`).
 The spec-cost predictor must predict what that measurement gives, so it is
-fitted on the store's entries (``scripts/spec_costs/fit_predictor.py``), and
+fitted on the store's entries (``cdbench fit-predictor``), and
 the store must first hold every spec of the corpora it is fitted on. This
 module puts them there: it loads the corpus items, skips those the store
 already holds for this host, builds each remaining item's oracle texts as

@@ -1,19 +1,20 @@
-"""Fit the shipped spec-cost predictors from the spec-cost store, and tabulate their held-out error.
+"""Fit the shipped spec-cost predictors from the spec-cost store, and tabulate their held-out error
+(``cdbench fit-predictor``).
 
-Commands (from the repository root): fill the store with the developer corpora (``cdbench measure-specs``,
-minutes; reports/spec_costs/predictor.md lists the corpora and limits), then fit (seconds)::
+Fill the store with the developer corpora first (``cdbench measure-specs``, minutes;
+reports/spec_costs/predictor.md lists the corpora and limits), then fit (seconds)::
 
-    .venv/bin/cdbench measure-specs --corpus <corpora> --limit <n> --backend xgrammar,llguidance \
+    cdbench measure-specs --corpus <corpora> --limit <n> --backend xgrammar,llguidance \
         --vocab qwen3.6 --store .cache/spec_store_dev
-    .venv/bin/python scripts/spec_costs/fit_predictor.py --store .cache/spec_store_dev
+    cdbench fit-predictor --store .cache/spec_store_dev
 
 The predictor prices what model mode would measure, so it is fitted on what model mode measures: the
 store's entries (each spec compiled on a warmed engine without earlier specs' cached work, and walked along
 its oracle texts), of this machine's host only, since other hosts' times are on another scale. Each entry
 becomes a :class:`~cdbench.harness.costs.spec_predictor.SpecCostRow`: its spec rebuilt from the entry's
-canonical text, compile outcome and time, and mean fill (where a text was walked). ``--data`` fits on
+canonical text, compile outcome and time, and mean fill (where a text was walked). ``data`` fits on
 ``cdbench profile`` output folders instead (one per corpus: ``items.parquet``, ``tokens.parquet``), as
-the first shipped predictors were; given beside ``--store``, it is only compared with the store, spec by
+the first shipped predictors were; given beside a store, it is only compared with the store, spec by
 spec (the fit stays the store's).
 
 The held-out split goes by source: the corpus file an entry's label (its item id) comes from, except for
@@ -24,20 +25,20 @@ collection is held out with it; a label no known corpus has goes by its id prefi
 looking at any error: JSONSchemaBench's ``Github_hard`` and ``Glaiveai2K`` (schemas, and the regexes and
 choice lists taken from them) and the grammar corpus ``gbnf_transformers_cfg``.
 
-Writes ``cdbench/harness/costs/predictors/<backend>__<vocab>.json`` for each backend and a markdown table
-(``--table``) of the held-out median and 90th percentile ``|predicted / measured - 1|`` by backend and kind,
-beside the error of pricing every held-out spec at its kind's training median (the baseline the
-features must beat).
+:func:`fit_predictors` writes ``<backend>__<vocab>.json`` for each backend (by default into
+``cdbench/harness/costs/predictors/``) and returns the markdown text of the held-out median and 90th
+percentile ``|predicted / measured - 1|`` by backend and kind, beside the error of pricing every held-out
+spec at its kind's training median (the baseline the features must beat).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import platform
 import sys
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -47,7 +48,6 @@ import pandas as pd
 from cdbench.backends.base import ConstraintSpec
 from cdbench.harness.costs.host import this_host
 from cdbench.harness.costs.spec_predictor import (
-    PREDICTOR_DIR,
     HeldOutError,
     LogLinearFit,
     SpecCostPredictor,
@@ -56,6 +56,11 @@ from cdbench.harness.costs.spec_predictor import (
 from cdbench.harness.costs.spec_profile import corpus_of
 from cdbench.harness.costs.spec_store import SpecCostStore
 from cdbench.workloads.corpora import CorpusItem, known_corpora, load_corpus
+
+
+class FitError(ValueError):
+    """Nothing to fit on: no store entry or profile output of the vocabulary."""
+
 
 DERIVED_CORPORA = ("regex_from_json_schemas", "choice_from_json_schema_enums")
 HELD_OUT_SOURCES = ("Github_hard", "Glaiveai2K")
@@ -197,55 +202,50 @@ def _host() -> str:
     return f"{model}, {os.cpu_count()} cores"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--store", type=Path, help="spec-cost store folder (cdbench measure-specs --store)")
-    parser.add_argument("--data", type=Path, help="folder of cdbench profile output folders: fitted on without "
-                                                  "--store, compared with the store beside it")
-    parser.add_argument("--vocab", default="qwen3.6")
-    parser.add_argument("--out-dir", type=Path, default=PREDICTOR_DIR)
-    parser.add_argument("--table", type=Path, default=Path("reports/spec_costs/heldout_errors.md"))
-    args = parser.parse_args(argv)
-    if args.store is None and args.data is None:
-        parser.error("give --store (a spec-cost store) or --data (cdbench profile outputs)")
-    if args.data is not None:
-        profile_rows, folders = read_rows(args.data, args.vocab)
+@dataclass(frozen=True)
+class FitResult:
+    """What :func:`fit_predictors` wrote: each backend's predictor file, and the held-out error text."""
+
+    paths: list[Path]
+    text: str
+
+
+def fit_predictors(store: Path | None, data: Path | None, vocab: str, out_dir: Path) -> FitResult:
+    """Fit one predictor a backend on ``store``'s entries of this host (or, without a store, on the
+    ``cdbench profile`` outputs under ``data``), write them into ``out_dir``, and return the held-out error
+    text (with, given both, the store / profile comparison). :class:`FitError` when there is nothing to fit."""
+    if store is None and data is None:
+        raise FitError("give a spec-cost store (--store) or cdbench profile outputs (--data)")
+    if data is not None:
+        profile_rows, folders = read_rows(data, vocab)
         if not profile_rows:
-            parser.error(f"no profile output of vocabulary {args.vocab} under {args.data}")
-    if args.store is not None:
-        store = SpecCostStore(args.store)
-        host = this_host(store.root)
-        rows = read_store_rows(store, args.vocab, host.id)
+            raise FitError(f"no cdbench profile output of vocabulary {vocab} under {data}")
+    if store is not None:
+        opened = SpecCostStore(store)
+        host = this_host(opened.root)
+        rows = read_store_rows(opened, vocab, host.id)
         if not rows:
-            parser.error(f"no entry of vocabulary {args.vocab} measured on this host ({host.id}) in {args.store}")
-        what = f"the spec-cost store {args.store} (entries of host {host.id}, {host.name})"
+            raise FitError(f"no entry of vocabulary {vocab} measured on this host ({host.id}) in {store}")
+        what = f"the spec-cost store {store} (entries of host {host.id}, {host.name})"
     else:
         rows, what = profile_rows, f"cdbench profile outputs of {', '.join(folders)}"
-    predictors, baselines = {}, {}
+    predictors, baselines, paths = {}, {}, []
     for backend, backend_rows in sorted(rows.items()):
         held_out = held_out_groups(backend_rows)
-        source = (f"scripts/spec_costs/fit_predictor.py over {what} ({len(backend_rows)} specs; "
+        source = (f"cdbench fit-predictor over {what} ({len(backend_rows)} specs; "
                   f"{datetime.now(UTC):%Y-%m-%d}; {_host()})")
-        predictors[backend] = SpecCostPredictor.fit(backend_rows, backend, args.vocab, held_out, source=source)
-        baselines[backend] = SpecCostPredictor.fit(backend_rows, backend, args.vocab, held_out,
-                                                   min_specs=sys.maxsize)
-        path = args.out_dir / f"{backend}__{args.vocab}.json"
+        predictors[backend] = SpecCostPredictor.fit(backend_rows, backend, vocab, held_out, source=source)
+        baselines[backend] = SpecCostPredictor.fit(backend_rows, backend, vocab, held_out, min_specs=sys.maxsize)
+        path = Path(out_dir) / f"{backend}__{vocab}.json"
         predictors[backend].save(path)
-        print(f"wrote {path}")
+        paths.append(path)
     held = sorted({g for p in predictors.values() for g in p.held_out_corpora})
     text = (f"Held-out groups: {', '.join(held)}. Errors over the held-out specs of each kind: the median and "
             "90th percentile of |predicted / measured - 1|, and the mean |ln(predicted / measured)| (0.69: a "
             "factor of 2). 'kind median' prices every held-out spec at its kind's training median (median "
             "relative error, mean abs log). 'model': the shipped fit, and the held-out fit's where it differs.\n\n"
             + table(predictors, baselines))
-    if args.store is not None and args.data is not None:
+    if store is not None and data is not None:
         text += ("\nThe same specs in the store and in the profile outputs (both compiled): store / profile "
                  "ratios.\n\n" + comparison(rows, profile_rows))
-    args.table.parent.mkdir(parents=True, exist_ok=True)
-    args.table.write_text(text, encoding="utf-8")
-    print(text)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return FitResult(paths, text)
