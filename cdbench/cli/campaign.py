@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+import yaml
+from pydantic import ValidationError
 
 from cdbench.campaigns.execute import (
     RunOutcome,
@@ -14,7 +16,7 @@ from cdbench.campaigns.execute import (
     is_finished,
     run_campaign,
 )
-from cdbench.campaigns.plan import plan_runs
+from cdbench.campaigns.plan import PlannedRun, folder_lookup, plan_runs, run_config
 from cdbench.campaigns.report import (
     evaluate_campaign,
     folder_opener,
@@ -31,6 +33,7 @@ from cdbench.cli.support import (
     user_errors,
 )
 from cdbench.results.config_files import ConfigError
+from cdbench.results.output_folder import MARKER_FILE
 from cdbench.results.sweep import base_config
 
 app = typer.Typer(help="Experiments as files: arms, copies, seeds and comparisons (docs/campaigns.md).",
@@ -45,23 +48,75 @@ def _default_out(spec: CampaignSpec) -> Path:
     return Path("runs") / f"campaign-{spec.name}"
 
 
+def _unclaimed(folder: Path | None) -> bool:
+    """Whether ``folder`` holds files but no cdbench command's marker (e.g. runs made before campaigns)."""
+    return folder is not None and folder.is_dir() and not (folder / MARKER_FILE).exists() and any(folder.iterdir())
+
+
+def _adoption(spec: CampaignSpec, out: Path | None, runs: list[PlannedRun], adopt: bool) -> list[PlannedRun]:
+    """The campaign's finished runs in an unclaimed ``out`` that ``--adopt`` takes as they are; a one-line
+    error where it is needed but not given, or given for a folder it cannot take."""
+    earlier = [run for run in runs if _unclaimed(out) and is_finished(out / run.run_id)]
+    if earlier and not adopt:
+        raise ConfigError(f"--out {out} holds {len(earlier)} of the campaign's runs made before campaigns (e.g. "
+                          f"{earlier[0].run_id}) but no campaign marker; --adopt takes them as finished runs")
+    if adopt and not _unclaimed(out):
+        raise ConfigError(f"--adopt takes a folder of runs made before campaigns; --out {out} is missing, empty or "
+                          "already a cdbench command's folder" if out is not None else "--adopt needs --out, the "
+                          "folder of the runs made before campaigns")
+    if adopt and not earlier:
+        raise ConfigError(f"--adopt: --out {out} holds none of the campaign's runs at the folders its layout gives "
+                          f"(e.g. {runs[0].run_id}); check the layout or --out")
+    return earlier
+
+
+def _differences(spec: CampaignSpec, base: dict, out: Path, run: PlannedRun) -> list[str]:
+    """The config keys where an adopted run's own config.yaml differs from what the campaign file gives it."""
+    import pandas as pd
+
+    from cdbench.harness.config import RunConfig
+
+    def flatten(tree: dict) -> dict:
+        return pd.json_normalize(tree, sep=".").iloc[0].to_dict()
+
+    try:
+        planned, saved = (flatten(RunConfig.model_validate(tree).model_dump(mode="json"))
+                          for tree in (run_config(spec, base, run, folder_lookup(out), out),
+                                       yaml.safe_load((out / run.run_id / "config.yaml").read_text())))
+    except (ConfigError, ValidationError, OSError, yaml.YAMLError):
+        return ["(its config.yaml cannot be compared)"]
+    return sorted(key for key in planned.keys() | saved.keys() if planned.get(key) != saved.get(key))
+
+
 @app.command("run")
 def run(
     campaign_file: CampaignArg,
     out: OutOpt = None,
     deadline_s: Annotated[float | None, typer.Option("--deadline-s", help="Start no run after this many seconds "
                                                                           "(and stop the running ones).")] = None,
+    adopt: Annotated[bool, typer.Option("--adopt", help="Take an --out folder of runs made before campaigns (no "
+                                                       "campaign marker) as this campaign's: its finished runs at "
+                                                       "the layout's folders count as done, as they are.")] = False,
 ) -> None:
     """Run every run of the campaign whose folder holds no finished run; a rerun runs only what is missing.
 
-    Example: cdbench campaign run campaigns/model_vs_hybrid.yaml --out runs/mvh
+    Examples:
+      cdbench campaign run campaigns/model_vs_hybrid.yaml --out runs/mvh
+      cdbench campaign run campaigns/ranks_vs_model.yaml --out /tmp/rk --adopt   (runs made by hand before)
     """
     with user_errors():
         spec = load_campaign(campaign_file)
         base = base_config(spec.base, campaign_file)
         runs = plan_runs(spec)
-        out = output_folder(out, _default_out(spec), "campaign", identity={"campaign": spec.name}, resumable=True)
+        adopted = _adoption(spec, out, runs, adopt)
+        out = output_folder(out, _default_out(spec), "campaign", identity={"campaign": spec.name}, resumable=True,
+                            adopt=adopt)
         check_finished_configs(spec, base, out, runs)
+        for run in adopted:
+            differ = _differences(spec, base, out, run)
+            console.print(f"adopted {run.run_id}" + (f"; its config differs from the file's in {', '.join(differ[:4])}"
+                                                     + (f" and {len(differ) - 4} more" if len(differ) > 4 else "")
+                                                     if differ else ""), highlight=False, soft_wrap=True)
     counts = {"done": 0, "skipped": 0}
     problems: list[RunOutcome] = []
     with user_errors(out / "campaign.log"), progress_bar() as bar:

@@ -250,13 +250,13 @@ OverwriteOpt = Annotated[bool, typer.Option(
 
 
 def output_folder(out: Path | None, default: Path, command: Command, overwrite: bool = False,
-                  identity: Any = None, resumable: bool = False) -> Path:
+                  identity: Any = None, resumable: bool = False, adopt: bool = False) -> Path:
     """The folder ``command`` writes into, claimed (see :func:`~cdbench.results.output_folder.claim_folder`):
     ``out``, or else ``default`` (made unique unless the command resumes there); else a one-line error."""
     if out is None and not resumable:
         out = new_folder(default)
     folder = out if out is not None else default
-    claim_folder(folder, command, identity=identity, resumable=resumable, overwrite=overwrite)
+    claim_folder(folder, command, identity=identity, resumable=resumable, overwrite=overwrite, adopt=adopt)
     context = click.get_current_context(silent=True)
     if context is not None:  # the claim lasts as long as the command (a test runs many commands in one process)
         context.call_on_close(lambda: release_folder(folder))

@@ -13,7 +13,10 @@ continue the folder's work. A claim is refused with :class:`FolderInUseError`
   check, :func:`cdbench.profile.runner.check_resume`), and refuse others;
 - ``overwrite=True`` empties the folder first, but only one that is a
   cdbench output folder (the marker, or the files of an older cdbench), so a
-  mistyped ``--out`` never deletes someone's files.
+  mistyped ``--out`` never deletes someone's files;
+- ``adopt=True`` claims a folder without a marker as it is, its files kept
+  (``campaign run --adopt``: runs made before campaigns, which the caller has
+  found to be the campaign's own).
 
 A claim is atomic: the claiming process holds an exclusive lock on the folder
 (``flock``) from before it looks inside until it releases the claim
@@ -163,7 +166,8 @@ def release_folder(folder: Path) -> None:
         os.close(fd)  # closing the last descriptor drops the lock
 
 
-def _check(folder: Path, command: Command, identity: Any, resumable: bool, overwrite: bool, act: bool) -> None:
+def _check(folder: Path, command: Command, identity: Any, resumable: bool, overwrite: bool, act: bool,
+           adopt: bool = False) -> None:
     """Raise :class:`FolderInUseError` if ``command`` may not write into ``folder``; with ``act``, empty it
     when ``overwrite`` allows."""
     # (the marker, and the marker being renamed into place)
@@ -171,6 +175,8 @@ def _check(folder: Path, command: Command, identity: Any, resumable: bool, overw
     if not contents:  # a folder holding only a marker (a claim whose command then stopped) has nothing to lose
         return
     marker = _read_marker(folder)
+    if adopt and marker is None:
+        return
     maker = _maker(folder, marker)
     if overwrite:
         if maker is None:
@@ -193,24 +199,25 @@ def _check(folder: Path, command: Command, identity: Any, resumable: bool, overw
 
 
 def claim_folder(folder: Path, command: Command, identity: Any = None, resumable: bool = False,
-                 overwrite: bool = False) -> None:
+                 overwrite: bool = False, adopt: bool = False) -> None:
     """Make ``folder`` ``command``'s output folder (created if missing), or raise :class:`FolderInUseError`.
 
     ``resumable`` commands may continue a folder their own command made with an equal ``identity``
     (a JSON-able value); a folder of that command from before markers is continued when its own record
-    agrees (a sweep's ``sweep.json``; a profile checks its settings itself). The claim holds until
+    agrees (a sweep's ``sweep.json``; a profile checks its settings itself); ``adopt`` takes a folder without a
+    marker as it is (the caller checks that its files are its command's). The claim holds until
     :func:`release_folder` or the process's end; claiming a folder this process holds checks it again.
     """
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise FolderInUseError(f"--out {folder} is a file; it must be a folder (new or existing)")
     # Checked first without the lock, so a folder refused for what it holds is not even created.
-    _check(folder, command, identity, resumable, overwrite, act=False)
+    _check(folder, command, identity, resumable, overwrite, act=False, adopt=adopt)
     folder.mkdir(parents=True, exist_ok=True)
     held = folder.resolve() in _HELD
     fd = _lock(folder)
     try:
-        _check(folder, command, identity, resumable, overwrite, act=True)  # again, now that no one else can
+        _check(folder, command, identity, resumable, overwrite, act=True, adopt=adopt)  # again, now no one else can
     except FolderInUseError:
         if not held:  # a claim this process already held stays held
             os.close(fd)

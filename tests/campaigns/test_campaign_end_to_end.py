@@ -1,5 +1,7 @@
 """A tiny campaign on the CPU, end to end: run, resume (nothing to run), report, pack, report from the pack."""
 
+import shutil
+
 from typer.testing import CliRunner
 
 from cdbench.cli.app import app
@@ -86,3 +88,47 @@ def test_a_finished_run_whose_configuration_changed_is_refused(tmp_path):
     changed = runner.invoke(app, ["campaign", "run", str(spec), "--out", str(tmp_path / "out")])
     assert changed.exit_code == 2
     assert "finished run all/seed0/a-1 was made from another configuration" in " ".join(changed.output.split())
+
+
+def test_a_folder_of_runs_made_before_campaigns_is_adopted_only_when_asked(tmp_path):
+    spec, out = tmp_path / "c.yaml", tmp_path / "out"
+    spec.write_text("name: c\nbase: ci\nset: {workload.num_requests: 12}\narms: {a: {mode: model}, b: {mode: model}}\n")
+    assert runner.invoke(app, ["campaign", "run", str(spec), "--out", str(out)]).exit_code == 0
+    # what a folder of runs made by hand looks like: the runs as cdbench run wrote them, and nothing of a campaign
+    shutil.rmtree(out / ".campaign")
+    shutil.rmtree(out / "all/seed0/b-1")
+    (out / ".cdbench.json").unlink()
+    (out / "notes.txt").write_text("how these runs were made\n")
+    summary = (out / "all/seed0/a-1/summary.json").read_text()
+    spec.write_text("name: c\nbase: ci\nset: {workload.num_requests: 13}\narms: {a: {mode: model}, b: {mode: model}}\n")
+
+    refused = runner.invoke(app, ["campaign", "run", str(spec), "--out", str(out)])
+    assert refused.exit_code == 2
+    assert "holds 1 of the campaign's runs made before campaigns (e.g. all/seed0/a-1) but no campaign marker; " \
+           "--adopt takes them as finished runs" in " ".join(refused.output.split())
+    assert not (out / ".cdbench.json").exists() and not (out / "all/seed0/b-1").exists()  # refused before claiming
+
+    adopted = runner.invoke(app, ["campaign", "run", str(spec), "--out", str(out), "--adopt"])
+    assert adopted.exit_code == 0, adopted.output
+    text = " ".join(adopted.output.split())
+    assert "adopted all/seed0/a-1; its config differs from the file's in workload.num_requests" in text
+    assert "(1 run, 1 already done, 0 not done)" in text
+    assert (out / "all/seed0/a-1/summary.json").read_text() == summary and (out / "notes.txt").is_file()
+    assert (out / "all/seed0/b-1/summary.json").is_file() and (out / ".cdbench.json").is_file()
+    again = runner.invoke(app, ["campaign", "run", str(spec), "--out", str(out)])  # now the campaign's folder
+    assert again.exit_code == 0 and "(0 run, 2 already done, 0 not done)" in " ".join(again.output.split())
+
+
+def test_adopt_refuses_a_folder_it_cannot_take_in_one_line(tmp_path):
+    spec = tmp_path / "c.yaml"
+    spec.write_text("name: c\nbase: ci\nset: {workload.num_requests: 12}\narms: {a: {mode: model}}\n")
+    missing = runner.invoke(app, ["campaign", "run", str(spec), "--out", str(tmp_path / "none"), "--adopt"])
+    assert missing.exit_code == 2 and "is missing, empty or already a cdbench command's folder" in missing.output
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("not runs\n")
+    unrelated = runner.invoke(app, ["campaign", "run", str(spec), "--out", str(other), "--adopt"])
+    assert unrelated.exit_code == 2
+    assert "holds none of the campaign's runs at the folders its layout gives (e.g. all/seed0/a-1)" in \
+        " ".join(unrelated.output.split())
+    assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]

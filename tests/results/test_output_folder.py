@@ -77,3 +77,19 @@ def test_a_sweep_folder_from_before_markers_resumes_only_the_same_sweep(tmp_path
     (tmp_path / MARKER_FILE).unlink()
     with pytest.raises(FolderInUseError, match="made with other settings"):
         claim_folder(tmp_path, "sweep", identity={"name": "s", "grid": {"a": [2]}}, resumable=True)
+
+
+def test_adopt_takes_a_folder_without_a_marker_as_it_is_and_no_other(tmp_path):
+    earlier = tmp_path / "earlier"
+    (earlier / "cell" / "run-a").mkdir(parents=True)
+    (earlier / "cell" / "run-a" / "summary.json").write_text("{}")
+    with pytest.raises(FolderInUseError, match="not a cdbench output folder"):
+        claim_folder(earlier, "campaign", resumable=True)
+    claim_folder(earlier, "campaign", identity={"campaign": "c"}, resumable=True, adopt=True)
+    assert (earlier / "cell" / "run-a" / "summary.json").read_text() == "{}"
+    assert json.loads((earlier / MARKER_FILE).read_text())["command"] == "campaign"
+    claimed = tmp_path / "claimed"
+    claim_folder(claimed, "sweep", identity={"grid": 1}, resumable=True)
+    (claimed / "sweep.log").write_text("")
+    with pytest.raises(FolderInUseError, match="holds the results of `cdbench sweep`"):
+        claim_folder(claimed, "campaign", resumable=True, adopt=True)
