@@ -195,14 +195,20 @@ def validate_run_config(tree: Mapping[str, Any], source: str = "config") -> RunC
     """A :class:`RunConfig` from a mapping, or a one-line :class:`ConfigError`.
 
     Beyond the model's own checks, a ``model``-mode run must have a grammar-cost
-    source: constants, a profile file, or the profile shipped for its backend;
-    and its estimated memory must fit in what this machine has available
-    (:func:`cdbench.harness.footprint.refusal`), so an absurd request count is
-    refused in a second instead of exhausting the machine.
+    source: constants, a profile file, or the profile shipped for its backend,
+    measured with the run's backend, engine version and vocabulary unless
+    ``costs.allow_mismatched_profile`` (checked here, so that a command refuses
+    it before it claims its folder); and its estimated memory must fit in what
+    this machine has available (:func:`cdbench.harness.footprint.refusal`), so
+    an absurd request count is refused in a second instead of exhausting the machine.
     """
     from cdbench.harness import footprint
     from cdbench.harness.config import RunConfig
-    from cdbench.harness.costs.grammar_profile import is_profile_file, shipped_profiles
+    from cdbench.harness.costs.grammar_profile import (
+        ProfileError,
+        is_profile_file,
+        shipped_profiles,
+    )
 
     config = validate_config(RunConfig, tree, source)
     if config.mode == "model" and config.costs.fixed_grammar is None:
@@ -215,6 +221,10 @@ def validate_run_config(tree: Mapping[str, Any], source: str = "config") -> RunC
             shipped = ", ".join(shipped_profiles())
             raise ConfigError(f"{source}: {key} = {name!r}: model mode needs a grammar profile and none is shipped "
                               f"for it (shipped: {shipped}); set costs.grammar_profile or costs.fixed_grammar")
+        try:  # the profile read as the run reads it (not priced: that needs the workload)
+            config.costs.grammar_costs(config.backend.name, config.seed, config.backend.options, vocab=config.vocab)
+        except ProfileError as err:
+            raise ConfigError(f"{source}: {err}") from None
     too_big = footprint.refusal(config)
     if too_big is not None:
         raise ConfigError(f"{source}: {too_big}")

@@ -124,3 +124,15 @@ def test_a_second_run_never_silently_replaces_the_first(tmp_path):
                                    "--overwrite"])
     assert replaced.exit_code == 0, replaced.output
     assert json.loads((out / "summary.json").read_text())["completed"] == 30
+
+
+def test_a_mismatched_profile_is_refused_before_the_folder_is_made(tmp_path):
+    """The profile of another backend: refused in one line, and no folder (not even a stopped run's) is left."""
+    from cdbench.harness.costs.grammar_profile import shipped_profiles
+
+    out = tmp_path / "mismatch"
+    result = runner.invoke(app, ["run", "--mode", "model", "--backend", "llguidance", "--requests", "10",
+                                 "--set", f"costs.grammar_profile={shipped_profiles()['xgrammar']}", "--out", str(out)])
+    assert result.exit_code == 2 and result.output.startswith("error: ")
+    assert "the run uses llguidance" in result.output and "costs.allow_mismatched_profile=true" in result.output
+    assert not out.exists()
