@@ -35,10 +35,11 @@ RunOpener = Callable[[str], SavedRun]
 
 
 def folder_opener(out: Path) -> RunOpener:
-    """Read runs from the campaign folder (a run kept with only its summary and config reads with empty tables)."""
+    """Read runs from the campaign folder (a run kept with only its summary and config reads with empty tables;
+    one that stopped early is refused, as ``cdbench fidelity`` refuses it)."""
     from cdbench.results.pack import open_run
 
-    return lambda rid: open_run(Path(out) / rid)
+    return lambda rid: open_run(Path(out) / rid, stopped_ok=False)
 
 
 def _judgements(spec: CampaignSpec, comparison: Comparison) -> list[tuple[Cell, int]]:

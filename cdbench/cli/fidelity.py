@@ -32,7 +32,7 @@ from cdbench.results.run_folder import SavedRun
 
 def _noise_runs(refs: list[str], runs: dict[str, SavedRun]) -> dict[str, SavedRun]:
     """The noise runs by label, in the order given; a run that is also a compared run keeps that run's label."""
-    opened = [open_run(ref) for ref in refs]
+    opened = [open_run(ref, stopped_ok=False) for ref in refs]
     seen: dict[Path, str] = {}
     for ref, run in zip(refs, opened, strict=True):
         key = run.folder.resolve()  # a packed run's folder is its pack joined with its id: one per run
@@ -71,7 +71,8 @@ def fidelity(
 
     The noise floor of a metric is the largest |relative error| of any noise run (--noise Y, each --noise-run)
     against the first --noise run X. A checked figure passes when |error| <= max(tolerance, noise). Exits 1
-    when one does not, 2 on bad input (a missing or repeated run folder, runs of different workloads).
+    when one does not, 2 on bad input (a missing or repeated run folder, a run that stopped early, runs of
+    different workloads).
     A run is a folder or a run in a pack (PACK::RUN_ID); a run that kept only its summary is compared
     but not drawn.
 
@@ -85,7 +86,7 @@ def fidelity(
         tolerances = {**ACCEPTANCE_TOLERANCES, **parse_tolerances(tolerance)}
         if len(run_dirs) < 2:
             raise FidelityError("fidelity needs at least two run folders: the reference first, then the runs to check")
-        runs = label_runs([open_run(ref) for ref in run_dirs])
+        runs = label_runs([open_run(ref, stopped_ok=False) for ref in run_dirs])
         if noise_run and noise is None:
             raise FidelityError("--noise-run adds to the noise set of --noise; give --noise X Y as well")
         noise_runs = _noise_runs([*noise, *noise_run], runs) if noise is not None else {}

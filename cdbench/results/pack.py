@@ -52,6 +52,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from cdbench.results.run_folder import TABLES, ResultsError, SavedRun, load_run
+from cdbench.results.stopped_run import status_of, stopped_run_error
 
 REF_SEPARATOR = "::"
 PACK_SUFFIX = ".pack"
@@ -370,15 +371,21 @@ class Pack:
         return _write_pack(dest, index_rows, tables, files)
 
 
-def open_run(ref: str | Path) -> SavedRun:
+def open_run(ref: str | Path, stopped_ok: bool = True) -> SavedRun:
     """A run from a run folder or a ``<pack>::<run id>`` reference, as the code reads a run folder.
 
     A folder that kept only its summary and config is read with empty tables (``SavedRun.has_tables``).
+    ``stopped_ok=False``: a run that stopped early (its summary has a ``run_status``) is refused in one line,
+    from a folder or a pack alike.
     """
     path, run_id = split_ref(ref)
     if run_id is None:
-        return load_run(path, tables_optional=True)
-    return Pack(path).open(run_id)
+        return load_run(path, tables_optional=True, stopped_ok=stopped_ok)
+    run = Pack(path).open(run_id)
+    status = status_of(run.summary)
+    if status is not None and not stopped_ok:
+        raise stopped_run_error(ref, status)
+    return run
 
 
 __all__ = ["PACK_SUFFIX", "REF_SEPARATOR", "Pack", "PackedRunFiles", "find_run_folders", "is_run_folder",

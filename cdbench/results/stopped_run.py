@@ -102,6 +102,14 @@ class RecordSpill:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def stopped_run_error(where: str | Path, status: RunStatus | None) -> ResultsError:
+    """The one-line refusal of a stopped run by a command that needs a finished one (``where``: its folder or
+    ``PACK::RUN_ID``)."""
+    what = f" ({status.describe()})" if status is not None else ""
+    return ResultsError(f"{where} holds a run that stopped early{what}; `cdbench report` and `cdbench compare` "
+                        "read it, this command needs a finished run")
+
+
 def stopped_summary(folder: Path, stopped_ok: bool) -> Path:
     """The summary of a run folder without ``summary.json``: its :data:`STOPPED_SUMMARY_FILE` where
     ``stopped_ok``; else a one-line ``ResultsError`` saying what the folder holds."""
@@ -111,11 +119,9 @@ def stopped_summary(folder: Path, stopped_ok: bool) -> Path:
             return path
         try:
             status = status_of(json.loads(path.read_text()))
-            what = f" ({status.describe()})" if status is not None else ""
         except (ValueError, AttributeError):  # (read for the message only)
-            what = ""
-        raise ResultsError(f"{folder} holds a run that stopped early{what}; `cdbench report` and "
-                           "`cdbench compare` read it, this command needs a finished run")
+            status = None
+        raise stopped_run_error(folder, status)
     if (folder / PARTIAL_REQUESTS_DIR).is_dir():
         raise ResultsError(f"{folder} holds a run that ended before saving (killed, or still running): the "
                            f"requests it finished are in {folder / PARTIAL_REQUESTS_DIR}/ (pandas.read_parquet "
@@ -129,4 +135,5 @@ def status_of(summary: dict) -> RunStatus | None:
     return RunStatus.model_validate(section) if section is not None else None
 
 
-__all__ = ["PARTIAL_REQUESTS_DIR", "STOPPED_SUMMARY_FILE", "RecordSpill", "RunStatus", "status_of", "stopped_summary"]
+__all__ = ["PARTIAL_REQUESTS_DIR", "STOPPED_SUMMARY_FILE", "RecordSpill", "RunStatus", "status_of",
+           "stopped_run_error", "stopped_summary"]

@@ -1,5 +1,6 @@
 """A tiny campaign on the CPU, end to end: run, resume (nothing to run), report, pack, report from the pack."""
 
+import json
 import shutil
 
 from typer.testing import CliRunner
@@ -132,3 +133,20 @@ def test_adopt_refuses_a_folder_it_cannot_take_in_one_line(tmp_path):
     assert "holds none of the campaign's runs at the folders its layout gives (e.g. all/seed0/a-1)" in \
         " ".join(unrelated.output.split())
     assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]
+
+
+def test_a_run_that_stopped_early_is_not_judged(tmp_path):
+    spec, out = tmp_path / "c.yaml", tmp_path / "out"
+    spec.write_text("name: c\nbase: ci\nset: {workload.num_requests: 12}\narms: {a: {mode: model}, b: {mode: model}}\n"
+                    "comparisons: [{name: b-vs-a, reference: a, runs: [b]}]\n")
+    assert runner.invoke(app, ["campaign", "run", str(spec), "--out", str(out)]).exit_code == 0
+    folder = out / "all/seed0/b-1"
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["run_status"] = {"status": "failed", "reason": "boom", "requests_done": 5, "requests_total": 12}
+    (folder / "summary.stopped.json").write_text(json.dumps(summary))
+    (folder / "summary.json").unlink()
+    result = runner.invoke(app, ["campaign", "report", str(spec), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "cells passing 0 of 0" in result.output  # an incomplete judgement is listed, not counted
+    md = " ".join((out / "report/campaign.md").read_text().split())
+    assert "all/seed0/b-1 holds a run that stopped early (failed (boom) after 5 of 12 requests)" in md

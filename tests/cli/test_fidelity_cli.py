@@ -115,3 +115,30 @@ def test_runs_of_different_workloads_are_refused_unless_allowed(runs, tmp_path):
     assert third.exit_code == 2 and "other has a different workload" in third.output
     allowed = runner.invoke(app, [*args, "--allow-different-workloads"])
     assert allowed.exit_code == 0, allowed.output  # same metrics, different requests
+
+
+def _stopped(folder, where="summary.stopped.json"):
+    """``folder``'s run as one that stopped early: its summary with a run_status, in ``where``."""
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["run_status"] = {"status": "interrupted", "reason": "SIGINT", "requests_done": 1, "requests_total": 2}
+    (folder / "summary.json").unlink()
+    (folder / where).write_text(json.dumps(summary))
+    return folder
+
+
+def test_a_run_that_stopped_early_is_refused_from_a_folder_and_from_a_pack(runs, tmp_path):
+    from cdbench.results.pack import pack_runs
+
+    _stopped(runs["close"])
+    result = runner.invoke(app, ["fidelity", str(runs["hybrid"]), str(runs["close"]), "--out", str(tmp_path / "f")])
+    assert result.exit_code == 2 and result.output.startswith("error:")
+    assert "holds a run that stopped early (interrupted (SIGINT) after 1 of 2 requests)" in " ".join(result.output.split())
+    noise = runner.invoke(app, ["fidelity", str(runs["hybrid"]), str(runs["far"]),
+                                "--noise", str(runs["hybrid"]), str(runs["close"]), "--out", str(tmp_path / "g")])
+    assert noise.exit_code == 2 and "stopped early" in noise.output
+    # a pack holds what its summary.json says: a run_status there is a stopped run too
+    _stopped(runs["far"], where="summary.json")
+    pack = pack_runs({"hybrid": runs["hybrid"], "far": runs["far"]}, tmp_path / "p.pack")
+    packed = runner.invoke(app, ["fidelity", f"{pack}::hybrid", f"{pack}::far", "--out", str(tmp_path / "h")])
+    assert packed.exit_code == 2 and f"{pack}::far holds a run that stopped early" in " ".join(packed.output.split())
+    assert not any((tmp_path / name).exists() for name in ("f", "g", "h"))
