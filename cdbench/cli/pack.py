@@ -74,19 +74,14 @@ def pack(
             return
         if dest is None:
             raise ConfigError("give the folder to write: cdbench pack SRC DEST (or --unpack/--repack PACK DEST)")
-        if repack:
+        if unpack or repack:
             packed = Pack(src)
+            stage, write = ("repacking", packed.repack) if repack else ("unpacking", packed.unpack)
             with progress_bar(transient=True) as bar:
-                task = bar.add_task("repacking", total=len(packed.run_ids))
-                packed.repack(dest, progress=lambda run_id: bar.advance(task))
-            console.print(f"repacked {len(packed.run_ids)} runs: {_size(src) / 1e6:.2f} MB -> {_size(dest) / 1e6:.2f} MB")
-            return
-        if unpack:
-            packed = Pack(src)
-            with progress_bar(transient=True) as bar:
-                task = bar.add_task("unpacking", total=len(packed.run_ids))
-                packed.unpack(dest, progress=lambda run_id: bar.advance(task))
-            console.print(f"unpacked {len(packed.run_ids)} runs into {dest}")
+                task = bar.add_task(stage, total=len(packed.run_ids))
+                write(dest, progress=lambda run_id: bar.advance(task))
+            console.print(f"repacked {len(packed.run_ids)} runs: {_size(src) / 1e6:.2f} MB -> {_size(dest) / 1e6:.2f} MB"
+                          if repack else f"unpacked {len(packed.run_ids)} runs into {dest}")
             return
         if not src.is_dir():
             raise ResultsError(f"{src} is not a folder")
