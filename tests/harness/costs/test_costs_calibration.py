@@ -36,7 +36,7 @@ def test_shipped_fit_meets_the_bar_on_its_measurements(path: Path) -> None:
     assert cal.max_abs_error <= 0.10
     assert cal.median_abs_error <= 0.05
     # The model as the simulator builds it predicts what the fit table says.
-    fwd = ForwardCostModel(cal.model, cal.gpu)
+    fwd = ForwardCostModel(cal.model, cal.gpu, tp=cal.tp)
     assert fwd.calibration_source == path.name
     for row, shape in zip(rows, cal.fit, strict=True):
         predicted = fwd.step_s(row.prefill_tokens, row.prefill_pairs, row.decode_rows, row.decode_kv_tokens,
