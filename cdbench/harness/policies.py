@@ -99,7 +99,7 @@ class SchedulerConfig(BaseModel):
         None, description="per-rank compile-time factors, one per rank (e.g. a slow rank); None: all 1"
     )
     # measured: the median grammar all_gather_object (gloo, two rank processes) of two TP=2 live runs on 2 H200s,
-    # 0.676 and 0.820 ms (reports/fidelity/live_vs_model.md, "Multi-GPU"; scripts/live/ranks_vs_model.sh)
+    # 0.676 and 0.820 ms (reports/fidelity/live_vs_model.md, "Multi-GPU"; campaigns/ranks_vs_model.yaml)
     all_gather_s: float = Field(7.5e-4, ge=0, description="cost of one all_gather_object of (ready, failed) when ranks > 1")
     collectives: Literal["model", "gloo", "nccl"] = Field(
         "model", description="ranks' agreement: model (all_gather_s), or gloo / nccl (one local process per rank, a "
