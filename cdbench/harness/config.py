@@ -124,6 +124,17 @@ class CostConfig(ForwardConfig, SpecCostSettings):
     allow_mismatched_profile: bool = Field(False, description="model mode: use a grammar profile measured with "
                                            "another backend, engine version or vocabulary than the run's")
     fixed_grammar: FixedGrammarCosts | None = None
+    host_costs: str = Field(
+        "preset", description="the loop's host costs: preset (the policy's, measured from the engines' code), or "
+        "live-run:<run folder or PACK::RUN>: a live run's own loop (the host costs it spun, from its config, and its "
+        "launch fitted from its steps), replacing those scheduler fields, to compare a model run with that live run")
+
+    @field_validator("host_costs")
+    @classmethod
+    def _host_costs_source(cls, value: str) -> str:
+        if value != "preset" and not (value.startswith("live-run:") and value.removeprefix("live-run:")):
+            raise ValueError("expected 'preset' or 'live-run:<run folder or PACK::RUN>'")
+        return value
 
     def gpu_costs(self, vocab_size: int) -> GpuCosts:
         if self.fixed_gpu is not None:

@@ -167,6 +167,11 @@ class SchedulerConfig(BaseModel):
         None, ge=0, description="launch_s of a step with prefill chunks, whose graph needs no decode inputs staged "
         "(None: launch_s)"
     )
+    launch_row_s: float = Field(
+        0.0, ge=0, description="host time per sampled row added to the launch: live mode's own loop stages and "
+        "books each row around the step (fitted from a live run's steps by costs.host_costs=live-run:...; 0 in the "
+        "presets, whose launch is a median over a live run's steps)"
+    )
     cuda_graph_sizes: tuple[int, ...] = Field(
         (), description="decode query-token counts with a captured CUDA graph: a step of decode rows only runs padded "
         "up to the next size (each padding token attends to one key); beyond the largest, or with none, at its own size"
@@ -319,7 +324,8 @@ PRESETS = {"sglang": _sglang, "vllm": _vllm, "vllm-0.10": _vllm_0_10}
 #: the engines' own host costs, measured from their code (``reports/engine_costs/``), and the step's launch
 #: (measured from live mode, ``reports/live/launch_h100.csv``); zero them to see the grammar and GPU costs alone
 HOST_COST_FIELDS = ("schedule_s", "schedule_row_s", "process_step_s", "process_row_s", "accept_row_s", "fill_step_s",
-                    "fill_row_s", "mask_alloc_byte_s", "ipc_s", "ipc_byte_s", "launch_s", "launch_prefill_s")
+                    "fill_row_s", "mask_alloc_byte_s", "ipc_s", "ipc_byte_s", "launch_s", "launch_prefill_s",
+                    "launch_row_s")
 
 
 def policy(name: str, host_cpus: int = 32, /, **overrides: object) -> SchedulerConfig:

@@ -129,7 +129,8 @@ class StepPricer:
         apply_s = self.gpu.apply_s(mask_rows) if mask_rows else 0.0
         sample_s = self.gpu.sample_s(sample_rows)
         process_s = work.process_s * stretch + engine_process_s
-        launch_s = (cfg.launch_s if not pf_tokens or cfg.launch_prefill_s is None else cfg.launch_prefill_s) * stretch
+        launch_s = ((cfg.launch_s if not pf_tokens or cfg.launch_prefill_s is None else cfg.launch_prefill_s)
+                    + cfg.launch_row_s * n_sample) * stretch
         duration, after_token, exposed, hidden, carry_out = step_time(
             sync, has_grammar, plan.pre, carry, forward_s, fill_s, copy_s + transfer_s, apply_s, sample_s, process_s,
             launch_s, cfg.fill_beside_forward)

@@ -205,6 +205,8 @@ def validate_run_config(tree: Mapping[str, Any], source: str = "config") -> RunC
     from cdbench.harness.costs.grammar_profile import is_profile_file, shipped_profiles
 
     config = validate_config(RunConfig, tree, source)
+    if config.costs.host_costs != "preset":
+        config = _with_live_loop_costs(config, source)
     if config.mode == "model" and config.costs.fixed_grammar is None:
         key, name = ("costs.grammar_profile", config.costs.grammar_profile) if config.costs.grammar_profile else (
             "backend.name", config.backend.name)
@@ -219,6 +221,23 @@ def validate_run_config(tree: Mapping[str, Any], source: str = "config") -> RunC
     if too_big is not None:
         raise ConfigError(f"{source}: {too_big}")
     return config
+
+
+def _with_live_loop_costs(config: RunConfig, source: str) -> RunConfig:
+    """``config`` with the host-cost fields of the live run its ``costs.host_costs`` names
+    (:mod:`cdbench.results.live_loop_costs`), in place of the preset's and any set in the config."""
+    from cdbench.results.live_loop_costs import LIVE_RUN_PREFIX, live_loop_costs
+
+    if config.mode == "live":
+        raise ConfigError(f"{source}: costs.host_costs prices a model or hybrid run with a live run's host costs; "
+                          "a live run measures its own (leave it 'preset')")
+    ref = config.costs.host_costs.removeprefix(LIVE_RUN_PREFIX)
+    try:
+        costs = live_loop_costs(ref)
+    except ResultsError as err:
+        raise ConfigError(f"{source}: costs.host_costs: {err}") from None
+    overrides = {**config.scheduler.model_dump(exclude_unset=True), **costs.values}
+    return config.model_copy(update={"scheduler": type(config.scheduler).model_validate(overrides)})
 
 
 def save_run(result: RunResult, config: RunConfig, folder: Path, trace_max_spans: int = TRACE_MAX_SPANS,
