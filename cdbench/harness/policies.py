@@ -227,15 +227,22 @@ def _sglang(cpus: int) -> dict:
         launch_prefill_s=1.617e-4,
         # ServerArgs' default capture list without spec decoding, up to cuda_graph_max_bs 256 (one GPU of 80 GB)
         cuda_graph_sizes=(1, 2, 4, 8, 12, *range(16, 257, 8)),
-        # host costs of sglang 0.5.23 with xgrammar 0.2.7 (reports/engine_costs/fitted.json, "sglang" entries;
-        # scripts/engine_costs/measure_sglang.py, then fit.py): SamplingBatchInfo.update_regex_vocab_mask
-        # (the mask of every batch row allocated each step, the wrapper per structured row) and the result
-        # processor's grammar calls. Batch forming and the rest of result processing are not measured (the
-        # scheduler modules do not import on a CPU host: see the report), so they stay 0.
+        # host costs of sglang 0.5.23 with xgrammar 0.2.7 (reports/engine_costs/fitted.json, "sglang" entries, then
+        # fit.py): SamplingBatchInfo.update_regex_vocab_mask (scripts/engine_costs/measure_sglang.py: the mask of
+        # every batch row allocated each step, the wrapper per structured row) ...
         fill_step_s=2.866e-06,
         fill_row_s=1.419e-06,
         mask_alloc_byte_s=1.274e-10,
-        accept_row_s=6.442e-06,
+        # ... and the scheduler's decode steps with torchvision stubbed (measure_sglang_scheduler.py): batch forming
+        # (ScheduleBatch.merge_batch + filter_batch + check_decode_mem + prepare_for_decode) per step and row, and
+        # SchedulerBatchResultProcessor.process_batch_result_decode per row and per structured row (its grammar
+        # accept path: _accept_grammar_tokens and grammar.finished, the grammar's own calls included, as vLLM's
+        # accept_row_s includes accept_tokens). process_step_s: the fit's intercept is 0 (below 0 unconstrained)
+        schedule_s=3.278e-05,
+        schedule_row_s=2.238e-06,
+        process_step_s=0.0,
+        process_row_s=6.729e-06,
+        accept_row_s=1.136e-05,
         # the worker samples in the scheduler's process; with mask_transfer="ipc", vLLM's measured queue
         ipc_s=0.0003642,
         ipc_byte_s=2.526e-10,
