@@ -237,6 +237,9 @@ class RunConfig(BaseModel):
         if self.mode != "hybrid" and self.costs.live_gpu:
             raise ValueError(f"costs.live_gpu measures the GPU parts in hybrid mode; {self.mode} mode "
                              + ("prices them" if self.mode == "model" else "runs whole steps on the GPU"))
+        if self.mode == "live" and self.scheduler_config().mask_apply != "batched":
+            raise ValueError("scheduler.mask_apply 'per_row' is priced in model and hybrid mode; live mode runs "
+                             "the batched copy and apply")
         if self.mode == "live" and self.costs.fixed_gpu is not None:
             raise ValueError("costs.fixed_gpu prices the GPU; live mode runs every step on it")
         return self

@@ -147,7 +147,15 @@ class SchedulerConfig(BaseModel):
     pinned_mask: bool = Field(True, description="bitmask in pinned host memory (non-blocking copy)")
     fill_beside_forward: bool = Field(
         True, description="without overlap, the mask fill and copy run while the forward runs (vLLM V1 since its "
-        "async-scheduling rework); False: they run before it, on the step's critical path (vLLM V0 and V1 before it)"
+        "async-scheduling rework); False: they run before it, on the step's critical path (vLLM V1 before it; V0's "
+        "logits processors: mask_apply per_row)"
+    )
+    mask_apply: Literal["batched", "per_row"] = Field(
+        "batched", description="batched: one bitmask of every mask row copied and applied at once; per_row: vLLM "
+        "V0's per-sequence logits processors, each row filled, copied and applied alone after the forward's launch "
+        "(a copy and an apply kernel a row); with pinned_mask false each row's copy blocks the host until the GPU has "
+        "run what was queued before it (V0 before its non-blocking copy), so the fills after the first row and every "
+        "copy run after the forward, in turn with the GPU (model and hybrid mode, without overlap)"
     )
 
     abort_on_reject: bool = Field(
@@ -195,6 +203,9 @@ class SchedulerConfig(BaseModel):
         sizes = self.cuda_graph_sizes
         if any(n < 1 for n in sizes) or any(a >= b for a, b in zip(sizes, sizes[1:])):
             raise ValueError(f"cuda_graph_sizes must be positive and strictly increasing, got {list(sizes)}")
+        if self.mask_apply == "per_row" and (self.overlap or not self.fill_beside_forward):
+            raise ValueError("mask_apply 'per_row' is V0's logits processors, run after the forward's launch in a "
+                             "loop without overlap: set overlap=false and fill_beside_forward=true")
         if self.readiness == "blocking_poll" and self.grammar_wait != "grammar_queue":
             raise ValueError("readiness 'blocking_poll' polls the grammar queue: set grammar_wait='grammar_queue'")
         return self
