@@ -15,7 +15,7 @@ from cdbench.results.config_files import ConfigError
 from cdbench.results.errors import ResultsError
 from cdbench.results.live_loop_costs import SPUN_FIELDS, fit_launch, live_loop_costs
 from cdbench.results.pack import pack_runs
-from cdbench.results.run_folder import validate_run_config
+from cdbench.results.run_config import validate_run_config
 
 
 def _steps(launch_s=2.5e-4, launch_row_s=4e-6, launch_prefill_s=1.2e-4, seed=0) -> pd.DataFrame:
