@@ -29,7 +29,8 @@ import json, resource, sys, tempfile, time
 from pathlib import Path
 from cdbench.cli.support import load_run_tree
 from cdbench.reports.run_report import build_report
-from cdbench.results.run_folder import record_run, validate_run_config
+from cdbench.results.run_config import validate_run_config
+from cdbench.results.run_folder import record_run
 
 tree, source = load_run_tree(None, {"mode": "model", "requests": int(sys.argv[1])}, [])
 config = validate_run_config(tree, source)

@@ -37,7 +37,8 @@ from cdbench.reports.compare import (
 )
 from cdbench.results.config_files import ConfigError, apply_overrides
 from cdbench.results.pack import open_run
-from cdbench.results.run_folder import SavedRun, validate_run_config
+from cdbench.results.run_config import validate_run_config
+from cdbench.results.run_folder import SavedRun
 
 if TYPE_CHECKING:
     from cdbench.harness.config import RunConfig

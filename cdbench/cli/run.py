@@ -35,7 +35,7 @@ from cdbench.cli.support import (
     user_errors,
 )
 from cdbench.reports.tables import console_sections, to_rich
-from cdbench.results.run_folder import validate_run_config
+from cdbench.results.run_config import validate_run_config
 
 
 def run_command(

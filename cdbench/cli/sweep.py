@@ -20,7 +20,7 @@ from cdbench.cli.support import (
 )
 from cdbench.reports.run_report import build_report
 from cdbench.reports.sweep_report import sweep_rich, write_sweep_report
-from cdbench.results.run_folder import validate_run_config
+from cdbench.results.run_config import validate_run_config
 from cdbench.results.sweep import (
     PointOutcome,
     expand_grid,

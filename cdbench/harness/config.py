@@ -124,6 +124,17 @@ class CostConfig(ForwardConfig, SpecCostSettings):
     allow_mismatched_profile: bool = Field(False, description="model mode: use a grammar profile measured with "
                                            "another backend, engine version or vocabulary than the run's")
     fixed_grammar: FixedGrammarCosts | None = None
+    host_costs: str = Field(
+        "preset", description="the loop's host costs: preset (the policy's, measured from the engines' code), or "
+        "live-run:<run folder or PACK::RUN>: a live run's own loop (the host costs it spun, from its config, and its "
+        "launch fitted from its steps), replacing those scheduler fields, to compare a model run with that live run")
+
+    @field_validator("host_costs")
+    @classmethod
+    def _host_costs_source(cls, value: str) -> str:
+        if value != "preset" and not (value.startswith("live-run:") and value.removeprefix("live-run:")):
+            raise ValueError("expected 'preset' or 'live-run:<run folder or PACK::RUN>'")
+        return value
 
     def gpu_costs(self, vocab_size: int) -> GpuCosts:
         if self.fixed_gpu is not None:
@@ -226,6 +237,9 @@ class RunConfig(BaseModel):
         if self.mode != "hybrid" and self.costs.live_gpu:
             raise ValueError(f"costs.live_gpu measures the GPU parts in hybrid mode; {self.mode} mode "
                              + ("prices them" if self.mode == "model" else "runs whole steps on the GPU"))
+        if self.mode == "live" and self.scheduler_config().mask_apply != "batched":
+            raise ValueError("scheduler.mask_apply 'per_row' is priced in model and hybrid mode; live mode runs "
+                             "the batched copy and apply")
         if self.mode == "live" and self.costs.fixed_gpu is not None:
             raise ValueError("costs.fixed_gpu prices the GPU; live mode runs every step on it")
         return self

@@ -147,7 +147,15 @@ class SchedulerConfig(BaseModel):
     pinned_mask: bool = Field(True, description="bitmask in pinned host memory (non-blocking copy)")
     fill_beside_forward: bool = Field(
         True, description="without overlap, the mask fill and copy run while the forward runs (vLLM V1 since its "
-        "async-scheduling rework); False: they run before it, on the step's critical path (vLLM V0 and V1 before it)"
+        "async-scheduling rework); False: they run before it, on the step's critical path (vLLM V1 before it; V0's "
+        "logits processors: mask_apply per_row)"
+    )
+    mask_apply: Literal["batched", "per_row"] = Field(
+        "batched", description="batched: one bitmask of every mask row copied and applied at once; per_row: vLLM "
+        "V0's per-sequence logits processors, each row filled, copied and applied alone after the forward's launch "
+        "(a copy and an apply kernel a row); with pinned_mask false each row's copy blocks the host until the GPU has "
+        "run what was queued before it (V0 before its non-blocking copy), so the fills after the first row and every "
+        "copy run after the forward, in turn with the GPU (model and hybrid mode, without overlap)"
     )
 
     abort_on_reject: bool = Field(
@@ -166,6 +174,11 @@ class SchedulerConfig(BaseModel):
     launch_prefill_s: float | None = Field(
         None, ge=0, description="launch_s of a step with prefill chunks, whose graph needs no decode inputs staged "
         "(None: launch_s)"
+    )
+    launch_row_s: float = Field(
+        0.0, ge=0, description="host time per sampled row added to the launch: live mode's own loop stages and "
+        "books each row around the step (fitted from a live run's steps by costs.host_costs=live-run:...; 0 in the "
+        "presets, whose launch is a median over a live run's steps)"
     )
     cuda_graph_sizes: tuple[int, ...] = Field(
         (), description="decode query-token counts with a captured CUDA graph: a step of decode rows only runs padded "
@@ -190,6 +203,9 @@ class SchedulerConfig(BaseModel):
         sizes = self.cuda_graph_sizes
         if any(n < 1 for n in sizes) or any(a >= b for a, b in zip(sizes, sizes[1:])):
             raise ValueError(f"cuda_graph_sizes must be positive and strictly increasing, got {list(sizes)}")
+        if self.mask_apply == "per_row" and (self.overlap or not self.fill_beside_forward):
+            raise ValueError("mask_apply 'per_row' is V0's logits processors, run after the forward's launch in a "
+                             "loop without overlap: set overlap=false and fill_beside_forward=true")
         if self.readiness == "blocking_poll" and self.grammar_wait != "grammar_queue":
             raise ValueError("readiness 'blocking_poll' polls the grammar queue: set grammar_wait='grammar_queue'")
         return self
@@ -222,15 +238,22 @@ def _sglang(cpus: int) -> dict:
         launch_prefill_s=1.617e-4,
         # ServerArgs' default capture list without spec decoding, up to cuda_graph_max_bs 256 (one GPU of 80 GB)
         cuda_graph_sizes=(1, 2, 4, 8, 12, *range(16, 257, 8)),
-        # host costs of sglang 0.5.23 with xgrammar 0.2.7 (reports/engine_costs/fitted.json, "sglang" entries;
-        # scripts/engine_costs/measure_sglang.py, then fit.py): SamplingBatchInfo.update_regex_vocab_mask
-        # (the mask of every batch row allocated each step, the wrapper per structured row) and the result
-        # processor's grammar calls. Batch forming and the rest of result processing are not measured (the
-        # scheduler modules do not import on a CPU host: see the report), so they stay 0.
+        # host costs of sglang 0.5.23 with xgrammar 0.2.7 (reports/engine_costs/fitted.json, "sglang" entries, then
+        # fit.py): SamplingBatchInfo.update_regex_vocab_mask (scripts/engine_costs/measure_sglang.py: the mask of
+        # every batch row allocated each step, the wrapper per structured row) ...
         fill_step_s=2.866e-06,
         fill_row_s=1.419e-06,
         mask_alloc_byte_s=1.274e-10,
-        accept_row_s=6.442e-06,
+        # ... and the scheduler's decode steps with torchvision stubbed (measure_sglang_scheduler.py): batch forming
+        # (ScheduleBatch.merge_batch + filter_batch + check_decode_mem + prepare_for_decode) per step and row, and
+        # SchedulerBatchResultProcessor.process_batch_result_decode per row and per structured row (its grammar
+        # accept path: _accept_grammar_tokens and grammar.finished, the grammar's own calls included, as vLLM's
+        # accept_row_s includes accept_tokens). process_step_s: the fit's intercept is 0 (below 0 unconstrained)
+        schedule_s=3.278e-05,
+        schedule_row_s=2.238e-06,
+        process_step_s=0.0,
+        process_row_s=6.729e-06,
+        accept_row_s=1.136e-05,
         # the worker samples in the scheduler's process; with mask_transfer="ipc", vLLM's measured queue
         ipc_s=0.0003642,
         ipc_byte_s=2.526e-10,
@@ -319,7 +342,8 @@ PRESETS = {"sglang": _sglang, "vllm": _vllm, "vllm-0.10": _vllm_0_10}
 #: the engines' own host costs, measured from their code (``reports/engine_costs/``), and the step's launch
 #: (measured from live mode, ``reports/live/launch_h100.csv``); zero them to see the grammar and GPU costs alone
 HOST_COST_FIELDS = ("schedule_s", "schedule_row_s", "process_step_s", "process_row_s", "accept_row_s", "fill_step_s",
-                    "fill_row_s", "mask_alloc_byte_s", "ipc_s", "ipc_byte_s", "launch_s", "launch_prefill_s")
+                    "fill_row_s", "mask_alloc_byte_s", "ipc_s", "ipc_byte_s", "launch_s", "launch_prefill_s",
+                    "launch_row_s")
 
 
 def policy(name: str, host_cpus: int = 32, /, **overrides: object) -> SchedulerConfig:

@@ -70,6 +70,7 @@ class StepPricer:
                  settle: Callable[[], Settlement | None]) -> None:
         self.cfg, self.gpu, self.host, self.settle = cfg, gpu, host, settle
         self.row_bytes = gpu.mask_row_bytes  # the engines' per-byte host costs (mask allocation, IPC)
+        self.per_row = cfg.mask_apply == "per_row"
 
     def price(self, plan: StepPlan, work: StepWork, cached: np.ndarray, n_filter: int, sync: bool,
               has_grammar: bool, carry: float, stretch: float, compiles: int, live: LiveStep | None) -> StepCost:
@@ -129,10 +130,40 @@ class StepPricer:
         apply_s = self.gpu.apply_s(mask_rows) if mask_rows else 0.0
         sample_s = self.gpu.sample_s(sample_rows)
         process_s = work.process_s * stretch + engine_process_s
-        launch_s = (cfg.launch_s if not pf_tokens or cfg.launch_prefill_s is None else cfg.launch_prefill_s) * stretch
+        launch_s = ((cfg.launch_s if not pf_tokens or cfg.launch_prefill_s is None else cfg.launch_prefill_s)
+                    + cfg.launch_row_s * n_sample) * stretch
+        if self.per_row and mask_rows:
+            return self._per_row(plan.pre, carry, forward_s, fill_s, host_fill_s, row_fill, stretch, transfer_s,
+                                 sample_s, process_s, launch_s, grammar_rows, mask_rows, dec_tokens, kv)
         duration, after_token, exposed, hidden, carry_out = step_time(
             sync, has_grammar, plan.pre, carry, forward_s, fill_s, copy_s + transfer_s, apply_s, sample_s, process_s,
             launch_s, cfg.fill_beside_forward)
+        return StepCost(duration, after_token, exposed, hidden, carry_out, forward_s, fill_s, copy_s, apply_s,
+                        sample_s, process_s, transfer_s, launch_s, grammar_rows, mask_rows, dec_tokens, kv)
+
+    def _per_row(self, pre: float, carry: float, forward_s: float, fill_s: float, host_fill_s: float,
+                 row_fill: np.ndarray, stretch: float, transfer_s: float, sample_s: float, process_s: float,
+                 launch_s: float, grammar_rows: int, mask_rows: int, dec_tokens: int, kv: int) -> StepCost:
+        """A step of V0's per-sequence logits processors (``mask_apply="per_row"``, no overlap): after the
+        forward's launch the host fills each row and queues its one-row copy and apply kernel. A
+        non-blocking copy (``pinned_mask``) leaves every fill beside the forward and the rows' copies and
+        applies in turn on the GPU after it. A blocking copy waits for the GPU's queue: the first row's
+        fill runs beside the forward, then each row's copy (its host clock, the GPU idle), and the
+        following rows' fills between them; each row's apply runs on the GPU while the host fills the
+        next row, so only the last one's is exposed."""
+        one_apply = self.gpu.apply_s(1)
+        if self.cfg.pinned_mask:  # queued behind the forward on its stream: the GPU runs them after it
+            copy_s = mask_rows * self.gpu.copy_s(1, True)
+            apply_s = mask_rows * one_apply
+            beside, after, gpu_after = fill_s + transfer_s, 0.0, copy_s + apply_s
+        else:
+            copy_s = mask_rows * self.gpu.copy_s(1, False)
+            apply_s = one_apply
+            first = float(row_fill[0]) * stretch + host_fill_s if grammar_rows else host_fill_s
+            beside, after, gpu_after = first, fill_s - first + copy_s + transfer_s, apply_s
+        duration, after_token, exposed, hidden, carry_out = step_time(
+            True, True, pre, carry, forward_s, beside, 0.0, gpu_after, sample_s, process_s, launch_s,
+            after_forward_s=after)
         return StepCost(duration, after_token, exposed, hidden, carry_out, forward_s, fill_s, copy_s, apply_s,
                         sample_s, process_s, transfer_s, launch_s, grammar_rows, mask_rows, dec_tokens, kv)
 

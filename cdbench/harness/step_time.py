@@ -14,7 +14,7 @@ import numpy as np
 
 def step_time(sync: bool, has_grammar: bool, pre: float, carry: float, forward_s: float, fill_s: float,
               copy_s: float, apply_s: float, sample_s: float, process_s: float, launch_s: float = 0.0,
-              mask_beside: bool = True) -> tuple[float, float, float, float, float]:
+              mask_beside: bool = True, after_forward_s: float = 0.0) -> tuple[float, float, float, float, float]:
     """One step's ``(duration, after_token, exposed, hidden, carry_out)``.
 
     ``pre``: scheduling, polls and checks before the batch runs; ``carry``: the
@@ -25,7 +25,9 @@ def step_time(sync: bool, has_grammar: bool, pre: float, carry: float, forward_s
     (``carry_out``). ``launch_s``: the host's staging and launch of the
     forward and its wake-up on the tokens, which nothing hides (the GPU
     waits for it) in either case. ``mask_beside=False`` (without overlap):
-    the fill and copy run before the forward instead of beside it. ``after_token``: seconds of the step after
+    the fill and copy run before the forward instead of beside it. ``after_forward_s`` (without overlap):
+    host work the GPU waits for between the forward and the apply (blocking per-row copies and the fills
+    between them). ``after_token``: seconds of the step after
     its tokens are out; ``exposed``/``hidden``: CPU seconds on / off the
     critical path.
 
@@ -39,9 +41,9 @@ def step_time(sync: bool, has_grammar: bool, pre: float, carry: float, forward_s
     if sync:
         mask_path = fill_s + copy_s
         gpu_part = max(forward_s, mask_path) if mask_beside else forward_s + mask_path
-        duration = launch_s + pre + carry + gpu_part + apply_s + sample_s + process_s
-        exposed = launch_s + pre + carry + max(0.0, gpu_part - forward_s) + process_s
-        cpu_total = launch_s + pre + carry + fill_s + copy_s + process_s
+        duration = launch_s + pre + carry + gpu_part + after_forward_s + apply_s + sample_s + process_s
+        exposed = launch_s + pre + carry + max(0.0, gpu_part - forward_s) + after_forward_s + process_s
+        cpu_total = launch_s + pre + carry + fill_s + copy_s + after_forward_s + process_s
         return duration, process_s, exposed, cpu_total - exposed, 0.0
     if has_grammar:  # sampling waits for this step's mask
         chain = pre + carry + fill_s + copy_s

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -52,7 +52,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cdbench.results.chrome_trace import chrome_trace
-from cdbench.results.config_files import ConfigError, dump_config, validate_config
+from cdbench.results.config_files import ConfigError, dump_config
 from cdbench.results.errors import ResultsError
 from cdbench.results.stopped_run import RecordSpill, RunStatus, stopped_summary
 
@@ -191,46 +191,6 @@ Finisher = Callable[["SavedRun"], None]
 """Called on a run just saved, before its ``summary.json`` is written (e.g. a report builder)."""
 
 
-def validate_run_config(tree: Mapping[str, Any], source: str = "config") -> RunConfig:
-    """A :class:`RunConfig` from a mapping, or a one-line :class:`ConfigError`.
-
-    Beyond the model's own checks, a ``model``-mode run must have a grammar-cost
-    source: constants, a profile file, or the profile shipped for its backend,
-    measured with the run's backend, engine version and vocabulary unless
-    ``costs.allow_mismatched_profile`` (checked here, so that a command refuses
-    it before it claims its folder); and its estimated memory must fit in what
-    this machine has available (:func:`cdbench.harness.footprint.refusal`), so
-    an absurd request count is refused in a second instead of exhausting the machine.
-    """
-    from cdbench.harness import footprint
-    from cdbench.harness.config import RunConfig
-    from cdbench.harness.costs.grammar_profile import (
-        ProfileError,
-        is_profile_file,
-        shipped_profiles,
-    )
-
-    config = validate_config(RunConfig, tree, source)
-    if config.mode == "model" and config.costs.fixed_grammar is None:
-        key, name = ("costs.grammar_profile", config.costs.grammar_profile) if config.costs.grammar_profile else (
-            "backend.name", config.backend.name)
-        if is_profile_file(name):
-            if not Path(name).is_file():
-                raise ConfigError(f"{source}: {key} = {name!r}: no such grammar profile file")
-        elif name not in shipped_profiles():
-            shipped = ", ".join(shipped_profiles())
-            raise ConfigError(f"{source}: {key} = {name!r}: model mode needs a grammar profile and none is shipped "
-                              f"for it (shipped: {shipped}); set costs.grammar_profile or costs.fixed_grammar")
-        try:  # the profile read as the run reads it (not priced: that needs the workload)
-            config.costs.grammar_costs(config.backend.name, config.seed, config.backend.options, vocab=config.vocab)
-        except ProfileError as err:
-            raise ConfigError(f"{source}: {err}") from None
-    too_big = footprint.refusal(config)
-    if too_big is not None:
-        raise ConfigError(f"{source}: {too_big}")
-    return config
-
-
 def save_run(result: RunResult, config: RunConfig, folder: Path, trace_max_spans: int = TRACE_MAX_SPANS,
              finish: Finisher | None = None, status: RunStatus | None = None) -> SavedRun:
     """Write ``result`` into ``folder`` (created; existing files replaced), then call ``finish`` on it.
@@ -352,4 +312,4 @@ def _save_stopped(spill: RecordSpill, error: BaseException, config: RunConfig, f
 
 
 __all__ = ["TABLES", "ConfigError", "ResultsError", "RunSource", "SavedRun", "WorkloadIssues", "load_run",
-           "record_run", "save_run", "validate_run_config"]
+           "record_run", "save_run"]

@@ -179,7 +179,8 @@ def run_point(config_tree: dict[str, Any], folder: str, finish: Finisher | None 
 
     A module-level function so process pools and Ray can ship it by reference.
     """
-    from cdbench.results.run_folder import record_run, validate_run_config
+    from cdbench.results.run_config import validate_run_config
+    from cdbench.results.run_folder import record_run
 
     try:
         config = validate_run_config(config_tree, source=f"sweep point {Path(folder).name}")

@@ -18,15 +18,19 @@ ROOT = Path(__file__).resolve().parents[2]
 FITTED = ROOT / "reports" / "engine_costs" / "fitted.json"
 LAUNCH = ROOT / "reports" / "live" / "launch_h100.csv"
 
-#: preset field -> its entry in fitted.json (engine, key); None: not measured (the engine's module does not import here)
+#: preset field -> its entry in fitted.json (engine, key); None: the preset has no fitted entry for it (0)
 SOURCES = {
     "vllm": {"schedule_s": ("vllm", "xgrammar.schedule_s"), "schedule_row_s": ("vllm", "xgrammar.schedule_row_s"),
              "process_step_s": ("vllm", "xgrammar.process_step_s"),
              "process_row_s": ("vllm", "xgrammar.process_row_s"), "accept_row_s": ("vllm", "xgrammar.accept_row_s"),
              "fill_step_s": ("vllm", "xgrammar.fill_step_s"), "fill_row_s": ("vllm", "xgrammar.fill_row_s"),
              "mask_alloc_byte_s": None, "ipc_s": ("vllm", "ipc_s"), "ipc_byte_s": ("vllm", "ipc_byte_s")},
-    "sglang": {"schedule_s": None, "schedule_row_s": None, "process_step_s": None, "process_row_s": None,
-               "accept_row_s": ("sglang", "xgrammar.accept_row_s"), "fill_step_s": ("sglang", "xgrammar.fill_step_s"),
+    # batch forming and result processing from the scheduler's decode steps (torchvision stubbed); accept_row_s is
+    # the processor's whole extra per structured row, its grammar calls included (as vLLM's update_from_output fit)
+    "sglang": {"schedule_s": ("sglang", "xgrammar.schedule_s"), "schedule_row_s": ("sglang", "xgrammar.schedule_row_s"),
+               "process_step_s": ("sglang", "xgrammar.process_step_s"),
+               "process_row_s": ("sglang", "xgrammar.process_row_s"),
+               "accept_row_s": ("sglang", "xgrammar.process_accept_row_s"), "fill_step_s": ("sglang", "xgrammar.fill_step_s"),
                "fill_row_s": ("sglang", "xgrammar.fill_row_s"),
                "mask_alloc_byte_s": ("sglang", "xgrammar.mask_alloc_byte_s"),
                "ipc_s": ("vllm", "ipc_s"), "ipc_byte_s": ("vllm", "ipc_byte_s")},
@@ -43,7 +47,8 @@ ENGINES = {"vllm": ("vllm", "vllm 0.32"), "sglang": ("sglang", "sglang 0.5"), "v
 def test_preset_host_costs_are_the_committed_fit(preset):
     fitted = json.loads(FITTED.read_text())
     cfg = policy(preset)
-    assert set(SOURCES[preset]) | {"launch_s", "launch_prefill_s"} == set(HOST_COST_FIELDS)
+    assert set(SOURCES[preset]) | {"launch_s", "launch_prefill_s", "launch_row_s"} == set(HOST_COST_FIELDS)
+    assert cfg.launch_row_s == 0.0  # fitted only from a live run's own steps (costs.host_costs=live-run:...)
     for field, source in SOURCES[preset].items():
         expected = 0.0 if source is None else fitted[source[0]][source[1]]["value"]
         assert getattr(cfg, field) == expected, field
@@ -189,3 +194,11 @@ def test_a_step_with_prefill_chunks_pays_its_own_launch():
     # unset, a prefill step pays launch_s
     alone = sim(reqs, "vllm", overlap=False, launch_s=0.002, launch_prefill_s=None).steps
     assert (alone.loc[alone["kind"] != "idle", "launch_s"] == 0.002).all()
+
+
+def test_a_launch_per_row_grows_with_the_sampled_rows():
+    reqs = [req(i, 0.0, out=2 + 2 * i, spec=None) for i in range(3)]  # rows leave one by one
+    steps = sim(reqs, "vllm", overlap=False, launch_s=0.002, launch_prefill_s=None, launch_row_s=1e-4).steps
+    steps = steps[steps["kind"] != "idle"]
+    assert (steps["launch_s"].to_numpy() == pytest.approx(0.002 + 1e-4 * steps["rows"].to_numpy(), abs=1e-12))
+    assert steps["rows"].nunique() > 1

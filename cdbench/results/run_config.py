@@ -1,0 +1,80 @@
+"""A run configuration checked before anything runs: :func:`validate_run_config`.
+
+Beyond the configuration's own checks it refuses a ``model`` run without a grammar-cost source and one too
+large for this machine, and resolves ``costs.host_costs=live-run:<ref>`` into the live run's host costs
+(:mod:`cdbench.results.live_loop_costs`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cdbench.results.config_files import ConfigError, validate_config
+from cdbench.results.errors import ResultsError
+
+if TYPE_CHECKING:
+    from cdbench.harness.config import RunConfig
+
+
+def validate_run_config(tree: Mapping[str, Any], source: str = "config") -> RunConfig:
+    """A :class:`RunConfig` from a mapping, or a one-line :class:`ConfigError`.
+
+    Beyond the model's own checks, a ``model``-mode run must have a grammar-cost
+    source: constants, a profile file, or the profile shipped for its backend,
+    measured with the run's backend, engine version and vocabulary unless
+    ``costs.allow_mismatched_profile`` (checked here, so that a command refuses
+    it before it claims its folder); and its estimated memory must fit in what this machine has available
+    (:func:`cdbench.harness.footprint.refusal`), so an absurd request count is
+    refused in a second instead of exhausting the machine.
+    """
+    from cdbench.harness import footprint
+    from cdbench.harness.config import RunConfig
+    from cdbench.harness.costs.grammar_profile import (
+        ProfileError,
+        is_profile_file,
+        shipped_profiles,
+    )
+
+    config = validate_config(RunConfig, tree, source)
+    if config.costs.host_costs != "preset":
+        config = _with_live_loop_costs(config, source)
+    if config.mode == "model" and config.costs.fixed_grammar is None:
+        key, name = ("costs.grammar_profile", config.costs.grammar_profile) if config.costs.grammar_profile else (
+            "backend.name", config.backend.name)
+        if is_profile_file(name):
+            if not Path(name).is_file():
+                raise ConfigError(f"{source}: {key} = {name!r}: no such grammar profile file")
+        elif name not in shipped_profiles():
+            shipped = ", ".join(shipped_profiles())
+            raise ConfigError(f"{source}: {key} = {name!r}: model mode needs a grammar profile and none is shipped "
+                              f"for it (shipped: {shipped}); set costs.grammar_profile or costs.fixed_grammar")
+        try:  # the profile read as the run reads it (not priced: that needs the workload)
+            config.costs.grammar_costs(config.backend.name, config.seed, config.backend.options, vocab=config.vocab)
+        except ProfileError as err:
+            raise ConfigError(f"{source}: {err}") from None
+    too_big = footprint.refusal(config)
+    if too_big is not None:
+        raise ConfigError(f"{source}: {too_big}")
+    return config
+
+
+def _with_live_loop_costs(config: RunConfig, source: str) -> RunConfig:
+    """``config`` with the host-cost fields of the live run its ``costs.host_costs`` names
+    (:mod:`cdbench.results.live_loop_costs`), in place of the preset's and any set in the config."""
+    from cdbench.results.live_loop_costs import LIVE_RUN_PREFIX, live_loop_costs
+
+    if config.mode == "live":
+        raise ConfigError(f"{source}: costs.host_costs prices a model or hybrid run with a live run's host costs; "
+                          "a live run measures its own (leave it 'preset')")
+    ref = config.costs.host_costs.removeprefix(LIVE_RUN_PREFIX)
+    try:
+        costs = live_loop_costs(ref)
+    except ResultsError as err:
+        raise ConfigError(f"{source}: costs.host_costs: {err}") from None
+    overrides = {**config.scheduler.model_dump(exclude_unset=True), **costs.values}
+    return config.model_copy(update={"scheduler": type(config.scheduler).model_validate(overrides)})
+
+
+__all__ = ["validate_run_config"]

@@ -1,0 +1,60 @@
+"""``mask_apply="per_row"``: vLLM V0's per-sequence logits processors, a copy and an apply kernel a row,
+blocking the host per row when the copy is not pinned."""
+
+from __future__ import annotations
+
+import pytest
+from scheduler_helpers import req, sim
+
+from cdbench.harness.costs.gpu import FixedGpuCosts
+from cdbench.harness.executors.model import FixedGrammarCosts
+from cdbench.harness.policies import policy
+
+FORWARD_S, FILL_S, COPY_S, APPLY_S = 0.010, 0.001, 3e-5, 1e-5
+GPU = FixedGpuCosts(forward_base_s=FORWARD_S, copy_row_s=COPY_S, apply_row_s=APPLY_S)
+GRAMMAR = FixedGrammarCosts(compile_time_s=0.0, fill_time_s=FILL_S, accept_time_s=0.0, rollback_time_s=0.0)
+
+
+def _decode_step(rows: int, **overrides) -> float:
+    """The duration of a decode step of ``rows`` structured rows."""
+    result = sim([req(i, 0.0, out=3) for i in range(rows)], "vllm", gpu=GPU, grammar=GRAMMAR, overlap=False,
+                 fill_parallel_threshold=None, **overrides)
+    steps = result.steps
+    decode = steps[(steps["kind"] == "decode") & (steps["grammar_rows"] == rows)]
+    assert len(decode)
+    return float(decode["duration_s"].iloc[0])
+
+
+def test_a_batched_apply_hides_the_fills_and_the_copy_under_the_forward():
+    assert _decode_step(4) == pytest.approx(FORWARD_S + 4 * APPLY_S, abs=1e-9)
+
+
+def test_non_blocking_per_row_copies_and_applies_run_after_the_forward():
+    # every fill beside the forward; the GPU then runs each row's copy and apply in turn
+    assert _decode_step(4, mask_apply="per_row", pinned_mask=True) == pytest.approx(
+        FORWARD_S + 4 * (COPY_S + APPLY_S), abs=1e-9)
+
+
+def test_a_blocking_per_row_copy_leaves_the_later_fills_and_every_copy_after_the_forward():
+    # the first fill beside the forward; then copy, fill, copy, ... with the GPU idle; the last row's apply
+    blocking = _decode_step(4, mask_apply="per_row", pinned_mask=False)
+    assert blocking == pytest.approx(FORWARD_S + 3 * FILL_S + 4 * COPY_S + APPLY_S, abs=1e-9)
+    # it grows by a fill and a copy a row
+    assert _decode_step(8, mask_apply="per_row", pinned_mask=False) - blocking == pytest.approx(
+        4 * (FILL_S + COPY_S), abs=1e-9)
+
+
+@pytest.mark.parametrize("overrides", [{"overlap": True}, {"overlap": False, "fill_beside_forward": False}])
+def test_per_row_is_v0s_loop_without_overlap_after_the_forwards_launch(overrides):
+    with pytest.raises(ValueError, match="mask_apply 'per_row'"):
+        policy("vllm", mask_apply="per_row", **overrides)
+
+
+def test_live_mode_refuses_the_per_row_apply():
+    from cdbench.harness.config import RunConfig
+
+    tree = {"mode": "live", "policy": {"name": "vllm"},
+            "scheduler": {"mask_apply": "per_row", "overlap": False, "fill_beside_forward": True}}
+    with pytest.raises(ValueError, match="live mode runs the batched copy and apply"):
+        RunConfig.model_validate(tree)
+    assert RunConfig.model_validate({**tree, "mode": "model"}).scheduler_config().mask_apply == "per_row"
