@@ -566,6 +566,14 @@ class Scheduler:
             tl.steps_seen += 1
             tl.step_spans(t, sync, has_grammar, schedule_s, poll_s + sync_s + check_s, carry, launch_s, forward_s,
                           fill_s, copy_s + transfer_s, apply_s, sample_s, process_s, duration)
+            if self.kv is not None:
+                tl.kv_span(t, duration, self.kv.used_tokens(), self.kv.tokens, self.kv.evicted)
+
+    @property
+    def kv_description(self) -> tuple[int | None, str]:
+        """The KV cache's capacity in token slots (``None``: unbounded) and policy, as the summary takes them."""
+        kv = self.kv
+        return (None, "off") if kv is None else (kv.tokens, kv.policy)
 
     def _kv_columns(self) -> tuple[int, int]:
         """The step log's KV columns: token slots in use, requests preempted or retracted for the step."""
