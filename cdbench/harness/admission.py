@@ -152,10 +152,13 @@ class BatchFormer:
                 check_s += c
         else:
             pf_chunks = self._allocate(pf_rows, cfg.max_batched_tokens)
-            if kv is not None and len(pf_rows):
-                pf_chunks = self._make_room(t + pre, _NO_ROWS, False, None, pf_rows, pf_chunks, admit)
-                if pf_chunks is None:
-                    return self.form(t, stretch, schedule_s, poll_s, sync_s, check_s, admit=False)
+            if kv is not None:
+                if len(pf_rows):
+                    pf_chunks = self._make_room(t + pre, _NO_ROWS, False, None, pf_rows, pf_chunks, admit)
+                    if pf_chunks is None:
+                        return self.form(t, stretch, schedule_s, poll_s, sync_s, check_s, admit=False)
+                else:
+                    kv.reserve(0)  # what the running requests hold, before admission
             if len(pf_rows) or (self.waiting and room > 0):
                 budget = cfg.max_batched_tokens - int(_sum(pf_chunks))
                 if admit and self.waiting and room > 0 and budget > 0:
@@ -174,6 +177,8 @@ class BatchFormer:
                 n_drafts = int(_sum(drafts))
             else:
                 n_drafts = 0
+        if kv is not None and kv.max_seqs is not None and self.waiting and n_rows + len(new_ids) >= kv.max_seqs:
+            kv.wait(self.waiting[0], t + pre)  # the slots are all taken: the next in line waits for one
         if cfg.schedule_row_s:
             schedule_s += cfg.schedule_row_s * (n_rows + len(new_ids)) * stretch
         timing = (schedule_s, poll_s, sync_s, check_s, schedule_s + poll_s + sync_s + check_s)
@@ -197,7 +202,7 @@ class BatchFormer:
             new = dec_new
             if len(pf_rows):
                 new = dec_new.copy()
-                new[pf_rows] = pf_chunks
+                new[pf_rows] = pf_chunks + (pf_chunks == batch.prefill_left[pf_rows])  # (+ a completing one's token)
             kept = kv.vllm_keep(new)
             if kept == len(batch):
                 return pf_chunks
@@ -307,7 +312,7 @@ class BatchFormer:
             else:
                 waiting.appendleft(rid)
                 break
-            if kv is not None and not kv.admit(rid, chunk, t + check_s):
+            if kv is not None and not kv.admit(rid, chunk, chunk == prompt, t + check_s):
                 waiting.appendleft(rid)  # waits for memory; admission stops
                 break
             admitted.append(rid)

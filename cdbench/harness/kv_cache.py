@@ -52,6 +52,10 @@ executor is told nothing.
 cache exists: there the cache's slots also bound the running requests (``max_seqs``), so a live step
 never needs more slots than the cache has.
 
+A row's ``cached`` tokens count its last sampled token, whose KV the next step writes: a step
+allocates a decode row's 1 + drafts tokens, and a prefill chunk that completes its prompt one
+token more than the chunk.
+
 Cost: one reduction over the running batch a step when everything fits (``block`` 1) or three
 elementwise operations (larger blocks); the rest runs only when the cache is full.
 """
@@ -59,7 +63,6 @@ elementwise operations (larger blocks); the rest runs only when the cache is ful
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -233,9 +236,10 @@ class KVCache:
         rows = np.asarray(rows)
         rid = batch.rid[rows]
         decoded = self.gen_total[rid] - batch.gen_left[rows]
-        # ascending (decoded, -prompt): the end of SGLang's descending order, popped first
-        order = np.lexsort((-self.rec.prompt_len[rid], decoded))
-        n = len(order)
+        n = len(rid)
+        # ascending (decoded, -prompt), ties latest row first: the end of SGLang's stable descending sort,
+        # popped first
+        order = np.lexsort((-np.arange(n), -self.rec.prompt_len[rid], decoded))
         if n <= 1:
             return np.zeros(0, np.int64)
         held_rows = self._blocks(cached[rows])[order]
@@ -252,10 +256,11 @@ class KVCache:
     def fit_chunks(self, rows: np.ndarray, chunks: np.ndarray, new: np.ndarray | int) -> np.ndarray:
         """Continuing prefill ``chunks`` of ``rows``, first come first served, cut to what the blocks left
         free by every row's ``new`` tokens hold (SGLang truncates a chunk to its remaining tokens)."""
-        cached = self.batch.cached
+        batch = self.batch
+        cached = batch.cached
         free = self.blocks - int(_sum(self._blocks(cached + new)))
-        c = cached[rows]
-        grow = self._blocks(c + chunks) - self._blocks(c)
+        c, left = cached[rows], batch.prefill_left[rows]
+        grow = self._blocks(c + chunks + (chunks == left)) - self._blocks(c)
         total = int(_sum(grow))
         if total <= free:
             self.free = free - total
@@ -263,10 +268,13 @@ class KVCache:
         before = np.add.accumulate(grow) - grow
         short = int(np.flatnonzero(before + grow > free)[0])
         chunks = chunks.copy()
-        slack = self._blocks(c[short]) * self.block - c[short]
-        chunks[short] = max(0, min(int(chunks[short]), slack + (free - int(before[short])) * self.block))
+        allowed = int(self._blocks(c[short]) * self.block - c[short]) + (free - int(before[short])) * self.block
+        chunk = min(int(chunks[short]), allowed)
+        if chunk == left[short] and chunk + 1 > allowed:
+            chunk -= 1  # the completing chunk's sampled token needs a slot too
+        chunks[short] = max(chunk, 0)
         chunks[short + 1:] = 0
-        self.free = free - int(_sum(self._blocks(c + chunks) - self._blocks(c)))
+        self.free = free - int(_sum(self._blocks(c + chunks + (chunks == left)) - self._blocks(c)))
         return chunks
 
     def idle(self) -> None:
@@ -298,10 +306,16 @@ class KVCache:
             left = np.minimum(batch.gen_left, SGLANG_CLIP_MAX_NEW_TOKENS)
             self.rem_total = self.free * self.block - float(_sum(left)) * self.ratio
 
-    def admit(self, rid: int, chunk: int, t: float, wait: Callable[[int], None] | None = None) -> bool:
+    def wait(self, rid: int, t: float) -> None:
+        """Request ``rid`` waits for memory from ``t`` on (unless it already does)."""
+        if math.isnan(self.blocked_since[rid]):
+            self.blocked_since[rid] = t
+
+    def admit(self, rid: int, chunk: int, whole: bool, t: float) -> bool:
         """Whether waiting request ``rid`` can start with a prefill chunk of ``chunk`` tokens at ``t`` (its
-        blocks are then taken); a refused request is waiting for memory from ``t`` on."""
-        blocks = -(-chunk // self.block)
+        blocks are then taken; a ``whole`` prompt's sampled token takes a slot too); a refused request is
+        waiting for memory from ``t`` on."""
+        blocks = -(-(chunk + whole) // self.block)
         ok = blocks <= self.free
         if ok and self.policy == "sglang":
             rec = self.rec
@@ -312,8 +326,7 @@ class KVCache:
             if ok:
                 self.rem_total -= total
         if not ok:
-            if math.isnan(self.blocked_since[rid]):
-                self.blocked_since[rid] = t
+            self.wait(rid, t)
             return False
         self.free -= blocks
         since = self.blocked_since[rid]
