@@ -114,8 +114,8 @@ def capacity_tokens(model: ModelSpec, gpu: GPUSpec, tp: int, fraction: float, bl
 
 def configured_capacity(cfg: SchedulerConfig, gpu: GpuCosts) -> int | None:
     """The KV cache's tokens under ``cfg`` (``kv_tokens``, or derived from the GPU cost model's model and
-    GPU); ``None`` when unbounded (``kv_cache="off"``, or costs without a model's shape)."""
-    if cfg.kv_cache == "off":
+    GPU); ``None`` when unbounded (``kv_cache="unbounded"``, or costs without a model's shape)."""
+    if cfg.kv_cache == "unbounded":
         return None
     if cfg.kv_tokens is not None:
         return cfg.kv_tokens // cfg.kv_block_size * cfg.kv_block_size
@@ -132,7 +132,7 @@ class KVCache:
 
     Parameters
     ----------
-    policy : ``vllm`` (preemption) or ``sglang`` (retraction, ``new_token_ratio``); ``off`` bounds only
+    policy : ``vllm`` (preemption) or ``sglang`` (retraction, ``new_token_ratio``); ``unbounded`` bounds only
         the running requests by ``max_seqs`` (live mode's slot cache).
     tokens : capacity in token slots (a multiple of ``block``).
     block : tokens a block (page).

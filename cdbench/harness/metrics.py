@@ -229,7 +229,7 @@ def _stats_ms(values: np.ndarray) -> tuple[float, float, float, float, float]:
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: LogHistogram, mask_rows: LogHistogram,
               slo: SLO | None = None, idle_iterations: int | None = None,
               draft_positions: DraftPositionCounts | None = None, kv_capacity: int | None = None,
-              kv_policy: str = "off") -> Summary:
+              kv_policy: str = "unbounded") -> Summary:
     """Compute the :class:`Summary` of a run from its records.
 
     ``idle_iterations`` overrides the count of idle rows in ``steps`` (one row

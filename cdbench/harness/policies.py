@@ -65,10 +65,10 @@ class SchedulerConfig(BaseModel):
     )
 
     # --- KV cache (cdbench/harness/kv_cache.py)
-    kv_cache: Literal["off", "vllm", "sglang"] = Field(
-        "off", description="how the KV cache bounds the batch: vllm (admission by free blocks, the latest admitted "
+    kv_cache: Literal["unbounded", "vllm", "sglang"] = Field(
+        "unbounded", description="how the KV cache bounds the batch: vllm (admission by free blocks, the latest admitted "
         "request preempted and recomputed when they run out), sglang (admission by new_token_ratio, decode requests "
-        "retracted when the cache runs out), off (unbounded)")
+        "retracted when the cache runs out), unbounded (not modelled; live mode still bounds it by its slot cache)")
     kv_memory_fraction: float = Field(
         0.9, gt=0, le=1, description="share of the GPU's memory for weights and KV cache (vLLM gpu_memory_utilization, "
         "SGLang mem_fraction_static); the cache gets what the weights leave")

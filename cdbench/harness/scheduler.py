@@ -573,7 +573,7 @@ class Scheduler:
     def kv_description(self) -> tuple[int | None, str]:
         """The KV cache's capacity in token slots (``None``: unbounded) and policy, as the summary takes them."""
         kv = self.kv
-        return (None, "off") if kv is None else (kv.tokens, kv.policy)
+        return (None, "unbounded") if kv is None else (kv.tokens, kv.policy)
 
     def _kv_columns(self) -> tuple[int, int]:
         """The step log's KV columns: token slots in use, requests preempted or retracted for the step."""

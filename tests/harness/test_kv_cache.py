@@ -46,12 +46,12 @@ def test_capacity_is_what_the_fraction_leaves_after_the_weights_in_whole_blocks(
         capacity_tokens(qwen, h100, 1, 0.1, 1, 256)
 
 
-def test_presets_follow_the_engines_and_off_is_unbounded():
+def test_presets_follow_the_engines_and_unbounded_is_todays_loop():
     assert (policy("vllm").kv_cache, policy("vllm").kv_memory_fraction, policy("vllm").kv_block_size) == ("vllm", 0.9, 16)
     assert (policy("sglang").kv_cache, policy("sglang").kv_memory_fraction, policy("sglang").kv_block_size) == \
         ("sglang", 0.88, 1)
     reqs = _burst(40, 300, 200)
-    off = simulate(reqs, policy("vllm", kv_cache="off"), ModelExecutor(FixedGrammarCosts()), GPU)
+    off = simulate(reqs, policy("vllm", kv_cache="unbounded"), ModelExecutor(FixedGrammarCosts()), GPU)
     # fixed GPU costs have no model shape: the preset's cache is unbounded there too
     preset = simulate(reqs, policy("vllm"), ModelExecutor(FixedGrammarCosts()), GPU)
     assert off.summary.kv_capacity_tokens is None and preset.summary.kv_capacity_tokens is None

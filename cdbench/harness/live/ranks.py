@@ -142,7 +142,7 @@ class _RankOutput:
     step_agree_s: list[float]
     step_local_s: list[float]
     all_reduce_s: dict[int, float]
-    kv: tuple[int | None, str] = (None, "off")  # the KV cache's capacity and policy (Scheduler.kv_description)
+    kv: tuple[int | None, str] = (None, "unbounded")  # the KV cache's capacity and policy (Scheduler.kv_description)
 
 
 class RankScheduler(Scheduler):
