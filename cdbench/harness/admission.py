@@ -111,6 +111,7 @@ class BatchFormer:
         n_rows = len(batch)
         room = cfg.max_running_requests - n_rows
         if kv is not None:
+            kv.settled = False  # (its free blocks are counted again this pass)
             if admit:
                 kv.evicted = 0
             if kv.max_seqs is not None:
@@ -152,13 +153,10 @@ class BatchFormer:
                 check_s += c
         else:
             pf_chunks = self._allocate(pf_rows, cfg.max_batched_tokens)
-            if kv is not None:
-                if len(pf_rows):
-                    pf_chunks = self._make_room(t + pre, _NO_ROWS, False, None, pf_rows, pf_chunks, admit)
-                    if pf_chunks is None:
-                        return self.form(t, stretch, schedule_s, poll_s, sync_s, check_s, admit=False)
-                else:
-                    kv.reserve(0)  # what the running requests hold, before admission
+            if kv is not None and len(pf_rows):
+                pf_chunks = self._make_room(t + pre, _NO_ROWS, False, None, pf_rows, pf_chunks, admit)
+                if pf_chunks is None:
+                    return self.form(t, stretch, schedule_s, poll_s, sync_s, check_s, admit=False)
             if len(pf_rows) or (self.waiting and room > 0):
                 budget = cfg.max_batched_tokens - int(_sum(pf_chunks))
                 if admit and self.waiting and room > 0 and budget > 0:
@@ -167,16 +165,15 @@ class BatchFormer:
             if new_chunks or (len(pf_chunks) and _sum(pf_chunks) > 0):
                 dec_rows = _NO_ROWS
                 all_decode = False
-            elif kv is not None and len(dec_rows):  # a decode step
-                dec_drafts = np.minimum(k, (batch.gen_left if all_decode else batch.gen_left[dec_rows]) - 1) \
-                    if k else None
-                if self._make_room(t + pre, dec_rows, all_decode, dec_drafts, _NO_ROWS, _NO_ROWS, admit) is None:
-                    return self.form(t, stretch, schedule_s, poll_s, sync_s, check_s, admit=False)
             if k:
                 drafts = np.minimum(k, (batch.gen_left if all_decode else batch.gen_left[dec_rows]) - 1)
                 n_drafts = int(_sum(drafts))
             else:
                 n_drafts = 0
+            if kv is not None and len(dec_rows):  # a decode step
+                if self._make_room(t + pre, dec_rows, all_decode, drafts, _NO_ROWS, _NO_ROWS, admit,
+                                   len(dec_rows) + n_drafts) is None:
+                    return self.form(t, stretch, schedule_s, poll_s, sync_s, check_s, admit=False)
         if kv is not None and kv.max_seqs is not None and self.waiting and n_rows + len(new_ids) >= kv.max_seqs:
             kv.wait(self.waiting[0], t + pre)  # the slots are all taken: the next in line waits for one
         if cfg.schedule_row_s:
@@ -186,10 +183,12 @@ class BatchFormer:
                            new_chunks, new_whole)
 
     def _make_room(self, t: float, dec_rows: np.ndarray, all_decode: bool, drafts: np.ndarray | None,
-                   pf_rows: np.ndarray, pf_chunks: np.ndarray, admit: bool) -> np.ndarray | None:
+                   pf_rows: np.ndarray, pf_chunks: np.ndarray, admit: bool,
+                   dec_tokens: int | None = None) -> np.ndarray | None:
         """Allocate the KV blocks of the step's running rows (decode rows: 1 + drafts tokens; prefill rows:
-        their chunk): the prefill chunks that fit (SGLang caps them to the free blocks), or ``None`` when
-        requests were preempted (vLLM) or retracted (SGLang) and the batch must be formed again."""
+        their chunk; ``dec_tokens``: the decode rows' tokens, when known): the prefill chunks that fit
+        (SGLang caps them to the free blocks), or ``None`` when requests were preempted (vLLM) or
+        retracted (SGLang) and the batch must be formed again."""
         kv, batch = self.kv, self.batch
         n_dec = len(dec_rows)
         if all_decode:  # (no prefill in flight: every row decodes)
@@ -210,7 +209,7 @@ class BatchFormer:
             self.waiting.extendleft(rids[::-1].tolist())  # at the front, in their running order
             return None
         if kv.policy == "sglang" and n_dec:
-            victims = kv.sglang_victims(dec_new, dec_rows, decay=admit)
+            victims = kv.sglang_victims(dec_new, dec_rows, decay=admit, need=dec_tokens)
             if len(victims):
                 self.waiting.extend(kv.evict(victims, t).tolist())  # at the tail, in retraction order
                 return None

@@ -152,6 +152,7 @@ class KVCache:
         self.free = self.blocks  # free blocks after this step's allocations (admission takes from them)
         self.rem_total = 0.0  # SGLang: rem_total_tokens while admitting
         self.evicted = 0  # requests preempted or retracted before this step (the step log's column)
+        self.settled = False  # ``free`` counts this iteration's running batch and its tokens
         self.blocked_since = np.full(rec.n, np.nan)  # since when a request waits for memory
         self.decoded = np.zeros(rec.n, np.int64)  # tokens a preempted request had generated
 
@@ -197,6 +198,7 @@ class KVCache:
         if total > self.blocks:
             return False
         self.free = self.blocks - total
+        self.settled = True
         return True
 
     def vllm_keep(self, new: np.ndarray | int) -> int:
@@ -207,21 +209,24 @@ class KVCache:
         total = int(_sum(after))
         if total <= self.blocks:
             self.free = self.blocks - total
+            self.settled = True
             return len(cached)
         kept = int(np.searchsorted(np.add.accumulate(after), self.blocks, side="right"))
         return max(kept, 0)
 
     # ---- SGLang: decode check and retraction ---------------------------------------------------------------
 
-    def sglang_victims(self, new: np.ndarray | int, rows: np.ndarray, decay: bool = True) -> np.ndarray:
+    def sglang_victims(self, new: np.ndarray | int, rows: np.ndarray, decay: bool = True,
+                       need: int | None = None) -> np.ndarray:
         """Of the decode ``rows``, those to retract before a decode step whose rows need ``new`` tokens each
-        (``check_decode_mem``, ``retract_decode``), in retraction order; empty when the step fits
-        (``new_token_ratio`` then decays, if ``decay``)."""
+        (``need`` in all, when known) (``check_decode_mem``, ``retract_decode``), in retraction order; empty
+        when the step fits (``new_token_ratio`` then decays, if ``decay``)."""
         batch = self.batch
         cached = batch.cached
         if self.block == 1:
             used = int(_sum(cached))
-            need = int(_sum(new)) if isinstance(new, np.ndarray) else new * len(cached)
+            if need is None:
+                need = int(_sum(new)) if isinstance(new, np.ndarray) else new * len(cached)
             free = self.blocks - used
         else:
             held = self._blocks(cached)
@@ -230,6 +235,7 @@ class KVCache:
             free = self.blocks - used
         if need <= free:
             self.free = free - need
+            self.settled = True
             if decay:
                 self.ratio = max(self.ratio - SGLANG_NEW_TOKEN_RATIO_DECAY, SGLANG_MIN_NEW_TOKEN_RATIO)
             return np.zeros(0, np.int64)
@@ -262,6 +268,7 @@ class KVCache:
         c, left = cached[rows], batch.prefill_left[rows]
         grow = self._blocks(c + chunks + (chunks == left)) - self._blocks(c)
         total = int(_sum(grow))
+        self.settled = True
         if total <= free:
             self.free = free - total
             return chunks
@@ -300,7 +307,10 @@ class KVCache:
         return rids
 
     def start_admission(self) -> None:
-        """Before admitting waiting requests: SGLang's ``rem_total_tokens`` over the running batch."""
+        """Before admitting waiting requests: the free blocks (when this iteration has not counted them: a
+        prefill batch's admission with no prefill in flight), and SGLang's ``rem_total_tokens``."""
+        if not self.settled:
+            self.reserve(0)
         if self.policy == "sglang":
             batch = self.batch
             left = np.minimum(batch.gen_left, SGLANG_CLIP_MAX_NEW_TOKENS)
