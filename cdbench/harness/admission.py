@@ -191,6 +191,12 @@ class BatchFormer:
         retracted (SGLang) and the batch must be formed again."""
         kv, batch = self.kv, self.batch
         n_dec = len(dec_rows)
+        if dec_tokens is not None and kv.policy == "sglang" and kv.block == 1:  # the common decode step
+            victims = kv.sglang_victims(None, dec_rows, decay=admit, need=dec_tokens)
+            if len(victims):
+                self.waiting.extend(kv.evict(victims, t).tolist())  # at the tail, in retraction order
+                return None
+            return pf_chunks
         if all_decode:  # (no prefill in flight: every row decodes)
             dec_new = 1 if drafts is None else 1 + drafts
         else:

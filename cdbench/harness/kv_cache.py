@@ -216,11 +216,12 @@ class KVCache:
 
     # ---- SGLang: decode check and retraction ---------------------------------------------------------------
 
-    def sglang_victims(self, new: np.ndarray | int, rows: np.ndarray, decay: bool = True,
+    def sglang_victims(self, new: np.ndarray | int | None, rows: np.ndarray, decay: bool = True,
                        need: int | None = None) -> np.ndarray:
         """Of the decode ``rows``, those to retract before a decode step whose rows need ``new`` tokens each
-        (``need`` in all, when known) (``check_decode_mem``, ``retract_decode``), in retraction order; empty
-        when the step fits (``new_token_ratio`` then decays, if ``decay``)."""
+        (``need`` in all, when known: ``new`` is then not read with ``block`` 1) (``check_decode_mem``,
+        ``retract_decode``), in retraction order; empty when the step fits (``new_token_ratio`` then decays,
+        if ``decay``)."""
         batch = self.batch
         cached = batch.cached
         if self.block == 1:
