@@ -77,6 +77,7 @@ if TYPE_CHECKING:
     from cdbench.harness.records import RequestTable
 
 _sum = np.add.reduce
+_NO_ROWS = np.zeros(0, np.int64)
 
 # SGLang's defaults (python/sglang/srt/server_args.py: schedule_conservativeness; global_config /
 # environ: SGLANG_INIT_NEW_TOKEN_RATIO 0.7, SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR 0.14,
@@ -194,7 +195,9 @@ class KVCache:
 
     def reserve(self, new: np.ndarray | int) -> bool:
         """Allocate this step's ``new`` tokens of each running row; False (nothing taken) when they do not fit."""
-        total = int(_sum(self._blocks(self.batch.cached + new)))
+        cached = self.batch.cached
+        total = int(_sum(cached)) if self.block == 1 and isinstance(new, int) and new == 0 else \
+            int(_sum(self._blocks(cached + new)))
         if total > self.blocks:
             return False
         self.free = self.blocks - total
@@ -225,7 +228,8 @@ class KVCache:
         batch = self.batch
         cached = batch.cached
         if self.block == 1:
-            used = int(_sum(cached))
+            # (counted before an admission that admitted nothing, this same iteration: the batch is unchanged)
+            used = self.blocks - self.free if self.settled else int(_sum(cached))
             if need is None:
                 need = int(_sum(new)) if isinstance(new, np.ndarray) else new * len(cached)
             free = self.blocks - used
@@ -239,7 +243,7 @@ class KVCache:
             self.settled = True
             if decay:
                 self.ratio = max(self.ratio - SGLANG_NEW_TOKEN_RATIO_DECAY, SGLANG_MIN_NEW_TOKEN_RATIO)
-            return np.zeros(0, np.int64)
+            return _NO_ROWS
         rows = np.asarray(rows)
         rid = batch.rid[rows]
         decoded = self.gen_total[rid] - batch.gen_left[rows]
@@ -248,7 +252,7 @@ class KVCache:
         # popped first
         order = np.lexsort((-np.arange(n), -self.rec.prompt_len[rid], decoded))
         if n <= 1:
-            return np.zeros(0, np.int64)
+            return _NO_ROWS
         held_rows = self._blocks(cached[rows])[order]
         freed = free * self.block + np.add.accumulate(held_rows[:-1]) * self.block  # free tokens after 1.. victims
         remaining = n - np.arange(1, n)
