@@ -237,8 +237,10 @@ class BatchFormer:
         continuing = len(pf_rows) > 0
         if new_ids:
             ids = np.array(new_ids, np.int64)
-            # (the first admission: a preempted request keeps its admission time)
-            self.rec.admitted_s[ids] = np.fmin(self.rec.admitted_s[ids], t + timing[4])
+            if self.kv is not None and self.kv.recomputing:  # a preempted request keeps its first admission time
+                self.rec.admitted_s[ids] = np.fmin(self.rec.admitted_s[ids], t + timing[4])
+            else:
+                self.rec.admitted_s[ids] = t + timing[4]
             first_new = len(batch)
             batch.append(ids)
             new_rows = np.arange(first_new, len(batch))

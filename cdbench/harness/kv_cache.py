@@ -154,6 +154,7 @@ class KVCache:
         self.rem_total = 0.0  # SGLang: rem_total_tokens while admitting
         self.evicted = 0  # requests preempted or retracted before this step (the step log's column)
         self.settled = False  # ``free`` counts this iteration's running batch and its tokens
+        self.recomputing = False  # some request was preempted: a later prefill may be a recompute
         self.blocked_since = np.full(rec.n, np.nan)  # since when a request waits for memory
         self.decoded = np.zeros(rec.n, np.int64)  # tokens a preempted request had generated
 
@@ -182,14 +183,14 @@ class KVCache:
         """Token slots in use now (whole blocks)."""
         return (self.blocks - self.free) * self.block
 
-    def too_long(self, rid: int, spec_tokens: int) -> bool:
-        """Whether request ``rid`` can never run: its longest context exceeds the cache, or (SGLang) its
+    def too_long(self, spec_tokens: int) -> np.ndarray:
+        """Per request, whether it can never run: its longest context exceeds the cache, or (SGLang) its
         admission estimate alone reaches it."""
-        rec = self.rec
-        prompt, gen = int(rec.prompt_len[rid]), int(self.gen_total[rid])
-        if -(-(prompt + gen + spec_tokens) // self.block) > self.blocks:
-            return True
-        return self.policy == "sglang" and prompt + min(gen, SGLANG_CLIP_MAX_NEW_TOKENS) >= self.tokens
+        prompt, gen = self.rec.prompt_len, self.gen_total
+        refused = -(-(prompt + gen + spec_tokens) // self.block) > self.blocks
+        if self.policy == "sglang":
+            refused |= prompt + np.minimum(gen, SGLANG_CLIP_MAX_NEW_TOKENS) >= self.tokens
+        return refused
 
     # ---- vLLM: preemption ----------------------------------------------------------------------------------
 
@@ -300,6 +301,7 @@ class KVCache:
         a prefill (grammar state and output kept), and they wait for memory. Returns their requests, in order."""
         batch, rec = self.batch, self.rec
         rids = batch.rid[rows]
+        self.recomputing = True
         rec.preemptions[rids] += 1
         rec.recomputed_tokens[rids] += batch.cached[rows]
         self.decoded[rids] = self.gen_total[rids] - batch.gen_left[rows]

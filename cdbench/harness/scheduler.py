@@ -185,6 +185,7 @@ class Scheduler:
         entry_ints[3], entry_ints[4] = self.gen_total, rec.think_tokens
         self.batch = RunningBatch(entry_ints)
         self.kv = KVCache.build(config, gpu, live, rec, self.batch, self.gen_total)
+        self._refused = self.kv.too_long(config.spec_tokens) if self.kv is not None else None
         self.former = BatchFormer(config, rec, self.batch, self.waiting, self._check, self._release, self.kv)
         self.pricer = StepPricer(config, gpu, self._host, executor.settle)
         self.steps = StepLog()
@@ -279,7 +280,7 @@ class Scheduler:
     def _arrive(self, rid: int, t: float) -> None:
         rec, cfg = self.rec, self.cfg
         rec.issued_s[rid] = t
-        if self.kv is not None and self.kv.too_long(rid, cfg.spec_tokens):
+        if self._refused is not None and self._refused[rid]:
             self._abort(rid, "kv_capacity", t)  # the engine refuses a context its cache can never hold
             return
         if not rec.structured[rid]:
@@ -516,7 +517,9 @@ class Scheduler:
         if len(plan.first_rows):
             first = batch.rid[plan.first_rows]
             # (a recomputed request's prefill samples again: its first token stays the first)
-            rec.first_token_s[first] = t_token if self.kv is None else np.fmin(rec.first_token_s[first], t_token)
+            kv = self.kv
+            rec.first_token_s[first] = np.fmin(rec.first_token_s[first], t_token) \
+                if kv is not None and kv.recomputing else t_token
         # kept until summed (the executor's arrays are new each step; rid columns are never written)
         tally = [s_rid, produced]
         if cfg.spec_tokens:
