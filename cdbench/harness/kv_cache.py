@@ -90,7 +90,7 @@ SGLANG_RETRACT_DECODE_STEPS = 20
 SGLANG_CLIP_MAX_NEW_TOKENS = 4096
 
 
-class KVCapacityError(ValueError):
+class NoKVCacheError(ValueError):
     """The weights leave no KV cache at the configured memory fraction."""
 
 
@@ -108,7 +108,7 @@ def capacity_tokens(model: ModelSpec, gpu: GPUSpec, tp: int, fraction: float, bl
     per_token = model.kv_bytes_per_token(tp)
     tokens = int(room // per_token) // block * block if per_token > 0 else 0
     if tokens < block:
-        raise KVCapacityError(f"{model.name} on {gpu.name}: {fraction:g} of {gpu.hbm_bytes / 2**30:.1f} GiB leaves no "
+        raise NoKVCacheError(f"{model.name} on {gpu.name}: {fraction:g} of {gpu.hbm_bytes / 2**30:.1f} GiB leaves no "
                               f"KV cache after {weights / 2**30:.1f} GiB of weights (raise kv_memory_fraction or tp)")
     return tokens
 

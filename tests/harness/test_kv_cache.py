@@ -19,7 +19,7 @@ from cdbench.harness.costs.gpu import FixedGpuCosts
 from cdbench.harness.costs.hardware import resolve_gpu, resolve_model
 from cdbench.harness.executors.hybrid import HybridExecutor
 from cdbench.harness.executors.model import FixedGrammarCosts, ModelExecutor
-from cdbench.harness.kv_cache import KVCache, KVCapacityError, capacity_tokens
+from cdbench.harness.kv_cache import KVCache, NoKVCacheError, capacity_tokens
 from cdbench.harness.policies import policy
 from cdbench.harness.records import RequestTable
 from cdbench.harness.run import simulate
@@ -42,7 +42,7 @@ def test_capacity_is_what_the_fraction_leaves_after_the_weights_in_whole_blocks(
     hybrid = qwen.model_copy(update={"linear_layers": 27, "linear_state_bytes": 1e6})
     assert hybrid.kv_bytes_per_token() == qwen.kv_bytes_per_token() / 4
     assert capacity_tokens(hybrid, h100, 1, 0.9, 1, 0) > capacity_tokens(hybrid, h100, 1, 0.9, 1, 256)
-    with pytest.raises(KVCapacityError, match="qwen3-8b on h100-sxm: 0.1 of"):
+    with pytest.raises(NoKVCacheError, match="qwen3-8b on h100-sxm: 0.1 of"):
         capacity_tokens(qwen, h100, 1, 0.1, 1, 256)
 
 
