@@ -24,6 +24,7 @@ import numpy as np
 
 from cdbench.harness.batch import RunningBatch
 from cdbench.harness.executors.base import constant_ints
+from cdbench.harness.kv_cache import KVCache
 from cdbench.harness.policies import SchedulerConfig
 from cdbench.harness.records import RequestTable
 
@@ -87,24 +88,34 @@ class BatchFormer:
     waiting : the waiting queue, in admission order.
     check : vLLM's readiness check of one request at a time: (ready, seconds it cost).
     release : takes a request's ready grammar; ``False`` when it failed (the request aborted).
+    kv : the KV cache that bounds the batch (``None``: unbounded).
     """
 
     def __init__(self, cfg: SchedulerConfig, rec: RequestTable, batch: RunningBatch, waiting: deque[int],
-                 check: Callable[[int, float], tuple[bool, float]], release: Callable[[int, float], bool]) -> None:
-        self.cfg, self.rec, self.batch, self.waiting = cfg, rec, batch, waiting
+                 check: Callable[[int, float], tuple[bool, float]], release: Callable[[int, float], bool],
+                 kv: KVCache | None = None) -> None:
+        self.cfg, self.rec, self.batch, self.waiting, self.kv = cfg, rec, batch, waiting, kv
         self._check, self._release = check, release
+        self._prefill = batch.entry_prefill  # tokens each request prefills when admitted
         # 0..n-1 for the decode rows of an all-decode batch (sliced, not rebuilt, each step)
         self._rows = np.arange(cfg.max_running_requests if cfg.max_running_requests < 1 << 16 else 0)
 
     def form(self, t: float, stretch: float, schedule_s: float, poll_s: float, sync_s: float,
-             check_s: float) -> StepPlan:
+             check_s: float, admit: bool = True) -> StepPlan:
         """The batch of the iteration at ``t`` after its poll and checks: decode rows, prefill chunks
-        and admitted requests (which join the running batch); ``stretch``: the loop's CPU stretch."""
-        cfg, batch = self.cfg, self.batch
+        and admitted requests (which join the running batch); ``stretch``: the loop's CPU stretch;
+        ``admit``: waiting requests may join (not after a preemption)."""
+        cfg, batch, kv = self.cfg, self.batch, self.kv
         pre = schedule_s + poll_s + sync_s + check_s
         k = cfg.spec_tokens
         n_rows = len(batch)
         room = cfg.max_running_requests - n_rows
+        if kv is not None:
+            kv.settled = False  # (its free blocks are counted again this pass)
+            if admit:
+                kv.evicted = 0
+            if kv.max_seqs is not None:
+                room = min(room, kv.max_seqs - n_rows)
         if _any(batch.prefill_left):
             decoding = batch.prefill_left == 0
             pf_rows = (~decoding).nonzero()[0]
@@ -129,17 +140,26 @@ class BatchFormer:
             budget = cfg.max_batched_tokens - len(dec_rows) - n_drafts
             if len(pf_rows):
                 pf_chunks = self._allocate(pf_rows, budget)
-                budget -= int(_sum(pf_chunks))
             else:
                 pf_chunks = _NO_ROWS
-            if self.waiting and room > 0 and budget > 0:
+            if kv is not None:
+                pf_chunks = self._make_room(t + pre, dec_rows, all_decode, drafts, pf_rows, pf_chunks, admit)
+                if pf_chunks is None:  # requests were preempted: the batch is formed again without them
+                    return self.form(t, stretch, schedule_s, poll_s, sync_s, check_s, admit=False)
+            if len(pf_rows):
+                budget -= int(_sum(pf_chunks))
+            if admit and self.waiting and room > 0 and budget > 0:
                 new_ids, new_chunks, c, new_whole = self._admit(t + pre, budget, room)
                 check_s += c
         else:
             pf_chunks = self._allocate(pf_rows, cfg.max_batched_tokens)
+            if kv is not None and len(pf_rows):
+                pf_chunks = self._make_room(t + pre, _NO_ROWS, False, None, pf_rows, pf_chunks, admit)
+                if pf_chunks is None:
+                    return self.form(t, stretch, schedule_s, poll_s, sync_s, check_s, admit=False)
             if len(pf_rows) or (self.waiting and room > 0):
                 budget = cfg.max_batched_tokens - int(_sum(pf_chunks))
-                if self.waiting and room > 0 and budget > 0:
+                if admit and self.waiting and room > 0 and budget > 0:
                     new_ids, new_chunks, c, new_whole = self._admit(t + pre, budget, room)
                     check_s += c
             if new_chunks or (len(pf_chunks) and _sum(pf_chunks) > 0):
@@ -150,11 +170,60 @@ class BatchFormer:
                 n_drafts = int(_sum(drafts))
             else:
                 n_drafts = 0
+            if kv is not None and len(dec_rows):  # a decode step
+                if self._make_room(t + pre, dec_rows, all_decode, drafts, _NO_ROWS, _NO_ROWS, admit,
+                                   len(dec_rows) + n_drafts) is None:
+                    return self.form(t, stretch, schedule_s, poll_s, sync_s, check_s, admit=False)
+        if kv is not None and kv.max_seqs is not None and self.waiting and n_rows + len(new_ids) >= kv.max_seqs:
+            kv.wait(self.waiting[0], t + pre)  # the slots are all taken: the next in line waits for one
         if cfg.schedule_row_s:
             schedule_s += cfg.schedule_row_s * (n_rows + len(new_ids)) * stretch
         timing = (schedule_s, poll_s, sync_s, check_s, schedule_s + poll_s + sync_s + check_s)
         return self._place(t, timing, dec_rows, all_decode, drafts, n_drafts, pf_rows, pf_chunks, new_ids,
                            new_chunks, new_whole)
+
+    def _make_room(self, t: float, dec_rows: np.ndarray, all_decode: bool, drafts: np.ndarray | None,
+                   pf_rows: np.ndarray, pf_chunks: np.ndarray, admit: bool,
+                   dec_tokens: int | None = None) -> np.ndarray | None:
+        """Allocate the KV blocks of the step's running rows (decode rows: 1 + drafts tokens; prefill rows:
+        their chunk; ``dec_tokens``: the decode rows' tokens, when known): the prefill chunks that fit
+        (SGLang caps them to the free blocks), or ``None`` when requests were preempted (vLLM) or
+        retracted (SGLang) and the batch must be formed again."""
+        kv, batch = self.kv, self.batch
+        n_dec = len(dec_rows)
+        if dec_tokens is not None and kv.policy == "sglang" and kv.block == 1:  # the common decode step
+            victims = kv.sglang_victims(None, dec_rows, decay=admit, need=dec_tokens)
+            if len(victims):
+                self.waiting.extend(kv.evict(victims, t).tolist())  # at the tail, in retraction order
+                return None
+            return pf_chunks
+        if all_decode:  # (no prefill in flight: every row decodes)
+            dec_new = 1 if drafts is None else 1 + drafts
+        else:
+            dec_new = np.zeros(len(batch), np.int64)
+            if n_dec:
+                dec_new[dec_rows] = 1 if drafts is None else 1 + drafts
+        if kv.policy == "vllm":
+            new = dec_new
+            if len(pf_rows):
+                new = dec_new.copy()
+                new[pf_rows] = pf_chunks + (pf_chunks == batch.prefill_left[pf_rows])  # (+ a completing one's token)
+            kept = kv.vllm_keep(new)
+            if kept == len(batch):
+                return pf_chunks
+            rids = kv.evict(np.arange(kept, len(batch)), t)
+            self.waiting.extendleft(rids[::-1].tolist())  # at the front, in their running order
+            return None
+        if kv.policy == "sglang" and n_dec:
+            victims = kv.sglang_victims(dec_new, dec_rows, decay=admit, need=dec_tokens)
+            if len(victims):
+                self.waiting.extend(kv.evict(victims, t).tolist())  # at the tail, in retraction order
+                return None
+        if len(pf_rows):
+            return kv.fit_chunks(pf_rows, pf_chunks, dec_new)
+        if kv.policy != "sglang" or not n_dec:
+            kv.reserve(dec_new)
+        return pf_chunks
 
     def _place(self, t: float, timing: tuple[float, float, float, float, float], dec_rows: np.ndarray,
                all_decode: bool, drafts: np.ndarray | None, n_drafts: int, pf_rows: np.ndarray,
@@ -168,7 +237,10 @@ class BatchFormer:
         continuing = len(pf_rows) > 0
         if new_ids:
             ids = np.array(new_ids, np.int64)
-            self.rec.admitted_s[ids] = t + timing[4]
+            if self.kv is not None and self.kv.recomputing:  # a preempted request keeps its first admission time
+                self.rec.admitted_s[ids] = np.fmin(self.rec.admitted_s[ids], t + timing[4])
+            else:
+                self.rec.admitted_s[ids] = t + timing[4]
             first_new = len(batch)
             batch.append(ids)
             new_rows = np.arange(first_new, len(batch))
@@ -217,13 +289,15 @@ class BatchFormer:
     def _admit(self, t: float, budget: int, room: int) -> tuple[list[int], list[int], float, bool]:
         """New requests from the waiting queue: (ids, prefill chunks, readiness-check seconds, whether
         every admitted prompt runs whole in this step)."""
-        cfg, rec = self.cfg, self.rec
+        cfg, rec, kv = self.cfg, self.rec, self.kv
         waiting = self.waiting
         admitted: list[int] = []
         chunks: list[int] = []
         skipped: list[int] = []
         check_s = 0.0
         whole = True
+        if kv is not None:
+            kv.start_admission()
         while waiting and budget > 0 and room > 0:
             rid = waiting.popleft()
             if rec.structured[rid] and math.isnan(rec.grammar_ready_s[rid]):
@@ -234,7 +308,7 @@ class BatchFormer:
                     continue
                 if not self._release(rid, t + check_s):
                     continue
-            prompt = int(rec.prompt_len[rid])
+            prompt = int(self._prefill[rid])
             if prompt <= budget:
                 chunk = prompt
             elif cfg.chunked_prefill:
@@ -244,6 +318,9 @@ class BatchFormer:
                 chunk = prompt  # a prompt over the budget still runs alone
             else:
                 waiting.appendleft(rid)
+                break
+            if kv is not None and not kv.admit(rid, chunk, chunk == prompt, t + check_s):
+                waiting.appendleft(rid)  # waits for memory; admission stops
                 break
             admitted.append(rid)
             chunks.append(chunk)

@@ -30,6 +30,12 @@ class RunningBatch:
         self.rid, self.prefill_left, self.cached, self.gen_left, self.think_left, last_tok = ints
         self.last_tok = last_tok.view(np.float64)
 
+    @property
+    def entry_prefill(self) -> np.ndarray:
+        """Each request's tokens to prefill when it is admitted (its prompt; after a preemption, every
+        token it had computed): a view, indexed by ``rid``."""
+        return self._entry[1]
+
     def __len__(self) -> int:
         return len(self.rid)
 
@@ -37,6 +43,15 @@ class RunningBatch:
         """Add requests ``rids`` at the end, in that order."""
         # take: several times cheaper than fancy indexing along the second axis
         self._set(np.concatenate((self._ints, self._entry.take(rids, axis=1)), axis=1))
+
+    def park(self, rows: np.ndarray) -> None:
+        """Store ``rows``' state as their requests' entry, with their KV gone: when they are admitted again,
+        every token they had computed (prompt and output) is prefilled anew; what is left to generate,
+        to think and the last token's time are kept (a preempted request's recompute)."""
+        state = self._ints[:, rows]
+        state[1] += state[2]  # prefill_left: the tokens to recompute
+        state[2] = 0
+        self._entry[:, state[0]] = state
 
     def keep(self, rows: np.ndarray) -> None:
         """Keep only ``rows`` (increasing row indices), in order."""

@@ -199,6 +199,18 @@ class Summary(BaseModel):
     contended_step_share: float = 0.0
     steps: int
     idle_iterations: int
+    # the KV cache (harness/kv_cache.py): its token slots (None: not modelled, unbounded), requests preempted
+    # (vLLM: recomputed) or retracted (SGLang), the tokens they recomputed, the slots in use (time-weighted mean
+    # and peak over the steps, as shares of the capacity) and each request's wait for free blocks
+    kv_capacity_tokens: int | None = None
+    kv_preemptions: int = 0
+    kv_retractions: int = 0
+    kv_preempted_requests: int = 0
+    kv_recomputed_tokens: int = 0
+    kv_mean_utilization: float = 0.0
+    kv_peak_utilization: float = 0.0
+    mean_kv_wait_ms: float = 0.0
+    p99_kv_wait_ms: float = 0.0
     # what priced the forward: the calibration's name (a shipped file or a path), "none" for the uncalibrated
     # roofline; None where the model did not price it (fixed costs, the GPU timed in hybrid, live mode)
     forward_calibration: str | None = None
@@ -216,12 +228,15 @@ def _stats_ms(values: np.ndarray) -> tuple[float, float, float, float, float]:
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: LogHistogram, mask_rows: LogHistogram,
               slo: SLO | None = None, idle_iterations: int | None = None,
-              draft_positions: DraftPositionCounts | None = None) -> Summary:
+              draft_positions: DraftPositionCounts | None = None, kv_capacity: int | None = None,
+              kv_policy: str = "unbounded") -> Summary:
     """Compute the :class:`Summary` of a run from its records.
 
     ``idle_iterations`` overrides the count of idle rows in ``steps`` (one row
     may stand for a stride of identical idle iterations); ``draft_positions``
-    fills the ``*_by_position`` lists (index 0 is the first draft position).
+    fills the ``*_by_position`` lists (index 0 is the first draft position);
+    ``kv_capacity`` (token slots) and ``kv_policy`` describe the run's KV cache
+    (``None``: not modelled).
     """
     ok = requests["abort_reason"] == ""
     done = requests[ok]
@@ -268,6 +283,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: LogHistogram, ma
         return [int(v) for v in counts(draft_positions)]
 
     busy = steps[steps["kind"] != "idle"] if len(steps) else steps
+    kv = _kv_fields(requests, steps, total_step, kv_capacity, kv_policy)
     t = _stats_ms(ttft)
     p = _stats_ms(tpot)
     e = _stats_ms(e2el)
@@ -325,4 +341,26 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: LogHistogram, ma
         steps=int((steps["kind"] != "idle").sum()) if len(steps) else 0,
         idle_iterations=idle_iterations if idle_iterations is not None else
         int((steps["kind"] == "idle").sum()) if len(steps) else 0,
+        **kv,
+    )
+
+
+def _kv_fields(requests: pd.DataFrame, steps: pd.DataFrame, total_step: float, capacity: int | None,
+               policy: str) -> dict[str, object]:
+    """The summary's KV-cache fields (its defaults when the cache is not modelled)."""
+    if capacity is None or "preemptions" not in requests:
+        return {}
+    evicted = int(requests["preemptions"].sum())
+    used = steps["kv_tokens"].to_numpy() / capacity if len(steps) else np.zeros(0)
+    wait = requests["kv_wait_s"].to_numpy() * 1e3
+    return dict(
+        kv_capacity_tokens=capacity,
+        kv_preemptions=evicted if policy != "sglang" else 0,
+        kv_retractions=evicted if policy == "sglang" else 0,
+        kv_preempted_requests=int((requests["preemptions"] > 0).sum()),
+        kv_recomputed_tokens=int(requests["recomputed_tokens"].sum()),
+        kv_mean_utilization=float(_sum(used * steps["duration_s"].to_numpy()) / total_step) if total_step else 0.0,
+        kv_peak_utilization=float(used.max()) if len(used) else 0.0,
+        mean_kv_wait_ms=float(wait.mean()) if len(wait) else 0.0,
+        p99_kv_wait_ms=float(np.percentile(wait, 99)) if len(wait) else 0.0,
     )

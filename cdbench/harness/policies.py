@@ -30,6 +30,11 @@ mask fill                 serial                            parallel above 128 r
                                                             of 16 on ``min(cpus//2, 8)``
 decode CUDA graphs        1, 2, 4, 8, 12, then every 8     1, 2, 4, every 8 to 248, then
                           to 256                           every 16 to 512
+KV cache                  ``mem_fraction_static`` 0.88,    ``gpu_memory_utilization`` 0.9,
+                          page 1; decode requests          block 16; the latest admitted
+                          retracted when the cache runs    request preempted (recomputed)
+                          out; ``new_token_ratio``         when the running ones' blocks
+                          admission                        run out
 ========================  ===============================  ===============================
 """
 
@@ -58,6 +63,18 @@ class SchedulerConfig(BaseModel):
     mixed_batches: bool = Field(
         True, description="decode rows and prefill chunks share an iteration (vLLM); False: prefill batches run alone (SGLang)"
     )
+
+    # --- KV cache (cdbench/harness/kv_cache.py)
+    kv_cache: Literal["unbounded", "vllm", "sglang"] = Field(
+        "unbounded", description="how the KV cache bounds the batch: vllm (admission by free blocks, the latest admitted "
+        "request preempted and recomputed when they run out), sglang (admission by new_token_ratio, decode requests "
+        "retracted when the cache runs out), unbounded (not modelled; live mode still bounds it by its slot cache)")
+    kv_memory_fraction: float = Field(
+        0.9, gt=0, le=1, description="share of the GPU's memory for weights and KV cache (vLLM gpu_memory_utilization, "
+        "SGLang mem_fraction_static); the cache gets what the weights leave")
+    kv_block_size: int = Field(16, ge=1, description="tokens a KV block (vLLM block_size, SGLang page_size)")
+    kv_tokens: int | None = Field(
+        None, ge=1, description="KV-cache capacity in tokens, instead of deriving it from the GPU's memory")
 
     # --- compile pool and cache
     compile_threads: int = Field(16, ge=1, description="worker threads of the async compile pool (per rank)")
@@ -236,6 +253,11 @@ def _sglang(cpus: int) -> dict:
         # chunks (reports/live/launch_h100.csv, benchmarks/live_launch_cost.py)
         launch_s=3.278e-4,
         launch_prefill_s=1.617e-4,
+        # ServerArgs.__post_init__ (python/sglang/srt/server_args.py): mem_fraction_static 0.88 at tp_size 1 (later
+        # versions derive it from the GPU's memory less a reserve, about the same on an 80 GB GPU); page_size 1
+        kv_cache="sglang",
+        kv_memory_fraction=0.88,
+        kv_block_size=1,
         # ServerArgs' default capture list without spec decoding, up to cuda_graph_max_bs 256 (one GPU of 80 GB)
         cuda_graph_sizes=(1, 2, 4, 8, 12, *range(16, 257, 8)),
         # host costs of sglang 0.5.23 with xgrammar 0.2.7 (reports/engine_costs/fitted.json, "sglang" entries, then
@@ -286,6 +308,10 @@ def _vllm(cpus: int) -> dict:
         # chunks (reports/live/launch_h100.csv, benchmarks/live_launch_cost.py)
         launch_s=3.278e-4,
         launch_prefill_s=1.617e-4,
+        # CacheConfig (vllm/config/cache.py): gpu_memory_utilization 0.9, block_size 16 on CUDA
+        kv_cache="vllm",
+        kv_memory_fraction=0.9,
+        kv_block_size=16,
         # CompilationConfig's default capture sizes, up to min(2 * max_num_seqs, 512)
         cuda_graph_sizes=(1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)),
         # host costs of vllm 0.32.0 with xgrammar 0.2.8 (reports/engine_costs/fitted.json, "vllm" entries;

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import pandas as pd
 
-ABORT_REASONS = ("", "compile_error", "grammar_timeout", "cached_invalid", "grammar_rejected")
+ABORT_REASONS = ("", "compile_error", "grammar_timeout", "cached_invalid", "grammar_rejected", "kv_capacity")
 CACHE_RESULTS = ("", "miss", "hit", "inflight")  # "" for an unconstrained request
 STEP_KINDS = ("idle", "decode", "prefill", "mixed")
 
@@ -45,8 +45,13 @@ class RequestRecord:
         target, and rolled back in the grammar (rejected drafts of grammar rows).
     jump_forward_tokens : tokens emitted by jump-forward without a forward step.
     forced_think_end : the thinking budget cut thinking short.
-    abort_reason : ``""`` or one of :data:`ABORT_REASONS`.
+    abort_reason : ``""`` or one of :data:`ABORT_REASONS` (``kv_capacity``: its context can never fit
+        the KV cache).
     valid : output checked against its spec (hybrid); ``None`` when not checked.
+    preemptions : times the KV cache ran out under it: preempted (vLLM) or retracted (SGLang)
+        (:mod:`cdbench.harness.kv_cache`).
+    recomputed_tokens : cached tokens it lost to those and computed again.
+    kv_wait_s : time it waited for free KV blocks (at the head of admission, or after a preemption).
     """
 
     request_id: int
@@ -73,6 +78,9 @@ class RequestRecord:
     forced_think_end: bool
     abort_reason: str
     valid: bool | None
+    preemptions: int = 0
+    recomputed_tokens: int = 0
+    kv_wait_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +107,8 @@ class StepRecord:
         shape as the forward cost model takes it).
     contention : how much longer the step's host CPU work took because compiles and the scheduler loop
         outnumbered the host's cores (:mod:`cdbench.harness.contention`; 1: they did not, or not charged).
+    kv_tokens : KV-cache token slots in use during the step (whole blocks; 0 when the cache is not modelled).
+    preempted : requests preempted or retracted to make room for the step.
     """
 
     start_s: float
@@ -127,6 +137,8 @@ class StepRecord:
     decode_tokens: int
     context_tokens: int
     contention: float
+    kv_tokens: int = 0
+    preempted: int = 0
 
 
 STEP_COLUMNS = tuple(f.name for f in fields(StepRecord))
@@ -141,6 +153,7 @@ class RequestTable:
     _INT = ("request_id", "prompt_len", "output_len", "think_tokens", "spec_key")
     #: the counters a request accumulates while it runs, rows of :attr:`counts` (summed from the steps in bulk)
     COUNTS = ("output_tokens", "drafted", "accepted", "rolled_back", "jump_forward_tokens")
+    _KV = ("preemptions", "recomputed_tokens")  # KV-cache counters, kept by cdbench.harness.kv_cache
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -156,6 +169,9 @@ class RequestTable:
         self.cache = np.zeros(n, np.int8)  # index into CACHE_RESULTS
         self.abort = np.zeros(n, np.int8)  # index into ABORT_REASONS
         self.valid = np.full(n, -1, np.int8)  # -1 unchecked, 0 invalid, 1 valid
+        for name in self._KV:
+            setattr(self, name, np.zeros(n, np.int64))
+        self.kv_wait_s = np.zeros(n)
 
     def to_frame(self, rows: np.ndarray | None = None) -> pd.DataFrame:
         """The table (or its ``rows``, positions in request order) as a DataFrame."""

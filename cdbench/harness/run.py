@@ -116,7 +116,7 @@ def _stopped_result(sched: Scheduler, slo: SLO | None, timeline: Timeline, start
     requests = sched.rec.to_frame(sched.rec.finished())
     steps = sched.steps.to_frame()
     summary = summarize(requests, steps, sched.itl, sched.fill_hist, slo, sched.idle_iterations,
-                        sched.draft_positions)
+                        sched.draft_positions, *sched.kv_description)
     return RunResult(requests, steps, summary, timeline, time.perf_counter() - start, executor.backend_call_s,
                      executor.validation_s, sched.compile_errors)
 
@@ -160,7 +160,7 @@ def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: 
     requests_frame = sched.rec.to_frame()
     steps_frame = sched.steps.to_frame()
     summary = summarize(requests_frame, steps_frame, sched.itl, sched.fill_hist, slo, sched.idle_iterations,
-                        sched.draft_positions)
+                        sched.draft_positions, *sched.kv_description)
     wall_s = time.perf_counter() - start
     profile = executor.measured_profile(f"in situ: measured by a hybrid run of {len(requests)} requests, seed {seed}")
     return RunResult(requests_frame, steps_frame, summary, timeline, wall_s, executor.backend_call_s,

@@ -18,8 +18,10 @@ iteration at virtual time ``t`` runs these phases (:meth:`Scheduler._iterate`):
    up to ``check_timeout_s`` when the admission loop inspects it.
 3. **Admission and batch** (:mod:`~cdbench.harness.admission`). Decode rows and continuing prefill
    chunks, then new requests in waiting-queue order while rows and the token budget last (chunked
-   prefill). With ``mixed_batches=False`` a prefill batch runs alone. Nothing to run: an idle
-   iteration, identical ones taken in one stride.
+   prefill). With ``mixed_batches=False`` a prefill batch runs alone. With a KV cache
+   (:mod:`~cdbench.harness.kv_cache`), the rows' blocks first: vLLM preempts, SGLang retracts, and
+   admission stops where blocks run out. Nothing to run: an idle iteration, identical ones taken in
+   one stride.
 4. **Grammar work** from the executor: mask fill per row (serial, or on a thread pool above a row
    threshold: the executor prices or times the pool's wall time,
    :class:`~cdbench.harness.executors.base.ParallelFill`), drafts (1 + k mask rows), verification,
@@ -67,6 +69,7 @@ from cdbench.harness.executors.base import (
     StepWork,
     constant_ints,
 )
+from cdbench.harness.kv_cache import KVCache
 from cdbench.harness.metrics import LogHistogram
 from cdbench.harness.policies import SchedulerConfig
 from cdbench.harness.readiness import blocking_poll, check, idle_repeats
@@ -181,7 +184,9 @@ class Scheduler:
         entry_ints[0], entry_ints[1] = np.arange(n), rec.prompt_len
         entry_ints[3], entry_ints[4] = self.gen_total, rec.think_tokens
         self.batch = RunningBatch(entry_ints)
-        self.former = BatchFormer(config, rec, self.batch, self.waiting, self._check, self._release)
+        self.kv = KVCache.build(config, gpu, live, rec, self.batch, self.gen_total)
+        self._refused = self.kv.too_long(config.spec_tokens) if self.kv is not None else None
+        self.former = BatchFormer(config, rec, self.batch, self.waiting, self._check, self._release, self.kv)
         self.pricer = StepPricer(config, gpu, self._host, executor.settle)
         self.steps = StepLog()
         self.itl = LogHistogram()
@@ -275,6 +280,9 @@ class Scheduler:
     def _arrive(self, rid: int, t: float) -> None:
         rec, cfg = self.rec, self.cfg
         rec.issued_s[rid] = t
+        if self._refused is not None and self._refused[rid]:
+            self._abort(rid, "kv_capacity", t)  # the engine refuses a context its cache can never hold
+            return
         if not rec.structured[rid]:
             self.waiting.append(rid)
             return
@@ -507,7 +515,11 @@ class Scheduler:
             self.itl.add(t_token - (batch.last_tok if plan.everyone else batch.last_tok[plan.dec_sel]), None)
         batch.last_tok[s_rows] = t_token
         if len(plan.first_rows):
-            rec.first_token_s[batch.rid[plan.first_rows]] = t_token
+            first = batch.rid[plan.first_rows]
+            # (a recomputed request's prefill samples again: its first token stays the first)
+            kv = self.kv
+            rec.first_token_s[first] = np.fmin(rec.first_token_s[first], t_token) \
+                if kv is not None and kv.recomputing else t_token
         # kept until summed (the executor's arrays are new each step; rid columns are never written)
         tally = [s_rid, produced]
         if cfg.spec_tokens:
@@ -549,7 +561,7 @@ class Scheduler:
         self.steps.rows.append((t, duration, kind, len(plan.s_rid), n_dec, plan.pf_tokens, grammar_rows, mask_rows,
                                 int(_sum(work.produced)), schedule_s, poll_s, sync_s, check_s, forward_s, fill_s,
                                 copy_s, apply_s, sample_s, process_s, exposed, hidden, transfer_s, launch_s,
-                                dec_tokens, kv, stretch))
+                                dec_tokens, kv, stretch, *self._kv_columns()))
         if grammar_rows:
             self.fill_hist.add(work.fill_s / work.mask_rows, work.mask_rows)
         tl = self.timeline
@@ -557,6 +569,19 @@ class Scheduler:
             tl.steps_seen += 1
             tl.step_spans(t, sync, has_grammar, schedule_s, poll_s + sync_s + check_s, carry, launch_s, forward_s,
                           fill_s, copy_s + transfer_s, apply_s, sample_s, process_s, duration)
+            if self.kv is not None:
+                tl.kv_span(t, duration, self.kv.used_tokens(), self.kv.tokens, self.kv.evicted)
+
+    @property
+    def kv_description(self) -> tuple[int | None, str]:
+        """The KV cache's capacity in token slots (``None``: unbounded) and policy, as the summary takes them."""
+        kv = self.kv
+        return (None, "unbounded") if kv is None else (kv.tokens, kv.policy)
+
+    def _kv_columns(self) -> tuple[int, int]:
+        """The step log's KV columns: token slots in use, requests preempted or retracted for the step."""
+        kv = self.kv
+        return (0, 0) if kv is None else (kv.used_tokens(), kv.evicted)
 
     # ------------------------------------------------------------------ idle
 
@@ -570,12 +595,14 @@ class Scheduler:
         """
         carry = self._carry_process_s
         self._carry_process_s = 0.0
+        if self.kv is not None and not len(self.batch):
+            self.kv.idle()
         if not (self.grammar_queue or self.waiting):
             if pre > 0:  # a last poll (e.g. the one that timed the queue out) still ran
                 self.idle_iterations += 1
                 self.steps.rows.append((t, pre + carry, "idle", 0, 0, 0, 0, 0, 0, schedule_s, poll_s, sync_s,
                                         check_s, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, pre + carry, 0.0, 0.0, 0.0, 0, 0,
-                                        self._stretch))
+                                        self._stretch, *self._kv_columns()))
             return None
         cfg = self.cfg
         duration = max(pre + carry, cfg.idle_spin_s)
@@ -586,7 +613,8 @@ class Scheduler:
             poll_s, sync_s, check_s = (1 + repeats) * poll_s, (1 + repeats) * sync_s, (1 + repeats) * check_s
         self.idle_iterations += 1 + repeats
         self.steps.rows.append((t, duration, "idle", 0, 0, 0, 0, 0, 0, schedule_s, poll_s, sync_s, check_s,
-                                0.0, 0.0, 0.0, 0.0, 0.0, 0.0, duration, 0.0, 0.0, 0.0, 0, 0, self._stretch))
+                                0.0, 0.0, 0.0, 0.0, 0.0, 0.0, duration, 0.0, 0.0, 0.0, 0, 0, self._stretch,
+                                *self._kv_columns()))
         return duration
 
     def _idle_repeats(self, t_next: float, poll_s: float, check_s: float) -> int:

@@ -1,7 +1,8 @@
 """Spans of the simulated timeline (``cdbench.results.chrome_trace`` writes them as a Chrome / Perfetto trace).
 
 Tracks: ``scheduler`` (the scheduler thread's CPU work), ``gpu`` (the GPU
-stream), and ``rank<r>/compile<t>`` (compile-pool thread ``t`` of rank ``r``).
+stream), ``kv cache`` (each step's KV slots in use, and its preemptions or
+retractions) and ``rank<r>/compile<t>`` (compile-pool thread ``t`` of rank ``r``).
 
 >>> tl = Timeline(max_steps=10)
 >>> tl.span("gpu", "forward", 0.0, 0.01)
@@ -38,6 +39,11 @@ class Timeline:
     def span(self, track: str, name: str, start_s: float, duration_s: float, args: dict | None = None) -> None:
         if duration_s > 0:
             self.spans.append(Span(track, name, start_s, duration_s, args))
+
+    def kv_span(self, t: float, duration: float, used: int, capacity: int, evicted: int) -> None:
+        """The KV cache over one step: slots in use (of ``capacity``), requests preempted or retracted for it."""
+        name = f"KV {used / capacity:.0%}" + (f", {evicted} preempted" if evicted else "")
+        self.span("kv cache", name, t, duration, {"kv_tokens": used, "capacity": capacity, "preempted": evicted})
 
     def step_spans(self, t, sync, has_grammar, schedule_s, wait_s, carry, launch_s, forward_s, fill_s, copy_s,
                    apply_s, sample_s, process_s, duration) -> None:

@@ -161,6 +161,22 @@ def draft_position_plot(counts: Mapping[str, Sequence[int]], share: Sequence[flo
     return _save(fig, path)
 
 
+def time_series_plot(x: np.ndarray, series: Mapping[str, np.ndarray], xlabel: str, ylabel: str, title: str,
+                     path: Path, marks: np.ndarray | None = None, marks_label: str = "") -> Path:
+    """Lines over ``x`` (one per ``series``), with vertical ticks at ``marks`` (e.g. the steps that preempted)."""
+    fig, ax = plt.subplots(figsize=(7.0, 3.6))
+    for label, values in series.items():
+        ax.plot(x, values, label=label, linewidth=1.0)
+    if marks is not None and len(marks):
+        ax.plot(marks, np.full(len(marks), 1.0), "|", color="tab:red", markersize=10, label=marks_label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
 def tradeoff_plot(table: pd.DataFrame, x: str, y: str, series: Sequence[str], order_by: str | None, title: str,
                   path: Path) -> Path:
     """Throughput-vs-latency style curves: one line per combination of ``series`` columns, points ordered by ``order_by``."""

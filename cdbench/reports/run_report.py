@@ -132,6 +132,25 @@ def _rank_skew(requests: pd.DataFrame, plot_dir: Path) -> Figure:
     return Figure("rank_skew", "How much later the slowest rank finished each compile than the fastest", path)
 
 
+def _kv_usage(summary: Mapping[str, Any], steps: pd.DataFrame, plot_dir: Path) -> Figure:
+    capacity = summary.get("kv_capacity_tokens")
+    if not capacity or "kv_tokens" not in steps or steps.empty:
+        return Figure("kv_usage", "KV-cache utilisation", None, "the KV cache was not modelled (unbounded)")
+    bins = min(400, len(steps))
+    edges = np.linspace(steps["start_s"].min(), steps["start_s"].max() + 1e-12, bins + 1)
+    which = np.clip(np.digitize(steps["start_s"], edges) - 1, 0, bins - 1)
+    grouped = (steps["kv_tokens"] / capacity).groupby(which)
+    centers = ((edges[:-1] + edges[1:]) / 2)[grouped.size().index.to_numpy()]
+    marks = steps.loc[steps["preempted"] > 0, "start_s"].to_numpy()
+    path = plots.time_series_plot(centers, {"peak in the interval": grouped.max().to_numpy(),
+                                            "mean in the interval": grouped.mean().to_numpy()},
+                                  "virtual time (s)", "KV slots in use ÷ capacity",
+                                  f"KV-cache utilisation ({capacity:,} token slots)", plot_dir / "kv_usage.png",
+                                  marks, "steps that preempted or retracted")
+    return Figure("kv_usage", "Share of the KV cache's token slots in use over the run; red ticks: steps that "
+                  "preempted (vLLM) or retracted (SGLang) requests", path)
+
+
 def build_figures(run: SavedRun) -> list[Figure]:
     """Draw every plot the run has data for into ``run.folder / "plots"``."""
     plot_dir = run.folder / "plots"
@@ -143,6 +162,7 @@ def build_figures(run: SavedRun) -> list[Figure]:
         _mask_times(run.steps, plot_dir),
         _rollbacks(run.summary, plot_dir),
         _rank_skew(run.requests, plot_dir),
+        _kv_usage(run.summary, run.steps, plot_dir),
     ]
 
 

@@ -29,6 +29,7 @@ LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 _LATENCY_FIELD = re.compile(r"^(mean|median|std|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 _TOPICS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("Throughput", re.compile(r"throughput|goodput|^completed$|^duration|^total_(input|output)_tokens$|^num_")),
+    ("KV cache", re.compile(r"^kv_|_kv_")),
     ("Grammar compile and wait", re.compile(r"compile|wait|cache|poll|inflight")),
     ("Aborts and failures", re.compile(r"abort|timeout|fail|error")),
     ("Step time: host CPU beside the GPU", re.compile(r"^host_|^gpu_share$|contention|contended")),
@@ -117,7 +118,9 @@ def to_markdown(section: Section) -> str:
 HEADLINE = ("completed", "failed", "request_throughput", "output_throughput", "request_goodput",
             "mean_grammar_wait_ms", "p99_grammar_wait_ms", "mean_compile_ms", "cache_hit_rate", "rollback_rate",
             "validity_rate", "mask_share", "mask_row_p99_us", "cpu_hidden_by_overlap_s", "mean_rank_skew_ms",
-            "host_schedule_share", "host_grammar_share", "host_transfer_share", "host_process_share", "gpu_share")
+            "host_schedule_share", "host_grammar_share", "host_transfer_share", "host_process_share", "gpu_share",
+            "kv_capacity_tokens", "kv_preemptions", "kv_retractions", "kv_recomputed_tokens", "kv_peak_utilization",
+            "mean_kv_wait_ms")
 """Fields shown in the console summary after the latency grid (the report has them all)."""
 
 

@@ -28,6 +28,7 @@ def synthetic_frames(seed: int = 0, n: int = 60, steps: int = 120, ranks_skew: b
         "admitted_s": first - 0.01, "first_token_s": first, "finish_s": finish, "output_tokens": out_tokens,
         "drafted": drafted, "accepted": drafted // 2, "rolled_back": drafted - drafted // 2, "jump_forward_tokens": 0,
         "forced_think_end": False, "abort_reason": "", "valid": pd.array([True] * n, dtype="boolean"),
+        "preemptions": 0, "recomputed_tokens": 0, "kv_wait_s": 0.0,
     })[list(REQUEST_COLUMNS)]
     start = np.cumsum(rng.uniform(0.01, 0.02, steps))
     grammar_rows = rng.integers(0, 30, steps)
@@ -38,7 +39,7 @@ def synthetic_frames(seed: int = 0, n: int = 60, steps: int = 120, ranks_skew: b
         "check_s": 0.0, "forward_s": 0.01, "fill_s": grammar_rows * 3e-5, "copy_s": 1e-5, "apply_s": 1e-5,
         "sample_s": 2e-4, "process_s": 1e-4, "exposed_cpu_s": 5e-4, "hidden_cpu_s": grammar_rows * 3e-5,
         "transfer_s": 0.0, "launch_s": 3e-4, "contention": 1.0, "decode_tokens": grammar_rows + 5,
-        "context_tokens": (grammar_rows + 5) * 300,
+        "context_tokens": (grammar_rows + 5) * 300, "kv_tokens": (grammar_rows + 5) * 300, "preempted": 0,
     })[list(STEP_COLUMNS)]
     return requests, step_frame
 

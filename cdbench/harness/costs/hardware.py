@@ -68,6 +68,10 @@ class ModelSpec(BaseModel):
     qk_norm: bool = Field(default=False, description="RMSNorm on each query and key head (Qwen3)")
     bytes_per_weight: float = Field(default=2.0, gt=0, description="2 for bf16, 1 for fp8")
     bytes_per_kv: float = Field(default=2.0, gt=0, description="bytes per cached KV element")
+    linear_layers: int = Field(default=0, ge=0, description="of n_layers, linear-attention layers: each holds a "
+                               "fixed recurrent state per request instead of keys and values per token")
+    linear_state_bytes: float = Field(default=0.0, ge=0, description="one linear-attention layer's state per "
+                                      "request, in bytes (whole model, before tensor parallelism)")
     source: str = ""
 
     @model_validator(mode="after")
@@ -80,6 +84,8 @@ class ModelSpec(BaseModel):
             raise ValueError(f"{self.name}: need 0 < experts_per_token <= n_experts for a MoE (both 0 if dense)")
         if self.n_experts > 0 and self.params_active is None:
             raise ValueError(f"{self.name}: a MoE needs params_active")
+        if self.linear_layers > self.n_layers:
+            raise ValueError(f"{self.name}: linear_layers {self.linear_layers} > n_layers {self.n_layers}")
         return self
 
     @property
@@ -100,6 +106,19 @@ class ModelSpec(BaseModel):
             return float(self.kv_lora_rank + self.qk_rope_head_dim)  # type: ignore[operator]
         heads = -(-self.n_kv_heads // tp)
         return 2.0 * heads * self.head_dim
+
+    def kv_bytes_per_token(self, tp: int = 1) -> float:
+        """KV-cache bytes one token stores over the attention layers on one of ``tp`` ranks (a
+        linear-attention layer stores none per token: :attr:`linear_state_bytes` per request instead).
+
+        >>> resolve_model("qwen3-8b").kv_bytes_per_token()   # 2 (K, V) x 8 heads x 128 x 2 bytes x 36 layers
+        147456.0
+        """
+        return self.kv_elements_per_token_layer(tp) * self.bytes_per_kv * (self.n_layers - self.linear_layers)
+
+    def linear_state_bytes_per_request(self, tp: int = 1) -> float:
+        """The fixed state one request holds over the linear-attention layers on one of ``tp`` ranks."""
+        return self.linear_layers * self.linear_state_bytes / tp
 
 
 class GPUSpec(BaseModel):

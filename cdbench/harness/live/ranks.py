@@ -142,6 +142,7 @@ class _RankOutput:
     step_agree_s: list[float]
     step_local_s: list[float]
     all_reduce_s: dict[int, float]
+    kv: tuple[int | None, str] = (None, "unbounded")  # the KV cache's capacity and policy (Scheduler.kv_description)
 
 
 class RankScheduler(Scheduler):
@@ -323,7 +324,7 @@ def _simulate_rank(rank: int, job: RankJob, executor: GrammarExecutor, peer: Pee
                                   f"requests, seed {job.seed}"),
         live.info() if live is not None else None, timeline,
         peer.seconds if peer else [], peer.step_seconds if peer else [], getattr(live, "local_durations", []),
-        all_reduce)
+        all_reduce, sched.kv_description)
 
 
 def simulate_dp(job: RankJob, executors: Callable[[int], GrammarExecutor]) -> tuple[list[_RankOutput], RanksInfo]:
@@ -420,12 +421,13 @@ def summary_of(job: RankJob, outputs: Sequence[_RankOutput], requests: pd.DataFr
     """The run's summary: rank 0's (tp: every rank ran the same steps) or over every rank's records (dp)."""
     if job.parallel == "tp":
         o = outputs[0]
-        return summarize(requests, o.steps, o.itl, o.fill_hist, slo, o.idle_iterations, o.draft_positions)
+        return summarize(requests, o.steps, o.itl, o.fill_hist, slo, o.idle_iterations, o.draft_positions, *o.kv)
     drafts = DraftPositionCounts(job.scheduler.spec_tokens)
     for o in outputs:
         drafts.merge(o.draft_positions)
+    # (data-parallel ranks: each its own cache; the capacity is one rank's, the steps' slots are summed per rank)
     return summarize(requests, steps, merge_hist([o.itl for o in outputs]), merge_hist([o.fill_hist for o in outputs]),
-                     slo, sum(o.idle_iterations for o in outputs), drafts)
+                     slo, sum(o.idle_iterations for o in outputs), drafts, *outputs[0].kv)
 
 
 def _info(job: RankJob, outputs: Sequence[_RankOutput]) -> RanksInfo:

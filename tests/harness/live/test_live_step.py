@@ -75,6 +75,28 @@ def test_live_steps_run_for_real_and_outputs_stay_valid(backend, name, overlap):
     assert (steps.loc[steps["mask_rows"] > 0, "apply_s"] > 0).all()
 
 
+@pytest.mark.parametrize("name", ["sglang", "vllm"])
+def test_more_requests_than_the_live_cache_has_slots_wait_for_memory_instead_of_failing(backend, name):
+    requests = _requests(backend.vocab, n=12)
+    live = _live(requests, backend.vocab.size, slots=3)
+    result = _run(backend, requests, name, live)
+    frame, steps = result.requests, result.steps
+    assert result.summary.completed == len(requests) and frame.loc[frame["structured"], "valid"].all()
+    # never more running rows than slots; the others waited for them
+    assert (steps["rows"] <= 3).all()
+    block = policy(name).kv_block_size
+    assert result.summary.kv_capacity_tokens == 3 * live.max_len // block * block
+    assert result.summary.mean_kv_wait_ms > 0
+    # a cache of fewer tokens than the slots hold: vLLM preempts live too; SGLang's admission reserves each
+    # request's output (short here), so it waits instead of retracting
+    live = _live(requests, backend.vocab.size, slots=3)
+    tight = _run(backend, requests, name, live, kv_tokens=2 * live.max_len - 8, kv_block_size=1)
+    frame = tight.requests
+    assert tight.summary.completed == len(requests) and frame.loc[frame["structured"], "valid"].all()
+    assert (frame["preemptions"].sum() > 0) == (name == "vllm")
+    assert (tight.steps["kv_tokens"] <= 2 * live.max_len - 8).all()
+
+
 def test_without_overlap_accepts_run_after_sampling_and_refusals_still_abort(backend):
     requests = _requests(backend.vocab, broken=True)
     result = _run(backend, requests, "sglang", _live(requests, backend.vocab.size), overlap=False)
@@ -139,3 +161,35 @@ def test_live_mode_refuses_gpu_pricing_options():
         RunConfig.model_validate({"mode": "live", "costs": {"live_gpu": True}})
     with pytest.raises(ValueError, match="fixed_gpu prices the GPU; live mode runs every step"):
         RunConfig.model_validate({"mode": "live", "costs": {"fixed_gpu": {}}})
+
+
+def test_a_live_run_dying_mid_way_leaves_its_finished_requests_to_cdbench_report(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from cdbench.cli.app import app
+    from cdbench.harness.config import CostConfig
+    from cdbench.results.stopped_run import STOPPED_SUMMARY_FILE
+
+    # live mode on the CPU: the tiny model stands in for the GPU forward, and the 60th step fails as a GPU can
+    monkeypatch.setattr(CostConfig, "live_step", lambda self, vocab_size, max_len, graph_sizes=(): LiveStep(
+        TINY, vocab_size, max_len, device="cpu", kv_tokens=8 * max_len, max_rows=64, logits_dtype=torch.float32))
+    end = LiveStep.end
+
+    def failing(self, *args, **kwargs):
+        if self.steps == 60:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return end(self, *args, **kwargs)
+
+    monkeypatch.setattr(LiveStep, "end", failing)
+    out = tmp_path / "live"
+    runner = CliRunner()
+    result = runner.invoke(app, ["run", "--mode", "live", "-n", "40", "--rate", "200", "--out", str(out),
+                                 "--set", "scheduler.max_running_requests=8"])
+    assert result.exit_code == 1
+    status = json.loads((out / STOPPED_SUMMARY_FILE).read_text())["run_status"]
+    assert status["status"] == "failed" and "illegal memory access" in status["reason"]
+    assert 0 < status["requests_done"] < 40
+    reported = runner.invoke(app, ["report", str(out)])
+    assert reported.exit_code == 0, reported.output
+    report = (out / "report.md").read_text()
+    assert "failed" in report and "kv_capacity_tokens" in report
