@@ -132,6 +132,27 @@ def _rank_skew(requests: pd.DataFrame, plot_dir: Path) -> Figure:
     return Figure("rank_skew", "How much later the slowest rank finished each compile than the fastest", path)
 
 
+def _over_time(summary: Mapping[str, Any], plot_dir: Path) -> Figure:
+    section = summary.get("time_windows") or {}
+    windows = pd.DataFrame(section.get("windows", []))
+    if len(windows) < 2:
+        return Figure("over_time", "Latency and throughput over time", None, "the run's requests fit in one time window")
+    width = float(section["window_s"])
+    unit, scale = ("h", 3600.0) if width >= 3600 else ("min", 60.0)
+    x = windows["start_s"].to_numpy() / scale
+    latency = {"p99 TTFT": windows["p99_ttft_ms"], "p50 TTFT": windows["p50_ttft_ms"],
+               "p99 TPOT": windows["p99_tpot_ms"]}
+    rates = {"requests/s": windows["request_throughput"]}
+    if windows["request_goodput"].notna().any():
+        rates["goodput (requests/s)"] = windows["request_goodput"]
+    path = plots.over_time_plot(x, {k: v.astype(float).to_numpy() for k, v in latency.items()}, "ms",
+                                {k: v.astype(float).to_numpy() for k, v in rates.items()}, "requests per second",
+                                f"virtual time ({unit}, window start)", f"Latency and throughput per {unit} window",
+                                plot_dir / "over_time.png")
+    return Figure("over_time", f"p50/p99 TTFT and p99 TPOT (left) and completed requests and goodput per second "
+                  f"(right) of the requests issued in each {width:g} s window", path)
+
+
 def build_figures(run: SavedRun) -> list[Figure]:
     """Draw every plot the run has data for into ``run.folder / "plots"``."""
     plot_dir = run.folder / "plots"
@@ -143,6 +164,7 @@ def build_figures(run: SavedRun) -> list[Figure]:
         _mask_times(run.steps, plot_dir),
         _rollbacks(run.summary, plot_dir),
         _rank_skew(run.requests, plot_dir),
+        _over_time(run.summary, plot_dir),
     ]
 
 
