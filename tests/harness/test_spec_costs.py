@@ -122,6 +122,8 @@ def test_a_requests_draws_do_not_depend_on_row_order() -> None:
     def fills(order: list[int]) -> dict[int, float]:
         ex = ModelExecutor(ProfileGrammarCosts(_profile(), 3))
         ex.prepare(requests, keys)
+        for rid in range(len(requests)):  # each request arrives: its cost pools are built
+            ex.arrive(rid)
         rid = np.array(order)
         n = len(rid)
         work = ex.step(StepRows(rid, np.ones(n, bool), np.zeros(n, np.int64), np.full(n, 17), np.zeros(n, np.int64)),
@@ -177,6 +179,8 @@ def test_outliers_replay_as_rare_spikes_not_spread_over_every_fill() -> None:
     requests = [Request(i, 0.0, 50, out, SPEC, "corp/spiky") for i in range(n)]
     ex = ModelExecutor(ProfileGrammarCosts(_spiky_profile(), 0))
     ex.prepare(requests, SpecKeys.of(requests))
+    for rid in range(len(requests)):  # each request arrives: its cost pools are built
+        ex.arrive(rid)
     rid = np.arange(n)
     fills = np.concatenate([
         ex.step(StepRows(rid, np.ones(n, bool), np.zeros(n, np.int64), np.full(n, out - p), np.zeros(n, np.int64)),
@@ -194,6 +198,8 @@ def _fills_at_positions(profile: GrammarProfile, spec_id: str, out: int, seed: i
     requests = [Request(i, 0.0, 50, out, SPEC, spec_id) for i in range(n)]
     ex = ModelExecutor(ProfileGrammarCosts(profile, seed))
     ex.prepare(requests, SpecKeys.of(requests))
+    for rid in range(len(requests)):  # each request arrives: its cost pools are built
+        ex.arrive(rid)
     rid = np.arange(n)
     return np.stack([
         ex.step(StepRows(rid, np.ones(n, bool), np.zeros(n, np.int64), np.full(n, out - p), np.zeros(n, np.int64)),
