@@ -64,14 +64,16 @@ def _latency_cdfs(requests: pd.DataFrame, plot_dir: Path) -> list[Figure]:
 
 
 def _step_breakdown(steps: pd.DataFrame, plot_dir: Path) -> list[Figure]:
-    busy = steps[steps["kind"].astype(str) != "idle"]
+    # the columns drawn, of the busy steps (a long run's step table is large: no copy of the rest)
+    shown = [c for c in ("start_s", "duration_s", "exposed_cpu_s", "hidden_cpu_s", *STEP_PARTS) if c in steps]
+    busy = steps.loc[(steps["kind"] != "idle").to_numpy(), shown]
     if busy.empty:
         return [Figure("step_breakdown", "Step-time breakdown", None, "no step ran")]
     # Bin steps over virtual time so a long run stays readable: mean per-step time of each part per bin.
     bins = min(200, len(busy))
     edges = np.linspace(busy["start_s"].min(), busy["start_s"].max() + 1e-12, bins + 1)
     which = np.clip(np.digitize(busy["start_s"], edges) - 1, 0, bins - 1)
-    grouped = busy.assign(_bin=which).groupby("_bin")
+    grouped = busy.groupby(which)
     centers = (edges[:-1] + edges[1:]) / 2
     idx = grouped.size().index.to_numpy()
     parts = {c.removesuffix("_s"): grouped[c].mean().to_numpy() * 1e3 for c in STEP_PARTS
@@ -100,7 +102,7 @@ def _compile_times(requests: pd.DataFrame, plot_dir: Path) -> Figure:
 
 
 def _mask_times(steps: pd.DataFrame, plot_dir: Path) -> Figure:
-    masked = steps[steps["mask_rows"] > 0]
+    masked = steps.loc[(steps["mask_rows"] > 0).to_numpy(), ["fill_s", "mask_rows"]]
     if masked.empty:
         return Figure("mask_time", "Per-token mask time", None, "no step built a mask")
     per_row_us = (masked["fill_s"] / masked["mask_rows"]).to_numpy() * 1e6
