@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cdbench.backends.base import ConstraintSpec
-from cdbench.harness.costs.cost_tables import SpecIndex
+from cdbench.harness.costs.cost_tables import ROW, SpecIndex
 from cdbench.harness.costs.gpu import FixedGpuCosts
 from cdbench.harness.costs.grammar_profile import CompileMeasurement, GrammarProfile, WalkMeasurement
 from cdbench.harness.costs.spec_profile import spec_key_hash
@@ -283,3 +283,33 @@ def test_a_text_the_profile_walked_replays_its_own_fills_and_an_unwalked_one_its
     np.testing.assert_allclose(fills[1], measured["dear"][:len(fills[1])], rtol=1e-4)
     spec_mean = (measured["cheap"] + measured["dear"]) / 2
     assert fills[2][5:10].mean() == pytest.approx(spec_mean[5:10].mean(), rel=0.3)
+
+
+def _pools(tables, rid: int, out: int) -> tuple:
+    """A request's pools and position curve as it reads them (wherever they sit)."""
+    base, curve = int(tables.base[rid]), int(tables.curve_end[rid]) - out
+    return (tables.fill[base:base + ROW].tolist(), tables.fill_csum[base:base + ROW].tolist(),
+            tables.accept[base:base + ROW].tolist(), tables.forced[base:base + ROW].tolist(),
+            tables.curve[curve:curve + out].tolist())
+
+
+def test_cost_pools_are_built_as_requests_arrive_the_same_in_any_slot_and_freed_as_they_end() -> None:
+    out = 64
+    requests = [Request(i, 0.0, 50, out, SPEC, "corp/slow" if i % 2 else "other/fast") for i in range(6)]
+    ex = ModelExecutor(ProfileGrammarCosts(_profile(), 0))
+    ex.prepare(requests, SpecKeys.of(requests))
+    tables = ex.tables
+    ex.arrive(0)
+    first = _pools(tables, 0, out)
+    ex.finish(0)  # its slot is free
+    ex.arrive(1)  # another cost spec takes it
+    ex.arrive(2)  # request 0's cost spec again, in another slot now
+    assert (int(tables.base[1]), int(tables.base[2])) == (0, ROW)
+    assert _pools(tables, 2, out) == first
+    for rid in (3, 4, 5):
+        ex.arrive(rid)
+    # two cost specs in flight: two rows of pools, however many requests read them
+    assert tables._rows.size == 2 and len(tables._rows.slot) == 2
+    for rid in range(1, 6):
+        ex.finish(rid)
+    assert not tables._rows.slot
