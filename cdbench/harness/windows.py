@@ -20,14 +20,20 @@ order, so only the open windows' latencies are held: memory is bounded by a wind
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
-if TYPE_CHECKING:
-    from cdbench.harness.metrics import SLO
+
+class Objectives(Protocol):
+    """Service-level objectives in ms (``None``: no limit), as :class:`cdbench.harness.metrics.SLO` holds them."""
+
+    ttft_ms: float | None
+    tpot_ms: float | None
+    e2el_ms: float | None
+
 
 MINUTES_UP_TO_S = 6 * 3600.0
 """Runs whose last issue is at most this far into virtual time get one-minute windows; longer ones one-hour."""
@@ -139,14 +145,14 @@ class WindowTally:
             p99_e2el_ms=_ms(e2el, 99))
 
 
-def slo_limits(slo: SLO | None) -> tuple[tuple[float | None, float | None, float | None], bool]:
-    """(TTFT, TPOT, E2EL) limits of an :class:`~cdbench.harness.metrics.SLO` (or ``None``), and whether it is set."""
+def slo_limits(slo: Objectives | None) -> tuple[tuple[float | None, float | None, float | None], bool]:
+    """(TTFT, TPOT, E2EL) limits of an SLO (or ``None``), and whether it is set."""
     if slo is None:
         return (None, None, None), False
     return (slo.ttft_ms, slo.tpot_ms, slo.e2el_ms), True
 
 
-def time_windows(requests: pd.DataFrame, slo: SLO | None = None) -> TimeWindows | None:
+def time_windows(requests: pd.DataFrame, slo: Objectives | None = None) -> TimeWindows | None:
     """The windows of an in-memory requests table (``None`` when no request was issued)."""
     issued = requests["issued_s"].to_numpy() if len(requests) else np.zeros(0)
     if not len(issued) or np.isnan(issued).all():
@@ -156,5 +162,5 @@ def time_windows(requests: pd.DataFrame, slo: SLO | None = None) -> TimeWindows 
     return tally.result()
 
 
-__all__ = ["COLUMNS", "MINUTES_UP_TO_S", "TimeWindow", "TimeWindows", "WindowTally", "slo_limits",
+__all__ = ["COLUMNS", "MINUTES_UP_TO_S", "Objectives", "TimeWindow", "TimeWindows", "WindowTally", "slo_limits",
            "time_windows", "window_length"]
