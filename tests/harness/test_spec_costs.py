@@ -301,15 +301,18 @@ def test_cost_pools_are_built_as_requests_arrive_the_same_in_any_slot_and_freed_
     tables = ex.tables
     ex.arrive(0)
     first = _pools(tables, 0, out)
-    ex.finish(0)  # its slot is free
-    ex.arrive(1)  # another cost spec takes it
-    ex.arrive(2)  # request 0's cost spec again, in another slot now
-    assert (int(tables.base[1]), int(tables.base[2])) == (0, ROW)
-    assert _pools(tables, 2, out) == first
-    for rid in (3, 4, 5):
+    ex.finish(0)  # its slot is free, its pools still there
+    ex.arrive(2)  # request 0's cost spec again: the same slot, not drawn again
+    assert int(tables.base[2]) == 0 and tables._rows.size == 1
+    ex.finish(2)
+    ex.arrive(1)  # another cost spec takes the freed slot
+    ex.arrive(4)  # request 0's cost spec again, drawn again into another slot
+    assert (int(tables.base[1]), int(tables.base[4])) == (0, ROW)
+    assert _pools(tables, 4, out) == first
+    for rid in (3, 5):
         ex.arrive(rid)
     # two cost specs in flight: two rows of pools, however many requests read them
-    assert tables._rows.size == 2 and len(tables._rows.slot) == 2
-    for rid in range(1, 6):
+    assert tables._rows.size == 2 and len(tables._rows.refs) == 2
+    for rid in (1, 3, 4, 5):
         ex.finish(rid)
-    assert not tables._rows.slot
+    assert not tables._rows.refs and len(tables._rows.free) == 2

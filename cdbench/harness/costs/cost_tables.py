@@ -32,6 +32,7 @@ is 1, which is the per-kind behaviour of such profiles.
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -268,23 +269,29 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
 
 class _Slots:
     """Slot numbers of pooled values shared by the requests in flight that read them: a slot is taken
-    when the first of them arrives and freed when the last ends (reference counts), and slots are
-    reused, so the slots in use are bounded by what runs at once."""
+    when the first of them arrives and freed when the last ends (reference counts). A freed slot keeps
+    its values until a new item needs a slot, the longest-freed first, so an item whose requests come
+    and go (a popular spec) is not drawn again each time; the slots are bounded by what runs at once."""
 
     def __init__(self, reserved: int = 0) -> None:
-        self.slot: dict[int, int] = {}
-        self.refs: dict[int, int] = {}
-        self.free: list[int] = []
+        self.slot: dict[int, int] = {}  # item -> its slot (in use, or freed and still holding its values)
+        self.refs: dict[int, int] = {}  # items in use -> requests reading them
+        self.free: OrderedDict[int, int] = OrderedDict()  # freed slot -> the item it still holds, oldest first
         self.size = reserved  # slots handed out so far (the first ``reserved`` are fixed)
 
     def take(self, item: int) -> tuple[int, bool]:
         """``item``'s slot, and whether it is new (its values must be written)."""
         slot = self.slot.get(item)
         if slot is not None:
-            self.refs[item] += 1
+            if item in self.refs:
+                self.refs[item] += 1
+            else:
+                del self.free[slot]
+                self.refs[item] = 1
             return slot, False
         if self.free:
-            slot = self.free.pop()
+            slot, held = self.free.popitem(last=False)
+            del self.slot[held]
         else:
             slot, self.size = self.size, self.size + 1
         self.slot[item], self.refs[item] = slot, 1
@@ -294,7 +301,7 @@ class _Slots:
         self.refs[item] -= 1
         if not self.refs[item]:
             del self.refs[item]
-            self.free.append(self.slot.pop(item))
+            self.free[self.slot[item]] = item
 
 
 def _grown(array: np.ndarray | None, length: int) -> np.ndarray | None:
