@@ -17,7 +17,7 @@ over a few columns: seconds for ten million requests.
 >>> values = np.random.default_rng(0).lognormal(size=100_003)
 >>> column = Column(_Chunks(values, 7_919), "t", ("v",), lambda chunk: chunk["v"].to_numpy())
 >>> n = count(column)
->>> pairwise_sum(column, n) == values.sum(), percentiles(column, n, (90, 99)) == list(np.percentile(values, [90, 99]))
+>>> bool(pairwise_sum(column, n) == values.sum()), percentiles(column, n, (90, 99)) == list(np.percentile(values, [90, 99]))
 (True, True)
 """
 
@@ -34,7 +34,13 @@ import pandas as pd
 from cdbench.harness.metrics import SLO, LogHistogram, Summary
 from cdbench.harness.records import DraftPositionCounts
 from cdbench.harness.windows import COLUMNS as WINDOW_COLUMNS
-from cdbench.harness.windows import WindowTally, slo_limits, window_length
+from cdbench.harness.windows import (
+    WindowTally,
+    latencies,
+    slo_limits,
+    window_length,
+    within,
+)
 
 LEAF = 1 << 16
 """Values summed by one numpy call: a node of numpy's pairwise tree of at most this many values."""
@@ -278,7 +284,8 @@ def summarize_streamed(source: TableSource, itl: LogHistogram, mask_rows: LogHis
                lambda c: (lambda d: (d["first_token_s"] - d["issued_s"]).to_numpy())(done(c)))
     e2el = col("requests", ("abort_reason", "finish_s", "issued_s"),
                lambda c: (lambda d: (d["finish_s"] - d["issued_s"]).to_numpy())(done(c)))
-    tpot = col("requests", ("abort_reason", "finish_s", "issued_s", "first_token_s", "output_tokens"), _tpot)
+    tpot = col("requests", ("abort_reason", "finish_s", "issued_s", "first_token_s", "output_tokens"),
+               lambda c: latencies(done(c))[2])
     wait = col("requests", ("structured", "grammar_ready_s", "issued_s"),
                lambda c: (lambda s: (s["grammar_ready_s"] - s["issued_s"]).to_numpy())(c[c["structured"].to_numpy()]))
     compile_s = col("requests", ("structured", "cache", "compile_end_s", "compile_start_s"),
@@ -383,15 +390,6 @@ def summarize_streamed(source: TableSource, itl: LogHistogram, mask_rows: LogHis
     )
 
 
-def _tpot(chunk: pd.DataFrame) -> np.ndarray:
-    d = chunk[(chunk["abort_reason"] == "").to_numpy()]
-    ttft = (d["first_token_s"] - d["issued_s"]).to_numpy()
-    e2el = (d["finish_s"] - d["issued_s"]).to_numpy()
-    out = d["output_tokens"].to_numpy()
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(out > 1, (e2el - ttft) / np.maximum(out - 1, 1), np.nan)
-
-
 def _request_tallies(c: pd.DataFrame, ok: np.ndarray, limits: tuple[float | None, float | None, float | None],
                      has_slo: bool) -> list[int]:
     """One chunk's exact counts and integer sums for :func:`summarize_streamed` (in its unpacking order)."""
@@ -400,17 +398,8 @@ def _request_tallies(c: pd.DataFrame, ok: np.ndarray, limits: tuple[float | None
     valid = c["valid"]
     good = 0
     if has_slo:
-        d = c[ok]
-        ttft = (d["first_token_s"] - d["issued_s"]).to_numpy()
-        e2el = (d["finish_s"] - d["issued_s"]).to_numpy()
-        out = d["output_tokens"].to_numpy()
-        with np.errstate(invalid="ignore", divide="ignore"):
-            tpot = np.where(out > 1, (e2el - ttft) / np.maximum(out - 1, 1), np.nan)
-        meets = np.ones(len(d), bool)
-        for limit, values in zip(limits, (ttft, np.nan_to_num(tpot, nan=0.0), e2el)):
-            if limit is not None:
-                meets &= values * 1e3 <= limit
-        good = int(meets.sum())
+        ttft, e2el, tpot = latencies(c[ok])
+        good = int(within(ttft, tpot, e2el, limits).sum())
     return [len(c), int(ok.sum()), int(c.loc[ok, "prompt_len"].sum()), int(c.loc[ok, "output_tokens"].sum()),
             int(structured.sum()), int((structured & (cache == "hit")).sum()),
             int((structured & (cache == "inflight")).sum()), int((structured & (cache == "miss")).sum()),

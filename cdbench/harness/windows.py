@@ -123,19 +123,9 @@ class WindowTally:
     def _window(self, w: int, rows: pd.DataFrame) -> TimeWindow:
         ok = (rows["abort_reason"].astype(str) == "").to_numpy()
         done = rows[ok]
-        ttft = (done["first_token_s"] - done["issued_s"]).to_numpy()
-        e2el = (done["finish_s"] - done["issued_s"]).to_numpy()
-        out = done["output_tokens"].to_numpy()
-        with np.errstate(invalid="ignore", divide="ignore"):
-            tpot = np.where(out > 1, (e2el - ttft) / np.maximum(out - 1, 1), np.nan)
-        good = None
-        if self.has_slo:
-            meets = np.ones(len(done), bool)
-            for limit, values in zip(self.slo_ms, (ttft, np.nan_to_num(tpot, nan=0.0), e2el)):
-                if limit is not None:
-                    meets &= values * 1e3 <= limit
-            good = int(meets.sum())
-        tokens = int(out.sum())
+        ttft, e2el, tpot = latencies(done)
+        good = int(within(ttft, tpot, e2el, self.slo_ms).sum()) if self.has_slo else None
+        tokens = int(done["output_tokens"].sum())
         return TimeWindow(
             start_s=w * self.window_s, requests=len(rows), completed=int(ok.sum()), failed=int((~ok).sum()),
             good=good, output_tokens=tokens, request_throughput=int(ok.sum()) / self.window_s,
@@ -143,6 +133,27 @@ class WindowTally:
             output_throughput=tokens / self.window_s,
             mean_ttft_ms=_ms(ttft), p50_ttft_ms=_ms(ttft, 50), p99_ttft_ms=_ms(ttft, 99), p99_tpot_ms=_ms(tpot, 99),
             p99_e2el_ms=_ms(e2el, 99))
+
+
+def latencies(done: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TTFT, E2EL and TPOT (seconds) of completed requests' rows, as :func:`cdbench.harness.metrics.summarize`
+    defines them (TPOT ``NaN`` for a single output token)."""
+    ttft = (done["first_token_s"] - done["issued_s"]).to_numpy()
+    e2el = (done["finish_s"] - done["issued_s"]).to_numpy()
+    out = done["output_tokens"].to_numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out > 1, (e2el - ttft) / np.maximum(out - 1, 1), np.nan)
+    return ttft, e2el, tpot
+
+
+def within(ttft: np.ndarray, tpot: np.ndarray, e2el: np.ndarray,
+           limits: tuple[float | None, float | None, float | None]) -> np.ndarray:
+    """Which requests meet every (TTFT, TPOT, E2EL) limit in ms (goodput's test; a NaN TPOT meets any)."""
+    meets = np.ones(len(ttft), bool)
+    for limit, values in zip(limits, (ttft, np.nan_to_num(tpot, nan=0.0), e2el)):
+        if limit is not None:
+            meets &= values * 1e3 <= limit
+    return meets
 
 
 def slo_limits(slo: Objectives | None) -> tuple[tuple[float | None, float | None, float | None], bool]:
@@ -162,5 +173,5 @@ def time_windows(requests: pd.DataFrame, slo: Objectives | None = None) -> TimeW
     return tally.result()
 
 
-__all__ = ["COLUMNS", "MINUTES_UP_TO_S", "Objectives", "TimeWindow", "TimeWindows", "WindowTally", "slo_limits",
-           "time_windows", "window_length"]
+__all__ = ["COLUMNS", "MINUTES_UP_TO_S", "Objectives", "TimeWindow", "TimeWindows", "WindowTally", "latencies",
+           "slo_limits", "time_windows", "window_length", "within"]
