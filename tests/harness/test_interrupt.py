@@ -14,7 +14,11 @@ from typer.testing import CliRunner
 from cdbench.cli.app import app
 from cdbench.harness.scheduler import Scheduler
 from cdbench.results.config_files import builtin_config_path
-from cdbench.results.stopped_run import PARTIAL_REQUESTS_DIR, PARTIAL_STEPS_DIR, STOPPED_SUMMARY_FILE
+from cdbench.results.stopped_run import (
+    PARTIAL_REQUESTS_DIR,
+    PARTIAL_STEPS_DIR,
+    STOPPED_SUMMARY_FILE,
+)
 
 runner = CliRunner()
 
