@@ -1,26 +1,39 @@
 """What a run will take, estimated from its request count before anything is built: memory and time.
 
-A run keeps every request, the scheduler's per-request and per-step tables and
-the result frames in memory at once, so its peak grows linearly with the
-request count. :func:`refusal` says why a run cannot run when its estimate is
-beyond the memory this machine has available, before it allocates anything.
+A run streams its records to its folder as it goes (``harness/streamed.py``) and,
+in ``model`` mode, holds the grammar cost pools of the requests in flight only
+(``costs/cost_tables.py``); what still grows with the request count is the
+workload's requests and their specs (generated before the run and kept for its
+trace file), the spec keys, compile outcomes and spec prices of the run, its
+request table, and the saved tables the report reads (the step table: about ten
+rows a request in the default workload). So its peak still grows linearly with
+the request count, at a smaller slope than when every record and cost pool was
+held. :func:`refusal` says why a run cannot run when its estimate is beyond the
+memory this machine has available, before it allocates anything.
 
 The constants are the slopes of least-squares fits of the peak resident
 memory and the CPU time of the built-in default config in ``model`` mode, run
-and saved (report included) in a fresh process per size (commit 161545f plus
-this module, Python 3.11, 2-CPU x86-64 Linux machine shared with other work)::
+and saved (report included) in a fresh process per size (branch ``streaming``,
+Python 3.11, 2-CPU x86-64 Linux machine shared with other work, each run pinned
+to one core)::
 
-    python benchmarks/bench_run_memory.py --requests 10000 50000 100000
+    python benchmarks/bench_run_memory.py --requests 5000 20000 40000
 
-        10000 requests: peak    650.4 MiB, CPU     9.5 s
-        50000 requests: peak   1153.7 MiB, CPU    38.8 s
-       100000 requests: peak   1753.6 MiB, CPU    73.9 s
-    fit: base 533 MiB + 12842 bytes/request; 715 µs of CPU/request
+         5000 requests: peak    614.2 MiB, CPU     9.2 s
+        20000 requests: peak    727.3 MiB, CPU    32.2 s
+        40000 requests: peak    908.0 MiB, CPU    62.1 s
+    fit: base 567 MiB + 8839 bytes/request; 1510 µs of CPU/request
+
+(With every record and cost pool held for the whole run, a 20,000-request run
+of this config peaked at 4.4 GB on this machine; before the trace file was
+written a line at a time and the report stopped copying the step table, the fit
+gave 11,390 bytes a request. The constant before, 12,842 bytes, was measured at
+commit 161545f.)
 
 The base (interpreter, torch, pandas, the vocabulary) is already resident when
 the check runs, so the estimate is the requests' share alone. Time is CPU
 time, which does not depend on what else the machine runs; on a busy machine
-the wall time is longer (this one's 100,000 requests took 217 s of wall time).
+the wall time is longer.
 
 Other workloads differ (longer outputs mean more steps and inter-token
 latencies per request; ``hybrid`` mode adds the backend's compiled grammars and
@@ -39,10 +52,10 @@ from rich.filesize import decimal as _bytes
 if TYPE_CHECKING:
     from cdbench.harness.config import RunConfig
 
-BYTES_PER_REQUEST = 12_842
+BYTES_PER_REQUEST = 8_839
 """Peak resident memory a request adds to a run (the fit's slope; see the module docstring)."""
 
-SECONDS_PER_REQUEST = 715e-6
+SECONDS_PER_REQUEST = 1510e-6
 """CPU time a request adds to a ``model``-mode run (the fit's slope, same measurement)."""
 
 
@@ -55,7 +68,7 @@ class Footprint:
     seconds: float | None
 
     def describe(self) -> str:
-        """E.g. ``about 12.8 TB of memory (12.8 kB a request) and 8.28 days of CPU time``."""
+        """E.g. ``about 8.8 TB of memory (8.8 kB a request) and 17.5 days of CPU time``."""
         text = f"about {_bytes(self.memory_bytes)} of memory ({_bytes(BYTES_PER_REQUEST)} a request)"
         if self.seconds is not None:
             text += f" and {_duration(self.seconds)} of CPU time"

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cdbench.harness.costs.spec_costs import SpecCoverage
 from cdbench.harness.records import DraftPositionCounts
+from cdbench.harness.windows import TimeWindows
 
 _sum = np.add.reduce
 
@@ -216,6 +217,8 @@ class Summary(BaseModel):
     forward_calibration: str | None = None
     # model mode: where each spec's grammar costs came from (measured here or elsewhere, predicted, guessed)
     spec_costs: SpecCoverage | None = None
+    # figures per minute (per hour for runs longer than 6 h) by issue time (harness/windows.py)
+    time_windows: TimeWindows | None = None
 
 
 def _stats_ms(values: np.ndarray) -> tuple[float, float, float, float, float]:

@@ -196,33 +196,61 @@ class RequestTable:
 
 
 class FinishedRows:
-    """Each ended request's row, handed out once, while the run goes.
+    """Each ended request's row, handed out once, in scheduler order, while the run goes.
 
     A request's row is final when it ends, once the scheduler's buffered
     per-step counters are summed into the table (``valid`` excepted: outputs
     are checked at the end of the run, so these rows leave it unchecked).
+    :meth:`take` hands out the ended rows that follow those already handed
+    out, up to the first request still running, so the rows handed out join
+    into the run's table in its own order.
+
+    >>> table = RequestTable(3)
+    >>> table.finish_s[[0, 2]] = 1.0
+    >>> rows = FinishedRows(table)
+    >>> len(rows.take()), len(rows.take())
+    (1, 0)
+    >>> table.finish_s[1] = 2.0
+    >>> rows.take().index.tolist()
+    [0, 1]
     """
 
     def __init__(self, table: RequestTable) -> None:
         self.table = table
-        self.given = np.zeros(table.n, bool)
+        self.given = 0  # positions before this were handed out
 
     def take(self) -> pd.DataFrame:
-        """Rows of the requests that ended since the last call."""
-        new = ~np.isnan(self.table.finish_s) & ~self.given
-        self.given |= new
-        return self.table.to_frame(np.flatnonzero(new))
+        """Rows of the requests ended since the last call that every earlier request's row precedes."""
+        ended = ~np.isnan(self.table.finish_s[self.given:])
+        stop = self.given + (len(ended) if ended.all() else int(np.argmin(ended)))
+        rows, self.given = np.arange(self.given, stop), stop
+        return self.table.to_frame(rows)
+
+    def rest(self) -> pd.DataFrame:
+        """Rows of every ended request not handed out yet (a run stopped early), in scheduler order."""
+        rows = self.given + np.flatnonzero(~np.isnan(self.table.finish_s[self.given:]))
+        self.given = self.table.n
+        return self.table.to_frame(rows)
 
 
 class StepLog:
-    """Per-iteration rows, appended as tuples in :data:`STEP_COLUMNS` order."""
+    """Per-iteration rows, appended as tuples in :data:`STEP_COLUMNS` order; :meth:`take` hands out and
+    drops those appended since it was last called (a run streaming its steps to disk)."""
 
     def __init__(self) -> None:
         self.rows: list[tuple] = []
+        self.taken = 0  # rows handed out by take()
 
     def to_frame(self) -> pd.DataFrame:
         frame = pd.DataFrame.from_records(self.rows, columns=list(STEP_COLUMNS))
         frame["kind"] = pd.Categorical(frame["kind"], categories=list(STEP_KINDS))
+        return frame
+
+    def take(self) -> pd.DataFrame:
+        """The rows appended since the last call, no longer kept here."""
+        frame = self.to_frame()
+        self.taken += len(self.rows)
+        self.rows = []
         return frame
 
 

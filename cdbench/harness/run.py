@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
 import pandas as pd
 
 from cdbench.harness.costs.gpu import GpuCosts, RooflineGpuCosts
@@ -32,7 +33,9 @@ from cdbench.harness.metrics import SLO, LogHistogram, Summary, summarize
 from cdbench.harness.policies import SchedulerConfig
 from cdbench.harness.records import FinishedRows, RequestTable, StepLog
 from cdbench.harness.scheduler import Scheduler
+from cdbench.harness.streamed import TableSource, summarize_streamed
 from cdbench.harness.timeline import Timeline
+from cdbench.harness.windows import time_windows
 from cdbench.workloads.request import Request
 
 if TYPE_CHECKING:
@@ -65,6 +68,8 @@ class RunResult:
     grammar_profile : the grammar costs the run measured (hybrid; ``None`` in model mode),
         saved as ``grammar_profile.json``.
     live : where a ``live`` run ran (``None`` in the other modes), saved as ``live.json``.
+    tables_written : the tables went to a :class:`RecordSink` as the run went, which wrote them; ``requests``
+        and ``steps`` are then empty.
     """
 
     requests: pd.DataFrame
@@ -76,6 +81,7 @@ class RunResult:
     validation_s: float = 0.0
     compile_errors: dict[str, str] = field(default_factory=dict)
     workload: Workload | None = None
+    tables_written: bool = False
     grammar_profile: GrammarProfile | None = None
     live: LiveInfo | None = None
 
@@ -89,18 +95,26 @@ class RunResult:
 
 
 class RecordSink(Protocol):
-    """Where a run's records go before it ends (:class:`cdbench.results.stopped_run.RecordSpill` writes them
-    into the run folder), so an interrupted or failed run keeps the requests it finished."""
+    """Where a run's records go as it runs (:class:`cdbench.results.stopped_run.RecordSpill` writes them into the
+    run folder): the ended requests' rows in scheduler order and the steps, handed over every ``interval_s``, so
+    the run holds neither table in memory and an interrupted or failed run keeps what it finished."""
 
     interval_s: float
-    """Wall seconds between hand-overs of finished requests (checked every few hundred iterations)."""
+    """Wall seconds between hand-overs (checked every few hundred iterations)."""
 
     def finished(self, requests: pd.DataFrame) -> None:
-        """Rows of the requests that ended since the last call (``valid`` unchecked)."""
+        """Rows of requests that ended, following the rows handed over before (``valid`` unchecked)."""
+
+    def steps(self, steps: pd.DataFrame) -> None:
+        """Rows of the steps since the last call."""
+
+    def close(self, valid: np.ndarray | None) -> TableSource:
+        """Every row was handed over: write the run's tables, ``valid`` (one code a request in scheduler
+        order: -1 unchecked, 0 invalid, 1 valid; ``None``: all unchecked) filled in, and read them back."""
 
     def stopped(self, result: RunResult, total: int, error: BaseException) -> None:
         """The run ended early with ``error``: ``result`` holds the ``total`` requests' finished ones and
-        their summary."""
+        their summary (its tables written by :meth:`close`)."""
 
 
 def empty_result() -> RunResult:
@@ -110,15 +124,15 @@ def empty_result() -> RunResult:
 
 
 def _stopped_result(sched: Scheduler, slo: SLO | None, timeline: Timeline, start: float,
-                    executor: GrammarExecutor) -> RunResult:
+                    executor: GrammarExecutor, finished: FinishedRows, sink: RecordSink) -> RunResult:
     """What a run stopped mid-way finished: the ended requests' rows, every step so far, their summary."""
     sched.tallies.flush()  # the buffered per-step counters (summing early changes no value)
-    requests = sched.rec.to_frame(sched.rec.finished())
-    steps = sched.steps.to_frame()
-    summary = summarize(requests, steps, sched.itl, sched.fill_hist, slo, sched.idle_iterations,
-                        sched.draft_positions, *sched.kv_description)
-    return RunResult(requests, steps, summary, timeline, time.perf_counter() - start, executor.backend_call_s,
-                     executor.validation_s, sched.compile_errors)
+    sink.finished(finished.rest())
+    sink.steps(sched.steps.take())
+    summary = summarize_streamed(sink.close(None), sched.itl, sched.fill_hist, slo, sched.idle_iterations,
+                                 sched.draft_positions, *sched.kv_description)
+    return RunResult(RequestTable(0).to_frame(), StepLog().to_frame(), summary, timeline, time.perf_counter() - start,
+                     executor.backend_call_s, executor.validation_s, sched.compile_errors, tables_written=True)
 
 
 def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: GrammarExecutor, gpu: GpuCosts,
@@ -129,8 +143,10 @@ def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: 
 
     ``progress`` is called with the fraction of requests ended (0..1) now and then; ``live``
     runs every step for real instead of pricing it (``live`` mode). ``records`` is handed the
-    finished requests every ``records.interval_s`` seconds, and what the run finished if it stops
-    early (an interrupt or an error, which is then raised on).
+    ended requests' rows and the steps every ``records.interval_s`` seconds, writes the tables
+    and gives them back for the summary (computed from them chunk by chunk,
+    :func:`~cdbench.harness.streamed.summarize_streamed`: the same figures), and is handed what the
+    run finished if it stops early (an interrupt or an error, which is then raised on).
     """
     start = time.perf_counter()
     timeline = Timeline(max_steps=trace_steps)
@@ -146,6 +162,7 @@ def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: 
             if time.perf_counter() >= due:
                 sched.tallies.flush()  # the ended requests' counters are in the table (summing early changes nothing)
                 sink.finished(finished.take())
+                sink.steps(sched.steps.take())
                 due = time.perf_counter() + sink.interval_s
 
     sched = Scheduler(scheduler, requests, executor, gpu, seed=seed, max_concurrency=max_concurrency,
@@ -155,17 +172,33 @@ def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: 
         sched.run()
     except BaseException as err:  # Ctrl-C included: what finished is kept
         if records is not None:
-            records.stopped(_stopped_result(sched, slo, timeline, start, executor), len(requests), err)
+            records.stopped(_stopped_result(sched, slo, timeline, start, executor, finished, records),
+                            len(requests), err)
         raise
+    live_info = live.info() if live is not None else None
+    if records is not None:
+        records.finished(finished.take())
+        records.steps(sched.steps.take())
+        checked = sched.rec.valid if (sched.rec.valid >= 0).any() else None
+        summary = summarize_streamed(records.close(checked), sched.itl, sched.fill_hist, slo, sched.idle_iterations,
+                                     sched.draft_positions, *sched.kv_description)
+        wall_s = time.perf_counter() - start
+        return RunResult(RequestTable(0).to_frame(), StepLog().to_frame(), summary, timeline, wall_s,
+                         executor.backend_call_s, executor.validation_s, sched.compile_errors,
+                         grammar_profile=_profile(executor, requests, seed), live=live_info, tables_written=True)
     requests_frame = sched.rec.to_frame()
     steps_frame = sched.steps.to_frame()
     summary = summarize(requests_frame, steps_frame, sched.itl, sched.fill_hist, slo, sched.idle_iterations,
                         sched.draft_positions, *sched.kv_description)
+    summary.time_windows = time_windows(requests_frame, slo)
     wall_s = time.perf_counter() - start
-    profile = executor.measured_profile(f"in situ: measured by a hybrid run of {len(requests)} requests, seed {seed}")
     return RunResult(requests_frame, steps_frame, summary, timeline, wall_s, executor.backend_call_s,
-                     executor.validation_s, sched.compile_errors, grammar_profile=profile,
-                     live=live.info() if live is not None else None)
+                     executor.validation_s, sched.compile_errors, grammar_profile=_profile(executor, requests, seed),
+                     live=live_info)
+
+
+def _profile(executor: GrammarExecutor, requests: Sequence[Request], seed: int) -> GrammarProfile | None:
+    return executor.measured_profile(f"in situ: measured by a hybrid run of {len(requests)} requests, seed {seed}")
 
 
 def max_context(requests: Sequence[Request], spec_tokens: int = 0) -> int:

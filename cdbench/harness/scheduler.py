@@ -286,6 +286,7 @@ class Scheduler:
         if not rec.structured[rid]:
             self.waiting.append(rid)
             return
+        self.executor.arrive(rid)
         key = int(rec.spec_key[rid])
         found, shared_end = self.cache.lookup(key, t)
         rec.cache[rid] = _CACHE["hit" if found in ("hit", "invalid") else found]

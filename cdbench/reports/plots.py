@@ -120,6 +120,29 @@ def stacked_area_plot(x: np.ndarray, parts: Mapping[str, np.ndarray], xlabel: st
     return _save(fig, path)
 
 
+def over_time_plot(x: np.ndarray, left: Mapping[str, np.ndarray], left_label: str, right: Mapping[str, np.ndarray],
+                   right_label: str, xlabel: str, title: str, path: Path) -> Path:
+    """Lines of ``left`` on the left axis and dashed lines of ``right`` on a right axis, over ``x``
+    (e.g. latency and throughput per time window)."""
+    fig, ax = plt.subplots(figsize=(7.2, 4.0))
+    for label, values in left.items():
+        ax.plot(x, np.asarray(values, dtype=float), marker=".", label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(left_label)
+    ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    if right:
+        twin = ax.twinx()
+        for (label, values), style in zip(right.items(), ("--", ":", "-.")):
+            twin.plot(x, np.asarray(values, dtype=float), linestyle=style, color="grey", label=label)
+        twin.set_ylabel(right_label)
+        more_handles, more_labels = twin.get_legend_handles_labels()
+        handles, labels = handles + more_handles, labels + more_labels
+    ax.legend(handles, labels, fontsize="small", loc="upper left")
+    ax.set_title(title)
+    return _save(fig, path)
+
+
 def bar_plot(labels: Sequence[str], values: Mapping[str, Sequence[float]], xlabel: str, ylabel: str, title: str,
              path: Path) -> Path:
     """Grouped bars: one group per label, one bar per key of ``values``."""

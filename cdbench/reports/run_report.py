@@ -64,14 +64,16 @@ def _latency_cdfs(requests: pd.DataFrame, plot_dir: Path) -> list[Figure]:
 
 
 def _step_breakdown(steps: pd.DataFrame, plot_dir: Path) -> list[Figure]:
-    busy = steps[steps["kind"].astype(str) != "idle"]
+    # the columns drawn, of the busy steps (a long run's step table is large: no copy of the rest)
+    shown = [c for c in ("start_s", "duration_s", "exposed_cpu_s", "hidden_cpu_s", *STEP_PARTS) if c in steps]
+    busy = steps.loc[(steps["kind"] != "idle").to_numpy(), shown]
     if busy.empty:
         return [Figure("step_breakdown", "Step-time breakdown", None, "no step ran")]
     # Bin steps over virtual time so a long run stays readable: mean per-step time of each part per bin.
     bins = min(200, len(busy))
     edges = np.linspace(busy["start_s"].min(), busy["start_s"].max() + 1e-12, bins + 1)
     which = np.clip(np.digitize(busy["start_s"], edges) - 1, 0, bins - 1)
-    grouped = busy.assign(_bin=which).groupby("_bin")
+    grouped = busy.groupby(which)
     centers = (edges[:-1] + edges[1:]) / 2
     idx = grouped.size().index.to_numpy()
     parts = {c.removesuffix("_s"): grouped[c].mean().to_numpy() * 1e3 for c in STEP_PARTS
@@ -100,7 +102,7 @@ def _compile_times(requests: pd.DataFrame, plot_dir: Path) -> Figure:
 
 
 def _mask_times(steps: pd.DataFrame, plot_dir: Path) -> Figure:
-    masked = steps[steps["mask_rows"] > 0]
+    masked = steps.loc[(steps["mask_rows"] > 0).to_numpy(), ["fill_s", "mask_rows"]]
     if masked.empty:
         return Figure("mask_time", "Per-token mask time", None, "no step built a mask")
     per_row_us = (masked["fill_s"] / masked["mask_rows"]).to_numpy() * 1e6
@@ -151,6 +153,27 @@ def _kv_usage(summary: Mapping[str, Any], steps: pd.DataFrame, plot_dir: Path) -
                   "preempted (vLLM) or retracted (SGLang) requests", path)
 
 
+def _over_time(summary: Mapping[str, Any], plot_dir: Path) -> Figure:
+    section = summary.get("time_windows") or {}
+    windows = pd.DataFrame(section.get("windows", []))
+    if len(windows) < 2:
+        return Figure("over_time", "Latency and throughput over time", None, "the run's requests fit in one time window")
+    width = float(section["window_s"])
+    unit, scale = ("h", 3600.0) if width >= 3600 else ("min", 60.0)
+    x = windows["start_s"].to_numpy() / scale
+    latency = {"p99 TTFT": windows["p99_ttft_ms"], "p50 TTFT": windows["p50_ttft_ms"],
+               "p99 TPOT": windows["p99_tpot_ms"]}
+    rates = {"requests/s": windows["request_throughput"]}
+    if windows["request_goodput"].notna().any():
+        rates["goodput (requests/s)"] = windows["request_goodput"]
+    path = plots.over_time_plot(x, {k: v.astype(float).to_numpy() for k, v in latency.items()}, "ms",
+                                {k: v.astype(float).to_numpy() for k, v in rates.items()}, "requests per second",
+                                f"virtual time ({unit}, window start)", f"Latency and throughput per {unit} window",
+                                plot_dir / "over_time.png")
+    return Figure("over_time", f"p50/p99 TTFT and p99 TPOT (left) and completed requests and goodput per second "
+                  f"(right) of the requests issued in each {width:g} s window", path)
+
+
 def build_figures(run: SavedRun) -> list[Figure]:
     """Draw every plot the run has data for into ``run.folder / "plots"``."""
     plot_dir = run.folder / "plots"
@@ -163,6 +186,7 @@ def build_figures(run: SavedRun) -> list[Figure]:
         _rollbacks(run.summary, plot_dir),
         _rank_skew(run.requests, plot_dir),
         _kv_usage(run.summary, run.steps, plot_dir),
+        _over_time(run.summary, plot_dir),
     ]
 
 

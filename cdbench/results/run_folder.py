@@ -20,7 +20,8 @@ Layout (every file written by :func:`save_run`)::
       summary.json       the summary (vLLM serving-benchmark names where they exist); written last
       summary.stopped.json   instead of summary.json, for a run interrupted or failed: the summary of the
                          requests it finished, with its run_status (cdbench.results.stopped_run)
-      requests.partial/  while a run goes: its finished requests, one Parquet file a batch (removed at its end)
+      requests.partial/  while a run goes: its ended requests in the run's order, one Parquet file a batch
+      steps.partial/     while a run goes: its steps, likewise (both joined into the tables at its end)
       run.log            the traceback, if the run failed
       engine_log.txt     what native code (the grammar engine) wrote to stderr during the run, when it did
                          (written by the CLI: cdbench.cli.support.save_engine_log)
@@ -48,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pandas as pd
+import pyarrow.parquet as pq
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -205,12 +207,14 @@ def save_run(result: RunResult, config: RunConfig, folder: Path, trace_max_spans
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "summary.json").unlink(missing_ok=True)  # a half-rewritten folder must not look finished
     dump_config(config, folder / "config.yaml")
-    result.requests.to_parquet(folder / "requests.parquet", index=False)
-    result.steps.to_parquet(folder / "steps.parquet", index=False)
+    if not result.tables_written:  # (a run that streamed its tables wrote them already)
+        result.requests.to_parquet(folder / "requests.parquet", index=False)
+        result.steps.to_parquet(folder / "steps.parquet", index=False)
+    steps = pq.ParquetFile(folder / "steps.parquet").metadata.num_rows
     timeline = result.timeline
     # The scheduler records spans of the first max_steps iterations only (RunConfig.trace_steps).
-    partial = timeline.steps_seen >= timeline.max_steps and len(result.steps) > timeline.steps_seen
-    note = f"only the first {timeline.steps_seen} of {len(result.steps)} iterations were recorded" if partial else ""
+    partial = timeline.steps_seen >= timeline.max_steps and steps > timeline.steps_seen
+    note = f"only the first {timeline.steps_seen} of {steps} iterations were recorded" if partial else ""
     chrome_trace(timeline.spans, max_spans=trace_max_spans, recorded_note=note).write(folder / "trace.json")
     summary = json.loads(result.summary.model_dump_json())  # strict JSON: NaN becomes null
     if result.workload is not None:
@@ -226,7 +230,9 @@ def save_run(result: RunResult, config: RunConfig, folder: Path, trace_max_spans
         (folder / LIVE_FILE).write_text(json.dumps(dataclasses.asdict(result.live), indent=2) + "\n")
     if status is not None:
         summary["run_status"] = status.model_dump()
-    saved = SavedRun(folder, config.model_dump(mode="json"), summary, result.requests, result.steps)
+    tables = (pd.read_parquet(folder / name) for name in TABLES) if result.tables_written else (
+        result.requests, result.steps)
+    saved = SavedRun(folder, config.model_dump(mode="json"), summary, *tables)
     if finish is not None:
         finish(saved)
     summary_file = "summary.json" if status is None else "summary.stopped.json"
@@ -305,7 +311,7 @@ def _save_stopped(spill: RecordSpill, error: BaseException, config: RunConfig, f
     from cdbench.harness.run import empty_result
 
     result = spill.result if spill.result is not None else empty_result()
-    status = RunStatus.of(error, len(result.requests), spill.total)
+    status = RunStatus.of(error, result.summary.completed + result.summary.failed, spill.total)
     save_run(result, config, folder, finish=finish, status=status)
     spill.remove()
     return status

@@ -12,6 +12,7 @@ every request arrives at 0 and at most ``max_concurrency`` run at once.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Annotated, Literal
 
 import numpy as np
@@ -26,26 +27,51 @@ class _Arrivals(BaseModel):
     def times(self, n: int, rng: np.random.Generator) -> np.ndarray:
         raise NotImplementedError
 
+    def chunks(self, n: int, rng: np.random.Generator, size: int) -> Iterator[np.ndarray]:
+        """:meth:`times` of ``n`` requests in consecutive pieces of ``size`` (the last shorter), value for value."""
+        times = self.times(n, rng)
+        for start in range(0, n, size):
+            yield times[start:start + size]
 
-class PoissonArrivals(_Arrivals):
+
+class _GapArrivals(_Arrivals):
+    """Arrivals as the running sum of random gaps, drawn a chunk at a time."""
+
+    def gaps(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        raise NotImplementedError
+
+    def times(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        return np.cumsum(self.gaps(n, rng))
+
+    def chunks(self, n: int, rng: np.random.Generator, size: int) -> Iterator[np.ndarray]:
+        last = np.zeros(1)
+        for start in range(0, n, size):
+            # the running sum carried on from the last time, added in the same order as one cumsum of all
+            times = np.cumsum(np.concatenate((last, self.gaps(min(size, n - start), rng))))[1:]
+            if len(times):
+                last = times[-1:]
+            yield times
+
+
+class PoissonArrivals(_GapArrivals):
     """Exponential gaps at ``rate`` requests per second."""
 
     process: Literal["poisson"] = "poisson"
     rate: float = Field(gt=0)
 
-    def times(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        return np.cumsum(rng.exponential(1.0 / self.rate, size=n))
+    def gaps(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        return rng.exponential(1.0 / self.rate, size=n)
 
 
-class GammaArrivals(_Arrivals):
+class GammaArrivals(_GapArrivals):
     """Gamma gaps at ``rate`` with shape ``burstiness`` (vLLM's ``--burstiness``)."""
 
     process: Literal["gamma"] = "gamma"
     rate: float = Field(gt=0)
     burstiness: float = Field(gt=0)
 
-    def times(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        return np.cumsum(rng.gamma(self.burstiness, 1.0 / (self.rate * self.burstiness), size=n))
+    def gaps(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        return rng.gamma(self.burstiness, 1.0 / (self.rate * self.burstiness), size=n)
 
 
 class ConstantArrivals(_Arrivals):
@@ -57,6 +83,10 @@ class ConstantArrivals(_Arrivals):
     def times(self, n: int, rng: np.random.Generator) -> np.ndarray:
         return np.arange(1, n + 1, dtype=np.float64) / self.rate
 
+    def chunks(self, n: int, rng: np.random.Generator, size: int) -> Iterator[np.ndarray]:
+        for start in range(0, n, size):
+            yield np.arange(start + 1, min(start + size, n) + 1, dtype=np.float64) / self.rate
+
 
 class ClosedLoopArrivals(_Arrivals):
     """``max_concurrency`` clients, each sending its next request when the last finishes."""
@@ -67,6 +97,10 @@ class ClosedLoopArrivals(_Arrivals):
 
     def times(self, n: int, rng: np.random.Generator) -> np.ndarray:
         return np.zeros(n)
+
+    def chunks(self, n: int, rng: np.random.Generator, size: int) -> Iterator[np.ndarray]:
+        for start in range(0, n, size):
+            yield np.zeros(min(size, n - start))
 
 
 class ReplayArrivals(_Arrivals):

@@ -21,7 +21,7 @@ A config with ``trace`` replays that trace instead (:func:`cdbench.workloads.tra
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from rich.progress import Progress, TaskID
@@ -162,7 +162,8 @@ def kind_sequence(p: np.ndarray, count: int, rng: np.random.Generator) -> np.nda
     exact = p * count
     counts = np.floor(exact).astype(np.intp)
     counts[np.argsort(counts - exact, kind="stable")[: count - counts.sum()]] += 1
-    return rng.permutation(np.repeat(np.arange(len(p)), counts))
+    # (int8: a byte a request; a shuffle's draws do not depend on the item size)
+    return rng.permutation(np.repeat(np.arange(len(p), dtype=np.int8), counts))
 
 
 def distinct_specs(items: list[CorpusItem]) -> tuple[list[CorpusItem], dict[str, str], dict[str, str]]:
@@ -183,10 +184,146 @@ def distinct_specs(items: list[CorpusItem]) -> tuple[list[CorpusItem], dict[str,
     return kept, dropped, hashes
 
 
+CHUNK = 1 << 16
+"""Requests whose per-request draws (arrival gaps, lengths, ...) are made at once by :class:`RequestStream`."""
+
+
+class RequestStream:
+    """The requests of ``config``, built as they are iterated, :data:`CHUNK` at a time: the same requests,
+    value for value, as drawing every stream for all of them at once (each stream is read in order, a
+    chunk after another; the reasoning stream's second use starts where its first ends, by advancing a
+    copy of it), while holding only a chunk's draws, the instance pools and, under ``kind_weights``, one
+    byte a structured request (its kind, from a seeded permutation of them all).
+
+    What the requests drew on is kept as they are built: ``pools`` (each structured request's
+    ``spec_id`` → its instance pool), ``failures`` (specs without a valid instance), and from the start
+    ``skipped_lines``, ``library_ids`` and ``duplicates`` of the corpus. A stream is iterated once.
+    ``on_progress`` is called with the fraction of requests built (at most about a hundred times).
+    """
+
+    def __init__(self, config: WorkloadConfig, vocab: Vocabulary, *, cache: PoolCache | None = None,
+                 progress: Progress | None = None, on_progress: Callable[[float], None] | None = None,
+                 chunk: int = CHUNK) -> None:
+        assert config.num_requests is not None  # WorkloadConfig requires it without a trace
+        self.config, self.vocab, self.chunk, self.on_progress = config, vocab, chunk, on_progress
+        if on_progress is not None:
+            on_progress(0.0)  # before the corpora load and the per-request draws, which take a while for large runs
+        self.streams = dict(zip(_STREAMS, (np.random.default_rng(s) for s in
+                                           np.random.SeedSequence(config.seed).spawn(len(_STREAMS)))))
+        n = self.n = config.num_requests
+        # a pass over a copy of the structured stream: whether any request is structured, and how many
+        counting = _copy(self.streams["structured"])
+        structured_count = sum(int(np.count_nonzero(counting.random(size) < config.structured_ratio))
+                               for size in _sizes(n, chunk))
+        items: list[CorpusItem] = []
+        hashes: dict[str, str] = {}
+        self.duplicates: dict[str, str] = {}
+        self.skipped_lines: list[SkippedLine] = []
+        self.library_ids: list[str] = []
+        if structured_count:
+            load = load_corpora(config.corpus, kinds=config.kinds, id_prefix=config.id_prefix,
+                                sample=config.corpus_sample, seed=config.seed, limit=config.corpus_limit)
+            self.skipped_lines, self.library_ids = load.skipped, load.library_ids
+            if not load.items:
+                raise ValueError(f"corpus {config.corpus} has no items after filtering (kinds={config.kinds}, "
+                                 f"id_prefix={config.id_prefix!r})")
+            items, self.duplicates, hashes = distinct_specs(load.items)
+        kinds, groups, kind_p = kind_groups(items, config.kind_weights)
+        # only with several kinds, so a config without weights keeps its workload
+        self._kinds = kind_sequence(kind_p, structured_count, self.streams["kinds"]) if len(kinds) > 1 else None
+        self._walk = None
+        if config.token_source == "random_walk":
+            self._walk = WalkParams(seed=int(self.streams["walk"].integers(2**63)),
+                                    eos_bias=config.random_walk.eos_bias, max_tokens=config.random_walk.max_tokens)
+        task = progress.add_task("instance pools", total=None) if progress is not None else None
+        pool_cache = cache or PoolCache()
+        self._pickers = [_SpecPicker(config, group, hashes, vocab, self.streams["specs"], pool_cache, progress, task,
+                                     f"{kind} " if kind else "")
+                         for kind, group in zip(kinds, groups)]
+        self.pools: dict[str, InstancePool] = {}
+
+    @property
+    def failures(self) -> list[InstanceFailure]:
+        return [failure for picker in self._pickers for failure in picker.failed.values()]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[Request]:
+        config, streams, n = self.config, self.streams, self.n
+        # the reasoning stream draws who thinks for all requests, then the thinking lengths: the lengths'
+        # stream is a copy of it n doubles on
+        lengths_rng = _copy(streams["reasoning"])
+        lengths_rng.bit_generator.advance(n)
+        arrivals = config.arrival.chunks(n, streams["arrivals"], self.chunk)
+        report_every = max(n // 100, 1)
+        kinds_at = 0
+        start = 0
+        for size in _sizes(n, self.chunk):
+            structured = streams["structured"].random(size) < config.structured_ratio
+            kind_of = np.zeros(size, dtype=np.intp)
+            if self._kinds is not None:
+                count = int(np.count_nonzero(structured))
+                kind_of[structured] = self._kinds[kinds_at:kinds_at + count]
+                kinds_at += count
+            times = next(arrivals)
+            prompt = np.maximum(config.prompt_len.sample(size, streams["prompt"]), 1)
+            output = np.maximum(config.output_len.sample(size, streams["output"]), 1)
+            thinks = streams["reasoning"].random(size) < config.reasoning.fraction
+            think_len = config.reasoning.think_len.sample(size, lengths_rng)
+            for j in range(size):
+                i = start + j
+                if self.on_progress is not None and i % report_every == 0:
+                    self.on_progress(i / n)
+                yield self._request(i, bool(structured[j]), int(kind_of[j]), float(times[j]), int(prompt[j]),
+                                    int(output[j]), int(think_len[j]) if thinks[j] else 0, bool(thinks[j]))
+            start += size
+
+    def _request(self, i: int, structured: bool, kind: int, arrival: float, prompt: int, output: int,
+                 think_len: int, thinks: bool) -> Request:
+        spec = spec_id = tokens = index = None
+        if structured:
+            picker = self._pickers[kind]
+            item, copy = picker.draw()
+            spec_id, spec = unique_copy(item, copy)
+            pool = picker.pool(item)
+            if pool is not None:
+                index = picker.instance(item, pool, self.streams["instances"])
+                tokens = pool.tokens[index]
+                output = len(tokens)
+                self.pools[spec_id] = pool
+        return Request(
+            request_id=i,
+            arrival_s=arrival,
+            prompt_len=prompt,
+            output_len=output,
+            spec=spec,
+            spec_id=spec_id,
+            output_tokens=tokens,
+            think_len=think_len,
+            thinking_budget=self.config.reasoning.thinking_budget if thinks else None,
+            closed_loop=self.config.arrival.closed_loop,
+            instance_index=index,
+            random_walk=self._walk if structured else None,
+        )
+
+
+def _copy(rng: np.random.Generator) -> np.random.Generator:
+    """An independent generator in ``rng``'s present state."""
+    bits = type(rng.bit_generator)()
+    bits.state = rng.bit_generator.state
+    return np.random.Generator(bits)
+
+
+def _sizes(n: int, chunk: int) -> Iterator[int]:
+    for start in range(0, n, chunk):
+        yield min(chunk, n - start)
+
+
 def generate(config: WorkloadConfig, vocab: Vocabulary, *, cache: PoolCache | None = None,
              progress: bool = True, on_progress: Callable[[float], None] | None = None) -> Workload:
     """Expand ``config`` into a :class:`Workload` of ``config.num_requests`` requests
-    (or replay ``config.trace``).
+    (or replay ``config.trace``): every request of its :class:`RequestStream`.
 
     ``progress`` shows this function's own progress bar; ``on_progress``, for a
     caller that owns the display, is called with the fraction of requests built
@@ -194,80 +331,11 @@ def generate(config: WorkloadConfig, vocab: Vocabulary, *, cache: PoolCache | No
     """
     if config.trace is not None:
         return replay(config, vocab)
-    assert config.num_requests is not None  # WorkloadConfig requires it without a trace
-    if on_progress is not None:
-        on_progress(0.0)  # before the corpora load and the per-request draws, which take a while for large runs
-    streams = dict(zip(_STREAMS, (np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(len(_STREAMS)))))
-    n = config.num_requests
-    items: list[CorpusItem] = []
-    hashes: dict[str, str] = {}
-    duplicates: dict[str, str] = {}
-    skipped: list[SkippedLine] = []
-    libraries: list[str] = []
-    structured = streams["structured"].random(n) < config.structured_ratio
-    if structured.any():
-        load = load_corpora(config.corpus, kinds=config.kinds, id_prefix=config.id_prefix,
-                            sample=config.corpus_sample, seed=config.seed, limit=config.corpus_limit)
-        skipped, libraries = load.skipped, load.library_ids
-        if not load.items:
-            raise ValueError(f"corpus {config.corpus} has no items after filtering (kinds={config.kinds}, "
-                             f"id_prefix={config.id_prefix!r})")
-        items, duplicates, hashes = distinct_specs(load.items)
-    kinds, groups, kind_p = kind_groups(items, config.kind_weights)
-    kind_of = np.zeros(n, dtype=np.intp)
-    if len(kinds) > 1:  # only then, so a config without weights keeps its workload
-        kind_of[structured] = kind_sequence(kind_p, int(structured.sum()), streams["kinds"])
-    arrivals = config.arrival.times(n, streams["arrivals"])
-    prompt = np.maximum(config.prompt_len.sample(n, streams["prompt"]), 1)
-    output = np.maximum(config.output_len.sample(n, streams["output"]), 1)
-    thinks = streams["reasoning"].random(n) < config.reasoning.fraction
-    think_len = config.reasoning.think_len.sample(n, streams["reasoning"])
-    instance_rng = streams["instances"]
-    walk = None
-    if config.token_source == "random_walk":
-        walk = WalkParams(seed=int(streams["walk"].integers(2**63)), eos_bias=config.random_walk.eos_bias,
-                          max_tokens=config.random_walk.max_tokens)
-
     bar = Progress(transient=True, disable=not progress)
-    requests: list[Request] = []
     with bar:
-        shown = bar if progress else None
-        task = shown.add_task("instance pools", total=None) if shown else None
-        pool_cache = cache or PoolCache()
-        pickers = [_SpecPicker(config, group, hashes, vocab, streams["specs"], pool_cache, shown, task,
-                               f"{kind} " if kind else "")
-                   for kind, group in zip(kinds, groups)]
-        pools: dict[str, InstancePool] = {}
-        report_every = max(n // 100, 1)
-        for i in range(n):
-            if on_progress is not None and i % report_every == 0:
-                on_progress(i / n)
-            spec = spec_id = tokens = index = None
-            out_len = int(output[i])
-            if structured[i]:
-                picker = pickers[kind_of[i]]
-                item, copy = picker.draw()
-                spec_id, spec = unique_copy(item, copy)
-                pool = picker.pool(item)
-                if pool is not None:
-                    index = picker.instance(item, pool, instance_rng)
-                    tokens = pool.tokens[index]
-                    out_len = len(tokens)
-                    pools[spec_id] = pool
-            requests.append(Request(
-                request_id=i,
-                arrival_s=float(arrivals[i]),
-                prompt_len=int(prompt[i]),
-                output_len=out_len,
-                spec=spec,
-                spec_id=spec_id,
-                output_tokens=tokens,
-                think_len=int(think_len[i]) if thinks[i] else 0,
-                thinking_budget=config.reasoning.thinking_budget if thinks[i] else None,
-                closed_loop=config.arrival.closed_loop,
-                instance_index=index,
-                random_walk=walk if structured[i] else None,
-            ))
+        stream = RequestStream(config, vocab, cache=cache, progress=bar if progress else None,
+                               on_progress=on_progress)
+        requests = list(stream)
     # Arrival times are already sorted (cumulative gaps); keep ids in arrival order.
-    failed = [failure for picker in pickers for failure in picker.failed.values()]
-    return Workload(config, vocab.name, requests, pools, failed, skipped, libraries, duplicates)
+    return Workload(config, vocab.name, requests, stream.pools, stream.failures, stream.skipped_lines,
+                    stream.library_ids, stream.duplicates)

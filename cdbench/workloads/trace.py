@@ -16,6 +16,7 @@ A run replays a trace through its workload config (``workload.trace: PATH``):
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -120,20 +121,24 @@ def _dump(model: BaseModel) -> str:
 
 def dumps_trace(workload: Workload) -> str:
     """The trace text: a header line, then one line per request in order."""
+    return "".join(f"{line}\n" for line in trace_lines(workload))
+
+
+def trace_lines(workload: Workload) -> Iterator[str]:
+    """The trace's lines (without line feeds), one at a time: a header line, then one line per request."""
     header = TraceHeader(format_version=FORMAT_VERSION, seed=workload.config.seed, vocab=workload.vocab_name,
                          config=workload.config,
                          failures=[{"spec_id": f.spec_id, "reason": f.reason} for f in workload.failures])
-    lines = [_dump(header)]
+    yield _dump(header)
     for r in workload.requests:
         spec = None if r.spec is None else TraceSpec(kind=r.spec.kind, spec=r.spec.spec, options=dict(r.spec.options))
         walk = None if r.random_walk is None else TraceWalk(
             seed=r.random_walk.seed, eos_bias=r.random_walk.eos_bias, max_tokens=r.random_walk.max_tokens)
-        lines.append(_dump(TraceRequest(
+        yield _dump(TraceRequest(
             request_id=r.request_id, arrival_s=r.arrival_s, prompt_len=r.prompt_len, output_len=r.output_len,
             spec_id=r.spec_id, spec=spec, output_tokens=None if r.output_tokens is None else list(r.output_tokens),
             instance_index=r.instance_index, think_len=r.think_len, thinking_budget=r.thinking_budget,
-            closed_loop=r.closed_loop, random_walk=walk)))
-    return "\n".join(lines) + "\n"
+            closed_loop=r.closed_loop, random_walk=walk))
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -221,8 +226,10 @@ def loads_trace(data: str | bytes) -> TraceLoad:
 
 
 def write_trace(workload: Workload, path: str | Path) -> None:
-    """Write ``workload`` as a trace file (what a run folder's ``workload.trace.jsonl`` holds)."""
-    Path(path).write_text(dumps_trace(workload), encoding="utf-8")
+    """Write ``workload`` as a trace file (what a run folder's ``workload.trace.jsonl`` holds), a line at a time."""
+    with open(path, "w", encoding="utf-8", newline="") as out:
+        for line in trace_lines(workload):
+            out.write(f"{line}\n")
 
 
 def read_trace(path: str | Path) -> TraceLoad:

@@ -141,6 +141,8 @@ def test_draft_accepts_recorded_in_fills_are_charged_once_in_model_mode() -> Non
     assert profile.overall.accept_s.mean == pytest.approx(accept)
     model = ModelExecutor(ProfileGrammarCosts(profile, 0), alpha=1.0)
     model.prepare(requests, keys)
+    for rid in range(len(requests)):  # each request arrives: its cost pools are built
+        model.arrive(rid)
     rows = StepRows(rids, np.ones(2, bool), np.full(2, k), np.full(2, 20), np.zeros(2, np.int64))
     work = model.step(rows, np.random.default_rng(0))
     assert work.fill_s.tolist() == pytest.approx([(1 + k) * fill + k * accept] * 2)
@@ -176,6 +178,8 @@ def test_model_mode_accepts_no_draft_the_grammar_refuses() -> None:
     requests = [Request(i, 0.0, 4, 40, spec, "c/n") for i in range(n)]
     model = ModelExecutor(ProfileGrammarCosts(profile, 0), alpha=0.5)
     model.prepare(requests, SpecKeys.of(requests))
+    for rid in range(len(requests)):  # each request arrives: its cost pools are built
+        model.arrive(rid)
     rows = StepRows(np.arange(n), np.ones(n, bool), np.full(n, k), np.full(n, 20), np.zeros(n, np.int64))
     work = model.step(rows, np.random.default_rng(0))
     # only the accepted drafts were grammar-valid: no row past them, nothing valid to roll back
@@ -212,6 +216,8 @@ def test_thinking_accepts_are_measured_and_charged() -> None:
     assert profile.specs[spec_key_hash("regex:c/n0")].think_accept_s == pytest.approx(per_token)
     model = ModelExecutor(ProfileGrammarCosts(profile, 0))
     model.prepare(requests, keys)
+    for rid in range(len(requests)):  # each request arrives: its cost pools are built
+        model.arrive(rid)
     rows = StepRows(rids, np.zeros(2, bool), np.zeros(2, np.int64), np.full(2, 10), np.array([30, 0]))
     work = model.step(rows, np.random.default_rng(0))
     assert work.process_s == pytest.approx(per_token)  # the thinking row's one token; the other is not thinking

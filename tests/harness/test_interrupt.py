@@ -14,7 +14,11 @@ from typer.testing import CliRunner
 from cdbench.cli.app import app
 from cdbench.harness.scheduler import Scheduler
 from cdbench.results.config_files import builtin_config_path
-from cdbench.results.stopped_run import PARTIAL_REQUESTS_DIR, STOPPED_SUMMARY_FILE
+from cdbench.results.stopped_run import (
+    PARTIAL_REQUESTS_DIR,
+    PARTIAL_STEPS_DIR,
+    STOPPED_SUMMARY_FILE,
+)
 
 runner = CliRunner()
 
@@ -71,6 +75,10 @@ def test_a_run_killed_outright_leaves_its_finished_requests_readable(tmp_path):
     finished = pd.read_parquet(out / PARTIAL_REQUESTS_DIR)
     assert len(finished) > 0 and finished["finish_s"].notna().all()
     assert finished["request_id"].is_unique
+    # handed over in the run's order (issue order), as they join into requests.parquet at a run's end
+    assert finished["issued_s"].is_monotonic_increasing
+    steps = pd.read_parquet(out / PARTIAL_STEPS_DIR)  # the steps so far, likewise
+    assert len(steps) > 0 and steps["start_s"].is_monotonic_increasing
     report = runner.invoke(app, ["report", str(out)])
     assert report.exit_code == 2
     assert f"the requests it finished are in {out / PARTIAL_REQUESTS_DIR}/" in report.output

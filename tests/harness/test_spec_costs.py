@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cdbench.backends.base import ConstraintSpec
-from cdbench.harness.costs.cost_tables import SpecIndex
+from cdbench.harness.costs.cost_tables import ROW, SpecIndex
 from cdbench.harness.costs.gpu import FixedGpuCosts
 from cdbench.harness.costs.grammar_profile import CompileMeasurement, GrammarProfile, WalkMeasurement
 from cdbench.harness.costs.spec_profile import spec_key_hash
@@ -122,6 +122,8 @@ def test_a_requests_draws_do_not_depend_on_row_order() -> None:
     def fills(order: list[int]) -> dict[int, float]:
         ex = ModelExecutor(ProfileGrammarCosts(_profile(), 3))
         ex.prepare(requests, keys)
+        for rid in range(len(requests)):  # each request arrives: its cost pools are built
+            ex.arrive(rid)
         rid = np.array(order)
         n = len(rid)
         work = ex.step(StepRows(rid, np.ones(n, bool), np.zeros(n, np.int64), np.full(n, 17), np.zeros(n, np.int64)),
@@ -177,6 +179,8 @@ def test_outliers_replay_as_rare_spikes_not_spread_over_every_fill() -> None:
     requests = [Request(i, 0.0, 50, out, SPEC, "corp/spiky") for i in range(n)]
     ex = ModelExecutor(ProfileGrammarCosts(_spiky_profile(), 0))
     ex.prepare(requests, SpecKeys.of(requests))
+    for rid in range(len(requests)):  # each request arrives: its cost pools are built
+        ex.arrive(rid)
     rid = np.arange(n)
     fills = np.concatenate([
         ex.step(StepRows(rid, np.ones(n, bool), np.zeros(n, np.int64), np.full(n, out - p), np.zeros(n, np.int64)),
@@ -194,6 +198,8 @@ def _fills_at_positions(profile: GrammarProfile, spec_id: str, out: int, seed: i
     requests = [Request(i, 0.0, 50, out, SPEC, spec_id) for i in range(n)]
     ex = ModelExecutor(ProfileGrammarCosts(profile, seed))
     ex.prepare(requests, SpecKeys.of(requests))
+    for rid in range(len(requests)):  # each request arrives: its cost pools are built
+        ex.arrive(rid)
     rid = np.arange(n)
     return np.stack([
         ex.step(StepRows(rid, np.ones(n, bool), np.zeros(n, np.int64), np.full(n, out - p), np.zeros(n, np.int64)),
@@ -277,3 +283,36 @@ def test_a_text_the_profile_walked_replays_its_own_fills_and_an_unwalked_one_its
     np.testing.assert_allclose(fills[1], measured["dear"][:len(fills[1])], rtol=1e-4)
     spec_mean = (measured["cheap"] + measured["dear"]) / 2
     assert fills[2][5:10].mean() == pytest.approx(spec_mean[5:10].mean(), rel=0.3)
+
+
+def _pools(tables, rid: int, out: int) -> tuple:
+    """A request's pools and position curve as it reads them (wherever they sit)."""
+    base, curve = int(tables.base[rid]), int(tables.curve_end[rid]) - out
+    return (tables.fill[base:base + ROW].tolist(), tables.fill_csum[base:base + ROW].tolist(),
+            tables.accept[base:base + ROW].tolist(), tables.forced[base:base + ROW].tolist(),
+            tables.curve[curve:curve + out].tolist())
+
+
+def test_cost_pools_are_built_as_requests_arrive_the_same_in_any_slot_and_freed_as_they_end() -> None:
+    out = 64
+    requests = [Request(i, 0.0, 50, out, SPEC, "corp/slow" if i % 2 else "other/fast") for i in range(6)]
+    ex = ModelExecutor(ProfileGrammarCosts(_profile(), 0))
+    ex.prepare(requests, SpecKeys.of(requests))
+    tables = ex.tables
+    ex.arrive(0)
+    first = _pools(tables, 0, out)
+    ex.finish(0)  # its slot is free, its pools still there
+    ex.arrive(2)  # request 0's cost spec again: the same slot, not drawn again
+    assert int(tables.base[2]) == 0 and tables._rows.size == 1
+    ex.finish(2)
+    ex.arrive(1)  # another cost spec takes the freed slot
+    ex.arrive(4)  # request 0's cost spec again, drawn again into another slot
+    assert (int(tables.base[1]), int(tables.base[4])) == (0, ROW)
+    assert _pools(tables, 4, out) == first
+    for rid in (3, 5):
+        ex.arrive(rid)
+    # two cost specs in flight: two rows of pools, however many requests read them
+    assert tables._rows.size == 2 and len(tables._rows.refs) == 2
+    for rid in (1, 3, 4, 5):
+        ex.finish(rid)
+    assert not tables._rows.refs and len(tables._rows.free) == 2

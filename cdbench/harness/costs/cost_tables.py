@@ -32,6 +32,7 @@ is 1, which is the per-kind behaviour of such profiles.
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -61,7 +62,7 @@ DRAFT_WINDOW = 256
 ROW = SPAN + DRAFT_WINDOW
 
 
-@dataclass(frozen=True)
+@dataclass
 class CostTables:
     """Per-request grammar costs of a run (per-request arrays indexed as the scheduler numbers requests).
 
@@ -106,6 +107,12 @@ class CostTables:
     end_left: np.ndarray | None = None
     think_accept: np.ndarray | None = None
     fill_base: np.ndarray | None = None
+
+    def acquire(self, rid: int) -> None:
+        """Request ``rid`` arrived: its pools are needed from now on (the tables of a profile build them then)."""
+
+    def release(self, rid: int) -> None:
+        """Request ``rid`` ended: its pools may go."""
 
 
 def output_lengths(requests: Sequence) -> np.ndarray:
@@ -252,126 +259,257 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
     text's fills: its curve is the instance's mean fill at each measured
     position (its spec's curve elsewhere), over a pool of ones and without
     drawn outliers, as the measured fills already hold the text's own spread.
-    """
-    out_len = output_lengths(requests)
-    width = int(out_len.max(initial=0)) + 1
-    bins = position_bins(np.arange(width))
-    kinds = {kind: _kind_dists(profile, profile.kind(kind)) for kind in sorted(set(keys.kinds))}
-    has_rollback = all(d[3] is not None for d in kinds.values())
-    fills, accepts, rollbacks, forced, curves, spikes = [], [], [], [], [], []
-    row_of: dict[tuple[str, str | None], int] = {}
-    n_keys = max(len(keys.texts), 1)
-    key_row = np.zeros(n_keys, np.int64)
-    key_reject_rate = np.zeros(n_keys)
-    key_reject_at = np.zeros(n_keys, np.int64)
-    key_spec: list[SpecProfile | None] = []
-    chains = [np.ones(DRAFT_WINDOW - 1)]  # chain 0: every draft valid (not measured)
-    chain_of: dict[tuple[str | None, str], int] = {}
-    key_chain = np.zeros(n_keys, np.int64)
-    key_think = np.zeros(n_keys)
-    for k, (text, spec_id, kind) in enumerate(zip(keys.texts, keys.spec_ids, keys.kinds)):
-        name = index.resolve(text, spec_id, kind)
-        spec = index.spec(name)
-        fill_dist, relative, accept, rollback = kinds[kind]
-        own = spec is not None and spec.fills > 0 and relative and len(spec.fill_residual) > 0
-        row_key = (kind, name if own or spec is not None and spec.accept_s is not None else None)
-        row = row_of.get(row_key)
-        if row is None:
-            row = row_of[row_key] = len(fills)
-            kp = profile.kind(kind)
-            rng = np.random.default_rng([seed, 0x6772, KIND_CODES[kind],
-                                         int(row_key[1], 16) if row_key[1] is not None else 0])
-            u = rng.random((4, SPAN))
-            spiky = own and spec.fill_outlier_rate > 0 and len(spec.fill_outliers_s) > 0
-            spikes.append(_spikes(spec, np.random.default_rng([seed, 0x7370, KIND_CODES[kind], int(name, 16)]))
-                          if spiky else None)
-            if own:
-                fills.append(_row(_cycle(np.asarray(spec.fill_residual), u[0]), 1.0))
-                curves.append(spec.fill_by_position_s(np.arange(width)))
-            else:
-                fills.append(_row(fill_dist.quantile(u[0]), fill_dist.mean))
-                curve = kp.fill_curve if relative and len(kp.fill_curve) == N_POSITION_BINS else None
-                curves.append(kp.fill_s.mean * np.asarray(curve)[bins] if curve is not None else np.ones(width))
-            accept_scale = rollback_scale = 1.0
-            if spec is not None and spec.accept_s is not None and accept.p50 > 0:
-                accept_scale = spec.accept_s / accept.p50
-            if spec is not None and spec.rollback_s is not None and rollback is not None and rollback.p50 > 0:
-                rollback_scale = spec.rollback_s / rollback.p50
-            accepts.append(_row(accept.quantile(u[1]), accept.mean * accept_scale))
-            if has_rollback:
-                rollbacks.append(_row(rollback.quantile(u[2]), rollback.mean * rollback_scale))
-            jumps = rng.geometric(1.0 / max(kp.jump_forward_mean_tokens, 1.0), SPAN)
-            forced.append(_row(np.where(u[3] < kp.jump_forward_fraction, jumps, 0)))
-        key_row[k] = row
-        key_spec.append(spec)
-        kp = profile.kind(kind)
-        own_chain = spec is not None and len(spec.draft_tried) > 0
-        chain = (spec.draft_tried, spec.draft_valid) if own_chain else (kp.draft_tried, kp.draft_valid)
-        if chain[0]:
-            chain_key = (name, kind) if own_chain else (None, kind)
-            if chain_key not in chain_of:
-                chain_of[chain_key] = len(chains)
-                chains.append(_survival(*chain))
-            key_chain[k] = chain_of[chain_key]
-        think = spec.think_accept_s if spec is not None and spec.think_accept_s is not None else kp.think_accept_s
-        key_think[k] = think or 0.0
-        if spec is not None and spec.rejected and spec.walks:
-            key_reject_rate[k], key_reject_at[k] = spec.rejected / spec.walks, spec.rejected_at
 
-    # each request's offset comes from its request id, so it does not depend on which others share the run
-    ids = np.array([r.request_id for r in requests], np.int64)
-    offsets = np.random.default_rng([seed, 0x6f66]).integers(0, SPAN, int(ids.max(initial=0)) + 1)[ids]
-    structured = keys.request_key >= 0
-    rk = np.maximum(keys.request_key, 0)
-    row = np.where(structured, key_row[rk], 0)
-    curve_of = row.copy()  # a row's curve is the curve of the same index
-    fill_row = None
-    if profile.instances and keys.request_instance:
-        block_of: dict[str, int] = {}
-        ones = len(fills)  # the fill row of every replayed text: its curve holds its fills
-        for i in np.flatnonzero(structured).tolist():
-            walked = keys.request_instance[i]
-            instance = profile.instances.get(walked) if walked is not None else None
-            if instance is None:
-                continue
-            block = block_of.get(walked)
-            if block is None:
-                measured = instance.fill_at(width)
-                block = block_of[walked] = len(curves)
-                curves.append(np.where(np.isnan(measured), curves[row[i]], measured))
-            curve_of[i] = block
-            if fill_row is None:
-                fill_row = row.copy()
-            fill_row[i] = ones
-        if fill_row is not None:
-            fills.append(np.ones(ROW))
-            spikes.append(None)
-    fill = np.concatenate(fills) if fills else np.zeros(ROW)
-    spike = None
-    if any(x is not None for x in spikes):
-        spike = np.concatenate([np.zeros(ROW) if x is None else x for x in spikes])
-    reject_left = None
-    if key_reject_rate.any():  # a request of a refusing spec is refused as often as the spec's walks were
-        draw = np.random.default_rng([seed, 0x726a]).random(int(ids.max(initial=0)) + 1)[ids]
-        refused = structured & (draw < key_reject_rate[rk]) & (key_reject_at[rk] < out_len)
-        reject_left = np.where(refused, out_len - key_reject_at[rk], -1)
-    end_left = None
-    walker = np.array([r.spec is not None and r.output_tokens is None for r in requests], bool)
-    if walker.any() and any(s is not None and s.walk_ends for s in key_spec):
-        u = np.random.default_rng([seed, 0x7765]).random(int(ids.max(initial=0)) + 1)[ids]
-        end_left = np.array([_walk_end_left(key_spec[rk[i]], int(out_len[i]), float(u[i])) if walker[i] else 0
-                             for i in range(len(requests))], np.int64)
-        if not end_left.any():
-            end_left = None
-    think = np.where(structured, key_think[rk], 0.0)
-    return CostTables(
-        fill=fill, fill_csum=_csum(fill), accept=np.concatenate(accepts) if accepts else np.zeros(ROW),
-        rollback=np.concatenate(rollbacks) if has_rollback and rollbacks else None,
-        forced=np.concatenate(forced).astype(np.int64) if forced else np.zeros(ROW, np.int64),
-        base=row * ROW, off_end=offsets + out_len,
-        curve=np.concatenate(curves) if curves else np.ones(width), curve_end=curve_of * width + out_len,
-        reject_left=reject_left, spike=spike,
-        draft_survival=np.vstack(chains) if len(chains) > 1 else None,
-        draft_chain=np.where(structured, key_chain[rk], 0) if len(chains) > 1 else None,
-        end_left=end_left, think_accept=think if think.any() else None,
-        fill_base=None if fill_row is None else fill_row * ROW)
+    The pools are built when a request that reads them arrives and dropped when
+    the last such request ends (:class:`ProfileTables`), so the tables hold
+    the pools of the requests in flight, not of the run.
+    """
+    return ProfileTables(profile, index, seed, requests, keys)
+
+
+class _Slots:
+    """Slot numbers of pooled values shared by the requests in flight that read them: a slot is taken
+    when the first of them arrives and freed when the last ends (reference counts). A freed slot keeps
+    its values until a new item needs a slot, the longest-freed first, so an item whose requests come
+    and go (a popular spec) is not drawn again each time; the slots are bounded by what runs at once."""
+
+    def __init__(self, reserved: int = 0) -> None:
+        self.slot: dict[int, int] = {}  # item -> its slot (in use, or freed and still holding its values)
+        self.refs: dict[int, int] = {}  # items in use -> requests reading them
+        self.free: OrderedDict[int, int] = OrderedDict()  # freed slot -> the item it still holds, oldest first
+        self.size = reserved  # slots handed out so far (the first ``reserved`` are fixed)
+
+    def take(self, item: int) -> tuple[int, bool]:
+        """``item``'s slot, and whether it is new (its values must be written)."""
+        slot = self.slot.get(item)
+        if slot is not None:
+            if item in self.refs:
+                self.refs[item] += 1
+            else:
+                del self.free[slot]
+                self.refs[item] = 1
+            return slot, False
+        if self.free:
+            slot, held = self.free.popitem(last=False)
+            del self.slot[held]
+        else:
+            slot, self.size = self.size, self.size + 1
+        self.slot[item], self.refs[item] = slot, 1
+        return slot, True
+
+    def drop(self, item: int) -> None:
+        self.refs[item] -= 1
+        if not self.refs[item]:
+            del self.refs[item]
+            self.free[self.slot[item]] = item
+
+
+def _grown(array: np.ndarray | None, length: int) -> np.ndarray | None:
+    """``array`` with room for ``length`` values along its first axis (doubled when short)."""
+    if array is None or len(array) >= length:
+        return array
+    out = np.zeros((max(length, 2 * len(array)), *array.shape[1:]), array.dtype)
+    out[:len(array)] = array
+    return out
+
+
+class ProfileTables(CostTables):
+    """:func:`profile_tables`' tables: per-request columns for the whole run (a few numbers a request),
+    the pools (a :data:`ROW` of each metric a cost spec, a curve a cost spec or replayed text, a chain of
+    draft-survival rates) built into reused slots as requests arrive (:meth:`acquire`) and freed as they
+    end (:meth:`release`). A cost spec's pools and curve are the same values whenever they are built;
+    only the slot they sit in changes. ``fill_csum`` holds each row's own prefix sums (a row's draft fills
+    are one difference within the row)."""
+
+    def __init__(self, profile: GrammarProfile, index: SpecIndex, seed: int, requests: Sequence, keys) -> None:
+        self.profile, self.index, self.seed = profile, index, seed
+        out_len = output_lengths(requests)
+        self.width = width = int(out_len.max(initial=0)) + 1
+        self._bins = position_bins(np.arange(width))
+        self._kinds = {kind: _kind_dists(profile, profile.kind(kind)) for kind in sorted(set(keys.kinds))}
+        has_rollback = all(d[3] is not None for d in self._kinds.values())
+        # cost specs: (kind, the name seeding its pools or None, the spec its costs are scaled by, own fills)
+        self._recipes: list[tuple[str, str | None, str | None, bool]] = []
+        row_of: dict[tuple[str, str | None], int] = {}
+        n_keys = max(len(keys.texts), 1)
+        key_row = np.zeros(n_keys, np.int64)
+        key_reject_rate = np.zeros(n_keys)
+        key_reject_at = np.zeros(n_keys, np.int64)
+        key_spec: list[SpecProfile | None] = []
+        self._chains: list[tuple[str | None, str]] = [(None, "")]  # chain 0: every draft valid (not measured)
+        chain_of: dict[tuple[str | None, str], int] = {}
+        key_chain = np.zeros(n_keys, np.int64)
+        key_think = np.zeros(n_keys)
+        spiky = False
+        for k, (text, spec_id, kind) in enumerate(zip(keys.texts, keys.spec_ids, keys.kinds)):
+            name = index.resolve(text, spec_id, kind)
+            spec = index.spec(name)
+            relative = self._kinds[kind][1]
+            own = spec is not None and spec.fills > 0 and relative and len(spec.fill_residual) > 0
+            row_key = (kind, name if own or spec is not None and spec.accept_s is not None else None)
+            row = row_of.get(row_key)
+            if row is None:
+                row = row_of[row_key] = len(self._recipes)
+                self._recipes.append((kind, row_key[1], name, own))
+                spiky |= own and spec.fill_outlier_rate > 0 and len(spec.fill_outliers_s) > 0
+            key_row[k] = row
+            key_spec.append(spec)
+            kp = profile.kind(kind)
+            own_chain = spec is not None and len(spec.draft_tried) > 0
+            if (spec.draft_tried if own_chain else kp.draft_tried):
+                chain_key = (name, kind) if own_chain else (None, kind)
+                if chain_key not in chain_of:
+                    chain_of[chain_key] = len(self._chains)
+                    self._chains.append(chain_key)
+                key_chain[k] = chain_of[chain_key]
+            think = spec.think_accept_s if spec is not None and spec.think_accept_s is not None else kp.think_accept_s
+            key_think[k] = think or 0.0
+            if spec is not None and spec.rejected and spec.walks:
+                key_reject_rate[k], key_reject_at[k] = spec.rejected / spec.walks, spec.rejected_at
+
+        # each request's offset comes from its request id, so it does not depend on which others share the run
+        ids = np.array([r.request_id for r in requests], np.int64)
+        offsets = np.random.default_rng([seed, 0x6f66]).integers(0, SPAN, int(ids.max(initial=0)) + 1)[ids]
+        structured = keys.request_key >= 0
+        rk = np.maximum(keys.request_key, 0)
+        self._row_of = np.where(structured, key_row[rk], -1)  # each request's cost spec (-1: none)
+        self._chain_of = np.where(structured, key_chain[rk], 0)
+        self._out_len = out_len
+        # replayed texts: each request's (-1: none), and the cost spec whose curve fills its gaps
+        self._text_of = np.full(len(requests), -1, np.int64)
+        self._texts: list[tuple[str, int]] = []
+        if profile.instances and keys.request_instance:
+            text_index: dict[str, int] = {}
+            for i in np.flatnonzero(structured).tolist():
+                walked = keys.request_instance[i]
+                if walked is None or walked not in profile.instances:
+                    continue
+                found = text_index.get(walked)
+                if found is None:
+                    found = text_index[walked] = len(self._texts)
+                    self._texts.append((walked, int(self._row_of[i])))
+                self._text_of[i] = found
+        replays = bool(self._texts)
+        reject_left = None
+        if key_reject_rate.any():  # a request of a refusing spec is refused as often as the spec's walks were
+            draw = np.random.default_rng([seed, 0x726a]).random(int(ids.max(initial=0)) + 1)[ids]
+            refused = structured & (draw < key_reject_rate[rk]) & (key_reject_at[rk] < out_len)
+            reject_left = np.where(refused, out_len - key_reject_at[rk], -1)
+        end_left = None
+        walker = np.array([r.spec is not None and r.output_tokens is None for r in requests], bool)
+        if walker.any() and any(s is not None and s.walk_ends for s in key_spec):
+            u = np.random.default_rng([seed, 0x7765]).random(int(ids.max(initial=0)) + 1)[ids]
+            end_left = np.array([_walk_end_left(key_spec[rk[i]], int(out_len[i]), float(u[i])) if walker[i] else 0
+                                 for i in range(len(requests))], np.int64)
+            if not end_left.any():
+                end_left = None
+        think = np.where(structured, key_think[rk], 0.0)
+        n = len(requests)
+        self._rows = _Slots(reserved=1 if replays else 0)  # slot 0: the row of ones replayed texts read
+        self._curves = _Slots()
+        self._chain_slots = _Slots(reserved=1)  # slot 0: chain 0
+        self._curve_slots: dict[int, int] = {}  # acquired request -> its curve's item (cost spec c: c; text t: ~t)
+        rows = 4
+        super().__init__(
+            fill=np.zeros(rows * ROW), fill_csum=np.zeros(rows * ROW), accept=np.zeros(rows * ROW),
+            rollback=np.zeros(rows * ROW) if has_rollback else None, forced=np.zeros(rows * ROW, np.int64),
+            base=np.zeros(n, np.int64), off_end=offsets + out_len, curve=np.ones(rows * width),
+            curve_end=np.zeros(n, np.int64), reject_left=reject_left, spike=np.zeros(rows * ROW) if spiky else None,
+            draft_survival=np.ones((rows, DRAFT_WINDOW - 1)) if len(self._chains) > 1 else None,
+            draft_chain=np.zeros(n, np.int64) if len(self._chains) > 1 else None, end_left=end_left,
+            think_accept=think if think.any() else None, fill_base=np.zeros(n, np.int64) if replays else None)
+        if replays:
+            self._grow_rows(1)
+            self.fill[:ROW] = 1.0
+            self.fill_csum[:ROW] = _csum(self.fill[:ROW])[:ROW]
+
+    def acquire(self, rid: int) -> None:
+        cost_spec = int(self._row_of[rid])
+        if cost_spec < 0:
+            return
+        slot, new = self._rows.take(cost_spec)
+        if new:
+            self._grow_rows(self._rows.size)
+            self._write_row(slot, cost_spec)
+        self.base[rid] = slot * ROW
+        text = int(self._text_of[rid])
+        item = cost_spec if text < 0 else ~text
+        curve, new = self._curves.take(item)
+        if new:
+            self.curve = _grown(self.curve, self._curves.size * self.width)
+            at = slice(curve * self.width, (curve + 1) * self.width)
+            if text < 0:
+                self.curve[at] = self._spec_curve(cost_spec)
+            else:
+                walked, gaps = self._texts[text]
+                measured = self.profile.instances[walked].fill_at(self.width)
+                self.curve[at] = np.where(np.isnan(measured), self._spec_curve(gaps), measured)
+        self._curve_slots[rid] = item
+        self.curve_end[rid] = curve * self.width + self._out_len[rid]
+        if self.fill_base is not None:
+            self.fill_base[rid] = 0 if text >= 0 else slot * ROW
+        if self.draft_chain is not None:
+            chain = int(self._chain_of[rid])
+            if chain:
+                chain_slot, new = self._chain_slots.take(chain)
+                if new:
+                    self.draft_survival = _grown(self.draft_survival, self._chain_slots.size)
+                    self.draft_survival[chain_slot] = self._survival(chain)
+                self.draft_chain[rid] = chain_slot
+
+    def release(self, rid: int) -> None:
+        item = self._curve_slots.pop(rid, None)
+        if item is None:  # (never acquired: unconstrained)
+            return
+        self._curves.drop(item)
+        self._rows.drop(int(self._row_of[rid]))
+        chain = int(self._chain_of[rid])
+        if self.draft_chain is not None and chain:
+            self._chain_slots.drop(chain)
+
+    def _grow_rows(self, rows: int) -> None:
+        for name in ("fill", "fill_csum", "accept", "rollback", "forced", "spike"):
+            setattr(self, name, _grown(getattr(self, name), rows * ROW))
+
+    def _spec_curve(self, cost_spec: int) -> np.ndarray:
+        kind, _, name, own = self._recipes[cost_spec]
+        spec = self.index.spec(name)
+        if own:
+            return spec.fill_by_position_s(np.arange(self.width))
+        kp = self.profile.kind(kind)
+        curve = kp.fill_curve if self._kinds[kind][1] and len(kp.fill_curve) == N_POSITION_BINS else None
+        return kp.fill_s.mean * np.asarray(curve)[self._bins] if curve is not None else np.ones(self.width)
+
+    def _survival(self, chain: int) -> np.ndarray:
+        name, kind = self._chains[chain]
+        source = self.index.spec(name) if name is not None else self.profile.kind(kind)
+        return _survival(source.draft_tried, source.draft_valid)
+
+    def _write_row(self, slot: int, cost_spec: int) -> None:
+        """Draw cost spec ``cost_spec``'s pools into row ``slot`` (the same values whichever slot)."""
+        kind, seeded, name, own = self._recipes[cost_spec]
+        spec = self.index.spec(name)
+        fill_dist, relative, accept, rollback = self._kinds[kind]
+        kp = self.profile.kind(kind)
+        rng = np.random.default_rng([self.seed, 0x6772, KIND_CODES[kind], int(seeded, 16) if seeded is not None else 0])
+        u = rng.random((4, SPAN))
+        at = slice(slot * ROW, (slot + 1) * ROW)
+        if self.spike is not None:
+            spiky = own and spec.fill_outlier_rate > 0 and len(spec.fill_outliers_s) > 0
+            self.spike[at] = _spikes(spec, np.random.default_rng([self.seed, 0x7370, KIND_CODES[kind], int(name, 16)])) \
+                if spiky else 0.0
+        if own:
+            self.fill[at] = _row(_cycle(np.asarray(spec.fill_residual), u[0]), 1.0)
+        else:
+            self.fill[at] = _row(fill_dist.quantile(u[0]), fill_dist.mean)
+        self.fill_csum[at] = _csum(self.fill[at])[:ROW]
+        accept_scale = rollback_scale = 1.0
+        if spec is not None and spec.accept_s is not None and accept.p50 > 0:
+            accept_scale = spec.accept_s / accept.p50
+        if spec is not None and spec.rollback_s is not None and rollback is not None and rollback.p50 > 0:
+            rollback_scale = spec.rollback_s / rollback.p50
+        self.accept[at] = _row(accept.quantile(u[1]), accept.mean * accept_scale)
+        if self.rollback is not None:
+            self.rollback[at] = _row(rollback.quantile(u[2]), rollback.mean * rollback_scale)
+        jumps = rng.geometric(1.0 / max(kp.jump_forward_mean_tokens, 1.0), SPAN)
+        self.forced[at] = _row(np.where(u[3] < kp.jump_forward_fraction, jumps, 0))

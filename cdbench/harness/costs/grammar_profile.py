@@ -48,6 +48,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_serializer,
     model_validator,
@@ -108,6 +109,7 @@ class Distribution(BaseModel):
     values: list[float] = []
     hist_edges: list[float] = []
     hist_counts: list[int] = []
+    _points: tuple[np.ndarray, np.ndarray] | None = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _well_formed(self) -> Distribution:
@@ -162,7 +164,9 @@ class Distribution(BaseModel):
         """The ``q`` quantile(s) of the stored quantile function."""
         if not self.count:
             raise ProfileError("quantile of an empty distribution")
-        return np.interp(q, self.probs, self.values)
+        if self._points is None:  # as arrays once: model mode draws a cost spec's pools from them as it arrives
+            self._points = (np.asarray(self.probs, np.float64), np.asarray(self.values, np.float64))
+        return np.interp(q, *self._points)
 
 
 class KindProfile(BaseModel):

@@ -217,6 +217,10 @@ class GrammarExecutor(ABC):
     def compile(self, key: int) -> CompileOutcome:
         """Compile spec ``key`` once (its time is reused for every simulated compile of it)."""
 
+    def arrive(self, rid: int) -> None:
+        """Structured request ``rid`` reached the engine: what the executor needs for it is built from now on
+        (``model`` mode: its cost pools; the executor then holds those of the requests in flight)."""
+
     def finish(self, rid: int) -> None:
         """Request ``rid`` ended: whatever the executor keeps for it can go."""
 

@@ -43,7 +43,8 @@ _SPAN_MASK = SPAN - 1
 
 class GrammarCosts(Protocol):
     """Grammar costs the model executor reads: one compile per spec, per-request cost tables
-    (:class:`~cdbench.harness.costs.cost_tables.CostTables`) built once for the run, and how far
+    (:class:`~cdbench.harness.costs.cost_tables.CostTables`, whose pools a request acquires when it
+    arrives and releases when it ends), and how far
     the engine's parallel fill pool falls short of its threads running side by side (a factor on
     the pool's makespan; 1: it does not)."""
 
@@ -164,6 +165,15 @@ class ModelExecutor(GrammarExecutor):
                 parallel_fill: ParallelFill | None = None) -> None:
         super().prepare(requests, keys, jump_forward, parallel_fill)
         self.tables = self.costs.tables(requests, keys)
+
+    def arrive(self, rid: int) -> None:
+        self.tables.acquire(rid)
+
+    def finish(self, rid: int) -> None:
+        self.tables.release(rid)
+
+    def abort(self, rid: int) -> None:
+        self.tables.release(rid)
 
     def compile(self, key: int) -> CompileOutcome:
         k = self.keys
