@@ -40,28 +40,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from cdbench.harness.costs.hardware import ModelSpec
+from cdbench.harness.costs.hardware import ModelSpec, intermediate_size
 from cdbench.kernels.decode_attention import decode_attention
 
 ROPE_THETA = 500_000.0  # rotary base; the value only changes the numbers, not the time
 NORM_EPS = 1e-6
-
-
-def intermediate_size(spec: ModelSpec) -> int:
-    """The MLP width: the spec's, else what ``params_total`` leaves after embeddings and attention.
-
-    Untied input and output embeddings and a gated MLP of three matrices;
-    rounded to a multiple of 256 as released models are.
-    """
-    if spec.intermediate_size is not None:
-        return spec.intermediate_size
-    d, h = spec.head_dim, spec.hidden_size
-    attention = h * (spec.n_heads * d) * 2 + h * (spec.n_kv_heads * d) * 2
-    mlp = (spec.params_total - 2 * spec.vocab_size * h) / spec.n_layers - attention
-    width = round(mlp / (3 * h) / 256) * 256
-    if width <= 0:
-        raise ValueError(f"{spec.name}: params_total leaves no MLP; give intermediate_size")
-    return width
 
 
 def check_supported(spec: ModelSpec) -> None:
