@@ -107,6 +107,9 @@ class ModelSpec(BaseModel):
             raise ValueError(f"{self.name}: a MoE needs params_active")
         linear = (self.linear_num_key_heads, self.linear_num_value_heads, self.linear_key_head_dim,
                   self.linear_value_head_dim, self.linear_conv_kernel_dim)
+        if self.full_attention_interval > self.n_layers:
+            raise ValueError(f"{self.name}: full_attention_interval {self.full_attention_interval} leaves no "
+                             f"full-attention layer among {self.n_layers}")
         if self.full_attention_interval > 1 and min(linear) == 0:
             raise ValueError(f"{self.name}: full_attention_interval > 1 needs every linear_* shape (linear layers)")
         if self.linear_num_key_heads and self.linear_num_value_heads % self.linear_num_key_heads:

@@ -30,10 +30,30 @@ The state is float32 throughout; ``g`` is the per-token log decay (``<= 0``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
 NORM_EPS = 1e-6
+
+
+def fla_kernels() -> tuple[Callable, Callable] | None:
+    """flash-linear-attention's ``(chunk_gated_delta_rule, fused_recurrent_gated_delta_rule)``, or ``None``.
+
+    The ``flash-linear-attention`` package (0.6.0 installs from PyPI beside torch 2.13 with
+    ``fla-core`` and ``einops``, leaving torch alone) is Triton kernels; importing it needs a GPU
+    driver, so on a machine without one (and where it is not installed) this is ``None`` and the
+    torch forms above run.
+    """
+    try:
+        from fla.ops.gated_delta_rule import (
+            chunk_gated_delta_rule,
+            fused_recurrent_gated_delta_rule,
+        )
+    except (ImportError, RuntimeError):  # not installed; or Triton finds no GPU driver
+        return None
+    return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
 
 def expand_heads(x: torch.Tensor, value_heads: int) -> torch.Tensor:
