@@ -123,6 +123,16 @@ def shard(spec: ModelSpec, size: int) -> ModelSpec:
                                    "intermediate_size": width // size})
 
 
+def spread_tokens(n: int, vocab_size: int) -> list[int]:
+    """``n`` distinct-looking token ids, the same every call: the ids a step feeds when it is given none.
+
+    A MoE routes on its tokens' hidden states, so a step of one repeated token would send every
+    token to the same ``k`` experts and read a fraction of the weights a real batch reads; spread
+    ids route (through the random router) about uniformly, as the models are trained to.
+    """
+    return [(i * 7919 + 1) % vocab_size for i in range(n)]
+
+
 class KVCapacityError(RuntimeError):
     """A step needs more KV-cache slots, tokens or context than the live cache holds."""
 
@@ -315,7 +325,7 @@ class LiveForward:
         """
         rows = len(positions)
         slots = range(rows) if slots is None else slots
-        tokens = [0] * rows if tokens is None else tokens
+        tokens = spread_tokens(rows, self.spec.vocab_size) if tokens is None else tokens
         pos = torch.tensor(list(positions), device=self.device, dtype=torch.int64)
         if per_row:
             return DecodeInputs(torch.tensor(list(tokens), device=self.device, dtype=torch.int64), pos,
@@ -337,14 +347,14 @@ class LiveForward:
              prefill: Sequence[PrefillChunk] = (), prefill_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Run one step; returns the sampled tokens' logits, ``[rows + chunks, vocab]`` (decode rows first).
 
-        ``prefill_tokens`` holds the chunks' token ids back to back (zeros when omitted).
+        ``prefill_tokens`` holds the chunks' token ids back to back (:func:`spread_tokens` when omitted).
         """
         rows = 0 if decode is None else int(decode.tokens.shape[0])
         n_prefill = sum(c.new for c in prefill)
         if rows + n_prefill == 0:
             raise ValueError("a step needs at least one decode row or prefill token")
         if prefill_tokens is None:
-            prefill_tokens = torch.zeros(n_prefill, device=self.device, dtype=torch.int64)
+            prefill_tokens = torch.tensor(spread_tokens(n_prefill, self.spec.vocab_size), device=self.device)
         parts_tok, parts_pos = [], []
         if rows:
             parts_tok.append(decode.tokens)

@@ -86,3 +86,18 @@ def test_bf16_hybrid_step_is_finite() -> None:
     logits = fwd.step(cache, prefill=[PrefillChunk(0, 0, 70)])  # more than one 64-token chunk
     logits = torch.cat([logits, fwd.step(cache, decode=fwd.decode_inputs([70], [0]))])
     assert logits.shape == (2, HYBRID.vocab_size) and torch.isfinite(logits.float()).all()
+
+
+def test_default_tokens_spread_over_the_experts() -> None:
+    import torch.nn.functional as F
+
+    from cdbench.harness.live.experts import route
+    from cdbench.harness.live.forward import spread_tokens
+
+    spec = MOE.model_copy(update={"n_experts": 16, "vocab_size": 500})
+    fwd = LiveForward(spec, "cpu", dtype=torch.float32)
+    ids = torch.tensor(spread_tokens(64, spec.vocab_size))
+    assert len(set(ids.tolist())) == 64 and spread_tokens(3, 500) == spread_tokens(3, 500)
+    _, experts = route(F.embedding(ids, fwd.embed), fwd.layers[0].moe.router, spec.experts_per_token)
+    assert len(set(experts.flatten().tolist())) >= 14  # a repeated token would touch 2
+    assert fwd.decode_inputs([3, 3]).tokens.tolist() == spread_tokens(2, spec.vocab_size)
