@@ -101,3 +101,11 @@ def test_default_tokens_spread_over_the_experts() -> None:
     _, experts = route(F.embedding(ids, fwd.embed), fwd.layers[0].moe.router, spec.experts_per_token)
     assert len(set(experts.flatten().tolist())) >= 14  # a repeated token would touch 2
     assert fwd.decode_inputs([3, 3]).tokens.tolist() == spread_tokens(2, spec.vocab_size)
+
+
+def test_linear_kernel_choice() -> None:
+    assert LiveForward(HYBRID, "cpu", dtype=torch.float32).linear_kernels == "torch"  # no GPU: the torch forms
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        LiveForward(HYBRID, "cpu", linear_kernels="fla")
+    with pytest.raises(ValueError, match="auto, torch or fla"):
+        LiveForward(HYBRID, "cpu", linear_kernels="triton")
