@@ -36,7 +36,10 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, g
     flat = ids.reshape(-1)
     order = flat.argsort(stable=True)
     token_of = order // k  # which token each sorted pair belongs to
-    ends = flat.bincount(minlength=n_experts).cumsum(0).to(torch.int32)
+    # counted by a scatter, not bincount: CUDA's bincount reads the largest id back to the host,
+    # which a CUDA graph's capture forbids
+    counts = torch.zeros(n_experts, dtype=torch.int64, device=x.device).index_add_(0, flat, torch.ones_like(flat))
+    ends = counts.cumsum(0).to(torch.int32)
     gate, up = F.grouped_mm(x[token_of], gate_up, offs=ends).chunk(2, dim=-1)
     y = F.grouped_mm(F.silu(gate) * up, down, offs=ends)
     y = y * weights.reshape(-1)[order].to(y.dtype)[:, None]

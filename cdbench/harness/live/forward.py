@@ -61,6 +61,7 @@ from cdbench.kernels.decode_attention import decode_attention
 
 ROPE_THETA = 500_000.0  # rotary base; the value only changes the numbers, not the time
 NORM_EPS = 1e-6
+SPREAD = 7919  # a prime stride through the vocabulary (spread_tokens)
 LINEAR_CHUNK = 64  # the chunked gated delta rule's chunk (flash-linear-attention's)
 
 
@@ -130,7 +131,7 @@ def spread_tokens(n: int, vocab_size: int) -> list[int]:
     token to the same ``k`` experts and read a fraction of the weights a real batch reads; spread
     ids route (through the random router) about uniformly, as the models are trained to.
     """
-    return [(i * 7919 + 1) % vocab_size for i in range(n)]
+    return [(i * SPREAD + 1) % vocab_size for i in range(n)]
 
 
 class KVCapacityError(RuntimeError):
@@ -354,7 +355,8 @@ class LiveForward:
         if rows + n_prefill == 0:
             raise ValueError("a step needs at least one decode row or prefill token")
         if prefill_tokens is None:
-            prefill_tokens = torch.tensor(spread_tokens(n_prefill, self.spec.vocab_size), device=self.device)
+            # spread_tokens computed on the device: a host list copied in would break a CUDA graph's capture
+            prefill_tokens = (torch.arange(n_prefill, device=self.device) * SPREAD + 1) % self.spec.vocab_size
         parts_tok, parts_pos = [], []
         if rows:
             parts_tok.append(decode.tokens)

@@ -89,3 +89,18 @@ def test_hybrid_decode_graph_replays() -> None:
     for saved, t in zip(state, cache.state):
         t.copy_(saved)
     torch.testing.assert_close(graph.replay(), eager, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("kernels", ["torch", "auto"])
+def test_hybrid_prefill_step_captures(kernels: str) -> None:
+    """A mixed step of a MoE hybrid (grouped expert GEMMs, chunked delta rule) captures and replays."""
+    spec = ModelSpec(name="small-hybrid", params_total=2e7, params_active=1e7, n_layers=4, hidden_size=512,
+                     n_heads=8, n_kv_heads=2, head_dim=64, vocab_size=1000, n_experts=8, experts_per_token=2,
+                     moe_intermediate_size=256, shared_expert_intermediate_size=256, qk_norm=True,
+                     full_attention_interval=2, linear_num_key_heads=2, linear_num_value_heads=4,
+                     linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4)
+    fwd = LiveForward(spec, "cuda", linear_kernels=kernels)
+    cache = KVCache.allocate(spec, 3, 400, "cuda")
+    fwd.step(cache, prefill=[PrefillChunk(s, 0, 200) for s in range(3)])
+    graph = fwd.capture(cache, fwd.decode_inputs([200, 200]), [PrefillChunk(2, 200, 130)])
+    assert torch.isfinite(graph.replay().float()).all()

@@ -109,3 +109,13 @@ def test_linear_kernel_choice() -> None:
         LiveForward(HYBRID, "cpu", linear_kernels="fla")
     with pytest.raises(ValueError, match="auto, torch or fla"):
         LiveForward(HYBRID, "cpu", linear_kernels="triton")
+
+
+def test_prefill_without_tokens_feeds_the_spread_ids() -> None:
+    from cdbench.harness.live.forward import spread_tokens
+
+    fwd = LiveForward(MOE, "cpu", dtype=torch.float32)
+    given = fwd.step(KVCache.allocate(MOE, 1, 16, "cpu", torch.float32), prefill=[PrefillChunk(0, 0, 9)],
+                     prefill_tokens=torch.tensor(spread_tokens(9, MOE.vocab_size)))
+    implied = fwd.step(KVCache.allocate(MOE, 1, 16, "cpu", torch.float32), prefill=[PrefillChunk(0, 0, 9)])
+    torch.testing.assert_close(implied, given)
