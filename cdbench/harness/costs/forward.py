@@ -241,7 +241,7 @@ class ForwardCostModel:
             m.linear_key_head_dim + m.linear_value_head_dim)
         self._chunked_s_per_token = (chunk_flops * -(-m.linear_num_value_heads // tp) * m.n_linear_layers
                                      / flops_rate)
-        self._mtp = _MtpRoof(m, tp, flops_rate, byte_rate) if m.mtp_layers else None
+        self._mtp: _MtpRoof | None = None  # built on the first mtp_draft_s
         if tp > 1:
             link_rate = g.nvlink_bandwidth_Bps / 2.0  # one direction of the datasheet total
             ring_bytes = 2.0 * (tp - 1) / tp * m.hidden_size * ACTIVATION_BYTES
@@ -365,10 +365,12 @@ class ForwardCostModel:
         Priced with this model's efficiencies and ``calibration`` (the passes run inside the step:
         no step overhead). ``ValueError`` when the model has no MTP layer.
         """
-        if self._mtp is None:
+        if not self.model.mtp_layers:
             raise ValueError(f"{self.model.name} has no MTP layer (mtp_layers = 0) to draft with")
         if rows <= 0 or drafts <= 0:
             return 0.0
+        if self._mtp is None:
+            self._mtp = _MtpRoof(self.model, self.tp, self.gpu.bf16_dense_flops, self.gpu.hbm_bandwidth_Bps)
         total = sum(self._mtp.pass_s(rows, kv_tokens + j * rows, self.params) for j in range(drafts))
         return self.calibration * total
 

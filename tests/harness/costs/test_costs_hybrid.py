@@ -143,3 +143,10 @@ def test_mtp_draft_cost_by_hand() -> None:
     assert fwd.mtp_draft_s(8, 1, 8000) < 0.5 * fwd.step_s(decode_rows=8, decode_kv_tokens=8000)
     with pytest.raises(ValueError, match="no MTP layer"):
         roof("qwen3-30b-a3b").mtp_draft_s(1, 1)
+
+
+def test_mtp_head_of_an_unpriced_kind_fails_only_when_drafting() -> None:
+    fwd = roof(resolve_model("deepseek-v3").model_copy(update={"mtp_layers": 1}))
+    assert fwd.step_s(decode_rows=1, decode_kv_tokens=100) > 0
+    with pytest.raises(ValueError, match="GQA attention only"):
+        fwd.mtp_draft_s(1, 1)
