@@ -46,6 +46,9 @@ def calibrate(
         "live mode runs; dense: masked attention over the longest row")] = "per_row",
     tp: Annotated[int, typer.Option("--tp", min=1, help="tensor-parallel ranks, one process and GPU each (NCCL; "
                                     "gloo on the CPU): the sharded forward live mode's TP ranks run")] = 1,
+    linear_kernels: Annotated[str, typer.Option(
+        "--linear-kernels", help="a hybrid model's Gated DeltaNet kernels: auto (flash-linear-attention's where it "
+        "imports on a GPU, else torch's), torch or fla")] = "auto",
 ) -> None:
     """Fit the forward cost model to live forward steps: every shape's fit error is printed.
 
@@ -61,7 +64,7 @@ def calibrate(
         if measurements is None:
             target = shipped_calibration_path(spec.name, gpu.name, tp) if str(out) == "auto" else out
             csv_path = measure_out or target.with_suffix(".csv")
-            rows = _measure(spec, grid, device, decode_attention, tp)
+            rows = _measure(spec, grid, device, decode_attention, tp, linear_kernels)
             write_measurements(rows, csv_path)
             typer.echo(f"measurements: {csv_path}")
         else:
@@ -81,7 +84,8 @@ def calibrate(
     typer.echo(f"calibration: {target}")
 
 
-def _measure(spec, grid: str, device: str, decode_attention: str, tp: int) -> list[ForwardMeasurement]:
+def _measure(spec, grid: str, device: str, decode_attention: str, tp: int,
+             linear_kernels: str = "auto") -> list[ForwardMeasurement]:
     # Imported here: measuring needs torch on a GPU, fitting stored measurements does not.
     from cdbench.harness.live.measure import GRIDS, measure_grid, measure_grid_tp
 
@@ -107,7 +111,8 @@ def _measure(spec, grid: str, device: str, decode_attention: str, tp: int) -> li
             show(row)
         return rows
     return measure_grid(spec, shapes, device, progress=show, min_reps=3 if grid == "tiny" else 10,
-                        min_time_s=0.0 if grid == "tiny" else 0.25, per_row=decode_attention == "per_row")
+                        min_time_s=0.0 if grid == "tiny" else 0.25, per_row=decode_attention == "per_row",
+                        linear_kernels=linear_kernels)
 
 
 def fit_table(cal: ForwardCalibration, roofline: np.ndarray) -> str:

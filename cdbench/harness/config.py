@@ -44,6 +44,11 @@ from cdbench.harness.costs.grammar_profile import (
     ProfileError,
     is_profile_file,
 )
+from cdbench.harness.costs.hardware import (
+    SpecFileError,
+    UnknownSpecError,
+    resolve_model,
+)
 from cdbench.harness.costs.mask import MaskCost
 from cdbench.harness.costs.spec_costs import Progress, SpecCostSettings, price_specs
 from cdbench.harness.costs.spec_store import backend_version
@@ -142,7 +147,6 @@ class CostConfig(ForwardConfig, SpecCostSettings):
         if self.live_gpu:
             import torch
 
-            from cdbench.harness.costs.hardware import resolve_model
             from cdbench.harness.live.gpu import LiveGpuCosts
 
             if not torch.cuda.is_available():
@@ -163,7 +167,6 @@ class CostConfig(ForwardConfig, SpecCostSettings):
         steps replaying graphs captured at ``graph_sizes`` (the policy's ``cuda_graph_sizes``)."""
         import torch
 
-        from cdbench.harness.costs.hardware import resolve_model
         from cdbench.harness.live.step import LiveStep
 
         if not torch.cuda.is_available():
@@ -242,6 +245,18 @@ class RunConfig(BaseModel):
                              "the batched copy and apply")
         if self.mode == "live" and self.costs.fixed_gpu is not None:
             raise ValueError("costs.fixed_gpu prices the GPU; live mode runs every step on it")
+        if self.workload.spec_decode.drafter == "mtp":
+            if self.mode == "live" or self.costs.live_gpu:
+                raise ValueError("workload.spec_decode.drafter 'mtp' is priced by the forward model; the live "
+                                 "forward has no MTP head to run")
+            if self.costs.fixed_gpu is None:
+                try:
+                    model = resolve_model(self.costs.model)
+                except (UnknownSpecError, SpecFileError):  # (building the forward model names it)
+                    return self
+                if not model.mtp_layers:
+                    raise ValueError(f"workload.spec_decode.drafter 'mtp': {model.name} has no MTP layer "
+                                     "(mtp_layers = 0)")
         return self
 
     @model_serializer(mode="wrap")
@@ -249,13 +264,17 @@ class RunConfig(BaseModel):
         """Dump ``scheduler`` resolved (the preset with its overrides, every field set), so a dumped
         config reloads to the same run instead of reading unset overrides as ``null``."""
         data = handler(self)
-        data["scheduler"] = self.scheduler_config(self.workload.spec_decode.k).model_dump(mode="json",
-                                                                                           exclude={"name"})
+        spec_decode = self.workload.spec_decode
+        data["scheduler"] = self.scheduler_config(spec_decode.k, spec_decode.drafter).model_dump(
+            mode="json", exclude={"name"})
         return data
 
-    def scheduler_config(self, spec_tokens: int | None = None) -> SchedulerConfig:
-        """The policy preset with the overrides applied (``spec_tokens`` from the workload unless overridden)."""
+    def scheduler_config(self, spec_tokens: int | None = None, spec_drafter: str | None = None) -> SchedulerConfig:
+        """The policy preset with the overrides applied (``spec_tokens`` and ``spec_drafter`` from the
+        workload unless overridden)."""
         overrides = self.scheduler.model_dump(exclude_unset=True)
         if spec_tokens is not None:
             overrides.setdefault("spec_tokens", spec_tokens)
+        if spec_drafter is not None:
+            overrides.setdefault("spec_drafter", spec_drafter)
         return policy(self.policy.name, self.policy.host_cpus, **overrides)

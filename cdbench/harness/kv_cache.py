@@ -104,7 +104,7 @@ def capacity_tokens(model: ModelSpec, gpu: GPUSpec, tp: int, fraction: float, bl
     366346
     """
     weights = model.params_total * model.bytes_per_weight / tp
-    room = gpu.hbm_bytes * fraction - weights - state_requests * model.linear_state_bytes_per_request(tp)
+    room = gpu.hbm_bytes * fraction - weights - state_requests * model.state_bytes_per_request(tp)
     per_token = model.kv_bytes_per_token(tp)
     tokens = int(room // per_token) // block * block if per_token > 0 else 0
     if tokens < block:

@@ -204,6 +204,9 @@ class SchedulerConfig(BaseModel):
 
     # --- speculative decoding, reasoning, jump-forward
     spec_tokens: int = Field(0, ge=0, description="draft tokens per request per step (1 + k mask rows)")
+    spec_drafter: Literal["external", "mtp"] = Field(
+        "external", description="who drafts: external (no forward cost) or mtp (the model's MTP head: its "
+        "passes priced in each step's forward)")
     strict_thinking: bool = Field(False, description="while thinking, structured rows carry a token-filter mask")
     think_filter_s: float = Field(5e-6, ge=0, description="CPU per token-filter row (strict thinking, forced think-end)")
     jump_forward: bool = Field(False, description="what-if: tokens the grammar forces are emitted without a forward step")

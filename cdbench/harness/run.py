@@ -228,7 +228,7 @@ def run(config: RunConfig, progress: Progress | None = None, records: RecordSink
     workload = generate(config.workload, vocab, progress=False,  # the caller owns the progress display
                         on_progress=(lambda f: progress("generating the workload", f)) if progress else None)
     spec_decode = workload.config.spec_decode
-    scheduler = config.scheduler_config(spec_tokens=spec_decode.k)
+    scheduler = config.scheduler_config(spec_tokens=spec_decode.k, spec_drafter=spec_decode.drafter)
     gpu = config.costs.gpu_costs(vocab.size)
     live = None
     # several ranks as processes (live mode: one a GPU) or data-parallel ranks: cdbench.harness.live.ranks

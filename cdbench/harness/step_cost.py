@@ -69,6 +69,7 @@ class StepPricer:
     def __init__(self, cfg: SchedulerConfig, gpu: GpuCosts, host: HostCores | None,
                  settle: Callable[[], Settlement | None]) -> None:
         self.cfg, self.gpu, self.host, self.settle = cfg, gpu, host, settle
+        self.mtp = cfg.spec_drafter == "mtp"  # the model's MTP head drafts: its passes join the forward
         self.row_bytes = gpu.mask_row_bytes  # the engines' per-byte host costs (mask allocation, IPC)
         self.per_row = cfg.mask_apply == "per_row"
 
@@ -126,6 +127,8 @@ class StepPricer:
             fw_tokens, fw_kv = padded_decode(cfg.cuda_graph_sizes, dec_tokens, kv)
         pf_chunks = plan.pf_chunks
         forward_s = self.gpu.forward_s(pf_chunks, cached[plan.pf_sel] if pf_tokens else pf_chunks, fw_tokens, fw_kv)
+        if self.mtp and n_drafts:  # the head drafts the next step's k tokens for each decoding row
+            forward_s += self.gpu.draft_s(n_dec, cfg.spec_tokens, kv)
         copy_s = self.gpu.copy_s(mask_rows, cfg.pinned_mask) if mask_rows else 0.0
         apply_s = self.gpu.apply_s(mask_rows) if mask_rows else 0.0
         sample_s = self.gpu.sample_s(sample_rows)

@@ -49,10 +49,19 @@ class ReasoningConfig(_Config):
 
 
 class SpecDecodeConfig(_Config):
-    """Speculative decoding: ``k`` draft tokens per step, each accepted with probability ``alpha``."""
+    """Speculative decoding: ``k`` draft tokens per step, each accepted with probability ``alpha``.
+
+    ``drafter``: who proposes the drafts. ``external`` (n-gram or prompt lookup, an oracle's
+    answer): the drafts cost the forward nothing beyond verifying them. ``mtp``: the model's
+    multi-token-prediction head drafts them after each step's verification, ``k`` sequential
+    passes over the drafting rows, priced per step by the forward model
+    (:meth:`~cdbench.harness.costs.forward.ForwardCostModel.mtp_draft_s`); the grammar checks
+    and rolls back the drafts as for any drafter.
+    """
 
     k: int = Field(default=0, ge=0)
     alpha: float = Field(default=1.0, ge=0, le=1)
+    drafter: Literal["external", "mtp"] = "external"
 
 
 class RandomWalkConfig(_Config):

@@ -39,9 +39,11 @@ def test_capacity_is_what_the_fraction_leaves_after_the_weights_in_whole_blocks(
     # two ranks: half the weights and half the KV heads each
     assert capacity_tokens(qwen, h100, 2, 0.9, 1, 256) > 2 * capacity_tokens(qwen, h100, 1, 0.9, 1, 256)
     # linear-attention layers hold no KV per token, but a fixed state per request
-    hybrid = qwen.model_copy(update={"linear_layers": 27, "linear_state_bytes": 1e6})
-    assert hybrid.kv_bytes_per_token() == qwen.kv_bytes_per_token() / 4
-    assert capacity_tokens(hybrid, h100, 1, 0.9, 1, 0) > capacity_tokens(hybrid, h100, 1, 0.9, 1, 256)
+    hybrid, h200 = resolve_model("qwen3.5-35b-a3b"), resolve_gpu("h200")
+    assert hybrid.kv_bytes_per_token() == 2 * 2 * 256 * 2 * 10  # only its 10 full-attention layers
+    free = capacity_tokens(hybrid, h200, 1, 0.9, 1, 0)
+    assert free - capacity_tokens(hybrid, h200, 1, 0.9, 1, 256) == pytest.approx(
+        256 * hybrid.state_bytes_per_request() / hybrid.kv_bytes_per_token(), abs=1)
     with pytest.raises(NoKVCacheError, match="qwen3-8b on h100-sxm: 0.1 of"):
         capacity_tokens(qwen, h100, 1, 0.1, 1, 256)
 

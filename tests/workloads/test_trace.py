@@ -38,7 +38,7 @@ def test_export_import_export_is_byte_identical(workload, tmp_path):
 def test_header_line(workload):
     header = json.loads(dumps_trace(workload).splitlines()[0])
     assert header["type"] == "header" and header["format_version"] == FORMAT_VERSION
-    assert header["seed"] == 5 and header["config"]["spec_decode"] == {"k": 2, "alpha": 0.8}
+    assert header["seed"] == 5 and header["config"]["spec_decode"] == {"k": 2, "alpha": 0.8, "drafter": "external"}
 
 
 def test_bad_lines_are_reported_and_the_rest_loads(workload):

@@ -9,7 +9,29 @@ achievable compute rate and its bytes at the achievable memory bandwidth (a
 roofline per part, as in Vidur's per-operator view but from first principles
 rather than profiled tables). A mixture of experts reads only the experts its
 tokens touch: with ``N`` tokens each routed to ``k`` of ``E`` experts, the
-expected number of distinct experts is ``E·(1 − (1 − k/E)^N)``.
+expected number of distinct experts is ``E·(1 − (1 − k/E)^N)`` under uniform
+routing. ``moe_imbalance = ρ ≥ 1`` models a skewed router as uniform routing
+over the ``E/ρ`` experts that take the traffic, ``(E/ρ)·(1 − (1 − kρ/E)^N)``
+(one token still reads ``k``; large batches read ``E/ρ``). The default is 1:
+the models are trained toward uniform routing by an auxiliary load-balancing
+loss (``router_aux_loss_coef`` in the Qwen3 MoE configs), uniform is the upper
+bound on the bytes read, and the live forward's random router routes near
+uniformly, so a calibration on it measures ρ = 1; a skew measured on real
+traffic (e.g. SGLang's expert-distribution recorder) goes in here.
+
+A hybrid model's linear-attention (Gated DeltaNet) layers keep a fixed state per
+request instead of a KV cache: a decode row reads and writes its request's state
+(``2·state`` bytes) and spends ``7·d_k·d_v`` FLOPs per value head on the
+recurrence (``Sᵀk``, the rank-one update, the decay, ``Sᵀq``: the
+``fused_recurrent_gated_delta_rule`` of flash-linear-attention); a prefill chunk
+runs the chunked form (chunks of ``C = 64`` tokens, fla's
+``chunk_gated_delta_rule``): per token and value head ``6·d_k·d_v`` FLOPs for
+the three state products (``w·S``, ``q·S``, ``kᵀ·u``) and ``2·C·(d_k + d_v)``
+within its chunk, and reads and writes the state once per chunk. Full-attention
+layers are priced as before, over their own count.
+
+:meth:`ForwardCostModel.mtp_draft_s` prices multi-token-prediction drafting: each
+drafted token per row is one pass of the MTP layer and the LM head over the rows.
 
 The sum is multiplied by ``calibration`` (1 by default) and a fixed per-step
 overhead is added. A forward calibration (:mod:`.calibration`, fitted by
@@ -43,11 +65,15 @@ from cdbench.harness.costs.calibration import (
 from cdbench.harness.costs.hardware import (
     GPUSpec,
     ModelSpec,
+    intermediate_size,
     resolve_gpu,
     resolve_model,
 )
 
 ACTIVATION_BYTES = 2  # all-reduced hidden states are bf16
+LINEAR_CHUNK = 64  # flash-linear-attention's chunk size for chunk_gated_delta_rule
+RECURRENT_FLOPS = 7  # per key x value element of a state, one decode token (module docstring)
+CHUNK_STATE_FLOPS = 6  # per key x value element, one prefill token: three state products
 
 
 def attention_pairs(new_tokens, cached_tokens):
@@ -172,11 +198,14 @@ class ForwardCostModel:
         calibration: float = 1.0,
         step_overhead_s: float = 2e-4,
         forward_calibration: str | Path | ForwardCalibration = "auto",
+        moe_imbalance: float = 1.0,
     ) -> None:
         if tp < 1:
             raise ValueError(f"tp must be >= 1, got {tp}")
         if calibration <= 0:
             raise ValueError(f"calibration must be > 0, got {calibration}")
+        if moe_imbalance < 1:
+            raise ValueError(f"moe_imbalance must be >= 1, got {moe_imbalance}")
         self.model = m = resolve_model(model)
         self.gpu = g = resolve_gpu(gpu)
         self.tp, self.calibration = tp, calibration
@@ -191,15 +220,28 @@ class ForwardCostModel:
             per_expert = (m.params_total - m.active) / (m.n_experts - m.experts_per_token)
             always_read = m.active - m.experts_per_token * per_expert
             self._expert_s = per_expert * m.bytes_per_weight / tp / byte_rate
-            self._n_experts = m.n_experts
-            self._miss_prob = 1.0 - m.experts_per_token / m.n_experts  # one token skips a given expert
+            self._n_experts = m.n_experts / moe_imbalance  # the experts that take the traffic
+            self._miss_prob = 1.0 - m.experts_per_token * moe_imbalance / m.n_experts  # one token skips one of them
         else:
             always_read, self._expert_s, self._n_experts, self._miss_prob = m.params_total, 0.0, 0, 1.0
+        self.moe_imbalance = moe_imbalance
         self._dense_weight_s = always_read * m.bytes_per_weight / tp / byte_rate
         heads_per_rank = -(-m.n_heads // tp)
         v_dim = m.v_head_dim or m.head_dim
-        self._attn_s_per_pair = 2.0 * heads_per_rank * (m.head_dim + v_dim) * m.n_layers / flops_rate
-        self._kv_read_s_per_token = m.kv_elements_per_token_layer(tp) * m.bytes_per_kv * m.n_layers / byte_rate
+        full = m.n_full_attention_layers
+        self._attn_s_per_pair = 2.0 * heads_per_rank * (m.head_dim + v_dim) * full / flops_rate
+        self._kv_read_s_per_token = m.kv_elements_per_token_layer(tp) * m.bytes_per_kv * full / byte_rate
+        # linear attention: per decode row, per prefill token, per prefill chunk (0 unless hybrid)
+        self._hybrid = m.is_hybrid
+        state_elements = (-(-m.linear_num_value_heads // tp) * m.linear_key_head_dim * m.linear_value_head_dim
+                          * m.n_linear_layers)
+        self._state_s_per_visit = 2.0 * m.state_bytes_per_request(tp) / byte_rate  # read and write once
+        self._recurrent_s_per_row = RECURRENT_FLOPS * state_elements / flops_rate
+        chunk_flops = CHUNK_STATE_FLOPS * m.linear_key_head_dim * m.linear_value_head_dim + 2.0 * LINEAR_CHUNK * (
+            m.linear_key_head_dim + m.linear_value_head_dim)
+        self._chunked_s_per_token = (chunk_flops * -(-m.linear_num_value_heads // tp) * m.n_linear_layers
+                                     / flops_rate)
+        self._mtp: _MtpRoof | None = None  # built on the first mtp_draft_s
         if tp > 1:
             link_rate = g.nvlink_bandwidth_Bps / 2.0  # one direction of the datasheet total
             ring_bytes = 2.0 * (tp - 1) / tp * m.hidden_size * ACTIVATION_BYTES
@@ -217,12 +259,19 @@ class ForwardCostModel:
         """The step's parts at the datasheet peaks (what a calibration fit scales)."""
         tokens = prefill_tokens + decode_rows
         experts_touched = self._n_experts * (1.0 - self._miss_prob**tokens)
+        prefill_attention_s = self._attn_s_per_pair * prefill_context_tokens
+        decode_attention_flops_s = self._attn_s_per_pair * decode_kv_tokens
+        kv_bytes_s = self._kv_read_s_per_token * decode_kv_tokens
+        if self._hybrid:  # the linear layers' recurrence, and their state read and written once per row or chunk
+            prefill_attention_s = prefill_attention_s + self._chunked_s_per_token * prefill_tokens
+            decode_attention_flops_s = decode_attention_flops_s + self._recurrent_s_per_row * decode_rows
+            kv_bytes_s = kv_bytes_s + self._state_s_per_visit * (decode_rows + prefill_chunks)
         return PeakTimes(
             linear_flops_s=self._linear_s_per_token * tokens,
             weight_bytes_s=self._dense_weight_s + self._expert_s * experts_touched,
-            prefill_attention_s=self._attn_s_per_pair * prefill_context_tokens,
-            decode_attention_flops_s=self._attn_s_per_pair * decode_kv_tokens,
-            kv_bytes_s=self._kv_read_s_per_token * decode_kv_tokens,
+            prefill_attention_s=prefill_attention_s,
+            decode_attention_flops_s=decode_attention_flops_s,
+            kv_bytes_s=kv_bytes_s,
             communication_s=self._comm_s_per_token * tokens + self._comm_fixed_s,
             tokens=tokens,
             decode_rows=decode_rows,
@@ -307,6 +356,65 @@ class ForwardCostModel:
         overhead = self.params.step_overhead_s if total else 0.0
         return StepCost(lc, lm, pa, da, comm, overhead, total, per_token)
 
+    def mtp_draft_s(self, rows: float, drafts: int, kv_tokens: float = 0.0) -> float:
+        """Seconds the MTP head takes to draft ``drafts`` tokens for each of ``rows`` decode rows.
+
+        Drafting is sequential: draft ``j`` feeds draft ``j + 1``, so it is ``drafts`` passes of the
+        head over the rows, each reading the head's weights (the experts its rows touch) and the LM
+        head, and attending over the rows' ``kv_tokens`` of context (one more per row each pass).
+        Priced with this model's efficiencies and ``calibration`` (the passes run inside the step:
+        no step overhead). ``ValueError`` when the model has no MTP layer.
+        """
+        if not self.model.mtp_layers:
+            raise ValueError(f"{self.model.name} has no MTP layer (mtp_layers = 0) to draft with")
+        if rows <= 0 or drafts <= 0:
+            return 0.0
+        if self._mtp is None:
+            self._mtp = _MtpRoof(self.model, self.tp, self.gpu.bf16_dense_flops, self.gpu.hbm_bandwidth_Bps)
+        total = sum(self._mtp.pass_s(rows, kv_tokens + j * rows, self.params) for j in range(drafts))
+        return self.calibration * total
+
+
+class _MtpRoof:
+    """The MTP head's parts at the datasheet peaks, per rank: one pass over some rows.
+
+    A pass runs the head's layers (a projection of the last hidden state joined
+    with the next token's embedding, ``2h x h``; a full-attention layer over its own
+    KV cache; the MoE FFN with its shared expert) and the shared LM head.
+    """
+
+    def __init__(self, m: ModelSpec, tp: int, flops_rate: float, byte_rate: float) -> None:
+        if m.attention != "gqa":
+            raise ValueError(f"{m.name}: MTP pricing covers GQA attention only")
+        h, layers = m.hidden_size, m.mtp_layers
+        q_width = m.n_heads * m.head_dim * (2 if m.attention_output_gate else 1)
+        attention = h * q_width + 2 * h * m.n_kv_heads * m.head_dim + m.n_heads * (m.v_head_dim or m.head_dim) * h
+        if m.is_moe:
+            if m.moe_intermediate_size is None:
+                raise ValueError(f"{m.name}: MTP pricing of a MoE needs moe_intermediate_size")
+            expert = 3 * h * m.moe_intermediate_size
+            dense = h * m.n_experts + 3 * h * m.shared_expert_intermediate_size
+            self.n_experts, self.miss_prob, k = m.n_experts, 1.0 - m.experts_per_token / m.n_experts, m.experts_per_token
+        else:
+            expert, dense, self.n_experts, self.miss_prob, k = 0, 3 * h * intermediate_size(m), 0, 1.0, 0
+        dense_layer = 2 * h * h + attention + dense
+        lm_head = m.vocab_size * h
+        scale = m.bytes_per_weight / tp / byte_rate
+        self.weight_s = (layers * dense_layer + lm_head) * scale
+        self.expert_s = layers * expert * scale
+        self.flops_s_per_row = 2.0 * (layers * (dense_layer + k * expert) + lm_head) / tp / flops_rate
+        v_dim = m.v_head_dim or m.head_dim
+        self.attn_s_per_pair = 2.0 * -(-m.n_heads // tp) * (m.head_dim + v_dim) * layers / flops_rate
+        self.kv_s_per_token = m.kv_elements_per_token_layer(tp) * m.bytes_per_kv * layers / byte_rate
+
+    def pass_s(self, rows: float, kv_tokens: float, params: ForwardParams) -> float:
+        touched = self.n_experts * (1.0 - self.miss_prob**rows)
+        linear = max(self.flops_s_per_row * rows / params.compute_efficiency,
+                     (self.weight_s + self.expert_s * touched) / params.memory_efficiency)
+        attention = max(self.attn_s_per_pair * kv_tokens / params.attention_efficiency,
+                        self.kv_s_per_token * kv_tokens / params.kv_memory_efficiency)
+        return linear + attention
+
 
 def _pick_calibration(choice: str | Path | ForwardCalibration, model: ModelSpec, gpu: GPUSpec,
                       tp: int) -> tuple[ForwardCalibration | None, str]:
@@ -343,7 +451,8 @@ class ForwardConfig(BaseModel):
     step_overhead_s: float = Field(default=2e-4, ge=0, description="uncalibrated roofline only")
     forward_calibration: str = Field(
         default="auto", description="auto (the shipped fit for this model and GPU, else none), none, or a file")
+    moe_imbalance: float = Field(default=1.0, ge=1, description="MoE routing skew (1: uniform; module doc)")
 
     def build(self) -> ForwardCostModel:
         return ForwardCostModel(self.model, self.gpu, self.tp, self.calibration, self.step_overhead_s,
-                                self.forward_calibration)
+                                self.forward_calibration, self.moe_imbalance)

@@ -24,6 +24,9 @@ class GpuCosts(Protocol):
     def forward_s(self, prefill_chunks: np.ndarray, prefill_cached: np.ndarray, decode_rows: int, decode_kv_tokens: int) -> float:
         """Forward of prefill chunks (new tokens, tokens already cached) and ``decode_rows`` decoding rows."""
 
+    def draft_s(self, rows: int, drafts: int, kv_tokens: int) -> float:
+        """The model's MTP head drafting ``drafts`` tokens for each of ``rows`` rows with ``kv_tokens`` of context."""
+
     def copy_s(self, mask_rows: int, pinned: bool) -> float:
         """Host-to-device copy of a ``mask_rows``-row bitmask."""
 
@@ -43,7 +46,8 @@ class FixedGpuCosts(BaseModel):
 
     A step's forward is ``forward_s + prefill_token_s·prefill tokens +
     decode_row_s·decode rows + kv_token_s·KV tokens read`` (0 when empty);
-    copy, apply and sample are ``base + per_row·rows`` (0 for no rows).
+    MTP drafting is ``draft_token_s·rows·drafts``; copy, apply and sample are
+    ``base + per_row·rows`` (0 for no rows).
 
     >>> FixedGpuCosts(forward_base_s=0.01, decode_row_s=1e-4).forward_s(np.zeros(0), np.zeros(0), 10, 0)
     0.011
@@ -55,6 +59,7 @@ class FixedGpuCosts(BaseModel):
     prefill_token_s: float = Field(0.0, ge=0)
     decode_row_s: float = Field(0.0, ge=0)
     kv_token_s: float = Field(0.0, ge=0)
+    draft_token_s: float = Field(0.0, ge=0, description="MTP drafting, per row and drafted token")
     copy_base_s: float = Field(0.0, ge=0)
     copy_row_s: float = Field(0.0, ge=0)
     apply_base_s: float = Field(0.0, ge=0)
@@ -73,6 +78,9 @@ class FixedGpuCosts(BaseModel):
             return 0.0
         return (self.forward_base_s + self.prefill_token_s * tokens + self.decode_row_s * decode_rows
                 + self.kv_token_s * decode_kv_tokens)
+
+    def draft_s(self, rows: int, drafts: int, kv_tokens: int) -> float:
+        return self.draft_token_s * rows * drafts
 
     def copy_s(self, mask_rows: int, pinned: bool) -> float:
         return self.copy_base_s + self.copy_row_s * mask_rows if mask_rows else 0.0
@@ -105,6 +113,9 @@ class RooflineGpuCosts:
         else:
             tokens = pairs = 0.0
         return self.forward.step_s(tokens, pairs, decode_rows, decode_kv_tokens, len(prefill_chunks))
+
+    def draft_s(self, rows: int, drafts: int, kv_tokens: int) -> float:
+        return self.forward.mtp_draft_s(rows, drafts, kv_tokens)
 
     def copy_s(self, mask_rows: int, pinned: bool) -> float:
         key = (mask_rows, pinned)

@@ -45,6 +45,19 @@ class ModelSpec(BaseModel):
     ``attention="mla"`` is DeepSeek's multi-head latent attention: the KV cache
     holds one compressed latent of ``kv_lora_rank + qk_rope_head_dim`` values
     per token and layer instead of per-head keys and values.
+
+    A hybrid model (Qwen3-Next, Qwen3.5) mixes full attention with Gated
+    DeltaNet linear attention: with ``full_attention_interval = n`` every
+    ``n``-th layer (the ``n``-th, ``2n``-th, ...) is full attention and the
+    others are linear (the ``layer_types`` pattern of the published configs).
+    A linear layer keeps a fixed state per request instead of a growing KV
+    cache: per value head a ``linear_key_head_dim x linear_value_head_dim``
+    matrix, plus the last ``linear_conv_kernel_dim - 1`` inputs of its short
+    convolution over the query, key and value channels. ``mtp_layers`` is the
+    multi-token-prediction head (one decoder layer on the last hidden state and
+    the next token's embedding, sharing the embedding and the LM head) used to
+    draft tokens. Every field added for these has a default that leaves a
+    dense or plain-MoE model as it was.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -66,12 +79,20 @@ class ModelSpec(BaseModel):
     vocab_size: int = Field(gt=0)
     intermediate_size: int | None = Field(default=None, gt=0, description="dense MLP width (the live forward builds it)")
     qk_norm: bool = Field(default=False, description="RMSNorm on each query and key head (Qwen3)")
+    moe_intermediate_size: int | None = Field(default=None, gt=0, description="one routed expert's MLP width")
+    shared_expert_intermediate_size: int = Field(default=0, ge=0, description="the shared expert's width (0: none)")
+    attention_output_gate: bool = Field(
+        default=False, description="full attention's output gated by a sigmoid of a second query-sized projection")
+    full_attention_interval: int = Field(default=1, ge=1, description="every n-th layer full attention, others linear")
+    linear_num_key_heads: int = Field(default=0, ge=0, description="Gated DeltaNet query/key heads")
+    linear_num_value_heads: int = Field(default=0, ge=0, description="Gated DeltaNet value heads (state matrices)")
+    linear_key_head_dim: int = Field(default=0, ge=0)
+    linear_value_head_dim: int = Field(default=0, ge=0)
+    linear_conv_kernel_dim: int = Field(default=0, ge=0, description="short causal convolution before the recurrence")
+    mtp_layers: int = Field(default=0, ge=0, description="multi-token-prediction layers (draft head)")
+    bytes_per_state: float = Field(default=2.0, gt=0, description="bytes per linear-attention state element")
     bytes_per_weight: float = Field(default=2.0, gt=0, description="2 for bf16, 1 for fp8")
     bytes_per_kv: float = Field(default=2.0, gt=0, description="bytes per cached KV element")
-    linear_layers: int = Field(default=0, ge=0, description="of n_layers, linear-attention layers: each holds a "
-                               "fixed recurrent state per request instead of keys and values per token")
-    linear_state_bytes: float = Field(default=0.0, ge=0, description="one linear-attention layer's state per "
-                                      "request, in bytes (whole model, before tensor parallelism)")
     source: str = ""
 
     @model_validator(mode="after")
@@ -84,8 +105,15 @@ class ModelSpec(BaseModel):
             raise ValueError(f"{self.name}: need 0 < experts_per_token <= n_experts for a MoE (both 0 if dense)")
         if self.n_experts > 0 and self.params_active is None:
             raise ValueError(f"{self.name}: a MoE needs params_active")
-        if self.linear_layers > self.n_layers:
-            raise ValueError(f"{self.name}: linear_layers {self.linear_layers} > n_layers {self.n_layers}")
+        linear = (self.linear_num_key_heads, self.linear_num_value_heads, self.linear_key_head_dim,
+                  self.linear_value_head_dim, self.linear_conv_kernel_dim)
+        if self.full_attention_interval > self.n_layers:
+            raise ValueError(f"{self.name}: full_attention_interval {self.full_attention_interval} leaves no "
+                             f"full-attention layer among {self.n_layers}")
+        if self.full_attention_interval > 1 and min(linear) == 0:
+            raise ValueError(f"{self.name}: full_attention_interval > 1 needs every linear_* shape (linear layers)")
+        if self.linear_num_key_heads and self.linear_num_value_heads % self.linear_num_key_heads:
+            raise ValueError(f"{self.name}: linear_num_value_heads is not a multiple of linear_num_key_heads")
         return self
 
     @property
@@ -95,6 +123,55 @@ class ModelSpec(BaseModel):
     @property
     def is_moe(self) -> bool:
         return self.n_experts > 0
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Some layers are linear attention."""
+        return self.full_attention_interval > 1
+
+    @property
+    def n_full_attention_layers(self) -> int:
+        """Layers with softmax attention over a KV cache (all of them unless hybrid)."""
+        return self.n_layers // self.full_attention_interval
+
+    @property
+    def n_linear_layers(self) -> int:
+        """Gated DeltaNet layers: a fixed state per request, no KV cache."""
+        return self.n_layers - self.n_full_attention_layers
+
+    def is_full_attention(self, layer: int) -> bool:
+        """Whether layer ``layer`` (0-based) is full attention: the published ``layer_types`` pattern."""
+        return (layer + 1) % self.full_attention_interval == 0
+
+    def kv_bytes_per_token(self, tp: int = 1) -> float:
+        """KV-cache bytes one token of context takes on one of ``tp`` ranks, over the full-attention layers.
+
+        With :meth:`state_bytes_per_request`, what a KV-cache capacity model needs: a request of
+        ``n`` context tokens holds ``n * kv_bytes_per_token + state_bytes_per_request``.
+        """
+        return self.kv_elements_per_token_layer(tp) * self.bytes_per_kv * self.n_full_attention_layers
+
+    def state_bytes_per_request(self, tp: int = 1) -> float:
+        """Fixed bytes one request holds on one of ``tp`` ranks in the linear-attention layers (0 unless hybrid).
+
+        Per layer: one ``key_dim x value_dim`` state matrix per value head, and the short
+        convolution's last ``kernel - 1`` inputs over the query, key and value channels; heads split
+        over ranks as the engines shard them. The state's element size is ``bytes_per_state``
+        (vLLM keeps it in the model's dtype by default: ``MambaStateDtypeCalculator``); the
+        convolution's is ``bytes_per_kv``.
+        """
+        if not self.n_linear_layers:
+            return 0.0
+        v_heads = -(-self.linear_num_value_heads // tp)
+        k_heads = -(-self.linear_num_key_heads // tp)
+        state = v_heads * self.linear_key_head_dim * self.linear_value_head_dim * self.bytes_per_state
+        channels = 2 * k_heads * self.linear_key_head_dim + v_heads * self.linear_value_head_dim
+        conv = channels * (self.linear_conv_kernel_dim - 1) * self.bytes_per_kv
+        return (state + conv) * self.n_linear_layers
+
+    def request_cache_bytes(self, context_tokens: float, tp: int = 1) -> float:
+        """Bytes one request of ``context_tokens`` holds on one rank: its KV cache and its linear state."""
+        return context_tokens * self.kv_bytes_per_token(tp) + self.state_bytes_per_request(tp)
 
     def kv_elements_per_token_layer(self, tp: int = 1) -> float:
         """KV-cache elements one token stores in one layer on one of ``tp`` ranks.
@@ -107,18 +184,22 @@ class ModelSpec(BaseModel):
         heads = -(-self.n_kv_heads // tp)
         return 2.0 * heads * self.head_dim
 
-    def kv_bytes_per_token(self, tp: int = 1) -> float:
-        """KV-cache bytes one token stores over the attention layers on one of ``tp`` ranks (a
-        linear-attention layer stores none per token: :attr:`linear_state_bytes` per request instead).
 
-        >>> resolve_model("qwen3-8b").kv_bytes_per_token()   # 2 (K, V) x 8 heads x 128 x 2 bytes x 36 layers
-        147456.0
-        """
-        return self.kv_elements_per_token_layer(tp) * self.bytes_per_kv * (self.n_layers - self.linear_layers)
+def intermediate_size(spec: ModelSpec) -> int:
+    """The MLP width: the spec's, else what ``params_total`` leaves after embeddings and attention.
 
-    def linear_state_bytes_per_request(self, tp: int = 1) -> float:
-        """The fixed state one request holds over the linear-attention layers on one of ``tp`` ranks."""
-        return self.linear_layers * self.linear_state_bytes / tp
+    Untied input and output embeddings and a gated MLP of three matrices;
+    rounded to a multiple of 256 as released models are.
+    """
+    if spec.intermediate_size is not None:
+        return spec.intermediate_size
+    d, h = spec.head_dim, spec.hidden_size
+    attention = h * (spec.n_heads * d) * 2 + h * (spec.n_kv_heads * d) * 2
+    mlp = (spec.params_total - 2 * spec.vocab_size * h) / spec.n_layers - attention
+    width = round(mlp / (3 * h) / 256) * 256
+    if width <= 0:
+        raise ValueError(f"{spec.name}: params_total leaves no MLP; give intermediate_size")
+    return width
 
 
 class GPUSpec(BaseModel):
@@ -161,9 +242,29 @@ MODELS: dict[str, ModelSpec] = {
             source=f"Qwen/Qwen3-8B {_HF}",
         ),
         ModelSpec(
+            # 61 GB of bf16 weights: fits one 80 GB H100, leaving under 19 GB for activations and KV cache.
             name="qwen3-30b-a3b", params_total=30.5e9, params_active=3.3e9, n_layers=48,
             hidden_size=2048, n_heads=32, n_kv_heads=4, head_dim=128, n_experts=128,
-            experts_per_token=8, vocab_size=151936, source=f"Qwen/Qwen3-30B-A3B {_HF}",
+            experts_per_token=8, vocab_size=151936, moe_intermediate_size=768, qk_norm=True,
+            source=f"Qwen/Qwen3-30B-A3B {_HF}: 48 layers, 128 experts, 8 per token, moe_intermediate_size 768",
+        ),
+        ModelSpec(
+            # Qwen3.5's hybrid MoE: 3 Gated DeltaNet layers then 1 gated full-attention layer, repeated (40
+            # layers: 30 linear, 10 full), 256 routed experts (8 per token) plus a shared expert in every layer,
+            # one MTP layer. The counts are from the shapes (main stack, MTP layer and vision tower excluded):
+            # 34.66e9 total, 3.45e9 active. 69 GB of bf16 weights: fits one 141 GB H200 with ~60 GB for
+            # the caches; on an 80 GB H100 it leaves under 10 GB.
+            name="qwen3.5-35b-a3b", aliases=("qwen3.5-moe",), params_total=34.66e9, params_active=3.455e9,
+            n_layers=40, hidden_size=2048, n_heads=16, n_kv_heads=2, head_dim=256, n_experts=256,
+            experts_per_token=8, vocab_size=248320, qk_norm=True, moe_intermediate_size=512,
+            shared_expert_intermediate_size=512, attention_output_gate=True, full_attention_interval=4,
+            linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+            linear_value_head_dim=128, linear_conv_kernel_dim=4, mtp_layers=1,
+            source=(f"Qwen/Qwen3.5-35B-A3B {_HF} (the model card: 40 layers, 30 linear + 10 full attention, 256 "
+                    "experts, top-8 + 1 shared, hidden 2048, MTP); shapes as in THUDM/slime "
+                    "scripts/models/qwen3.5-35B-A3B.sh (16 heads, 2 KV groups, kv-channels 256, moe ffn 512, shared "
+                    "512, linear-attention-freq 4, conv 4, linear key/value head dim 128, 16 key / 32 value heads, "
+                    "vocab 248320, attention output gate)"),
         ),
         ModelSpec(
             # Released with fp8 weights; MLA caches a 512-dim latent plus a 64-dim rope key.

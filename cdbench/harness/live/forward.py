@@ -1,10 +1,24 @@
-"""A live forward step of a dense GQA transformer built from its :class:`ModelSpec`.
+"""A live forward step of a GQA transformer built from its :class:`ModelSpec`: dense, MoE or hybrid.
 
 The weights are random bf16 (a step's time does not depend on their values):
 per layer a fused QKV projection, rotary embeddings, optional per-head
 query/key RMSNorm (Qwen3), attention over a KV cache, the output projection and
 a gated SiLU MLP; the logits are computed only for the tokens that are sampled
 (each decode row and the last token of each prefill chunk), as the engines do.
+
+A mixture of experts replaces the MLP with routed experts run as grouped GEMMs
+and an optional gated shared expert (:mod:`.experts`). A hybrid model
+(Qwen3-Next, Qwen3.5) makes the layers that are not full attention Gated
+DeltaNet layers (:mod:`.deltanet`): a fused projection to queries, keys, values,
+the output gate ``z`` and the per-head ``beta`` and decay inputs; a short causal
+convolution over the queries, keys and values (its last inputs kept per
+request); the gated delta rule over a per-request state (the batched recurrent
+step for decode rows, the chunked form for prefill chunks: with
+flash-linear-attention's kernels on a GPU where the ``fla`` package imports,
+the torch forms otherwise); a gated RMSNorm and the output projection. Its
+full-attention layers may gate their output (``attention_output_gate``: a
+sigmoid of a second query-sized projection). Rotary embeddings span the whole
+head (Qwen3.5 rotates a quarter of it: the same kernels, the time unchanged).
 
 The KV cache holds one slot per running request, ``[slots, kv_heads, max_len,
 head_dim]`` per layer, every layer its own memory, so a step reads exactly the
@@ -21,7 +35,7 @@ Rows of one decode batch whose contexts differ are masked to their own length.
 A step of a fixed shape can be captured as a CUDA graph (:meth:`LiveForward.capture`)
 and replayed, as engines run their decode batches.
 
-With a :class:`TensorParallel` group the forward is one rank's shard, as
+With a :class:`TensorParallel` group the forward of a dense model is one rank's shard, as
 tensor-parallel engines split it: the query and KV heads, the MLP's width and
 the output vocabulary divided among the ranks (column-parallel QKV, gate/up
 and LM head; row-parallel output and down projections), an all-reduce after
@@ -34,43 +48,31 @@ device (the CPU for tests, at tiny shapes).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from cdbench.harness.costs.hardware import ModelSpec
+from cdbench.harness.costs.hardware import ModelSpec, intermediate_size
+from cdbench.harness.live import deltanet
+from cdbench.harness.live.experts import grouped_experts, route, shared_expert
 from cdbench.kernels.decode_attention import decode_attention
 
 ROPE_THETA = 500_000.0  # rotary base; the value only changes the numbers, not the time
 NORM_EPS = 1e-6
-
-
-def intermediate_size(spec: ModelSpec) -> int:
-    """The MLP width: the spec's, else what ``params_total`` leaves after embeddings and attention.
-
-    Untied input and output embeddings and a gated MLP of three matrices;
-    rounded to a multiple of 256 as released models are.
-    """
-    if spec.intermediate_size is not None:
-        return spec.intermediate_size
-    d, h = spec.head_dim, spec.hidden_size
-    attention = h * (spec.n_heads * d) * 2 + h * (spec.n_kv_heads * d) * 2
-    mlp = (spec.params_total - 2 * spec.vocab_size * h) / spec.n_layers - attention
-    width = round(mlp / (3 * h) / 256) * 256
-    if width <= 0:
-        raise ValueError(f"{spec.name}: params_total leaves no MLP; give intermediate_size")
-    return width
+SPREAD = 7919  # a prime stride through the vocabulary (spread_tokens)
+LINEAR_CHUNK = 64  # the chunked gated delta rule's chunk (flash-linear-attention's)
 
 
 def check_supported(spec: ModelSpec) -> None:
     """Raise ``ValueError`` naming the model when the live forward cannot build it."""
-    if spec.is_moe or spec.attention != "gqa":
-        raise ValueError(f"{spec.name}: the live forward builds dense GQA models only "
-                         f"(this one is {'MoE' if spec.is_moe else spec.attention})")
+    if spec.attention != "gqa":
+        raise ValueError(f"{spec.name}: the live forward builds GQA models only (this one is {spec.attention})")
     if spec.n_heads % spec.n_kv_heads:
         raise ValueError(f"{spec.name}: n_heads {spec.n_heads} is not a multiple of n_kv_heads {spec.n_kv_heads}")
+    if spec.is_moe and spec.moe_intermediate_size is None:
+        raise ValueError(f"{spec.name}: the live forward of a MoE needs moe_intermediate_size")
 
 
 @dataclass(frozen=True)
@@ -112,12 +114,24 @@ def shard(spec: ModelSpec, size: int) -> ModelSpec:
     divided (the embedding is whole; the LM head is divided by :class:`LiveForward`)."""
     if size == 1:
         return spec
+    if spec.is_moe or spec.is_hybrid:
+        raise ValueError(f"{spec.name}: the live forward shards dense models only over tensor-parallel ranks")
     width = intermediate_size(spec)
     for name, value in (("n_heads", spec.n_heads), ("n_kv_heads", spec.n_kv_heads), ("intermediate_size", width)):
         if value % size:
             raise ValueError(f"{spec.name}: {name} {value} does not divide among {size} tensor-parallel ranks")
     return spec.model_copy(update={"n_heads": spec.n_heads // size, "n_kv_heads": spec.n_kv_heads // size,
                                    "intermediate_size": width // size})
+
+
+def spread_tokens(n: int, vocab_size: int) -> list[int]:
+    """``n`` distinct-looking token ids, the same every call: the ids a step feeds when it is given none.
+
+    A MoE routes on its tokens' hidden states, so a step of one repeated token would send every
+    token to the same ``k`` experts and read a fraction of the weights a real batch reads; spread
+    ids route (through the random router) about uniformly, as the models are trained to.
+    """
+    return [(i * SPREAD + 1) % vocab_size for i in range(n)]
 
 
 class KVCapacityError(RuntimeError):
@@ -135,10 +149,14 @@ class PrefillChunk:
 
 @dataclass
 class KVCache:
-    """Per-layer key and value slots, ``[slots, kv_heads, max_len, head_dim]`` each."""
+    """Per full-attention layer key and value slots, ``[slots, kv_heads, max_len, head_dim]`` each; per
+    linear-attention layer each slot's recurrent state ``[slots, value_heads, key_dim, value_dim]`` and
+    convolution inputs ``[slots, channels, kernel - 1]`` (empty lists unless hybrid)."""
 
     k: list[torch.Tensor]
     v: list[torch.Tensor]
+    state: list[torch.Tensor] = field(default_factory=list)
+    conv: list[torch.Tensor] = field(default_factory=list)
 
     @classmethod
     def allocate(cls, spec: ModelSpec, slots: int, max_len: int, device: torch.device | str,
@@ -155,8 +173,14 @@ class KVCache:
 
     @staticmethod
     def bytes_per_token(spec: ModelSpec, dtype: torch.dtype = torch.bfloat16) -> int:
-        """Cache bytes one token takes over all layers."""
-        return 2 * spec.n_layers * spec.n_kv_heads * spec.head_dim * torch.finfo(dtype).bits // 8
+        """Cache bytes one token takes over the full-attention layers."""
+        return 2 * spec.n_full_attention_layers * spec.n_kv_heads * spec.head_dim * torch.finfo(dtype).bits // 8
+
+    @staticmethod
+    def bytes_per_slot(spec: ModelSpec, dtype: torch.dtype = torch.bfloat16) -> int:
+        """Fixed bytes one slot takes in the linear-attention layers (state and convolution inputs; 0 unless hybrid)."""
+        size = torch.finfo(dtype).bits // 8
+        return int(spec.model_copy(update={"bytes_per_state": size, "bytes_per_kv": size}).state_bytes_per_request())
 
 
 class KVPool:
@@ -169,19 +193,31 @@ class KVPool:
     def __init__(self, spec: ModelSpec, tokens: int, device: torch.device | str,
                  dtype: torch.dtype = torch.bfloat16) -> None:
         self.spec, self.tokens = spec, tokens
+        self.device, self.dtype = device, dtype
         size = tokens * spec.n_kv_heads * spec.head_dim
         # Zeroed, not empty: a decode batch reads every row up to the longest
         # context and masks the rest, and a masked position still multiplies its
         # value by a zero weight, so leftover NaN bits there would poison the row.
-        self._k = [torch.zeros(size, device=device, dtype=dtype) for _ in range(spec.n_layers)]
-        self._v = [torch.zeros(size, device=device, dtype=dtype) for _ in range(spec.n_layers)]
+        full = spec.n_full_attention_layers
+        self._k = [torch.zeros(size, device=device, dtype=dtype) for _ in range(full)]
+        self._v = [torch.zeros(size, device=device, dtype=dtype) for _ in range(full)]
+        self._state: list[torch.Tensor] = []  # linear layers' per-slot state, grown to the most slots asked
+        self._conv: list[torch.Tensor] = []
 
     def cache(self, slots: int, max_len: int) -> KVCache:
         if slots * max_len > self.tokens:
             raise ValueError(f"a cache of {slots} slots x {max_len} tokens does not fit a pool of {self.tokens}")
         shape = (slots, self.spec.n_kv_heads, max_len, self.spec.head_dim)
         n = slots * max_len * self.spec.n_kv_heads * self.spec.head_dim
-        return KVCache([t[:n].view(shape) for t in self._k], [t[:n].view(shape) for t in self._v])
+        m = self.spec
+        if m.n_linear_layers and (not self._state or self._state[0].shape[0] < slots):
+            channels = 2 * m.linear_num_key_heads * m.linear_key_head_dim + m.linear_num_value_heads * m.linear_value_head_dim
+            state = (slots, m.linear_num_value_heads, m.linear_key_head_dim, m.linear_value_head_dim)
+            self._state = [torch.zeros(state, device=self.device, dtype=self.dtype) for _ in range(m.n_linear_layers)]
+            self._conv = [torch.zeros((slots, channels, m.linear_conv_kernel_dim - 1), device=self.device,
+                                      dtype=self.dtype) for _ in range(m.n_linear_layers)]
+        return KVCache([t[:n].view(shape) for t in self._k], [t[:n].view(shape) for t in self._v],
+                       [t[:slots] for t in self._state], [t[:slots] for t in self._conv])
 
 
 @dataclass
@@ -205,15 +241,25 @@ class LiveForward:
     """
 
     def __init__(self, spec: ModelSpec, device: torch.device | str, dtype: torch.dtype = torch.bfloat16,
-                 seed: int = 0, tp: TensorParallel | None = None) -> None:
+                 seed: int = 0, tp: TensorParallel | None = None, linear_kernels: str = "auto") -> None:
         check_supported(spec)
+        if linear_kernels not in ("auto", "torch", "fla"):
+            raise ValueError(f"linear_kernels must be auto, torch or fla, got {linear_kernels!r}")
         self.full_spec, self.tp = spec, tp if tp is not None and tp.size > 1 else None
         spec = shard(spec, self.tp.size) if self.tp is not None else spec
         self.spec, self.device, self.dtype = spec, torch.device(device), dtype
+        # the Gated DeltaNet kernels: flash-linear-attention's on a GPU where it imports ("auto"), else torch's
+        self._fla = None
+        if spec.is_hybrid and linear_kernels != "torch" and self.device.type == "cuda":
+            self._fla = deltanet.fla_kernels()
+        if linear_kernels == "fla" and self._fla is None:
+            raise ValueError("linear_kernels 'fla' needs a CUDA device and the flash-linear-attention package")
+        self.linear_kernels = "fla" if self._fla is not None else "torch"
         h, d = spec.hidden_size, spec.head_dim
         self.group = spec.n_heads // spec.n_kv_heads
         self.q_width, self.kv_width = spec.n_heads * d, spec.n_kv_heads * d
-        width = intermediate_size(spec)
+        self.gate_width = self.q_width if spec.attention_output_gate else 0
+        width = intermediate_size(spec) if not spec.is_moe else 0
         # each rank its own random weights (their values do not matter, only their shapes)
         gen = torch.Generator(device=self.device).manual_seed(seed + (self.tp.rank if self.tp else 0))
 
@@ -224,19 +270,46 @@ class LiveForward:
         self.embed = weight(spec.vocab_size, h)
         self.lm_head = weight(h, -(-spec.vocab_size // self.tp.size) if self.tp else spec.vocab_size)
         self.final_norm = torch.ones(h, device=self.device, dtype=dtype)
-        self.layers = [
-            _Layer(
-                attn_norm=torch.ones(h, device=self.device, dtype=dtype),
-                qkv=weight(h, self.q_width + 2 * self.kv_width),
-                o=weight(self.q_width, h),
-                mlp_norm=torch.ones(h, device=self.device, dtype=dtype),
-                gate_up=weight(h, 2 * width),
-                down=weight(width, h),
-                q_norm=torch.ones(d, device=self.device, dtype=dtype) if spec.qk_norm else None,
-                k_norm=torch.ones(d, device=self.device, dtype=dtype) if spec.qk_norm else None,
-            )
-            for _ in range(spec.n_layers)
-        ]
+
+        def ones(n: int) -> torch.Tensor:
+            return torch.ones(n, device=self.device, dtype=dtype)
+
+        def moe() -> _Moe | None:
+            if not spec.is_moe:
+                return None
+            e, w, s = spec.n_experts, spec.moe_intermediate_size, spec.shared_expert_intermediate_size
+            return _Moe(router=weight(h, e), gate_up=weight(e, h, 2 * w), down=weight(e, w, h),
+                        shared_gate_up=weight(h, 2 * s) if s else None, shared_down=weight(s, h) if s else None,
+                        shared_gate=weight(h, 1) if s else None)
+
+        def linear() -> _Linear:
+            hk, hv = spec.linear_num_key_heads, spec.linear_num_value_heads
+            dk, dv = spec.linear_key_head_dim, spec.linear_value_head_dim
+            channels = 2 * hk * dk + hv * dv
+            return _Linear(qkvz=weight(h, channels + hv * dv), ba=weight(h, 2 * hv),
+                           conv=weight(channels, spec.linear_conv_kernel_dim),
+                           a_log=torch.zeros(hv, device=self.device, dtype=torch.float32),
+                           dt_bias=torch.ones(hv, device=self.device, dtype=torch.float32),
+                           norm=ones(dv), out=weight(hv * dv, h))
+
+        self.layers = []
+        full_index = linear_index = 0
+        for index in range(spec.n_layers):
+            full = spec.is_full_attention(index)
+            self.layers.append(_Layer(
+                attn_norm=ones(h),
+                qkv=weight(h, self.q_width + self.gate_width + 2 * self.kv_width) if full else None,
+                o=weight(self.q_width, h) if full else None,
+                mlp_norm=ones(h),
+                gate_up=weight(h, 2 * width) if width else None,
+                down=weight(width, h) if width else None,
+                q_norm=ones(d) if spec.qk_norm and full else None,
+                k_norm=ones(d) if spec.qk_norm and full else None,
+                cache_index=full_index if full else linear_index,
+                linear=None if full else linear(),
+                moe=moe(),
+            ))
+            full_index, linear_index = full_index + full, linear_index + (not full)
         inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, d, 2, device=self.device, dtype=torch.float32) / d))
         self._inv_freq = inv_freq
 
@@ -253,7 +326,7 @@ class LiveForward:
         """
         rows = len(positions)
         slots = range(rows) if slots is None else slots
-        tokens = [0] * rows if tokens is None else tokens
+        tokens = spread_tokens(rows, self.spec.vocab_size) if tokens is None else tokens
         pos = torch.tensor(list(positions), device=self.device, dtype=torch.int64)
         if per_row:
             return DecodeInputs(torch.tensor(list(tokens), device=self.device, dtype=torch.int64), pos,
@@ -275,14 +348,15 @@ class LiveForward:
              prefill: Sequence[PrefillChunk] = (), prefill_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Run one step; returns the sampled tokens' logits, ``[rows + chunks, vocab]`` (decode rows first).
 
-        ``prefill_tokens`` holds the chunks' token ids back to back (zeros when omitted).
+        ``prefill_tokens`` holds the chunks' token ids back to back (:func:`spread_tokens` when omitted).
         """
         rows = 0 if decode is None else int(decode.tokens.shape[0])
         n_prefill = sum(c.new for c in prefill)
         if rows + n_prefill == 0:
             raise ValueError("a step needs at least one decode row or prefill token")
         if prefill_tokens is None:
-            prefill_tokens = torch.zeros(n_prefill, device=self.device, dtype=torch.int64)
+            # spread_tokens computed on the device: a host list copied in would break a CUDA graph's capture
+            prefill_tokens = (torch.arange(n_prefill, device=self.device) * SPREAD + 1) % self.spec.vocab_size
         parts_tok, parts_pos = [], []
         if rows:
             parts_tok.append(decode.tokens)
@@ -296,11 +370,15 @@ class LiveForward:
         cos, sin = self._rope(positions)
 
         x = F.embedding(tokens, self.embed)
-        for index, layer in enumerate(self.layers):
-            x = x + self._attention(layer, F.rms_norm(x, (x.shape[-1],), layer.attn_norm, NORM_EPS),
-                                    cos, sin, cache.k[index], cache.v[index], decode, rows, prefill)
-            gate, up = (F.rms_norm(x, (x.shape[-1],), layer.mlp_norm, NORM_EPS) @ layer.gate_up).chunk(2, dim=-1)
-            x = x + self._reduce((F.silu(gate) * up) @ layer.down)
+        for layer in self.layers:
+            normed = F.rms_norm(x, (x.shape[-1],), layer.attn_norm, NORM_EPS)
+            i = layer.cache_index
+            if layer.linear is None:
+                x = x + self._attention(layer, normed, cos, sin, cache.k[i], cache.v[i], decode, rows, prefill)
+            else:
+                x = x + self._linear_attention(layer.linear, normed, cache.state[i], cache.conv[i], decode, rows,
+                                               prefill)
+            x = x + self._ffn(layer, F.rms_norm(x, (x.shape[-1],), layer.mlp_norm, NORM_EPS))
         # Logits only for the tokens that are sampled: every decode row, each chunk's last token
         # (slices, so the step reads no host data and a CUDA graph can capture it).
         if prefill:
@@ -308,6 +386,102 @@ class LiveForward:
             x = torch.cat(([x[:rows]] if rows else []) + [x[end - 1:end] for end in ends])
         logits = F.rms_norm(x, (x.shape[-1],), self.final_norm, NORM_EPS) @ self.lm_head
         return logits if self.tp is None else self.tp.all_gather_columns(logits)[:, :self.full_spec.vocab_size]
+
+    def _ffn(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
+        """The dense gated MLP, or the routed experts and the shared expert."""
+        if layer.moe is None:
+            gate, up = (x @ layer.gate_up).chunk(2, dim=-1)
+            return self._reduce((F.silu(gate) * up) @ layer.down)
+        moe = layer.moe
+        weights, ids = route(x, moe.router, self.spec.experts_per_token)
+        out = grouped_experts(x, weights, ids, moe.gate_up, moe.down)
+        if moe.shared_gate_up is not None:
+            out = out + shared_expert(x, moe.shared_gate_up, moe.shared_down, moe.shared_gate)
+        return out
+
+    def _linear_attention(self, lin: _Linear, x: torch.Tensor, state: torch.Tensor, conv: torch.Tensor,
+                          decode: DecodeInputs | None, rows: int, prefill: Sequence[PrefillChunk]) -> torch.Tensor:
+        """A Gated DeltaNet layer over the step's tokens (decode rows first, then the prefill chunks).
+
+        Each decode row steps its slot's state and convolution inputs by one token (rows sharing a
+        slot each step from the slot's state: a row's drafts verify in one pass); each prefill chunk
+        continues its slot's (a chunk with nothing cached starts from zeros).
+        """
+        spec = self.spec
+        hk, hv = spec.linear_num_key_heads, spec.linear_num_value_heads
+        dk, dv = spec.linear_key_head_dim, spec.linear_value_head_dim
+        channels, keep = 2 * hk * dk + hv * dv, spec.linear_conv_kernel_dim - 1
+        mixed, z = (x @ lin.qkvz).split([channels, hv * dv], dim=-1)
+        b, a = (x @ lin.ba).chunk(2, dim=-1)
+        conv_out = []
+        if rows:
+            window = torch.cat([conv[decode.slots], mixed[:rows, :, None]], dim=-1)  # [rows, channels, kernel]
+            conv_out.append((window * lin.conv).sum(-1))
+            conv[decode.slots] = window[..., 1:]
+        start = rows
+        for chunk in prefill:
+            stop = start + chunk.new
+            head = conv[chunk.slot] if chunk.cached else torch.zeros_like(conv[chunk.slot])
+            seq = torch.cat([head, mixed[start:stop].T], dim=-1)  # [channels, kernel - 1 + new]
+            conv_out.append(F.conv1d(seq[None], lin.conv[:, None, :], groups=channels)[0].T)
+            conv[chunk.slot] = seq[:, seq.shape[1] - keep:]
+            start = stop
+        mixed = F.silu(torch.cat(conv_out) if len(conv_out) > 1 else conv_out[0])
+        q, k, v = mixed.split([hk * dk, hk * dk, hv * dv], dim=-1)
+        q = deltanet.expand_heads(deltanet.l2_normalize(q.reshape(-1, hk, dk)), hv)
+        k = deltanet.expand_heads(deltanet.l2_normalize(k.reshape(-1, hk, dk)), hv)
+        v = v.reshape(-1, hv, dv)
+        beta = torch.sigmoid(b.float())
+        g = -lin.a_log.exp() * F.softplus(a.float() + lin.dt_bias)  # log decay per token and value head
+        if self._fla is not None:
+            o = self._fla_delta_rule(q.to(x.dtype), k.to(x.dtype), v, g, beta, state, decode, rows, prefill)
+        else:
+            o = self._torch_delta_rule(q, k, v, g, beta, state, decode, rows, prefill)
+        o = F.rms_norm(o.to(x.dtype), (dv,), lin.norm, NORM_EPS) * F.silu(z.reshape(-1, hv, dv))
+        return o.reshape(-1, hv * dv) @ lin.out
+
+    def _torch_delta_rule(self, q, k, v, g, beta, state, decode, rows, prefill) -> torch.Tensor:
+        """The gated delta rule in torch: the batched recurrent step for the decode rows, each chunk's chunked form."""
+        out = []
+        if rows:
+            o, new = deltanet.decode_gated_delta_rule(q[:rows], k[:rows], v[:rows], g[:rows], beta[:rows],
+                                                      state[decode.slots])
+            state[decode.slots] = new.to(state.dtype)
+            out.append(o)
+        start = rows
+        for chunk in prefill:
+            stop = start + chunk.new
+            first = state[chunk.slot] if chunk.cached else torch.zeros_like(state[chunk.slot])
+            o, last = deltanet.chunk_gated_delta_rule(q[start:stop], k[start:stop], v[start:stop], g[start:stop],
+                                                      beta[start:stop], first, chunk=LINEAR_CHUNK)
+            state[chunk.slot] = last.to(state.dtype)
+            out.append(o)
+            start = stop
+        return torch.cat(out) if len(out) > 1 else out[0]
+
+    def _fla_delta_rule(self, q, k, v, g, beta, state, decode, rows, prefill) -> torch.Tensor:
+        """The gated delta rule with flash-linear-attention's kernels: the decode rows as a batch of one-token
+        sequences through the fused recurrent kernel, each prefill chunk through the chunked kernel (one call a
+        chunk, as the torch path: no host data, so a CUDA graph can capture it); states in float32."""
+        chunk_kernel, recurrent_kernel = self._fla
+        scale = self.spec.linear_key_head_dim ** -0.5
+        out = []
+        if rows:
+            o, new = recurrent_kernel(q[:rows, None], k[:rows, None], v[:rows, None], g[:rows, None],
+                                      beta[:rows, None], scale=scale, initial_state=state[decode.slots].float(),
+                                      output_final_state=True)
+            state[decode.slots] = new.to(state.dtype)
+            out.append(o[:, 0])
+        start = rows
+        for chunk in prefill:
+            stop = start + chunk.new
+            first = state[chunk.slot][None].float() if chunk.cached else None
+            o, last = chunk_kernel(q[None, start:stop], k[None, start:stop], v[None, start:stop], g[None, start:stop],
+                                   beta[None, start:stop], scale=scale, initial_state=first, output_final_state=True)
+            state[chunk.slot] = last[0].to(state.dtype)
+            out.append(o[0])
+            start = stop
+        return torch.cat(out) if len(out) > 1 else out[0]
 
     def _reduce(self, x: torch.Tensor) -> torch.Tensor:
         """A row-parallel projection's partial sums, added over the ranks (nothing to add on one)."""
@@ -321,7 +495,7 @@ class LiveForward:
                    cache_k: torch.Tensor, cache_v: torch.Tensor, decode: DecodeInputs | None, rows: int,
                    prefill: Sequence[PrefillChunk]) -> torch.Tensor:
         spec, d = self.spec, self.spec.head_dim
-        q, k, v = (x @ layer.qkv).split([self.q_width, self.kv_width, self.kv_width], dim=-1)
+        q, gate, k, v = (x @ layer.qkv).split([self.q_width, self.gate_width, self.kv_width, self.kv_width], dim=-1)
         q = q.view(-1, spec.n_heads, d)
         k = k.view(-1, spec.n_kv_heads, d)
         v = v.view(-1, spec.n_kv_heads, d)
@@ -347,12 +521,15 @@ class LiveForward:
                     values = cache_v.index_select(0, decode.slots)[:, :, :decode.attend]
                 o = F.scaled_dot_product_attention(q_rows, keys, values, attn_mask=decode.mask)
             out.append(o.reshape(rows, self.q_width))
-        return self._prefill_attention(layer, q, k, v, cache_k, cache_v, rows, prefill, out)
+        return self._prefill_attention(layer, q, k, v, cache_k, cache_v, rows, prefill, out,
+                                       gate if self.gate_width else None)
 
     def _prefill_attention(self, layer: _Layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            cache_k: torch.Tensor, cache_v: torch.Tensor, rows: int,
-                           prefill: Sequence[PrefillChunk], out: list[torch.Tensor]) -> torch.Tensor:
-        """Each prefill chunk's causal attention after the decode rows' (``out``), then the output projection."""
+                           prefill: Sequence[PrefillChunk], out: list[torch.Tensor],
+                           gate: torch.Tensor | None = None) -> torch.Tensor:
+        """Each prefill chunk's causal attention after the decode rows' (``out``), the output gate when the
+        model has one, then the output projection."""
         start = rows
         for chunk in prefill:
             stop = start + chunk.new
@@ -369,6 +546,8 @@ class LiveForward:
             out.append(o[0].transpose(0, 1).reshape(chunk.new, self.q_width))
             start = stop
         attn = torch.cat(out) if len(out) > 1 else out[0]
+        if gate is not None:
+            attn = attn * torch.sigmoid(gate)
         return self._reduce(attn @ layer.o)
 
     # ---- CUDA graphs --------------------------------------------------------------------------------------
@@ -402,15 +581,44 @@ class StepGraph:
 
 
 @dataclass(frozen=True)
+class _Moe:
+    router: torch.Tensor          # [hidden, experts]
+    gate_up: torch.Tensor         # [experts, hidden, 2 * width]
+    down: torch.Tensor            # [experts, width, hidden]
+    shared_gate_up: torch.Tensor | None
+    shared_down: torch.Tensor | None
+    shared_gate: torch.Tensor | None  # [hidden, 1]
+
+
+@dataclass(frozen=True)
+class _Linear:
+    """A Gated DeltaNet layer's weights."""
+
+    qkvz: torch.Tensor     # [hidden, 2 * key_heads * key_dim + 2 * value_heads * value_dim]
+    ba: torch.Tensor       # [hidden, 2 * value_heads]: beta's and the decay's inputs
+    conv: torch.Tensor     # [channels, kernel]: depthwise causal convolution over q, k, v
+    a_log: torch.Tensor    # [value_heads] float32: the decay rate's log
+    dt_bias: torch.Tensor  # [value_heads] float32
+    norm: torch.Tensor     # [value_dim]: the gated RMSNorm's weight
+    out: torch.Tensor      # [value_heads * value_dim, hidden]
+
+
+@dataclass(frozen=True)
 class _Layer:
+    """One decoder layer: full attention (``qkv``, ``o``) or linear attention (``linear``), then a dense MLP
+    (``gate_up``, ``down``) or a MoE (``moe``); ``cache_index``: its place among the cache's layers of its kind."""
+
     attn_norm: torch.Tensor
-    qkv: torch.Tensor
-    o: torch.Tensor
+    qkv: torch.Tensor | None
+    o: torch.Tensor | None
     mlp_norm: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: torch.Tensor | None
+    down: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
+    cache_index: int = 0
+    linear: _Linear | None = None
+    moe: _Moe | None = None
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

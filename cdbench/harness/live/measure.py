@@ -112,7 +112,7 @@ def pool_tokens(shapes: Iterable[StepShape], cache_len: int | None = None) -> in
 def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cuda", *,
                  dtype: torch.dtype = torch.bfloat16, min_reps: int = 10, min_time_s: float = 0.25,
                  per_row: bool = False, cache_len: int | None = None, idle_s: float = 0.0,
-                 tp: TensorParallel | None = None,
+                 tp: TensorParallel | None = None, linear_kernels: str = "auto",
                  progress: Callable[[ForwardMeasurement], None] | None = None) -> list[ForwardMeasurement]:
     """Build ``spec``'s live forward on ``device`` and time every shape (see the module doc).
 
@@ -123,12 +123,13 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
     launched after that long with the GPU idle (default: back to back, the GPU's time alone).
     ``tp``: this process is one rank of a tensor-parallel group (:func:`measure_grid_tp`): it runs its
     shard, and every rank times exactly ``min_reps`` repetitions (``min_time_s`` ignored), since a rank
-    that stopped early would leave the others waiting in their all-reduces.
+    that stopped early would leave the others waiting in their all-reduces. ``linear_kernels``: a hybrid
+    model's Gated DeltaNet kernels (:class:`~.forward.LiveForward`).
     """
     longest = max(s.max_len for s in shapes)
     if cache_len is not None and cache_len < longest:
         raise ValueError(f"cache_len {cache_len} is shorter than a shape's context ({longest} tokens)")
-    forward = LiveForward(spec, device, dtype=dtype, tp=tp)
+    forward = LiveForward(spec, device, dtype=dtype, tp=tp, linear_kernels=linear_kernels)
     ranks = forward.tp.size if forward.tp is not None else 1
     if ranks > 1:
         min_time_s, idle_s = 0.0, 0.0

@@ -138,7 +138,7 @@ class LiveStep:
 
     Parameters
     ----------
-    spec : the model whose forward runs (a dense GQA architecture).
+    spec : the model whose forward runs (a GQA architecture: dense, MoE or hybrid).
     vocab_size : the run's vocabulary (bitmask and sampling width).
     max_len : the longest context a row can reach (prompt, output, drafts).
     device : ``cuda`` on a GPU host; ``cpu`` runs the same steps synchronously (tests).
@@ -160,7 +160,9 @@ class LiveStep:
             if not self.cuda:
                 raise ValueError("kv_tokens is required on a CPU device")
             free, _ = torch.cuda.mem_get_info(self.device)
-            kv_tokens = int(free * KV_MEMORY_SHARE) // KVCache.bytes_per_token(spec, dtype)
+            # whole slots: max_len tokens of KV and, in a hybrid model, the linear layers' fixed state
+            per_slot = max_len * KVCache.bytes_per_token(spec, dtype) + KVCache.bytes_per_slot(spec, dtype)
+            kv_tokens = int(free * KV_MEMORY_SHARE) // per_slot * max_len
         self.max_len = max_len
         self.slots = kv_tokens // max_len
         if self.slots < 1:

@@ -144,7 +144,8 @@ def test_aliases_and_catalog() -> None:
     assert resolve_gpu("A100_80GB").name == "a100-80gb"
     assert resolve_model("Llama-3.1-8B").name == "llama-3.1-8b"
     assert set(GPUS) == {"h100-sxm", "h200", "a100-80gb"}
-    assert set(MODELS) == {"llama-3.1-8b", "qwen3-8b", "qwen3-30b-a3b", "deepseek-v3"}
+    assert set(MODELS) == {"llama-3.1-8b", "qwen3-8b", "qwen3-30b-a3b", "qwen3.5-35b-a3b", "deepseek-v3"}
+    assert resolve_model("Qwen3.5-MoE").name == "qwen3.5-35b-a3b"
 
 
 def test_custom_specs_from_yaml_and_json(tmp_path) -> None:

@@ -60,8 +60,12 @@ def test_shapes_and_refusals() -> None:
     assert intermediate_size(resolve_model("llama-3.1-8b")) == 14336
     derived = resolve_model("qwen3-8b").model_copy(update={"intermediate_size": None})
     assert intermediate_size(derived) == 12288  # from params_total, as the model card says
-    with pytest.raises(ValueError, match="dense GQA models only"):
-        check_supported(resolve_model("qwen3-30b-a3b"))
+    check_supported(resolve_model("qwen3-30b-a3b"))
+    check_supported(resolve_model("qwen3.5-35b-a3b"))
+    with pytest.raises(ValueError, match="GQA models only"):
+        check_supported(resolve_model("deepseek-v3"))
+    with pytest.raises(ValueError, match="needs moe_intermediate_size"):
+        check_supported(resolve_model("qwen3-30b-a3b").model_copy(update={"moe_intermediate_size": None}))
     pool = KVPool(tiny(False), 64, "cpu", torch.float32)
     assert pool.cache(4, 16).k[0].shape == (4, 2, 16, 16)
     with pytest.raises(ValueError, match="does not fit"):

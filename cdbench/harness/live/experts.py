@@ -1,0 +1,52 @@
+"""A mixture-of-experts FFN as grouped GEMMs: route, sort tokens by expert, one grouped matmul, scatter back.
+
+Routing is the Qwen3 MoE router's: a softmax over the experts' logits, the top
+``k``, their weights renormalized to sum to 1 (``norm_topk_prob``). The routed
+experts then run as engines run them: the ``tokens x k`` (token, expert) pairs
+are sorted by expert, so each expert's tokens are one contiguous block; the
+experts' gated SiLU MLPs are two grouped matrix multiplications over those
+blocks (``torch.nn.functional.grouped_mm``: one kernel for all experts, block
+boundaries read from a device tensor, so a CUDA graph can capture it); each
+pair's output, weighted, is added back into its token's row. A shared expert
+(Qwen3-Next, Qwen3.5) is a dense gated MLP every token passes through, scaled
+by a sigmoid gate of the token.
+
+Expert weights are stacked ``[experts, hidden, 2 * width]`` (gate and up) and
+``[experts, width, hidden]`` (down); ``grouped_mm`` wants bf16.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def route(x: torch.Tensor, router: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's ``k`` experts and their weights: ``([tokens, k] float32, [tokens, k] int64)``."""
+    probs = torch.softmax((x @ router).float(), dim=-1)
+    weights, ids = probs.topk(k, dim=-1)
+    return weights / weights.sum(-1, keepdim=True), ids
+
+
+def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
+                    down: torch.Tensor) -> torch.Tensor:
+    """The routed experts' weighted sum for each token of ``x`` ``[tokens, hidden]``."""
+    tokens, k = ids.shape
+    n_experts = gate_up.shape[0]
+    flat = ids.reshape(-1)
+    order = flat.argsort(stable=True)
+    token_of = order // k  # which token each sorted pair belongs to
+    # counted by a scatter, not bincount: CUDA's bincount reads the largest id back to the host,
+    # which a CUDA graph's capture forbids
+    counts = torch.zeros(n_experts, dtype=torch.int64, device=x.device).index_add_(0, flat, torch.ones_like(flat))
+    ends = counts.cumsum(0).to(torch.int32)
+    gate, up = F.grouped_mm(x[token_of], gate_up, offs=ends).chunk(2, dim=-1)
+    y = F.grouped_mm(F.silu(gate) * up, down, offs=ends)
+    y = y * weights.reshape(-1)[order].to(y.dtype)[:, None]
+    return torch.zeros_like(x).index_add_(0, token_of, y)
+
+
+def shared_expert(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """The shared expert's gated MLP, scaled per token by ``sigmoid(x @ gate)``."""
+    g, u = (x @ gate_up).chunk(2, dim=-1)
+    return torch.sigmoid(x @ gate) * ((F.silu(g) * u) @ down)

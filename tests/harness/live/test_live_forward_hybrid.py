@@ -1,0 +1,121 @@
+"""The live forward of the seed's model family: MoE FFNs and hybrid Gated DeltaNet + full attention layers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cdbench.harness.costs.hardware import ModelSpec, resolve_model
+from cdbench.harness.live.forward import (
+    KVCache,
+    KVPool,
+    LiveForward,
+    PrefillChunk,
+    TensorParallel,
+)
+
+MOE = ModelSpec(name="tiny-moe", params_total=2e5, params_active=1e5, n_layers=2, hidden_size=64, n_heads=8,
+                n_kv_heads=2, head_dim=16, vocab_size=50, n_experts=6, experts_per_token=2,
+                moe_intermediate_size=32, qk_norm=True)
+# every 2nd layer full attention (gated output), a shared expert; 4 value heads over 2 key heads
+HYBRID = MOE.model_copy(update={
+    "name": "tiny-hybrid", "n_layers": 4, "full_attention_interval": 2, "attention_output_gate": True,
+    "shared_expert_intermediate_size": 32, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+    "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4})
+
+
+@pytest.mark.parametrize("spec", [MOE, HYBRID], ids=lambda s: s.name)
+def test_cached_steps_match_one_full_prefill(spec: ModelSpec) -> None:
+    torch.manual_seed(0)
+    fwd = LiveForward(spec, "cpu", dtype=torch.float32, seed=1)
+    tokens = torch.randint(0, spec.vocab_size, (13,))
+    full = fwd.step(KVCache.allocate(spec, 1, 16, "cpu", torch.float32), prefill=[PrefillChunk(0, 0, 13)],
+                    prefill_tokens=tokens)
+    # chunks of 7 and 4 (the linear layers carry state and convolution inputs across), then two decode steps
+    cache = KVCache.allocate(spec, 1, 16, "cpu", torch.float32)
+    fwd.step(cache, prefill=[PrefillChunk(0, 0, 7)], prefill_tokens=tokens[:7])
+    fwd.step(cache, prefill=[PrefillChunk(0, 7, 4)], prefill_tokens=tokens[7:11])
+    fwd.step(cache, decode=fwd.decode_inputs([11], [0], [int(tokens[11])]))
+    last = fwd.step(cache, decode=fwd.decode_inputs([12], [0], [int(tokens[12])]))
+    torch.testing.assert_close(last, full, rtol=1e-4, atol=1e-5)
+
+
+def test_hybrid_mixed_batch_matches_separate_steps() -> None:
+    spec = HYBRID
+    fwd = LiveForward(spec, "cpu", dtype=torch.float32, seed=2)
+    prompts = [torch.randint(0, spec.vocab_size, (n,), generator=torch.Generator().manual_seed(n)) for n in (5, 9, 6)]
+    cache = KVCache.allocate(spec, 3, 16, "cpu", torch.float32)
+    for slot in (0, 1):
+        fwd.step(cache, prefill=[PrefillChunk(slot, 0, len(prompts[slot]))], prefill_tokens=prompts[slot])
+    # a stale state in slot 2 must not leak into its fresh prefill
+    cache.state[0][2].fill_(5.0)
+    cache.conv[0][2].fill_(5.0)
+    mixed = fwd.step(cache, decode=fwd.decode_inputs([5, 9], [0, 1], [3, 4]),
+                     prefill=[PrefillChunk(2, 0, 6)], prefill_tokens=prompts[2])
+    alone = KVCache.allocate(spec, 3, 16, "cpu", torch.float32)
+    expected = []
+    for slot, token in ((0, 3), (1, 4)):
+        fwd.step(alone, prefill=[PrefillChunk(slot, 0, len(prompts[slot]))], prefill_tokens=prompts[slot])
+        expected.append(fwd.step(alone, decode=fwd.decode_inputs([len(prompts[slot])], [slot], [token])))
+    expected.append(fwd.step(alone, prefill=[PrefillChunk(2, 0, 6)], prefill_tokens=prompts[2]))
+    torch.testing.assert_close(mixed, torch.cat(expected), rtol=1e-4, atol=1e-5)
+
+
+def test_hybrid_cache_layout() -> None:
+    pool = KVPool(HYBRID, 64, "cpu", torch.float32)
+    cache = pool.cache(4, 16)
+    assert len(cache.k) == 2 and len(cache.state) == 2  # 2 full-attention, 2 linear layers
+    assert cache.state[0].shape == (4, 4, 8, 8)
+    assert cache.conv[0].shape == (4, 2 * 2 * 8 + 4 * 8, 3)
+    assert pool.cache(2, 16).state[0].shape[0] == 2
+    assert KVCache.bytes_per_token(HYBRID, torch.float32) == 2 * 2 * 2 * 16 * 4
+    assert KVCache.bytes_per_slot(HYBRID, torch.float32) == 2 * (4 * 8 * 8 + 64 * 3) * 4
+    assert KVCache.bytes_per_slot(MOE) == 0
+    assert KVCache.bytes_per_slot(resolve_model("qwen3.5-35b-a3b")) == resolve_model(
+        "qwen3.5-35b-a3b").state_bytes_per_request()
+
+
+def test_moe_and_hybrid_do_not_shard() -> None:
+    with pytest.raises(ValueError, match="dense models only"):
+        LiveForward(HYBRID, "cpu", dtype=torch.float32, tp=TensorParallel(2, 0))
+
+
+def test_bf16_hybrid_step_is_finite() -> None:
+    fwd = LiveForward(HYBRID, "cpu", dtype=torch.bfloat16)
+    cache = KVCache.allocate(HYBRID, 2, 80, "cpu", torch.bfloat16)
+    logits = fwd.step(cache, prefill=[PrefillChunk(0, 0, 70)])  # more than one 64-token chunk
+    logits = torch.cat([logits, fwd.step(cache, decode=fwd.decode_inputs([70], [0]))])
+    assert logits.shape == (2, HYBRID.vocab_size) and torch.isfinite(logits.float()).all()
+
+
+def test_default_tokens_spread_over_the_experts() -> None:
+    import torch.nn.functional as F
+
+    from cdbench.harness.live.experts import route
+    from cdbench.harness.live.forward import spread_tokens
+
+    spec = MOE.model_copy(update={"n_experts": 16, "vocab_size": 500})
+    fwd = LiveForward(spec, "cpu", dtype=torch.float32)
+    ids = torch.tensor(spread_tokens(64, spec.vocab_size))
+    assert len(set(ids.tolist())) == 64 and spread_tokens(3, 500) == spread_tokens(3, 500)
+    _, experts = route(F.embedding(ids, fwd.embed), fwd.layers[0].moe.router, spec.experts_per_token)
+    assert len(set(experts.flatten().tolist())) >= 14  # a repeated token would touch 2
+    assert fwd.decode_inputs([3, 3]).tokens.tolist() == spread_tokens(2, spec.vocab_size)
+
+
+def test_linear_kernel_choice() -> None:
+    assert LiveForward(HYBRID, "cpu", dtype=torch.float32).linear_kernels == "torch"  # no GPU: the torch forms
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        LiveForward(HYBRID, "cpu", linear_kernels="fla")
+    with pytest.raises(ValueError, match="auto, torch or fla"):
+        LiveForward(HYBRID, "cpu", linear_kernels="triton")
+
+
+def test_prefill_without_tokens_feeds_the_spread_ids() -> None:
+    from cdbench.harness.live.forward import spread_tokens
+
+    fwd = LiveForward(MOE, "cpu", dtype=torch.float32)
+    given = fwd.step(KVCache.allocate(MOE, 1, 16, "cpu", torch.float32), prefill=[PrefillChunk(0, 0, 9)],
+                     prefill_tokens=torch.tensor(spread_tokens(9, MOE.vocab_size)))
+    implied = fwd.step(KVCache.allocate(MOE, 1, 16, "cpu", torch.float32), prefill=[PrefillChunk(0, 0, 9)])
+    torch.testing.assert_close(implied, given)
