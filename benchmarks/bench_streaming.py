@@ -14,11 +14,21 @@ Run from the repository root (sizes as you like; each takes its own time)::
 
     python benchmarks/bench_streaming.py --requests 20000 40000 --core 1
 
-Found (2-CPU x86-64 machine shared with other work, default workload, branch
-``streaming`` at the commit that added this file)::
+Found (2-CPU x86-64 machine shared with other work, default workload, each run
+pinned to core 1, ``--requests 10000 100000``)::
 
-    see the commit message and docs/architecture.md (footprint.py) for the
-    numbers of the run that set footprint.BYTES_PER_REQUEST
+         10000 requests: peak    660.0 MiB, simulation     12.4 s CPU (1237 µs a request), whole run     15.2 s CPU
+        100000 requests: peak   1218.3 MiB, simulation    126.4 s CPU (1264 µs a request), whole run    140.9 s CPU
+    10000 -> 100000 requests: 6504 bytes of peak memory a request
+
+So the issue's target is not met yet: memory still grows (the requests and their
+specs, spec bookkeeping, the request table and the report's step table; see
+``cdbench/harness/footprint.py``), and the simulation takes about 1.3 ms of CPU a
+request of this workload (about ten steps a request at 10 requests per second, and
+each structured request's cost pools drawn as it arrives), so a million requests
+would need some 7 GB and 21 minutes on one core. Before the records were streamed
+and the cost pools held for the requests in flight only, 20,000 requests peaked
+at 4.4 GB (``/usr/bin/time -v cdbench run --mode model -n 20000``; 875 MB after).
 """
 
 from __future__ import annotations
