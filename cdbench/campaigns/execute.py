@@ -107,8 +107,8 @@ def run_campaign(
     out = Path(out)
     deadline = time.monotonic() + (deadline_s if deadline_s is not None else float("inf"))
     free_cores = usable_cores(spec) if spec.runner.pin else []
-    if spec.runner.pin:
-        for run in runs:
+    if spec.runner.pin:  # only the runs still to do: finished ones (e.g. a GPU host's live runs) need no cores here
+        for run in (r for r in runs if not is_finished(out / r.run_id)):
             if core_count(spec, run) > len(free_cores):
                 raise ConfigError(f"campaign {spec.name}: arm {run.arm} needs {core_count(spec, run)} cores a run "
                                   f"and the runner may use {len(free_cores)} (cores {free_cores})")

@@ -78,3 +78,19 @@ def test_the_deadline_stops_starting_runs(tmp_path):
                            runner={"jobs": 1}, deadline_s=0.5)
     assert [o.status for o in outcomes] == ["failed", "not started", "not started"]
     assert "deadline" in outcomes[0].error
+
+
+def test_an_arm_wider_than_the_machine_is_refused_only_while_it_has_runs_to_do(tmp_path):
+    """A GPU host's finished live runs (more cores a run than this machine has) do not stop the other arms."""
+    from cdbench.results.config_files import ConfigError
+
+    wide = len(os.sched_getaffinity(0)) + 1
+    fields = dict(arms={"live": {"mode": "live", "cores": wide}, "model": {"mode": "model"}},
+                  runner={"jobs": 1, "pin": True, "first_core": min(os.sched_getaffinity(0))})
+    with pytest.raises(ConfigError, match=f"arm live needs {wide} cores a run"):
+        campaign(tmp_path, **fields)
+    finished = tmp_path / "out" / "all" / "seed0" / "live-1"
+    finished.mkdir(parents=True)
+    (finished / "summary.json").write_text("{}")
+    outcomes, runs = campaign(tmp_path, **fields)
+    assert {o.run.arm: o.status for o in outcomes} == {"live": "skipped", "model": "done"}
