@@ -24,6 +24,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -209,67 +210,33 @@ def measure_grid_tp(spec: ModelSpec, shapes: Sequence[StepShape], ranks: int, de
     """Time every shape on ``ranks`` tensor-parallel ranks, one process (and GPU) each, joined by NCCL
     (gloo on the CPU): rank 0's times of its sharded steps, all-reduces included, as the live mode's
     tensor-parallel ranks run them."""
-    import multiprocessing as mp
-    import pickle
-    import tempfile
-    from pathlib import Path
+    from cdbench.harness.live.rank_procs import run_rank_processes
 
     if device == "cuda" and torch.cuda.device_count() < ranks:
         raise ValueError(f"{ranks} tensor-parallel ranks each need a GPU; this machine has "
                          f"{torch.cuda.device_count()}")
-    ctx = mp.get_context("spawn")  # fresh interpreters: no forked CUDA state
-    with tempfile.TemporaryDirectory(prefix="cdbench-calibrate-") as tmp:
-        folder = Path(tmp)
-        args = (spec, list(shapes), ranks, device, min_reps, per_row, timeout_s, str(folder))
-        procs = [ctx.Process(target=_measure_rank, args=(rank, *args), name=f"cdbench-calibrate{rank}")
-                 for rank in range(ranks)]
-        for proc in procs:
-            proc.start()
-        deadline = time.monotonic() + timeout_s
-        try:
-            for proc in procs:
-                proc.join(max(0.0, deadline - time.monotonic()))
-        finally:
-            for proc in procs:
-                if proc.is_alive():
-                    proc.terminate()
-                    proc.join()
-        for rank in range(ranks):
-            failure = folder / f"rank{rank}.err"
-            if failure.exists():
-                raise RuntimeError(f"calibration rank {rank} failed: {failure.read_text().strip()}")
-        result = folder / "rank0.pkl"
-        if not result.exists():
-            raise RuntimeError(f"the calibration ranks did not finish within {timeout_s:g} s")
-        return pickle.loads(result.read_bytes())
+    outputs = run_rank_processes(_measure_rank, ranks, (spec, list(shapes), ranks, device, min_reps, per_row,
+                                                        timeout_s), timeout_s, name="cdbench-calibrate")
+    return outputs[0]
 
 
-def _measure_rank(rank: int, spec: ModelSpec, shapes: list[StepShape], ranks: int, device: str, min_reps: int,
-                  per_row: bool, timeout_s: float, folder: str) -> None:
-    """One rank of :func:`measure_grid_tp`: join the group, time the grid; rank 0 leaves the rows."""
+def _measure_rank(rank: int, folder: Path, spec: ModelSpec, shapes: list[StepShape], ranks: int, device: str,
+                  min_reps: int, per_row: bool, timeout_s: float) -> None:
+    """One rank of :func:`measure_grid_tp`: join the group, time the grid, hand back the rows."""
     import datetime
-    import os
-    import pickle
-    import traceback
-    from pathlib import Path
 
     import torch.distributed as dist
 
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    path = Path(folder)
+    from cdbench.harness.live.rank_procs import deliver
+
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{folder / 'store'}", rank=rank,
+                            world_size=ranks, timeout=datetime.timedelta(seconds=timeout_s))
     try:
-        cuda = device == "cuda"
-        if cuda:
-            torch.cuda.set_device(rank)
-        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{path / 'store'}", rank=rank,
-                                world_size=ranks, timeout=datetime.timedelta(seconds=timeout_s))
-        try:
-            rows = measure_grid(spec, shapes, f"cuda:{rank}" if cuda else device, min_reps=min_reps,
-                                per_row=per_row, tp=TensorParallel(ranks, rank, None))
-        finally:
-            dist.destroy_process_group()
-        if rank == 0:
-            (path / "rank0.tmp").write_bytes(pickle.dumps(rows))
-            (path / "rank0.tmp").rename(path / "rank0.pkl")
-    except BaseException:  # noqa: BLE001 - reported to the parent, which names the rank
-        (path / f"rank{rank}.err").write_text(traceback.format_exc())
+        rows = measure_grid(spec, shapes, f"cuda:{rank}" if cuda else device, min_reps=min_reps, per_row=per_row,
+                            tp=TensorParallel(ranks, rank, None))
+    finally:
+        dist.destroy_process_group()
+    deliver(folder, rank, rows)

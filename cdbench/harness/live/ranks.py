@@ -35,13 +35,7 @@ prints its threads' stacks every that many seconds (a stuck run's diagnosis).
 from __future__ import annotations
 
 import dataclasses
-import faulthandler
-import multiprocessing as mp
-import os
-import pickle
-import tempfile
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +51,7 @@ from cdbench.harness.costs.hardware import ModelSpec
 from cdbench.harness.executors.base import GrammarExecutor
 from cdbench.harness.live.forward import TensorParallel
 from cdbench.harness.live.rank_info import Parallel, RanksInfo, Spread
+from cdbench.harness.live.rank_procs import deliver, run_rank_processes
 from cdbench.harness.live.step import LiveInfo, LiveStep, LiveTimes
 from cdbench.harness.metrics import SLO, LogHistogram, Summary, summarize
 from cdbench.harness.policies import SchedulerConfig
@@ -65,7 +60,6 @@ from cdbench.harness.scheduler import Scheduler
 from cdbench.harness.timeline import Timeline
 from cdbench.workloads.request import Request
 
-STACKS_ENV = "CDBENCH_RANK_STACKS_S"  # set: each rank prints its threads' stacks every that many seconds
 ALL_REDUCE_TOKENS = (1, 16, 128, 1024, 8192)  # rows of hidden-size activations the forward all-reduces
 
 
@@ -189,23 +183,7 @@ def run_ranks(job: RankJob, progress: Callable[[float], None] | None = None
         if gpus < job.ranks:
             raise CollectiveError(f"{job.ranks} {job.parallel.upper()} ranks each need a GPU of their own; "
                                   f"this machine has {gpus}")
-    ctx = mp.get_context("spawn")  # a fresh interpreter per rank: no forked torch or backend state
-    with tempfile.TemporaryDirectory(prefix="cdbench-ranks-") as tmp:
-        folder = Path(tmp)
-        (folder / "job.pkl").write_bytes(pickle.dumps(job))
-        procs = [ctx.Process(target=_rank_main, args=(rank, str(folder)), name=f"cdbench-rank{rank}")
-                 for rank in range(job.ranks)]
-        for proc in procs:
-            proc.start()
-        try:
-            _wait(procs, folder, job.timeout_s, progress)
-        finally:
-            for proc in procs:
-                proc.join(timeout=10)  # (a rank that delivered may still be leaving its group)
-                if proc.is_alive():
-                    proc.terminate()  # our own child, stuck or left waiting on a failed rank: ended by its handle
-                    proc.join()
-        outputs = [pickle.loads((folder / f"rank{rank}.pkl").read_bytes()) for rank in range(job.ranks)]
+    outputs = run_rank_processes(_run_rank, job.ranks, (job,), job.timeout_s, progress)
     return outputs, _info(job, outputs)
 
 
@@ -219,49 +197,7 @@ def _check_tp(config: SchedulerConfig) -> None:
                          "the ranks agree it is ready, so a later request finds the same on every rank")
 
 
-def _wait(procs, folder: Path, timeout_s: float, progress: Callable[[float], None] | None) -> None:
-    """Until every rank has delivered its output (a rank may still be leaving its group then)."""
-    deadline = time.monotonic() + timeout_s
-    done: set[int] = set()
-    while len(done) < len(procs):
-        for rank, proc in enumerate(procs):
-            if rank in done:
-                continue
-            failure = folder / f"rank{rank}.err"
-            if (folder / f"rank{rank}.pkl").exists():
-                done.add(rank)
-                if progress is not None:
-                    progress(len(done) / len(procs))
-            elif failure.exists():
-                text = failure.read_text()
-                raise CollectiveError(f"rank {rank} failed: {text.strip().splitlines()[-1]}\n{text}")
-            elif not proc.is_alive():
-                raise CollectiveError(f"rank {rank} ended (exit code {proc.exitcode}) without a result")
-        if time.monotonic() > deadline:
-            raise CollectiveError(f"the ranks did not finish within {timeout_s:g} s (done: {sorted(done)})")
-        time.sleep(0.05)
-
-
-def _rank_main(rank: int, folder: str) -> None:
-    """One rank process: run its part of the job, leave its output (or its error) in ``folder``."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    if stacks := os.environ.get(STACKS_ENV):  # a stuck rank says where it waits (every that many seconds)
-        faulthandler.dump_traceback_later(float(stacks), repeat=True)
-    path = Path(folder)
-    try:
-        job: RankJob = pickle.loads((path / "job.pkl").read_bytes())
-        _run_rank(rank, job, path)
-    except BaseException:  # noqa: BLE001 - reported to the parent, which names the rank and ends the others
-        (path / f"rank{rank}.err").write_text(traceback.format_exc())
-
-
-def _deliver(folder: Path, rank: int, output: _RankOutput) -> None:
-    scratch = folder / f"rank{rank}.tmp"
-    scratch.write_bytes(pickle.dumps(output))
-    scratch.rename(folder / f"rank{rank}.pkl")  # whole or absent: the parent never reads half of it
-
-
-def _run_rank(rank: int, job: RankJob, folder: Path) -> None:
+def _run_rank(rank: int, folder: Path, job: RankJob) -> None:
     """A rank process's run (:func:`_simulate_rank`); tensor-parallel ranks first join their group (NCCL on
     GPUs, gloo on the CPU). The output is delivered before the rank leaves the group: leaving may wait."""
     import datetime
@@ -273,7 +209,7 @@ def _run_rank(rank: int, job: RankJob, folder: Path) -> None:
     if cuda:
         torch.cuda.set_device(rank)
     if job.parallel == "dp":  # nothing to share
-        _deliver(folder, rank, _simulate_rank(rank, job, job.executor(), None, None))
+        deliver(folder, rank, _simulate_rank(rank, job, job.executor(), None, None))
         return
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{folder / 'store'}", rank=rank,
                             world_size=job.ranks, timeout=datetime.timedelta(seconds=job.timeout_s))
@@ -281,7 +217,7 @@ def _run_rank(rank: int, job: RankJob, folder: Path) -> None:
         # the grammar's agreement travels on a CPU group, as SGLang's grammar sync group does
         cpu_group = dist.new_group(backend="gloo") if cuda else None
         tp = TensorParallel(job.ranks, rank, None)
-        _deliver(folder, rank, _simulate_rank(rank, job, job.executor(), PeerAgreement(job.ranks, cpu_group), tp))
+        deliver(folder, rank, _simulate_rank(rank, job, job.executor(), PeerAgreement(job.ranks, cpu_group), tp))
     finally:
         dist.destroy_process_group()
 
