@@ -37,7 +37,7 @@ def test_cached_steps_match_one_full_prefill(qk_norm: bool) -> None:
     torch.testing.assert_close(last, full, rtol=1e-4, atol=1e-5)
 
 
-def test_mixed_batch_rows_of_different_lengths_match_separate_steps() -> None:
+def test_mixed_batch_rows_of_different_lengths_match_separate_steps(one_at_a_time) -> None:
     spec = tiny(True)
     fwd = LiveForward(spec, "cpu", dtype=torch.float32)
     prompts = [torch.randint(0, spec.vocab_size, (n,)) for n in (5, 9, 6)]
@@ -47,13 +47,7 @@ def test_mixed_batch_rows_of_different_lengths_match_separate_steps() -> None:
     # Rows 0 and 1 decode (5 and 9 cached: the shorter one is masked) while slot 2 prefills.
     mixed = fwd.step(cache, decode=fwd.decode_inputs([5, 9], [0, 1], [3, 4]),
                      prefill=[PrefillChunk(2, 0, 6)], prefill_tokens=prompts[2])
-    alone = KVCache.allocate(spec, 3, 16, "cpu", torch.float32)
-    expected = []
-    for slot, token in ((0, 3), (1, 4)):
-        fwd.step(alone, prefill=[PrefillChunk(slot, 0, len(prompts[slot]))], prefill_tokens=prompts[slot])
-        expected.append(fwd.step(alone, decode=fwd.decode_inputs([len(prompts[slot])], [slot], [token])))
-    expected.append(fwd.step(alone, prefill=[PrefillChunk(2, 0, 6)], prefill_tokens=prompts[2]))
-    torch.testing.assert_close(mixed, torch.cat(expected), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(mixed, one_at_a_time(fwd, spec, prompts), rtol=1e-4, atol=1e-5)
 
 
 def test_shapes_and_refusals() -> None:

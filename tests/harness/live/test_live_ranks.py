@@ -159,17 +159,23 @@ def _check_same_rank(rank: int, store: str, state: tuple, errors) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("states,diverged", [((("t", 1), ("t", 1)), False), ((("t", 1), ("t", 2)), True)])
-def test_ranks_that_drift_apart_say_so_instead_of_waiting(tmp_path, states, diverged) -> None:
+def _answers_of_two_ranks(target, args_of_rank) -> dict:
+    """Run ``target(rank, *args, queue)`` in two spawned processes (``args_of_rank(rank)``); what each put on
+    the queue, by rank."""
     ctx = mp.get_context("spawn")
-    errors = ctx.Queue()
-    procs = [ctx.Process(target=_check_same_rank, args=(rank, str(tmp_path / "store"), states[rank], errors))
-             for rank in range(2)]
+    answers = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(rank, *args_of_rank(rank), answers)) for rank in range(2)]
     for proc in procs:
         proc.start()
-    answers = dict(errors.get(timeout=120) for _ in procs)
+    seen = dict(answers.get(timeout=120) for _ in procs)
     for proc in procs:
         proc.join()
+    return seen
+
+
+@pytest.mark.parametrize("states,diverged", [((("t", 1), ("t", 1)), False), ((("t", 1), ("t", 2)), True)])
+def test_ranks_that_drift_apart_say_so_instead_of_waiting(tmp_path, states, diverged) -> None:
+    answers = _answers_of_two_ranks(_check_same_rank, lambda rank: (str(tmp_path / "store"), states[rank]))
     if diverged:
         assert all("the ranks diverged: the test's state, by rank: [('t', 1), ('t', 2)]" in answers[r] for r in (0, 1))
     else:
@@ -211,13 +217,5 @@ def _barrier_rank(rank: int, store: str, marker: str, answers) -> None:
 
 def test_a_barrier_holds_every_rank_until_the_last_arrives(tmp_path) -> None:
     """The wait after a graph capture: no rank starts its clock while another still captures."""
-    ctx = mp.get_context("spawn")
-    answers = ctx.Queue()
-    procs = [ctx.Process(target=_barrier_rank, args=(rank, str(tmp_path / "store"), str(tmp_path / "marker"), answers))
-             for rank in range(2)]
-    for proc in procs:
-        proc.start()
-    seen = dict(answers.get(timeout=120) for _ in procs)
-    for proc in procs:
-        proc.join()
+    seen = _answers_of_two_ranks(_barrier_rank, lambda rank: (str(tmp_path / "store"), str(tmp_path / "marker")))
     assert seen == {0: True, 1: True}
