@@ -351,3 +351,13 @@ class KVCache:
             self.rec.kv_wait_s[rid] += t - since
             self.blocked_since[rid] = math.nan
         return True
+
+
+def kv_description(kv: KVCache | None) -> tuple[int | None, str]:
+    """A run's KV cache as its summary takes it: capacity in token slots (``None``: unbounded) and policy."""
+    return (None, "unbounded") if kv is None else (kv.tokens, kv.policy)
+
+
+def kv_step_columns(kv: KVCache | None) -> tuple[int, int]:
+    """The step log's KV columns: token slots in use, requests preempted or retracted for the step."""
+    return (0, 0) if kv is None else (kv.used_tokens(), kv.evicted)

@@ -10,10 +10,15 @@ Times are seconds of virtual time; ``NaN`` means "did not happen".
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from cdbench.workloads.request import Request
 
 ABORT_REASONS = ("", "compile_error", "grammar_timeout", "cached_invalid", "grammar_rejected", "kv_capacity")
 CACHE_RESULTS = ("", "miss", "hit", "inflight")  # "" for an unconstrained request
@@ -172,6 +177,22 @@ class RequestTable:
         for name in self._KV:
             setattr(self, name, np.zeros(n, np.int64))
         self.kv_wait_s = np.zeros(n)
+
+    @classmethod
+    def entering(cls, ordered: Sequence[Request]) -> RequestTable:
+        """The table of ``ordered`` as they enter (thinking capped by its budget, + its end token)."""
+        rec = cls(len(ordered))
+        rec.request_id[:] = [r.request_id for r in ordered]
+        rec.arrival_s[:] = [r.arrival_s for r in ordered]
+        rec.prompt_len[:] = [max(1, r.prompt_len) for r in ordered]
+        rec.output_len[:] = [max(1, r.output_len) for r in ordered]
+        rec.structured[:] = [r.structured for r in ordered]
+        think_len = np.array([r.think_len for r in ordered], np.int64)
+        budget = np.array([r.thinking_budget if r.thinking_budget is not None else -1 for r in ordered], np.int64)
+        capped = np.where((budget >= 0) & (think_len > budget), budget, think_len)
+        rec.think_tokens[:] = np.where(think_len > 0, capped + 1, 0)  # +1: the think-end token
+        rec.forced_think_end[:] = (think_len > 0) & (budget >= 0) & (think_len > budget)
+        return rec
 
     def to_frame(self, rows: np.ndarray | None = None) -> pd.DataFrame:
         """The table (or its ``rows``, positions in request order) as a DataFrame."""

@@ -29,6 +29,7 @@ import pandas as pd
 from cdbench.harness.costs.gpu import GpuCosts, RooflineGpuCosts
 from cdbench.harness.costs.grammar_profile import GrammarProfile
 from cdbench.harness.executors.base import GrammarExecutor
+from cdbench.harness.kv_cache import kv_description
 from cdbench.harness.metrics import SLO, LogHistogram, Summary, summarize
 from cdbench.harness.policies import SchedulerConfig
 from cdbench.harness.records import FinishedRows, RequestTable, StepLog
@@ -130,7 +131,7 @@ def _stopped_result(sched: Scheduler, slo: SLO | None, timeline: Timeline, start
     sink.finished(finished.rest())
     sink.steps(sched.steps.take())
     summary = summarize_streamed(sink.close(None), sched.itl, sched.fill_hist, slo, sched.idle_iterations,
-                                 sched.draft_positions, *sched.kv_description)
+                                 sched.draft_positions, *kv_description(sched.kv))
     return RunResult(RequestTable(0).to_frame(), StepLog().to_frame(), summary, timeline, time.perf_counter() - start,
                      executor.backend_call_s, executor.validation_s, sched.compile_errors, tables_written=True)
 
@@ -181,7 +182,7 @@ def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: 
         records.steps(sched.steps.take())
         checked = sched.rec.valid if (sched.rec.valid >= 0).any() else None
         summary = summarize_streamed(records.close(checked), sched.itl, sched.fill_hist, slo, sched.idle_iterations,
-                                     sched.draft_positions, *sched.kv_description)
+                                     sched.draft_positions, *kv_description(sched.kv))
         wall_s = time.perf_counter() - start
         return RunResult(RequestTable(0).to_frame(), StepLog().to_frame(), summary, timeline, wall_s,
                          executor.backend_call_s, executor.validation_s, sched.compile_errors,
@@ -189,7 +190,7 @@ def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: 
     requests_frame = sched.rec.to_frame()
     steps_frame = sched.steps.to_frame()
     summary = summarize(requests_frame, steps_frame, sched.itl, sched.fill_hist, slo, sched.idle_iterations,
-                        sched.draft_positions, *sched.kv_description)
+                        sched.draft_positions, *kv_description(sched.kv))
     summary.time_windows = time_windows(requests_frame, slo)
     wall_s = time.perf_counter() - start
     return RunResult(requests_frame, steps_frame, summary, timeline, wall_s, executor.backend_call_s,

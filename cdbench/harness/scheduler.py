@@ -69,7 +69,7 @@ from cdbench.harness.executors.base import (
     StepWork,
     constant_ints,
 )
-from cdbench.harness.kv_cache import KVCache
+from cdbench.harness.kv_cache import KVCache, kv_step_columns
 from cdbench.harness.metrics import LogHistogram
 from cdbench.harness.policies import SchedulerConfig
 from cdbench.harness.readiness import blocking_poll, check, idle_repeats
@@ -98,21 +98,6 @@ _ABORT = {name: i for i, name in enumerate(ABORT_REASONS)}
 _CACHE = {name: i for i, name in enumerate(CACHE_RESULTS)}
 _KIND_DECODE, _KIND_PREFILL, _KIND_MIXED = "decode", "prefill", "mixed"
 
-
-def _request_table(ordered: Sequence[Request]) -> RequestTable:
-    """The request table of ``ordered`` as they enter (thinking capped by its budget, + its end token)."""
-    rec = RequestTable(len(ordered))
-    rec.request_id[:] = [r.request_id for r in ordered]
-    rec.arrival_s[:] = [r.arrival_s for r in ordered]
-    rec.prompt_len[:] = [max(1, r.prompt_len) for r in ordered]
-    rec.output_len[:] = [max(1, r.output_len) for r in ordered]
-    rec.structured[:] = [r.structured for r in ordered]
-    think_len = np.array([r.think_len for r in ordered], np.int64)
-    budget = np.array([r.thinking_budget if r.thinking_budget is not None else -1 for r in ordered], np.int64)
-    capped = np.where((budget >= 0) & (think_len > budget), budget, think_len)
-    rec.think_tokens[:] = np.where(think_len > 0, capped + 1, 0)  # +1: the think-end token
-    rec.forced_think_end[:] = (think_len > 0) & (budget >= 0) & (think_len > budget)
-    return rec
 
 class Scheduler:
     """Simulate ``requests`` under ``config``.
@@ -147,7 +132,7 @@ class Scheduler:
         ordered = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
         self.requests = ordered
         n = self.n = len(ordered)
-        rec = self.rec = _request_table(ordered)
+        rec = self.rec = RequestTable.entering(ordered)
         self.gen_total = rec.think_tokens + rec.output_len
 
         self.keys = SpecKeys.of(ordered)
@@ -330,11 +315,9 @@ class Scheduler:
             self.waiting.append(rid)
 
     def _trace_compile(self, start, end, thread, key: int, found: str) -> None:
-        tl = self.timeline
-        if tl is not None and tl.recording:
+        if self.timeline is not None and self.timeline.recording:
             name = "cache hit" if found == "hit" else f"compile {self.keys.texts[key][:40]}"
-            for r in range(len(start)):
-                tl.span(f"rank{r}/compile{thread[r]}", name, float(start[r]), float(end[r] - start[r]))
+            self.timeline.compile_spans(name, start, end, thread)
 
     def _abort(self, rid: int, reason: str, t: float) -> None:
         self.rec.abort[rid] = _ABORT[reason]
@@ -562,7 +545,7 @@ class Scheduler:
         self.steps.rows.append((t, duration, kind, len(plan.s_rid), n_dec, plan.pf_tokens, grammar_rows, mask_rows,
                                 int(_sum(work.produced)), schedule_s, poll_s, sync_s, check_s, forward_s, fill_s,
                                 copy_s, apply_s, sample_s, process_s, exposed, hidden, transfer_s, launch_s,
-                                dec_tokens, kv, stretch, *self._kv_columns()))
+                                dec_tokens, kv, stretch, *kv_step_columns(self.kv)))
         if grammar_rows:
             self.fill_hist.add(work.fill_s / work.mask_rows, work.mask_rows)
         tl = self.timeline
@@ -572,17 +555,6 @@ class Scheduler:
                           fill_s, copy_s + transfer_s, apply_s, sample_s, process_s, duration)
             if self.kv is not None:
                 tl.kv_span(t, duration, self.kv.used_tokens(), self.kv.tokens, self.kv.evicted)
-
-    @property
-    def kv_description(self) -> tuple[int | None, str]:
-        """The KV cache's capacity in token slots (``None``: unbounded) and policy, as the summary takes them."""
-        kv = self.kv
-        return (None, "unbounded") if kv is None else (kv.tokens, kv.policy)
-
-    def _kv_columns(self) -> tuple[int, int]:
-        """The step log's KV columns: token slots in use, requests preempted or retracted for the step."""
-        kv = self.kv
-        return (0, 0) if kv is None else (kv.used_tokens(), kv.evicted)
 
     # ------------------------------------------------------------------ idle
 
@@ -601,9 +573,7 @@ class Scheduler:
         if not (self.grammar_queue or self.waiting):
             if pre > 0:  # a last poll (e.g. the one that timed the queue out) still ran
                 self.idle_iterations += 1
-                self.steps.rows.append((t, pre + carry, "idle", 0, 0, 0, 0, 0, 0, schedule_s, poll_s, sync_s,
-                                        check_s, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, pre + carry, 0.0, 0.0, 0.0, 0, 0,
-                                        self._stretch, *self._kv_columns()))
+                self._log_idle(t, pre + carry, schedule_s, poll_s, sync_s, check_s)
             return None
         cfg = self.cfg
         duration = max(pre + carry, cfg.idle_spin_s)
@@ -613,10 +583,15 @@ class Scheduler:
             duration += repeats * step
             poll_s, sync_s, check_s = (1 + repeats) * poll_s, (1 + repeats) * sync_s, (1 + repeats) * check_s
         self.idle_iterations += 1 + repeats
+        self._log_idle(t, duration, schedule_s, poll_s, sync_s, check_s)
+        return duration
+
+    def _log_idle(self, t: float, duration: float, schedule_s: float, poll_s: float, sync_s: float,
+                  check_s: float) -> None:
+        """An idle iteration's row of the step log: all of its time is exposed host work."""
         self.steps.rows.append((t, duration, "idle", 0, 0, 0, 0, 0, 0, schedule_s, poll_s, sync_s, check_s,
                                 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, duration, 0.0, 0.0, 0.0, 0, 0, self._stretch,
-                                *self._kv_columns()))
-        return duration
+                                *kv_step_columns(self.kv)))
 
     def _idle_repeats(self, t_next: float, poll_s: float, check_s: float) -> int:
         """How many identical idle iterations follow one that ends at ``t_next`` (0 when unsure)."""

@@ -40,6 +40,11 @@ class Timeline:
         if duration_s > 0:
             self.spans.append(Span(track, name, start_s, duration_s, args))
 
+    def compile_spans(self, name: str, start, end, thread) -> None:
+        """One grammar compile (or cache-hit round trip) on each rank: rank r ran it on thread ``thread[r]``."""
+        for r in range(len(start)):
+            self.span(f"rank{r}/compile{thread[r]}", name, float(start[r]), float(end[r] - start[r]))
+
     def kv_span(self, t: float, duration: float, used: int, capacity: int, evicted: int) -> None:
         """The KV cache over one step: slots in use (of ``capacity``), requests preempted or retracted for it."""
         name = f"KV {used / capacity:.0%}" + (f", {evicted} preempted" if evicted else "")

@@ -49,6 +49,7 @@ from cdbench.harness.costs.gpu import GpuCosts
 from cdbench.harness.costs.grammar_profile import GrammarProfile
 from cdbench.harness.costs.hardware import ModelSpec
 from cdbench.harness.executors.base import GrammarExecutor
+from cdbench.harness.kv_cache import kv_description
 from cdbench.harness.live.forward import TensorParallel
 from cdbench.harness.live.rank_info import Parallel, RanksInfo, Spread
 from cdbench.harness.live.rank_procs import deliver, run_rank_processes
@@ -136,7 +137,7 @@ class _RankOutput:
     step_agree_s: list[float]
     step_local_s: list[float]
     all_reduce_s: dict[int, float]
-    kv: tuple[int | None, str] = (None, "unbounded")  # the KV cache's capacity and policy (Scheduler.kv_description)
+    kv: tuple[int | None, str] = (None, "unbounded")  # the KV cache's capacity and policy (kv_cache.kv_description)
 
 
 class RankScheduler(Scheduler):
@@ -260,7 +261,7 @@ def _simulate_rank(rank: int, job: RankJob, executor: GrammarExecutor, peer: Pee
                                   f"requests, seed {job.seed}"),
         live.info() if live is not None else None, timeline,
         peer.seconds if peer else [], peer.step_seconds if peer else [], getattr(live, "local_durations", []),
-        all_reduce, sched.kv_description)
+        all_reduce, kv_description(sched.kv))
 
 
 def simulate_dp(job: RankJob, executors: Callable[[int], GrammarExecutor]) -> tuple[list[_RankOutput], RanksInfo]:
