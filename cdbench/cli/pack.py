@@ -48,10 +48,13 @@ def pack(
                                                                "pages, logs), listed by its path.")] = False,
     repack: Annotated[bool, typer.Option("--repack", help="Write the pack SRC again as the new pack DEST, in the "
                                                          "current (smaller) format: the same runs and files.")] = False,
+    exact: Annotated[bool, typer.Option("--exact", help="Keep the step log's seconds as the runs wrote them (by "
+                                                       "default a pack keeps them at 0.1 µs; summaries and "
+                                                       "requests are always exact).")] = False,
 ) -> None:
     """Pack every run folder under SRC (a folder holding summary.json and config.yaml) into DEST: the runs'
-    summaries, configs, requests and steps as zstd Parquet keyed by run id (the folder's path under SRC),
-    and their other files byte for byte; reports, plots and traces are left out (cdbench report rebuilds them).
+    summaries, configs, requests and steps as zstd Parquet keyed by run id (the folder's path under SRC; the
+    steps' seconds at 0.1 µs unless --exact), and their other files byte for byte; reports, plots and traces are left out (cdbench report rebuilds them).
 
     A packed run is named PACK::RUN_ID wherever cdbench fidelity and cdbench compare take a run folder.
 
@@ -76,10 +79,12 @@ def pack(
             raise ConfigError("give the folder to write: cdbench pack SRC DEST (or --unpack/--repack PACK DEST)")
         if unpack or repack:
             packed = Pack(src)
-            stage, write = ("repacking", packed.repack) if repack else ("unpacking", packed.unpack)
             with progress_bar(transient=True) as bar:
-                task = bar.add_task(stage, total=len(packed.run_ids))
-                write(dest, progress=lambda run_id: bar.advance(task))
+                task = bar.add_task("repacking" if repack else "unpacking", total=len(packed.run_ids))
+                if repack:
+                    packed.repack(dest, progress=lambda run_id: bar.advance(task), exact=exact)
+                else:
+                    packed.unpack(dest, progress=lambda run_id: bar.advance(task))
             console.print(f"repacked {len(packed.run_ids)} runs: {_size(src) / 1e6:.2f} MB -> {_size(dest) / 1e6:.2f} MB"
                           if repack else f"unpacked {len(packed.run_ids)} runs into {dest}")
             return
@@ -91,6 +96,6 @@ def pack(
         files = _campaign_files(src, list(folders.values())) if all_files else {}
         with progress_bar(transient=True) as bar:
             task = bar.add_task("packing", total=len(folders))
-            pack_runs(folders, dest, files=files, progress=lambda run_id: bar.advance(task))
+            pack_runs(folders, dest, files=files, progress=lambda run_id: bar.advance(task), exact=exact)
     console.print(f"packed {len(folders)} runs{f' and {len(files)} files' if files else ''} into {dest} "
                   f"({_size(dest) / 1e6:.1f} MB)")

@@ -4,6 +4,7 @@ import gzip
 import json
 import shutil
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,7 +13,13 @@ from typer.testing import CliRunner
 
 from cdbench.cli.app import app
 from cdbench.results.config_files import builtin_config_path
-from cdbench.results.pack import Pack, find_run_folders, open_run, pack_runs
+from cdbench.results.pack import (
+    STEP_QUANTUM_S,
+    Pack,
+    find_run_folders,
+    open_run,
+    pack_runs,
+)
 from cdbench.results.run_folder import ResultsError, load_run
 
 runner = CliRunner()
@@ -37,11 +44,20 @@ def packed(campaign):
     return dest
 
 
-def _same_run(a, b):
+def _same_run(a, b, exact_steps=False):
+    """``b`` is ``a`` packed: the same summary, config and requests; its steps' seconds within half a tick."""
     assert a.summary == b.summary and a.config == b.config and a.label == b.label
-    for x, y in ((a.requests, b.requests), (a.steps, b.steps)):
-        pd.testing.assert_frame_equal(x, y, check_exact=True)
-        assert list(x.dtypes) == list(y.dtypes)
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+    assert list(a.requests.dtypes) == list(b.requests.dtypes) and list(a.steps.dtypes) == list(b.steps.dtypes)
+    seconds = [c for c in a.steps if c.endswith("_s") and a.steps[c].dtype.kind == "f"]
+    assert seconds
+    pd.testing.assert_frame_equal(a.steps.drop(columns=seconds), b.steps.drop(columns=seconds), check_exact=True)
+    if exact_steps:
+        pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=True)
+    else:
+        gap = (a.steps[seconds] - b.steps[seconds]).abs().to_numpy()
+        assert np.nanmax(gap) <= STEP_QUANTUM_S / 2 * (1 + 1e-6)
+        assert (a.steps[seconds].isna() == b.steps[seconds].isna()).all().all()
 
 
 def test_a_packed_run_reads_as_its_folder(campaign, packed):
@@ -202,3 +218,20 @@ def test_a_pack_of_the_earlier_layout_reads_the_same_and_repacks_smaller(campaig
     assert size[after] < size[before]
     again = runner.invoke(app, ["pack", "--repack", str(before), str(after)])
     assert again.exit_code == 2 and "already exists" in again.output
+
+
+def test_steps_seconds_are_kept_at_the_quantum_unless_exact(campaign, packed, tmp_path):
+    folders = {run_id: campaign / run_id for run_id in ("sglang", "vllm")}
+    exact = pack_runs(folders, tmp_path / "exact.pack", exact=True)
+    for run_id, folder in folders.items():
+        _same_run(load_run(folder), open_run(f"{exact}::{run_id}"), exact_steps=True)
+        _same_run(load_run(folder), open_run(f"{packed}::{run_id}"))  # the default: ticks of 0.1 µs
+    ticks = pq.read_table(packed / "steps.parquet").schema.field("duration_s")
+    assert ticks.type == pa.int64() and float(ticks.metadata[b"cdbench.quantum_s"]) == STEP_QUANTUM_S
+    assert pq.read_table(exact / "steps.parquet").schema.field("duration_s").type == pa.float64()
+    assert (packed / "steps.parquet").stat().st_size < (exact / "steps.parquet").stat().st_size
+    # repacking a quantized pack changes no tick; repacking an exact one quantizes it
+    again = Pack(packed).repack(tmp_path / "again.pack")
+    assert pq.read_table(again / "steps.parquet").equals(pq.read_table(packed / "steps.parquet"))
+    from_exact = Pack(exact).repack(tmp_path / "from_exact.pack")
+    assert pq.read_table(from_exact / "steps.parquet").equals(pq.read_table(packed / "steps.parquet"))
