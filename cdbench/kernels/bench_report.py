@@ -30,8 +30,10 @@ def results_frame(results: Sequence[KernelResult]) -> pd.DataFrame:
 
 
 def load_run(folder: Path) -> tuple[list[KernelResult], list[CopyResult], BenchEnv]:
-    """Read back what :func:`write_reports` wrote (to re-render a run's reports)."""
-    frame = pd.read_csv(folder / "results.csv", dtype={"error": str, "throttle": str}, keep_default_na=False,
+    """Read back what :func:`write_reports` wrote (to re-render a run's reports); a stored run may keep its
+    ``results.csv`` gzipped (``results.csv.gz``)."""
+    results_csv = folder / "results.csv"
+    frame = pd.read_csv(results_csv if results_csv.is_file() else folder / "results.csv.gz", dtype={"error": str, "throttle": str}, keep_default_na=False,
                         na_values={k: [""] for k in ("median_us", "q20_us", "q80_us", "floor_us", "exact",
                                                      "gpu_temp_c", "sm_mhz")})
     results = []

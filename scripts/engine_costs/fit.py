@@ -1,8 +1,8 @@
 """Fit the engines' host-cost parameters from the committed step measurements.
 
-Reads ``reports/engine_costs/{vllm,sglang}_steps.csv`` (``measure_vllm.py``,
-``measure_sglang.py``), ``sglang_scheduler_steps.csv`` (``measure_sglang_scheduler.py``) and the
-older engine versions' ``<engine>-<version>_steps.csv`` (``VERSIONS``), takes the median of each case (engine, backend, vocabulary, batch,
+Reads ``reports/engine_costs/{vllm,sglang}_steps.csv.gz`` (``measure_vllm.py``,
+``measure_sglang.py``), ``sglang_scheduler_steps.csv.gz`` (``measure_sglang_scheduler.py``) and the
+older engine versions' ``<engine>-<version>_steps.csv.gz`` (``VERSIONS``), takes the median of each case (engine, backend, vocabulary, batch,
 structured share: the steps of one case repeat the same work, and the machine is shared, so
 medians rather than means), fits each cost by least squares on those medians, and writes
 ``reports/engine_costs/fitted.json``: one entry per parameter with its value, the engine,
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2] / "reports" / "engine_costs"
 PRESET_VOCABS = (129280, 151936)
 CASE = ["engine", "version", "backend", "backend_version", "vocab", "batch", "share"]
 #: fitted.json key of an older engine version -> its measurement file (same script, its own environment)
-VERSIONS = {"vllm-0.10": ("vllm", "vllm-0.10.1_steps.csv")}
+VERSIONS = {"vllm-0.10": ("vllm", "vllm-0.10.1_steps.csv.gz")}
 
 
 def lstsq(frame: pd.DataFrame, y: str, xs: list[str], intercept: bool = True) -> tuple[list[float], float]:
@@ -149,9 +149,9 @@ def fit_sglang_scheduler(steps: pd.DataFrame) -> dict:
 
 def fit_all(folder: Path = ROOT) -> dict:
     """Every engine's fitted parameters from the measurement files in ``folder``."""
-    fitted = {"vllm": fit_vllm(pd.read_csv(folder / "vllm_steps.csv")),
-              "sglang": {**fit_sglang(pd.read_csv(folder / "sglang_steps.csv")),
-                         **fit_sglang_scheduler(pd.read_csv(folder / "sglang_scheduler_steps.csv"))}}
+    fitted = {"vllm": fit_vllm(pd.read_csv(folder / "vllm_steps.csv.gz")),
+              "sglang": {**fit_sglang(pd.read_csv(folder / "sglang_steps.csv.gz")),
+                         **fit_sglang_scheduler(pd.read_csv(folder / "sglang_scheduler_steps.csv.gz"))}}
     for key, (engine, name) in VERSIONS.items():
         fitted[key] = {"vllm": fit_vllm}[engine](pd.read_csv(folder / name))
     return fitted

@@ -23,7 +23,7 @@ per-iteration work and the rest of result processing) do not import on this mach
 ``scripts/setup_engines.sh``.
 
     .venv-engines/sglang/bin/python scripts/engine_costs/measure_sglang.py \
-        --requests /tmp/engine_requests.json --out reports/engine_costs/sglang_steps.csv
+        --requests /tmp/engine_requests.json --out reports/engine_costs/sglang_steps.csv.gz
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ Per step it times CPU seconds (``time.thread_time``), one torch thread:
   checks, KV release into the radix cache, grammar accept for structured rows, streaming the outputs).
 
     .venv-engines/sglang/bin/python scripts/engine_costs/measure_sglang_scheduler.py \
-        --requests /tmp/engine_requests.json --out reports/engine_costs/sglang_scheduler_steps.csv
+        --requests /tmp/engine_requests.json --out reports/engine_costs/sglang_scheduler_steps.csv.gz
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ time would measure the other processes; torch runs one intra-op thread for the s
   grammar, stop checks, finished requests, outputs).
 
     .venv-engines/vllm/bin/python scripts/engine_costs/measure_vllm.py \
-        --requests /tmp/engine_requests.json --out reports/engine_costs/vllm_steps.csv
+        --requests /tmp/engine_requests.json --out reports/engine_costs/vllm_steps.csv.gz
 """
 
 from __future__ import annotations

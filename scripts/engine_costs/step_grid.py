@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import json
 import shutil
 import sys
@@ -42,8 +43,10 @@ def grid_points(args: argparse.Namespace) -> Iterator[tuple[int, float, np.rando
 
 
 def write_rows(rows: list[dict], fields: list[str], out: Path) -> None:
+    """The rows as CSV at ``out``, gzipped when its name ends in ``.gz`` (the committed tables are)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as f:
+    opener = gzip.open if out.suffix == ".gz" else open
+    with opener(out, "wt", newline="") as f:
         w = csv.DictWriter(f, fields)
         w.writeheader()
         w.writerows(rows)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import shutil
 
 import pandas as pd
 import pytest
@@ -32,6 +34,11 @@ def test_quick_run_on_cpu_writes_reports(tmp_path):
     results, copies, env = load_run(out)
     assert len(results) == len(frame) and copies == []
     assert summary_markdown(results_frame(results), copies, env) == (out / "summary.md").read_text()
+    stored = tmp_path / "stored"  # a committed run keeps its results gzipped
+    shutil.copytree(out, stored)
+    (stored / "results.csv.gz").write_bytes(gzip.compress((stored / "results.csv").read_bytes()))
+    (stored / "results.csv").unlink()
+    assert load_run(stored) == (results, copies, env)
     # a second run does not write over the first unasked
     again = ["kernels", "--quick", "--batch", "1", "--dtype", "fp32", "--density", "sparse", "--out", str(out)]
     refused = CliRunner().invoke(app, again)
