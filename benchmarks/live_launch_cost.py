@@ -24,12 +24,12 @@ import pandas as pd
 
 from cdbench.harness.config import RunConfig
 from cdbench.harness.step_time import step_time
-from cdbench.results.run_folder import load_run
+from cdbench.results.pack import open_run
 
 
-def launches(folder: Path) -> pd.DataFrame:
-    """The run's non-idle steps with their launch seconds."""
-    run = load_run(folder)
+def launches(folder: str) -> pd.DataFrame:
+    """The run's (a run folder or ``PACK::RUN``) non-idle steps with their launch seconds."""
+    run = open_run(folder)
     steps = run.steps[run.steps["kind"] != "idle"].copy()
     if "launch_s" not in steps:
         if RunConfig.model_validate(run.config).scheduler_config().overlap:
@@ -38,13 +38,13 @@ def launches(folder: Path) -> pd.DataFrame:
         parts = [step_time(True, True, p, 0.0, s.forward_s, s.fill_s, s.copy_s + s.transfer_s, s.apply_s,
                            s.sample_s, s.process_s)[0] for p, s in zip(pre, steps.itertuples(), strict=True)]
         steps["launch_s"] = steps["duration_s"] - parts
-    steps["run"] = folder.name
+    steps["run"] = run.label
     return steps
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("runs", nargs="+", help="run folders or PACK::RUN")
     parser.add_argument("--csv", type=Path, default=None, help="write the per-run table here")
     args = parser.parse_args()
     steps = pd.concat([launches(folder) for folder in args.runs])

@@ -1,4 +1,4 @@
-"""Rebuild cdbench/workloads/data/embedded_sample.jsonl from the shared corpus.
+"""Rebuild cdbench/workloads/data/embedded_sample.jsonl.gz from the shared corpus.
 
 Deterministic (fixed seed): small, cheap-to-compile specs of every kind, each
 kept only if a valid oracle instance can be drawn for it. Lines keep their
@@ -10,6 +10,7 @@ source and license fields.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 from pathlib import Path
 
@@ -106,9 +107,8 @@ def main() -> None:
         raise SystemExit("shared corpora folder not found: pass --corpora or set CDBENCH_CORPORA")
     items = select(args.corpora)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", encoding="utf-8") as f:
-        for item in items:
-            f.write(json.dumps(item.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n")
+    lines = "".join(json.dumps(item.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n" for item in items)
+    args.out.write_bytes(gzip.compress(lines.encode("utf-8"), mtime=0))  # mtime 0: the same items, the same bytes
     print(f"wrote {len(items)} items to {args.out}")
 
 

@@ -40,7 +40,7 @@ def kernels_command(
     variant: list[str] = typer.Option(None, "--variant", help="variants to run (repeatable); default all but xgr-torch-compile"),
     out: Path | None = typer.Option(None, "--out", help="output folder (default: runs/kernels-<UTC time>)"),
     overwrite: OverwriteOpt = False,
-    cost_table: str = typer.Option("", "--cost-table", help="write a MaskCostTable: a path, or 'auto' for cdbench/kernels/cost_tables/<gpu>.json"),
+    cost_table: str = typer.Option("", "--cost-table", help="write a MaskCostTable: a path, or 'auto' for cdbench/kernels/cost_tables/<gpu>.json.gz (a path ending .gz is gzipped)"),
     seed: int = typer.Option(0, "--seed"),
     graph_max_batch: int = typer.Option(8, "--graph-max-batch", help="also time CUDA-graph replays up to this batch"),
     rotate_mb: int = typer.Option(512, "--rotate-mb", help="rotate inputs until this many MiB of logits"),
@@ -94,6 +94,6 @@ def kernels_command(
     if cost_table:
         table = build_cost_table(results, copies, env, gpu_short_name(torch.cuda.get_device_name(0)))
         path = Path(cost_table) if cost_table != "auto" else None
-        path = path or TABLE_DIR / f"{table.gpu}.json"
+        path = path or TABLE_DIR / f"{table.gpu}.json.gz"
         table.save(path)
         typer.echo(f"cost table: {path}")

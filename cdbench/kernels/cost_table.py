@@ -11,6 +11,7 @@ Built-in tables live in ``cdbench/kernels/cost_tables/<gpu>.json``.
 from __future__ import annotations
 
 import bisect
+import gzip
 import math
 from pathlib import Path
 from typing import Literal
@@ -18,6 +19,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 TABLE_DIR = Path(__file__).with_name("cost_tables")
+TABLE_SUFFIXES = (".json", ".json.gz")
+"""A cost table file is JSON, gzipped or not (the shipped ones are: they are mostly repeated keys); where a
+folder holds both for one name, the gzipped one is read."""
+
+
+def table_files(folder: Path) -> dict[str, Path]:
+    """The cost table files in ``folder`` by name (the file name without its suffix), sorted by name."""
+    found = {path.name.removesuffix(suffix): path for suffix in TABLE_SUFFIXES for path in folder.glob(f"*{suffix}")}
+    return dict(sorted(found.items()))
 
 Dtype = Literal["fp32", "bf16", "fp16"]
 Density = Literal["sparse", "dense"]
@@ -60,19 +70,21 @@ class MaskCostTable(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path) -> MaskCostTable:
-        return cls.model_validate_json(Path(path).read_text(encoding="utf-8"))
+        data = Path(path).read_bytes()
+        return cls.model_validate_json(gzip.decompress(data) if Path(path).suffix == ".gz" else data)
 
     @classmethod
     def builtin(cls, gpu: str) -> MaskCostTable:
-        """The shipped table for ``gpu`` (file stem under ``cost_tables/``)."""
-        path = TABLE_DIR / f"{gpu}.json"
-        if not path.exists():
-            known = ", ".join(sorted(p.stem for p in TABLE_DIR.glob("*.json")))
-            raise FileNotFoundError(f"no mask cost table for GPU {gpu!r}; known: {known}")
-        return cls.load(path)
+        """The shipped table for ``gpu`` (its file name under ``cost_tables/``)."""
+        shipped = table_files(TABLE_DIR)
+        if gpu not in shipped:
+            raise FileNotFoundError(f"no mask cost table for GPU {gpu!r}; known: {', '.join(shipped)}")
+        return cls.load(shipped[gpu])
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.model_dump_json(indent=1) + "\n", encoding="utf-8")
+        """Write the table as JSON at ``path``, gzipped when its name ends in ``.gz``."""
+        path, text = Path(path), (self.model_dump_json(indent=1) + "\n").encode("utf-8")
+        path.write_bytes(gzip.compress(text, mtime=0) if path.suffix == ".gz" else text)
 
     def apply_us(self, batch: int, vocab: int, dtype: Dtype = "bf16", density: Density = "sparse") -> float:
         """Time to apply a mask to ``batch`` rows of ``vocab`` logits, in µs (0 for batch 0)."""

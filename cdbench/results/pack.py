@@ -16,7 +16,9 @@ Layout of a pack (a folder, conventionally named ``<campaign>.pack``)::
 The step log's seconds (its float ``*_s`` columns) are kept at :data:`STEP_QUANTUM_S` (0.1 µs) as integer
 ticks unless the pack is written exact: measured step parts vary between steps by microseconds, and the ticks
 take a third of the bytes of the floats' noise digits (the committed campaigns' steps went from 6.1 to 2.4 MB).
-A run's summary and its requests are kept exact, so every verdict read from a pack is the run's own.
+A run's summary and its requests are kept exact, so every verdict read from a pack is the run's own. A figure
+made of many step parts (the launch: what is left of a step after its timed parts) moves by up to 0.05 µs a
+part; a study of such residuals packs its runs ``--exact``.
 
 Every table is one zstd row group (level 19), without dictionaries but for categorical columns: the pack
 compresses a column of all its runs at once, and files of one name (the runs' profiles, traces, stores)

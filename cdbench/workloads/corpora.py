@@ -15,11 +15,12 @@ is skipped and reported with its file and line number; the rest loads.
 Named corpora: ``embedded`` (a sample shipped in the package) and, when the
 shared corpus folder exists (``$CDBENCH_CORPORA``, else
 ``$CDBENCH_SHARED/corpora``, else ``<repo>/../shared/corpora``), every
-``*.jsonl`` file there by its stem.
+``*.jsonl`` file there by its stem. A corpus file may be gzipped (``*.jsonl.gz``, named without the suffixes).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -32,7 +33,8 @@ import numpy as np
 from cdbench.backends.base import CONSTRAINT_KINDS, ConstraintSpec
 from cdbench.workloads.validate import schema_error
 
-EMBEDDED_SAMPLE = Path(__file__).parent / "data" / "embedded_sample.jsonl"
+EMBEDDED_SAMPLE = Path(__file__).parent / "data" / "embedded_sample.jsonl.gz"
+CORPUS_SUFFIXES = (".jsonl", ".jsonl.gz")
 _REQUIRED = ("id", "kind", "spec", "source", "license")
 
 
@@ -195,7 +197,7 @@ def read_corpus(
     libraries: list[str] = []
     first_line: dict[str, int] = {}
     # Bytes, decoded line by line: one line of invalid UTF-8 is a skipped line, not a failed load.
-    with path.open("rb") as f:
+    with (gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")) as f:
         for number, raw in enumerate(f, start=1):
             try:
                 line = raw.decode("utf-8")
@@ -247,12 +249,18 @@ def shared_corpora_dir() -> Path | None:
     return candidate if candidate.is_dir() else None
 
 
+def corpus_name(path: Path) -> str:
+    """A corpus file's name: its file name without ``.jsonl`` or ``.jsonl.gz``."""
+    return next((path.name.removesuffix(suffix) for suffix in reversed(CORPUS_SUFFIXES)
+                 if path.name.endswith(suffix)), path.stem)
+
+
 def known_corpora() -> dict[str, Path]:
     """Corpus name → file: ``embedded`` and the stems of the shared folder's files."""
     known = {"embedded": EMBEDDED_SAMPLE}
     folder = shared_corpora_dir()
     if folder is not None:
-        known |= {p.stem: p for p in sorted(folder.glob("*.jsonl"))}
+        known |= {corpus_name(p): p for suffix in CORPUS_SUFFIXES for p in sorted(folder.glob(f"*{suffix}"))}
     return known
 
 

@@ -8,7 +8,12 @@ import pytest
 
 from cdbench.kernels.bench import BenchEnv, CopyResult, KernelResult
 from cdbench.kernels.bench_report import build_cost_table
-from cdbench.kernels.cost_table import CopyTiming, KernelTiming, MaskCostTable
+from cdbench.kernels.cost_table import (
+    CopyTiming,
+    KernelTiming,
+    MaskCostTable,
+    table_files,
+)
 
 
 def _result(variant, batch, us, timing="event", vocab=1000, dtype="bf16", density="sparse", kind="apply"):
@@ -33,6 +38,10 @@ def test_build_save_load_round_trip(tmp_path):
     table.save(path)
     loaded = MaskCostTable.load(path)
     assert loaded == table
+    zipped = tmp_path / "testgpu.json.gz"  # a name ending .gz is written gzipped and read back the same
+    table.save(zipped)
+    assert zipped.read_bytes()[:2] == b"\x1f\x8b" and MaskCostTable.load(zipped) == table
+    assert table_files(tmp_path) == {"testgpu": zipped}  # one name: the gzipped file wins
     assert loaded.kernel == "cdbench" and loaded.gpu == "testgpu"
     by_key = {(r.kernel, r.batch): r.us for r in loaded.apply}
     assert by_key == {("cdbench", 1): 2.0, ("cdbench", 64): 20.0, ("xgr-cuda", 64): 25.0}  # graph time wins

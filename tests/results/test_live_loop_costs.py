@@ -68,9 +68,12 @@ def test_the_spun_fields_come_from_the_live_config_and_missing_ones_are_zero(tmp
 
 def test_a_packed_live_run_is_read_the_same(tmp_path):
     run = _live_run(tmp_path / "runs" / "live-a", _steps(), schedule_s=1e-4)
-    pack = tmp_path / "runs.pack"
-    pack_runs({"live-a": run}, pack)
-    assert live_loop_costs(f"{pack}::live-a").values == live_loop_costs(str(run)).values
+    from_folder = live_loop_costs(str(run)).values
+    exact = pack_runs({"live-a": run}, tmp_path / "exact.pack", exact=True)
+    assert live_loop_costs(f"{exact}::live-a").values == from_folder
+    # a pack keeps the steps' seconds at 0.1 µs: the launch, fitted from what is left of each step, moves by less
+    packed = pack_runs({"live-a": run}, tmp_path / "runs.pack")
+    assert live_loop_costs(f"{packed}::live-a").values == pytest.approx(from_folder, rel=1e-3, abs=1e-9)
 
 
 def test_a_model_run_or_one_without_steps_is_refused(tmp_path):

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -195,3 +196,15 @@ def test_a_schema_off_every_metaschema_is_a_named_skipped_line_and_real_world_dr
 def test_no_schema_of_the_embedded_sample_is_refused():
     load = read_corpus(EMBEDDED_SAMPLE)
     assert not [s for s in load.skipped if "invalid JSON Schema" in s.reason]
+
+
+def test_a_gzipped_corpus_reads_as_the_plain_one_and_is_named_without_its_suffixes(tmp_path, monkeypatch):
+    plain = tmp_path / "mine.jsonl"
+    plain.write_bytes(gzip.decompress(EMBEDDED_SAMPLE.read_bytes()) + b"{broken\n")
+    zipped = tmp_path / "zipped.jsonl.gz"
+    zipped.write_bytes(gzip.compress(plain.read_bytes()))
+    a, b = read_corpus(plain), read_corpus(zipped)
+    assert [i.to_json() for i in a.items] == [i.to_json() for i in b.items] and len(a.items) > 200
+    assert [(s.line, s.reason) for s in a.skipped] == [(s.line, s.reason) for s in b.skipped] and len(a.skipped) == 1
+    monkeypatch.setenv("CDBENCH_CORPORA", str(tmp_path))
+    assert {"mine", "zipped"} <= set(known_corpora()) and resolve_corpus("zipped") == zipped

@@ -9,7 +9,7 @@ one ships in ``cdbench/kernels/cost_tables/``, otherwise the H200 reference
 table scaled by the ratio of HBM bandwidths (apply) and of PCIe bandwidths
 (copy). Only the part above the one-row time is scaled: small batches are
 bound by launch latency, which does not follow bandwidth, large ones by bytes.
-(Checked against the H100 table in ``reports/kernels/h100-run1``, 1 to 1024
+(Checked against the first H100 sweep's table, ``reports/kernels/h100-run1`` at 660c660, 1 to 1024
 rows: within 10 % for a device copy, 13 % for xgrammar's CUDA kernel, 26 %
 for its Triton kernel; the host-to-device copy of that host was up to 25 %
 slower than the estimate.) The choice is recorded in
@@ -31,9 +31,9 @@ from pathlib import Path
 import numpy as np
 
 from cdbench.harness.costs.hardware import GPUSpec, normalize_name, resolve_gpu
-from cdbench.kernels.cost_table import TABLE_DIR, Density, Dtype, MaskCostTable
+from cdbench.kernels.cost_table import TABLE_DIR, Density, Dtype, MaskCostTable, table_files
 
-REFERENCE_TABLE = TABLE_DIR / "h200_reference.json"
+REFERENCE_TABLE = TABLE_DIR / "h200_reference.json.gz"
 REFERENCE_GPU = "h200"
 # xgrammar's apply_token_bitmask_inplace on CUDA picks its Triton kernel; SGLang
 # runs an equivalent Triton kernel and vLLM's V1 runner calls xgrammar's.
@@ -207,14 +207,14 @@ def find_measured_table(gpu: GPUSpec) -> tuple[Path, MaskCostTable] | None:
     """
     names = {gpu.name, *gpu.aliases}
     family = gpu.name.split("-")[0]  # "h100" matches "nvidia-h100-80gb-hbm3"
-    for path in sorted(TABLE_DIR.glob("*.json")):
+    for name, path in table_files(TABLE_DIR).items():
         if path == REFERENCE_TABLE:
             continue
         try:
             table = MaskCostTable.load(path)
         except ValueError as exc:
             raise ValueError(f"mask cost table {path} does not load: {exc}") from exc
-        for label in (normalize_name(path.stem), normalize_name(table.gpu)):
+        for label in (normalize_name(name), normalize_name(table.gpu)):
             if label in names or family in label.split("-"):
                 return path, table
     return None
