@@ -6,6 +6,7 @@ Every decode step of a ``--mode live`` run records the forward's measured GPU ti
 and prints measured / modelled by decode batch size, the in-situ error of the calibration. Usage::
 
     python benchmarks/live_forward_in_situ.py RUN [RUN ...] --csv reports/live/forward_in_situ.csv
+    python benchmarks/live_forward_in_situ.py reports/kv_capacity/bfcl_live.pack::kv_capacity_bfcl/sglang/bfcl-sglang-live-a
 
 Found (H100): before the forward model's ``multi_token_s`` term, live forwards took 3.4-4.8 % longer than the model
 in all 8 live-a runs (reports/live/forward_in_situ_h100.csv); after it, measured / model is 0.994-1.014 per decode
@@ -22,14 +23,15 @@ import pandas as pd
 
 from cdbench.harness.config import RunConfig
 from cdbench.harness.policies import padded_decode
-from cdbench.results.run_folder import load_run
+from cdbench.results.pack import open_run, split_ref
 
 BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
-def priced(folder: Path) -> pd.DataFrame:
-    """The run's decode steps with the model's padded and unpadded prices beside the measured forward."""
-    run = load_run(folder)
+def priced(ref: str | Path) -> pd.DataFrame:
+    """The run's decode steps (a run folder or ``PACK::RUN_ID``) with the model's padded and unpadded prices
+    beside the measured forward."""
+    run = open_run(ref)
     config = RunConfig.model_validate(run.config)
     forward = config.costs.build()
     sizes = config.scheduler_config().cuda_graph_sizes
@@ -39,7 +41,8 @@ def priced(folder: Path) -> pd.DataFrame:
     steps["padded_tokens"] = padded
     steps["model_padded_s"] = forward.step_s_array(0, 0, padded, padded_context)
     steps["model_unpadded_s"] = forward.step_s_array(0, 0, tokens, context)
-    steps["run"] = folder.name
+    path, run_id = split_ref(ref)
+    steps["run"] = Path(run_id).name if run_id is not None else path.name
     steps["calibration"] = forward.calibration_source
     return steps
 
@@ -60,7 +63,7 @@ def by_batch(steps: pd.DataFrame) -> pd.DataFrame:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("runs", nargs="+", help="live run folders or PACK::RUN_ID references")
     parser.add_argument("--csv", type=Path, default=None, help="write the per-bucket table here")
     args = parser.parse_args()
     steps = pd.concat([priced(folder) for folder in args.runs], ignore_index=True)
