@@ -313,7 +313,8 @@ class ForwardCostModel:
         comm = peak.communication_s
         if params.all_reduce_s is not None and peak.all_reduces:
             # each all-reduce waits out its latency until its bytes take longer (NCCL's small messages are
-            # latency-bound, large ones bandwidth-bound); both fitted to the ranks' measured steps
+            # latency-bound, large ones bandwidth-bound): the latency fitted to the ranks' measured steps,
+            # the per-token time measured by live TP runs (or fitted)
             comm = peak.all_reduces * np.maximum(params.all_reduce_s, params.all_reduce_token_s * peak.tokens)
         return lc, lm, pa, da, comm, per_token
 
