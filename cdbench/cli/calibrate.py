@@ -23,7 +23,7 @@ from cdbench.harness.costs.calibration import (
     shipped_calibration_path,
     write_measurements,
 )
-from cdbench.harness.costs.calibration_fit import fit_calibration, roofline_errors
+from cdbench.harness.costs.calibration_fit import fit_calibration, holdout_errors, roofline_errors
 from cdbench.harness.costs.hardware import SpecFileError, UnknownSpecError, resolve_gpu, resolve_model
 
 
@@ -49,6 +49,13 @@ def calibrate(
     linear_kernels: Annotated[str, typer.Option(
         "--linear-kernels", help="a hybrid model's Gated DeltaNet kernels: auto (flash-linear-attention's where it "
         "imports on a GPU, else torch's), torch or fla")] = "auto",
+    all_reduce: Annotated[list[str] | None, typer.Option(
+        "--all-reduce", help="a live tensor-parallel run (folder or PACK::RUN, repeatable): its measured "
+        "all-reduce's per-row time (live.json) prices the all-reduces' bandwidth, the median over the runs; "
+        "without it the fit solves it")] = None,
+    holdout: Annotated[int, typer.Option(
+        "--holdout", min=0, help="also fit on all but every K-th shape, K times, and report the held-out "
+        "shapes' errors (0: no)")] = 0,
 ) -> None:
     """Fit the forward cost model to live forward steps: every shape's fit error is printed.
 
@@ -56,6 +63,7 @@ def calibrate(
       cdbench calibrate --model llama-3.1-8b --gpu-name h100-sxm --out auto
       cdbench calibrate --model qwen3-8b --gpu-name h200 --out auto --measurements reports/calibration/qwen3-8b__h200.csv
       cdbench calibrate --model qwen3-8b --gpu-name h200 --tp 2 --out auto
+      cdbench calibrate --model qwen3-8b --gpu-name h200 --out auto --measurements reports/calibration/qwen3-8b__h200__tp2.csv --all-reduce runs/tp2-live --holdout 4
     """
     args = sys.argv[1:]
     command = shlex.join(["cdbench", *(args if args[:1] == ["calibrate"] else ["calibrate", *args])])
@@ -70,12 +78,15 @@ def calibrate(
         else:
             csv_path, rows = measurements, read_measurements(measurements)
             target = shipped_calibration_path(spec.name, gpu.name, rows[0].tp) if str(out) == "auto" else out
-        cal = fit_calibration(rows, spec, gpu, measurements=str(csv_path), command=command)
+        options = {} if not all_reduce else {"all_reduce_token_s": measured_all_reduce(all_reduce),
+                                             "all_reduce_runs": all_reduce}
+        cal = fit_calibration(rows, spec, gpu, measurements=str(csv_path), command=command, **options)
+        held = holdout_errors(rows, spec, gpu, holdout, **options) if holdout else None
     except (CalibrationError, UnknownSpecError, SpecFileError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     cal.save(target)
-    table = fit_table(cal, roofline_errors(rows, spec, gpu))
+    table = fit_table(cal, roofline_errors(rows, spec, gpu), held)
     typer.echo(table)
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)
@@ -115,8 +126,38 @@ def _measure(spec, grid: str, device: str, decode_attention: str, tp: int,
                         linear_kernels=linear_kernels)
 
 
-def fit_table(cal: ForwardCalibration, roofline: np.ndarray) -> str:
-    """The fit as markdown: parameters, then each shape's measured and fitted time and the roofline's error."""
+def measured_all_reduce(runs: list[str]) -> float:
+    """The median over ``runs`` (live tensor-parallel runs, folders or ``PACK::RUN``) of their all-reduce's
+    measured per-row time (:attr:`~cdbench.harness.live.rank_info.RanksInfo.all_reduce_token_s`)."""
+    # imported here: fitting on a GPU host needs neither the results readers nor the rank code
+    from cdbench.harness.live.ranks import ranks_info_of
+    from cdbench.results.errors import ResultsError
+    from cdbench.results.pack import open_run
+
+    slopes = []
+    for ref in runs:
+        try:
+            text = open_run(ref).read_file("live.json")
+        except ResultsError as exc:
+            raise ValueError(f"--all-reduce {ref}: {exc}") from exc
+        if text is None:
+            raise ValueError(f"--all-reduce {ref}: not a live run (no live.json)")
+        slope = ranks_info_of(text, ref).all_reduce_token_s
+        if slope is None:
+            raise ValueError(f"--all-reduce {ref}: its live.json times the all-reduce at fewer than two sizes")
+        slopes.append(slope)
+    return float(np.median(slopes))
+
+
+def fit_table(cal: ForwardCalibration, roofline: np.ndarray, held: np.ndarray | None = None) -> str:
+    """The fit as markdown: parameters, then each shape's measured and fitted time and the roofline's error
+    (and each shape's error when held out of the fit, ``held``)."""
+    held_line = [] if held is None else [
+        f"Held out (fitted on the other shapes, {len(held)} shapes in turn): max |error| {np.max(np.abs(held)):.1%}, "
+        f"median {np.median(np.abs(held)):.1%}.", ""]
+    measured = [] if not cal.all_reduce_runs else [
+        f"all_reduce_token_s measured (median per-row slope of the all-reduce, live.json): "
+        f"{', '.join(f'`{r}`' for r in cal.all_reduce_runs)}.", ""]
     lines = [
         f"# Forward calibration: {cal.model} on {cal.gpu}{f' at tp={cal.tp}' if cal.tp > 1 else ''} "
         f"({cal.gpu_device}, torch {cal.torch_version})",
@@ -127,17 +168,23 @@ def fit_table(cal: ForwardCalibration, roofline: np.ndarray) -> str:
         f"Fit over {len(cal.fit)} shapes: max |error| {cal.max_abs_error:.1%}, median {cal.median_abs_error:.1%} "
         f"(uncalibrated roofline: max {np.max(np.abs(roofline)):.1%}, median {np.median(np.abs(roofline)):.1%}).",
         "",
+        *held_line,
+        *measured,
         "| parameter | value |",
         "|---|---|",
         *(f"| {name} | {getattr(cal, name):.4g} |" for name in (
             "compute_efficiency", "memory_efficiency", "attention_efficiency", "kv_memory_efficiency",
             "linear_sharpness", "step_overhead_s", "token_layer_s", "row_layer_s", "attention_rows",
             "attention_sharpness", "multi_token_s", "chunk_layer_s", "mixed_row_layer_s")),
+        *(f"| {name} | {getattr(cal, name):.4g} |" for name in (
+            "decode_layer_s", "all_reduce_s", "all_reduce_token_s") if cal.tp > 1),
         "",
-        "| shape | measured ms | fitted ms | fit error | roofline error |",
-        "|---|---:|---:|---:|---:|",
+        "| shape | measured ms | fitted ms | fit error | roofline error |" + (" held-out error |" if held is not None
+                                                                              else ""),
+        "|---|---:|---:|---:|---:|" + ("---:|" if held is not None else ""),
         *(f"| {s.shape} | {s.measured_s * 1e3:.3f} | {s.predicted_s * 1e3:.3f} | {s.error:+.1%} | {r:+.1%} |"
-          for s, r in zip(cal.fit, roofline, strict=True)),
+          + (f" {h:+.1%} |" if held is not None else "")
+          for s, r, h in zip(cal.fit, roofline, held if held is not None else roofline, strict=True)),
     ]
     return "\n".join(lines) + "\n"
 

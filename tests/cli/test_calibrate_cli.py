@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from cdbench.cli.app import app
@@ -80,3 +81,46 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
                                       str(tmp_path / "x.json"), "--grid", "huge", "--device", "cpu"])
     assert result.exit_code == 2
     assert "--grid 'huge': choose from default, chunks, few_rows, tiny" in result.output
+
+
+TP2_PACK = "reports/fidelity/live_vs_model/ranks_2gpu_tp2_40req.pack"
+DP2_PACK = "reports/fidelity/live_vs_model/ranks_2gpu_dp2_40req.pack"
+
+
+def test_refit_with_the_measured_all_reduce_and_held_out_shapes(tmp_path: Path) -> None:
+    """The shipped TP=2 fit is what its command gives: the all-reduce's per-row time measured by the packed
+    live TP runs (their median), the rest fitted, and each shape's error when held out."""
+    import json
+    import statistics
+
+    from cdbench.harness.costs.calibration import shipped_calibration_path
+    from cdbench.harness.live.ranks import ranks_info_of
+    from cdbench.results.pack import open_run
+
+    shipped = ForwardCalibration.load(shipped_calibration_path("qwen3-8b", "h200", 2))
+    runs = [f"{TP2_PACK}::{w}-tp2-live-{c}" for w in ("default", "json") for c in "ab"]
+    assert shipped.all_reduce_runs == runs
+    out = tmp_path / "tp2.json"
+    args = ["calibrate", "--model", "qwen3-8b", "--gpu-name", "h200", "--out", str(out), "--measurements",
+            str(REPO / shipped.measurements), "--holdout", "4"]
+    result = CliRunner().invoke(app, [*args, *(x for r in runs for x in ("--all-reduce", str(REPO / r)))])
+    assert result.exit_code == 0, result.output
+    cal = ForwardCalibration.load(out)
+    slopes = []
+    for ref in runs:
+        table = json.loads(open_run(REPO / ref).read_file("live.json"))["ranks"]["all_reduce_s"]
+        slopes.append((table["8192"] - table["1024"]) / (8192 - 1024))
+        assert ranks_info_of(open_run(REPO / ref).read_file("live.json"), ref).all_reduce_token_s == slopes[-1]
+    assert cal.all_reduce_token_s == pytest.approx(statistics.median(slopes), rel=1e-12)
+    assert cal.all_reduce_token_s == shipped.all_reduce_token_s
+    for new, old in zip(cal.fit, shipped.fit, strict=True):
+        assert new.predicted_s == pytest.approx(old.predicted_s, rel=1e-3)
+    assert "Held out (fitted on the other shapes, 98 shapes in turn)" in result.output
+    assert "| decode_layer_s |" in result.output and "held-out error |" in result.output
+    # a run without the ranks' all-reduce, and a one-GPU fit given one, are refused in one line
+    result = CliRunner().invoke(app, [*args, "--all-reduce", str(REPO / f"{DP2_PACK}::json-dp2-live-a")])
+    assert result.exit_code == 2 and "fewer than two sizes" in result.output
+    result = CliRunner().invoke(app, ["calibrate", "--model", "qwen3-8b", "--gpu-name", "h200", "--out", str(out),
+                                      "--measurements", str(REPO / "reports/calibration/qwen3-8b__h200.csv"),
+                                      "--all-reduce", str(REPO / runs[0])])
+    assert result.exit_code == 2 and "these measurements are of one GPU" in result.output

@@ -175,7 +175,18 @@ class ForwardCalibration(BaseModel):
     measurements of one model at its one depth cannot tell a per-layer fixed
     cost from a per-step one, so it is fitted as ``step_overhead_s``.
     A calibration of ``tp`` > 1 is fitted to one rank's sharded steps, their
-    all-reduces included; it prices only runs of that many ranks.
+    all-reduces included; it prices only runs of that many ranks. Its
+    ``2·n_layers`` all-reduces a step each cost
+    ``max(all_reduce_s, tokens·all_reduce_token_s)`` (latency-bound small
+    messages, bandwidth-bound large ones), and a step with decode rows pays
+    ``n_layers·decode_layer_s`` for their attention's own kernels (what a
+    prefill step beside a few decode rows shows: reports/calibration/README.md);
+    the three are fitted for ``tp`` > 1 only, so one-GPU fits stay what their
+    commands reproduce; ``all_reduce_token_s`` is held at a measured value when
+    one is given (``all_reduce_runs``: the per-row slope of live TP runs'
+    all-reduce, where it is bandwidth-bound). A fit without ``all_reduce_s`` (None: one GPU, or a
+    ``tp`` > 1 fit made before it existed) prices the GPU spec's all-reduces, as
+    it was fitted with.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -197,6 +208,14 @@ class ForwardCalibration(BaseModel):
     chunk_layer_s: float = Field(0.0, ge=0, description="per prefill chunk and layer (its attention's own kernels)")
     mixed_row_layer_s: float = Field(0.0, ge=0, description="per decode row and layer in a step with prefill "
                                      "chunks (beyond row_layer_s)")
+    decode_layer_s: float = Field(0.0, ge=0, description="per layer in a step with decode rows (their attention's "
+                                  "own kernels); fitted for tp > 1")
+    all_reduce_s: float | None = Field(None, ge=0, description="latency of one all-reduce (tp > 1; None: the GPU "
+                                       "spec's latency and bandwidth)")
+    all_reduce_token_s: float = Field(0.0, ge=0, description="one all-reduce's time per token of the step once "
+                                      "past its latency (tp > 1)")
+    all_reduce_runs: list[str] = Field(default_factory=list, description="the live tensor-parallel runs whose "
+                                       "measured all-reduce gave all_reduce_token_s (empty: fitted)")
     decode_attention: Literal["dense", "per_row"] = Field(
         "dense", description="how the measured decode rows attended: dense (masked, over the longest row) or "
         "per_row (each row its own length, the decode-attention kernel live mode runs)")

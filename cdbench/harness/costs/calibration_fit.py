@@ -6,7 +6,8 @@ a few starting points, the best kept; then refined on the sum of the errors'
 eighth powers, which trades a little of the median for a lower worst shape
 (the acceptance bar is on every shape), and the refinement is kept only when
 its worst error is lower. Every measured shape is reported with its fitted
-error (:attr:`ForwardCalibration.fit`).
+error (:attr:`ForwardCalibration.fit`); :func:`holdout_errors` fits on part of
+the shapes and prices the rest (the fit's out-of-sample error).
 """
 
 from __future__ import annotations
@@ -29,25 +30,30 @@ _REFINE_POWER = 8
 # Parameter vector: four efficiencies, the sharpness, then the fixed and per-token costs in
 # microseconds and nanoseconds so every entry is of order one for the solver.
 # Then the decode-attention occupancy (rows, sharpness), the several-token step's cost in microseconds,
-# and the last _SEVERAL_CHUNK_TERMS, solved only when a measured step has several chunks: the per-chunk
-# cost in microseconds and the mixed step's per-row cost in nanoseconds.
-_LOWER = np.array([0.05, 0.05, 0.05, 0.05, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
-_UPPER = np.array([1.5, 1.5, 1.5, 1.5, 64.0, 1e5, 1e4, 1e5, 1024.0, 64.0, 1e4, 1e3, 1e5])
+# the two several-chunk terms, solved only when a measured step has several chunks: the per-chunk
+# cost in microseconds and the mixed step's per-row cost in nanoseconds; and the three tensor-parallel
+# terms, solved only for tp > 1: the decode part's per-layer cost and the all-reduce latency in
+# microseconds, the all-reduce's per-token time in nanoseconds. Terms not solved stay 0.
+_LOWER = np.array([0.05, 0.05, 0.05, 0.05, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+_UPPER = np.array([1.5, 1.5, 1.5, 1.5, 64.0, 1e5, 1e4, 1e5, 1024.0, 64.0, 1e4, 1e3, 1e5, 1e3, 500.0, 1e3])
 _STARTS = (
-    np.array([0.6, 0.8, 0.5, 0.7, 4.0, 200.0, 10.0, 100.0, 8.0, 4.0, 100.0, 10.0, 100.0]),
-    np.array([0.8, 0.9, 0.3, 0.5, 2.0, 1000.0, 1.0, 10.0, 32.0, 2.0, 0.0, 1.0, 10.0]),
-    np.array([0.4, 0.6, 0.8, 0.9, 8.0, 50.0, 50.0, 500.0, 2.0, 8.0, 400.0, 30.0, 500.0]),
+    np.array([0.6, 0.8, 0.5, 0.7, 4.0, 200.0, 10.0, 100.0, 8.0, 4.0, 100.0, 10.0, 100.0, 10.0, 20.0, 30.0]),
+    np.array([0.8, 0.9, 0.3, 0.5, 2.0, 1000.0, 1.0, 10.0, 32.0, 2.0, 0.0, 1.0, 10.0, 30.0, 40.0, 20.0]),
+    np.array([0.4, 0.6, 0.8, 0.9, 8.0, 50.0, 50.0, 500.0, 2.0, 8.0, 400.0, 30.0, 500.0, 1.0, 10.0, 50.0]),
 )
-_SEVERAL_CHUNK_TERMS = 2
+_BASE_TERMS = 11
+_SEVERAL_CHUNK_TERMS = (11, 12)
+_TP_TERMS = (13, 14, 15)
 
 
-def _params(x: np.ndarray) -> ForwardParams:
+def _params(x: np.ndarray, tp: int = 1) -> ForwardParams:
     return ForwardParams(compute_efficiency=x[0], memory_efficiency=x[1], attention_efficiency=x[2],
                          kv_memory_efficiency=x[3], linear_sharpness=x[4], step_overhead_s=x[5] * 1e-6,
                          token_layer_s=x[6] * 1e-9, row_layer_s=x[7] * 1e-9, attention_rows=x[8],
-                         attention_sharpness=x[9], multi_token_s=x[10] * 1e-6,
-                         chunk_layer_s=x[11] * 1e-6 if len(x) > 11 else 0.0,
-                         mixed_row_layer_s=x[12] * 1e-9 if len(x) > 12 else 0.0)
+                         attention_sharpness=x[9], multi_token_s=x[10] * 1e-6, chunk_layer_s=x[11] * 1e-6,
+                         mixed_row_layer_s=x[12] * 1e-9, decode_layer_s=x[13] * 1e-6,
+                         all_reduce_s=x[14] * 1e-6 if tp > 1 else None,
+                         all_reduce_token_s=x[15] * 1e-9)
 
 
 def peak_times(forward: ForwardCostModel, rows: Sequence[ForwardMeasurement]) -> PeakTimes:
@@ -61,8 +67,13 @@ def peak_times(forward: ForwardCostModel, rows: Sequence[ForwardMeasurement]) ->
 
 
 def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, gpu: str | GPUSpec, *, measurements: str,
-                    command: str) -> ForwardCalibration:
-    """Fit :class:`ForwardCalibration` to ``rows`` (all of one model and one device)."""
+                    command: str, all_reduce_token_s: float | None = None,
+                    all_reduce_runs: Sequence[str] = ()) -> ForwardCalibration:
+    """Fit :class:`ForwardCalibration` to ``rows`` (all of one model and one device).
+
+    ``all_reduce_token_s`` (tp > 1): the all-reduce's per-token time as measured (``all_reduce_runs``: where),
+    held at that value; without it the fit solves it with the rest.
+    """
     if not rows:
         raise CalibrationError("no measurements to fit")
     ranks = {r.tp for r in rows}
@@ -79,16 +90,30 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
     attention = {r.decode_attention for r in rows}
     if len(attention) != 1:
         raise CalibrationError(f"measurements mix decode attention paths: {', '.join(sorted(attention))}")
+    if all_reduce_token_s is not None and tp == 1:
+        raise CalibrationError("a measured all-reduce prices tensor-parallel steps; these measurements are of one GPU")
     peak = peak_times(forward, rows)
     measured = np.asarray([r.median_s for r in rows])
 
     # with one chunk a step, the per-chunk and mixed per-row costs are not told apart from the rest: they stay 0,
-    # out of the solved vector (so fits of such measurements are what they were before these terms)
-    free = len(_LOWER) if max(r.prefill_chunks for r in rows) >= 2 else len(_LOWER) - _SEVERAL_CHUNK_TERMS
-    lower, upper, starts = _LOWER[:free], _UPPER[:free], [start[:free] for start in _STARTS]
+    # out of the solved vector (so fits of such measurements are what they were before these terms); the
+    # tensor-parallel terms are solved for tp > 1 only (one-GPU fits stay what their commands reproduce)
+    free = list(range(_BASE_TERMS))
+    if max(r.prefill_chunks for r in rows) >= 2:
+        free += _SEVERAL_CHUNK_TERMS
+    if tp > 1:
+        free += _TP_TERMS if all_reduce_token_s is None else _TP_TERMS[:-1]
+    lower, upper, starts = _LOWER[free], _UPPER[free], [start[free] for start in _STARTS]
+
+    def full(x: np.ndarray) -> np.ndarray:
+        vector = np.zeros(len(_LOWER))
+        if all_reduce_token_s is not None:
+            vector[_TP_TERMS[-1]] = all_reduce_token_s * 1e9
+        vector[free] = x
+        return vector
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        return forward.price(peak, _params(x)) / measured - 1.0
+        return forward.price(peak, _params(full(x), tp)) / measured - 1.0
 
     best = min((least_squares(residuals, start, bounds=(lower, upper), x_scale="jac", max_nfev=4000)
                 for start in starts), key=lambda result: result.cost).x
@@ -100,7 +125,7 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
     refined = least_squares(high_power, best, bounds=(lower, upper), x_scale="jac", max_nfev=4000).x
     if np.abs(residuals(refined)).max() < np.abs(residuals(best)).max():
         best = refined
-    params = _params(best)
+    params = _params(full(best), tp)
     predicted = forward.price(peak, params)
     return ForwardCalibration(
         model=forward.model.name, gpu=forward.gpu.name, gpu_device=devices.pop(),
@@ -110,8 +135,9 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
         token_layer_s=params.token_layer_s, row_layer_s=params.row_layer_s,
         attention_rows=params.attention_rows, attention_sharpness=params.attention_sharpness,
         multi_token_s=params.multi_token_s, chunk_layer_s=params.chunk_layer_s,
-        mixed_row_layer_s=params.mixed_row_layer_s,
-        measurements=measurements, command=command, torch_version=rows[0].torch_version,
+        mixed_row_layer_s=params.mixed_row_layer_s, decode_layer_s=params.decode_layer_s,
+        all_reduce_s=params.all_reduce_s, all_reduce_token_s=params.all_reduce_token_s,
+        all_reduce_runs=list(all_reduce_runs), measurements=measurements, command=command, torch_version=rows[0].torch_version,
         decode_attention=attention.pop(), tp=tp,
         fit=[ShapeFit(shape=r.label, measured_s=float(m), predicted_s=float(p))
              for r, m, p in zip(rows, measured, predicted, strict=True)],
@@ -123,3 +149,20 @@ def roofline_errors(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
     forward = ForwardCostModel(model, gpu, tp=rows[0].tp, forward_calibration="none")
     measured = np.asarray([r.median_s for r in rows])
     return forward.price(peak_times(forward, rows)) / measured - 1.0
+
+
+def holdout_errors(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, gpu: str | GPUSpec, folds: int,
+                   **fit_options) -> np.ndarray:
+    """Each shape's relative error when priced by a fit of the other folds (shape ``i`` is in fold
+    ``i % folds``): the fit's out-of-sample error, one value per row of ``rows``."""
+    if not 2 <= folds <= len(rows):
+        raise CalibrationError(f"hold-out folds must be between 2 and the {len(rows)} shapes, got {folds}")
+    errors = np.empty(len(rows))
+    for fold in range(folds):
+        held = [i for i in range(len(rows)) if i % folds == fold]
+        cal = fit_calibration([r for i, r in enumerate(rows) if i % folds != fold], model, gpu, measurements="",
+                              command="", **fit_options)
+        forward = ForwardCostModel(model, gpu, tp=cal.tp, forward_calibration=cal)
+        peak = peak_times(forward, [rows[i] for i in held])
+        errors[held] = forward.price(peak) / np.asarray([rows[i].median_s for i in held]) - 1.0
+    return errors

@@ -120,7 +120,9 @@ class ForwardParams:
 
     The uncalibrated roofline is the GPU spec's two efficiencies for every
     part, a hard maximum between the linear roofs (``linear_sharpness=inf``)
-    and a fixed per-step overhead only.
+    and a fixed per-step overhead only. With ``all_reduce_s`` None (the
+    roofline, one-GPU fits and fits made before it existed) the all-reduces
+    cost the GPU spec's latency and link bandwidth.
     """
 
     compute_efficiency: float
@@ -136,6 +138,9 @@ class ForwardParams:
     multi_token_s: float = 0.0
     chunk_layer_s: float = 0.0
     mixed_row_layer_s: float = 0.0
+    decode_layer_s: float = 0.0
+    all_reduce_s: float | None = None
+    all_reduce_token_s: float = 0.0
 
     @classmethod
     def roofline(cls, gpu: GPUSpec, step_overhead_s: float) -> ForwardParams:
@@ -147,7 +152,8 @@ class ForwardParams:
         return cls(cal.compute_efficiency, cal.memory_efficiency, cal.attention_efficiency,
                    cal.kv_memory_efficiency, cal.linear_sharpness, cal.step_overhead_s, cal.token_layer_s,
                    cal.row_layer_s, cal.attention_rows, cal.attention_sharpness, cal.multi_token_s,
-                   cal.chunk_layer_s, cal.mixed_row_layer_s)
+                   cal.chunk_layer_s, cal.mixed_row_layer_s, cal.decode_layer_s, cal.all_reduce_s,
+                   cal.all_reduce_token_s)
 
 
 @dataclass(frozen=True)
@@ -163,6 +169,7 @@ class PeakTimes:
     tokens: object
     decode_rows: object
     prefill_chunks: object = 0
+    all_reduces: int = 0  # per step: two a layer with tensor parallelism, none on one GPU
 
 
 def smooth_max(a, b, sharpness: float):
@@ -249,6 +256,7 @@ class ForwardCostModel:
             self._comm_fixed_s = 2 * m.n_layers * g.collective_latency_s
         else:
             self._comm_s_per_token = self._comm_fixed_s = 0.0
+        self._all_reduces = 2 * m.n_layers if tp > 1 else 0
 
     def __repr__(self) -> str:
         return (f"ForwardCostModel({self.model.name!r}, {self.gpu.name!r}, tp={self.tp}, "
@@ -276,6 +284,7 @@ class ForwardCostModel:
             tokens=tokens,
             decode_rows=decode_rows,
             prefill_chunks=prefill_chunks,
+            all_reduces=self._all_reduces,
         )
 
     def _parts(self, peak: PeakTimes, params: ForwardParams):
@@ -298,7 +307,16 @@ class ForwardCostModel:
         if params.multi_token_s:
             # one token runs the linear layers as matrix-vector kernels; two or more switch to matrix kernels
             per_token = per_token + np.where(peak.tokens >= 2, params.multi_token_s, 0.0)
-        return lc, lm, pa, da, peak.communication_s, per_token
+        if params.decode_layer_s:
+            # the decode rows' attention runs its own kernels in every layer, beside any prefill chunk's
+            per_token = per_token + n_layers * params.decode_layer_s * (peak.decode_rows > 0)
+        comm = peak.communication_s
+        if params.all_reduce_s is not None and peak.all_reduces:
+            # each all-reduce waits out its latency until its bytes take longer (NCCL's small messages are
+            # latency-bound, large ones bandwidth-bound): the latency fitted to the ranks' measured steps,
+            # the per-token time measured by live TP runs (or fitted)
+            comm = peak.all_reduces * np.maximum(params.all_reduce_s, params.all_reduce_token_s * peak.tokens)
+        return lc, lm, pa, da, comm, per_token
 
     def price(self, peak: PeakTimes, params: ForwardParams | None = None):
         """Step seconds of ``peak`` under ``params`` (default this model's); arrays broadcast."""

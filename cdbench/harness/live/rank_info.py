@@ -58,3 +58,12 @@ class RanksInfo:
     requests: list[int] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
     busy_s: list[float] = field(default_factory=list)
+
+    @property
+    def all_reduce_token_s(self) -> float | None:
+        """One all-reduce's time per row where it is bandwidth-bound: the slope between the two largest
+        sizes timed (the launch and synchronisation each timing holds cancel); None below two sizes."""
+        if len(self.all_reduce_s) < 2:
+            return None
+        (small, small_s), (large, large_s) = sorted(self.all_reduce_s.items())[-2:]
+        return (large_s - small_s) / (large - small)

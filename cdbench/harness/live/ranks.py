@@ -499,11 +499,16 @@ def merged_profile(job: RankJob, profiles: Sequence[GrammarProfile | None]) -> G
 
 def load_ranks_info(live_json: Path | str) -> RanksInfo:
     """The :class:`RanksInfo` saved in a run's ``live.json``; ``ValueError`` naming the file if it has none."""
+    return ranks_info_of(Path(live_json).read_text(), str(live_json))
+
+
+def ranks_info_of(live_json: str | bytes, name: str) -> RanksInfo:
+    """The :class:`RanksInfo` in the text of a ``live.json`` (``name``: where it came from, for the error)."""
     import json
 
-    data = json.loads(Path(live_json).read_text()).get("ranks")
+    data = json.loads(live_json).get("ranks")
     if not data:
-        raise ValueError(f"{live_json}: not a run of several rank processes (no 'ranks' entry)")
+        raise ValueError(f"{name}: not a run of several rank processes (no 'ranks' entry)")
     spreads = {name: Spread(**data[name]) if data.get(name) else None
                for name in ("all_gather_s", "step_agree_s", "step_skew_s", "compile_skew_s")}
     rest = {k: v for k, v in data.items() if k not in spreads}
