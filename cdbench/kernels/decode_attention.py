@@ -125,8 +125,9 @@ def _decode_split(
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
     if ORDERED:
-        # Grid row i runs the i-th longest row; everything below reads and writes at the row's own index.
-        row = tl.load(order_ptr + tl.program_id(2)).to(tl.int32)
+        # Grid row i runs the i-th longest row; everything below reads and writes at the row's own index
+        # (clamped, as the lengths are: a GPU order is not checked).
+        row = tl.minimum(tl.maximum(tl.load(order_ptr + tl.program_id(2)).to(tl.int32), 0), tl.num_programs(2) - 1)
     else:
         row = tl.program_id(2)
     # Clamped, not checked: a check would synchronize, and a clamp keeps reads inside the slot.
