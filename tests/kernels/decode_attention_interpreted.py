@@ -22,7 +22,7 @@ from decode_attention_cases import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdbench.kernels.decode_attention import decode_attention
+from cdbench.kernels.decode_attention import decode_attention, lpt_order
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run through test_decode_attention.py"
 
@@ -72,3 +72,34 @@ def test_decode_attention_writes_given_out_with_scale_and_strided_query():
     returned = decode_attention(query, k, v, slots, lengths, out=out, scale=0.3, splits=3)
     assert returned is out
     assert_close(out, reference_output(q, k, v, slots, lengths, scale=0.3), "out=, scale=0.3")
+
+
+# Ragged batches whose long rows are last (launched first when balanced) or first (where they stay).
+RAGGED = {"long_last": [9, 3, 12, 0, 7, 64, 61], "long_first": [64, 61, 9, 3, 12, 0, 7]}
+
+
+@pytest.mark.parametrize("splits,min_split_keys", [(1, None), (3, 1), (8, 16)], ids=["direct", "split3", "split8"])
+@pytest.mark.parametrize("arrangement", sorted(RAGGED))
+def test_balanced_launch_writes_each_row_at_its_own_index(arrangement, splits, min_split_keys):
+    # Every row has its own query, slot and length, so a program that ran row order[i] but wrote
+    # row i (or read row i's query, slot or length) is off the reference by far.
+    gen = torch.Generator().manual_seed(len(arrangement) * 7 + splits)
+    q, k, v, slots, lengths = decode_inputs(gen, RAGGED[arrangement], 2, 4, 32, 64, torch.float16, "cpu")
+    expected = reference_output(q, k, v, slots, lengths)
+    balanced = decode_attention(q, k, v, slots, lengths, splits=splits, min_split_keys=min_split_keys)
+    in_order = decode_attention(q, k, v, slots, lengths, splits=splits, min_split_keys=min_split_keys, balance=False)
+    what = f"{arrangement} splits={splits}"
+    assert_close(balanced, expected, what)
+    assert_close(in_order, expected, what + " balance=False")
+    # The same arithmetic per row, whichever program ran it.
+    assert torch.equal(balanced, in_order), what
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_a_given_order_is_the_launch_order_and_changes_no_output(splits):
+    gen = torch.Generator().manual_seed(11)
+    q, k, v, slots, lengths = decode_inputs(gen, RAGGED["long_last"], 1, 2, 16, 64, torch.float16, "cpu")
+    expected = decode_attention(q, k, v, slots, lengths, splits=splits, min_split_keys=1)
+    for order in (lpt_order(lengths), torch.randperm(7, generator=gen), torch.arange(6, -1, -1, dtype=torch.int32)):
+        got = decode_attention(q, k, v, slots, lengths, splits=splits, min_split_keys=1, order=order)
+        assert torch.equal(got, expected), f"order {order.tolist()}"

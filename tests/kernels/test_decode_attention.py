@@ -18,7 +18,7 @@ from decode_attention_cases import (
 )
 
 from cdbench.kernels import decode_attention as module
-from cdbench.kernels.decode_attention import decode_attention, default_splits
+from cdbench.kernels.decode_attention import decode_attention, default_splits, lpt_order
 from cdbench.kernels.reference import decode_attention_reference
 
 HERE = Path(__file__).resolve().parent
@@ -70,6 +70,11 @@ def test_cpu_tensors_run_the_reference_into_out():
     (lambda a: {**a, "out": torch.empty(2, 4, 16)}, ValueError),      # wrong dtype
     (lambda a: {**a, "splits": 0}, ValueError),
     (lambda a: {**a, "min_split_keys": 0}, ValueError),
+    (lambda a: {**a, "order": torch.tensor([1, 0]), "balance": False}, ValueError),  # an order unused
+    (lambda a: {**a, "order": torch.tensor([0])}, TypeError),
+    (lambda a: {**a, "order": torch.tensor([0.0, 1.0])}, TypeError),
+    (lambda a: {**a, "order": torch.tensor([1, 1])}, IndexError),    # not a permutation
+    (lambda a: {**a, "order": torch.tensor([1, 2])}, IndexError),
 ])
 def test_rejects_bad_inputs(change, error):
     gen = torch.Generator().manual_seed(2)
@@ -77,6 +82,13 @@ def test_rejects_bad_inputs(change, error):
     args = {"q": q, "k_cache": k, "v_cache": v, "slots": slots, "lengths": lengths}
     with pytest.raises(error):
         decode_attention(**change(args))
+
+
+def test_lpt_order_puts_the_longest_rows_first():
+    lengths = torch.tensor([5, 0, 300, 17, 300, 1], dtype=torch.int32)
+    order = lpt_order(lengths)
+    assert sorted(order.tolist()) == list(range(6))
+    assert lengths[order].tolist() == [300, 300, 17, 5, 1, 0]
 
 
 def test_default_splits_fill_the_gpu_without_short_splits(monkeypatch):

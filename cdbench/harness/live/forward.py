@@ -57,7 +57,7 @@ from torch.nn.attention.bias import causal_lower_right
 from cdbench.harness.costs.hardware import ModelSpec, intermediate_size
 from cdbench.harness.live import deltanet
 from cdbench.harness.live.experts import grouped_experts, route, shared_expert
-from cdbench.kernels.decode_attention import decode_attention
+from cdbench.kernels.decode_attention import decode_attention, lpt_order
 
 ROPE_THETA = 500_000.0  # rotary base; the value only changes the numbers, not the time
 NORM_EPS = 1e-6
@@ -238,10 +238,16 @@ class LiveForward:
 
     With ``tp`` it is that rank's shard (the module doc); ``spec`` is then the shard's shape
     (what the KV cache holds), ``full_spec`` the whole model's.
+
+    ``balance_decode``: per-row decode attention launches its rows longest first (sorted once a
+    step, on the device; :mod:`cdbench.kernels.decode_attention`); False keeps the row order
+    (benchmarks compare the two). Read when a step runs or is captured.
     """
 
     def __init__(self, spec: ModelSpec, device: torch.device | str, dtype: torch.dtype = torch.bfloat16,
-                 seed: int = 0, tp: TensorParallel | None = None, linear_kernels: str = "auto") -> None:
+                 seed: int = 0, tp: TensorParallel | None = None, linear_kernels: str = "auto",
+                 balance_decode: bool = True) -> None:
+        self.balance_decode = balance_decode
         check_supported(spec)
         if linear_kernels not in ("auto", "torch", "fla"):
             raise ValueError(f"linear_kernels must be auto, torch or fla, got {linear_kernels!r}")
@@ -369,12 +375,15 @@ class LiveForward:
         positions = torch.cat(parts_pos) if len(parts_pos) > 1 else parts_pos[0]
         cos, sin = self._rope(positions)
 
+        # the per-row decode kernel's launch order, sorted once for every layer
+        order = lpt_order(decode.lengths) if rows and decode.lengths is not None and self.balance_decode else None
         x = F.embedding(tokens, self.embed)
         for layer in self.layers:
             normed = F.rms_norm(x, (x.shape[-1],), layer.attn_norm, NORM_EPS)
             i = layer.cache_index
             if layer.linear is None:
-                x = x + self._attention(layer, normed, cos, sin, cache.k[i], cache.v[i], decode, rows, prefill)
+                x = x + self._attention(layer, normed, cos, sin, cache.k[i], cache.v[i], decode, rows, prefill,
+                                        order)
             else:
                 x = x + self._linear_attention(layer.linear, normed, cache.state[i], cache.conv[i], decode, rows,
                                                prefill)
@@ -493,7 +502,7 @@ class LiveForward:
 
     def _attention(self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    cache_k: torch.Tensor, cache_v: torch.Tensor, decode: DecodeInputs | None, rows: int,
-                   prefill: Sequence[PrefillChunk]) -> torch.Tensor:
+                   prefill: Sequence[PrefillChunk], order: torch.Tensor | None) -> torch.Tensor:
         spec, d = self.spec, self.spec.head_dim
         q, gate, k, v = (x @ layer.qkv).split([self.q_width, self.gate_width, self.kv_width, self.kv_width], dim=-1)
         q = q.view(-1, spec.n_heads, d)
@@ -509,7 +518,8 @@ class LiveForward:
             cache_k[decode.slots, :, decode.positions] = k[:rows]
             cache_v[decode.slots, :, decode.positions] = v[:rows]
             if decode.lengths is not None:
-                o = decode_attention(q[:rows], cache_k, cache_v, decode.slots, decode.lengths)
+                o = decode_attention(q[:rows], cache_k, cache_v, decode.slots, decode.lengths,
+                                     balance=self.balance_decode, order=order)
             else:
                 # [rows, kv_heads, group, d]: the query heads sharing a KV head are its query positions.
                 q_rows = q[:rows].view(rows, spec.n_kv_heads, self.group, d)

@@ -146,15 +146,18 @@ class LiveStep:
         memory left after the weights; required on a CPU device).
     max_rows : the most rows (and mask rows) one step samples.
     tp : this rank's tensor-parallel group: the forward is its shard (:mod:`.forward`).
+    balance_decode : decode attention launches its rows longest first (:class:`LiveForward`);
+        settable between steps (:attr:`balance_decode`).
     """
 
     def __init__(self, spec: ModelSpec, vocab_size: int, max_len: int, device: str = "cuda",
                  kv_tokens: int | None = None, max_rows: int = 1024, dtype: torch.dtype = torch.bfloat16,
                  logits_dtype: torch.dtype = torch.bfloat16, seed: int = 0,
-                 graph_sizes: Sequence[int] = (), tp: TensorParallel | None = None) -> None:
+                 graph_sizes: Sequence[int] = (), tp: TensorParallel | None = None,
+                 balance_decode: bool = True) -> None:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
-        self.forward = LiveForward(spec, self.device, dtype=dtype, seed=seed, tp=tp)
+        self.forward = LiveForward(spec, self.device, dtype=dtype, seed=seed, tp=tp, balance_decode=balance_decode)
         spec = self.forward.spec  # a tensor-parallel rank's cache holds its shard's KV heads
         if kv_tokens is None:
             if not self.cuda:
@@ -176,6 +179,7 @@ class LiveStep:
         self.mask = self.mask_host.to(self.device)
         self.graph_sizes = tuple(graph_sizes)
         self._graphs: dict[int, StepGraph] = {}
+        self._graph_sets = {balance_decode: self._graphs}  # the graphs of each balance_decode setting
         self._stage = torch.zeros((3, max(self.graph_sizes, default=1)), dtype=torch.int64, pin_memory=self.cuda)
         self._events = [torch.cuda.Event(enable_timing=True) for _ in range(6)] if self.cuda else []
         self._launched = 0.0
@@ -203,6 +207,17 @@ class LiveStep:
                               [PrefillChunk(0, length // 2, length - length // 2)])
         if self.cuda:
             torch.cuda.synchronize(self.device)
+
+    @property
+    def balance_decode(self) -> bool:
+        """Whether decode attention launches its rows longest first (:class:`LiveForward`)."""
+        return self.forward.balance_decode
+
+    @balance_decode.setter
+    def balance_decode(self, balance: bool) -> None:
+        # a captured graph keeps the launches it was captured with: each setting replays its own graphs
+        self.forward.balance_decode = balance
+        self._graphs = self._graph_sets.setdefault(balance, {})
 
     def info(self) -> LiveInfo:
         device = torch.cuda.get_device_name(self.device) if self.cuda else "cpu"

@@ -193,3 +193,17 @@ def test_a_live_run_dying_mid_way_leaves_its_finished_requests_to_cdbench_report
     assert reported.exit_code == 0, reported.output
     report = (out / "report.md").read_text()
     assert "failed" in report and "kv_capacity_tokens" in report
+
+
+def test_balance_decode_is_the_forwards_and_each_setting_replays_its_own_graphs():
+    live = LiveStep(TINY, 64, max_len=100, device="cpu", kv_tokens=300, max_rows=8, logits_dtype=torch.float32)
+    assert live.balance_decode and live.forward.balance_decode
+    live._graphs[4] = None  # stands in for a graph captured with the balanced launch (CPU steps capture none)
+    live.balance_decode = True
+    assert live.info().graphs_captured == [4], "unchanged: the graph is kept"
+    live.balance_decode = False
+    assert not live.forward.balance_decode and live.info().graphs_captured == []
+    live.balance_decode = True
+    assert live.forward.balance_decode and live.info().graphs_captured == [4]
+    assert not LiveStep(TINY, 64, max_len=100, device="cpu", kv_tokens=300, max_rows=8,
+                        balance_decode=False).forward.balance_decode

@@ -35,6 +35,25 @@ def test_per_row_graph_replays_any_lengths() -> None:
         torch.testing.assert_close(replayed, eager, rtol=2e-2, atol=2e-2)
 
 
+def test_balanced_decode_launch_changes_no_logit() -> None:
+    from cdbench.harness.live.forward import KVCache, LiveForward, PrefillChunk
+
+    fwd = LiveForward(SMALL, "cuda")
+    cache = KVCache.allocate(SMALL, 4, 512, "cuda")
+    fwd.step(cache, prefill=[PrefillChunk(s, 0, 500) for s in range(4)])
+    lengths = [20, 7, 480, 499]  # the long rows last: the balanced launch takes them first
+    steps = {}
+    for balance in (False, True):
+        fwd.balance_decode = balance
+        inputs = fwd.decode_inputs([0] * 4, [0, 1, 2, 3], per_row=True)
+        graph = fwd.capture(cache, inputs)
+        positions = torch.tensor(lengths, device="cuda")
+        inputs.positions.copy_(positions)
+        inputs.lengths.copy_(positions + 1)
+        steps[balance] = graph.replay().clone()
+    assert torch.equal(steps[False], steps[True])
+
+
 def test_a_live_run_measures_its_steps() -> None:
     from cdbench.backends import create_backend
     from cdbench.backends.base import ConstraintSpec
