@@ -52,7 +52,11 @@ class GrammarCosts(Protocol):
 
     def compile(self, spec_id: str | None, key_text: str, kind: str) -> CompileOutcome: ...
 
-    def tables(self, requests: Sequence[Request], keys: SpecKeys) -> CostTables: ...
+    def tables(self, requests: Sequence[Request], keys: SpecKeys, drafts: bool = True,
+               jump_forward: bool = True) -> CostTables:
+        """The run's cost tables; ``drafts``/``jump_forward``: whether the run reads the pools only drafts
+        and forced tokens need (they may be left out when not)."""
+        ...
 
 
 class FixedGrammarCosts(BaseModel):
@@ -82,7 +86,8 @@ class FixedGrammarCosts(BaseModel):
         failed = any(n in self.failing_keys for n in names)
         return CompileOutcome(seconds, "invalid: listed in failing_keys" if failed else None)
 
-    def tables(self, requests: Sequence[Request], keys: SpecKeys) -> CostTables:
+    def tables(self, requests: Sequence[Request], keys: SpecKeys, drafts: bool = True,
+               jump_forward: bool = True) -> CostTables:
         return constant_tables(requests, self.fill_time_s, self.accept_time_s, self.rollback_time_s,
                                self.forced_tokens)
 
@@ -117,8 +122,9 @@ class ProfileGrammarCosts:
                 spec_id if spec_id is not None else key_text, kind)[0]
         return CompileOutcome(seconds, None if status == "ok" else status)
 
-    def tables(self, requests: Sequence[Request], keys: SpecKeys) -> CostTables:
-        return profile_tables(self.profile, self.index, self.seed, requests, keys)
+    def tables(self, requests: Sequence[Request], keys: SpecKeys, drafts: bool = True,
+               jump_forward: bool = True) -> CostTables:
+        return profile_tables(self.profile, self.index, self.seed, requests, keys, drafts, jump_forward)
 
 
 class ModelExecutor(GrammarExecutor):
@@ -162,9 +168,9 @@ class ModelExecutor(GrammarExecutor):
         return np.minimum(runs, drafts)
 
     def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False,
-                parallel_fill: ParallelFill | None = None) -> None:
-        super().prepare(requests, keys, jump_forward, parallel_fill)
-        self.tables = self.costs.tables(requests, keys)
+                parallel_fill: ParallelFill | None = None, drafts: bool = True) -> None:
+        super().prepare(requests, keys, jump_forward, parallel_fill, drafts)
+        self.tables = self.costs.tables(requests, keys, drafts, jump_forward)
 
     def arrive(self, rid: int) -> None:
         self.tables.acquire(rid)
