@@ -38,36 +38,44 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 _CHILD = """
 import json, resource, sys, tempfile, time
 from pathlib import Path
 from cdbench.cli.support import load_run_tree
 from cdbench.reports.run_report import build_report
-from cdbench.results.run_folder import record_run, validate_run_config
+from cdbench.results.run_config import validate_run_config
+from cdbench.results.run_folder import record_run
 
 def cpu():
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 
-stages = {}
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+stages, peaks = {}, {}
 def progress(stage, fraction):
-    stages.setdefault(stage, cpu())
+    if stage not in stages:
+        stages[stage], peaks[stage] = cpu(), peak()
 
 tree, source = load_run_tree(None, {"mode": "model", "requests": int(sys.argv[1])}, [])
 config = validate_run_config(tree, source)
 start = cpu()
 record_run(config, Path(tempfile.mkdtemp()) / "run", progress=progress, finish=build_report)
 end = cpu()
-print(json.dumps({"peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+print(json.dumps({"peak_bytes": peak(), "simulate_peak_bytes": peaks["saving the results"],
                   "simulate_cpu_s": stages["saving the results"] - stages["simulating"], "cpu_s": end - start}))
 """
 
 
-def measure(requests: int, core: int | None) -> dict[str, float]:
+def measure(requests: int, core: int | None, tree: Path) -> dict[str, float]:
+    """One run of ``requests`` in a fresh process importing cdbench from ``tree``."""
     pin = ["taskset", "-c", str(core)] if core is not None else []
+    env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run([*pin, sys.executable, "-c", _CHILD, str(requests)], stdout=subprocess.PIPE, text=True,
-                         check=True, env=os.environ)
+                         check=True, env=env, cwd=tree)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -75,15 +83,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, nargs="+", default=[20_000, 40_000])
     parser.add_argument("--core", type=int, default=None, help="pin each run to this CPU core (taskset)")
+    parser.add_argument("--tree", type=Path, action="append",
+                        help="a source tree to import cdbench from (repeat to compare trees, run in turn per size "
+                             "and round); default: this repository")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each size in each tree")
     args = parser.parse_args()
-    rows = []
+    trees = [t.resolve() for t in args.tree] if args.tree else [Path(__file__).resolve().parents[1]]
+    rows: dict[Path, list[tuple[int, int]]] = {tree: [] for tree in trees}
     for n in args.requests:
-        row = measure(n, args.core)
-        rows.append((n, row["peak_bytes"]))
-        print(f"{n:>10} requests: peak {row['peak_bytes'] / 2**20:8.1f} MiB, simulation {row['simulate_cpu_s']:8.1f} s "
-              f"CPU ({row['simulate_cpu_s'] / n * 1e6:.0f} µs a request), whole run {row['cpu_s']:8.1f} s CPU", flush=True)
-    for (n0, p0), (n1, p1) in zip(rows, rows[1:]):
-        print(f"{n0} -> {n1} requests: {(p1 - p0) / (n1 - n0):.0f} bytes of peak memory a request")
+        for _ in range(args.rounds):
+            for tree in trees:
+                row = measure(n, args.core, tree)
+                rows[tree].append((n, row["peak_bytes"]))
+                print(f"{tree}: {n:>9} requests: peak {row['peak_bytes'] / 2**20:7.1f} MiB "
+                      f"(at the end of the simulation {row['simulate_peak_bytes'] / 2**20:7.1f} MiB), simulation "
+                      f"{row['simulate_cpu_s']:7.1f} s CPU ({row['simulate_cpu_s'] / n * 1e6:.0f} µs a request), "
+                      f"whole run {row['cpu_s']:7.1f} s CPU", flush=True)
+    for tree, sizes in rows.items():
+        firsts = {n: p for n, p in reversed(sizes)}  # each size's first run
+        ordered = sorted(firsts.items())
+        for (n0, p0), (n1, p1) in zip(ordered, ordered[1:]):
+            print(f"{tree}: {n0} -> {n1} requests: {(p1 - p0) / (n1 - n0):.0f} bytes of peak memory a request")
 
 
 if __name__ == "__main__":

@@ -204,9 +204,11 @@ class ModelExecutor(GrammarExecutor):
         t = self.tables
         if t.think_accept is not None and _any(rows.think_left):
             process_s += float(t.think_accept[rows.rid] @ np.where(rows.think_left > 0, produced, 0))
-        g = grammar.nonzero()[0]
-        ng = len(g)
+        ng = _any(grammar)
         if ng:
+            # every row builds a mask (the common step): views instead of gathers, masks index the rows directly
+            everyone = ng == n
+            g = slice(None) if everyone else grammar.nonzero()[0]
             g_rid = rows.rid[g]
             g_left = gen_left[g]  # a grammar row is past thinking: its answer position is output_len - gen_left
             at = ((t.off_end[g_rid] - g_left) & _SPAN_MASK) + t.base[g_rid]  # the rows' pool indexes
@@ -260,17 +262,18 @@ class ModelExecutor(GrammarExecutor):
                 end = t.end_left[g_rid]
                 hit = (end > 0) & (g_left - produced[g] <= end)
                 if _any(hit):
-                    produced[g[hit]] = g_left[hit] - end[hit]
+                    at_hit = hit if everyone else g[hit]
+                    produced[at_hit] = g_left[hit] - end[hit]
                     accepted = np.minimum(accepted, produced - 1)
                     ended = np.zeros(n, bool)
-                    ended[g[hit]] = True
+                    ended[at_hit] = True
             rejected = None
             if t.reject_left is not None:  # the measured refusals: a row whose tokens cover its refused position
                 refuse = t.reject_left[g_rid]
                 hit = (refuse <= g_left) & (refuse > g_left - produced[g])
                 if _any(hit):
                     rejected = np.zeros(n, bool)
-                    rejected[g[hit]] = True
+                    rejected[hit if everyone else g[hit]] = True
             pool = self.parallel_fill
             fill_wall_s = None
             if pool is not None and ng > pool.threshold and not n_drafts:
