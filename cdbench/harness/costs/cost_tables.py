@@ -513,7 +513,7 @@ class ProfileTables(CostTables):
         if own:
             self.fill[at] = _row(_cycle(np.asarray(spec.fill_residual), u[0]), 1.0)
         else:
-            self.fill[at] = _row(fill_dist.quantile(u[0]), fill_dist.mean)
+            self.fill[at] = _row(fill_dist.quantile_of_uniform(u[0]), fill_dist.mean)
         if self.fill_csum is not None:
             self.fill_csum[at] = _csum(self.fill[at])[:ROW]
         accept_scale = rollback_scale = 1.0
@@ -521,9 +521,9 @@ class ProfileTables(CostTables):
             accept_scale = spec.accept_s / accept.p50
         if spec is not None and spec.rollback_s is not None and rollback is not None and rollback.p50 > 0:
             rollback_scale = spec.rollback_s / rollback.p50
-        self.accept[at] = _row(accept.quantile(u[1]), accept.mean * accept_scale)
+        self.accept[at] = _row(accept.quantile_of_uniform(u[1]), accept.mean * accept_scale)
         if self.rollback is not None:
-            self.rollback[at] = _row(rollback.quantile(u[2]), rollback.mean * rollback_scale)
+            self.rollback[at] = _row(rollback.quantile_of_uniform(u[2]), rollback.mean * rollback_scale)
         if self.forced is not None:
             jumps = rng.geometric(1.0 / max(kp.jump_forward_mean_tokens, 1.0), SPAN)
             self.forced[at] = _row(np.where(u[3] < kp.jump_forward_fraction, jumps, 0))
