@@ -60,6 +60,7 @@ position, modulo the span."""
 DRAFT_WINDOW = 256
 """Positions past the span each pool row repeats, so a row's next 1 + k fills are contiguous (k < this)."""
 ROW = SPAN + DRAFT_WINDOW
+_POSITIONS = np.arange(SPAN)
 
 
 @dataclass
@@ -196,7 +197,8 @@ def _cycle(values: np.ndarray, u: np.ndarray) -> np.ndarray:
     request's consecutive positions hold each value as often as their count allows (any ``len(values)`` of
     them: each once). Drawn independently per position instead, the few positions of a short answer
     leave its total to chance: one heavy spec of a short-answer workload then sets the run's mask time."""
-    return np.resize(values[np.argsort(u[:len(values)])], SPAN)
+    order = values[np.argsort(u[:len(values)])]
+    return order[_POSITIONS % len(order)]  # (numpy.resize's values, without its Python-level copies)
 
 
 def _spikes(spec: SpecProfile, rng: np.random.Generator) -> np.ndarray:

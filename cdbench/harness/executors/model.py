@@ -211,12 +211,13 @@ class ModelExecutor(GrammarExecutor):
             g = slice(None) if everyone else grammar.nonzero()[0]
             g_rid = rows.rid[g]
             g_left = gen_left[g]  # a grammar row is past thinking: its answer position is output_len - gen_left
-            at = ((t.off_end[g_rid] - g_left) & _SPAN_MASK) + t.base[g_rid]  # the rows' pool indexes
-            fat = at if t.fill_base is None else at + (t.fill_base[g_rid] - t.base[g_rid])  # in the fill pools
+            base = t.base[g_rid]
+            at = ((t.off_end[g_rid] - g_left) & _SPAN_MASK) + base  # the rows' pool indexes
+            fat = at if t.fill_base is None else at + (t.fill_base[g_rid] - base)  # in the fill pools
             ci = t.curve_end[g_rid] - g_left
             accept_one = t.accept[at]
             g_drafts = drafts[g]
-            n_drafts = int(_sum(g_drafts))
+            n_drafts = int(_sum(g_drafts)) if spec else 0
             if n_drafts >= DRAFT_WINDOW and int(g_drafts.max()) >= DRAFT_WINDOW:
                 raise ValueError(f"model mode reads at most {DRAFT_WINDOW - 1} drafts per row")
             if not n_drafts:
