@@ -10,25 +10,30 @@ back from the streamed tables) and of the whole command, then the growth of
 memory per request between sizes (0 would be memory independent of the run's
 length).
 
-Run from the repository root (sizes as you like; each takes its own time)::
+Run from the repository root (sizes as you like; each takes its own time); ``--tree`` runs
+other source trees in turn with this one (e.g. ``main`` exported with ``git archive``), each
+size and round in each tree before the next::
 
     python benchmarks/bench_streaming.py --requests 20000 40000 --core 1
+    python benchmarks/bench_streaming.py --requests 20000 --rounds 2 --core 1 --tree /tmp/main --tree .
 
 Found (2-CPU x86-64 machine shared with other work, default workload, each run
-pinned to core 1, ``--requests 10000 100000``)::
+pinned to one core, at 57511d6; ``main`` before it took 1.4-1.5 ms a request,
+``reports/scheduler_benchmark.md``)::
 
-         10000 requests: peak    660.0 MiB, simulation     12.4 s CPU (1237 µs a request), whole run     15.2 s CPU
-        100000 requests: peak   1218.3 MiB, simulation    126.4 s CPU (1264 µs a request), whole run    140.9 s CPU
-    10000 -> 100000 requests: 6504 bytes of peak memory a request
+       20000 requests: peak  749.5 MiB (at the end of the simulation  656.4 MiB), simulation   19.4 s CPU (968 µs a request)
+      100000 requests: peak 1324.1 MiB (at the end of the simulation  910.1 MiB), simulation   82.6 s CPU (826 µs a request)
+     1000000 requests: peak 7872.4 MiB (at the end of the simulation 2829.2 MiB), simulation  807.0 s CPU (807 µs a request)
 
-So the issue's target is not met yet: memory still grows (the requests and their
-specs, spec bookkeeping, the request table and the report's step table; see
-``cdbench/harness/footprint.py``), and the simulation takes about 1.3 ms of CPU a
-request of this workload (about ten steps a request at 10 requests per second, and
-each structured request's cost pools drawn as it arrives), so a million requests
-would need some 7 GB and 21 minutes on one core. Before the records were streamed
-and the cost pools held for the requests in flight only, 20,000 requests peaked
-at 4.4 GB (``/usr/bin/time -v cdbench run --mode model -n 20000``; 875 MB after).
+So the issue's targets are not met: a million requests take 13 minutes of simulation
+on one core, not 100 s (about 9 steps a request of some 80 small numpy calls each,
+and each structured request's own cost pools drawn as it arrives), and memory grows
+with the run's length: about 2.2 kB a request at the simulation's end (the workload
+generated whole, the per-request state of the scheduler and its spec bookkeeping;
+see ``cdbench/harness/footprint.py``) and about 7 kB a request in all, the report
+reading the request and step tables whole. Before the records were streamed and the
+cost pools held for the requests in flight only, 20,000 requests peaked at 4.4 GB
+(``/usr/bin/time -v cdbench run --mode model -n 20000``; 875 MB after).
 """
 
 from __future__ import annotations
