@@ -26,7 +26,7 @@ pinned to one core, at 57511d6; ``main`` before it took 1.4-1.5 ms a request,
      1000000 requests: peak 7872.4 MiB (at the end of the simulation 2829.2 MiB), simulation  807.0 s CPU (807 µs a request)
 
 So the issue's targets are not met: a million requests take 13 minutes of simulation
-on one core, not 100 s (about 9 steps a request of some 80 small numpy calls each,
+on one core, not 100 s (about 9 steps a request of dozens of small numpy calls each,
 and each structured request's own cost pools drawn as it arrives), and memory grows
 with the run's length: about 2.2 kB a request at the simulation's end (the workload
 generated whole, the per-request state of the scheduler and its spec bookkeeping;
