@@ -10,25 +10,30 @@ back from the streamed tables) and of the whole command, then the growth of
 memory per request between sizes (0 would be memory independent of the run's
 length).
 
-Run from the repository root (sizes as you like; each takes its own time)::
+Run from the repository root (sizes as you like; each takes its own time); ``--tree`` runs
+other source trees in turn with this one (e.g. ``main`` exported with ``git archive``), each
+size and round in each tree before the next::
 
     python benchmarks/bench_streaming.py --requests 20000 40000 --core 1
+    python benchmarks/bench_streaming.py --requests 20000 --rounds 2 --core 1 --tree /tmp/main --tree .
 
 Found (2-CPU x86-64 machine shared with other work, default workload, each run
-pinned to core 1, ``--requests 10000 100000``)::
+pinned to one core, at 57511d6; ``main`` before it took 1.4-1.5 ms a request,
+``reports/scheduler_benchmark.md``)::
 
-         10000 requests: peak    660.0 MiB, simulation     12.4 s CPU (1237 µs a request), whole run     15.2 s CPU
-        100000 requests: peak   1218.3 MiB, simulation    126.4 s CPU (1264 µs a request), whole run    140.9 s CPU
-    10000 -> 100000 requests: 6504 bytes of peak memory a request
+       20000 requests: peak  749.5 MiB (at the end of the simulation  656.4 MiB), simulation   19.4 s CPU (968 µs a request)
+      100000 requests: peak 1324.1 MiB (at the end of the simulation  910.1 MiB), simulation   82.6 s CPU (826 µs a request)
+     1000000 requests: peak 7872.4 MiB (at the end of the simulation 2829.2 MiB), simulation  807.0 s CPU (807 µs a request)
 
-So the issue's target is not met yet: memory still grows (the requests and their
-specs, spec bookkeeping, the request table and the report's step table; see
-``cdbench/harness/footprint.py``), and the simulation takes about 1.3 ms of CPU a
-request of this workload (about ten steps a request at 10 requests per second, and
-each structured request's cost pools drawn as it arrives), so a million requests
-would need some 7 GB and 21 minutes on one core. Before the records were streamed
-and the cost pools held for the requests in flight only, 20,000 requests peaked
-at 4.4 GB (``/usr/bin/time -v cdbench run --mode model -n 20000``; 875 MB after).
+So the issue's targets are not met: a million requests take 13 minutes of simulation
+on one core, not 100 s (about 9 steps a request of dozens of small numpy calls each,
+and each structured request's own cost pools drawn as it arrives), and memory grows
+with the run's length: about 2.2 kB a request at the simulation's end (the workload
+generated whole, the per-request state of the scheduler and its spec bookkeeping;
+see ``cdbench/harness/footprint.py``) and about 7 kB a request in all, the report
+reading the request and step tables whole. Before the records were streamed and the
+cost pools held for the requests in flight only, 20,000 requests peaked at 4.4 GB
+(``/usr/bin/time -v cdbench run --mode model -n 20000``; 875 MB after).
 """
 
 from __future__ import annotations
@@ -38,36 +43,44 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 _CHILD = """
 import json, resource, sys, tempfile, time
 from pathlib import Path
 from cdbench.cli.support import load_run_tree
 from cdbench.reports.run_report import build_report
-from cdbench.results.run_folder import record_run, validate_run_config
+from cdbench.results.run_config import validate_run_config
+from cdbench.results.run_folder import record_run
 
 def cpu():
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 
-stages = {}
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+stages, peaks = {}, {}
 def progress(stage, fraction):
-    stages.setdefault(stage, cpu())
+    if stage not in stages:
+        stages[stage], peaks[stage] = cpu(), peak()
 
 tree, source = load_run_tree(None, {"mode": "model", "requests": int(sys.argv[1])}, [])
 config = validate_run_config(tree, source)
 start = cpu()
 record_run(config, Path(tempfile.mkdtemp()) / "run", progress=progress, finish=build_report)
 end = cpu()
-print(json.dumps({"peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+print(json.dumps({"peak_bytes": peak(), "simulate_peak_bytes": peaks["saving the results"],
                   "simulate_cpu_s": stages["saving the results"] - stages["simulating"], "cpu_s": end - start}))
 """
 
 
-def measure(requests: int, core: int | None) -> dict[str, float]:
+def measure(requests: int, core: int | None, tree: Path) -> dict[str, float]:
+    """One run of ``requests`` in a fresh process importing cdbench from ``tree``."""
     pin = ["taskset", "-c", str(core)] if core is not None else []
+    env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run([*pin, sys.executable, "-c", _CHILD, str(requests)], stdout=subprocess.PIPE, text=True,
-                         check=True, env=os.environ)
+                         check=True, env=env, cwd=tree)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -75,15 +88,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, nargs="+", default=[20_000, 40_000])
     parser.add_argument("--core", type=int, default=None, help="pin each run to this CPU core (taskset)")
+    parser.add_argument("--tree", type=Path, action="append",
+                        help="a source tree to import cdbench from (repeat to compare trees, run in turn per size "
+                             "and round); default: this repository")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each size in each tree")
     args = parser.parse_args()
-    rows = []
+    trees = [t.resolve() for t in args.tree] if args.tree else [Path(__file__).resolve().parents[1]]
+    rows: dict[Path, list[tuple[int, int]]] = {tree: [] for tree in trees}
     for n in args.requests:
-        row = measure(n, args.core)
-        rows.append((n, row["peak_bytes"]))
-        print(f"{n:>10} requests: peak {row['peak_bytes'] / 2**20:8.1f} MiB, simulation {row['simulate_cpu_s']:8.1f} s "
-              f"CPU ({row['simulate_cpu_s'] / n * 1e6:.0f} µs a request), whole run {row['cpu_s']:8.1f} s CPU", flush=True)
-    for (n0, p0), (n1, p1) in zip(rows, rows[1:]):
-        print(f"{n0} -> {n1} requests: {(p1 - p0) / (n1 - n0):.0f} bytes of peak memory a request")
+        for _ in range(args.rounds):
+            for tree in trees:
+                row = measure(n, args.core, tree)
+                rows[tree].append((n, row["peak_bytes"]))
+                print(f"{tree}: {n:>9} requests: peak {row['peak_bytes'] / 2**20:7.1f} MiB "
+                      f"(at the end of the simulation {row['simulate_peak_bytes'] / 2**20:7.1f} MiB), simulation "
+                      f"{row['simulate_cpu_s']:7.1f} s CPU ({row['simulate_cpu_s'] / n * 1e6:.0f} µs a request), "
+                      f"whole run {row['cpu_s']:7.1f} s CPU", flush=True)
+    for tree, sizes in rows.items():
+        firsts = {n: p for n, p in reversed(sizes)}  # each size's first run
+        ordered = sorted(firsts.items())
+        for (n0, p0), (n1, p1) in zip(ordered, ordered[1:]):
+            print(f"{tree}: {n0} -> {n1} requests: {(p1 - p0) / (n1 - n0):.0f} bytes of peak memory a request")
 
 
 if __name__ == "__main__":

@@ -140,7 +140,8 @@ class Scheduler:
         parallel = config.fill_parallel_threshold is not None and config.spec_tokens == 0  # (vLLM: no spec decoding)
         executor.prepare(ordered, self.keys, jump_forward=config.jump_forward,
                          parallel_fill=ParallelFill(config.fill_parallel_threshold, config.fill_chunk,
-                                                    config.fill_threads) if parallel else None)
+                                                    config.fill_threads) if parallel else None,
+                         drafts=config.spec_tokens > 0)
         self._outcomes: dict[int, CompileOutcome] = {}
 
         R = config.ranks

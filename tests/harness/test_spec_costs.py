@@ -297,7 +297,7 @@ def test_cost_pools_are_built_as_requests_arrive_the_same_in_any_slot_and_freed_
     out = 64
     requests = [Request(i, 0.0, 50, out, SPEC, "corp/slow" if i % 2 else "other/fast") for i in range(6)]
     ex = ModelExecutor(ProfileGrammarCosts(_profile(), 0))
-    ex.prepare(requests, SpecKeys.of(requests))
+    ex.prepare(requests, SpecKeys.of(requests), jump_forward=True)
     tables = ex.tables
     ex.arrive(0)
     first = _pools(tables, 0, out)
@@ -316,3 +316,26 @@ def test_cost_pools_are_built_as_requests_arrive_the_same_in_any_slot_and_freed_
     for rid in (1, 3, 4, 5):
         ex.finish(rid)
     assert not tables._rows.refs and len(tables._rows.free) == 2
+
+
+def test_a_run_without_drafts_or_jump_forward_draws_only_the_pools_it_reads_and_the_same_ones() -> None:
+    """The pools only drafts read (prefix sums, rollback, draft chains) and the forced tokens are not drawn
+    for a run without them; the fills, accepts and curves a request reads are the same values."""
+    out = 64
+    requests = [Request(i, 0.0, 50, out, SPEC, "corp/slow" if i % 2 else "other/fast") for i in range(4)]
+    full, lean = ModelExecutor(ProfileGrammarCosts(_profile(), 0)), ModelExecutor(ProfileGrammarCosts(_profile(), 0))
+    full.prepare(requests, SpecKeys.of(requests), jump_forward=True)
+    lean.prepare(requests, SpecKeys.of(requests), jump_forward=False, drafts=False)
+    t = lean.tables
+    assert t.fill_csum is None and t.rollback is None and t.forced is None and t.draft_chain is None
+    assert full.tables.forced is not None and full.tables.fill_csum is not None
+    for rid in range(4):
+        full.arrive(rid)
+        lean.arrive(rid)
+        for name in ("base", "curve_end"):
+            assert int(getattr(full.tables, name)[rid]) == int(getattr(t, name)[rid])
+        base = int(t.base[rid])
+        for name in ("fill", "accept"):
+            assert getattr(full.tables, name)[base:base + ROW].tolist() == getattr(t, name)[base:base + ROW].tolist()
+        curve = int(t.curve_end[rid]) - out
+        assert full.tables.curve[curve:curve + out].tolist() == t.curve[curve:curve + out].tolist()

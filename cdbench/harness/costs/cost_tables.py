@@ -60,6 +60,7 @@ position, modulo the span."""
 DRAFT_WINDOW = 256
 """Positions past the span each pool row repeats, so a row's next 1 + k fills are contiguous (k < this)."""
 ROW = SPAN + DRAFT_WINDOW
+_POSITIONS = np.arange(SPAN)
 
 
 @dataclass
@@ -89,13 +90,16 @@ class CostTables:
     ``fill_base[r]``: request ``r``'s row in ``fill``/``fill_csum``/``spike``
     where it is not ``base[r]`` (a request replaying its text's own fills reads
     a row of ones), ``None`` when every request reads its ``base``.
+    A run without drafts reads neither ``fill_csum``, ``rollback`` nor the draft
+    chains, and one without jump-forward not ``forced``: tables built for such a
+    run may leave them ``None``.
     """
 
     fill: np.ndarray
-    fill_csum: np.ndarray
+    fill_csum: np.ndarray | None
     accept: np.ndarray
     rollback: np.ndarray | None
-    forced: np.ndarray
+    forced: np.ndarray | None
     base: np.ndarray
     off_end: np.ndarray
     curve: np.ndarray
@@ -193,7 +197,8 @@ def _cycle(values: np.ndarray, u: np.ndarray) -> np.ndarray:
     request's consecutive positions hold each value as often as their count allows (any ``len(values)`` of
     them: each once). Drawn independently per position instead, the few positions of a short answer
     leave its total to chance: one heavy spec of a short-answer workload then sets the run's mask time."""
-    return np.resize(values[np.argsort(u[:len(values)])], SPAN)
+    order = values[np.argsort(u[:len(values)])]
+    return order[_POSITIONS % len(order)]  # (numpy.resize's values, without its Python-level copies)
 
 
 def _spikes(spec: SpecProfile, rng: np.random.Generator) -> np.ndarray:
@@ -247,9 +252,11 @@ def _kind_dists(profile: GrammarProfile, kp: KindProfile) -> tuple:
     return fill, relative, accept, rollback if rollback.count else None
 
 
-def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, requests: Sequence, keys) -> CostTables:
+def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, requests: Sequence, keys,
+                   drafts: bool = True, jump_forward: bool = True) -> CostTables:
     """Per-request tables for ``requests`` (in scheduler order) and their spec ``keys``
-    (:class:`~cdbench.harness.executors.base.SpecKeys`).
+    (:class:`~cdbench.harness.executors.base.SpecKeys`); ``drafts``/``jump_forward``: whether the run
+    reads the draft pools (prefix sums, rollback, draft chains) and the forced tokens (not built when not).
 
     One cost spec per profiled spec that the run's specs resolve to, plus one
     per kind for specs the kind's pooled costs serve; each cost spec's pools
@@ -264,7 +271,7 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
     the last such request ends (:class:`ProfileTables`), so the tables hold
     the pools of the requests in flight, not of the run.
     """
-    return ProfileTables(profile, index, seed, requests, keys)
+    return ProfileTables(profile, index, seed, requests, keys, drafts, jump_forward)
 
 
 class _Slots:
@@ -319,15 +326,20 @@ class ProfileTables(CostTables):
     draft-survival rates) built into reused slots as requests arrive (:meth:`acquire`) and freed as they
     end (:meth:`release`). A cost spec's pools and curve are the same values whenever they are built;
     only the slot they sit in changes. ``fill_csum`` holds each row's own prefix sums (a row's draft fills
-    are one difference within the row)."""
+    are one difference within the row). A pool the run does not read (``drafts``, ``jump_forward``: see
+    :func:`profile_tables`) is not drawn: each arrival of a new cost spec draws its pools (a few thousand
+    values each), so the unread ones would cost as much as the read ones; the read ones are the same either
+    way (the unread pools' uniforms come after theirs in the cost spec's stream)."""
 
-    def __init__(self, profile: GrammarProfile, index: SpecIndex, seed: int, requests: Sequence, keys) -> None:
+    def __init__(self, profile: GrammarProfile, index: SpecIndex, seed: int, requests: Sequence, keys,
+                 drafts: bool = True, jump_forward: bool = True) -> None:
         self.profile, self.index, self.seed = profile, index, seed
+        self._uniforms = 4 if jump_forward else 3 if drafts else 2  # rows of uniforms a cost spec draws
         out_len = output_lengths(requests)
         self.width = width = int(out_len.max(initial=0)) + 1
         self._bins = position_bins(np.arange(width))
         self._kinds = {kind: _kind_dists(profile, profile.kind(kind)) for kind in sorted(set(keys.kinds))}
-        has_rollback = all(d[3] is not None for d in self._kinds.values())
+        has_rollback = drafts and all(d[3] is not None for d in self._kinds.values())
         # cost specs: (kind, the name seeding its pools or None, the spec its costs are scaled by, own fills)
         self._recipes: list[tuple[str, str | None, str | None, bool]] = []
         row_of: dict[tuple[str, str | None], int] = {}
@@ -411,17 +423,19 @@ class ProfileTables(CostTables):
         self._curve_slots: dict[int, int] = {}  # acquired request -> its curve's item (cost spec c: c; text t: ~t)
         rows = 4
         super().__init__(
-            fill=np.zeros(rows * ROW), fill_csum=np.zeros(rows * ROW), accept=np.zeros(rows * ROW),
-            rollback=np.zeros(rows * ROW) if has_rollback else None, forced=np.zeros(rows * ROW, np.int64),
+            fill=np.zeros(rows * ROW), fill_csum=np.zeros(rows * ROW) if drafts else None,
+            accept=np.zeros(rows * ROW), rollback=np.zeros(rows * ROW) if has_rollback else None,
+            forced=np.zeros(rows * ROW, np.int64) if jump_forward else None,
             base=np.zeros(n, np.int64), off_end=offsets + out_len, curve=np.ones(rows * width),
             curve_end=np.zeros(n, np.int64), reject_left=reject_left, spike=np.zeros(rows * ROW) if spiky else None,
-            draft_survival=np.ones((rows, DRAFT_WINDOW - 1)) if len(self._chains) > 1 else None,
-            draft_chain=np.zeros(n, np.int64) if len(self._chains) > 1 else None, end_left=end_left,
+            draft_survival=np.ones((rows, DRAFT_WINDOW - 1)) if drafts and len(self._chains) > 1 else None,
+            draft_chain=np.zeros(n, np.int64) if drafts and len(self._chains) > 1 else None, end_left=end_left,
             think_accept=think if think.any() else None, fill_base=np.zeros(n, np.int64) if replays else None)
         if replays:
             self._grow_rows(1)
             self.fill[:ROW] = 1.0
-            self.fill_csum[:ROW] = _csum(self.fill[:ROW])[:ROW]
+            if self.fill_csum is not None:
+                self.fill_csum[:ROW] = _csum(self.fill[:ROW])[:ROW]
 
     def acquire(self, rid: int) -> None:
         cost_spec = int(self._row_of[rid])
@@ -492,7 +506,7 @@ class ProfileTables(CostTables):
         fill_dist, relative, accept, rollback = self._kinds[kind]
         kp = self.profile.kind(kind)
         rng = np.random.default_rng([self.seed, 0x6772, KIND_CODES[kind], int(seeded, 16) if seeded is not None else 0])
-        u = rng.random((4, SPAN))
+        u = rng.random((self._uniforms, SPAN))  # (one stream: the first rows are the same however many)
         at = slice(slot * ROW, (slot + 1) * ROW)
         if self.spike is not None:
             spiky = own and spec.fill_outlier_rate > 0 and len(spec.fill_outliers_s) > 0
@@ -501,15 +515,17 @@ class ProfileTables(CostTables):
         if own:
             self.fill[at] = _row(_cycle(np.asarray(spec.fill_residual), u[0]), 1.0)
         else:
-            self.fill[at] = _row(fill_dist.quantile(u[0]), fill_dist.mean)
-        self.fill_csum[at] = _csum(self.fill[at])[:ROW]
+            self.fill[at] = _row(fill_dist.quantile_of_uniform(u[0]), fill_dist.mean)
+        if self.fill_csum is not None:
+            self.fill_csum[at] = _csum(self.fill[at])[:ROW]
         accept_scale = rollback_scale = 1.0
         if spec is not None and spec.accept_s is not None and accept.p50 > 0:
             accept_scale = spec.accept_s / accept.p50
         if spec is not None and spec.rollback_s is not None and rollback is not None and rollback.p50 > 0:
             rollback_scale = spec.rollback_s / rollback.p50
-        self.accept[at] = _row(accept.quantile(u[1]), accept.mean * accept_scale)
+        self.accept[at] = _row(accept.quantile_of_uniform(u[1]), accept.mean * accept_scale)
         if self.rollback is not None:
-            self.rollback[at] = _row(rollback.quantile(u[2]), rollback.mean * rollback_scale)
-        jumps = rng.geometric(1.0 / max(kp.jump_forward_mean_tokens, 1.0), SPAN)
-        self.forced[at] = _row(np.where(u[3] < kp.jump_forward_fraction, jumps, 0))
+            self.rollback[at] = _row(rollback.quantile_of_uniform(u[2]), rollback.mean * rollback_scale)
+        if self.forced is not None:
+            jumps = rng.geometric(1.0 / max(kp.jump_forward_mean_tokens, 1.0), SPAN)
+            self.forced[at] = _row(np.where(u[3] < kp.jump_forward_fraction, jumps, 0))

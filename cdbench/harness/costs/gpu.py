@@ -96,22 +96,34 @@ class RooflineGpuCosts:
     """GPU costs from the roofline forward model and the measured mask-cost tables.
 
     Mask and sampling times depend only on a row count; they are memoized per
-    count, since the loop asks for the same few counts again and again.
+    count, since the loop asks for the same few counts again and again. A
+    decode-only step's forward depends only on its rows and context tokens,
+    which repeat too (most steps of a long run meet a pair seen before): it is
+    memoized per pair, up to :attr:`DECODE_MEMO` pairs (then started afresh, so
+    memory stays bounded however long the run).
     """
+
+    DECODE_MEMO = 1 << 16
 
     def __init__(self, forward: ForwardCostModel, mask: MaskCost) -> None:
         self.forward, self.mask = forward, mask
+        self._decode: dict[tuple[int, int], float] = {}
         self._copy: dict[tuple[int, bool], float] = {}
         self._apply: dict[int, float] = {}
         self._sample: dict[int, float] = {}
         self.mask_row_bytes = bitmask_bytes(1, mask.vocab_size)
 
     def forward_s(self, prefill_chunks, prefill_cached, decode_rows, decode_kv_tokens) -> float:
-        if len(prefill_chunks):
-            tokens = float(_sum(prefill_chunks))
-            pairs = float(attention_pairs(prefill_chunks, prefill_cached).sum())
-        else:
-            tokens = pairs = 0.0
+        if not len(prefill_chunks):
+            key = (decode_rows, decode_kv_tokens)
+            value = self._decode.get(key)
+            if value is None:
+                if len(self._decode) >= self.DECODE_MEMO:
+                    self._decode.clear()
+                value = self._decode[key] = self.forward.step_s(0.0, 0.0, decode_rows, decode_kv_tokens, 0)
+            return value
+        tokens = float(_sum(prefill_chunks))
+        pairs = float(attention_pairs(prefill_chunks, prefill_cached).sum())
         return self.forward.step_s(tokens, pairs, decode_rows, decode_kv_tokens, len(prefill_chunks))
 
     def draft_s(self, rows: int, drafts: int, kv_tokens: int) -> float:

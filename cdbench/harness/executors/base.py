@@ -206,10 +206,11 @@ class GrammarExecutor(ABC):
     parallel_fill: ParallelFill | None = None
 
     def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False,
-                parallel_fill: ParallelFill | None = None) -> None:
+                parallel_fill: ParallelFill | None = None, drafts: bool = True) -> None:
         """Called once with the run's requests (in scheduler order), their spec keys, whether
-        forced tokens are emitted without a forward step (the jump-forward what-if), and the
-        engine's parallel fill (``None``: fills always run one after another)."""
+        forced tokens are emitted without a forward step (the jump-forward what-if), the
+        engine's parallel fill (``None``: fills always run one after another), and whether any
+        step may carry drafts (``False``: what only drafts need is not built)."""
         self.requests, self.keys, self.jump_forward = requests, keys, jump_forward
         self.parallel_fill = parallel_fill
 

@@ -217,8 +217,8 @@ class HybridExecutor(GrammarExecutor):
         self._deferred_step: tuple | None = None
 
     def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False,
-                parallel_fill: ParallelFill | None = None) -> None:
-        super().prepare(requests, keys, jump_forward, parallel_fill)
+                parallel_fill: ParallelFill | None = None, drafts: bool = True) -> None:
+        super().prepare(requests, keys, jump_forward, parallel_fill, drafts)
         self._pool = None
         if parallel_fill is not None:
             self._pool = ThreadPoolExecutor(parallel_fill.threads, thread_name_prefix="cdbench-fill")

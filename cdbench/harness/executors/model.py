@@ -52,7 +52,11 @@ class GrammarCosts(Protocol):
 
     def compile(self, spec_id: str | None, key_text: str, kind: str) -> CompileOutcome: ...
 
-    def tables(self, requests: Sequence[Request], keys: SpecKeys) -> CostTables: ...
+    def tables(self, requests: Sequence[Request], keys: SpecKeys, drafts: bool = True,
+               jump_forward: bool = True) -> CostTables:
+        """The run's cost tables; ``drafts``/``jump_forward``: whether the run reads the pools only drafts
+        and forced tokens need (they may be left out when not)."""
+        ...
 
 
 class FixedGrammarCosts(BaseModel):
@@ -82,7 +86,8 @@ class FixedGrammarCosts(BaseModel):
         failed = any(n in self.failing_keys for n in names)
         return CompileOutcome(seconds, "invalid: listed in failing_keys" if failed else None)
 
-    def tables(self, requests: Sequence[Request], keys: SpecKeys) -> CostTables:
+    def tables(self, requests: Sequence[Request], keys: SpecKeys, drafts: bool = True,
+               jump_forward: bool = True) -> CostTables:
         return constant_tables(requests, self.fill_time_s, self.accept_time_s, self.rollback_time_s,
                                self.forced_tokens)
 
@@ -117,8 +122,9 @@ class ProfileGrammarCosts:
                 spec_id if spec_id is not None else key_text, kind)[0]
         return CompileOutcome(seconds, None if status == "ok" else status)
 
-    def tables(self, requests: Sequence[Request], keys: SpecKeys) -> CostTables:
-        return profile_tables(self.profile, self.index, self.seed, requests, keys)
+    def tables(self, requests: Sequence[Request], keys: SpecKeys, drafts: bool = True,
+               jump_forward: bool = True) -> CostTables:
+        return profile_tables(self.profile, self.index, self.seed, requests, keys, drafts, jump_forward)
 
 
 class ModelExecutor(GrammarExecutor):
@@ -162,9 +168,9 @@ class ModelExecutor(GrammarExecutor):
         return np.minimum(runs, drafts)
 
     def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False,
-                parallel_fill: ParallelFill | None = None) -> None:
-        super().prepare(requests, keys, jump_forward, parallel_fill)
-        self.tables = self.costs.tables(requests, keys)
+                parallel_fill: ParallelFill | None = None, drafts: bool = True) -> None:
+        super().prepare(requests, keys, jump_forward, parallel_fill, drafts)
+        self.tables = self.costs.tables(requests, keys, drafts, jump_forward)
 
     def arrive(self, rid: int) -> None:
         self.tables.acquire(rid)
@@ -198,17 +204,20 @@ class ModelExecutor(GrammarExecutor):
         t = self.tables
         if t.think_accept is not None and _any(rows.think_left):
             process_s += float(t.think_accept[rows.rid] @ np.where(rows.think_left > 0, produced, 0))
-        g = grammar.nonzero()[0]
-        ng = len(g)
+        ng = _any(grammar)
         if ng:
+            # every row builds a mask (the common step): views instead of gathers, masks index the rows directly
+            everyone = ng == n
+            g = slice(None) if everyone else grammar.nonzero()[0]
             g_rid = rows.rid[g]
             g_left = gen_left[g]  # a grammar row is past thinking: its answer position is output_len - gen_left
-            at = ((t.off_end[g_rid] - g_left) & _SPAN_MASK) + t.base[g_rid]  # the rows' pool indexes
-            fat = at if t.fill_base is None else at + (t.fill_base[g_rid] - t.base[g_rid])  # in the fill pools
+            base = t.base[g_rid]
+            at = ((t.off_end[g_rid] - g_left) & _SPAN_MASK) + base  # the rows' pool indexes
+            fat = at if t.fill_base is None else at + (t.fill_base[g_rid] - base)  # in the fill pools
             ci = t.curve_end[g_rid] - g_left
             accept_one = t.accept[at]
             g_drafts = drafts[g]
-            n_drafts = int(_sum(g_drafts))
+            n_drafts = int(_sum(g_drafts)) if spec else 0
             if n_drafts >= DRAFT_WINDOW and int(g_drafts.max()) >= DRAFT_WINDOW:
                 raise ValueError(f"model mode reads at most {DRAFT_WINDOW - 1} drafts per row")
             if not n_drafts:
@@ -254,17 +263,18 @@ class ModelExecutor(GrammarExecutor):
                 end = t.end_left[g_rid]
                 hit = (end > 0) & (g_left - produced[g] <= end)
                 if _any(hit):
-                    produced[g[hit]] = g_left[hit] - end[hit]
+                    at_hit = hit if everyone else g[hit]
+                    produced[at_hit] = g_left[hit] - end[hit]
                     accepted = np.minimum(accepted, produced - 1)
                     ended = np.zeros(n, bool)
-                    ended[g[hit]] = True
+                    ended[at_hit] = True
             rejected = None
             if t.reject_left is not None:  # the measured refusals: a row whose tokens cover its refused position
                 refuse = t.reject_left[g_rid]
                 hit = (refuse <= g_left) & (refuse > g_left - produced[g])
                 if _any(hit):
                     rejected = np.zeros(n, bool)
-                    rejected[g[hit]] = True
+                    rejected[hit if everyone else g[hit]] = True
             pool = self.parallel_fill
             fill_wall_s = None
             if pool is not None and ng > pool.threshold and not n_drafts:

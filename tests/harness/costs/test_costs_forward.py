@@ -178,3 +178,24 @@ def test_bad_spec_file_names_file_and_field(tmp_path) -> None:
     with pytest.raises(ValueError, match="mla"):
         ModelSpec(name="m", params_total=1e9, n_layers=1, hidden_size=1, n_heads=1, n_kv_heads=1,
                   head_dim=1, vocab_size=1, attention="mla")
+
+
+def test_a_decode_steps_forward_is_the_cost_models_own_remembered_or_not(monkeypatch) -> None:
+    """The GPU costs remember a decode-only step's forward per (rows, context) pair: the same seconds as the
+    forward model's, the model asked once per pair, and the memory started afresh when full."""
+    from cdbench.harness.costs.gpu import RooflineGpuCosts
+    from cdbench.harness.costs.mask import MaskCost
+
+    forward = ForwardCostModel("llama-3.1-8b", "h200")
+    gpu = RooflineGpuCosts(forward, MaskCost.for_gpu("h200", 1000))
+    none = np.zeros(0, np.int64)
+    pairs = [(rows, kv) for rows in (1, 2, 8) for kv in (100, 5_000)]
+    for rows, kv in pairs * 2:
+        assert gpu.forward_s(none, none, rows, kv) == forward.step_s(0.0, 0.0, rows, kv, 0)
+    calls = []
+    monkeypatch.setattr(forward, "step_s", lambda *args: calls.append(args) or 1.0)
+    gpu.forward_s(none, none, 1, 100)
+    assert calls == []  # remembered
+    monkeypatch.setattr(RooflineGpuCosts, "DECODE_MEMO", len(pairs))
+    gpu.forward_s(none, none, 3, 7)
+    assert len(calls) == 1 and len(gpu._decode) == 1  # full: started afresh

@@ -250,3 +250,23 @@ def test_shipped_default_profiles_load_and_sample(backend: str) -> None:
 def test_unknown_builtin_lists_known() -> None:
     with pytest.raises(ProfileError, match="no default grammar profile for backend 'nope'"):
         GrammarProfile.builtin("nope")
+
+
+@pytest.mark.parametrize("samples", [1, 2, 40, 512, 513, 100_000])
+def test_quantiles_of_uniform_draws_are_numpys_interpolation_bit_for_bit(samples: int) -> None:
+    """Model mode draws its cost pools through ``quantile_of_uniform``: the same values as ``quantile``
+    (``numpy.interp``), bit for bit, for distributions of every size (the dense tail searched)."""
+    rng = np.random.default_rng(samples)
+    dist = Distribution.from_samples(rng.lognormal(-11, 1.5, samples))
+    for _ in range(50):
+        u = rng.random(2048)
+        assert dist.quantile_of_uniform(u).tobytes() == dist.quantile(u).tobytes()
+    edges = np.array([0.0, np.nextafter(1.0, 0.0), *np.asarray(dist.probs[:-1])])  # at the points themselves
+    assert dist.quantile_of_uniform(edges).tobytes() == dist.quantile(edges).tobytes()
+
+
+def test_quantiles_of_uniform_draws_step_over_repeated_points() -> None:
+    """A hand-made distribution may repeat a quantile point: the draws interpolate as ``numpy.interp`` does."""
+    dist = Distribution(count=4, probs=[0.0, 0.5, 0.5, 0.5, 0.75, 1.0], values=[1e-6, 2e-6, 3e-6, 4e-6, 5e-6, 9e-6])
+    u = np.concatenate((np.random.default_rng(0).random(4096), [0.5, 0.75, 0.0]))
+    assert dist.quantile_of_uniform(u).tobytes() == dist.quantile(u).tobytes()
