@@ -138,9 +138,8 @@ class Scheduler:
         self.keys = SpecKeys.of(ordered)
         rec.spec_key[:] = self.keys.request_key
         parallel = config.fill_parallel_threshold is not None and config.spec_tokens == 0  # (vLLM: no spec decoding)
-        executor.prepare(ordered, self.keys, jump_forward=config.jump_forward,
-                         parallel_fill=ParallelFill(config.fill_parallel_threshold, config.fill_chunk,
-                                                    config.fill_threads) if parallel else None,
+        pool = ParallelFill(config.fill_parallel_threshold, config.fill_chunk, config.fill_threads) if parallel else None
+        executor.prepare(ordered, self.keys, jump_forward=config.jump_forward, parallel_fill=pool,
                          drafts=config.spec_tokens > 0)
         self._outcomes: dict[int, CompileOutcome] = {}
 
