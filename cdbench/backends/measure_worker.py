@@ -78,7 +78,8 @@ class BatchWalkTask:
     """A run's texts walked the way its batches walk them: ``walks[i] = (s, tokens)`` is the ``i``-th
     structured request in arrival order, walking ``tokens`` under ``specs[s]``; up to ``width`` walks
     advance together, one fill each per step, a finished walk's slot taken by the next (see
-    :func:`walk_in_batch`)."""
+    :func:`walk_in_batch`). ``gap_s``: seconds each step sleeps between its fills and its accepts, as an
+    engine's loop waits for the step's forward there (0: none)."""
 
     corpus: str
     item_id: str
@@ -86,6 +87,7 @@ class BatchWalkTask:
     walks: tuple[tuple[int, tuple[int, ...]], ...]
     width: int
     repeats: int = 1
+    gap_s: float = 0.0
     kind: str = "batch"
     instance_failure: str = ""
 
@@ -390,8 +392,9 @@ def walk_in_batch(backend_name: str, backend: GrammarBackend, task: BatchWalkTas
     A walk stops at a token its grammar refuses (as the request would abort); walks of a spec
     that does not compile are skipped. ``tokens.instance`` is the walk's index and
     ``tokens.position`` the answer position of the fill (``fill_us``) and of the accept of the token
-    there (``accept_us``, timed alone: the step's accepts come after all its fills). No draft is
-    walked, so nothing is rolled back (``rollback_us`` holds ``None``).
+    there (``accept_us``, timed alone: the step's accepts come after all its fills, and after
+    ``task.gap_s`` of sleep, in which the host's other work may take the caches the fills warmed).
+    No draft is walked, so nothing is rolled back (``rollback_us`` holds ``None``).
     """
     result = ItemResult(corpus=task.corpus, item_id=task.item_id, kind=task.kind, backend=backend_name,
                         status="ok")
@@ -421,6 +424,8 @@ def walk_in_batch(backend_name: str, backend: GrammarBackend, task: BatchWalkTas
                     times.fill_us.append((clock() - t0) / 1e3)
                     times.instance.append(walk[0])
                     times.position.append(walk[3])
+                if task.gap_s:
+                    time.sleep(task.gap_s)
                 still = []
                 for walk in active:  # in the fills' order, so each accept sits beside its row's fill
                     index, matcher, tokens, position = walk

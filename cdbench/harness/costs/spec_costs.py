@@ -113,7 +113,9 @@ class SpecCostSettings(BaseModel):
     multi-threaded engine on a shared host varies by a third from run to run).
     ``measure_batch_rows``: how many of the run's texts a batch walk advances
     together (:func:`measure_batch_fills`; ``None``: price every fill from the
-    spec's walk alone).
+    spec's walk alone). ``measure_accept_gap_s``: seconds a batch walk's step
+    sleeps between its fills and its accepts, as an engine's loop waits for the
+    step's forward there (0, the default: none).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -124,6 +126,7 @@ class SpecCostSettings(BaseModel):
     measure_timeout_s: float = Field(60.0, gt=0)
     measure_repeats: int = Field(3, ge=1)
     measure_batch_rows: int | None = Field(16, ge=1)
+    measure_accept_gap_s: float = Field(0.0, ge=0)
 
     def store(self) -> SpecCostStore:
         from cdbench._env import cache_dir
@@ -514,6 +517,7 @@ def measure_batch_fills(specs: Sequence[ConstraintSpec], walks: Sequence[tuple[i
     from cdbench.backends.measure_worker import BatchWalkTask
 
     version, store, width = backend_version(backend), settings.store(), settings.measure_batch_rows
+    gap = settings.measure_accept_gap_s
     pool_settings = _PoolSettings(
         vocab=vocab, backend_options={backend: dict(options)}, workers=1,
         worker_memory=ByteSize(default_worker_memory(1)), compile_timeout_s=settings.measure_timeout_s,
@@ -521,7 +525,7 @@ def measure_batch_fills(specs: Sequence[ConstraintSpec], walks: Sequence[tuple[i
     if progress is not None:
         progress(f"walking the run's {len(walks)} texts {width} at a time, {settings.measure_repeats} times "
                  "(fills interleaved as in the run's steps)", 0.0)
-    task = BatchWalkTask("spec-batch", "walks", tuple(specs), tuple(walks), width, settings.measure_repeats)
+    task = BatchWalkTask("spec-batch", "walks", tuple(specs), tuple(walks), width, settings.measure_repeats, gap_s=gap)
     with WorkerPool(pool_settings) as pool:
         result = next(iter(pool.run([(backend, task)])))
     fill_s: list[list[float | None] | None] = [None] * len(walks)
@@ -536,7 +540,7 @@ def measure_batch_fills(specs: Sequence[ConstraintSpec], walks: Sequence[tuple[i
     if progress is not None:
         progress("walked in batch", 1.0)
     entry = BatchFillEntry(
-        digest=batch_digest(backend, version, vocab, options, specs, walks, width), backend=backend,
+        digest=batch_digest(backend, version, vocab, options, specs, walks, width, gap), backend=backend,
         backend_version=version, vocab=vocab, host=this_host(store.root), width=width,
         fill_s=fill_s, accept_s=accept_s,
         measured=f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}"
@@ -559,7 +563,8 @@ def _in_batch(specs: list[_RunSpec], requests: Sequence, backend: str, version: 
         return "alone", "alone"
     width = settings.measure_batch_rows
     run_specs = [s.spec for s in specs]
-    entries = store.batch_fills(batch_digest(backend, version, vocab, options, run_specs, walks, width))
+    gap = settings.measure_accept_gap_s
+    entries = store.batch_fills(batch_digest(backend, version, vocab, options, run_specs, walks, width, gap))
     new = None
     if not any(e.accept_s for e in entries) and settings.spec_costs == "measure":
         new = measure_batch_fills(run_specs, walks, backend, options, vocab, settings, progress)
@@ -573,7 +578,9 @@ def _in_batch(specs: list[_RunSpec], requests: Sequence, backend: str, version: 
     for entry, seconds, field in ((fills_from, fills_from.fill_s, "batch_fills"),
                                   (accepts_from, accepts_from.accept_s if accepts_from else [], "batch_accepts")):
         walked = entry is not None and _attach(specs, walks, seconds, entry.host, target, field)
-        out.append("alone" if not walked else f"{width} at a time" + (", measured now" if entry is new else ""))
+        out.append("alone" if not walked else f"{width} at a time" + (f", accepts {gap * 1e3:g} ms after the fills"
+                                                                     if gap and field == "batch_accepts" else "")
+                   + (", measured now" if entry is new else ""))
     return out[0], out[1]
 
 

@@ -245,3 +245,21 @@ def test_model_mode_prices_a_texts_accepts_from_its_batch_walk_by_position_and_o
     assert second.max() < 1e-5
     for a, b in zip(process(0), (first, second), strict=True):  # the same profile and seed: the same prices
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_walk_with_a_gap_sleeps_between_each_steps_fills_and_accepts_and_is_stored_apart(vocab, monkeypatch):
+    from cdbench.backends import measure_worker
+
+    backend = create_backend("xgrammar", vocab)
+    specs = (ConstraintSpec("regex", "[ab]+"),)
+    walks = ((0, _text(vocab, "abab")), (0, _text(vocab, "a")))
+    events = []
+    monkeypatch.setattr(measure_worker.time, "sleep", lambda s: events.append(("sleep", s)))
+    result = walk_in_batch("xgrammar", backend, BatchWalkTask("t", "w", specs, walks, width=2, gap_s=0.01))
+    steps = max(len(t) for _, t in walks)  # both walks start together; the longer one sets the steps
+    assert events == [("sleep", 0.01)] * steps
+    assert len(result.tokens.accept_us) == len(result.tokens.fill_us) == sum(len(t) for _, t in walks)
+    version = backend_version("xgrammar")
+    key = ("xgrammar", version, VOCAB, {}, list(specs), list(walks), 2)
+    assert batch_digest(*key) == batch_digest(*key, 0.0)  # walks without a gap keep their stored keys
+    assert batch_digest(*key, 0.01) != batch_digest(*key)
