@@ -524,7 +524,7 @@ def measure_batch_fills(specs: Sequence[ConstraintSpec], walks: Sequence[tuple[i
         walk_timeout_s=max(600.0, settings.measure_timeout_s * len(specs)))
     if progress is not None:
         progress(f"walking the run's {len(walks)} texts {width} at a time, {settings.measure_repeats} times "
-                 "(fills interleaved as in the run's steps)", 0.0)
+                 "(fills and accepts interleaved as in the run's steps)", 0.0)
     task = BatchWalkTask("spec-batch", "walks", tuple(specs), tuple(walks), width, settings.measure_repeats, gap_s=gap)
     with WorkerPool(pool_settings) as pool:
         result = next(iter(pool.run([(backend, task)])))
