@@ -78,7 +78,8 @@ class BatchWalkTask:
     """A run's texts walked the way its batches walk them: ``walks[i] = (s, tokens)`` is the ``i``-th
     structured request in arrival order, walking ``tokens`` under ``specs[s]``; up to ``width`` walks
     advance together, one fill each per step, a finished walk's slot taken by the next (see
-    :func:`walk_in_batch`)."""
+    :func:`walk_in_batch`). ``gap_s``: seconds each step sleeps between its fills and its accepts, as an
+    engine's loop waits for the step's forward there (0: none)."""
 
     corpus: str
     item_id: str
@@ -86,6 +87,7 @@ class BatchWalkTask:
     walks: tuple[tuple[int, tuple[int, ...]], ...]
     width: int
     repeats: int = 1
+    gap_s: float = 0.0
     kind: str = "batch"
     instance_failure: str = ""
 
@@ -378,9 +380,10 @@ def profile_item(
 
 
 def walk_in_batch(backend_name: str, backend: GrammarBackend, task: BatchWalkTask) -> ItemResult:
-    """Time every fill of ``task``'s walks, interleaved as a batch interleaves them.
+    """Time every fill and accept of ``task``'s walks, interleaved as a batch interleaves them.
 
-    An engine fills the rows of a step one grammar after another into one mask it keeps, so each
+    An engine fills the rows of a step one grammar after another into one mask it keeps, then, once
+    the step's tokens are sampled, accepts each row's token one grammar after another, so each
     grammar meets caches its neighbours have just used; walked alone, a grammar finds them warm.
     Each of ``task.repeats`` rounds starts from an empty engine cache and compiles the specs in
     order (untimed: the compile sequence times them), so that no round meets grammars an earlier
@@ -388,7 +391,10 @@ def walk_in_batch(backend_name: str, backend: GrammarBackend, task: BatchWalkTas
     together, ``task.width`` at a time in arrival order, a finished walk's row taken by the next.
     A walk stops at a token its grammar refuses (as the request would abort); walks of a spec
     that does not compile are skipped. ``tokens.instance`` is the walk's index and
-    ``tokens.position`` the fill's answer position.
+    ``tokens.position`` the answer position of the fill (``fill_us``) and of the accept of the token
+    there (``accept_us``, timed alone: the step's accepts come after all its fills, and after
+    ``task.gap_s`` of sleep, in which the host's other work may take the caches the fills warmed).
+    No draft is walked, so nothing is rolled back (``rollback_us`` holds ``None``).
     """
     result = ItemResult(corpus=task.corpus, item_id=task.item_id, kind=task.kind, backend=backend_name,
                         status="ok")
@@ -418,10 +424,16 @@ def walk_in_batch(backend_name: str, backend: GrammarBackend, task: BatchWalkTas
                     times.fill_us.append((clock() - t0) / 1e3)
                     times.instance.append(walk[0])
                     times.position.append(walk[3])
+                if task.gap_s:
+                    time.sleep(task.gap_s)
                 still = []
-                for walk in active:
+                for walk in active:  # in the fills' order, so each accept sits beside its row's fill
                     index, matcher, tokens, position = walk
-                    if matcher.accept(tokens[position]) and position + 1 < len(tokens):
+                    t0 = clock()
+                    accepted = matcher.accept(tokens[position])
+                    times.accept_us.append((clock() - t0) / 1e3)
+                    times.rollback_us.append(None)
+                    if accepted and position + 1 < len(tokens):
                         walk[3] = position + 1
                         still.append(walk)
                 active = still

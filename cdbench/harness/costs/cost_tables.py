@@ -89,7 +89,9 @@ class CostTables:
     spec's measured refusal; -1: never), ``None`` when no request is.
     ``fill_base[r]``: request ``r``'s row in ``fill``/``fill_csum``/``spike``
     where it is not ``base[r]`` (a request replaying its text's own fills reads
-    a row of ones), ``None`` when every request reads its ``base``.
+    a row of ones), ``None`` when every request reads its ``base``. ``accept_curve``: the
+    accept seconds of replayed texts whose accepts were timed as a run walks them, in ``curve``'s
+    layout (NaN elsewhere: the ``accept`` pool prices it), ``None`` when no text has them.
     A run without drafts reads neither ``fill_csum``, ``rollback`` nor the draft
     chains, and one without jump-forward not ``forced``: tables built for such a
     run may leave them ``None``.
@@ -111,6 +113,7 @@ class CostTables:
     end_left: np.ndarray | None = None
     think_accept: np.ndarray | None = None
     fill_base: np.ndarray | None = None
+    accept_curve: np.ndarray | None = None
 
     def acquire(self, rid: int) -> None:
         """Request ``rid`` arrived: its pools are needed from now on (the tables of a profile build them then)."""
@@ -402,6 +405,7 @@ class ProfileTables(CostTables):
                     self._texts.append((walked, int(self._row_of[i])))
                 self._text_of[i] = found
         replays = bool(self._texts)
+        timed_accepts = any(profile.instances[walked].accept_s for walked, _ in self._texts)
         reject_left = None
         if key_reject_rate.any():  # a request of a refusing spec is refused as often as the spec's walks were
             draw = np.random.default_rng([seed, 0x726a]).random(int(ids.max(initial=0)) + 1)[ids]
@@ -430,7 +434,8 @@ class ProfileTables(CostTables):
             curve_end=np.zeros(n, np.int64), reject_left=reject_left, spike=np.zeros(rows * ROW) if spiky else None,
             draft_survival=np.ones((rows, DRAFT_WINDOW - 1)) if drafts and len(self._chains) > 1 else None,
             draft_chain=np.zeros(n, np.int64) if drafts and len(self._chains) > 1 else None, end_left=end_left,
-            think_accept=think if think.any() else None, fill_base=np.zeros(n, np.int64) if replays else None)
+            think_accept=think if think.any() else None, fill_base=np.zeros(n, np.int64) if replays else None,
+            accept_curve=np.full(rows * width, np.nan) if timed_accepts else None)
         if replays:
             self._grow_rows(1)
             self.fill[:ROW] = 1.0
@@ -458,6 +463,10 @@ class ProfileTables(CostTables):
                 walked, gaps = self._texts[text]
                 measured = self.profile.instances[walked].fill_at(self.width)
                 self.curve[at] = np.where(np.isnan(measured), self._spec_curve(gaps), measured)
+            if self.accept_curve is not None:
+                self.accept_curve = _grown(self.accept_curve, self._curves.size * self.width)
+                self.accept_curve[at] = np.nan if text < 0 else \
+                    self.profile.instances[self._texts[text][0]].accept_at(self.width)
         self._curve_slots[rid] = item
         self.curve_end[rid] = curve * self.width + self._out_len[rid]
         if self.fill_base is not None:

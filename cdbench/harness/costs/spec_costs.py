@@ -113,7 +113,9 @@ class SpecCostSettings(BaseModel):
     multi-threaded engine on a shared host varies by a third from run to run).
     ``measure_batch_rows``: how many of the run's texts a batch walk advances
     together (:func:`measure_batch_fills`; ``None``: price every fill from the
-    spec's walk alone).
+    spec's walk alone). ``measure_accept_gap_s``: seconds a batch walk's step
+    sleeps between its fills and its accepts, as an engine's loop waits for the
+    step's forward there (0, the default: none).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -124,6 +126,7 @@ class SpecCostSettings(BaseModel):
     measure_timeout_s: float = Field(60.0, gt=0)
     measure_repeats: int = Field(3, ge=1)
     measure_batch_rows: int | None = Field(16, ge=1)
+    measure_accept_gap_s: float = Field(0.0, ge=0)
 
     def store(self) -> SpecCostStore:
         from cdbench._env import cache_dir
@@ -149,7 +152,9 @@ class SpecCoverage(BaseModel):
     (backend, engine version, vocabulary), where ``costs.allow_mismatched_profile``
     had it used anyway.
     ``fill_order``: whether the run's texts' fills are each walked alone or
-    walked in batch as the run's steps interleave them (stored, or measured now).
+    walked in batch as the run's steps interleave them (stored, or measured now);
+    ``accept_order`` the same for their accepts (a batch walk stored before
+    accepts were timed in it holds fills alone).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -164,6 +169,7 @@ class SpecCoverage(BaseModel):
     host_scales: dict[str, float] = {}
     compile_order: Literal["alone", "run order", "run order, measured now"] = "alone"
     fill_order: str = "alone"
+    accept_order: str = "alone"
     notes: list[str] = []
     profile_mismatch: str | None = None
 
@@ -191,6 +197,9 @@ class SpecCoverage(BaseModel):
         if self.fill_order != "alone":
             out.append(f"fills walked in batch ({self.fill_order}): a grammar's fills interleaved with the "
                        "other rows' as the run's steps interleave them")
+        if self.accept_order != "alone":
+            out.append(f"accepts walked in batch ({self.accept_order}): each row's accept timed after the step's "
+                       "fills, in the rows' order")
         for host, factor in self.host_scales.items():
             out.append(f"times measured on {host} scaled by {factor:.3f}")
         if self.predictor_error:
@@ -228,6 +237,7 @@ class _RunSpec:
     scale: float = 1.0
     compile_in_order_s: float | None = None  # its compile after the run's earlier specs (target host seconds)
     batch_fills: dict[tuple[int, ...], list[float | None]] | None = None  # per text, its fills walked in batch
+    batch_accepts: dict[tuple[int, ...], list[float | None]] | None = None  # per text, its accepts walked so
     message: str = ""  # why its measurement failed (the entry's message)
 
     @property
@@ -501,35 +511,38 @@ def measure_batch_fills(specs: Sequence[ConstraintSpec], walks: Sequence[tuple[i
                         backend: str, options: Mapping[str, Any], vocab: str, settings: SpecCostSettings,
                         progress: Progress | None = None) -> BatchFillEntry:
     """Walk a run's texts in one worker as its batches walk them (``settings.measure_batch_rows`` at a
-    time, ``settings.measure_repeats`` times) and store each walk's fills, each position's median
-    (:class:`~cdbench.harness.costs.spec_store.BatchFillEntry`)."""
+    time, ``settings.measure_repeats`` times) and store each walk's fills and accepts, each position's
+    median (:class:`~cdbench.harness.costs.spec_store.BatchFillEntry`)."""
     from cdbench.backends.measure_pool import WorkerPool, default_worker_memory
     from cdbench.backends.measure_worker import BatchWalkTask
 
     version, store, width = backend_version(backend), settings.store(), settings.measure_batch_rows
+    gap = settings.measure_accept_gap_s
     pool_settings = _PoolSettings(
         vocab=vocab, backend_options={backend: dict(options)}, workers=1,
         worker_memory=ByteSize(default_worker_memory(1)), compile_timeout_s=settings.measure_timeout_s,
         walk_timeout_s=max(600.0, settings.measure_timeout_s * len(specs)))
     if progress is not None:
         progress(f"walking the run's {len(walks)} texts {width} at a time, {settings.measure_repeats} times "
-                 "(fills interleaved as in the run's steps)", 0.0)
-    task = BatchWalkTask("spec-batch", "walks", tuple(specs), tuple(walks), width, settings.measure_repeats)
+                 "(fills and accepts interleaved as in the run's steps)", 0.0)
+    task = BatchWalkTask("spec-batch", "walks", tuple(specs), tuple(walks), width, settings.measure_repeats, gap_s=gap)
     with WorkerPool(pool_settings) as pool:
         result = next(iter(pool.run([(backend, task)])))
     fill_s: list[list[float | None] | None] = [None] * len(walks)
-    if result.status == "ok" and result.tokens.fill_us:
-        # a walk times positions 0, 1, ... up to where it ends, so each walk's medians by position are its list
-        medians = pd.Series(np.asarray(result.tokens.fill_us) / 1e6).groupby(
-            [result.tokens.instance, result.tokens.position]).median()
+    accept_s: list[list[float | None] | None] = [None] * len(walks)
+    tokens = result.tokens
+    if result.status == "ok" and tokens.fill_us:
+        # a walk times positions 0, 1, ... up to where it ends, so each walk's medians by position are its lists
+        medians = pd.DataFrame({"fill": tokens.fill_us, "accept": tokens.accept_us}).div(1e6).groupby(
+            [tokens.instance, tokens.position]).median()
         for walk, by_position in medians.groupby(level=0):
-            fill_s[walk] = by_position.tolist()
+            fill_s[walk], accept_s[walk] = by_position["fill"].tolist(), by_position["accept"].tolist()
     if progress is not None:
         progress("walked in batch", 1.0)
     entry = BatchFillEntry(
-        digest=batch_digest(backend, version, vocab, options, specs, walks, width), backend=backend,
+        digest=batch_digest(backend, version, vocab, options, specs, walks, width, gap), backend=backend,
         backend_version=version, vocab=vocab, host=this_host(store.root), width=width,
-        fill_s=fill_s,
+        fill_s=fill_s, accept_s=accept_s,
         measured=f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}"
                  + ("" if result.status == "ok" else f", failed: {result.status}: {result.message[:200]}"))
     store.put_batch_fills(entry)
@@ -538,30 +551,52 @@ def measure_batch_fills(specs: Sequence[ConstraintSpec], walks: Sequence[tuple[i
 
 def _in_batch(specs: list[_RunSpec], requests: Sequence, backend: str, version: str, vocab: str,
               options: Mapping[str, Any], settings: SpecCostSettings, store: SpecCostStore, target: HostInfo,
-              progress: Progress | None) -> str:
-    """Give each measured spec's texts their fills walked in batch (stored, or measured now where
-    ``measure``); returns how (:attr:`SpecCoverage.fill_order`)."""
+              progress: Progress | None) -> tuple[str, str]:
+    """Give each measured spec's texts their fills and accepts walked in batch (stored, or measured now
+    where ``measure``); returns how (:attr:`SpecCoverage.fill_order`, :attr:`SpecCoverage.accept_order`).
+
+    Fills come from the target host's entry, else the first other host's (by host id); accepts from the
+    first entry that timed them, the target host's first. Where no entry timed accepts (entries of format
+    1), ``measure`` walks the texts again here."""
     walks = _batch_walks(specs, requests)
     if not walks:
-        return "alone"
+        return "alone", "alone"
     width = settings.measure_batch_rows
     run_specs = [s.spec for s in specs]
-    entries = store.batch_fills(batch_digest(backend, version, vocab, options, run_specs, walks, width))
-    how = f"{width} at a time"
-    if not entries and settings.spec_costs == "measure":
-        entries = [measure_batch_fills(run_specs, walks, backend, options, vocab, settings, progress)]
-        how += ", measured now"
+    gap = settings.measure_accept_gap_s
+    entries = store.batch_fills(batch_digest(backend, version, vocab, options, run_specs, walks, width, gap))
+    new = None
+    if not any(e.accept_s for e in entries) and settings.spec_costs == "measure":
+        new = measure_batch_fills(run_specs, walks, backend, options, vocab, settings, progress)
+        entries = sorted([e for e in entries if e.host.id != new.host.id] + [new], key=lambda e: e.host.id)
     if not entries:
-        return "alone"
-    entry = next((e for e in entries if e.host.id == target.id), entries[0])
-    scale = 1.0 if entry.host.id == target.id else time_scale(entry.host, target)
+        return "alone", "alone"
+    fills_from = next((e for e in entries if e.host.id == target.id), entries[0])
+    timed = [e for e in entries if e.accept_s]
+    accepts_from = next((e for e in timed if e.host.id == target.id), timed[0]) if timed else None
+    out = []
+    for entry, seconds, field in ((fills_from, fills_from.fill_s, "batch_fills"),
+                                  (accepts_from, accepts_from.accept_s if accepts_from else [], "batch_accepts")):
+        walked = entry is not None and _attach(specs, walks, seconds, entry.host, target, field)
+        out.append("alone" if not walked else f"{width} at a time" + (f", accepts {gap * 1e3:g} ms after the fills"
+                                                                     if gap and field == "batch_accepts" else "")
+                   + (", measured now" if entry is new else ""))
+    return out[0], out[1]
+
+
+def _attach(specs: list[_RunSpec], walks: Sequence[tuple[int, tuple[int, ...]]],
+            timed: Sequence[list[float | None] | None], host: HostInfo, target: HostInfo, field: str) -> int:
+    """Set each walk's timed seconds (by position, scaled from ``host`` to ``target``) on its spec's
+    ``field``, keyed by its tokens; returns how many walks were timed."""
+    scale = 1.0 if host.id == target.id else time_scale(host, target)
     walked = 0
-    for (i, tokens), fills in zip(walks, entry.fill_s, strict=True):
-        if fills:
-            batch = specs[i].batch_fills = specs[i].batch_fills or {}
-            batch[tokens] = [None if v is None else v * scale for v in fills]
+    for (i, tokens), seconds in zip(walks, timed, strict=True):
+        if seconds:
+            by_text = getattr(specs[i], field) or {}
+            by_text[tokens] = [None if v is None else v * scale for v in seconds]
+            setattr(specs[i], field, by_text)
             walked += 1
-    return how if walked else "alone"
+    return walked
 
 
 def _predict(specs: list[_RunSpec], backend: str, vocab: str, base: GrammarProfile,
@@ -647,10 +682,10 @@ def price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any], 
     if any(s.source.startswith("measured") for s in specs) and settings.spec_costs != "predict" \
             and shares_compile_work(backend):
         order = _in_run_order(specs, backend, version, vocab, options, settings, store, target, progress)
-    fill_order = "alone"
+    fill_order = accept_order = "alone"
     if settings.measure_batch_rows is not None and settings.spec_costs != "predict":
-        fill_order = _in_batch(specs, requests, backend, version, vocab, options, settings, store, target,
-                               progress)
+        fill_order, accept_order = _in_batch(specs, requests, backend, version, vocab, options, settings, store,
+                                             target, progress)
     failed = {s.label: f"{s.costs.status}: {s.message[:160]}" if s.message else s.costs.status for s in specs
               if s.costs is not None and s.costs.status not in (None, "ok")}
     profile = _run_profile(base, specs)
@@ -659,7 +694,8 @@ def price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any], 
         specs={src: sum(s.source == src for s in specs) for src in SPEC_SOURCES},
         requests={src: sum(s.requests for s in specs if s.source == src) for src in SPEC_SOURCES},
         measured_now=measured_now, measure_wall_s=wall, failed=failed, predictor_error=errors,
-        host_scales=scales, compile_order=order, fill_order=fill_order, notes=coverage_notes)
+        host_scales=scales, compile_order=order, fill_order=fill_order, accept_order=accept_order,
+        notes=coverage_notes)
     return profile, coverage
 
 
@@ -675,17 +711,21 @@ def _run_profile(base: GrammarProfile, specs: list[_RunSpec]) -> GrammarProfile:
         if s.compile_in_order_s is not None:
             costs = costs.model_copy(update={"compile_s": s.compile_in_order_s})
         own_specs[spec_key_hash(s.key_text)] = costs
-        if s.base is not None and (s.instances or s.batch_fills):
+        if s.base is not None and (s.instances or s.batch_fills or s.batch_accepts):
             run_base = base_key_text(s.key_text, s.kind, s.spec_id)
             for tokens in s.texts:
                 found = (s.instances or {}).get(instance_key(s.base, tokens))
                 if found is not None:
                     found = _scaled_instance(found, s.scale)
                 batch = (s.batch_fills or {}).get(tokens)
-                if batch is not None:  # walked in batch: its fills there, alone where the batch timed none
+                accepts = (s.batch_accepts or {}).get(tokens)
+                if batch is not None or accepts is not None:
+                    # walked in batch: its fills there, alone where the batch timed none; its accepts there
+                    # (the spec's elsewhere)
                     alone = found.fill_s if found is not None else []
-                    found = InstanceProfile(spec_id=s.spec_id, walks=1, fill_s=[
-                        b if b is not None else (alone[p] if p < len(alone) else None) for p, b in enumerate(batch)])
+                    fills = alone if batch is None else [
+                        b if b is not None else (alone[p] if p < len(alone) else None) for p, b in enumerate(batch)]
+                    found = InstanceProfile(spec_id=s.spec_id, walks=1, fill_s=fills, accept_s=accepts or [])
                 if found is not None:
                     own_instances[instance_key(run_base, tokens)] = found
     kinds = dict(base.kinds)

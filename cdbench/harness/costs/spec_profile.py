@@ -191,19 +191,30 @@ class InstanceProfile(BaseModel):
     """What walking one instance of a spec cost: ``fill_s[p]``, the mean fill seconds at answer position
     ``p`` over its ``walks`` (every fill, outliers included: each was measured at that position of that
     text), ``None`` where none was measured (a position a draft row covered). ``spec_id`` names the spec
-    it was walked under."""
+    it was walked under. ``accept_s[p]``: the seconds of the accept of its token at ``p`` where the
+    text's accepts were timed as a run walks them (in batch; empty: not timed so, its spec's accepts
+    price it; left out of the file when empty, so profiles without them read and write as before)."""
 
     model_config = ConfigDict(extra="forbid")
     spec_id: str | None = None
     walks: int = Field(ge=1)
     fill_s: list[float | None]
+    accept_s: list[float | None] = Field(default_factory=list, exclude_if=lambda v: not v)
 
     def fill_at(self, width: int) -> np.ndarray:
         """Its fills at positions ``0 .. width - 1`` (NaN where not measured)."""
-        out = np.full(width, np.nan)
-        values = np.array([np.nan if v is None else v for v in self.fill_s[:width]], np.float64)
-        out[:len(values)] = values
-        return out
+        return _at(self.fill_s, width)
+
+    def accept_at(self, width: int) -> np.ndarray:
+        """Its accepts at positions ``0 .. width - 1`` (NaN where not measured)."""
+        return _at(self.accept_s, width)
+
+
+def _at(by_position: list[float | None], width: int) -> np.ndarray:
+    out = np.full(width, np.nan)
+    values = np.array([np.nan if v is None else v for v in by_position[:width]], np.float64)
+    out[:len(values)] = values
+    return out
 
 
 def walk_positions(walk) -> np.ndarray:

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cdbench.backends.base import ConstraintSpec
 from cdbench.harness.costs.grammar_profile import CompileStatus, ProfileError
@@ -147,16 +147,22 @@ class SequenceEntry(_StoreEntry):
 
 
 def batch_digest(backend: str, version: str, vocab: str, options: Mapping[str, Any], specs: Sequence[ConstraintSpec],
-                 walks: Sequence[tuple[int, tuple[int, ...]]], width: int) -> str:
-    """The store key of the fills of ``walks`` (spec index, tokens) walked ``width`` at a time."""
+                 walks: Sequence[tuple[int, tuple[int, ...]]], width: int, gap_s: float = 0.0) -> str:
+    """The store key of the fills of ``walks`` (spec index, tokens) walked ``width`` at a time, each step's
+    accepts ``gap_s`` after its fills (keyed only where not 0, so walks without a gap keep their keys)."""
     return _digest({**_run_key("batch_method", BATCH_METHOD, backend, version, vocab, options, specs),
-                    "walks": [[s, list(tokens)] for s, tokens in walks], "width": width})
+                    "walks": [[s, list(tokens)] for s, tokens in walks], "width": width,
+                    **({"gap_s": gap_s} if gap_s else {})})
 
 
 class BatchFillEntry(_StoreEntry):
     """A run's texts walked as its batches walk them, on one host: ``fill_s[i][p]`` is the ``i``-th
     walk's fill seconds at answer position ``p`` (median over the repeats), ``None`` where the walk
-    was not timed (its spec did not compile; it stopped before ``p``).
+    was not timed (its spec did not compile; it stopped before ``p``); ``accept_s[i][p]`` the same
+    for the accept of the walk's token at ``p``.
+
+    ``format_version`` 2 holds the accepts; an entry of format 1 (written before accepts were timed
+    in the walk) has fills alone, and its texts' accepts are priced from their specs' walks alone.
 
     An engine fills a step's rows one grammar after another, so a grammar meets caches its
     neighbours have just used, and its first fill comes well after its compile. Against the same
@@ -165,8 +171,17 @@ class BatchFillEntry(_StoreEntry):
     (``reports/fidelity/live_vs_model.md``, "Fills walked in batch").
     """
 
+    format_version: Literal[1, 2] = 2
     width: int
     fill_s: list[list[float | None] | None]
+    accept_s: list[list[float | None] | None] = []
+
+    @model_validator(mode="after")
+    def _accepts_beside_fills(self) -> BatchFillEntry:
+        if self.format_version >= 2 and len(self.accept_s) != len(self.fill_s):
+            raise ValueError(f"format {self.format_version} holds an accept list per walk: "
+                             f"{len(self.accept_s)} for {len(self.fill_s)} walks")
+        return self
 
 
 _Entry = TypeVar("_Entry", bound=_StoreEntry)

@@ -216,6 +216,9 @@ class ModelExecutor(GrammarExecutor):
             fat = at if t.fill_base is None else at + (t.fill_base[g_rid] - base)  # in the fill pools
             ci = t.curve_end[g_rid] - g_left
             accept_one = t.accept[at]
+            if t.accept_curve is not None:  # texts whose accepts were timed as the run walks them: those
+                timed = t.accept_curve[ci]
+                accept_one = np.where(np.isnan(timed), accept_one, timed)
             g_drafts = drafts[g]
             n_drafts = int(_sum(g_drafts)) if spec else 0
             if n_drafts >= DRAFT_WINDOW and int(g_drafts.max()) >= DRAFT_WINDOW:
