@@ -128,8 +128,8 @@ def _stopped_result(sched: Scheduler, slo: SLO | None, timeline: Timeline, start
                     executor: GrammarExecutor, finished: FinishedRows, sink: RecordSink) -> RunResult:
     """What a run stopped mid-way finished: the ended requests' rows, every step so far, their summary."""
     sched.tallies.flush()  # the buffered per-step counters (summing early changes no value)
-    sink.finished(finished.rest())
     sink.steps(sched.steps.take())
+    sink.finished(finished.rest())
     summary = summarize_streamed(sink.close(None), sched.itl, sched.fill_hist, slo, sched.idle_iterations,
                                  sched.draft_positions, *kv_description(sched.kv))
     return RunResult(RequestTable(0).to_frame(), StepLog().to_frame(), summary, timeline, time.perf_counter() - start,
@@ -162,8 +162,9 @@ def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: 
                 show(ended)
             if time.perf_counter() >= due:
                 sched.tallies.flush()  # the ended requests' counters are in the table (summing early changes nothing)
-                sink.finished(finished.take())
+                # steps first: a run killed between the two writes leaves no finished request without its steps
                 sink.steps(sched.steps.take())
+                sink.finished(finished.take())
                 due = time.perf_counter() + sink.interval_s
 
     sched = Scheduler(scheduler, requests, executor, gpu, seed=seed, max_concurrency=max_concurrency,
@@ -178,8 +179,8 @@ def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: 
         raise
     live_info = live.info() if live is not None else None
     if records is not None:
-        records.finished(finished.take())
         records.steps(sched.steps.take())
+        records.finished(finished.take())
         checked = sched.rec.valid if (sched.rec.valid >= 0).any() else None
         summary = summarize_streamed(records.close(checked), sched.itl, sched.fill_hist, slo, sched.idle_iterations,
                                      sched.draft_positions, *kv_description(sched.kv))
