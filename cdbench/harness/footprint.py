@@ -13,18 +13,19 @@ memory this machine has available, before it allocates anything.
 
 The constants are the slopes of least-squares fits of the peak resident
 memory and the CPU time of the built-in default config in ``model`` mode, run
-and saved (report included) in a fresh process per size (branch ``streaming``,
-Python 3.11, 2-CPU x86-64 Linux machine shared with other work, each run pinned
-to one core)::
+and saved (report included) in a fresh process per size (commit 71293d8,
+Python 3.11, 2-CPU x86-64 Linux machine, each run pinned to one core)::
 
     python benchmarks/bench_run_memory.py --requests 5000 20000 40000
 
-         5000 requests: peak    614.2 MiB, CPU     9.2 s
-        20000 requests: peak    727.3 MiB, CPU    32.2 s
-        40000 requests: peak    908.0 MiB, CPU    62.1 s
-    fit: base 567 MiB + 8839 bytes/request; 1510 µs of CPU/request
+         5000 requests: peak    631.1 MiB, CPU     6.6 s
+        20000 requests: peak    817.0 MiB, CPU    20.1 s
+        40000 requests: peak    994.6 MiB, CPU    39.1 s
+    fit: base 591 MiB + 10804 bytes/request; 930 µs of CPU/request
 
-(With every record and cost pool held for the whole run, a 20,000-request run
+(The fit before, on branch ``streaming``: 8,839 bytes and 1,510 µs a request;
+drawing the cost pools only where read took the CPU down; the memory a request
+adds rose between the two fits, not traced. With every record and cost pool held for the whole run, a 20,000-request run
 of this config peaked at 4.4 GB on this machine; before the trace file was
 written a line at a time and the report stopped copying the step table, the fit
 gave 11,390 bytes a request. The constant before, 12,842 bytes, was measured at
@@ -52,10 +53,10 @@ from rich.filesize import decimal as _bytes
 if TYPE_CHECKING:
     from cdbench.harness.config import RunConfig
 
-BYTES_PER_REQUEST = 8_839
+BYTES_PER_REQUEST = 10_804
 """Peak resident memory a request adds to a run (the fit's slope; see the module docstring)."""
 
-SECONDS_PER_REQUEST = 1510e-6
+SECONDS_PER_REQUEST = 930e-6
 """CPU time a request adds to a ``model``-mode run (the fit's slope, same measurement)."""
 
 
