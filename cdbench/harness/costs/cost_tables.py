@@ -519,8 +519,8 @@ class ProfileTables(CostTables):
         at = slice(slot * ROW, (slot + 1) * ROW)
         if self.spike is not None:
             spiky = own and spec.fill_outlier_rate > 0 and len(spec.fill_outliers_s) > 0
-            self.spike[at] = _spikes(spec, np.random.default_rng([self.seed, 0x7370, KIND_CODES[kind], int(name, 16)])) \
-                if spiky else 0.0
+            spikes_rng = np.random.default_rng([self.seed, 0x7370, KIND_CODES[kind], int(name, 16)]) if spiky else None
+            self.spike[at] = _spikes(spec, spikes_rng) if spiky else 0.0
         if own:
             self.fill[at] = _row(_cycle(np.asarray(spec.fill_residual), u[0]), 1.0)
         else:
