@@ -14,7 +14,6 @@ the bin width (about 1.2 %).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -221,7 +220,36 @@ class Summary(BaseModel):
     time_windows: TimeWindows | None = None
 
 
-def _stats_ms(values: np.ndarray) -> tuple[float, float, float, float, float]:
+Stats = tuple[float, float, float, float, float]
+"""A latency's mean, median, standard deviation, p90 and p99, in ms."""
+
+
+def latency_fields(ttft: Stats, tpot: Stats, e2el: Stats, itl: LogHistogram, wait: Stats,
+                   compile_ms: Stats) -> dict[str, float]:
+    """The :class:`Summary`'s latency figures, from each latency's :data:`Stats` and the ITL histogram (whole
+    records and streamed ones fill them alike)."""
+    t, p, e, w, c = ttft, tpot, e2el, wait, compile_ms
+    ms = 1e3
+    return dict(
+        mean_ttft_ms=t[0], median_ttft_ms=t[1], std_ttft_ms=t[2], p90_ttft_ms=t[3], p99_ttft_ms=t[4],
+        mean_tpot_ms=p[0], median_tpot_ms=p[1], std_tpot_ms=p[2], p90_tpot_ms=p[3], p99_tpot_ms=p[4],
+        mean_itl_ms=itl.mean() * ms, median_itl_ms=itl.quantile(0.5) * ms, std_itl_ms=itl.std() * ms,
+        p90_itl_ms=itl.quantile(0.9) * ms, p99_itl_ms=itl.quantile(0.99) * ms,
+        mean_e2el_ms=e[0], median_e2el_ms=e[1], std_e2el_ms=e[2], p90_e2el_ms=e[3], p99_e2el_ms=e[4],
+        mean_grammar_wait_ms=w[0], median_grammar_wait_ms=w[1], p99_grammar_wait_ms=w[4],
+        mean_compile_ms=c[0], p99_compile_ms=c[4])
+
+
+def draft_position_fields(draft_positions: DraftPositionCounts | None) -> dict[str, list[int]]:
+    """The :class:`Summary`'s ``*_by_position`` lists (empty without drafts)."""
+    if draft_positions is None or not draft_positions.max_drafts:
+        return {"drafted_by_position": [], "accepted_by_position": [], "rolled_back_by_position": []}
+    return {"drafted_by_position": [int(v) for v in draft_positions.drafted()],
+            "accepted_by_position": [int(v) for v in draft_positions.accepted()],
+            "rolled_back_by_position": [int(v) for v in draft_positions.rolled_back()]}
+
+
+def _stats_ms(values: np.ndarray) -> Stats:
     v = values[~np.isnan(values)] * 1e3
     if len(v) == 0:
         return (math.nan,) * 5
@@ -280,18 +308,8 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: LogHistogram, ma
         return float(sum(steps[c].sum() for c in columns if c in steps)) / total_step if total_step else 0.0
     reasons = requests.loc[~ok, "abort_reason"].astype(str).value_counts()
 
-    def by_position(counts: Callable[[DraftPositionCounts], np.ndarray]) -> list[int]:
-        if draft_positions is None or not draft_positions.max_drafts:
-            return []
-        return [int(v) for v in counts(draft_positions)]
-
     busy = steps[steps["kind"] != "idle"] if len(steps) else steps
     kv = _kv_fields(requests, steps, total_step, kv_capacity, kv_policy)
-    t = _stats_ms(ttft)
-    p = _stats_ms(tpot)
-    e = _stats_ms(e2el)
-    w = _stats_ms(wait)
-    c = _stats_ms(compile_ms)
     ms = 1e3
     return Summary(
         duration=duration,
@@ -303,25 +321,18 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: LogHistogram, ma
         request_goodput=goodput,
         output_throughput=per_s(float(out.sum())),
         total_token_throughput=per_s(float(out.sum() + done["prompt_len"].sum())),
-        mean_ttft_ms=t[0], median_ttft_ms=t[1], std_ttft_ms=t[2], p90_ttft_ms=t[3], p99_ttft_ms=t[4],
-        mean_tpot_ms=p[0], median_tpot_ms=p[1], std_tpot_ms=p[2], p90_tpot_ms=p[3], p99_tpot_ms=p[4],
-        mean_itl_ms=itl.mean() * ms, median_itl_ms=itl.quantile(0.5) * ms, std_itl_ms=itl.std() * ms,
-        p90_itl_ms=itl.quantile(0.9) * ms, p99_itl_ms=itl.quantile(0.99) * ms,
-        mean_e2el_ms=e[0], median_e2el_ms=e[1], std_e2el_ms=e[2], p90_e2el_ms=e[3], p99_e2el_ms=e[4],
+        **latency_fields(_stats_ms(ttft), _stats_ms(tpot), _stats_ms(e2el), itl, _stats_ms(wait),
+                         _stats_ms(compile_ms)),
         structured_requests=len(structured),
         aborts_by_reason={str(k): int(v) for k, v in reasons.items() if v},
-        mean_grammar_wait_ms=w[0], median_grammar_wait_ms=w[1], p99_grammar_wait_ms=w[4],
         compiles=len(misses),
-        mean_compile_ms=c[0], p99_compile_ms=c[4],
         cache_hit_rate=hits / len(structured) if len(structured) else math.nan,
         inflight_shared=int((structured["cache"] == "inflight").sum()),
         drafted_tokens=drafted,
         accepted_tokens=int(requests["accepted"].sum()),
         rolled_back_tokens=rolled,
         rollback_rate=rolled / drafted if drafted else 0.0,
-        drafted_by_position=by_position(lambda c: c.drafted()),
-        accepted_by_position=by_position(lambda c: c.accepted()),
-        rolled_back_by_position=by_position(lambda c: c.rolled_back()),
+        **draft_position_fields(draft_positions),
         jump_forward_tokens=int(requests["jump_forward_tokens"].sum()),
         forced_think_ends=int(requests["forced_think_end"].sum()),
         validity_rate=float(valid.mean()) if len(valid) else None,

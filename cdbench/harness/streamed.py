@@ -31,7 +31,13 @@ from typing import Protocol
 import numpy as np
 import pandas as pd
 
-from cdbench.harness.metrics import SLO, LogHistogram, Summary
+from cdbench.harness.metrics import (
+    SLO,
+    LogHistogram,
+    Summary,
+    draft_position_fields,
+    latency_fields,
+)
 from cdbench.harness.records import DraftPositionCounts
 from cdbench.harness.windows import COLUMNS as WINDOW_COLUMNS
 from cdbench.harness.windows import (
@@ -322,13 +328,6 @@ def summarize_streamed(source: TableSource, itl: LogHistogram, mask_rows: LogHis
     else:
         mean_contention = 1.0
 
-    def by_position(counts: Callable[[DraftPositionCounts], np.ndarray]) -> list[int]:
-        if draft_positions is None or not draft_positions.max_drafts:
-            return []
-        return [int(v) for v in counts(draft_positions)]
-
-    t, p, e, w, c = (_stats_ms(x) for x in (ttft, tpot, e2el, wait, compile_s))
-    ms = 1e3
     windows = None
     if rows and not math.isnan(issued_min):
         last_issue = max(float(np.nanmax(v)) for v in col("requests", ("issued_s",), lambda c: c["issued_s"].to_numpy())
@@ -347,25 +346,17 @@ def summarize_streamed(source: TableSource, itl: LogHistogram, mask_rows: LogHis
         request_goodput=per_s(float(good)) if slo is not None else None,
         output_throughput=per_s(float(output_tokens)),
         total_token_throughput=per_s(float(output_tokens + prompt_tokens)),
-        mean_ttft_ms=t[0], median_ttft_ms=t[1], std_ttft_ms=t[2], p90_ttft_ms=t[3], p99_ttft_ms=t[4],
-        mean_tpot_ms=p[0], median_tpot_ms=p[1], std_tpot_ms=p[2], p90_tpot_ms=p[3], p99_tpot_ms=p[4],
-        mean_itl_ms=itl.mean() * ms, median_itl_ms=itl.quantile(0.5) * ms, std_itl_ms=itl.std() * ms,
-        p90_itl_ms=itl.quantile(0.9) * ms, p99_itl_ms=itl.quantile(0.99) * ms,
-        mean_e2el_ms=e[0], median_e2el_ms=e[1], std_e2el_ms=e[2], p90_e2el_ms=e[3], p99_e2el_ms=e[4],
+        **latency_fields(*(_stats_ms(x) for x in (ttft, tpot, e2el)), itl, _stats_ms(wait), _stats_ms(compile_s)),
         structured_requests=int(structured_n),
         aborts_by_reason={k: v for k, v in sorted(reasons.items(), key=lambda kv: -kv[1]) if v},
-        mean_grammar_wait_ms=w[0], median_grammar_wait_ms=w[1], p99_grammar_wait_ms=w[4],
         compiles=int(misses),
-        mean_compile_ms=c[0], p99_compile_ms=c[4],
         cache_hit_rate=int(hits) / int(structured_n) if structured_n else math.nan,
         inflight_shared=int(inflight),
         drafted_tokens=int(drafted),
         accepted_tokens=int(accepted),
         rolled_back_tokens=int(rolled),
         rollback_rate=int(rolled) / int(drafted) if drafted else 0.0,
-        drafted_by_position=by_position(lambda d: d.drafted()),
-        accepted_by_position=by_position(lambda d: d.accepted()),
-        rolled_back_by_position=by_position(lambda d: d.rolled_back()),
+        **draft_position_fields(draft_positions),
         jump_forward_tokens=int(jumped),
         forced_think_ends=int(forced),
         validity_rate=int(valid_true) / int(validated) if validated else None,

@@ -37,6 +37,14 @@ def _save(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
+def _label(ax: plt.Axes, xlabel: str, ylabel: str, title: str) -> None:
+    """Axis labels, title and the light grid every plot here has."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+
+
 def cdf_plot(series: Mapping[str, np.ndarray], xlabel: str, title: str, path: Path, log_x: bool | None = None) -> Path:
     """Empirical CDFs of one quantity, one line per label (NaNs dropped).
 
@@ -89,10 +97,7 @@ def histogram_plot(values: np.ndarray, xlabel: str, title: str, path: Path, log_
             x = _weighted_quantile(values, q / 100, weights)
             ax.axvline(x, color="black", linestyle=style, linewidth=1, label=f"p{q} = {x:.4g}")
         ax.legend(fontsize="small")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
+    _label(ax, xlabel, ylabel, title)
     return _save(fig, path)
 
 
@@ -112,11 +117,8 @@ def stacked_area_plot(x: np.ndarray, parts: Mapping[str, np.ndarray], xlabel: st
     ax.stackplot(x, *(np.asarray(parts[k], dtype=float) for k in labels), labels=labels, alpha=0.85)
     for label, values in (overlay or {}).items():
         ax.plot(x, values, color="black", linewidth=0.8, label=label)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    _label(ax, xlabel, ylabel, title)
     ax.legend(fontsize="small", loc="upper left", ncols=3)
-    ax.grid(alpha=0.3)
     return _save(fig, path)
 
 
@@ -127,9 +129,7 @@ def over_time_plot(x: np.ndarray, left: Mapping[str, np.ndarray], left_label: st
     fig, ax = plt.subplots(figsize=(7.2, 4.0))
     for label, values in left.items():
         ax.plot(x, np.asarray(values, dtype=float), marker=".", label=label)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(left_label)
-    ax.grid(alpha=0.3)
+    _label(ax, xlabel, left_label, title)
     handles, labels = ax.get_legend_handles_labels()
     if right:
         twin = ax.twinx()
@@ -139,7 +139,6 @@ def over_time_plot(x: np.ndarray, left: Mapping[str, np.ndarray], left_label: st
         more_handles, more_labels = twin.get_legend_handles_labels()
         handles, labels = handles + more_handles, labels + more_labels
     ax.legend(handles, labels, fontsize="small", loc="upper left")
-    ax.set_title(title)
     return _save(fig, path)
 
 
@@ -192,10 +191,7 @@ def time_series_plot(x: np.ndarray, series: Mapping[str, np.ndarray], xlabel: st
         ax.plot(x, values, label=label, linewidth=1.0)
     if marks is not None and len(marks):
         ax.plot(marks, np.full(len(marks), 1.0), "|", color="tab:red", markersize=10, label=marks_label)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
+    _label(ax, xlabel, ylabel, title)
     ax.legend(fontsize="small")
     return _save(fig, path)
 
@@ -214,9 +210,6 @@ def tradeoff_plot(table: pd.DataFrame, x: str, y: str, series: Sequence[str], or
         if order_by:
             for _, row in group.iterrows():
                 ax.annotate(f"{row[order_by]}", (row[x], row[y]), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
+    _label(ax, x, y, title)
     ax.legend(fontsize="small")
     return _save(fig, path)
