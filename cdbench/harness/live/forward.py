@@ -47,7 +47,8 @@ device (the CPU for tests, at tiny shapes).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -476,8 +477,9 @@ class LiveForward:
         scale = self.spec.linear_key_head_dim ** -0.5
         out = []
         if rows:
-            o, new = recurrent_kernel(q[:rows, None], k[:rows, None], v[:rows, None], g[:rows, None],
-                                      beta[:rows, None], scale=scale, initial_state=state[decode.slots].float(),
+            # by keyword: fla's recurrent kernel takes other gates (gk, gv) between g and beta
+            o, new = recurrent_kernel(q[:rows, None], k[:rows, None], v[:rows, None], g=g[:rows, None],
+                                      beta=beta[:rows, None], scale=scale, initial_state=state[decode.slots].float(),
                                       output_final_state=True)
             state[decode.slots] = new.to(state.dtype)
             out.append(o[:, 0])
@@ -485,8 +487,9 @@ class LiveForward:
         for chunk in prefill:
             stop = start + chunk.new
             first = state[chunk.slot][None].float() if chunk.cached else None
-            o, last = chunk_kernel(q[None, start:stop], k[None, start:stop], v[None, start:stop], g[None, start:stop],
-                                   beta[None, start:stop], scale=scale, initial_state=first, output_final_state=True)
+            o, last = chunk_kernel(q[None, start:stop], k[None, start:stop], v[None, start:stop], g=g[None, start:stop],
+                                   beta=beta[None, start:stop], scale=scale, initial_state=first,
+                                   output_final_state=True)
             state[chunk.slot] = last[0].to(state.dtype)
             out.append(o[0])
             start = stop
@@ -564,17 +567,43 @@ class LiveForward:
 
     def capture(self, cache: KVCache, decode: DecodeInputs | None = None, prefill: Sequence[PrefillChunk] = (),
                 warmup: int = 2) -> StepGraph:
-        """Capture a step of this shape as a CUDA graph (decode rows read ``decode``'s static tensors)."""
+        """Capture a step of this shape as a CUDA graph (decode rows read ``decode``'s static tensors).
+
+        The capture's warm-up steps run for real; the linear-attention states and convolution inputs of the
+        step's slots are put back afterwards, so capturing does not move the requests in those slots.
+        """
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):  # on a side stream, as torch's graph capture asks
-                self.step(cache, decode, prefill)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            logits = self.step(cache, decode, prefill)
+        with kept_linear_state(cache, decode, prefill):
+            with torch.cuda.stream(stream):
+                for _ in range(warmup):  # on a side stream, as torch's graph capture asks
+                    self.step(cache, decode, prefill)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                logits = self.step(cache, decode, prefill)
         return StepGraph(graph, decode, logits)
+
+
+@contextmanager
+def kept_linear_state(cache: KVCache, decode: DecodeInputs | None = None,
+                      prefill: Sequence[PrefillChunk] = ()) -> Iterator[None]:
+    """Within the block, steps may move the linear-attention states and convolution inputs of these rows' and
+    chunks' slots; on leaving, they are what they were (a full-attention layer's cache needs no such care: a
+    replay rewrites the positions a warm-up wrote)."""
+    if not cache.state:
+        yield
+        return
+    slots = [chunk.slot for chunk in prefill]
+    index = torch.tensor(slots, dtype=torch.int64, device=cache.state[0].device)
+    if decode is not None:
+        index = torch.cat([decode.slots.to(index.device), index])
+    saved = [(t, t[index].clone()) for t in [*cache.state, *cache.conv]]
+    try:
+        yield
+    finally:
+        for t, kept in saved:
+            t[index] = kept
 
 
 @dataclass

@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from cdbench.harness.costs.hardware import ModelSpec
-from cdbench.harness.live.forward import KVCache, LiveForward, PrefillChunk
+from cdbench.harness.live.forward import (
+    KVCache,
+    LiveForward,
+    PrefillChunk,
+    kept_linear_state,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -81,13 +86,9 @@ def test_hybrid_decode_graph_replays() -> None:
     cache = KVCache.allocate(spec, 8, 300, "cuda")
     fwd.step(cache, prefill=[PrefillChunk(s, 0, 256) for s in range(8)])
     decode = fwd.decode_inputs([256] * 8)
-    state = [t.clone() for t in cache.state]
-    eager = fwd.step(cache, decode).clone()
-    for saved, t in zip(state, cache.state):  # replay from the same states
-        t.copy_(saved)
-    graph = fwd.capture(cache, decode)  # (its warm-up steps move the states: reset below)
-    for saved, t in zip(state, cache.state):
-        t.copy_(saved)
+    with kept_linear_state(cache, decode):  # the replay starts from the states the eager step started from
+        eager = fwd.step(cache, decode).clone()
+    graph = fwd.capture(cache, decode)  # leaves the states as they were
     torch.testing.assert_close(graph.replay(), eager, rtol=2e-2, atol=2e-2)
 
 

@@ -12,6 +12,7 @@ from cdbench.harness.live.forward import (
     LiveForward,
     PrefillChunk,
     TensorParallel,
+    kept_linear_state,
 )
 
 MOE = ModelSpec(name="tiny-moe", params_total=2e5, params_active=1e5, n_layers=2, hidden_size=64, n_heads=8,
@@ -53,6 +54,23 @@ def test_hybrid_mixed_batch_matches_separate_steps(one_at_a_time) -> None:
     mixed = fwd.step(cache, decode=fwd.decode_inputs([5, 9], [0, 1], [3, 4]),
                      prefill=[PrefillChunk(2, 0, 6)], prefill_tokens=prompts[2])
     torch.testing.assert_close(mixed, one_at_a_time(fwd, spec, prompts), rtol=1e-4, atol=1e-5)
+
+
+def test_kept_linear_state_puts_back_the_steps_slots() -> None:
+    """What a CUDA graph's capture relies on: warm-up steps inside the block leave the stepped slots' linear
+    states and convolution inputs as they were, and a step after the block matches one without the block."""
+    spec = HYBRID
+    fwd = LiveForward(spec, "cpu", dtype=torch.float32, seed=3)
+    cache = KVCache.allocate(spec, 3, 16, "cpu", torch.float32)
+    fwd.step(cache, prefill=[PrefillChunk(s, 0, 5) for s in range(3)])
+    before = [t.clone() for t in [*cache.state, *cache.conv]]
+    decode = fwd.decode_inputs([5, 5], [0, 1], [3, 4])
+    with kept_linear_state(cache, decode, [PrefillChunk(2, 5, 3)]):
+        for _ in range(2):
+            fwd.step(cache, decode, [PrefillChunk(2, 5, 3)])
+        assert any(not torch.equal(a, b) for a, b in zip(before, [*cache.state, *cache.conv]))
+    for a, b in zip(before, [*cache.state, *cache.conv]):
+        torch.testing.assert_close(b, a, rtol=0, atol=0)
 
 
 def test_hybrid_cache_layout() -> None:
