@@ -56,15 +56,43 @@ def test_measure_grid_times_steps_after_an_idle_gpu() -> None:
     assert alone[0].reps == 5 and alone[0].median_s > 0 and packed[0].median_s > 0
 
 
-def test_hybrid_fla_kernels_match_the_torch_forms() -> None:
-    """flash-linear-attention's Gated DeltaNet kernels against the torch forms, through whole hybrid steps."""
+def test_fla_delta_rule_matches_the_torch_forms() -> None:
+    """flash-linear-attention's Gated DeltaNet kernels against the torch forms: decode rows and prefill chunks
+    from the same states, outputs and new states."""
     pytest.importorskip("fla")
-    spec = ModelSpec(name="small-hybrid", params_total=2e7, params_active=1e7, n_layers=4, hidden_size=512,
-                     n_heads=8, n_kv_heads=2, head_dim=64, vocab_size=1000, n_experts=8, experts_per_token=2,
-                     moe_intermediate_size=256, shared_expert_intermediate_size=256, qk_norm=True,
-                     attention_output_gate=True, full_attention_interval=4, linear_num_key_heads=2,
-                     linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
-                     linear_conv_kernel_dim=4)
+    spec = ModelSpec(name="small-hybrid", params_total=2e7, n_layers=2, hidden_size=512, n_heads=8, n_kv_heads=2,
+                     head_dim=64, vocab_size=1000, intermediate_size=1024, full_attention_interval=2,
+                     linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64,
+                     linear_value_head_dim=64, linear_conv_kernel_dim=4)
+    fwd = LiveForward(spec, "cuda", linear_kernels="fla")
+    gen = torch.Generator("cuda").manual_seed(0)
+    rows, chunks = 3, [PrefillChunk(3, 0, 100), PrefillChunk(4, 40, 70)]
+    tokens, heads, d = rows + 170, 4, 64
+    q, k = (torch.nn.functional.normalize(torch.randn(tokens, heads, d, device="cuda", generator=gen), dim=-1)
+            for _ in range(2))
+    v = torch.randn(tokens, heads, d, device="cuda", generator=gen)
+    g = -torch.rand(tokens, heads, device="cuda", generator=gen) * 0.5
+    beta = torch.rand(tokens, heads, device="cuda", generator=gen)
+    start = torch.randn(5, heads, d, d, device="cuda", generator=gen) * 0.1
+    decode = fwd.decode_inputs([50, 60, 70], [0, 1, 2])
+    outputs, states = {}, {}
+    for name, form in (("fla", fwd._fla_delta_rule), ("torch", fwd._torch_delta_rule)):
+        state = start.clone()
+        qk = (q.bfloat16(), k.bfloat16()) if name == "fla" else (q, k)  # as the layer hands them over
+        outputs[name] = form(*qk, v.bfloat16(), g, beta, state, decode, rows, chunks).float()
+        states[name] = state
+    torch.testing.assert_close(outputs["fla"], outputs["torch"], rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(states["fla"], states["torch"], rtol=2e-2, atol=2e-2)
+
+
+def test_hybrid_steps_with_fla_match_the_torch_forms() -> None:
+    """Whole steps of a hybrid (dense FFN: a MoE router's top-k flips on bf16 rounding, which no tolerance
+    covers) through fla's kernels and through the torch forms."""
+    pytest.importorskip("fla")
+    spec = ModelSpec(name="small-hybrid", params_total=2e7, n_layers=4, hidden_size=512, n_heads=8, n_kv_heads=2,
+                     head_dim=64, vocab_size=1000, intermediate_size=1024, qk_norm=True, attention_output_gate=True,
+                     full_attention_interval=4, linear_num_key_heads=2, linear_num_value_heads=4,
+                     linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4)
     logits = {}
     for kernels in ("fla", "torch"):
         fwd = LiveForward(spec, "cuda", linear_kernels=kernels)
