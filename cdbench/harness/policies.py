@@ -350,6 +350,10 @@ def _vllm_0_10(cpus: int) -> dict:
         # async scheduling is opt-in (SchedulerConfig.async_scheduling = False)
         fill_beside_forward=False,
         overlap=False,
+        # GPUModelRunner.apply_grammar_bitmask copies the batch's bitmask to the GPU from a NumPy array (pageable
+        # memory) with non_blocking=True, which CUDA runs after the forward queued before it, the host waiting
+        # (vLLM pins it since 0.24: PIN_MEMORY in vllm/v1/structured_output/utils.py)
+        pinned_mask=False,
         # host costs of vllm 0.10.1.1 with xgrammar 0.1.21 (reports/engine_costs/fitted.json, "vllm-0.10" entries;
         # scripts/engine_costs/measure_vllm.py in its environment, then fit.py). process_step_s: the fit's intercept
         # is 0 (update_from_output grows with the rows from 32 rows up)

@@ -138,9 +138,11 @@ class StepPricer:
         if self.per_row and mask_rows:
             return self._per_row(plan.pre, carry, forward_s, fill_s, host_fill_s, row_fill, stretch, transfer_s,
                                  sample_s, process_s, launch_s, grammar_rows, mask_rows, dec_tokens, kv)
+        waiting_copy_s = 0.0 if cfg.pinned_mask else copy_s  # from pageable memory: it waits for the forward
         duration, after_token, exposed, hidden, carry_out = step_time(
-            sync, has_grammar, plan.pre, carry, forward_s, fill_s, copy_s + transfer_s, apply_s, sample_s, process_s,
-            launch_s, cfg.fill_beside_forward)
+            sync, has_grammar, plan.pre, carry, forward_s, fill_s, copy_s - waiting_copy_s + transfer_s, apply_s,
+            sample_s, process_s, launch_s, cfg.fill_beside_forward, waiting_copy_s=waiting_copy_s,
+            loop_waits=cfg.mask_transfer == "none")
         return StepCost(duration, after_token, exposed, hidden, carry_out, forward_s, fill_s, copy_s, apply_s,
                         sample_s, process_s, transfer_s, launch_s, grammar_rows, mask_rows, dec_tokens, kv)
 

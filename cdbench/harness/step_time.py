@@ -14,7 +14,8 @@ import numpy as np
 
 def step_time(sync: bool, has_grammar: bool, pre: float, carry: float, forward_s: float, fill_s: float,
               copy_s: float, apply_s: float, sample_s: float, process_s: float, launch_s: float = 0.0,
-              mask_beside: bool = True, after_forward_s: float = 0.0) -> tuple[float, float, float, float, float]:
+              mask_beside: bool = True, after_forward_s: float = 0.0, waiting_copy_s: float = 0.0,
+              loop_waits: bool = True) -> tuple[float, float, float, float, float]:
     """One step's ``(duration, after_token, exposed, hidden, carry_out)``.
 
     ``pre``: scheduling, polls and checks before the batch runs; ``carry``: the
@@ -27,7 +28,11 @@ def step_time(sync: bool, has_grammar: bool, pre: float, carry: float, forward_s
     waits for it) in either case. ``mask_beside=False`` (without overlap):
     the fill and copy run before the forward instead of beside it. ``after_forward_s`` (without overlap):
     host work the GPU waits for between the forward and the apply (blocking per-row copies and the fills
-    between them). ``after_token``: seconds of the step after
+    between them). ``waiting_copy_s``: a bitmask copy from pageable memory, which waits for the forward
+    queued before it and then holds its host for the copy, the GPU idle; with overlap, ``loop_waits``
+    says that host is the scheduler loop's (the engine's worker in its process): the loop cannot run
+    ahead of the forward, so this step's scheduling and launch are no longer hidden (otherwise another
+    process waits and only the GPU does). ``after_token``: seconds of the step after
     its tokens are out; ``exposed``/``hidden``: CPU seconds on / off the
     critical path.
 
@@ -37,20 +42,30 @@ def step_time(sync: bool, has_grammar: bool, pre: float, carry: float, forward_s
     (0.01, 0.0, 0.0, 0.004, 0.001)
     >>> [round(t, 6) for t in step_time(True, True, 0.001, 0.0, 0.010, 0.002, 0.0, 0.0, 0.0, 0.001, mask_beside=False)]
     [0.014, 0.001, 0.004, 0.0, 0.0]
+    >>> [round(t, 6) for t in step_time(False, True, 0.001, 0.001, 0.010, 0.002, 0.0, 0.0, 0.0, 0.001,
+    ...                                 waiting_copy_s=0.0005)]
+    [0.0115, 0.0, 0.0015, 0.003, 0.001]
     """
     if sync:
         mask_path = fill_s + copy_s
         gpu_part = max(forward_s, mask_path) if mask_beside else forward_s + mask_path
+        after_forward_s += waiting_copy_s
         duration = launch_s + pre + carry + gpu_part + after_forward_s + apply_s + sample_s + process_s
         exposed = launch_s + pre + carry + max(0.0, gpu_part - forward_s) + after_forward_s + process_s
         cpu_total = launch_s + pre + carry + fill_s + copy_s + after_forward_s + process_s
         return duration, process_s, exposed, cpu_total - exposed, 0.0
+    if has_grammar and waiting_copy_s and loop_waits:  # the loop waits out the forward before it schedules on
+        chain = carry + fill_s + copy_s
+        duration = launch_s + pre + max(forward_s, chain) + waiting_copy_s + apply_s + sample_s
+        exposed = max(0.0, chain - forward_s)
+        return duration, 0.0, launch_s + pre + exposed + waiting_copy_s, chain - exposed, process_s
     if has_grammar:  # sampling waits for this step's mask
         chain = pre + carry + fill_s + copy_s
-        duration = launch_s + max(forward_s, chain) + apply_s + sample_s
-    else:
-        chain = pre + carry
-        duration = launch_s + max(forward_s + sample_s, chain)
+        duration = launch_s + max(forward_s, chain) + waiting_copy_s + apply_s + sample_s
+        exposed = max(0.0, chain - forward_s)
+        return duration, 0.0, launch_s + exposed + waiting_copy_s, chain - exposed, process_s
+    chain = pre + carry
+    duration = launch_s + max(forward_s + sample_s, chain)
     exposed = max(0.0, chain - forward_s)
     return duration, 0.0, launch_s + exposed, chain - exposed, process_s
 

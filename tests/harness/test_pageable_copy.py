@@ -1,0 +1,51 @@
+"""``pinned_mask=False`` with the batched apply: a bitmask copied from pageable memory waits for the forward
+queued before it (vLLM 0.10 / 0.11's ``apply_grammar_bitmask``), and with overlap the host that waits is the
+scheduler loop when the worker shares its process."""
+
+from __future__ import annotations
+
+import pytest
+from scheduler_helpers import req, sim
+
+from cdbench.harness.costs.gpu import FixedGpuCosts
+from cdbench.harness.executors.model import FixedGrammarCosts
+
+FORWARD_S, FILL_S, COPY_S, APPLY_S, SCHEDULE_S = 0.010, 0.001, 3e-5, 1e-5, 0.002
+GPU = FixedGpuCosts(forward_base_s=FORWARD_S, copy_row_s=COPY_S, apply_row_s=APPLY_S)
+GRAMMAR = FixedGrammarCosts(compile_time_s=0.0, fill_time_s=FILL_S, accept_time_s=0.0, rollback_time_s=0.0)
+# only the batch's forming costs host time, so the step's parts can be read off
+HOST = dict(schedule_s=SCHEDULE_S, schedule_row_s=0.0, process_step_s=0.0, process_row_s=0.0, accept_row_s=0.0,
+            fill_step_s=0.0, fill_row_s=0.0, launch_s=0.0, launch_prefill_s=0.0, ipc_s=0.0, ipc_byte_s=0.0,
+            fill_parallel_threshold=None, cuda_graph_sizes=())
+
+
+def _decode_step(rows: int, **overrides) -> float:
+    """The duration of a steady decode step of ``rows`` structured rows."""
+    result = sim([req(i, 0.0, out=4) for i in range(rows)], "vllm", gpu=GPU, grammar=GRAMMAR,
+                 **{**HOST, **overrides})
+    steps = result.steps
+    decode = steps[(steps["kind"] == "decode") & (steps["grammar_rows"] == rows)]
+    assert len(decode) >= 2
+    return float(decode["duration_s"].iloc[1])
+
+
+def test_with_overlap_a_pinned_copy_leaves_the_schedule_beside_the_forward():
+    assert _decode_step(4, overlap=True) == pytest.approx(FORWARD_S + 4 * APPLY_S, abs=1e-9)
+
+
+def test_with_overlap_a_pageable_copy_makes_the_loop_wait_out_the_forward():
+    # the schedule no longer runs ahead: it, the forward (the fills beside it), the copy and the apply in turn
+    assert _decode_step(4, overlap=True, pinned_mask=False) == pytest.approx(
+        SCHEDULE_S + FORWARD_S + 4 * (COPY_S + APPLY_S), abs=1e-9)
+
+
+def test_with_overlap_a_pageable_copy_in_the_workers_process_holds_only_the_gpu():
+    # the multiprocess executor's worker waits for the forward; the loop schedules on beside it
+    assert _decode_step(4, overlap=True, pinned_mask=False, mask_transfer="ipc") == pytest.approx(
+        FORWARD_S + 4 * (COPY_S + APPLY_S), abs=1e-9)
+
+
+def test_without_overlap_a_pageable_copy_runs_after_the_forward():
+    pinned = _decode_step(4, overlap=False)
+    assert pinned == pytest.approx(SCHEDULE_S + FORWARD_S + 4 * APPLY_S, abs=1e-9)
+    assert _decode_step(4, overlap=False, pinned_mask=False) - pinned == pytest.approx(4 * COPY_S, abs=1e-9)
