@@ -215,6 +215,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--max-len {max_len} is shorter than a shape's longest context ({longest} tokens)")
     options = Options(resolve_model(args.model), shapes, args.device, args.vocab, max_len, args.reps)
     rows = []
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     for tp in dict.fromkeys(args.tp):
         measured = measure(options) if tp == 1 else measure_tp(options, tp)
         model = ForwardCostModel(options.model, args.gpu, tp=tp) if args.gpu else None
@@ -225,11 +226,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                   + f": grid {row['grid_ms']:.3f} ms, live {row['live_ms']:.3f} ({row['live_over_grid']:.3f}), "
                   f"ragged {row['live_ragged_ms']:.3f} ({row['live_ragged_over_grid']:.3f})"
                   + (f", model {row['model_ms']:.3f} ms" if model is not None else ""), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+        with args.out.open("w", newline="") as f:  # after each size: a later one cut short keeps these
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
 
 
 if __name__ == "__main__":
