@@ -20,11 +20,13 @@ multi-GPU engine runs them:
   its own full model, with no agreement (each DP rank's grammar group is its own
   TP group). The run's records are every rank's, merged, with a ``rank`` column.
 
-What the ranks measured (the grammar all_gather's time per poll, the step
-agreement's, the spread of the ranks' step durations and compile times, the
-forward all-reduce at a few sizes) is :class:`RanksInfo`, saved in the run's
-``live.json``; :func:`model_parameters` turns it into the model's
-``all_gather_s`` and ``rank_jitter``.
+Each rank's own step records (its own time, its wait for the slowest rank, its
+forward, fill and launch: :mod:`.rank_steps`) are kept beside, every rank's
+(``rank_steps.parquet``). What the ranks measured (the grammar all_gather's time
+per poll, the step agreement's, the spread of the ranks' step durations, fills
+and compile times, the forward all-reduce at a few sizes) is :class:`RanksInfo`,
+saved in the run's ``live.json``; :func:`model_parameters` turns it into the
+model's ``all_gather_s``, ``rank_jitter`` and ``rank_fill_jitter``.
 
 Every iteration the tensor-parallel ranks also check that they hold the same
 state (clock, queues): ranks that drifted apart would otherwise wait on each
