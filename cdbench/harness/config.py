@@ -134,7 +134,12 @@ class CostConfig(ForwardConfig, SpecCostSettings):
         "live-run:<run folder or PACK::RUN>: a live run's own loop (the host costs it spun, from its config, and its "
         "launch fitted from its steps), replacing those scheduler fields, to compare a model run with that live run")
 
-    @field_validator("host_costs")
+    rank_costs: str = Field(
+        "preset", description="tensor-parallel ranks' prices: preset (the scheduler's all_gather_s, rank_jitter and "
+        "rank_fill_jitter), or live-run:<run folder or PACK::RUN>: what a live tp run's rank processes measured "
+        "(cdbench.results.live_rank_costs), replacing those scheduler fields")
+
+    @field_validator("host_costs", "rank_costs")
     @classmethod
     def _host_costs_source(cls, value: str) -> str:
         if value != "preset" and not (value.startswith("live-run:") and value.removeprefix("live-run:")):

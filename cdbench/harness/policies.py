@@ -115,6 +115,9 @@ class SchedulerConfig(BaseModel):
     rank_compile_scale: tuple[float, ...] | None = Field(
         None, description="per-rank compile-time factors, one per rank (e.g. a slow rank); None: all 1"
     )
+    rank_fill_jitter: float = Field(
+        0.0, ge=0, description="tp ranks: lognormal sigma of each rank's mask fill of a step, the step waiting for "
+        "the slowest rank's (model and hybrid mode; measured by live mode's ranks: live.json's ranks.fill_sigma)")
     # measured: the median grammar all_gather_object (gloo, two rank processes) of two TP=2 live runs on 2 H200s,
     # 0.676 and 0.820 ms (reports/fidelity/live_vs_model.md, "Multi-GPU"; campaigns/ranks_vs_model.yaml)
     all_gather_s: float = Field(7.5e-4, ge=0, description="cost of one all_gather_object of (ready, failed) when ranks > 1")

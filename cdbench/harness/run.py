@@ -69,6 +69,8 @@ class RunResult:
     grammar_profile : the grammar costs the run measured (hybrid; ``None`` in model mode),
         saved as ``grammar_profile.json``.
     live : where a ``live`` run ran (``None`` in the other modes), saved as ``live.json``.
+    rank_steps : a run of several rank processes: each rank's own step records
+        (:mod:`cdbench.harness.live.rank_steps`), saved as ``rank_steps.parquet``; ``None`` otherwise.
     tables_written : the tables went to a :class:`RecordSink` as the run went, which wrote them; ``requests``
         and ``steps`` are then empty.
     """
@@ -85,6 +87,7 @@ class RunResult:
     tables_written: bool = False
     grammar_profile: GrammarProfile | None = None
     live: LiveInfo | None = None
+    rank_steps: pd.DataFrame | None = None
 
     @property
     def outside_backend_share(self) -> float:
@@ -301,4 +304,4 @@ def _simulate_ranked(config: RunConfig, workload: Workload, vocab_size: int, sch
     ranked = simulate_ranks(job, config.slo, (lambda f: progress("simulating", f)) if progress else None)
     return RunResult(ranked.requests, ranked.steps, ranked.summary, ranked.timeline, ranked.wall_s,
                      ranked.backend_call_s, ranked.validation_s, ranked.compile_errors,
-                     grammar_profile=ranked.grammar_profile, live=ranked.live)
+                     grammar_profile=ranked.grammar_profile, live=ranked.live, rank_steps=ranked.rank_steps)

@@ -172,7 +172,7 @@ class Scheduler:
         self.kv = KVCache.build(config, gpu, live, rec, self.batch, self.gen_total)
         self._refused = self.kv.too_long(config.spec_tokens) if self.kv is not None else None
         self.former = BatchFormer(config, rec, self.batch, self.waiting, self._check, self._release, self.kv)
-        self.pricer = StepPricer(config, gpu, self._host, executor.settle)
+        self.pricer = StepPricer(config, gpu, self._host, executor.settle, seed)
         self.steps = StepLog()
         self.itl = LogHistogram()
         self.fill_hist = LogHistogram()

@@ -3,8 +3,9 @@
 The fourth phase of the scheduler's iteration (:mod:`cdbench.harness.scheduler`, whose docstring
 states the rules). Given the rows a step runs (:class:`~cdbench.harness.admission.StepPlan`) and the
 grammar's work on them (:class:`~cdbench.harness.executors.base.StepWork`), :class:`StepPricer`
-prices the mask building (the fills, or a parallel fill's wall time; token filters of thinking rows;
-the engine's wrapper around the fills and its mask allocation), the bitmask's transfer to another
+prices the mask building (the fills, or a parallel fill's wall time, under tensor-parallel ranks the
+slowest of the ranks' fills (``rank_fill_jitter``); token filters of thinking rows; the engine's wrapper
+around the fills and its mask allocation), the bitmask's transfer to another
 process, the engine's result processing and the launch, each stretched by host contention; the
 GPU's forward (a decode step at the next captured graph size), mask copy, apply and sampling; and
 combines them by the overlap rules (:func:`~cdbench.harness.step_time.step_time`). A ``live`` step
@@ -64,11 +65,15 @@ class StepCost(NamedTuple):
 
 class StepPricer:
     """Prices steps under ``cfg`` on ``gpu``; ``host``: the host's cores where contention can
-    happen (``None``: never); ``settle``: the grammar's work deferred past a live step's sampling."""
+    happen (``None``: never); ``settle``: the grammar's work deferred past a live step's sampling;
+    ``seed``: the draws of the tensor-parallel ranks' fill spread (``rank_fill_jitter``)."""
 
     def __init__(self, cfg: SchedulerConfig, gpu: GpuCosts, host: HostCores | None,
-                 settle: Callable[[], Settlement | None]) -> None:
+                 settle: Callable[[], Settlement | None], seed: int = 0) -> None:
         self.cfg, self.gpu, self.host, self.settle = cfg, gpu, host, settle
+        # each tp rank fills its own masks and the step waits for the slowest (live mode measures it)
+        self.fill_jitter = cfg.rank_fill_jitter if cfg.ranks > 1 and cfg.parallel == "tp" else 0.0
+        self.rng_ranks = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(2,)))
         self.mtp = cfg.spec_drafter == "mtp"  # the model's MTP head drafts: its passes join the forward
         self.row_bytes = gpu.mask_row_bytes  # the engines' per-byte host costs (mask allocation, IPC)
         self.per_row = cfg.mask_apply == "per_row"
@@ -95,6 +100,8 @@ class StepPricer:
             else:
                 fill_s = work.fill_wall_s
             mask_rows += int(_sum(row_masks))
+            if self.fill_jitter and live is None:  # the slowest of the ranks' fills
+                fill_s *= float(self.rng_ranks.lognormal(0.0, self.fill_jitter, cfg.ranks).max())
         host_fill_s = n_filter * cfg.think_filter_s
         if mask_rows:  # the engine's own wrapper around the fills: Python under the GIL, so serial even with a pool
             host_fill_s += cfg.fill_step_s + cfg.fill_row_s * grammar_rows + cfg.mask_alloc_byte_s * self.row_bytes * n_sample

@@ -2,7 +2,8 @@
 
 Beyond the configuration's own checks it refuses a ``model`` run without a grammar-cost source and one too
 large for this machine, and resolves ``costs.host_costs=live-run:<ref>`` into the live run's host costs
-(:mod:`cdbench.results.live_loop_costs`).
+(:mod:`cdbench.results.live_loop_costs`) and ``costs.rank_costs=live-run:<ref>`` into its ranks' prices
+(:mod:`cdbench.results.live_rank_costs`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ def validate_run_config(tree: Mapping[str, Any], source: str = "config") -> RunC
     config = validate_config(RunConfig, tree, source)
     if config.costs.host_costs != "preset":
         config = _with_live_loop_costs(config, source)
+    if config.costs.rank_costs != "preset":
+        from cdbench.results.live_rank_costs import with_live_rank_costs
+
+        config = with_live_rank_costs(config, source)
     if config.mode == "model" and config.costs.fixed_grammar is None:
         key, name = ("costs.grammar_profile", config.costs.grammar_profile) if config.costs.grammar_profile else (
             "backend.name", config.backend.name)

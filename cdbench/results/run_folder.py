@@ -16,6 +16,8 @@ Layout (every file written by :func:`save_run`)::
                          ``--mode model --set costs.grammar_profile=<folder>/grammar_profile.json``
                          replays them
       live.json          live runs: the GPU, torch version, KV slots and captured graphs
+      rank_steps.parquet runs of several rank processes: each rank's own step records
+                         (cdbench.harness.live.rank_steps)
       report.md, plots/  the report (cdbench.reports.run_report), rebuildable with ``cdbench report``
       summary.json       the summary (vLLM serving-benchmark names where they exist); written last
       summary.stopped.json   instead of summary.json, for a run interrupted or failed: the summary of the
@@ -53,6 +55,7 @@ import pyarrow.parquet as pq
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from cdbench.harness.live.rank_steps import RANK_STEPS_FILE
 from cdbench.results.chrome_trace import chrome_trace
 from cdbench.results.config_files import ConfigError, dump_config
 from cdbench.results.errors import ResultsError
@@ -228,6 +231,8 @@ def save_run(result: RunResult, config: RunConfig, folder: Path, trace_max_spans
         result.grammar_profile.save(folder / GRAMMAR_PROFILE_FILE)
     if result.live is not None:
         (folder / LIVE_FILE).write_text(json.dumps(dataclasses.asdict(result.live), indent=2) + "\n")
+    if result.rank_steps is not None:
+        result.rank_steps.to_parquet(folder / RANK_STEPS_FILE, index=False)
     if status is not None:
         summary["run_status"] = status.model_dump()
     tables = (pd.read_parquet(folder / name) for name in TABLES) if result.tables_written else (

@@ -39,9 +39,13 @@ class RanksInfo:
     all_gather_s : each poll's grammar all_gather (the exchange alone, after a barrier), every rank's.
     step_agree_s : each step's exchange of durations (tp).
     step_skew_s : per step, the slowest rank's duration minus the fastest's (tp): what the others wait.
+    step_lag_s : per step, the slowest rank's duration minus the ranks' median (tp): what the step pays
+        for its slowest rank (:func:`~.rank_steps.step_skew`).
     compile_skew_s : per compiled request, the latest rank's compile end minus the earliest's (tp).
     compile_sigma : the spread of one spec's compile time among the ranks, as a lognormal sigma (tp): the
         model's ``rank_jitter``.
+    fill_sigma : the spread of one step's mask fill among the ranks, as a lognormal sigma (tp,
+        :func:`~.rank_steps.fill_sigma`): the model's ``rank_fill_jitter``.
     all_reduce_s : the forward's all-reduce of ``tokens`` rows of the hidden size (tp, timed alone at start).
     requests, steps, busy_s : per rank: requests run, steps, summed step durations.
     """
@@ -52,8 +56,10 @@ class RanksInfo:
     all_gather_s: Spread | None = None
     step_agree_s: Spread | None = None
     step_skew_s: Spread | None = None
+    step_lag_s: Spread | None = None
     compile_skew_s: Spread | None = None
     compile_sigma: float | None = None
+    fill_sigma: float | None = None
     all_reduce_s: dict[int, float] = field(default_factory=dict)
     requests: list[int] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)

@@ -20,11 +20,13 @@ multi-GPU engine runs them:
   its own full model, with no agreement (each DP rank's grammar group is its own
   TP group). The run's records are every rank's, merged, with a ``rank`` column.
 
-What the ranks measured (the grammar all_gather's time per poll, the step
-agreement's, the spread of the ranks' step durations and compile times, the
-forward all-reduce at a few sizes) is :class:`RanksInfo`, saved in the run's
-``live.json``; :func:`model_parameters` turns it into the model's
-``all_gather_s`` and ``rank_jitter``.
+Each rank's own step records (its own time, its wait for the slowest rank, its
+forward, fill and launch: :mod:`.rank_steps`) are kept beside, every rank's
+(``rank_steps.parquet``). What the ranks measured (the grammar all_gather's time
+per poll, the step agreement's, the spread of the ranks' step durations, fills
+and compile times, the forward all-reduce at a few sizes) is :class:`RanksInfo`,
+saved in the run's ``live.json``; :func:`model_parameters` turns it into the
+model's ``all_gather_s``, ``rank_jitter`` and ``rank_fill_jitter``.
 
 Every iteration the tensor-parallel ranks also check that they hold the same
 state (clock, queues): ranks that drifted apart would otherwise wait on each
@@ -53,6 +55,7 @@ from cdbench.harness.kv_cache import kv_description
 from cdbench.harness.live.forward import TensorParallel
 from cdbench.harness.live.rank_info import Parallel, RanksInfo, Spread
 from cdbench.harness.live.rank_procs import deliver, run_rank_processes
+from cdbench.harness.live.rank_steps import fill_sigma, rank_step_frame, step_skew
 from cdbench.harness.live.step import LiveInfo, LiveStep, LiveTimes
 from cdbench.harness.metrics import SLO, LogHistogram, Summary, summarize
 from cdbench.harness.policies import SchedulerConfig
@@ -137,6 +140,7 @@ class _RankOutput:
     step_agree_s: list[float]
     step_local_s: list[float]
     all_reduce_s: dict[int, float]
+    rank_steps: pd.DataFrame  # its own step records (rank_steps.rank_step_frame)
     kv: tuple[int | None, str] = (None, "unbounded")  # the KV cache's capacity and policy (kv_cache.kv_description)
 
 
@@ -253,15 +257,19 @@ def _simulate_rank(rank: int, job: RankJob, executor: GrammarExecutor, peer: Pee
     cuda = live is not None and live.cuda
     if cuda:
         torch.cuda.synchronize()
+    steps = sched.steps.to_frame()
+    agreeing = isinstance(live, AgreeingLiveStep)
+    own = rank_step_frame(rank, steps, live.local_durations if agreeing else None,
+                          live.agree_seconds if agreeing else None)
     return _RankOutput(
         rank, torch.cuda.get_device_name(live.device) if cuda else "cpu", sched.rec.to_frame(),
-        sched.steps.to_frame(), sched.itl, sched.fill_hist, sched.idle_iterations, sched.draft_positions,
+        steps, sched.itl, sched.fill_hist, sched.idle_iterations, sched.draft_positions,
         sched.compile_errors, executor.backend_call_s, executor.validation_s,
         executor.measured_profile(f"in situ: rank {rank} of a {job.parallel}={job.ranks} run of {len(requests)} "
                                   f"requests, seed {job.seed}"),
         live.info() if live is not None else None, timeline,
         peer.seconds if peer else [], peer.step_seconds if peer else [], getattr(live, "local_durations", []),
-        all_reduce, kv_description(sched.kv))
+        all_reduce, own, kv_description(sched.kv))
 
 
 def simulate_dp(job: RankJob, executors: Callable[[int], GrammarExecutor]) -> tuple[list[_RankOutput], RanksInfo]:
@@ -280,11 +288,14 @@ class AgreeingLiveStep(LiveStep):
         super().__init__(*args, **kwargs)
         self.peer = peer
         self.local_durations: list[float] = []  # before the agreement: the ranks' spread is the skew
+        self.agree_seconds: list[float] = []  # each agreement's wall time (the wait for the last rank included)
 
     def end(self, *args, **kwargs) -> LiveTimes:
         times = super().end(*args, **kwargs)
         self.local_durations.append(times.duration)
+        start = time.perf_counter()
         duration, token_at = self.peer.agree_step(times.duration, times.duration - times.after_token_s)
+        self.agree_seconds.append(time.perf_counter() - start)
         return dataclasses.replace(times, duration=duration, after_token_s=duration - token_at)
 
 
@@ -376,6 +387,7 @@ def _info(job: RankJob, outputs: Sequence[_RankOutput]) -> RanksInfo:
     local = [np.asarray(o.step_local_s) for o in outputs]
     steps = min(len(x) for x in local)
     skew = np.ptp(np.stack([x[:steps] for x in local]), axis=0) if steps else []
+    own = pd.concat([o.rank_steps for o in outputs], ignore_index=True)
     ends = np.stack([o.requests["compile_end_s"].to_numpy() for o in outputs])
     starts = np.stack([o.requests["compile_start_s"].to_numpy() for o in outputs])
     missed = np.asarray(outputs[0].requests["cache"] == "miss")
@@ -385,8 +397,9 @@ def _info(job: RankJob, outputs: Sequence[_RankOutput]) -> RanksInfo:
         "tp", job.ranks, devices,
         all_gather_s=Spread.of(np.concatenate([o.all_gather_s for o in outputs])),
         step_agree_s=Spread.of(np.concatenate([o.step_agree_s for o in outputs])),
-        step_skew_s=Spread.of(skew), compile_skew_s=Spread.of(compile_skew),
-        compile_sigma=compile_sigma((ends - starts)[:, missed]),
+        step_skew_s=Spread.of(skew), step_lag_s=Spread.of(step_skew(own)["skew_s"]),
+        compile_skew_s=Spread.of(compile_skew), compile_sigma=compile_sigma((ends - starts)[:, missed]),
+        fill_sigma=fill_sigma(own),
         all_reduce_s=outputs[0].all_reduce_s, **per_rank)
 
 
@@ -409,12 +422,16 @@ def compile_sigma(seconds: np.ndarray) -> float | None:
 
 def model_parameters(info: RanksInfo) -> dict[str, float]:
     """The model's prices of a tensor-parallel run's ranks, from what it measured: ``all_gather_s`` (the
-    median exchange) and ``rank_jitter`` (the compile spread's sigma)."""
+    median exchange), ``rank_jitter`` (the compile spread's sigma) and ``rank_fill_jitter`` (the spread of a
+    step's mask fill among the ranks, :func:`~.rank_steps.fill_sigma`; runs from before the ranks' own
+    records have none)."""
     if info.parallel != "tp" or info.all_gather_s is None:
         raise ValueError("the ranks' prices come from a tensor-parallel run (it measured the agreement)")
     out = {"ranks": float(info.ranks), "all_gather_s": info.all_gather_s.p50}
     if info.compile_sigma is not None:
         out["rank_jitter"] = info.compile_sigma
+    if info.fill_sigma is not None:
+        out["rank_fill_jitter"] = info.fill_sigma
     return out
 
 
@@ -459,6 +476,7 @@ class RanksRun:
     compile_errors: dict[str, str]
     grammar_profile: GrammarProfile | None
     live: LiveInfo | None
+    rank_steps: pd.DataFrame  # every rank's own step records (rank_steps.RANK_STEP_COLUMNS)
 
 
 def simulate_ranks(job: RankJob, slo: SLO | None = None, progress: Callable[[float], None] | None = None) -> RanksRun:
@@ -479,7 +497,8 @@ def simulate_ranks(job: RankJob, slo: SLO | None = None, progress: Callable[[flo
         errors.update(o.compile_errors)
     return RanksRun(requests, steps, summary, outputs[0].timeline or Timeline(), time.perf_counter() - start,
                     sum(o.backend_call_s for o in outputs), sum(o.validation_s for o in outputs), errors,
-                    merged_profile(job, [o.profile for o in outputs]), live)
+                    merged_profile(job, [o.profile for o in outputs]), live,
+                    pd.concat([o.rank_steps for o in outputs], ignore_index=True))
 
 
 _SPEC_SECTIONS = ("compile_by_spec", "failed_specs", "specs", "instances", "spec_contents")
@@ -510,7 +529,7 @@ def ranks_info_of(live_json: str | bytes, name: str) -> RanksInfo:
     if not data:
         raise ValueError(f"{name}: not a run of several rank processes (no 'ranks' entry)")
     spreads = {name: Spread(**data[name]) if data.get(name) else None
-               for name in ("all_gather_s", "step_agree_s", "step_skew_s", "compile_skew_s")}
+               for name in ("all_gather_s", "step_agree_s", "step_skew_s", "step_lag_s", "compile_skew_s")}
     rest = {k: v for k, v in data.items() if k not in spreads}
     rest["all_reduce_s"] = {int(k): v for k, v in (rest.get("all_reduce_s") or {}).items()}
     return RanksInfo(**rest, **spreads)

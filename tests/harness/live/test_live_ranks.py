@@ -92,12 +92,29 @@ def test_rank_processes_run_live_steps_and_merge_into_one_run(parallel, ranks) -
         assert (frame.loc[misses, "rank_skew_s"] >= 0).all() and frame.loc[misses, "rank_skew_s"].max() > 0
         params = model_parameters(info)
         assert params["all_gather_s"] == info.all_gather_s.p50 and params["rank_jitter"] == info.compile_sigma
+        # each rank's own records: the same busy steps, each rank's own time and its wait for the slowest
+        own = result.rank_steps
+        busy = result.steps.index[result.steps["kind"] != "idle"]
+        for rank in range(ranks):
+            mine = own[own["rank"] == rank]
+            assert mine["step"].tolist() == busy.tolist()
+            assert mine["duration_s"].tolist() == result.steps.loc[busy, "duration_s"].tolist()
+        assert (own["wait_s"] >= 0).all() and (own["agree_s"] > 0).all()
+        assert (own["local_s"] + own["wait_s"]).to_numpy() == pytest.approx(own["duration_s"].to_numpy())
+        assert (own.groupby("step")["wait_s"].min() == 0).all()  # the slowest rank waited for no one
+        assert info.step_lag_s.count == len(busy) and info.step_lag_s.p99 >= 0
+        assert info.fill_sigma is not None and params["rank_fill_jitter"] == info.fill_sigma
     else:
         # round robin in arrival order: rank 0 has requests 0, 2, 4, ...
         assert frame.set_index("request_id")["rank"].to_dict() == {i: i % 2 for i in range(len(requests))}
         assert info.requests == [4, 4] and info.all_gather_s is None
         assert sorted(set(result.steps["rank"])) == [0, 1]
         assert result.summary.completed == sum(info.requests)
+        # a data-parallel rank's own records are its busy steps, with nothing waited for
+        own = result.rank_steps
+        assert len(own) == int((result.steps["kind"] != "idle").sum())
+        assert (own["wait_s"] == 0).all() and (own["local_s"] == own["duration_s"]).all()
+        assert info.fill_sigma is None and info.step_lag_s is None
         # each rank measured its own requests' specs: the run's profile joins them
         structured = {r.spec_id for r in requests if r.spec is not None}
         assert set(result.grammar_profile.compile_by_spec) == structured

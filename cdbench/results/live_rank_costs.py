@@ -1,0 +1,97 @@
+"""A live tensor-parallel run's measured rank prices, for a model (or hybrid) run of the same ranks.
+
+``costs.rank_costs=live-run:<ref>`` (a run folder or ``PACK::RUN``, resolved as ``costs.host_costs`` resolves
+its live run, :mod:`cdbench.results.live_loop_costs`) replaces the scheduler's rank prices with what the
+live run's rank processes measured:
+
+- ``all_gather_s``: the median grammar all_gather of a poll (``live.json``'s ``ranks.all_gather_s``);
+- ``rank_jitter``: the spread of one spec's compile time among the ranks (``ranks.compile_sigma``);
+- ``rank_fill_jitter``: the spread of one step's mask fill among the ranks, from every rank's own step
+  records (``rank_steps.parquet``, :func:`~cdbench.harness.live.rank_steps.fill_sigma`).
+
+The live run must be tensor-parallel with as many ranks as the configuration's (a data-parallel run's ranks
+do not agree: there is nothing to price).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from cdbench.harness.live.rank_steps import RANK_STEPS_FILE, fill_sigma
+from cdbench.results.config_files import ConfigError
+from cdbench.results.errors import ResultsError
+from cdbench.results.live_loop_costs import LIVE_RUN_PREFIX
+
+if TYPE_CHECKING:
+    from cdbench.harness.config import RunConfig
+
+
+@dataclass(frozen=True)
+class LiveRankCosts:
+    """The rank prices of the live run ``source`` (``values`` by scheduler field), its ``ranks`` and the
+    ``steps`` of its records that every rank filled."""
+
+    source: str
+    ranks: int
+    values: dict[str, float]
+    steps: int
+
+
+def live_rank_costs(ref: str) -> LiveRankCosts:
+    """The rank prices of the live run ``ref``; :class:`ResultsError` naming it when it is not a live
+    tensor-parallel run with its ranks' records."""
+    from cdbench.harness.live.ranks import model_parameters, ranks_info_of
+    from cdbench.results.pack import open_run
+    from cdbench.results.run_folder import LIVE_FILE
+
+    run = open_run(ref)
+    mode = run.config.get("mode")
+    if mode != "live":
+        raise ResultsError(f"{ref} is a {mode} run: its ranks' costs are priced, not measured (name a live run)")
+    text = run.read_file(LIVE_FILE)
+    if text is None:
+        raise ResultsError(f"{ref} kept no {LIVE_FILE}")
+    try:
+        info = ranks_info_of(text, f"{ref}/{LIVE_FILE}")
+    except (ValueError, TypeError) as err:
+        raise ResultsError(str(err)) from None
+    if info.parallel != "tp":
+        raise ResultsError(f"{ref} is a {info.parallel} run of {info.ranks} ranks: they never wait for each other "
+                           "(name a tensor-parallel run)")
+    records = run.read_file(RANK_STEPS_FILE)
+    if records is None:
+        raise ResultsError(f"{ref} kept no {RANK_STEPS_FILE}: its ranks' own steps were not recorded")
+    steps = pd.read_parquet(io.BytesIO(records))
+    sigma = fill_sigma(steps)
+    values = model_parameters(info)
+    values.pop("ranks")
+    values["rank_fill_jitter"] = sigma if sigma is not None else 0.0
+    filled = int((steps[steps["fill_s"] > 0].groupby("step").size() == info.ranks).sum())
+    return LiveRankCosts(run.ref, info.ranks, values, filled)
+
+
+def with_live_rank_costs(config: RunConfig, source: str) -> RunConfig:
+    """``config`` with the rank prices of the live run its ``costs.rank_costs`` names, in place of the
+    preset's and any set in the config; :class:`ConfigError` when they cannot apply."""
+    if config.mode == "live":
+        raise ConfigError(f"{source}: costs.rank_costs prices a model or hybrid run with a live run's ranks; "
+                          "a live run measures its own (leave it 'preset')")
+    ref = config.costs.rank_costs.removeprefix(LIVE_RUN_PREFIX)
+    try:
+        costs = live_rank_costs(ref)
+    except ResultsError as err:
+        raise ConfigError(f"{source}: costs.rank_costs: {err}") from None
+    ranks = config.scheduler_config()
+    if ranks.ranks != costs.ranks or ranks.parallel != "tp":
+        raise ConfigError(f"{source}: costs.rank_costs: {ref} ran {costs.ranks} tensor-parallel ranks; this run has "
+                          f"{ranks.ranks} {ranks.parallel} rank(s) (set scheduler.ranks={costs.ranks} and "
+                          "scheduler.parallel=tp)")
+    overrides = {**config.scheduler.model_dump(exclude_unset=True), **costs.values}
+    return config.model_copy(update={"scheduler": type(config.scheduler).model_validate(overrides)})
+
+
+__all__ = ["LiveRankCosts", "live_rank_costs", "with_live_rank_costs"]
