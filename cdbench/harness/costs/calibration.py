@@ -214,6 +214,10 @@ class ForwardCalibration(BaseModel):
                                        "spec's latency and bandwidth)")
     all_reduce_token_s: float = Field(0.0, ge=0, description="one all-reduce's time per token of the step once "
                                       "past its latency (tp > 1)")
+    expert_memory_efficiency: float | None = Field(None, gt=0, le=1.5, description="a MoE's routed experts' "
+                                                   "weight bytes at this efficiency (None: memory_efficiency)")
+    chunk_routing_skew: float = Field(1.0, ge=1, description="a MoE's prefill chunk routes its tokens over "
+                                      "n_experts / chunk_routing_skew experts (1: uniformly over all)")
     all_reduce_runs: list[str] = Field(default_factory=list, description="the live tensor-parallel runs whose "
                                        "measured all-reduce gave all_reduce_token_s (empty: fitted)")
     decode_attention: Literal["dense", "per_row"] = Field(

@@ -141,6 +141,8 @@ class ForwardParams:
     decode_layer_s: float = 0.0
     all_reduce_s: float | None = None
     all_reduce_token_s: float = 0.0
+    expert_memory_efficiency: float | None = None
+    chunk_routing_skew: float = 1.0
 
     @classmethod
     def roofline(cls, gpu: GPUSpec, step_overhead_s: float) -> ForwardParams:
@@ -153,7 +155,7 @@ class ForwardParams:
                    cal.kv_memory_efficiency, cal.linear_sharpness, cal.step_overhead_s, cal.token_layer_s,
                    cal.row_layer_s, cal.attention_rows, cal.attention_sharpness, cal.multi_token_s,
                    cal.chunk_layer_s, cal.mixed_row_layer_s, cal.decode_layer_s, cal.all_reduce_s,
-                   cal.all_reduce_token_s)
+                   cal.all_reduce_token_s, cal.expert_memory_efficiency, cal.chunk_routing_skew)
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,7 @@ class PeakTimes:
     decode_rows: object
     prefill_chunks: object = 0
     all_reduces: int = 0  # per step: two a layer with tensor parallelism, none on one GPU
+    expert_bytes_s: object = 0.0  # the routed experts the step's tokens touch (MoE; weight_bytes_s: the rest)
 
 
 def smooth_max(a, b, sharpness: float):
@@ -276,7 +279,7 @@ class ForwardCostModel:
             kv_bytes_s = kv_bytes_s + self._state_s_per_visit * (decode_rows + prefill_chunks)
         return PeakTimes(
             linear_flops_s=self._linear_s_per_token * tokens,
-            weight_bytes_s=self._dense_weight_s + self._expert_s * experts_touched,
+            weight_bytes_s=self._dense_weight_s,
             prefill_attention_s=prefill_attention_s,
             decode_attention_flops_s=decode_attention_flops_s,
             kv_bytes_s=kv_bytes_s,
@@ -285,11 +288,18 @@ class ForwardCostModel:
             decode_rows=decode_rows,
             prefill_chunks=prefill_chunks,
             all_reduces=self._all_reduces,
+            expert_bytes_s=self._expert_s * experts_touched,
         )
 
     def _parts(self, peak: PeakTimes, params: ForwardParams):
         lc = peak.linear_flops_s / params.compute_efficiency
-        lm = peak.weight_bytes_s / params.memory_efficiency
+        experts = peak.expert_bytes_s
+        if params.chunk_routing_skew > 1 and self._expert_s:
+            experts = self._expert_s * self._experts_touched(peak, params.chunk_routing_skew)
+        if params.expert_memory_efficiency is None:
+            lm = (peak.weight_bytes_s + experts) / params.memory_efficiency
+        else:  # a MoE fit: the experts' grouped GEMMs read their weights at their own rate
+            lm = peak.weight_bytes_s / params.memory_efficiency + experts / params.expert_memory_efficiency
         pa = peak.prefill_attention_s / params.attention_efficiency
         da = np.maximum(peak.decode_attention_flops_s / params.attention_efficiency,
                         peak.kv_bytes_s / params.kv_memory_efficiency)
@@ -317,6 +327,22 @@ class ForwardCostModel:
             # the per-token time measured by live TP runs (or fitted)
             comm = peak.all_reduces * np.maximum(params.all_reduce_s, params.all_reduce_token_s * peak.tokens)
         return lc, lm, pa, da, comm, per_token
+
+    def _experts_touched(self, peak: PeakTimes, skew: float):
+        """Distinct experts a step reads when each prefill chunk's tokens route over their own ``E/skew`` of them.
+
+        Decode rows route uniformly (``E·(1 − (1 − k/E)^rows)``, module doc). The tokens of one chunk
+        share one random subset of ``E/skew`` experts, each token hitting ``k`` of them, so the chunk
+        touches a share ``s = (1 − (1 − k·skew/E)^n)/skew`` of all experts; chunks and rows route
+        independently, and an expert is missed by all of them with probability
+        ``(1 − k/E)^rows·(1 − s)^chunks``. A step's chunks are taken as equal (the step gives only
+        their total tokens). ``skew = 1`` is uniform routing of every token.
+        """
+        prefill = peak.tokens - peak.decode_rows
+        chunks = np.maximum(peak.prefill_chunks, 1)  # callers that give no chunk count run one chunk
+        hit = min((1.0 - self._miss_prob) * skew, 1.0)  # one token's chance to read a given expert of its subset
+        share = (1.0 - (1.0 - hit) ** (prefill / chunks)) / skew
+        return self._n_experts * (1.0 - self._miss_prob**peak.decode_rows * (1.0 - share) ** chunks)
 
     def price(self, peak: PeakTimes, params: ForwardParams | None = None):
         """Step seconds of ``peak`` under ``params`` (default this model's); arrays broadcast."""
@@ -427,8 +453,11 @@ class _MtpRoof:
 
     def pass_s(self, rows: float, kv_tokens: float, params: ForwardParams) -> float:
         touched = self.n_experts * (1.0 - self.miss_prob**rows)
-        linear = max(self.flops_s_per_row * rows / params.compute_efficiency,
-                     (self.weight_s + self.expert_s * touched) / params.memory_efficiency)
+        if params.expert_memory_efficiency is None:
+            weights = (self.weight_s + self.expert_s * touched) / params.memory_efficiency
+        else:
+            weights = self.weight_s / params.memory_efficiency + self.expert_s * touched / params.expert_memory_efficiency
+        linear = max(self.flops_s_per_row * rows / params.compute_efficiency, weights)
         attention = max(self.attn_s_per_pair * kv_tokens / params.attention_efficiency,
                         self.kv_s_per_token * kv_tokens / params.kv_memory_efficiency)
         return linear + attention
