@@ -33,19 +33,19 @@ _REFINE_POWER = 8
 # the two several-chunk terms, solved only when a measured step has several chunks: the per-chunk
 # cost in microseconds and the mixed step's per-row cost in nanoseconds; and the three tensor-parallel
 # terms, solved only for tp > 1: the decode part's per-layer cost and the all-reduce latency in
-# microseconds, the all-reduce's per-token time in nanoseconds. Last, solved only for a MoE: the routed
-# experts' memory efficiency (None otherwise: their bytes at memory_efficiency). Terms not solved stay 0.
-_LOWER = np.array([0.05, 0.05, 0.05, 0.05, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.05, 1.0])
-_UPPER = np.array([1.5, 1.5, 1.5, 1.5, 64.0, 1e5, 1e4, 1e5, 1024.0, 64.0, 1e4, 1e3, 1e5, 1e3, 500.0, 1e3, 1.5, 64.0])
+# microseconds, the all-reduce's per-token time in nanoseconds. Last, solved only for a MoE: a prefill
+# chunk's routing skew (1 otherwise: uniform routing). Terms not solved stay 0.
+_LOWER = np.array([0.05, 0.05, 0.05, 0.05, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0])
+_UPPER = np.array([1.5, 1.5, 1.5, 1.5, 64.0, 1e5, 1e4, 1e5, 1024.0, 64.0, 1e4, 1e3, 1e5, 1e3, 500.0, 1e3, 64.0])
 _STARTS = (
-    np.array([0.6, 0.8, 0.5, 0.7, 4.0, 200.0, 10.0, 100.0, 8.0, 4.0, 100.0, 10.0, 100.0, 10.0, 20.0, 30.0, 0.6, 2.0]),
-    np.array([0.8, 0.9, 0.3, 0.5, 2.0, 1000.0, 1.0, 10.0, 32.0, 2.0, 0.0, 1.0, 10.0, 30.0, 40.0, 20.0, 0.9, 4.0]),
-    np.array([0.4, 0.6, 0.8, 0.9, 8.0, 50.0, 50.0, 500.0, 2.0, 8.0, 400.0, 30.0, 500.0, 1.0, 10.0, 50.0, 0.3, 8.0]),
+    np.array([0.6, 0.8, 0.5, 0.7, 4.0, 200.0, 10.0, 100.0, 8.0, 4.0, 100.0, 10.0, 100.0, 10.0, 20.0, 30.0, 2.0]),
+    np.array([0.8, 0.9, 0.3, 0.5, 2.0, 1000.0, 1.0, 10.0, 32.0, 2.0, 0.0, 1.0, 10.0, 30.0, 40.0, 20.0, 4.0]),
+    np.array([0.4, 0.6, 0.8, 0.9, 8.0, 50.0, 50.0, 500.0, 2.0, 8.0, 400.0, 30.0, 500.0, 1.0, 10.0, 50.0, 8.0]),
 )
 _BASE_TERMS = 11
 _SEVERAL_CHUNK_TERMS = (11, 12)
 _TP_TERMS = (13, 14, 15)
-_MOE_TERMS = (16, 17)
+_MOE_TERM = 16
 
 
 def _params(x: np.ndarray, tp: int = 1, moe: bool = False) -> ForwardParams:
@@ -55,8 +55,7 @@ def _params(x: np.ndarray, tp: int = 1, moe: bool = False) -> ForwardParams:
                          attention_sharpness=x[9], multi_token_s=x[10] * 1e-6, chunk_layer_s=x[11] * 1e-6,
                          mixed_row_layer_s=x[12] * 1e-9, decode_layer_s=x[13] * 1e-6,
                          all_reduce_s=x[14] * 1e-6 if tp > 1 else None,
-                         all_reduce_token_s=x[15] * 1e-9, expert_memory_efficiency=x[16] if moe else None,
-                         chunk_routing_skew=x[17] if moe else 1.0)
+                         all_reduce_token_s=x[15] * 1e-9, chunk_routing_skew=x[16] if moe else 1.0)
 
 
 def peak_times(forward: ForwardCostModel, rows: Sequence[ForwardMeasurement]) -> PeakTimes:
@@ -138,11 +137,11 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
     best = solve(free, moe=False)
     moe = forward.model.is_moe
     if moe:
-        # the MoE terms start also from the fit without them (the experts at memory_efficiency, uniform
-        # routing: the same prices), so its least-squares cost is never above the fit without them
+        # the routing skew starts also from the fit without it (skew 1: the same prices), so the fit with it
+        # never ends at a higher least-squares cost than the one without
         uniform = best.copy()
-        uniform[_MOE_TERMS[0]], uniform[_MOE_TERMS[1]] = best[1], 1.0
-        best = solve(free + list(_MOE_TERMS), moe=True, extra_starts=[uniform])
+        uniform[_MOE_TERM] = 1.0
+        best = solve([*free, _MOE_TERM], moe=True, extra_starts=[uniform])
     params = _params(best, tp, moe)
     predicted = forward.price(peak, params)
     return ForwardCalibration(
@@ -155,7 +154,7 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
         multi_token_s=params.multi_token_s, chunk_layer_s=params.chunk_layer_s,
         mixed_row_layer_s=params.mixed_row_layer_s, decode_layer_s=params.decode_layer_s,
         all_reduce_s=params.all_reduce_s, all_reduce_token_s=params.all_reduce_token_s,
-        expert_memory_efficiency=params.expert_memory_efficiency, chunk_routing_skew=params.chunk_routing_skew,
+        chunk_routing_skew=params.chunk_routing_skew if moe else None,
         all_reduce_runs=list(all_reduce_runs), measurements=measurements, command=command, torch_version=rows[0].torch_version,
         decode_attention=attention.pop(), tp=tp,
         fit=[ShapeFit(shape=r.label, measured_s=float(m), predicted_s=float(p))

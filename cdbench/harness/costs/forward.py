@@ -141,7 +141,6 @@ class ForwardParams:
     decode_layer_s: float = 0.0
     all_reduce_s: float | None = None
     all_reduce_token_s: float = 0.0
-    expert_memory_efficiency: float | None = None
     chunk_routing_skew: float = 1.0
 
     @classmethod
@@ -155,7 +154,7 @@ class ForwardParams:
                    cal.kv_memory_efficiency, cal.linear_sharpness, cal.step_overhead_s, cal.token_layer_s,
                    cal.row_layer_s, cal.attention_rows, cal.attention_sharpness, cal.multi_token_s,
                    cal.chunk_layer_s, cal.mixed_row_layer_s, cal.decode_layer_s, cal.all_reduce_s,
-                   cal.all_reduce_token_s, cal.expert_memory_efficiency, cal.chunk_routing_skew)
+                   cal.all_reduce_token_s, cal.chunk_routing_skew or 1.0)
 
 
 @dataclass(frozen=True)
@@ -172,7 +171,7 @@ class PeakTimes:
     decode_rows: object
     prefill_chunks: object = 0
     all_reduces: int = 0  # per step: two a layer with tensor parallelism, none on one GPU
-    expert_bytes_s: object = 0.0  # the routed experts the step's tokens touch (MoE; weight_bytes_s: the rest)
+    expert_bytes_s: object = 0.0  # the routed experts every token routed uniformly touches (weight_bytes_s: the rest)
 
 
 def smooth_max(a, b, sharpness: float):
@@ -296,10 +295,7 @@ class ForwardCostModel:
         experts = peak.expert_bytes_s
         if params.chunk_routing_skew > 1 and self._expert_s:
             experts = self._expert_s * self._experts_touched(peak, params.chunk_routing_skew)
-        if params.expert_memory_efficiency is None:
-            lm = (peak.weight_bytes_s + experts) / params.memory_efficiency
-        else:  # a MoE fit: the experts' grouped GEMMs read their weights at their own rate
-            lm = peak.weight_bytes_s / params.memory_efficiency + experts / params.expert_memory_efficiency
+        lm = (peak.weight_bytes_s + experts) / params.memory_efficiency
         pa = peak.prefill_attention_s / params.attention_efficiency
         da = np.maximum(peak.decode_attention_flops_s / params.attention_efficiency,
                         peak.kv_bytes_s / params.kv_memory_efficiency)
@@ -331,12 +327,17 @@ class ForwardCostModel:
     def _experts_touched(self, peak: PeakTimes, skew: float):
         """Distinct experts a step reads when each prefill chunk's tokens route over their own ``E/skew`` of them.
 
-        Decode rows route uniformly (``E·(1 − (1 − k/E)^rows)``, module doc). The tokens of one chunk
-        share one random subset of ``E/skew`` experts, each token hitting ``k`` of them, so the chunk
-        touches a share ``s = (1 − (1 − k·skew/E)^n)/skew`` of all experts; chunks and rows route
-        independently, and an expert is missed by all of them with probability
-        ``(1 − k/E)^rows·(1 − s)^chunks``. A step's chunks are taken as equal (the step gives only
-        their total tokens). ``skew = 1`` is uniform routing of every token.
+        Measured, not derived: in the live forward's MoE measurements a prefill chunk costs far less
+        than as many decode rows of the same token ids (qwen3-30b-a3b on an H200: a chunk of 64 tokens
+        13.7 ms, 64 decode rows 29.4 ms), as if the chunk's tokens read fewer distinct experts; counted
+        on the CPU, the random-weight model's router sends a chunk's tokens to fewer experts than decode
+        rows, fewer the deeper the layer (reports/calibration/README.md). So decode rows route uniformly
+        (``E·(1 − (1 − k/E)^rows)``, module doc), and the tokens of one chunk share one random subset of
+        ``E/skew`` experts, each token reading ``k`` of them: the chunk touches a share
+        ``s = (1 − (1 − k·skew/E)^n)/skew`` of all experts. Chunks and rows route independently, so an
+        expert is missed by all of them with probability ``(1 − k/E)^rows·(1 − s)^chunks``. A step's
+        chunks are taken as equal (the step gives only their total tokens). ``skew = 1`` is uniform
+        routing of every token.
         """
         prefill = peak.tokens - peak.decode_rows
         chunks = np.maximum(peak.prefill_chunks, 1)  # callers that give no chunk count run one chunk
@@ -453,11 +454,8 @@ class _MtpRoof:
 
     def pass_s(self, rows: float, kv_tokens: float, params: ForwardParams) -> float:
         touched = self.n_experts * (1.0 - self.miss_prob**rows)
-        if params.expert_memory_efficiency is None:
-            weights = (self.weight_s + self.expert_s * touched) / params.memory_efficiency
-        else:
-            weights = self.weight_s / params.memory_efficiency + self.expert_s * touched / params.expert_memory_efficiency
-        linear = max(self.flops_s_per_row * rows / params.compute_efficiency, weights)
+        linear = max(self.flops_s_per_row * rows / params.compute_efficiency,
+                     (self.weight_s + self.expert_s * touched) / params.memory_efficiency)
         attention = max(self.attn_s_per_pair * kv_tokens / params.attention_efficiency,
                         self.kv_s_per_token * kv_tokens / params.kv_memory_efficiency)
         return linear + attention
