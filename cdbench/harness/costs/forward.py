@@ -17,7 +17,9 @@ the models are trained toward uniform routing by an auxiliary load-balancing
 loss (``router_aux_loss_coef`` in the Qwen3 MoE configs), uniform is the upper
 bound on the bytes read, and the live forward's random router routes near
 uniformly, so a calibration on it measures ρ = 1; a skew measured on real
-traffic (e.g. SGLang's expert-distribution recorder) goes in here.
+traffic (e.g. SGLang's expert-distribution recorder) goes in here. A MoE's
+calibration may route each prefill chunk's tokens over fewer experts than its
+decode rows (``chunk_routing_skew``, :meth:`ForwardCostModel._experts_touched`).
 
 A hybrid model's linear-attention (Gated DeltaNet) layers keep a fixed state per
 request instead of a KV cache: a decode row reads and writes its request's state
