@@ -8,7 +8,8 @@ on the CPU with the first few layers; the count per layer does not depend on the
     python benchmarks/live_moe_routing.py --model qwen3-30b-a3b --layers 4 --device cpu
 
 Found (qwen3-30b-a3b, 4 layers, CPU; reports/calibration/README.md): decode rows touch what uniform
-routing does, a prefill chunk far fewer experts, fewer the deeper the layer.
+routing does, a prefill chunk far fewer experts, fewer the deeper the layer; qwen3.5-35b-a3b (4 layers):
+a chunk routes about uniformly after the Gated DeltaNet layers, to fewer experts after the full-attention one.
 """
 
 from __future__ import annotations
