@@ -178,6 +178,7 @@ def fit_table(cal: ForwardCalibration, roofline: np.ndarray, held: np.ndarray | 
             "attention_sharpness", "multi_token_s", "chunk_layer_s", "mixed_row_layer_s")),
         *(f"| {name} | {getattr(cal, name):.4g} |" for name in (
             "decode_layer_s", "all_reduce_s", "all_reduce_token_s") if cal.tp > 1),
+        *([f"| chunk_routing_skew | {cal.chunk_routing_skew:.4g} |"] if cal.chunk_routing_skew is not None else []),
         "",
         "| shape | measured ms | fitted ms | fit error | roofline error |" + (" held-out error |" if held is not None
                                                                               else ""),

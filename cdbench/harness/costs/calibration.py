@@ -186,7 +186,11 @@ class ForwardCalibration(BaseModel):
     one is given (``all_reduce_runs``: the per-row slope of live TP runs'
     all-reduce, where it is bandwidth-bound). A fit without ``all_reduce_s`` (None: one GPU, or a
     ``tp`` > 1 fit made before it existed) prices the GPU spec's all-reduces, as
-    it was fitted with.
+    it was fitted with. A MoE's weight bytes count the routed experts its step
+    touches; ``chunk_routing_skew`` (fitted for MoE models only, None otherwise)
+    has each prefill chunk's tokens route over ``n_experts / chunk_routing_skew``
+    of them while decode rows route uniformly
+    (:meth:`~cdbench.harness.costs.forward.ForwardCostModel._experts_touched`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -214,6 +218,9 @@ class ForwardCalibration(BaseModel):
                                        "spec's latency and bandwidth)")
     all_reduce_token_s: float = Field(0.0, ge=0, description="one all-reduce's time per token of the step once "
                                       "past its latency (tp > 1)")
+    chunk_routing_skew: float | None = Field(None, ge=1, description="a MoE's prefill chunk routes its tokens over "
+                                             "n_experts / chunk_routing_skew experts (1: uniformly over all; None: "
+                                             "not fitted, a dense model or a fit made before the term)")
     all_reduce_runs: list[str] = Field(default_factory=list, description="the live tensor-parallel runs whose "
                                        "measured all-reduce gave all_reduce_token_s (empty: fitted)")
     decode_attention: Literal["dense", "per_row"] = Field(

@@ -33,27 +33,29 @@ _REFINE_POWER = 8
 # the two several-chunk terms, solved only when a measured step has several chunks: the per-chunk
 # cost in microseconds and the mixed step's per-row cost in nanoseconds; and the three tensor-parallel
 # terms, solved only for tp > 1: the decode part's per-layer cost and the all-reduce latency in
-# microseconds, the all-reduce's per-token time in nanoseconds. Terms not solved stay 0.
-_LOWER = np.array([0.05, 0.05, 0.05, 0.05, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
-_UPPER = np.array([1.5, 1.5, 1.5, 1.5, 64.0, 1e5, 1e4, 1e5, 1024.0, 64.0, 1e4, 1e3, 1e5, 1e3, 500.0, 1e3])
+# microseconds, the all-reduce's per-token time in nanoseconds. Last, solved only for a MoE: a prefill
+# chunk's routing skew (1 otherwise: uniform routing). Terms not solved stay 0.
+_LOWER = np.array([0.05, 0.05, 0.05, 0.05, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0])
+_UPPER = np.array([1.5, 1.5, 1.5, 1.5, 64.0, 1e5, 1e4, 1e5, 1024.0, 64.0, 1e4, 1e3, 1e5, 1e3, 500.0, 1e3, 64.0])
 _STARTS = (
-    np.array([0.6, 0.8, 0.5, 0.7, 4.0, 200.0, 10.0, 100.0, 8.0, 4.0, 100.0, 10.0, 100.0, 10.0, 20.0, 30.0]),
-    np.array([0.8, 0.9, 0.3, 0.5, 2.0, 1000.0, 1.0, 10.0, 32.0, 2.0, 0.0, 1.0, 10.0, 30.0, 40.0, 20.0]),
-    np.array([0.4, 0.6, 0.8, 0.9, 8.0, 50.0, 50.0, 500.0, 2.0, 8.0, 400.0, 30.0, 500.0, 1.0, 10.0, 50.0]),
+    np.array([0.6, 0.8, 0.5, 0.7, 4.0, 200.0, 10.0, 100.0, 8.0, 4.0, 100.0, 10.0, 100.0, 10.0, 20.0, 30.0, 2.0]),
+    np.array([0.8, 0.9, 0.3, 0.5, 2.0, 1000.0, 1.0, 10.0, 32.0, 2.0, 0.0, 1.0, 10.0, 30.0, 40.0, 20.0, 4.0]),
+    np.array([0.4, 0.6, 0.8, 0.9, 8.0, 50.0, 50.0, 500.0, 2.0, 8.0, 400.0, 30.0, 500.0, 1.0, 10.0, 50.0, 8.0]),
 )
 _BASE_TERMS = 11
 _SEVERAL_CHUNK_TERMS = (11, 12)
 _TP_TERMS = (13, 14, 15)
+_MOE_TERM = 16
 
 
-def _params(x: np.ndarray, tp: int = 1) -> ForwardParams:
+def _params(x: np.ndarray, tp: int = 1, moe: bool = False) -> ForwardParams:
     return ForwardParams(compute_efficiency=x[0], memory_efficiency=x[1], attention_efficiency=x[2],
                          kv_memory_efficiency=x[3], linear_sharpness=x[4], step_overhead_s=x[5] * 1e-6,
                          token_layer_s=x[6] * 1e-9, row_layer_s=x[7] * 1e-9, attention_rows=x[8],
                          attention_sharpness=x[9], multi_token_s=x[10] * 1e-6, chunk_layer_s=x[11] * 1e-6,
                          mixed_row_layer_s=x[12] * 1e-9, decode_layer_s=x[13] * 1e-6,
                          all_reduce_s=x[14] * 1e-6 if tp > 1 else None,
-                         all_reduce_token_s=x[15] * 1e-9)
+                         all_reduce_token_s=x[15] * 1e-9, chunk_routing_skew=x[16] if moe else 1.0)
 
 
 def peak_times(forward: ForwardCostModel, rows: Sequence[ForwardMeasurement]) -> PeakTimes:
@@ -103,29 +105,44 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
         free += _SEVERAL_CHUNK_TERMS
     if tp > 1:
         free += _TP_TERMS if all_reduce_token_s is None else _TP_TERMS[:-1]
-    lower, upper, starts = _LOWER[free], _UPPER[free], [start[free] for start in _STARTS]
+    fixed = np.zeros(len(_LOWER))
+    if all_reduce_token_s is not None:
+        fixed[_TP_TERMS[-1]] = all_reduce_token_s * 1e9
 
-    def full(x: np.ndarray) -> np.ndarray:
-        vector = np.zeros(len(_LOWER))
-        if all_reduce_token_s is not None:
-            vector[_TP_TERMS[-1]] = all_reduce_token_s * 1e9
-        vector[free] = x
-        return vector
+    def solve(free: list[int], moe: bool, extra_starts: Sequence[np.ndarray] = ()) -> np.ndarray:
+        """The best full parameter vector solving the ``free`` terms (least squares, then the refinement)."""
+        lower, upper = _LOWER[free], _UPPER[free]
 
-    def residuals(x: np.ndarray) -> np.ndarray:
-        return forward.price(peak, _params(full(x), tp)) / measured - 1.0
+        def full(x: np.ndarray) -> np.ndarray:
+            vector = fixed.copy()
+            vector[free] = x
+            return vector
 
-    best = min((least_squares(residuals, start, bounds=(lower, upper), x_scale="jac", max_nfev=4000)
-                for start in starts), key=lambda result: result.cost).x
+        def residuals(x: np.ndarray) -> np.ndarray:
+            return forward.price(peak, _params(full(x), tp, moe)) / measured - 1.0
 
-    def high_power(x: np.ndarray) -> np.ndarray:
-        r = residuals(x)
-        return np.sign(r) * np.abs(r) ** (_REFINE_POWER / 2)
+        starts = [start[free] for start in _STARTS] + [start[free] for start in extra_starts]
+        best = min((least_squares(residuals, start, bounds=(lower, upper), x_scale="jac", max_nfev=4000)
+                    for start in starts), key=lambda result: result.cost).x
 
-    refined = least_squares(high_power, best, bounds=(lower, upper), x_scale="jac", max_nfev=4000).x
-    if np.abs(residuals(refined)).max() < np.abs(residuals(best)).max():
-        best = refined
-    params = _params(full(best), tp)
+        def high_power(x: np.ndarray) -> np.ndarray:
+            r = residuals(x)
+            return np.sign(r) * np.abs(r) ** (_REFINE_POWER / 2)
+
+        refined = least_squares(high_power, best, bounds=(lower, upper), x_scale="jac", max_nfev=4000).x
+        if np.abs(residuals(refined)).max() < np.abs(residuals(best)).max():
+            best = refined
+        return full(best)
+
+    best = solve(free, moe=False)
+    moe = forward.model.is_moe
+    if moe:
+        # the routing skew starts also from the fit without it (skew 1: the same prices), so the fit with it
+        # never ends at a higher least-squares cost than the one without
+        uniform = best.copy()
+        uniform[_MOE_TERM] = 1.0
+        best = solve([*free, _MOE_TERM], moe=True, extra_starts=[uniform])
+    params = _params(best, tp, moe)
     predicted = forward.price(peak, params)
     return ForwardCalibration(
         model=forward.model.name, gpu=forward.gpu.name, gpu_device=devices.pop(),
@@ -137,6 +154,7 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
         multi_token_s=params.multi_token_s, chunk_layer_s=params.chunk_layer_s,
         mixed_row_layer_s=params.mixed_row_layer_s, decode_layer_s=params.decode_layer_s,
         all_reduce_s=params.all_reduce_s, all_reduce_token_s=params.all_reduce_token_s,
+        chunk_routing_skew=params.chunk_routing_skew if moe else None,
         all_reduce_runs=list(all_reduce_runs), measurements=measurements, command=command, torch_version=rows[0].torch_version,
         decode_attention=attention.pop(), tp=tp,
         fit=[ShapeFit(shape=r.label, measured_s=float(m), predicted_s=float(p))

@@ -17,7 +17,9 @@ the models are trained toward uniform routing by an auxiliary load-balancing
 loss (``router_aux_loss_coef`` in the Qwen3 MoE configs), uniform is the upper
 bound on the bytes read, and the live forward's random router routes near
 uniformly, so a calibration on it measures ρ = 1; a skew measured on real
-traffic (e.g. SGLang's expert-distribution recorder) goes in here.
+traffic (e.g. SGLang's expert-distribution recorder) goes in here. A MoE's
+calibration may route each prefill chunk's tokens over fewer experts than its
+decode rows (``chunk_routing_skew``, :meth:`ForwardCostModel._experts_touched`).
 
 A hybrid model's linear-attention (Gated DeltaNet) layers keep a fixed state per
 request instead of a KV cache: a decode row reads and writes its request's state
@@ -141,6 +143,7 @@ class ForwardParams:
     decode_layer_s: float = 0.0
     all_reduce_s: float | None = None
     all_reduce_token_s: float = 0.0
+    chunk_routing_skew: float = 1.0
 
     @classmethod
     def roofline(cls, gpu: GPUSpec, step_overhead_s: float) -> ForwardParams:
@@ -153,7 +156,7 @@ class ForwardParams:
                    cal.kv_memory_efficiency, cal.linear_sharpness, cal.step_overhead_s, cal.token_layer_s,
                    cal.row_layer_s, cal.attention_rows, cal.attention_sharpness, cal.multi_token_s,
                    cal.chunk_layer_s, cal.mixed_row_layer_s, cal.decode_layer_s, cal.all_reduce_s,
-                   cal.all_reduce_token_s)
+                   cal.all_reduce_token_s, cal.chunk_routing_skew or 1.0)
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,7 @@ class PeakTimes:
     decode_rows: object
     prefill_chunks: object = 0
     all_reduces: int = 0  # per step: two a layer with tensor parallelism, none on one GPU
+    expert_bytes_s: object = 0.0  # the routed experts every token routed uniformly touches (weight_bytes_s: the rest)
 
 
 def smooth_max(a, b, sharpness: float):
@@ -276,7 +280,7 @@ class ForwardCostModel:
             kv_bytes_s = kv_bytes_s + self._state_s_per_visit * (decode_rows + prefill_chunks)
         return PeakTimes(
             linear_flops_s=self._linear_s_per_token * tokens,
-            weight_bytes_s=self._dense_weight_s + self._expert_s * experts_touched,
+            weight_bytes_s=self._dense_weight_s,
             prefill_attention_s=prefill_attention_s,
             decode_attention_flops_s=decode_attention_flops_s,
             kv_bytes_s=kv_bytes_s,
@@ -285,11 +289,15 @@ class ForwardCostModel:
             decode_rows=decode_rows,
             prefill_chunks=prefill_chunks,
             all_reduces=self._all_reduces,
+            expert_bytes_s=self._expert_s * experts_touched,
         )
 
     def _parts(self, peak: PeakTimes, params: ForwardParams):
         lc = peak.linear_flops_s / params.compute_efficiency
-        lm = peak.weight_bytes_s / params.memory_efficiency
+        experts = peak.expert_bytes_s
+        if params.chunk_routing_skew > 1 and self._expert_s:
+            experts = self._expert_s * self._experts_touched(peak, params.chunk_routing_skew)
+        lm = (peak.weight_bytes_s + experts) / params.memory_efficiency
         pa = peak.prefill_attention_s / params.attention_efficiency
         da = np.maximum(peak.decode_attention_flops_s / params.attention_efficiency,
                         peak.kv_bytes_s / params.kv_memory_efficiency)
@@ -317,6 +325,27 @@ class ForwardCostModel:
             # the per-token time measured by live TP runs (or fitted)
             comm = peak.all_reduces * np.maximum(params.all_reduce_s, params.all_reduce_token_s * peak.tokens)
         return lc, lm, pa, da, comm, per_token
+
+    def _experts_touched(self, peak: PeakTimes, skew: float):
+        """Distinct experts a step reads when each prefill chunk's tokens route over their own ``E/skew`` of them.
+
+        Measured, not derived: in the live forward's MoE measurements a prefill chunk costs far less
+        than as many decode rows of the same token ids (qwen3-30b-a3b on an H200: a chunk of 64 tokens
+        13.7 ms, 64 decode rows 29.4 ms), as if the chunk's tokens read fewer distinct experts; counted
+        on the CPU, the random-weight model's router sends a chunk's tokens to fewer experts than decode
+        rows, fewer the deeper the layer (reports/calibration/README.md). So decode rows route uniformly
+        (``E·(1 − (1 − k/E)^rows)``, module doc), and the tokens of one chunk share one random subset of
+        ``E/skew`` experts, each token reading ``k`` of them: the chunk touches a share
+        ``s = (1 − (1 − k·skew/E)^n)/skew`` of all experts. Chunks and rows route independently, so an
+        expert is missed by all of them with probability ``(1 − k/E)^rows·(1 − s)^chunks``. A step's
+        chunks are taken as equal (the step gives only their total tokens). ``skew = 1`` is uniform
+        routing of every token.
+        """
+        prefill = peak.tokens - peak.decode_rows
+        chunks = np.maximum(peak.prefill_chunks, 1)  # callers that give no chunk count run one chunk
+        hit = min((1.0 - self._miss_prob) * skew, 1.0)  # one token's chance to read a given expert of its subset
+        share = (1.0 - (1.0 - hit) ** (prefill / chunks)) / skew
+        return self._n_experts * (1.0 - self._miss_prob**peak.decode_rows * (1.0 - share) ** chunks)
 
     def price(self, peak: PeakTimes, params: ForwardParams | None = None):
         """Step seconds of ``peak`` under ``params`` (default this model's); arrays broadcast."""

@@ -117,8 +117,8 @@ def test_moe_imbalance() -> None:
         assert same.step_s(decode_rows=rows) == base.step_s(decode_rows=rows)  # the default is uniform routing
     # one token reads exactly k experts however skewed the router; many tokens read only E / rho of them
     assert skew.breakdown(decode_rows=1).linear_memory_s == pytest.approx(base.breakdown(decode_rows=1).linear_memory_s)
-    assert skew.peak_times(0, 0, 100_000, 0).weight_bytes_s == pytest.approx(
-        skew._dense_weight_s + skew._expert_s * 64)
+    peak = skew.peak_times(0, 0, 100_000, 0)
+    assert (peak.weight_bytes_s, peak.expert_bytes_s) == pytest.approx((skew._dense_weight_s, skew._expert_s * 64))
     assert skew.step_s(decode_rows=32) < base.step_s(decode_rows=32)
     with pytest.raises(ValueError, match="moe_imbalance"):
         ForwardCostModel("qwen3-30b-a3b", "h100", moe_imbalance=0.5)

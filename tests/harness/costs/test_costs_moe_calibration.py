@@ -1,0 +1,85 @@
+"""MoE forward fits: a prefill chunk's tokens route over a share of the experts, decode rows over all."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from cdbench.harness.costs.calibration import (
+    ForwardCalibration,
+    read_measurements,
+    shipped_calibration_path,
+)
+from cdbench.harness.costs.calibration_fit import fit_calibration
+from cdbench.harness.costs.forward import ForwardCostModel, attention_pairs
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def moe_model(**terms) -> ForwardCostModel:
+    cal = ForwardCalibration.load(shipped_calibration_path("qwen3-30b-a3b", "h200"))
+    return ForwardCostModel("qwen3-30b-a3b", "h200", forward_calibration=cal.model_copy(update=terms))
+
+
+def test_a_prefill_chunk_routes_its_tokens_over_a_share_of_the_experts() -> None:
+    skewed, uniform = moe_model(chunk_routing_skew=4.0), moe_model(chunk_routing_skew=1.0)
+    # a calibration without the term (None) routes every token uniformly
+    assert moe_model(chunk_routing_skew=None).params == uniform.params
+    e, k, skew = 128, 8, 4.0
+
+    def experts_read(fwd: ForwardCostModel, **step) -> float:
+        # the experts' part of the linear layers' memory time, in experts read
+        shape = dict(prefill_tokens=0, prefill_context_tokens=0, decode_rows=0, decode_kv_tokens=0) | step
+        weights = fwd.breakdown(**step).linear_memory_s * fwd.params.memory_efficiency
+        return (weights - fwd.peak_times(**shape).weight_bytes_s) / fwd._expert_s
+
+    # decode rows route uniformly: the skew leaves decode-only steps alone
+    for rows in (1, 16, 256):
+        assert skewed.step_s(decode_rows=rows, decode_kv_tokens=rows * 512) == pytest.approx(
+            uniform.step_s(decode_rows=rows, decode_kv_tokens=rows * 512), rel=1e-12)
+    # one chunk of n tokens touches (E / skew)(1 - (1 - k skew / E)^n) experts, uniform routing E(1 - (1 - k/E)^n)
+    for n in (1, 64, 1024):
+        step = dict(prefill_tokens=n, prefill_context_tokens=float(attention_pairs(n, 0)), prefill_chunks=1)
+        assert experts_read(skewed, **step) == pytest.approx(e / skew * (1 - (1 - k * skew / e) ** n))
+        assert experts_read(uniform, **step) == pytest.approx(e * (1 - (1 - k / e) ** n))
+    # chunks route apart from each other and from the decode rows: an expert is missed by all of them
+    share = (1 - (1 - k * skew / e) ** 256) / skew
+    mixed = dict(prefill_tokens=1024, prefill_context_tokens=4 * float(attention_pairs(256, 0)), decode_rows=8,
+                 decode_kv_tokens=8 * 1024, prefill_chunks=4)
+    assert experts_read(skewed, **mixed) == pytest.approx(e * (1 - (1 - k / e) ** 8 * (1 - share) ** 4))
+    assert skewed.step_s(**mixed) < uniform.step_s(**mixed)
+    # arrays price each step as the scalar call does
+    assert skewed.step_s_array([64, 1024], [attention_pairs(64, 0), mixed["prefill_context_tokens"]], [0, 8],
+                               [0, 8192], [1, 4]).tolist() == pytest.approx(
+        [skewed.step_s(64, float(attention_pairs(64, 0)), prefill_chunks=1), skewed.step_s(**mixed)])
+
+
+def test_dense_models_are_priced_as_before() -> None:
+    shipped = ForwardCalibration.load(shipped_calibration_path("qwen3-8b", "h100-sxm"))
+    assert shipped.chunk_routing_skew is None
+    base = ForwardCostModel("qwen3-8b", "h100-sxm", forward_calibration=shipped)
+    terms = ForwardCostModel("qwen3-8b", "h100-sxm", forward_calibration=shipped.model_copy(
+        update={"chunk_routing_skew": 8.0}))
+    for step in (dict(decode_rows=32, decode_kv_tokens=32 * 900),
+                 dict(prefill_tokens=512, prefill_context_tokens=float(attention_pairs(512, 0)), prefill_chunks=1),
+                 dict(prefill_tokens=512, prefill_context_tokens=2e5, decode_rows=4, decode_kv_tokens=4000,
+                      prefill_chunks=2)):
+        assert terms.step_s(**step) == base.step_s(**step)
+    # a dense fit solves neither term
+    rows = read_measurements(REPO / shipped.measurements)
+    cal = fit_calibration(rows[::4], "qwen3-8b", "h100-sxm", measurements="x", command="test")
+    assert cal.chunk_routing_skew is None
+
+
+def test_the_fit_recovers_a_known_chunk_routing_skew() -> None:
+    truth = ForwardCalibration.load(shipped_calibration_path("qwen3-30b-a3b", "h200")).model_copy(
+        update={"chunk_routing_skew": 3.0})
+    model = ForwardCostModel("qwen3-30b-a3b", "h200", forward_calibration=truth)
+    rows = read_measurements(REPO / truth.measurements)
+    exact = [dataclasses.replace(r, median_s=model.step_s(r.prefill_tokens, r.prefill_pairs, r.decode_rows,
+                                                          r.decode_kv_tokens, r.prefill_chunks)) for r in rows]
+    cal = fit_calibration(exact, "qwen3-30b-a3b", "h200", measurements="x", command="test")
+    assert cal.max_abs_error < 0.005
+    assert cal.chunk_routing_skew == pytest.approx(3.0, rel=0.1)
