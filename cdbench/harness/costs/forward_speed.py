@@ -13,7 +13,9 @@ price by it (1.04: this host's forwards take 4 % longer than the calibration's),
   priced with the prompts the requests table says it admitted, each a whole chunk with nothing cached (a
   step whose admitted prompts do not add up to its prefill tokens, a chunked or recomputed prompt, is left
   out and counted);
-- a probe of the calibration's own shapes on this host (``probe:<file>``, ``cdbench calibrate --probe``).
+- a probe (``probe:<file>``, written by ``cdbench calibrate --probe``): some of the calibration's own
+  shapes timed on this host as the calibration timed them, each over the time the calibration's host
+  measured (:class:`ForwardProbe`).
 
 The statistic is the median of the ratios, its spread the half-width of their interquartile range. The
 two kinds of step get a speed each when their medians differ by more than the larger of their spreads;
@@ -34,9 +36,13 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from cdbench.harness.costs.calibration import ForwardCalibration, ForwardMeasurement
+
 PROBE_PREFIX = "probe:"
 MIN_STEPS = 10
-"""Fewest priced steps a fit takes: fewer say nothing about a host's speed."""
+"""Fewest priced steps a fit of a live run takes: fewer say nothing about a host's speed."""
+MIN_PROBE_SHAPES = 4
+"""Fewest shapes a probe fits (each the median of many timed repetitions)."""
 
 
 class ForwardSpeedError(ValueError):
@@ -92,12 +98,13 @@ def _median_spread(ratios: np.ndarray) -> tuple[float, float]:
 
 
 def fit_speed(decode_ratios: Sequence[float], prefill_ratios: Sequence[float], source: str,
-              left_out: int = 0) -> ForwardSpeed:
+              left_out: int = 0, min_ratios: int = MIN_STEPS) -> ForwardSpeed:
     """The speed from per-step measured / priced ratios of decode-only steps and steps with prefill chunks
-    (module doc for the rule); :class:`ForwardSpeedError` naming ``source`` when there are too few."""
+    (module doc for the rule); :class:`ForwardSpeedError` naming ``source`` when there are fewer than
+    ``min_ratios``."""
     dec, pre = np.asarray(decode_ratios, float), np.asarray(prefill_ratios, float)
-    if len(dec) + len(pre) < MIN_STEPS:
-        raise ForwardSpeedError(f"{source}: {len(dec) + len(pre)} priced forward steps; a fit needs {MIN_STEPS}")
+    if len(dec) + len(pre) < min_ratios:
+        raise ForwardSpeedError(f"{source}: {len(dec) + len(pre)} priced forward steps; a fit needs {min_ratios}")
     counts = dict(source=source, decode_steps=len(dec), prefill_steps=len(pre), left_out_steps=left_out)
     d_med, d_spread = _median_spread(dec) if len(dec) else (None, None)
     p_med, p_spread = _median_spread(pre) if len(pre) else (None, None)
@@ -129,18 +136,36 @@ def read_probe(path: str | Path, priced: tuple[str, str, int]) -> ForwardSpeed:
 
 
 class ForwardProbe(BaseModel):
-    """A probe's file: the calibration's own shapes timed on a host, against the calibration's price."""
+    """A probe's file: some of a calibration's own shapes timed again on a host, each against the time the
+    calibration's host measured for it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     model: str
     gpu: str
     tp: int = 1
-    calibration: str = Field(description="the calibration the shapes were priced with")
+    calibration: str = Field(description="the calibration whose measurements the shapes are timed against")
     device: str = Field(description="the device the shapes ran on")
     shapes: list[str]
-    ratios: list[float] = Field(description="each shape's measured / priced forward")
+    ratios: list[float] = Field(description="each shape's time here over the calibration host's")
     speed: ForwardSpeed
 
+    @classmethod
+    def of(cls, calibration: ForwardCalibration, source: str, measured: Sequence[ForwardMeasurement],
+           path: str | Path) -> ForwardProbe:
+        """The probe of ``measured`` (shapes of ``calibration``, named ``source``) written to ``path``: the
+        ratios fitted as a live run's steps are (:func:`fit_speed`, one ratio a shape, decode-only shapes
+        apart from those with prefill chunks)."""
+        there = {shape.shape: shape.measured_s for shape in calibration.fit}
+        missing = [m.label for m in measured if m.label not in there]
+        if missing:
+            raise ForwardSpeedError(f"{source} measured no {', '.join(missing)}: the probe times its shapes only")
+        ratios = [m.median_s / there[m.label] for m in measured]
+        decode = [r for m, r in zip(measured, ratios, strict=True) if not m.prefill_chunks]
+        prefill = [r for m, r in zip(measured, ratios, strict=True) if m.prefill_chunks]
+        speed = fit_speed(decode, prefill, f"{PROBE_PREFIX}{path}", min_ratios=MIN_PROBE_SHAPES)
+        return cls(model=calibration.model, gpu=calibration.gpu, tp=calibration.tp, calibration=source,
+                   device=measured[0].gpu_device, shapes=[m.label for m in measured], ratios=ratios, speed=speed)
 
-__all__ = ["MIN_STEPS", "PROBE_PREFIX", "ForwardProbe", "ForwardSpeed", "ForwardSpeedError",
+
+__all__ = ["MIN_PROBE_SHAPES", "MIN_STEPS", "PROBE_PREFIX", "ForwardProbe", "ForwardSpeed", "ForwardSpeedError",
            "fit_speed", "read_probe"]
