@@ -35,7 +35,8 @@ drafted token per row is one pass of the MTP layer and the LM head over the rows
 
 A fixed per-step overhead is added to the sum, and the whole is multiplied by
 the host's forward speed (:mod:`.forward_speed`: 1 by default; decode-only
-steps and steps with prefill chunks may have a speed each). A forward calibration (:mod:`.calibration`, fitted by
+steps and steps with prefill chunks may have a speed each). A forward
+calibration (:mod:`.calibration`, fitted by
 ``cdbench calibrate`` to live forward steps timed on a GPU) replaces the
 efficiencies and adds per-token and per-row costs; the one shipped for
 the model and GPU is used by default, and :attr:`ForwardCostModel.calibration_source`
