@@ -1,7 +1,8 @@
 """``cdbench calibrate``: time the live forward on a GPU over a grid of step shapes, fit the forward model.
 
 Measuring needs CUDA; fitting stored measurements (``--measurements``) runs
-anywhere. The module runs on its own too (``python -m cdbench.cli.calibrate``,
+anywhere. ``--probe`` fits nothing: it times a few of a calibration's shapes on
+this host and writes the host's forward speed against the calibration's. The module runs on its own too (``python -m cdbench.cli.calibrate``,
 same options) so a GPU host needs only torch, scipy, pydantic and typer.
 """
 
@@ -20,17 +21,25 @@ from cdbench.harness.costs.calibration import (
     ForwardCalibration,
     ForwardMeasurement,
     read_measurements,
+    shape_label,
     shipped_calibration_path,
     write_measurements,
 )
 from cdbench.harness.costs.calibration_fit import fit_calibration, holdout_errors, roofline_errors
+from cdbench.harness.costs.forward_speed import (
+    MIN_PROBE_SHAPES,
+    PROBE_PREFIX,
+    ForwardProbe,
+    ForwardSpeedError,
+)
 from cdbench.harness.costs.hardware import SpecFileError, UnknownSpecError, resolve_gpu, resolve_model
 
 
 def calibrate(
     model: Annotated[str, typer.Option("--model", help="built-in model name or a model spec file")],
     gpu_name: Annotated[str, typer.Option("--gpu-name", help="the GPU spec the fit is for (h100-sxm, h200, ...)")],
-    out: Annotated[Path, typer.Option("--out", help="calibration JSON to write; 'auto': the shipped location")],
+    out: Annotated[Path | None, typer.Option("--out", help="calibration JSON to write; 'auto': the shipped "
+                                             "location (not with --probe)")] = None,
     measurements: Annotated[Path | None, typer.Option(
         "--measurements", help="fit this measurement CSV instead of measuring")] = None,
     measure_out: Annotated[Path | None, typer.Option(
@@ -56,6 +65,14 @@ def calibrate(
     holdout: Annotated[int, typer.Option(
         "--holdout", min=0, help="also fit on all but every K-th shape, K times, and report the held-out "
         "shapes' errors (0: no)")] = 0,
+    probe: Annotated[Path | None, typer.Option(
+        "--probe", help="fit nothing: time a few of the calibration's own shapes on this host and write this "
+        "host's forward speed against the calibration's host here (costs.forward_speed=probe:<file>)")] = None,
+    calibration: Annotated[Path | None, typer.Option(
+        "--calibration", help="with --probe: the calibration to probe (default: the one shipped for the model "
+        "and GPU)")] = None,
+    probe_shapes: Annotated[int, typer.Option("--probe-shapes", min=MIN_PROBE_SHAPES,
+                                              help="with --probe: how many of its shapes to time")] = 16,
 ) -> None:
     """Fit the forward cost model to live forward steps: every shape's fit error is printed.
 
@@ -64,9 +81,15 @@ def calibrate(
       cdbench calibrate --model qwen3-8b --gpu-name h200 --out auto --measurements reports/calibration/qwen3-8b__h200.csv
       cdbench calibrate --model qwen3-8b --gpu-name h200 --tp 2 --out auto
       cdbench calibrate --model qwen3-8b --gpu-name h200 --out auto --measurements reports/calibration/qwen3-8b__h200__tp2.csv --all-reduce runs/tp2-live --holdout 4
+      cdbench calibrate --model qwen3-8b --gpu-name h100-sxm --probe probe.json   (then --set costs.forward_speed=probe:probe.json)
     """
     args = sys.argv[1:]
     command = shlex.join(["cdbench", *(args if args[:1] == ["calibrate"] else ["calibrate", *args])])
+    if probe is not None:
+        return _probe(model, gpu_name, calibration, device, probe, probe_shapes, linear_kernels)
+    if out is None:
+        typer.echo("error: --out is required (the calibration JSON to write), unless --probe", err=True)
+        raise typer.Exit(2)
     try:
         spec, gpu = resolve_model(model), resolve_gpu(gpu_name)
         if measurements is None:
@@ -93,6 +116,41 @@ def calibrate(
         report.write_text(table, encoding="utf-8")
         typer.echo(f"fit table: {report}")
     typer.echo(f"calibration: {target}")
+
+
+def _probe(model: str, gpu_name: str, calibration: Path | None, device: str, out: Path, shapes: int,
+           linear_kernels: str) -> None:
+    """``--probe``: time ``shapes`` of the calibration's own shapes (evenly over its list) as it timed them,
+    each over its host's time, and write the :class:`ForwardProbe` to ``out``."""
+    try:
+        spec, gpu = resolve_model(model), resolve_gpu(gpu_name)
+        path = calibration or shipped_calibration_path(spec.name, gpu.name)
+        cal = ForwardCalibration.load(path)
+        if (cal.model, cal.gpu, cal.tp) != (spec.name, gpu.name, 1):
+            raise ValueError(f"--calibration {path} is for {cal.model} on {cal.gpu} at tp={cal.tp}; the probe "
+                             f"times {spec.name} on {gpu.name} on one GPU")
+        from cdbench.harness.live.measure import GRIDS, measure_grid
+
+        known = {shape_label(s.rows, s.kv, s.chunks, s.new, s.cached): s for grid in GRIDS.values() for s in grid()}
+        ours = [known[f.shape] for f in cal.fit if f.shape in known]
+        if len(ours) < MIN_PROBE_SHAPES:
+            raise ValueError(f"{path}: {len(ours)} of its shapes are on a measuring grid; a probe needs "
+                             f"{MIN_PROBE_SHAPES}")
+        picked = ours[::-(-len(ours) // shapes)]
+        typer.echo(f"probing {spec.name} on {device}: {len(picked)} of {path}'s {len(cal.fit)} shapes")
+        smoke = not device.startswith("cuda")  # a CPU probe (tests) times a few repetitions only
+        rows = measure_grid(spec, picked, device, min_reps=3 if smoke else 10, min_time_s=0.0 if smoke else 0.25,
+                            per_row=cal.decode_attention == "per_row", linear_kernels=linear_kernels)
+        result = ForwardProbe.of(cal, str(path), rows, out)
+    except (CalibrationError, ForwardSpeedError, UnknownSpecError, SpecFileError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(result.model_dump_json(indent=1) + "\n", encoding="utf-8")
+    for shape, ratio in zip(result.shapes, result.ratios, strict=True):
+        typer.echo(f"  {shape:<32} {ratio:7.3f} x the calibration host's")
+    typer.echo(f"forward speed: {result.speed.describe()}")
+    typer.echo(f"probe: {out}  (--set costs.forward_speed={PROBE_PREFIX}{out})")
 
 
 def _measure(spec, grid: str, device: str, decode_attention: str, tp: int,

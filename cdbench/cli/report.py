@@ -9,6 +9,7 @@ import typer
 from cdbench.cli.support import (
     console,
     err_console,
+    print_forward_speed,
     print_spec_costs,
     print_workload_issues,
     user_errors,
@@ -35,6 +36,7 @@ def report(
         for section in console_sections(run.summary):
             console.print(to_rich(section))
         print_workload_issues(run)
+        print_forward_speed(run)
         print_spec_costs(run)
     status = status_of(run.summary)
     if status is not None:

@@ -30,6 +30,7 @@ from cdbench.cli.support import (
     load_run_tree,
     output_folder,
     print_engine_log,
+    print_forward_speed,
     print_spec_costs,
     print_workload_issues,
     user_errors,
@@ -71,6 +72,7 @@ def run_command(
     for section in console_sections(saved.summary):
         console.print(to_rich(section))
     print_workload_issues(saved)
+    print_forward_speed(saved)
     print_spec_costs(saved)
     print_engine_log([out])
     console.print(f"results: {out}/  (report: {out / 'report.md'}, trace: {out / 'trace.json'} for ui.perfetto.dev)")

@@ -139,6 +139,13 @@ def print_workload_issues(run: SavedRun) -> None:
                       f"{run.folder / issues.details})", highlight=False)
 
 
+def print_forward_speed(run: SavedRun) -> None:
+    """One console line on the forward speed, where it is not the calibration's own (1, given)."""
+    speed = run.forward_speed
+    if speed is not None and not (speed.is_one and speed.source == "given"):
+        console.print(f"forward speed: {speed.describe()}", highlight=False, markup=False)
+
+
 def print_spec_costs(run: SavedRun) -> None:
     """Where a ``model`` run's spec prices came from, one line each (a per-kind guess in yellow)."""
     coverage = run.spec_costs

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
+from cdbench.harness.costs.forward_speed import ForwardSpeed
 from cdbench.harness.costs.spec_costs import SpecCoverage
 from cdbench.harness.records import DraftPositionCounts
 from cdbench.harness.windows import TimeWindows
@@ -214,6 +215,9 @@ class Summary(BaseModel):
     # what priced the forward: the calibration's name (a shipped file or a path), "none" for the uncalibrated
     # roofline; None where the model did not price it (fixed costs, the GPU timed in hybrid, live mode)
     forward_calibration: str | None = None
+    # the host's forward speed that multiplied those prices, and where it came from (given, or fitted from a
+    # live run's steps or a probe); None where the model did not price the forward
+    forward_speed: ForwardSpeed | None = None
     # model mode: where each spec's grammar costs came from (measured here or elsewhere, predicted, guessed)
     spec_costs: SpecCoverage | None = None
     # figures per minute (per hour for runs longer than 6 h) by issue time (harness/windows.py)

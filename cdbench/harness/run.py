@@ -275,6 +275,7 @@ def run(config: RunConfig, progress: Progress | None = None, records: RecordSink
         result.summary.spec_costs = coverage
     if isinstance(gpu, RooflineGpuCosts) and config.mode != "live":
         result.summary.forward_calibration = gpu.forward.calibration_source
+        result.summary.forward_speed = gpu.forward.speed
     return result
 
 

@@ -232,6 +232,15 @@ def spec_cost_lines(run: SavedRun) -> list[str]:
     return lines + [f"- {line}" for line in coverage.lines()[1:]] + ([""] if len(coverage.lines()) > 1 else [])
 
 
+def forward_speed_lines(run: SavedRun) -> list[str]:
+    """The report's line on the forward speed that priced the steps (nothing where none did)."""
+    speed = run.forward_speed
+    if speed is None:
+        return []
+    return ["## Forward speed", "", f"Every step's modelled forward was multiplied by {speed.describe()} "
+            "(this host's forward over the calibration's; `costs.forward_speed`).", ""]
+
+
 def build_report(run: SavedRun) -> Path:
     """Write ``report.md`` (config, summary tables, plots) into the run folder and return its path."""
     figures = build_figures(run)
@@ -251,6 +260,7 @@ def build_report(run: SavedRun) -> Path:
     for section in summary_sections(run.summary):
         lines += [f"### {section.title}", "", to_markdown(section), ""]
     lines += workload_issue_lines(run)
+    lines += forward_speed_lines(run)
     lines += spec_cost_lines(run)
     lines += ["## Plots", ""]
     for figure in figures:

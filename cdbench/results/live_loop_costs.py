@@ -22,6 +22,7 @@ prices it with the live run's:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -29,6 +30,9 @@ from scipy.optimize import nnls
 
 from cdbench.harness.policies import HOST_COST_FIELDS
 from cdbench.results.errors import ResultsError
+
+if TYPE_CHECKING:
+    from cdbench.results.run_folder import SavedRun
 
 LIVE_RUN_PREFIX = "live-run:"
 
@@ -71,17 +75,29 @@ def fit_launch(steps: pd.DataFrame) -> tuple[float, float, float | None, int, in
     return float(launch_s), float(launch_row_s), launch_prefill_s, len(decode), len(prefill)
 
 
-def live_loop_costs(ref: str) -> LiveLoopCosts:
-    """The host costs of the live run ``ref`` (a run folder or ``PACK::RUN``); :class:`ResultsError`
-    naming it when it is not a live run with its step log."""
+def open_live_run(ref: str, what: str, columns: tuple[str, ...]) -> SavedRun:
+    """The live run ``ref`` (a run folder or ``PACK::RUN``) whose steps give its ``what`` (``costs.host_costs``
+    and ``costs.forward_speed`` read it so); :class:`ResultsError` naming it when it is no live run, or kept no
+    step log with ``columns``."""
     from cdbench.results.pack import open_run
 
     run = open_run(ref)
     mode = run.config.get("mode")
     if mode != "live":
-        raise ResultsError(f"{ref} is a {mode} run: its host costs are priced, not measured (name a live run)")
-    if run.steps.empty or "launch_s" not in run.steps.columns:
-        raise ResultsError(f"{ref} kept no step log (steps.parquet): its launch cannot be measured")
+        raise ResultsError(f"{ref} is a {mode} run, not a live run: it measured no {what}")
+    if run.steps.empty:
+        raise ResultsError(f"{ref} kept no step log (steps.parquet) to measure its {what} from")
+    missing = [c for c in columns if c not in run.steps.columns]
+    if missing:
+        raise ResultsError(f"{ref}: its step log has no {', '.join(missing)} column (a run older than them): it "
+                           f"cannot give its {what}")
+    return run
+
+
+def live_loop_costs(ref: str) -> LiveLoopCosts:
+    """The host costs of the live run ``ref`` (a run folder or ``PACK::RUN``); :class:`ResultsError`
+    naming it when it is not a live run with its step log."""
+    run = open_live_run(ref, "host costs", ("launch_s",))
     scheduler = run.config.get("scheduler") or {}
     values: dict[str, float | None] = {field: float(scheduler.get(field) or 0.0) for field in SPUN_FIELDS}
     try:
@@ -92,4 +108,4 @@ def live_loop_costs(ref: str) -> LiveLoopCosts:
     return LiveLoopCosts(run.ref, values, n_decode, n_prefill)
 
 
-__all__ = ["LIVE_RUN_PREFIX", "SPUN_FIELDS", "LiveLoopCosts", "fit_launch", "live_loop_costs"]
+__all__ = ["LIVE_RUN_PREFIX", "SPUN_FIELDS", "LiveLoopCosts", "fit_launch", "live_loop_costs", "open_live_run"]

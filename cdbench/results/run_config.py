@@ -1,9 +1,11 @@
 """A run configuration checked before anything runs: :func:`validate_run_config`.
 
 Beyond the configuration's own checks it refuses a ``model`` run without a grammar-cost source and one too
-large for this machine, and resolves ``costs.host_costs=live-run:<ref>`` into the live run's host costs
-(:mod:`cdbench.results.live_loop_costs`) and ``costs.rank_costs=live-run:<ref>`` into its ranks' prices
-(:mod:`cdbench.results.live_rank_costs`).
+large for this machine, and resolves what a live run or a probe measured: ``costs.host_costs=live-run:<ref>``
+into the live run's host costs (:mod:`cdbench.results.live_loop_costs`), ``costs.rank_costs=live-run:<ref>``
+into its ranks' prices (:mod:`cdbench.results.live_rank_costs`), ``costs.forward_speed=live-run:<ref>`` into
+its forward speed (:mod:`cdbench.results.live_forward_speed`) and ``costs.forward_speed=probe:<file>`` into
+the probe's.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ def validate_run_config(tree: Mapping[str, Any], source: str = "config") -> RunC
         from cdbench.results.live_rank_costs import with_live_rank_costs
 
         config = with_live_rank_costs(config, source)
+    if isinstance(config.costs.forward_speed, str):
+        config = _with_forward_speed(config, source)
     if config.mode == "model" and config.costs.fixed_grammar is None:
         key, name = ("costs.grammar_profile", config.costs.grammar_profile) if config.costs.grammar_profile else (
             "backend.name", config.backend.name)
@@ -80,6 +84,35 @@ def _with_live_loop_costs(config: RunConfig, source: str) -> RunConfig:
         raise ConfigError(f"{source}: costs.host_costs: {err}") from None
     overrides = {**config.scheduler.model_dump(exclude_unset=True), **costs.values}
     return config.model_copy(update={"scheduler": type(config.scheduler).model_validate(overrides)})
+
+
+
+def _with_forward_speed(config: RunConfig, source: str) -> RunConfig:
+    """``config`` with its ``costs.forward_speed`` source (a live run, a probe file) fitted into a
+    :class:`~cdbench.harness.costs.forward_speed.ForwardSpeed` that names it (its config.yaml then reruns
+    without the source)."""
+    from cdbench.harness.costs.forward_speed import (
+        PROBE_PREFIX,
+        ForwardSpeedError,
+        read_probe,
+    )
+    from cdbench.results.live_forward_speed import live_forward_speed
+    from cdbench.results.live_loop_costs import LIVE_RUN_PREFIX
+
+    value = config.costs.forward_speed
+    if config.mode == "live":
+        raise ConfigError(f"{source}: costs.forward_speed prices a model or hybrid run's forward; a live run "
+                          "runs its own (leave it 1)")
+    try:
+        if value.startswith(PROBE_PREFIX):
+            forward = config.costs.model_copy(update={"forward_speed": 1.0}).build()
+            speed = read_probe(value.removeprefix(PROBE_PREFIX), (forward.model.name, forward.gpu.name, forward.tp))
+        else:
+            speed = live_forward_speed(value.removeprefix(LIVE_RUN_PREFIX), config.costs)
+    except (ResultsError, ForwardSpeedError) as err:
+        raise ConfigError(f"{source}: costs.forward_speed: {err}") from None
+    costs = config.costs.model_copy(update={"forward_speed": speed})
+    return config.model_copy(update={"costs": costs})
 
 
 __all__ = ["validate_run_config"]

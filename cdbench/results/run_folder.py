@@ -63,6 +63,7 @@ from cdbench.results.stopped_run import RecordSpill, RunStatus, stopped_summary
 
 if TYPE_CHECKING:
     from cdbench.harness.config import RunConfig
+    from cdbench.harness.costs.forward_speed import ForwardSpeed
     from cdbench.harness.costs.spec_costs import SpecCoverage
     from cdbench.harness.run import RunResult
     from cdbench.workloads.workload import WorkloadReport
@@ -167,6 +168,20 @@ class SavedRun:
             return WorkloadIssues.model_validate(section)
         except ValidationError as err:
             raise ResultsError(f"run folder {self.folder}: summary.json's workload_issues is malformed: "
+                               f"{err.errors()[0]['msg']}") from None
+
+    @property
+    def forward_speed(self) -> ForwardSpeed | None:
+        """The forward speed that priced the run's steps (``None``: not priced, or a run from before)."""
+        from cdbench.harness.costs.forward_speed import ForwardSpeed
+
+        section = self.summary.get("forward_speed")
+        if section is None:
+            return None
+        try:
+            return ForwardSpeed.model_validate(section)
+        except ValidationError as err:
+            raise ResultsError(f"run folder {self.folder}: summary.json's forward_speed is malformed: "
                                f"{err.errors()[0]['msg']}") from None
 
     @property

@@ -124,3 +124,50 @@ def test_refit_with_the_measured_all_reduce_and_held_out_shapes(tmp_path: Path) 
                                       "--measurements", str(REPO / "reports/calibration/qwen3-8b__h200.csv"),
                                       "--all-reduce", str(REPO / runs[0])])
     assert result.exit_code == 2 and "these measurements are of one GPU" in result.output
+
+
+def test_probe_a_tiny_cpu_calibration_and_price_a_run_at_its_speed(tmp_path: Path) -> None:
+    from cdbench.harness.costs.forward_speed import ForwardProbe, fit_speed
+    from cdbench.results.config_files import ConfigError
+    from cdbench.results.run_config import validate_run_config
+
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY)
+    cal = tmp_path / "tiny.json"
+    fitted = CliRunner().invoke(app, ["calibrate", "--model", str(spec), "--gpu-name", "h100", "--out", str(cal),
+                                      "--grid", "tiny", "--device", "cpu"])
+    assert fitted.exit_code == 0, fitted.output
+    probe = tmp_path / "probe.json"
+    result = CliRunner().invoke(app, ["calibrate", "--model", str(spec), "--gpu-name", "h100", "--probe", str(probe),
+                                      "--calibration", str(cal), "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert f"--set costs.forward_speed=probe:{probe}" in result.output
+    written = ForwardProbe.model_validate_json(probe.read_text())
+    measured = {s.shape: s.measured_s for s in ForwardCalibration.load(cal).fit}
+    assert set(written.shapes) == set(measured) and len(written.ratios) == 7  # the tiny grid's every shape
+    assert (written.model, written.gpu, written.device) == ("tiny-gqa", "h100-sxm", "cpu")
+    assert written.speed.decode_steps == 3 and written.speed.prefill_steps == 4
+    # the speed is the fit of the written ratios, decode-only shapes apart from those with prefill chunks
+    prefill = ["prefill" in shape for shape in written.shapes]
+    ratios = list(zip(written.ratios, prefill, strict=True))
+    refit = fit_speed([r for r, p in ratios if not p], [r for r, p in ratios if p], f"probe:{probe}", min_ratios=4)
+    assert written.speed == refit and all(r > 0 for r in written.ratios)
+    tree = {"mode": "model", "costs": {"model": str(spec), "gpu": "h100", "forward_calibration": str(cal),
+                                       "fixed_grammar": {}, "forward_speed": f"probe:{probe}"}}
+    speed = validate_run_config(tree).costs.forward_speed
+    assert speed.decode == written.speed.decode and speed.source == f"probe:{probe}"
+    with pytest.raises(ConfigError, match=f"probe:{probe} probed tiny-gqa on h100-sxm at tp=1; this run prices "
+                                          "qwen3-8b"):
+        validate_run_config({"mode": "model", "costs": {"model": "qwen3-8b", "fixed_grammar": {},
+                                                        "forward_speed": f"probe:{probe}"}})
+    with pytest.raises(ConfigError, match="not a forward probe"):
+        validate_run_config({**tree, "costs": {**tree["costs"], "forward_speed": f"probe:{cal}"}})
+
+
+def test_a_probe_of_another_models_calibration_is_refused(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["calibrate", "--model", "qwen3-8b", "--gpu-name", "h100", "--probe",
+                                      str(tmp_path / "p.json"), "--calibration",
+                                      str(REPO / "cdbench/harness/costs/calibrations/llama-3.1-8b__h100-sxm.json")])
+    assert result.exit_code == 2
+    assert "is for llama-3.1-8b on h100-sxm at tp=1; the probe times qwen3-8b on h100-sxm" in result.output
+    assert not (tmp_path / "p.json").exists()

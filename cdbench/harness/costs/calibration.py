@@ -55,13 +55,8 @@ class ForwardMeasurement:
 
     @property
     def label(self) -> str:
-        parts = []
-        if self.decode_rows:
-            parts.append(f"decode {self.decode_rows}x{self.decode_kv}")
-        if self.prefill_chunks:
-            chunk = f"prefill {self.prefill_chunks}x{self.prefill_new}"
-            parts.append(chunk + (f"+{self.prefill_cached}" if self.prefill_cached else ""))
-        return " + ".join(parts)
+        return shape_label(self.decode_rows, self.decode_kv, self.prefill_chunks, self.prefill_new,
+                           self.prefill_cached)
 
     @property
     def prefill_tokens(self) -> int:
@@ -77,6 +72,21 @@ class ForwardMeasurement:
     def decode_kv_tokens(self) -> int:
         """Cached tokens of the decode rows, summed (what the scheduler passes as ``decode_kv_tokens``)."""
         return self.decode_rows * self.decode_kv
+
+
+def shape_label(decode_rows: int, decode_kv: int, prefill_chunks: int, prefill_new: int, prefill_cached: int) -> str:
+    """A step shape's name, as a calibration's ``fit`` lists it.
+
+    >>> shape_label(64, 1024, 1, 256, 0), shape_label(0, 0, 2, 1024, 512)
+    ('decode 64x1024 + prefill 1x256', 'prefill 2x1024+512')
+    """
+    parts = []
+    if decode_rows:
+        parts.append(f"decode {decode_rows}x{decode_kv}")
+    if prefill_chunks:
+        chunk = f"prefill {prefill_chunks}x{prefill_new}"
+        parts.append(chunk + (f"+{prefill_cached}" if prefill_cached else ""))
+    return " + ".join(parts)
 
 
 _FIELDS = [f.name for f in fields(ForwardMeasurement)]

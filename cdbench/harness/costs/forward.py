@@ -35,8 +35,10 @@ layers are priced as before, over their own count.
 :meth:`ForwardCostModel.mtp_draft_s` prices multi-token-prediction drafting: each
 drafted token per row is one pass of the MTP layer and the LM head over the rows.
 
-The sum is multiplied by ``calibration`` (1 by default) and a fixed per-step
-overhead is added. A forward calibration (:mod:`.calibration`, fitted by
+A fixed per-step overhead is added to the sum, and the whole is multiplied by
+the host's forward speed (:mod:`.forward_speed`: 1 by default; decode-only
+steps and steps with prefill chunks may have a speed each). A forward
+calibration (:mod:`.calibration`, fitted by
 ``cdbench calibrate`` to live forward steps timed on a GPU) replaces the
 efficiencies and adds per-token and per-row costs; the one shipped for
 the model and GPU is used by default, and :attr:`ForwardCostModel.calibration_source`
@@ -55,15 +57,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cdbench.harness.costs.calibration import (
     CalibrationError,
     ForwardCalibration,
     shipped_calibration_path,
 )
+from cdbench.harness.costs.forward_speed import PROBE_PREFIX, ForwardSpeed
 from cdbench.harness.costs.hardware import (
     GPUSpec,
     ModelSpec,
@@ -93,7 +97,7 @@ def attention_pairs(new_tokens, cached_tokens):
 
 @dataclass(frozen=True)
 class StepCost:
-    """Where a step's time goes (seconds; ``total_s`` includes calibration and overhead).
+    """Where a step's time goes (seconds; ``total_s`` includes the overhead and the forward speed).
 
     The linear parts are each at its own roof; the step pays their smooth
     maximum (a hard maximum for the uncalibrated roofline). ``overhead_s`` is the
@@ -192,7 +196,9 @@ class ForwardCostModel:
     model, gpu : a built-in name, a YAML/JSON spec file, or a spec object.
     tp : tensor-parallel degree; weights, FLOPs and (GQA) KV heads split over
         ranks, and each layer pays two ring all-reduces of the hidden states.
-    calibration : multiplies the step time above its fixed per-step overhead.
+    speed : the host's forward speed: each step's time, overhead included, is
+        multiplied by it (a number, or a :class:`~.forward_speed.ForwardSpeed`
+        with its own factor for steps with prefill chunks).
     step_overhead_s : fixed cost of a step (launches, synchronisation) of the
         uncalibrated roofline; a forward calibration brings its own.
     forward_calibration : ``"auto"`` (default): the calibration shipped for this
@@ -206,20 +212,23 @@ class ForwardCostModel:
         model: str | Path | ModelSpec,
         gpu: str | Path | GPUSpec,
         tp: int = 1,
-        calibration: float = 1.0,
+        speed: float | ForwardSpeed = 1.0,
         step_overhead_s: float = 2e-4,
         forward_calibration: str | Path | ForwardCalibration = "auto",
         moe_imbalance: float = 1.0,
     ) -> None:
         if tp < 1:
             raise ValueError(f"tp must be >= 1, got {tp}")
-        if calibration <= 0:
-            raise ValueError(f"calibration must be > 0, got {calibration}")
+        if not isinstance(speed, ForwardSpeed):
+            if speed <= 0:
+                raise ValueError(f"forward speed must be > 0, got {speed}")
+            speed = ForwardSpeed.given(speed)
         if moe_imbalance < 1:
             raise ValueError(f"moe_imbalance must be >= 1, got {moe_imbalance}")
         self.model = m = resolve_model(model)
         self.gpu = g = resolve_gpu(gpu)
-        self.tp, self.calibration = tp, calibration
+        self.tp, self.speed = tp, speed
+        self._decode_speed, self._prefill_speed = speed.decode, speed.prefill
         fit, self.calibration_source = _pick_calibration(forward_calibration, m, g, tp)
         self.params = p = ForwardParams.from_calibration(fit) if fit else ForwardParams.roofline(g, step_overhead_s)
         self.step_overhead_s = p.step_overhead_s
@@ -264,7 +273,7 @@ class ForwardCostModel:
 
     def __repr__(self) -> str:
         return (f"ForwardCostModel({self.model.name!r}, {self.gpu.name!r}, tp={self.tp}, "
-                f"calibration={self.calibration}, forward_calibration={self.calibration_source!r})")
+                f"speed={self.speed.describe()!r}, forward_calibration={self.calibration_source!r})")
 
     def peak_times(self, prefill_tokens, prefill_context_tokens, decode_rows, decode_kv_tokens,
                    prefill_chunks=0) -> PeakTimes:
@@ -352,7 +361,10 @@ class ForwardCostModel:
         params = params or self.params
         lc, lm, pa, da, comm, per_token = self._parts(peak, params)
         body = smooth_max(lc, lm, params.linear_sharpness) + pa + da + comm + per_token
-        return self.calibration * body + params.step_overhead_s
+        speed = self._decode_speed
+        if self._prefill_speed != speed:  # a step with prefill chunks runs at its own measured speed
+            speed = np.where(np.asarray(peak.tokens) > np.asarray(peak.decode_rows), self._prefill_speed, speed)
+        return speed * (body + params.step_overhead_s)
 
     def step_s(
         self,
@@ -396,7 +408,7 @@ class ForwardCostModel:
         decode_kv_tokens: float = 0,
         prefill_chunks: int = 0,
     ) -> StepCost:
-        """The parts of :meth:`step_s` (before the ``calibration`` multiplier), for reports and tests."""
+        """The parts of :meth:`step_s` (before the forward speed), for reports and tests."""
         peak = self.peak_times(prefill_tokens, prefill_context_tokens, decode_rows, decode_kv_tokens, prefill_chunks)
         lc, lm, pa, da, comm, per_token = (float(x) for x in self._parts(peak, self.params))
         total = self.step_s(prefill_tokens, prefill_context_tokens, decode_rows, decode_kv_tokens, prefill_chunks)
@@ -409,7 +421,7 @@ class ForwardCostModel:
         Drafting is sequential: draft ``j`` feeds draft ``j + 1``, so it is ``drafts`` passes of the
         head over the rows, each reading the head's weights (the experts its rows touch) and the LM
         head, and attending over the rows' ``kv_tokens`` of context (one more per row each pass).
-        Priced with this model's efficiencies and ``calibration`` (the passes run inside the step:
+        Priced with this model's efficiencies and decode speed (the passes run inside the step:
         no step overhead). ``ValueError`` when the model has no MTP layer.
         """
         if not self.model.mtp_layers:
@@ -419,7 +431,7 @@ class ForwardCostModel:
         if self._mtp is None:
             self._mtp = _MtpRoof(self.model, self.tp, self.gpu.bf16_dense_flops, self.gpu.hbm_bandwidth_Bps)
         total = sum(self._mtp.pass_s(rows, kv_tokens + j * rows, self.params) for j in range(drafts))
-        return self.calibration * total
+        return self._decode_speed * total
 
 
 class _MtpRoof:
@@ -494,12 +506,50 @@ class ForwardConfig(BaseModel):
     model: str | ModelSpec = Field(default="llama-3.1-8b", description="built-in name, spec file, or inline spec")
     gpu: str | GPUSpec = Field(default="h100-sxm", description="built-in name, spec file, or inline spec")
     tp: int = Field(default=1, ge=1)
-    calibration: float = Field(default=1.0, gt=0)
+    forward_speed: float | ForwardSpeed | str = Field(
+        default=1.0, description="this host's forward time over the calibration's price (1.04: 4 % slower), "
+        "multiplying every step's forward: a number; live-run:<run folder or PACK::RUN>, fitted from that live "
+        "run's steps; or probe:<file>, from cdbench calibrate --probe (both resolved into a fitted speed, with "
+        "its source, when the run's configuration is checked). 'calibration' is its earlier name")
     step_overhead_s: float = Field(default=2e-4, ge=0, description="uncalibrated roofline only")
     forward_calibration: str = Field(
         default="auto", description="auto (the shipped fit for this model and GPU, else none), none, or a file")
     moe_imbalance: float = Field(default=1.0, ge=1, description="MoE routing skew (1: uniform; module doc)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _earlier_name(cls, data: Any) -> Any:
+        # configs written before forward_speed (every run folder's config.yaml) name it calibration
+        if isinstance(data, dict) and "calibration" in data:
+            data = dict(data)
+            earlier = data.pop("calibration")
+            if "forward_speed" not in data:
+                data["forward_speed"] = earlier
+            elif earlier != 1.0:
+                raise ValueError("calibration is forward_speed's earlier name: set one of them")
+        return data
+
+    @field_validator("forward_speed")
+    @classmethod
+    def _speed_source(cls, value: float | ForwardSpeed | str) -> float | ForwardSpeed | str:
+        if isinstance(value, str):
+            for prefix in ("live-run:", PROBE_PREFIX):
+                if value.startswith(prefix) and value.removeprefix(prefix):
+                    return value
+            raise ValueError("expected a number, 'live-run:<run folder or PACK::RUN>' or 'probe:<file>'")
+        if isinstance(value, float) and not value > 0:
+            raise ValueError("a forward speed is > 0")
+        return value
+
+    def speed(self) -> ForwardSpeed:
+        """``forward_speed`` as a :class:`ForwardSpeed`; a ``live-run:`` or ``probe:`` source must have been
+        resolved (:func:`cdbench.results.run_config.validate_run_config` does) before."""
+        value = self.forward_speed
+        if isinstance(value, str):
+            raise ValueError(f"costs.forward_speed {value!r} is fitted when the run's configuration is checked "
+                             "(validate_run_config); it was not")
+        return value if isinstance(value, ForwardSpeed) else ForwardSpeed.given(value)
+
     def build(self) -> ForwardCostModel:
-        return ForwardCostModel(self.model, self.gpu, self.tp, self.calibration, self.step_overhead_s,
+        return ForwardCostModel(self.model, self.gpu, self.tp, self.speed(), self.step_overhead_s,
                                 self.forward_calibration, self.moe_imbalance)

@@ -35,11 +35,11 @@ def test_decode_batch1_is_weight_bytes_over_bandwidth(llama_h100: ForwardCostMod
     assert llama_h100.breakdown(decode_rows=1, decode_kv_tokens=100).linear_bound == "memory"
 
 
-def test_overhead_and_calibration_apply() -> None:
+def test_overhead_and_speed_apply() -> None:
     base = ForwardCostModel("llama-3.1-8b", "h100-sxm", step_overhead_s=0.0, forward_calibration="none")
-    tuned = ForwardCostModel("llama-3.1-8b", "h100-sxm", calibration=1.5, step_overhead_s=1e-3, forward_calibration="none")
+    tuned = ForwardCostModel("llama-3.1-8b", "h100-sxm", speed=1.5, step_overhead_s=1e-3, forward_calibration="none")
     args = dict(decode_rows=4, decode_kv_tokens=4000)
-    assert tuned.step_s(**args) == pytest.approx(1.5 * base.step_s(**args) + 1e-3)
+    assert tuned.step_s(**args) == pytest.approx(1.5 * (base.step_s(**args) + 1e-3))
     assert tuned.step_s() == 0.0
 
 

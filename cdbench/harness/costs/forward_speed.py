@@ -1,0 +1,171 @@
+"""How fast a host's GPU runs the forward against its calibration: ``costs.forward_speed``.
+
+A forward calibration (:mod:`.calibration`) is fitted on one lent host; another host of the same GPU kind
+runs the same steps a few per cent faster or slower. :class:`ForwardSpeed` is that factor, the measured
+forward time over the calibrated price of the same step: the forward model multiplies each step's whole
+price by it (1.04: this host's forwards take 4 % longer than the calibration's), decode-only steps by
+``decode`` and steps with prefill chunks by ``prefill``. It is given as a number, or fitted
+(:func:`fit_speed`) from per-step ratios:
+
+- a live run's steps (``live-run:<ref>``, fitted by :mod:`cdbench.results.live_forward_speed`): every
+  step that ran a forward, its measured ``forward_s`` over the model's price of its shape; a decode-only
+  step priced padded to the policy's CUDA-graph size, as model mode prices it; a step with prefill chunks
+  priced with the prompts the requests table says it admitted, each a whole chunk with nothing cached (a
+  step whose admitted prompts do not add up to its prefill tokens, a chunked or recomputed prompt, is left
+  out and counted);
+- a probe (``probe:<file>``, written by ``cdbench calibrate --probe``): some of the calibration's own
+  shapes timed on this host as the calibration timed them, each over the time the calibration's host
+  measured (:class:`ForwardProbe`).
+
+The statistic is the median of the ratios, its spread the half-width of their interquartile range. The
+two kinds of step get a speed each when their medians differ by more than the larger of their spreads;
+otherwise both take the median over all steps (so a difference within the steps' own scatter does not
+split them).
+
+>>> ForwardSpeed.given(1.04).describe()
+'1.04 (given)'
+>>> fit_speed([1.05] * 12, [0.98] * 3, "live-run:x").describe()
+'decode 1.05, prefill 0.98, fitted from live-run:x: 12 decode steps (spread ±0.0%), 3 with prefill (spread ±0.0%)'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from cdbench.harness.costs.calibration import ForwardCalibration, ForwardMeasurement
+
+PROBE_PREFIX = "probe:"
+MIN_STEPS = 10
+"""Fewest priced steps a fit of a live run takes: fewer say nothing about a host's speed."""
+MIN_PROBE_SHAPES = 4
+"""Fewest shapes a probe fits (each the median of many timed repetitions)."""
+
+
+class ForwardSpeedError(ValueError):
+    """A forward speed that cannot be fitted or read (the message names the source and the reason)."""
+
+
+class ForwardSpeed(BaseModel):
+    """Measured over calibrated forward time, by kind of step, and where it came from.
+
+    ``source`` is ``given``, ``live-run:<ref>`` or ``probe:<file>``; the counts and spreads are those
+    of the fit (0 and None for a given number).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    decode: float = Field(gt=0, description="decode-only steps' measured / calibrated forward")
+    prefill: float = Field(gt=0, description="steps with prefill chunks' measured / calibrated forward")
+    source: str = Field("given", description="given, live-run:<ref> or probe:<file>")
+    decode_steps: int = Field(0, ge=0, description="decode-only steps fitted")
+    prefill_steps: int = Field(0, ge=0, description="steps with prefill chunks fitted")
+    left_out_steps: int = Field(0, ge=0, description="steps with prefill chunks whose shape is unknown")
+    decode_spread: float | None = Field(None, ge=0, description="half the decode ratios' interquartile range")
+    prefill_spread: float | None = Field(None, ge=0, description="half the prefill ratios' interquartile range")
+
+    @classmethod
+    def given(cls, value: float) -> ForwardSpeed:
+        return cls(decode=value, prefill=value)
+
+    @property
+    def is_one(self) -> bool:
+        return self.decode == 1.0 and self.prefill == 1.0
+
+    def describe(self) -> str:
+        """One line: the speed and its origin."""
+        speed = (f"{self.decode:.4g}" if self.decode == self.prefill
+                 else f"decode {self.decode:.4g}, prefill {self.prefill:.4g}")
+        if self.source == "given":
+            return f"{speed} (given)"
+        counts = f"{self.decode_steps} decode steps (spread {_pct(self.decode_spread)})"
+        if self.prefill_steps:
+            counts += f", {self.prefill_steps} with prefill (spread {_pct(self.prefill_spread)})"
+        if self.left_out_steps:
+            counts += f", {self.left_out_steps} left out"
+        return f"{speed}, fitted from {self.source}: {counts}"
+
+
+def _pct(spread: float | None) -> str:
+    return "-" if spread is None else f"±{spread:.1%}"
+
+
+def _median_spread(ratios: np.ndarray) -> tuple[float, float]:
+    q1, median, q3 = np.percentile(ratios, [25, 50, 75])
+    return float(median), float(q3 - q1) / 2.0
+
+
+def fit_speed(decode_ratios: Sequence[float], prefill_ratios: Sequence[float], source: str,
+              left_out: int = 0, min_ratios: int = MIN_STEPS) -> ForwardSpeed:
+    """The speed from per-step measured / priced ratios of decode-only steps and steps with prefill chunks
+    (module doc for the rule); :class:`ForwardSpeedError` naming ``source`` when there are fewer than
+    ``min_ratios``."""
+    dec, pre = np.asarray(decode_ratios, float), np.asarray(prefill_ratios, float)
+    if len(dec) + len(pre) < min_ratios:
+        raise ForwardSpeedError(f"{source}: {len(dec) + len(pre)} priced forward steps; a fit needs {min_ratios}")
+    counts = dict(source=source, decode_steps=len(dec), prefill_steps=len(pre), left_out_steps=left_out)
+    d_med, d_spread = _median_spread(dec) if len(dec) else (None, None)
+    p_med, p_spread = _median_spread(pre) if len(pre) else (None, None)
+    if d_med is not None and p_med is not None and abs(d_med - p_med) > max(d_spread, p_spread):
+        return ForwardSpeed(decode=d_med, prefill=p_med, decode_spread=d_spread, prefill_spread=p_spread,
+                            **counts)
+    both, _ = _median_spread(np.concatenate([dec, pre]))
+    return ForwardSpeed(decode=both, prefill=both, decode_spread=d_spread, prefill_spread=p_spread, **counts)
+
+
+def read_probe(path: str | Path, priced: tuple[str, str, int]) -> ForwardSpeed:
+    """The speed a probe file (``cdbench calibrate --probe``) holds, its source naming the file;
+    :class:`ForwardSpeedError` when it is no probe or probed another (model, GPU, TP) than ``priced``."""
+    path = Path(path)
+    try:
+        probe = ForwardProbe.model_validate_json(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ForwardSpeedError(f"{PROBE_PREFIX}{path}: cannot read the probe: {err.strerror or err}") from None
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "<root>"
+        raise ForwardSpeedError(f"{PROBE_PREFIX}{path}: not a forward probe (field {field!r}: {first['msg']})") \
+            from None
+    probed = (probe.model, probe.gpu, probe.tp)
+    if probed != priced:
+        raise ForwardSpeedError(f"{PROBE_PREFIX}{path} probed {probed[0]} on {probed[1]} at tp={probed[2]}; this "
+                                f"run prices {priced[0]} on {priced[1]} at tp={priced[2]}")
+    return probe.speed.model_copy(update={"source": f"{PROBE_PREFIX}{path}"})
+
+
+class ForwardProbe(BaseModel):
+    """A probe's file: some of a calibration's own shapes timed again on a host, each against the time the
+    calibration's host measured for it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    model: str
+    gpu: str
+    tp: int = 1
+    calibration: str = Field(description="the calibration whose measurements the shapes are timed against")
+    device: str = Field(description="the device the shapes ran on")
+    shapes: list[str]
+    ratios: list[float] = Field(description="each shape's time here over the calibration host's")
+    speed: ForwardSpeed
+
+    @classmethod
+    def of(cls, calibration: ForwardCalibration, source: str, measured: Sequence[ForwardMeasurement],
+           path: str | Path) -> ForwardProbe:
+        """The probe of ``measured`` (shapes of ``calibration``, named ``source``) written to ``path``: the
+        ratios fitted as a live run's steps are (:func:`fit_speed`, one ratio a shape, decode-only shapes
+        apart from those with prefill chunks)."""
+        there = {shape.shape: shape.measured_s for shape in calibration.fit}
+        missing = [m.label for m in measured if m.label not in there]
+        if missing:
+            raise ForwardSpeedError(f"{source} measured no {', '.join(missing)}: the probe times its shapes only")
+        ratios = [m.median_s / there[m.label] for m in measured]
+        decode = [r for m, r in zip(measured, ratios, strict=True) if not m.prefill_chunks]
+        prefill = [r for m, r in zip(measured, ratios, strict=True) if m.prefill_chunks]
+        speed = fit_speed(decode, prefill, f"{PROBE_PREFIX}{path}", min_ratios=MIN_PROBE_SHAPES)
+        return cls(model=calibration.model, gpu=calibration.gpu, tp=calibration.tp, calibration=source,
+                   device=measured[0].gpu_device, shapes=[m.label for m in measured], ratios=ratios, speed=speed)
+
+
+__all__ = ["MIN_PROBE_SHAPES", "MIN_STEPS", "PROBE_PREFIX", "ForwardProbe", "ForwardSpeed", "ForwardSpeedError",
+           "fit_speed", "read_probe"]

@@ -1,0 +1,112 @@
+"""The host's forward speed (costs.forward_speed): the fit's rule, and a model run priced at it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from cdbench.harness.config import RunConfig
+from cdbench.harness.costs.forward import (
+    ForwardConfig,
+    ForwardCostModel,
+    attention_pairs,
+)
+from cdbench.harness.costs.forward_speed import (
+    ForwardSpeed,
+    ForwardSpeedError,
+    fit_speed,
+)
+from cdbench.harness.run import run
+from cdbench.results.live_forward_speed import step_ratios
+
+
+def _ratios(centre: float, n: int, scatter: float = 0.005, seed: int = 0) -> np.ndarray:
+    return centre * (1.0 + np.random.default_rng(seed).normal(0.0, scatter, n))
+
+
+def test_ratios_of_one_speed_give_it_back_as_one():
+    speed = fit_speed(_ratios(1.05, 400), _ratios(1.05, 40, seed=1), "live-run:x")
+    assert speed.decode == speed.prefill == pytest.approx(1.05, abs=2e-3)
+    assert (speed.decode_steps, speed.prefill_steps) == (400, 40)
+    assert speed.decode_spread == pytest.approx(0.674 * 0.005 * 1.05, rel=0.2)  # a normal's half IQR
+
+
+def test_kinds_apart_by_more_than_their_spread_get_a_speed_each():
+    split = fit_speed(_ratios(1.03, 400), _ratios(0.98, 40, seed=1), "live-run:x")
+    assert split.decode == pytest.approx(1.03, abs=2e-3) and split.prefill == pytest.approx(0.98, abs=3e-3)
+    # 0.6 points apart with 2 points of scatter: one speed, the median of all steps
+    close = fit_speed(_ratios(1.030, 400, 0.03), _ratios(1.024, 40, 0.03, seed=1), "live-run:x")
+    assert close.decode == close.prefill
+    assert close.decode == pytest.approx(np.median(np.concatenate([_ratios(1.030, 400, 0.03),
+                                                                    _ratios(1.024, 40, 0.03, seed=1)])))
+
+
+def test_a_fit_of_a_few_steps_is_refused_naming_its_source():
+    with pytest.raises(ForwardSpeedError, match=r"live-run:x: 9 priced forward steps; a fit needs 10"):
+        fit_speed([1.0] * 9, [], "live-run:x")
+
+
+def test_the_speed_multiplies_the_whole_step_by_its_kind():
+    base = ForwardCostModel("qwen3-8b", "h100-sxm")
+    fast = ForwardCostModel("qwen3-8b", "h100-sxm", speed=ForwardSpeed(decode=1.05, prefill=0.97))
+    decode = dict(decode_rows=8, decode_kv_tokens=8000)
+    prefill = dict(prefill_tokens=512, prefill_context_tokens=attention_pairs(512, 0), prefill_chunks=1,
+                   decode_rows=8, decode_kv_tokens=8000)
+    assert fast.step_s(**decode) == pytest.approx(1.05 * base.step_s(**decode), rel=1e-14)
+    assert fast.step_s(**prefill) == pytest.approx(0.97 * base.step_s(**prefill), rel=1e-14)
+    both = fast.step_s_array([0, 512], [0, attention_pairs(512, 0)], [8, 8], [8000, 8000], [0, 1])
+    assert both == pytest.approx([1.05 * base.step_s(**decode), 0.97 * base.step_s(**prefill)], rel=1e-14)
+    assert ForwardCostModel("qwen3-8b", "h100-sxm", speed=1.0).step_s(**decode) == base.step_s(**decode)
+
+
+def test_calibration_is_the_earlier_name_of_forward_speed():
+    assert ForwardConfig.model_validate({"calibration": 1.04}).forward_speed == 1.04
+    # a config written before forward_speed carries calibration 1.0 beside a new forward_speed
+    assert ForwardConfig.model_validate({"calibration": 1.0, "forward_speed": 1.02}).forward_speed == 1.02
+    with pytest.raises(ValidationError, match="calibration is forward_speed's earlier name"):
+        ForwardConfig.model_validate({"calibration": 1.04, "forward_speed": 1.02})
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("fast", "expected a number, 'live-run:<run folder or PACK::RUN>' or 'probe:<file>'"),
+    ("live-run:", "expected a number"),
+    (0.0, "a forward speed is > 0"),
+])
+def test_a_bad_speed_is_refused(value, message):
+    with pytest.raises(ValidationError, match=message):
+        ForwardConfig.model_validate({"forward_speed": value})
+
+
+def test_an_unresolved_source_is_not_priced():
+    with pytest.raises(ValueError, match="is fitted when the run's configuration is checked"):
+        ForwardConfig(forward_speed="live-run:runs/x").build()
+
+
+def _model_run(speed):
+    tree = {"mode": "model", "vocab": "cl100k", "seed": 3, "policy": {"name": "sglang"},
+            "costs": {"model": "qwen3-8b", "gpu": "h100-sxm", "fixed_grammar": {}, "forward_speed": speed},
+            "workload": {"num_requests": 30, "kinds": ["regex"], "arrival": {"process": "poisson", "rate": 40.0},
+                         "prompt_len": {"dist": "uniform", "low": 64, "high": 900},
+                         "output_len": {"dist": "uniform", "low": 8, "high": 60}}}
+    config = RunConfig.model_validate(tree)
+    return config, run(config)
+
+
+def test_a_model_run_prices_each_steps_forward_at_exactly_its_speed():
+    speed = ForwardSpeed(decode=1.05, prefill=0.97)
+    config, result = _model_run(speed.model_dump())
+    steps, requests = result.steps, result.requests
+    at_one = config.costs.model_copy(update={"forward_speed": 1.0}).build()
+    decode, prefill, left_out = step_ratios(steps, requests, at_one, config.scheduler_config().cuda_graph_sizes)
+    assert len(decode) > 50 and len(prefill) > 5
+    assert decode == pytest.approx(np.full(len(decode), 1.05), rel=1e-12)
+    assert prefill == pytest.approx(np.full(len(prefill), 0.97), rel=1e-12)
+    assert result.summary.forward_speed == speed
+
+
+def test_a_model_run_at_a_speed_is_deterministic():
+    first, second = _model_run(1.04)[1], _model_run(1.04)[1]
+    assert first.steps.equals(second.steps)
+    assert first.summary == second.summary
+    assert first.summary.mean_tpot_ms > _model_run(1.0)[1].summary.mean_tpot_ms
