@@ -25,7 +25,9 @@ pinned to one core, at 57511d6; ``main`` before it took 1.4-1.5 ms a request,
       100000 requests: peak 1324.1 MiB (at the end of the simulation  910.1 MiB), simulation   82.6 s CPU (826 µs a request)
      1000000 requests: peak 7872.4 MiB (at the end of the simulation 2829.2 MiB), simulation  807.0 s CPU (807 µs a request)
 
-So the issue's targets are not met: a million requests take 13 minutes of simulation
+(At 9ca3a41 a million requests peak at about 2.4 GB, when the scheduler is built: the report reads the
+tables a row group at a time and the workload is released for the simulation;
+``reports/scheduler_benchmark.md``, issue 32's section.) Before that, the issue's targets were not met: a million requests take 13 minutes of simulation
 on one core, not 100 s (about 9 steps a request of dozens of small numpy calls each,
 and each structured request's own cost pools drawn as it arrives), and memory grows
 with the run's length: about 2.2 kB a request at the simulation's end (the workload
@@ -43,6 +45,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 _CHILD = """
@@ -60,28 +63,66 @@ def cpu():
 def peak():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
-stages, peaks = {}, {}
+def rss():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize()
+
+def mark(stage):  # a line a stage as it starts, so a run stopped at its time limit still tells how far it got
+    print(json.dumps({"stage": stage, "cpu_s": cpu() - start, "peak_bytes": peak(), "rss_bytes": rss()}), flush=True)
+
+seen = set()
 def progress(stage, fraction):
-    if stage not in stages:
-        stages[stage], peaks[stage] = cpu(), peak()
+    if stage not in seen:
+        seen.add(stage)
+        mark(stage.split(" ")[0] if stage.startswith("loading") else stage)
 
 tree, source = load_run_tree(None, {"mode": "model", "requests": int(sys.argv[1])}, [])
 config = validate_run_config(tree, source)
 start = cpu()
-record_run(config, Path(tempfile.mkdtemp()) / "run", progress=progress, finish=build_report)
-end = cpu()
-print(json.dumps({"peak_bytes": peak(), "simulate_peak_bytes": peaks["saving the results"],
-                  "simulate_cpu_s": stages["saving the results"] - stages["simulating"], "cpu_s": end - start}))
+record_run(config, Path(tempfile.mkdtemp()) / "run", progress=progress, finish=lambda run: (mark("report"), build_report(run)))
+mark("end")
 """
 
 
-def measure(requests: int, core: int | None, tree: Path) -> dict[str, float]:
-    """One run of ``requests`` in a fresh process importing cdbench from ``tree``."""
+def measure(requests: int, core: int | None, tree: Path, limit_s: float | None) -> dict[str, dict[str, float]]:
+    """One run of ``requests`` in a fresh process importing cdbench from ``tree``: each stage's CPU seconds,
+    peak and resident memory as it started (``end``: the whole run's), up to the ``limit_s`` wall seconds."""
     pin = ["taskset", "-c", str(core)] if core is not None else []
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run([*pin, sys.executable, "-c", _CHILD, str(requests)], stdout=subprocess.PIPE, text=True,
-                         check=True, env=env, cwd=tree)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    stages: dict[str, dict[str, float]] = {}
+    with subprocess.Popen([*pin, sys.executable, "-c", _CHILD, str(requests)], stdout=subprocess.PIPE, text=True,
+                          env=env, cwd=tree) as child:
+        timer = threading.Timer(limit_s, child.kill) if limit_s else None
+        if timer is not None:
+            timer.start()
+        for line in child.stdout:
+            if line.startswith("{"):
+                row = json.loads(line)
+                stages[row.pop("stage")] = row
+        child.wait()
+        if timer is not None:
+            timer.cancel()
+    return stages
+
+
+def describe(n: int, stages: dict[str, dict[str, float]]) -> str:
+    mib = 2**20
+    parts = []
+    if "simulating" in stages:
+        parts.append(f"at the simulation's start {stages['simulating']['peak_bytes'] / mib:7.1f} MiB")
+    if "saving the results" in stages:
+        sim_cpu = stages["saving the results"]["cpu_s"] - stages["simulating"]["cpu_s"]
+        parts.append(f"at its end {stages['saving the results']['peak_bytes'] / mib:7.1f} MiB")
+        parts.append(f"before the report {stages['report']['peak_bytes'] / mib:7.1f} MiB" if "report" in stages else "")
+        parts.append(f"simulation {sim_cpu:7.1f} s CPU ({sim_cpu / n * 1e6:.0f} µs a request)")
+    if "end" in stages:
+        return (f"{n:>9} requests: peak {stages['end']['peak_bytes'] / mib:7.1f} MiB ("
+                + ", ".join(p for p in parts if p) + f"), whole run {stages['end']['cpu_s']:7.1f} s CPU")
+    if not stages:
+        return f"{n:>9} requests: stopped at the time limit before its first stage"
+    last, row = list(stages.items())[-1]
+    return (f"{n:>9} requests: stopped at the time limit after stage {last!r} ({row['cpu_s']:.1f} s CPU, peak "
+            f"{row['peak_bytes'] / mib:.1f} MiB then; " + ", ".join(p for p in parts if p) + ")")
 
 
 def main() -> None:
@@ -92,18 +133,20 @@ def main() -> None:
                         help="a source tree to import cdbench from (repeat to compare trees, run in turn per size "
                              "and round); default: this repository")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each size in each tree")
+    parser.add_argument("--limit-s", type=float, default=None,
+                        help="wall seconds a run may take; one past it is stopped and reported as far as it got")
     args = parser.parse_args()
     trees = [t.resolve() for t in args.tree] if args.tree else [Path(__file__).resolve().parents[1]]
     rows: dict[Path, list[tuple[int, int]]] = {tree: [] for tree in trees}
     for n in args.requests:
         for _ in range(args.rounds):
             for tree in trees:
-                row = measure(n, args.core, tree)
-                rows[tree].append((n, row["peak_bytes"]))
-                print(f"{tree}: {n:>9} requests: peak {row['peak_bytes'] / 2**20:7.1f} MiB "
-                      f"(at the end of the simulation {row['simulate_peak_bytes'] / 2**20:7.1f} MiB), simulation "
-                      f"{row['simulate_cpu_s']:7.1f} s CPU ({row['simulate_cpu_s'] / n * 1e6:.0f} µs a request), "
-                      f"whole run {row['cpu_s']:7.1f} s CPU", flush=True)
+                load = os.getloadavg()[0]
+                stages = measure(n, args.core, tree, args.limit_s)
+                if "end" in stages:
+                    rows[tree].append((n, stages["end"]["peak_bytes"]))
+                print(f"{tree}: {describe(n, stages)}; load average {load:.1f} before, {os.getloadavg()[0]:.1f} after",
+                      flush=True)
     for tree, sizes in rows.items():
         firsts = {n: p for n, p in reversed(sizes)}  # each size's first run
         ordered = sorted(firsts.items())

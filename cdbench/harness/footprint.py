@@ -1,35 +1,49 @@
 """What a run will take, estimated from its request count before anything is built: memory and time.
 
-A run streams its records to its folder as it goes (``harness/streamed.py``) and,
-in ``model`` mode, holds the grammar cost pools of the requests in flight only
-(``costs/cost_tables.py``); what still grows with the request count is the
-workload's requests and their specs (generated before the run and kept for its
-trace file), the spec keys, compile outcomes and spec prices of the run, its
-request table, and the saved tables the report reads (the step table: about ten
-rows a request in the default workload). So its peak still grows linearly with
-the request count, at a smaller slope than when every record and cost pool was
-held. :func:`refusal` says why a run cannot run when its estimate is beyond the
+A run streams its records to its folder as it goes (``harness/streamed.py``), its
+summary and report read them back a row group at a time (``reports/binned.py``),
+and, in ``model`` mode, it holds the grammar cost pools of the requests in flight
+only (``costs/cost_tables.py``) and lets the workload's requests go once its
+scheduler and cost tables are built (``Workload.release``; the trace file is
+written from the workload's seeded streams again). What still grows with the
+request count is what is built before the simulation starts and held while it
+runs: the workload's requests and their specs while the run is set up (every
+request is its own spec in the default workload), the spec prices, spec keys
+and per-request arrays of the scheduler and its cost tables, and the compile
+cache's and compile outcomes' entries. So a ``model`` run's peak comes when its
+scheduler is built, and later stages fit in the memory the released requests
+leave. :func:`refusal` says why a run cannot run when its estimate is beyond the
 memory this machine has available, before it allocates anything.
 
-The constants are the slopes of least-squares fits of the peak resident
-memory and the CPU time of the built-in default config in ``model`` mode, run
-and saved (report included) in a fresh process per size (commit 71293d8,
-Python 3.11, 2-CPU x86-64 Linux machine, each run pinned to one core)::
+The constants come from peak resident memory of the built-in default config in
+``model`` mode, run and saved (report included) in a fresh process per size
+(commit 9ca3a41, Python 3.11, 2-CPU x86-64 Linux machine shared with other
+work, load average 10-15, each run pinned to one core)::
 
     python benchmarks/bench_run_memory.py --requests 5000 20000 40000
 
-         5000 requests: peak    631.1 MiB, CPU     6.6 s
-        20000 requests: peak    817.0 MiB, CPU    20.1 s
-        40000 requests: peak    994.6 MiB, CPU    39.1 s
-    fit: base 591 MiB + 10804 bytes/request; 930 µs of CPU/request
+         5000 requests: peak    583.9 MiB, CPU     8.2 s
+        20000 requests: peak    688.2 MiB, CPU    29.0 s
+        40000 requests: peak    720.6 MiB, CPU    49.5 s
+    fit: base 582 MiB + 3966 bytes/request; 1172 µs of CPU/request
 
-(The fit before, on branch ``streaming``: 8,839 bytes and 1,510 µs a request;
-drawing the cost pools only where read took the CPU down; the memory a request
-adds rose between the two fits, not traced. With every record and cost pool held for the whole run, a 20,000-request run
-of this config peaked at 4.4 GB on this machine; before the trace file was
-written a line at a time and the report stopped copying the step table, the fit
-gave 11,390 bytes a request. The constant before, 12,842 bytes, was measured at
-commit 161545f.)
+and a million requests (``benchmarks/bench_streaming.py``'s stages, the same
+commit): 2,360 MiB at the simulation's start, the run's peak (a run of this code
+before the release, 1,000,000 requests, still held its peak of 2,343 MiB from
+the simulation's start at a quarter of the simulation, its resident memory
+flat). Small runs peak while saving (the report's figures, the trace), so their
+slope overstates what a long run adds; :data:`BYTES_PER_REQUEST` is the slope of
+the four sizes together (1,819 bytes; 1,864 from the base to a million alone).
+Before the report read the tables a row group at a time the same fit of the
+three small sizes gave 10,804 bytes a request (commit 71293d8), and a million
+requests peaked at 7.9 GB. The CPU time a request adds,
+:data:`SECONDS_PER_REQUEST`, is that fit's (71293d8, a quieter machine: this
+session's 1,172 µs is inflated by the load; no per-iteration code changed since).
+
+Other modes hold the workload's requests for the whole run (the hybrid
+executor reads them at every step): :data:`HELD_WORKLOAD_BYTES` a request more,
+what generating the default workload adds (832 bytes a request, measured at
+three quarters of a million requests).
 
 The base (interpreter, torch, pandas, the vocabulary) is already resident when
 the check runs, so the estimate is the requests' share alone. Time is CPU
@@ -37,9 +51,10 @@ time, which does not depend on what else the machine runs; on a busy machine
 the wall time is longer.
 
 Other workloads differ (longer outputs mean more steps and inter-token
-latencies per request; ``hybrid`` mode adds the backend's compiled grammars and
-its own time per call), so the estimate is a guide for the order of magnitude:
-a run that is refused is far out of reach, not at its edge.
+latencies per request, a reused spec costs less than a new one; ``hybrid`` mode
+adds the backend's compiled grammars and its own time per call), so the estimate
+is a guide for the order of magnitude: a run that is refused is far out of reach,
+not at its edge.
 """
 
 from __future__ import annotations
@@ -53,8 +68,11 @@ from rich.filesize import decimal as _bytes
 if TYPE_CHECKING:
     from cdbench.harness.config import RunConfig
 
-BYTES_PER_REQUEST = 10_804
-"""Peak resident memory a request adds to a run (the fit's slope; see the module docstring)."""
+BYTES_PER_REQUEST = 1_819
+"""Peak resident memory a request adds to a ``model`` run (the fit's slope; see the module docstring)."""
+
+HELD_WORKLOAD_BYTES = 832
+"""What a request of the workload adds where the run holds the workload to its end (every mode but ``model``)."""
 
 SECONDS_PER_REQUEST = 930e-6
 """CPU time a request adds to a ``model``-mode run (the fit's slope, same measurement)."""
@@ -70,7 +88,7 @@ class Footprint:
 
     def describe(self) -> str:
         """E.g. ``about 8.8 TB of memory (8.8 kB a request) and 17.5 days of CPU time``."""
-        text = f"about {_bytes(self.memory_bytes)} of memory ({_bytes(BYTES_PER_REQUEST)} a request)"
+        text = f"about {_bytes(self.memory_bytes)} of memory ({_bytes(self.memory_bytes // max(self.requests, 1))} a request)"
         if self.seconds is not None:
             text += f" and {_duration(self.seconds)} of CPU time"
         return text
@@ -81,8 +99,9 @@ def estimate(config: RunConfig) -> Footprint | None:
     n = config.workload.num_requests
     if n is None:
         return None
-    seconds = n * SECONDS_PER_REQUEST if config.mode == "model" else None
-    return Footprint(n, n * BYTES_PER_REQUEST, seconds)
+    if config.mode == "model":
+        return Footprint(n, n * BYTES_PER_REQUEST, n * SECONDS_PER_REQUEST)
+    return Footprint(n, n * (BYTES_PER_REQUEST + HELD_WORKLOAD_BYTES), None)
 
 
 def available_memory() -> int:

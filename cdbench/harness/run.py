@@ -142,7 +142,8 @@ def _stopped_result(sched: Scheduler, slo: SLO | None, timeline: Timeline, start
 def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: GrammarExecutor, gpu: GpuCosts,
              seed: int = 0, max_concurrency: int | None = None, slo: SLO | None = None,
              trace_steps: int = 2000, progress: Callable[[float], None] | None = None,
-             live: LiveStep | None = None, records: RecordSink | None = None) -> RunResult:
+             live: LiveStep | None = None, records: RecordSink | None = None,
+             release: Callable[[], object] | None = None) -> RunResult:
     """Simulate ``requests`` under ``scheduler`` with the given cost sources.
 
     ``progress`` is called with the fraction of requests ended (0..1) now and then; ``live``
@@ -150,11 +151,14 @@ def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: 
     ended requests' rows and the steps every ``records.interval_s`` seconds, writes the tables
     and gives them back for the summary (computed from them chunk by chunk,
     :func:`~cdbench.harness.streamed.summarize_streamed`: the same figures), and is handed what the
-    run finished if it stops early (an interrupt or an error, which is then raised on).
+    run finished if it stops early (an interrupt or an error, which is then raised on). ``release`` is called
+    once the scheduler and ``executor`` have taken what they need of the requests (``model`` mode's executor
+    keeps none), so that their owner can let them go for the rest of the run.
     """
     start = time.perf_counter()
     timeline = Timeline(max_steps=trace_steps)
-    total = max(len(requests), 1)
+    n_requests = len(requests)
+    total = max(n_requests, 1)
     on_progress = (lambda ended: progress(ended / total)) if progress is not None else None
     if records is not None:
         sink, show, due = records, on_progress, start + records.interval_s
@@ -173,12 +177,14 @@ def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: 
     sched = Scheduler(scheduler, requests, executor, gpu, seed=seed, max_concurrency=max_concurrency,
                       timeline=timeline if trace_steps else None, on_progress=on_progress, live=live)
     finished = FinishedRows(sched.rec)
+    if release is not None:
+        release()
     try:
         sched.run()
     except BaseException as err:  # Ctrl-C included: what finished is kept
         if records is not None:
             records.stopped(_stopped_result(sched, slo, timeline, start, executor, finished, records),
-                            len(requests), err)
+                            n_requests, err)
         raise
     live_info = live.info() if live is not None else None
     if records is not None:
@@ -190,7 +196,7 @@ def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: 
         wall_s = time.perf_counter() - start
         return RunResult(RequestTable(0).to_frame(), StepLog().to_frame(), summary, timeline, wall_s,
                          executor.backend_call_s, executor.validation_s, sched.compile_errors,
-                         grammar_profile=_profile(executor, requests, seed), live=live_info, tables_written=True)
+                         grammar_profile=_profile(executor, n_requests, seed), live=live_info, tables_written=True)
     requests_frame = sched.rec.to_frame()
     steps_frame = sched.steps.to_frame()
     summary = summarize(requests_frame, steps_frame, sched.itl, sched.fill_hist, slo, sched.idle_iterations,
@@ -198,12 +204,12 @@ def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: 
     summary.time_windows = time_windows(requests_frame, slo)
     wall_s = time.perf_counter() - start
     return RunResult(requests_frame, steps_frame, summary, timeline, wall_s, executor.backend_call_s,
-                     executor.validation_s, sched.compile_errors, grammar_profile=_profile(executor, requests, seed),
+                     executor.validation_s, sched.compile_errors, grammar_profile=_profile(executor, n_requests, seed),
                      live=live_info)
 
 
-def _profile(executor: GrammarExecutor, requests: Sequence[Request], seed: int) -> GrammarProfile | None:
-    return executor.measured_profile(f"in situ: measured by a hybrid run of {len(requests)} requests, seed {seed}")
+def _profile(executor: GrammarExecutor, n_requests: int, seed: int) -> GrammarProfile | None:
+    return executor.measured_profile(f"in situ: measured by a hybrid run of {n_requests} requests, seed {seed}")
 
 
 def max_context(requests: Sequence[Request], spec_tokens: int = 0) -> int:
@@ -269,7 +275,10 @@ def run(config: RunConfig, progress: Progress | None = None, records: RecordSink
                           max_concurrency=workload.max_concurrency, slo=config.slo,
                           trace_steps=config.trace_steps,
                           progress=(lambda f: progress("simulating", f)) if progress else None, live=live,
-                          records=records)
+                          records=records,
+                          # a streamed model run holds no request once its tables are built: the run folder's
+                          # trace is written from the workload's seeded streams again
+                          release=workload.release if config.mode == "model" and records is not None else None)
     result.workload = workload
     if config.mode == "model":
         result.summary.spec_costs = coverage

@@ -129,8 +129,7 @@ class Scheduler:
         self.rng_compile = np.random.default_rng(seeds[0])
         self.rng_step = np.random.default_rng(seeds[1])
 
-        ordered = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
-        self.requests = ordered
+        ordered = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))  # (not kept: see simulate's release)
         n = self.n = len(ordered)
         rec = self.rec = RequestTable.entering(ordered)
         self.gen_total = rec.think_tokens + rec.output_len

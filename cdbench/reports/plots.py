@@ -25,6 +25,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from cdbench.reports.binned import Binned  # noqa: E402
+
 _DPI = 110
 
 
@@ -71,42 +73,35 @@ def cdf_plot(series: Mapping[str, np.ndarray], xlabel: str, title: str, path: Pa
     return _save(fig, path)
 
 
-def histogram_plot(values: np.ndarray, xlabel: str, title: str, path: Path, log_x: bool = False,
-                   weights: np.ndarray | None = None, ylabel: str = "count") -> Path:
-    """A histogram (log-spaced bins when ``log_x``) with the median and p99 marked."""
-    values = np.asarray(values, dtype=float)
-    keep = ~np.isnan(values)
-    values = values[keep]
-    weights = None if weights is None else np.asarray(weights, dtype=float)[keep]
+def histogram_plot(hist: Binned, xlabel: str, title: str, path: Path, ylabel: str = "count") -> Path:
+    """A binned histogram (:class:`~cdbench.reports.binned.Binned`; a log axis for log bins) with its median
+    and p99 marked."""
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    if values.size:
-        positive = values[values > 0]
-        # Log bins only with real spread; near-equal values (float noise) would give non-increasing edges.
-        if log_x and positive.size and positive.max() > positive.min() * 1.01:
-            bins = np.geomspace(positive.min(), positive.max(), 50)
-            ax.set_xscale("log")
-        else:
-            bins = 50
-        hist_range = None
-        if np.ptp(values) <= 1e-9 * np.abs(values).max():  # (nearly) one value: one bar around it
-            centre = float(values.mean())
-            half = abs(centre) * 0.05 or 0.5
-            bins, hist_range = 1, (centre - half, centre + half)
-        ax.hist(values, bins=bins, range=hist_range, weights=weights, color="#4C72B0", alpha=0.85)
-        for q, style in ((50, "--"), (99, ":")):
-            x = _weighted_quantile(values, q / 100, weights)
-            ax.axvline(x, color="black", linestyle=style, linewidth=1, label=f"p{q} = {x:.4g}")
-        ax.legend(fontsize="small")
+    edges, counts = hist.bars()
+    ax.stairs(counts, edges, fill=True, color="#4C72B0", alpha=0.85)
+    if hist.log:
+        ax.set_xscale("log")
+    for q, style in ((50, "--"), (99, ":")):
+        x = hist.quantile(q / 100)
+        ax.axvline(x, color="black", linestyle=style, linewidth=1, label=f"p{q} = {x:.4g}")
+    ax.legend(fontsize="small")
     _label(ax, xlabel, ylabel, title)
     return _save(fig, path)
 
 
-def _weighted_quantile(values: np.ndarray, q: float, weights: np.ndarray | None) -> float:
-    if weights is None:
-        return float(np.quantile(values, q))
-    order = np.argsort(values)
-    cum = np.cumsum(weights[order])
-    return float(values[order][min(np.searchsorted(cum, q * cum[-1]), values.size - 1)])
+def binned_cdf_plot(series: Mapping[str, Binned], xlabel: str, title: str, path: Path) -> Path:
+    """CDFs of binned distributions (:meth:`~cdbench.reports.binned.Binned.cdf`), one line per label; a log
+    axis when the first one's bins are log-spaced (all share their bins' edges)."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for label, hist in series.items():
+        x, share = hist.cdf()
+        ax.plot(x, share, label=f"{label} (n={hist.n})")
+    ax.set_ylim(0, 1.02)
+    if next(iter(series.values())).log:
+        ax.set_xscale("log")
+    _label(ax, xlabel, "fraction of requests", title)
+    ax.legend(fontsize="small", loc="lower right")
+    return _save(fig, path)
 
 
 def stacked_area_plot(x: np.ndarray, parts: Mapping[str, np.ndarray], xlabel: str, ylabel: str, title: str,

@@ -8,16 +8,19 @@ why, rather than showing an empty figure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import yaml
 
 from cdbench.reports import plots
+from cdbench.reports.binned import Binned
 from cdbench.reports.tables import summary_sections, to_markdown
 from cdbench.results.run_folder import WORKLOAD_TRACE_FILE, SavedRun
 from cdbench.results.stopped_run import STOPPED_SUMMARY_FILE, status_of
@@ -48,41 +51,88 @@ def request_latencies_ms(requests: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"ttft_ms": ttft, "tpot_ms": tpot, "e2el_ms": e2el, "structured": done["structured"]})
 
 
-def _latency_cdfs(requests: pd.DataFrame, plot_dir: Path) -> list[Figure]:
-    lat = request_latencies_ms(requests)
-    if lat.empty:
-        return [Figure("latency_cdf", "TTFT and TPOT CDFs", None, "no request completed")]
+_LATENCY_COLUMNS = ("abort_reason", "first_token_s", "issued_s", "finish_s", "output_tokens", "structured")
+
+
+def _latency_cdfs(run: SavedRun, plot_dir: Path) -> list[Figure]:
+    def values(metric: str, structured: bool | None) -> Callable[[], Iterator[tuple[np.ndarray, None]]]:
+        def read() -> Iterator[tuple[np.ndarray, None]]:
+            for chunk in run.chunks("requests", _LATENCY_COLUMNS):
+                lat = request_latencies_ms(chunk)
+                if structured is not None:
+                    lat = lat[lat["structured"].to_numpy() == structured]
+                yield lat[metric].to_numpy(float), None
+        return read
+
+    mixed = [False, False]  # some structured, some not
+    for chunk in run.chunks("requests", _LATENCY_COLUMNS):
+        kinds = request_latencies_ms(chunk)["structured"].to_numpy(bool)
+        mixed = [mixed[0] or bool(kinds.any()), mixed[1] or bool((~kinds).any())]
     figures = []
     for metric, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
-        series = {"all": lat[metric].to_numpy()}
-        if lat["structured"].any() and not lat["structured"].all():
-            series["structured"] = lat.loc[lat["structured"], metric].to_numpy()
-            series["unconstrained"] = lat.loc[~lat["structured"], metric].to_numpy()
-        path = plots.cdf_plot(series, f"{label} (ms)", f"{label} CDF", plot_dir / f"{metric[:-3]}_cdf.png")
+        every = Binned.of(values(metric, None), log=None)
+        if every is None:
+            if metric == "ttft_ms":
+                return [Figure("latency_cdf", "TTFT and TPOT CDFs", None, "no request completed")]
+            figures.append(Figure("tpot_cdf", "TPOT CDF", None, "no completed request had two output tokens"))
+            continue
+        series = {"all": every}
+        if all(mixed):
+            for name, structured in (("structured", True), ("unconstrained", False)):
+                part = Binned.of(values(metric, structured), log=every.log)
+                if part is not None:
+                    series[name] = part
+        path = plots.binned_cdf_plot(series, f"{label} (ms)", f"{label} CDF", plot_dir / f"{metric[:-3]}_cdf.png")
         figures.append(Figure(f"{metric[:-3]}_cdf", f"{label} CDF (structured vs unconstrained requests when mixed)", path))
     return figures
 
 
-def _step_breakdown(steps: pd.DataFrame, plot_dir: Path) -> list[Figure]:
-    # the columns drawn, of the busy steps (a long run's step table is large: no copy of the rest)
-    shown = [c for c in ("start_s", "duration_s", "exposed_cpu_s", "hidden_cpu_s", *STEP_PARTS) if c in steps]
-    busy = steps.loc[(steps["kind"] != "idle").to_numpy(), shown]
-    if busy.empty:
-        return [Figure("step_breakdown", "Step-time breakdown", None, "no step ran")]
+def _busy(chunk: pd.DataFrame) -> pd.DataFrame:
+    return chunk[(chunk["kind"] != "idle").to_numpy()]
+
+
+def _time_bins(run: SavedRun, select: Callable[[pd.DataFrame], pd.DataFrame], most: int
+               ) -> tuple[np.ndarray, Callable[[pd.DataFrame], np.ndarray]] | None:
+    """Bins of virtual time over the steps ``select`` keeps: their edges (at most ``most`` bins) and the bin of
+    each kept step of a chunk; ``None`` when no step is kept."""
+    lo, hi, n = math.inf, -math.inf, 0
+    for chunk in run.chunks("steps", ("kind", "start_s")):
+        start = select(chunk)["start_s"].to_numpy()
+        if len(start):
+            lo, hi, n = min(lo, float(start.min())), max(hi, float(start.max())), n + len(start)
+    if not n:
+        return None
+    bins = min(most, n)
+    edges = np.linspace(lo, hi + 1e-12, bins + 1)
+    return edges, lambda chunk: np.clip(np.digitize(chunk["start_s"].to_numpy(), edges) - 1, 0, bins - 1)
+
+
+def _step_breakdown(run: SavedRun, plot_dir: Path) -> list[Figure]:
     # Bin steps over virtual time so a long run stays readable: mean per-step time of each part per bin.
-    bins = min(200, len(busy))
-    edges = np.linspace(busy["start_s"].min(), busy["start_s"].max() + 1e-12, bins + 1)
-    which = np.clip(np.digitize(busy["start_s"], edges) - 1, 0, bins - 1)
-    grouped = busy.groupby(which)
+    binned = _time_bins(run, _busy, 200)
+    if binned is None:
+        return [Figure("step_breakdown", "Step-time breakdown", None, "no step ran")]
+    edges, bin_of = binned
+    present = set(_columns(run, "steps"))
+    shown = [c for c in ("duration_s", "exposed_cpu_s", "hidden_cpu_s", *STEP_PARTS) if c in present]
+    bins = len(edges) - 1
+    sums = {c: np.zeros(bins) for c in shown}
+    counts = np.zeros(bins, np.int64)
+    for chunk in run.chunks("steps", ("kind", "start_s", *shown)):
+        busy = _busy(chunk)
+        which = bin_of(busy)
+        counts += np.bincount(which, minlength=bins)
+        for c in shown:
+            sums[c] += np.bincount(which, busy[c].to_numpy(float), minlength=bins)
+    idx = counts.nonzero()[0]
     centers = (edges[:-1] + edges[1:]) / 2
-    idx = grouped.size().index.to_numpy()
-    parts = {c.removesuffix("_s"): grouped[c].mean().to_numpy() * 1e3 for c in STEP_PARTS
-             if c in busy and busy[c].sum() > 0}
-    overlay = {"step duration": grouped["duration_s"].mean().to_numpy() * 1e3}
+    parts = {c.removesuffix("_s"): sums[c][idx] / counts[idx] * 1e3 for c in STEP_PARTS
+             if c in sums and sums[c].sum() > 0}
+    overlay = {"step duration": sums["duration_s"][idx] / counts[idx] * 1e3}
     path = plots.stacked_area_plot(centers[idx], parts, "virtual time (s)", "mean time per step (ms)",
                                    "Step-time breakdown (parts may overlap: see exposed vs hidden)",
                                    plot_dir / "step_breakdown.png", overlay)
-    totals = {"exposed": [busy["exposed_cpu_s"].sum()], "hidden by overlap": [busy["hidden_cpu_s"].sum()]}
+    totals = {"exposed": [sums["exposed_cpu_s"].sum()], "hidden by overlap": [sums["hidden_cpu_s"].sum()]}
     overlap = plots.bar_plot(["CPU time in steps"], totals, "", "seconds (virtual)",
                              "Scheduler CPU time: exposed vs hidden by overlap", plot_dir / "overlap.png")
     return [
@@ -91,24 +141,38 @@ def _step_breakdown(steps: pd.DataFrame, plot_dir: Path) -> list[Figure]:
     ]
 
 
-def _compile_times(requests: pd.DataFrame, plot_dir: Path) -> Figure:
-    misses = requests[requests["cache"].astype(str) == "miss"]
-    seconds = (misses["compile_end_s"] - misses["compile_start_s"]).dropna()
-    if seconds.empty:
+def _columns(run: SavedRun, table: str) -> list[str]:
+    """The columns of the run's ``table`` (read from the Parquet file's schema when it is on disk)."""
+    if run.tables is not None:
+        return getattr(run, table).columns.tolist()
+    return pq.read_schema(run.folder / f"{table}.parquet").names
+
+
+def _compile_times(run: SavedRun, plot_dir: Path) -> Figure:
+    def seconds() -> Iterator[tuple[np.ndarray, None]]:
+        for chunk in run.chunks("requests", ("cache", "compile_start_s", "compile_end_s")):
+            misses = chunk[(chunk["cache"].astype(str) == "miss").to_numpy()]
+            yield (misses["compile_end_s"] - misses["compile_start_s"]).to_numpy(float) * 1e3, None
+
+    hist = Binned.of(seconds, log=True, spread=1.01)
+    if hist is None:
         return Figure("compile_time", "Compile-time distribution", None, "no grammar was compiled (no cache miss)")
-    path = plots.histogram_plot(seconds.to_numpy() * 1e3, "compile time (ms)", "Compile time per cache miss",
-                                plot_dir / "compile_time.png", log_x=True)
+    path = plots.histogram_plot(hist, "compile time (ms)", "Compile time per cache miss", plot_dir / "compile_time.png")
     return Figure("compile_time", "Compile time of every cache miss (log scale)", path)
 
 
-def _mask_times(steps: pd.DataFrame, plot_dir: Path) -> Figure:
-    masked = steps.loc[(steps["mask_rows"] > 0).to_numpy(), ["fill_s", "mask_rows"]]
-    if masked.empty:
+def _mask_times(run: SavedRun, plot_dir: Path) -> Figure:
+    def per_row_us() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for chunk in run.chunks("steps", ("fill_s", "mask_rows")):
+            masked = chunk[(chunk["mask_rows"] > 0).to_numpy()]
+            rows = masked["mask_rows"].to_numpy(float)
+            yield masked["fill_s"].to_numpy(float) / rows * 1e6, rows
+
+    hist = Binned.of(per_row_us, log=True, spread=1.01)
+    if hist is None:
         return Figure("mask_time", "Per-token mask time", None, "no step built a mask")
-    per_row_us = (masked["fill_s"] / masked["mask_rows"]).to_numpy() * 1e6
-    path = plots.histogram_plot(per_row_us, "mask fill time per row (µs)", "Per-token mask fill time",
-                                plot_dir / "mask_time.png", log_x=True, weights=masked["mask_rows"].to_numpy(),
-                                ylabel="mask rows")
+    path = plots.histogram_plot(hist, "mask fill time per row (µs)", "Per-token mask fill time",
+                                plot_dir / "mask_time.png", ylabel="mask rows")
     return Figure("mask_time", "Mask fill time per row, each step's mean weighted by its rows", path)
 
 
@@ -125,32 +189,45 @@ def _rollbacks(summary: Mapping[str, Any], plot_dir: Path) -> Figure:
     return Figure("rollback", "Drafts verified, accepted and rolled back at each draft position", path)
 
 
-def _rank_skew(requests: pd.DataFrame, plot_dir: Path) -> Figure:
-    skew = requests["rank_skew_s"].dropna()
-    if skew.empty or not (skew > 0).any():
+def _rank_skew(run: SavedRun, plot_dir: Path) -> Figure:
+    def skew_ms() -> Iterator[tuple[np.ndarray, None]]:
+        for chunk in run.chunks("requests", ("rank_skew_s",)):
+            yield chunk["rank_skew_s"].to_numpy(float) * 1e3, None
+
+    skewed = any((chunk["rank_skew_s"] > 0).any() for chunk in run.chunks("requests", ("rank_skew_s",)))
+    hist = Binned.of(skew_ms, log=False) if skewed else None
+    if hist is None:
         return Figure("rank_skew", "Per-rank release skew", None, "a single rank (or no compile), so no skew")
-    path = plots.histogram_plot(skew.to_numpy() * 1e3, "latest − earliest rank compile end (ms)",
-                                "Per-rank release skew", plot_dir / "rank_skew.png")
+    path = plots.histogram_plot(hist, "latest − earliest rank compile end (ms)", "Per-rank release skew",
+                                plot_dir / "rank_skew.png")
     return Figure("rank_skew", "How much later the slowest rank finished each compile than the fastest", path)
 
 
-def _kv_usage(summary: Mapping[str, Any], steps: pd.DataFrame, plot_dir: Path) -> Figure:
-    capacity = summary.get("kv_capacity_tokens")
-    if not capacity or "kv_tokens" not in steps or steps.empty:
+def _kv_usage(run: SavedRun, plot_dir: Path) -> Figure:
+    capacity = run.summary.get("kv_capacity_tokens")
+    binned = _time_bins(run, lambda chunk: chunk, 400) if capacity and "kv_tokens" in _columns(run, "steps") else None
+    if binned is None:
         return Figure("kv_usage", "KV-cache utilisation", None, "the KV cache was not modelled (unbounded)")
-    bins = min(400, len(steps))
-    edges = np.linspace(steps["start_s"].min(), steps["start_s"].max() + 1e-12, bins + 1)
-    which = np.clip(np.digitize(steps["start_s"], edges) - 1, 0, bins - 1)
-    grouped = (steps["kv_tokens"] / capacity).groupby(which)
-    centers = ((edges[:-1] + edges[1:]) / 2)[grouped.size().index.to_numpy()]
-    marks = steps.loc[steps["preempted"] > 0, "start_s"].to_numpy()
-    path = plots.time_series_plot(centers, {"peak in the interval": grouped.max().to_numpy(),
-                                            "mean in the interval": grouped.mean().to_numpy()},
+    edges, bin_of = binned
+    bins = len(edges) - 1
+    peak, total, counts = np.full(bins, -np.inf), np.zeros(bins), np.zeros(bins, np.int64)
+    preempting = np.zeros(bins, bool)
+    for chunk in run.chunks("steps", ("start_s", "kv_tokens", "preempted")):
+        which = bin_of(chunk)
+        used = chunk["kv_tokens"].to_numpy() / capacity
+        np.maximum.at(peak, which, used)
+        total += np.bincount(which, used, minlength=bins)
+        counts += np.bincount(which, minlength=bins)
+        preempting[which[chunk["preempted"].to_numpy() > 0]] = True
+    idx = counts.nonzero()[0]
+    centers = (edges[:-1] + edges[1:]) / 2
+    path = plots.time_series_plot(centers[idx], {"peak in the interval": peak[idx],
+                                                 "mean in the interval": total[idx] / counts[idx]},
                                   "virtual time (s)", "KV slots in use ÷ capacity",
                                   f"KV-cache utilisation ({capacity:,} token slots)", plot_dir / "kv_usage.png",
-                                  marks, "steps that preempted or retracted")
-    return Figure("kv_usage", "Share of the KV cache's token slots in use over the run; red ticks: steps that "
-                  "preempted (vLLM) or retracted (SGLang) requests", path)
+                                  centers[preempting], "intervals with a step that preempted or retracted")
+    return Figure("kv_usage", "Share of the KV cache's token slots in use over the run; red ticks: intervals "
+                  "with a step that preempted (vLLM) or retracted (SGLang) requests", path)
 
 
 def _over_time(summary: Mapping[str, Any], plot_dir: Path) -> Figure:
@@ -175,17 +252,19 @@ def _over_time(summary: Mapping[str, Any], plot_dir: Path) -> Figure:
 
 
 def build_figures(run: SavedRun) -> list[Figure]:
-    """Draw every plot the run has data for into ``run.folder / "plots"``."""
+    """Draw every plot the run has data for into ``run.folder / "plots"``, reading its tables a row group at
+    a time (:meth:`~cdbench.results.run_folder.SavedRun.chunks`): distributions are binned
+    (:mod:`cdbench.reports.binned`), step series averaged per interval of virtual time."""
     plot_dir = run.folder / "plots"
     plot_dir.mkdir(parents=True, exist_ok=True)
     return [
-        *_latency_cdfs(run.requests, plot_dir),
-        *_step_breakdown(run.steps, plot_dir),
-        _compile_times(run.requests, plot_dir),
-        _mask_times(run.steps, plot_dir),
+        *_latency_cdfs(run, plot_dir),
+        *_step_breakdown(run, plot_dir),
+        _compile_times(run, plot_dir),
+        _mask_times(run, plot_dir),
         _rollbacks(run.summary, plot_dir),
-        _rank_skew(run.requests, plot_dir),
-        _kv_usage(run.summary, run.steps, plot_dir),
+        _rank_skew(run, plot_dir),
+        _kv_usage(run, plot_dir),
         _over_time(run.summary, plot_dir),
     ]
 

@@ -368,7 +368,7 @@ class Pack:
             raise ResultsError(f"{source.ref}: unreadable summary or config: {err}") from None
         requests, steps = (self._table(name, run_id, row[f"{name.removesuffix('.parquet')}_schema"])
                            for name in TABLES)
-        return SavedRun(self.path / run_id, config, summary, requests, steps, source=source)
+        return SavedRun(self.path / run_id, config, summary, (requests, steps), source=source)
 
     def unpack(self, dest: Path, progress: Progress | None = None) -> Path:
         """Write every run back as a run folder under ``dest`` (at its id) and the campaign files at their paths."""

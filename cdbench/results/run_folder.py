@@ -45,8 +45,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -124,6 +125,9 @@ class RunSource(Protocol):
 class SavedRun:
     """A run as stored on disk: its resolved config, summary, and per-request / per-step tables.
 
+    ``tables`` holds the ``requests`` and ``steps`` frames in memory; ``None``: they are in the folder's
+    Parquet files, read whole the first time :attr:`requests` or :attr:`steps` is asked for, or a row
+    group at a time by :meth:`chunks` (a run of millions of requests, whose report reads them so).
     ``source`` is set for a run read out of a pack: ``folder`` is then the pack's path joined with the
     run's id (no such folder exists), and the run's other files are read through ``source``. A run saved
     without its tables (a campaign that kept only summaries and configs) has empty ``requests`` and
@@ -133,9 +137,26 @@ class SavedRun:
     folder: Path
     config: dict[str, Any]
     summary: dict[str, Any]
-    requests: pd.DataFrame
-    steps: pd.DataFrame
+    tables: tuple[pd.DataFrame, pd.DataFrame] | None = None
     source: RunSource | None = None
+
+    @cached_property
+    def requests(self) -> pd.DataFrame:
+        return self.tables[0] if self.tables is not None else pd.read_parquet(self.folder / TABLES[0])
+
+    @cached_property
+    def steps(self) -> pd.DataFrame:
+        return self.tables[1] if self.tables is not None else pd.read_parquet(self.folder / TABLES[1])
+
+    def chunks(self, table: str, columns: Sequence[str]) -> Iterator[pd.DataFrame]:
+        """``columns`` of the ``requests`` or ``steps`` table in row order: the frame in memory, or the folder's
+        Parquet file a row group at a time (the whole table never held)."""
+        if self.tables is not None or table in self.__dict__:
+            yield getattr(self, table)[list(columns)]
+            return
+        source = pq.ParquetFile(self.folder / f"{table}.parquet")
+        for group in range(source.num_row_groups):
+            yield source.read_row_group(group, columns=list(columns)).to_pandas()
 
     @property
     def label(self) -> str:
@@ -149,6 +170,8 @@ class SavedRun:
     @property
     def has_tables(self) -> bool:
         """Whether the per-request table was saved (a summary-only run has none)."""
+        if self.tables is None and "requests" not in self.__dict__:
+            return (self.folder / TABLES[0]).is_file()
         return not self.requests.columns.empty
 
     def read_file(self, name: str) -> bytes | None:
@@ -250,9 +273,9 @@ def save_run(result: RunResult, config: RunConfig, folder: Path, trace_max_spans
         result.rank_steps.to_parquet(folder / RANK_STEPS_FILE, index=False)
     if status is not None:
         summary["run_status"] = status.model_dump()
-    tables = (pd.read_parquet(folder / name) for name in TABLES) if result.tables_written else (
-        result.requests, result.steps)
-    saved = SavedRun(folder, config.model_dump(mode="json"), summary, *tables)
+    # a streamed run's tables stay on disk: the report reads them a row group at a time
+    tables = None if result.tables_written else (result.requests, result.steps)
+    saved = SavedRun(folder, config.model_dump(mode="json"), summary, tables)
     if finish is not None:
         finish(saved)
     summary_file = "summary.json" if status is None else "summary.stopped.json"
@@ -287,7 +310,7 @@ def load_run(folder: Path, tables_optional: bool = False, stopped_ok: bool = Tru
     for name, data in (("summary.json", summary), ("config.yaml", config)):
         if not isinstance(data, dict):
             raise ResultsError(f"run folder {folder}: {name} must hold a mapping of keys, not {type(data).__name__}")
-    return SavedRun(folder, config, summary, requests, steps)
+    return SavedRun(folder, config, summary, (requests, steps))
 
 
 def record_run(

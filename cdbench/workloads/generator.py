@@ -338,4 +338,5 @@ def generate(config: WorkloadConfig, vocab: Vocabulary, *, cache: PoolCache | No
         requests = list(stream)
     # Arrival times are already sorted (cumulative gaps); keep ids in arrival order.
     return Workload(config, vocab.name, requests, stream.pools, stream.failures, stream.skipped_lines,
-                    stream.library_ids, stream.duplicates)
+                    stream.library_ids, stream.duplicates,
+                    rebuild=lambda: RequestStream(config, vocab, cache=cache))  # the same seeded streams

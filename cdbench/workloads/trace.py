@@ -130,7 +130,7 @@ def trace_lines(workload: Workload) -> Iterator[str]:
                          config=workload.config,
                          failures=[{"spec_id": f.spec_id, "reason": f.reason} for f in workload.failures])
     yield _dump(header)
-    for r in workload.requests:
+    for r in workload.iter_requests():
         spec = None if r.spec is None else TraceSpec(kind=r.spec.kind, spec=r.spec.spec, options=dict(r.spec.options))
         walk = None if r.random_walk is None else TraceWalk(
             seed=r.random_walk.seed, eos_bias=r.random_walk.eos_bias, max_tokens=r.random_walk.max_tokens)

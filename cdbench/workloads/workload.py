@@ -7,6 +7,7 @@ account of lost items, saved with every run.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +94,30 @@ class Workload:
     duplicate_specs: dict[str, str] = field(default_factory=dict)
     bad_trace_lines: list[BadTraceLine] = field(default_factory=list)
     trace_path: Path | None = None
+    rebuild: Callable[[], Iterable[Request]] | None = None
+    """Builds the same requests again, a request at a time (a generated workload: its seeded streams), so that
+    :meth:`release` can let them go."""
+    _counts: tuple[int, int, int] | None = None  # (requests, structured, distinct specs) once released
+
+    def release(self) -> bool:
+        """Let the requests and their pools go when :attr:`rebuild` can build them again (a run that has taken
+        what it needs of them); :meth:`iter_requests` and :meth:`report` then rebuild them or use their counts.
+        The list is emptied in place, so whoever was handed it holds none of them either. Returns whether they
+        went."""
+        if self.rebuild is None or self._counts is not None:
+            return False
+        self._counts = _counts(self.requests)
+        self.requests.clear()
+        self.pools = {}
+        return True
+
+    @property
+    def released(self) -> bool:
+        return self._counts is not None
+
+    def iter_requests(self) -> Iterator[Request]:
+        """The requests in order: those held, or, once released, built again."""
+        return iter(self.rebuild()) if self.released else iter(self.requests)
 
     @property
     def max_concurrency(self) -> int | None:
@@ -116,10 +141,11 @@ class Workload:
 
     def report(self) -> WorkloadReport:
         """Counts and entries of everything that did not make it into the requests (for the run's summary)."""
+        requests, structured, distinct = self._counts if self._counts is not None else _counts(self.requests)
         return WorkloadReport(
-            requests=len(self.requests),
-            structured_requests=sum(r.spec is not None for r in self.requests),
-            distinct_specs=len({r.spec_id for r in self.requests if r.spec is not None}),
+            requests=requests,
+            structured_requests=structured,
+            distinct_specs=distinct,
             replayed_from=None if self.trace_path is None else str(self.trace_path),
             spec_failure_count=self.failure_count,
             skipped_line_count=self.skipped_line_count,
@@ -130,3 +156,9 @@ class Workload:
             bad_trace_lines=[BadTraceLineRecord(line=b.line, reason=b.reason) for b in self.bad_trace_lines],
             duplicate_specs=dict(self.duplicate_specs),
         )
+
+
+def _counts(requests: list[Request]) -> tuple[int, int, int]:
+    """Requests, structured requests and distinct specs (by id) of ``requests``."""
+    return (len(requests), sum(r.spec is not None for r in requests),
+            len({r.spec_id for r in requests if r.spec is not None}))

@@ -57,5 +57,5 @@ def write_synthetic_run(folder, seed=0, summary=None, **kwargs) -> SavedRun:
     (folder / "config.yaml").write_text("mode: model\nseed: %d\n" % seed)
     requests.to_parquet(folder / "requests.parquet", index=False)
     steps.to_parquet(folder / "steps.parquet", index=False)
-    return SavedRun(folder, {"mode": "model", "seed": seed}, summary, requests, steps)
+    return SavedRun(folder, {"mode": "model", "seed": seed}, summary, (requests, steps))
 

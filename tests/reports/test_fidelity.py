@@ -139,7 +139,7 @@ def test_without_traces_workloads_compare_by_config_section(tmp_path):
     for name, rate in (("a", 10.0), ("b", 10.0), ("c", 20.0)):
         run = write_synthetic_run(tmp_path / name)
         runs[name] = type(run)(run.folder, {"workload": {"num_requests": 60, "arrival": {"rate": rate}}},
-                               run.summary, run.requests, run.steps)
+                               run.summary, (run.requests, run.steps))
     check_same_workload({"a": runs["a"], "b": runs["b"]})
     with pytest.raises(FidelityError, match="workload section of config.yaml"):
         check_same_workload(runs)

@@ -42,3 +42,23 @@ def test_load_run_round_trip_and_errors(synthetic_run, tmp_path):
     (synthetic_run.folder / "steps.parquet").unlink()
     with pytest.raises(ResultsError, match="steps.parquet is missing"):
         load_run(synthetic_run.folder)
+
+
+def test_report_of_tables_on_disk_reads_them_a_row_group_at_a_time(synthetic_run, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from cdbench.results.run_folder import SavedRun
+
+    for name in ("requests", "steps"):  # several row groups, as a streamed run's joined tables have
+        pq.write_table(pa.Table.from_pandas(getattr(synthetic_run, name), preserve_index=False),
+                       synthetic_run.folder / f"{name}.parquet", row_group_size=7)
+    on_disk = SavedRun(synthetic_run.folder, synthetic_run.config, synthetic_run.summary)
+    chunks = list(on_disk.chunks("steps", ("start_s",)))
+    assert len(chunks) > 1 and sum(map(len, chunks)) == len(synthetic_run.steps)
+    assert "steps" not in on_disk.__dict__  # never read whole
+    text = build_report(on_disk).read_text()
+    assert "steps" not in on_disk.__dict__ and "requests" not in on_disk.__dict__
+    for name in ("ttft_cdf", "tpot_cdf", "step_breakdown", "compile_time", "mask_time", "rank_skew"):
+        assert f"](plots/{name}.png)" in text
+    assert on_disk.has_tables and on_disk.requests.shape == synthetic_run.requests.shape  # read when asked

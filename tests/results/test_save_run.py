@@ -52,3 +52,31 @@ def test_a_measured_grammar_profile_is_saved_and_loads_back(tmp_path):
         [WalkMeasurement("s", "regex", fill_s=np.full(4, 1e-5), accept_s=np.full(4, 1e-6))], source="in situ")
     save_run(result, policy("vllm", overlap=False), tmp_path / "run")
     assert GrammarProfile.load(tmp_path / "run" / "grammar_profile.json") == result.grammar_profile
+
+
+def test_a_simulation_needs_no_request_once_its_scheduler_is_built():
+    requests = [Request(i, i * 0.01, 64, 8) for i in range(6)]
+    held = list(requests)
+    result = simulate(requests, policy("vllm", overlap=False), ModelExecutor(FixedGrammarCosts()),
+                      FixedGpuCosts(forward_base_s=0.01), seed=3, release=requests.clear)
+    assert not requests and result.summary.completed == 6
+    pd.testing.assert_frame_equal(result.requests, _result().requests)  # the same run as with them held
+    assert len(held) == 6
+
+
+def test_a_recorded_model_run_writes_the_trace_of_its_released_workload(tmp_path):
+    from pathlib import Path
+
+    from cdbench.backends.vocab import load_vocab
+    from cdbench.cli.support import load_run_tree
+    from cdbench.results.run_config import validate_run_config
+    from cdbench.results.run_folder import record_run
+    from cdbench.workloads.generator import generate
+    from cdbench.workloads.trace import dumps_trace
+
+    tree, source = load_run_tree(Path("cdbench/configs/ci.yaml"), {"requests": 40}, [])
+    config = validate_run_config(tree, source)
+    saved = record_run(config, tmp_path / "run")
+    eager = generate(config.workload, load_vocab(config.vocab), progress=False)
+    assert (tmp_path / "run" / "workload.trace.jsonl").read_text() == dumps_trace(eager)
+    assert saved.summary["workload_issues"]["spec_failures"] == eager.report().spec_failure_count

@@ -51,3 +51,25 @@ def test_arrival_times_in_chunks_are_the_times_drawn_at_once(process):
     pieces = list(process.chunks(10_001, np.random.default_rng(1), 333))
     assert [len(p) for p in pieces[:-1]] == [333] * (len(pieces) - 1)
     assert np.array_equal(np.concatenate(pieces), whole)
+
+
+@pytest.mark.parametrize("name", ["kind weights, lognormal prompts", "constant, random walk, shuffled trace lengths"])
+def test_a_released_workload_builds_the_same_requests_trace_and_report(name, vocab):
+    from cdbench.workloads.trace import dumps_trace
+
+    workload = generate(WorkloadConfig(**CONFIGS[name]), vocab, progress=False)
+    held, trace, report = workload.requests, dumps_trace(workload), workload.report()
+    before = _fields(held)
+    assert workload.release() and workload.released and not held and not workload.pools  # emptied in place
+    assert not workload.release()
+    assert _fields(workload.iter_requests()) == before
+    assert dumps_trace(workload) == trace and workload.report() == report
+
+
+def test_a_replayed_workload_is_not_released(tmp_path, vocab):
+    from cdbench.workloads.trace import replay, write_trace
+
+    workload = generate(WorkloadConfig(num_requests=20), vocab, progress=False)
+    write_trace(workload, tmp_path / "t.jsonl")
+    replayed = replay(WorkloadConfig(num_requests=20, trace=str(tmp_path / "t.jsonl")), vocab)
+    assert not replayed.release() and len(replayed.requests) == 20

@@ -169,8 +169,9 @@ class ModelExecutor(GrammarExecutor):
 
     def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False,
                 parallel_fill: ParallelFill | None = None, drafts: bool = True) -> None:
-        super().prepare(requests, keys, jump_forward, parallel_fill, drafts)
+        super().prepare((), keys, jump_forward, parallel_fill, drafts)  # (the requests are read here only)
         self.tables = self.costs.tables(requests, keys, drafts, jump_forward)
+        keys.specs.clear()  # priced by key text: the specs (a copy a request under unique reuse) are not kept
 
     def arrive(self, rid: int) -> None:
         self.tables.acquire(rid)
