@@ -29,7 +29,7 @@ work, load average 1-6, each run pinned to one core)::
 
 and a million requests (the same commit, the resident memory and its peak
 printed every 20 s of a run as ``bench_streaming.py`` makes it): 2,025 MiB,
-set before the simulation starts and unchanged over its first two minutes (at
+set before the simulation starts and unchanged over its first five minutes (at
 9ca3a41, before a JSON Schema copy read its item's schema and before the spec
 pricing and the cost tables held less a request, 2,360 MiB, held to half of the
 simulation). Small runs peak while saving (the report's figures, the trace), so
