@@ -17,23 +17,25 @@ memory this machine has available, before it allocates anything.
 
 The constants come from peak resident memory of the built-in default config in
 ``model`` mode, run and saved (report included) in a fresh process per size
-(commit 9ca3a41, Python 3.11, 2-CPU x86-64 Linux machine shared with other
-work, load average 10-15, each run pinned to one core)::
+(commit 7a87bfc, Python 3.11, 2-CPU x86-64 Linux machine shared with other
+work, load average 1-6, each run pinned to one core)::
 
     python benchmarks/bench_run_memory.py --requests 5000 20000 40000
 
-         5000 requests: peak    583.9 MiB, CPU     8.2 s
-        20000 requests: peak    688.2 MiB, CPU    29.0 s
-        40000 requests: peak    720.6 MiB, CPU    49.5 s
-    fit: base 582 MiB + 3966 bytes/request; 1172 µs of CPU/request
+         5000 requests: peak    582.6 MiB, CPU     7.8 s
+        20000 requests: peak    692.3 MiB, CPU    21.9 s
+        40000 requests: peak    723.2 MiB, CPU    45.7 s
+    fit: base 582 MiB + 4075 bytes/request; 1090 µs of CPU/request
 
-and a million requests (``benchmarks/bench_streaming.py``'s stages, the same
-commit): 2,360 MiB at the simulation's start, the run's peak (a run of this code
-before the release, 1,000,000 requests, still held its peak of 2,343 MiB from
-the simulation's start at a quarter of the simulation, its resident memory
-flat). Small runs peak while saving (the report's figures, the trace), so their
-slope overstates what a long run adds; :data:`BYTES_PER_REQUEST` is the slope of
-the four sizes together (1,819 bytes; 1,864 from the base to a million alone).
+and a million requests (the same commit, the resident memory and its peak
+printed every 20 s of a run as ``bench_streaming.py`` makes it): 2,025 MiB,
+set before the simulation starts and unchanged over its first five minutes (at
+9ca3a41, before a JSON Schema copy read its item's schema and before the spec
+pricing and the cost tables held less a request, 2,360 MiB, held to half of the
+simulation). Small runs peak while saving (the report's figures, the trace), so
+their slope overstates what a long run adds; :data:`BYTES_PER_REQUEST` is the
+slope of the four sizes together (1,459 bytes; 1,513 from the base to a million
+alone; 1,819 at 9ca3a41).
 Before the report read the tables a row group at a time the same fit of the
 three small sizes gave 10,804 bytes a request (commit 71293d8), and a million
 requests peaked at 7.9 GB. The CPU time a request adds,
@@ -68,7 +70,7 @@ from rich.filesize import decimal as _bytes
 if TYPE_CHECKING:
     from cdbench.harness.config import RunConfig
 
-BYTES_PER_REQUEST = 1_819
+BYTES_PER_REQUEST = 1_459
 """Peak resident memory a request adds to a ``model`` run (the fit's slope; see the module docstring)."""
 
 HELD_WORKLOAD_BYTES = 832

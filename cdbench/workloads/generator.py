@@ -21,7 +21,8 @@ A config with ``trace`` replays that trace instead (:func:`cdbench.workloads.tra
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 from rich.progress import Progress, TaskID
@@ -50,8 +51,31 @@ def unique_copy(item: CorpusItem, copy: int) -> tuple[str, ConstraintSpec]:
     if copy == 0:
         return item.id, spec
     if spec.kind == "json_schema" and isinstance(spec.spec, dict):
-        return f"{item.id}#copy{copy}", ConstraintSpec(spec.kind, {**spec.spec, "$comment": f"cdbench copy {copy}"}, spec.options)
+        return f"{item.id}#copy{copy}", _SchemaCopy(spec.spec, spec.options, copy)
     return f"{item.id}#copy{copy}", ConstraintSpec(spec.kind, spec.spec, {**spec.options, "unique_copy": copy})
+
+
+class _SchemaCopy(ConstraintSpec):
+    """A JSON Schema copy of a corpus item: the item's schema with ``"$comment": "cdbench copy N"``, built
+    each time it is read rather than held (a run of copies holds one a request: a schema dict each would
+    be a third of a long run's workload). Equal, hashed and serialised as the spec it reads as; pickled
+    (to a rank's process) as that plain spec."""
+
+    def __init__(self, schema: dict, options: Mapping[str, Any], copy: int) -> None:
+        object.__setattr__(self, "kind", "json_schema")
+        object.__setattr__(self, "options", options)
+        object.__setattr__(self, "_schema", schema)  # the item's own (shared, not copied)
+        object.__setattr__(self, "_copy", copy)
+
+    @property
+    def spec(self) -> dict:  # type: ignore[override]
+        return {**self._schema, "$comment": f"cdbench copy {self._copy}"}
+
+    def __repr__(self) -> str:
+        return repr(ConstraintSpec(self.kind, self.spec, self.options))
+
+    def __reduce__(self):
+        return ConstraintSpec, (self.kind, self.spec, self.options)
 
 
 def original_of_copy(spec: ConstraintSpec) -> ConstraintSpec:

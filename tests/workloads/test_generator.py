@@ -254,3 +254,23 @@ def test_num_requests_is_required_unless_a_trace_is_replayed():
     with pytest.raises(ValueError, match="num_requests is required"):
         WorkloadConfig()
     assert WorkloadConfig(trace="t.jsonl").num_requests is None
+
+
+def test_a_schema_copy_reads_hashes_and_pickles_as_the_plain_spec_it_stands_for():
+    import pickle
+
+    from cdbench.backends.base import ConstraintSpec
+    from cdbench.workloads.corpora import CorpusItem
+    from cdbench.workloads.generator import original_of_copy, unique_copy
+
+    item = CorpusItem("c/a", "json_schema", {"type": "object", "$comment": "item's", "title": "t"}, "s", "l")
+    spec_id, copy = unique_copy(item, 3)
+    plain = ConstraintSpec("json_schema", {"type": "object", "$comment": "cdbench copy 3", "title": "t"}, {})
+    assert spec_id == "c/a#copy3"
+    assert copy.spec == plain.spec and list(copy.spec) == list(plain.spec)  # the key keeps the item's place
+    assert copy.canonical() == plain.canonical() and copy == plain and hash(copy) == hash(plain)
+    assert repr(copy) == repr(plain)
+    back = pickle.loads(pickle.dumps(copy))
+    assert type(back) is ConstraintSpec and back.canonical() == plain.canonical()
+    assert original_of_copy(copy) == original_of_copy(plain)
+    assert item.spec == {"type": "object", "$comment": "item's", "title": "t"}  # the item's schema untouched

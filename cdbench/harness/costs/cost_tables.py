@@ -124,7 +124,7 @@ class CostTables:
 
 def output_lengths(requests: Sequence) -> np.ndarray:
     """Answer tokens per request as the scheduler counts them (at least 1)."""
-    return np.array([max(1, r.output_len) for r in requests], np.int64)
+    return np.fromiter((max(1, r.output_len) for r in requests), np.int64, len(requests))
 
 
 def _csum(pool: np.ndarray) -> np.ndarray:
@@ -343,15 +343,21 @@ class ProfileTables(CostTables):
         self._bins = position_bins(np.arange(width))
         self._kinds = {kind: _kind_dists(profile, profile.kind(kind)) for kind in sorted(set(keys.kinds))}
         has_rollback = drafts and all(d[3] is not None for d in self._kinds.values())
-        # cost specs: (kind, the name seeding its pools or None, the spec its costs are scaled by, own fills)
-        self._recipes: list[tuple[str, str | None, str | None, bool]] = []
+        # cost specs, column by column (a run of copies has one a request): kind, the name seeding its pools
+        # or None, the spec its costs are scaled by, own fills
+        self._recipe_kind: list[str] = []
+        self._recipe_seeded: list[str | None] = []
+        self._recipe_name: list[str | None] = []
+        self._recipe_own: list[bool] = []
         row_of: dict[tuple[str, str | None], int] = {}
         n_keys = max(len(keys.texts), 1)
         key_row = np.zeros(n_keys, np.int64)
         key_reject_rate = np.zeros(n_keys)
         key_reject_at = np.zeros(n_keys, np.int64)
         key_spec: list[SpecProfile | None] = []
-        self._chains: list[tuple[str | None, str]] = [(None, "")]  # chain 0: every draft valid (not measured)
+        # draft chains by spec name (None: its kind's) and kind; chain 0: every draft valid (not measured)
+        self._chain_name: list[str | None] = [None]
+        self._chain_kind: list[str] = [""]
         chain_of: dict[tuple[str | None, str], int] = {}
         key_chain = np.zeros(n_keys, np.int64)
         key_think = np.zeros(n_keys)
@@ -364,8 +370,11 @@ class ProfileTables(CostTables):
             row_key = (kind, name if own or spec is not None and spec.accept_s is not None else None)
             row = row_of.get(row_key)
             if row is None:
-                row = row_of[row_key] = len(self._recipes)
-                self._recipes.append((kind, row_key[1], name, own))
+                row = row_of[row_key] = len(self._recipe_kind)
+                self._recipe_kind.append(kind)
+                self._recipe_seeded.append(row_key[1])
+                self._recipe_name.append(name)
+                self._recipe_own.append(own)
                 spiky |= own and spec.fill_outlier_rate > 0 and len(spec.fill_outliers_s) > 0
             key_row[k] = row
             key_spec.append(spec)
@@ -374,8 +383,9 @@ class ProfileTables(CostTables):
             if (spec.draft_tried if own_chain else kp.draft_tried):
                 chain_key = (name, kind) if own_chain else (None, kind)
                 if chain_key not in chain_of:
-                    chain_of[chain_key] = len(self._chains)
-                    self._chains.append(chain_key)
+                    chain_of[chain_key] = len(self._chain_name)
+                    self._chain_name.append(chain_key[0])
+                    self._chain_kind.append(chain_key[1])
                 key_chain[k] = chain_of[chain_key]
             think = spec.think_accept_s if spec is not None and spec.think_accept_s is not None else kp.think_accept_s
             key_think[k] = think or 0.0
@@ -383,7 +393,7 @@ class ProfileTables(CostTables):
                 key_reject_rate[k], key_reject_at[k] = spec.rejected / spec.walks, spec.rejected_at
 
         # each request's offset comes from its request id, so it does not depend on which others share the run
-        ids = np.array([r.request_id for r in requests], np.int64)
+        ids = np.fromiter((r.request_id for r in requests), np.int64, len(requests))
         offsets = np.random.default_rng([seed, 0x6f66]).integers(0, SPAN, int(ids.max(initial=0)) + 1)[ids]
         structured = keys.request_key >= 0
         rk = np.maximum(keys.request_key, 0)
@@ -412,7 +422,7 @@ class ProfileTables(CostTables):
             refused = structured & (draw < key_reject_rate[rk]) & (key_reject_at[rk] < out_len)
             reject_left = np.where(refused, out_len - key_reject_at[rk], -1)
         end_left = None
-        walker = np.array([r.spec is not None and r.output_tokens is None for r in requests], bool)
+        walker = np.fromiter((r.spec is not None and r.output_tokens is None for r in requests), bool, len(requests))
         if walker.any() and any(s is not None and s.walk_ends for s in key_spec):
             u = np.random.default_rng([seed, 0x7765]).random(int(ids.max(initial=0)) + 1)[ids]
             end_left = np.array([_walk_end_left(key_spec[rk[i]], int(out_len[i]), float(u[i])) if walker[i] else 0
@@ -432,8 +442,8 @@ class ProfileTables(CostTables):
             forced=np.zeros(rows * ROW, np.int64) if jump_forward else None,
             base=np.zeros(n, np.int64), off_end=offsets + out_len, curve=np.ones(rows * width),
             curve_end=np.zeros(n, np.int64), reject_left=reject_left, spike=np.zeros(rows * ROW) if spiky else None,
-            draft_survival=np.ones((rows, DRAFT_WINDOW - 1)) if drafts and len(self._chains) > 1 else None,
-            draft_chain=np.zeros(n, np.int64) if drafts and len(self._chains) > 1 else None, end_left=end_left,
+            draft_survival=np.ones((rows, DRAFT_WINDOW - 1)) if drafts and len(self._chain_name) > 1 else None,
+            draft_chain=np.zeros(n, np.int64) if drafts and len(self._chain_name) > 1 else None, end_left=end_left,
             think_accept=think if think.any() else None, fill_base=np.zeros(n, np.int64) if replays else None,
             accept_curve=np.full(rows * width, np.nan) if timed_accepts else None)
         if replays:
@@ -495,7 +505,7 @@ class ProfileTables(CostTables):
             setattr(self, name, _grown(getattr(self, name), rows * ROW))
 
     def _spec_curve(self, cost_spec: int) -> np.ndarray:
-        kind, _, name, own = self._recipes[cost_spec]
+        kind, name, own = self._recipe_kind[cost_spec], self._recipe_name[cost_spec], self._recipe_own[cost_spec]
         spec = self.index.spec(name)
         if own:
             return spec.fill_by_position_s(np.arange(self.width))
@@ -504,13 +514,14 @@ class ProfileTables(CostTables):
         return kp.fill_s.mean * np.asarray(curve)[self._bins] if curve is not None else np.ones(self.width)
 
     def _survival(self, chain: int) -> np.ndarray:
-        name, kind = self._chains[chain]
+        name, kind = self._chain_name[chain], self._chain_kind[chain]
         source = self.index.spec(name) if name is not None else self.profile.kind(kind)
         return _survival(source.draft_tried, source.draft_valid)
 
     def _write_row(self, slot: int, cost_spec: int) -> None:
         """Draw cost spec ``cost_spec``'s pools into row ``slot`` (the same values whichever slot)."""
-        kind, seeded, name, own = self._recipes[cost_spec]
+        kind, seeded = self._recipe_kind[cost_spec], self._recipe_seeded[cost_spec]
+        name, own = self._recipe_name[cost_spec], self._recipe_own[cost_spec]
         spec = self.index.spec(name)
         fill_dist, relative, accept, rollback = self._kinds[kind]
         kp = self.profile.kind(kind)

@@ -218,9 +218,10 @@ class SpecCoverage(BaseModel):
         return out + self.notes
 
 
-@dataclass
+@dataclass(slots=True)
 class _RunSpec:
-    """One distinct spec of the run, and what prices it."""
+    """One distinct spec of the run, and what prices it (slotted: a run of cache-distinct copies has one a
+    request)."""
 
     key_text: str
     kind: str
@@ -270,6 +271,9 @@ def _scaled_instance(instance: InstanceProfile, factor: float) -> InstanceProfil
 def _run_specs(requests: Sequence, backend: str, version: str, vocab: str,
                options: Mapping[str, Any]) -> list[_RunSpec]:
     found: dict[str, _RunSpec] = {}
+    # copies of one corpus item share its original and digest (one object each, not one a copy), keyed by
+    # the original's canonical text, which decides both
+    originals: dict[str, tuple[ConstraintSpec, str]] = {}
     for r in requests:
         if r.spec is None:
             continue
@@ -277,8 +281,11 @@ def _run_specs(requests: Sequence, backend: str, version: str, vocab: str,
         spec = found.get(text)
         if spec is None:
             original = original_of_copy(r.spec)
-            spec = found[text] = _RunSpec(text, r.spec.kind, r.spec_id, r.spec, original,
-                                          spec_digest(backend, version, vocab, options, original), [], 0)
+            canonical = original.canonical()
+            shared = originals.get(canonical)
+            if shared is None:
+                shared = originals[canonical] = (original, spec_digest(backend, version, vocab, options, original))
+            spec = found[text] = _RunSpec(text, r.spec.kind, r.spec_id, r.spec, *shared, [], 0)
         spec.requests += 1
         if r.output_tokens is not None and r.output_tokens not in spec.texts:
             spec.texts.append(r.output_tokens)
@@ -292,15 +299,25 @@ def _from_profile(profile: GrammarProfile, specs: list[_RunSpec], by_key: bool) 
     by_content: dict[str, str] = {}
     for key, content in profile.spec_contents.items():
         by_content.setdefault(content, key)
+    hashes: dict[str, str] = {}  # by digest: copies share their original's content hash
+    bases: dict[str, str] = {}  # by profile key: copies priced by one item share its base text
     for s in specs:
         key = spec_key_hash(s.key_text) if by_key and spec_key_hash(s.key_text) in profile.specs else None
         if key is None:
-            key = by_content.get(spec_hash(s.original))
+            content = hashes.get(s.digest)
+            if content is None:
+                content = hashes[s.digest] = spec_hash(s.original)
+            key = by_content.get(content)
         if key is None or key not in profile.specs:
             continue
         found = profile.specs[key]
         s.source, s.costs, s.instances = "profile", found, profile.instances
-        s.base = spec_key_text(found.kind, base_spec_id(found.spec_id)) if found.spec_id is not None else s.key_text
+        if found.spec_id is None:
+            s.base = s.key_text
+        else:
+            s.base = bases.get(key)
+            if s.base is None:
+                s.base = bases[key] = spec_key_text(found.kind, base_spec_id(found.spec_id))
 
 
 def _from_store(store: SpecCostStore, specs: list[_RunSpec], target: HostInfo,

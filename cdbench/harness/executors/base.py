@@ -171,6 +171,7 @@ class SpecKeys:
         # (base key text, id of the tokens) -> instance key: requests of one pooled text share its tuple, so
         # each text is hashed once (the requests hold the tuples, so no id is reused meanwhile)
         hashed: dict[tuple[str, int], str] = {}
+        shared: dict[str, str] = {}  # one base text for all copies of an item, not one a copy
         for i, r in enumerate(requests):
             if r.spec is None:
                 continue
@@ -182,7 +183,8 @@ class SpecKeys:
                 kinds.append(r.spec.kind)
                 specs.append(r.spec)
                 spec_ids.append(r.spec_id)
-                bases.append(base_key_text(text, r.spec.kind, r.spec_id))
+                base = base_key_text(text, r.spec.kind, r.spec_id)
+                bases.append(shared.setdefault(base, base))
             request_key[i] = key
             if r.output_tokens is not None:
                 text_of = (bases[key], id(r.output_tokens))
