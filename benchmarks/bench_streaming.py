@@ -26,8 +26,8 @@ pinned to one core, at 57511d6; ``main`` before it took 1.4-1.5 ms a request,
      1000000 requests: peak 7872.4 MiB (at the end of the simulation 2829.2 MiB), simulation  807.0 s CPU (807 µs a request)
 
 (At 9ca3a41 a million requests peak at about 2.4 GB, when the scheduler is built: the report reads the
-tables a row group at a time and the workload is released for the simulation;
-``reports/scheduler_benchmark.md``, issue 32's section.) Before that, the issue's targets were not met: a million requests take 13 minutes of simulation
+tables a row group at a time and the workload is released for the simulation; at d63b13a about 2,025 MiB,
+corpus copies sharing their item's spec and prices; ``reports/scheduler_benchmark.md``, issue 32's section.) Before that, the issue's targets were not met: a million requests take 13 minutes of simulation
 on one core, not 100 s (about 9 steps a request of dozens of small numpy calls each,
 and each structured request's own cost pools drawn as it arrives), and memory grows
 with the run's length: about 2.2 kB a request at the simulation's end (the workload
