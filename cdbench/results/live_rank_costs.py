@@ -17,17 +17,11 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from cdbench.harness.live.rank_steps import RANK_STEPS_FILE, fill_sigma
-from cdbench.results.config_files import ConfigError
 from cdbench.results.errors import ResultsError
-from cdbench.results.live_loop_costs import LIVE_RUN_PREFIX
-
-if TYPE_CHECKING:
-    from cdbench.harness.config import RunConfig
 
 
 @dataclass(frozen=True)
@@ -74,24 +68,4 @@ def live_rank_costs(ref: str) -> LiveRankCosts:
     return LiveRankCosts(run.ref, info.ranks, values, filled)
 
 
-def with_live_rank_costs(config: RunConfig, source: str) -> RunConfig:
-    """``config`` with the rank prices of the live run its ``costs.rank_costs`` names, in place of the
-    preset's and any set in the config; :class:`ConfigError` when they cannot apply."""
-    if config.mode == "live":
-        raise ConfigError(f"{source}: costs.rank_costs prices a model or hybrid run with a live run's ranks; "
-                          "a live run measures its own (leave it 'preset')")
-    ref = config.costs.rank_costs.removeprefix(LIVE_RUN_PREFIX)
-    try:
-        costs = live_rank_costs(ref)
-    except ResultsError as err:
-        raise ConfigError(f"{source}: costs.rank_costs: {err}") from None
-    ranks = config.scheduler_config()
-    if ranks.ranks != costs.ranks or ranks.parallel != "tp":
-        raise ConfigError(f"{source}: costs.rank_costs: {ref} ran {costs.ranks} tensor-parallel ranks; this run has "
-                          f"{ranks.ranks} {ranks.parallel} rank(s) (set scheduler.ranks={costs.ranks} and "
-                          "scheduler.parallel=tp)")
-    overrides = {**config.scheduler.model_dump(exclude_unset=True), **costs.values}
-    return config.model_copy(update={"scheduler": type(config.scheduler).model_validate(overrides)})
-
-
-__all__ = ["LiveRankCosts", "live_rank_costs", "with_live_rank_costs"]
+__all__ = ["LiveRankCosts", "live_rank_costs"]

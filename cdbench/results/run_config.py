@@ -44,9 +44,7 @@ def validate_run_config(tree: Mapping[str, Any], source: str = "config") -> RunC
     if config.costs.host_costs != "preset":
         config = _with_live_loop_costs(config, source)
     if config.costs.rank_costs != "preset":
-        from cdbench.results.live_rank_costs import with_live_rank_costs
-
-        config = with_live_rank_costs(config, source)
+        config = _with_live_rank_costs(config, source)
     if isinstance(config.costs.forward_speed, str):
         config = _with_forward_speed(config, source)
     if config.mode == "model" and config.costs.fixed_grammar is None:
@@ -69,22 +67,51 @@ def validate_run_config(tree: Mapping[str, Any], source: str = "config") -> RunC
     return config
 
 
-def _with_live_loop_costs(config: RunConfig, source: str) -> RunConfig:
-    """``config`` with the host-cost fields of the live run its ``costs.host_costs`` names
-    (:mod:`cdbench.results.live_loop_costs`), in place of the preset's and any set in the config."""
-    from cdbench.results.live_loop_costs import LIVE_RUN_PREFIX, live_loop_costs
-
+def _refuse_live(config: RunConfig, source: str, field: str, what: str) -> None:
+    """A live run measures what ``costs.<field>`` takes from another live run: :class:`ConfigError` when
+    ``config`` is one."""
     if config.mode == "live":
-        raise ConfigError(f"{source}: costs.host_costs prices a model or hybrid run with a live run's host costs; "
-                          "a live run measures its own (leave it 'preset')")
-    ref = config.costs.host_costs.removeprefix(LIVE_RUN_PREFIX)
-    try:
-        costs = live_loop_costs(ref)
-    except ResultsError as err:
-        raise ConfigError(f"{source}: costs.host_costs: {err}") from None
-    overrides = {**config.scheduler.model_dump(exclude_unset=True), **costs.values}
+        raise ConfigError(f"{source}: costs.{field} prices a model or hybrid run with {what}; a live run "
+                          "measures its own (leave it 'preset')")
+
+
+def _with_scheduler_values(config: RunConfig, values: Mapping[str, Any]) -> RunConfig:
+    """``config`` with ``values`` in its scheduler fields, in place of the preset's and any set in the config."""
+    overrides = {**config.scheduler.model_dump(exclude_unset=True), **values}
     return config.model_copy(update={"scheduler": type(config.scheduler).model_validate(overrides)})
 
+
+def _with_live_loop_costs(config: RunConfig, source: str) -> RunConfig:
+    """``config`` with the host-cost fields of the live run its ``costs.host_costs`` names
+    (:mod:`cdbench.results.live_loop_costs`)."""
+    from cdbench.results.live_loop_costs import LIVE_RUN_PREFIX, live_loop_costs
+
+    _refuse_live(config, source, "host_costs", "a live run's host costs")
+    try:
+        costs = live_loop_costs(config.costs.host_costs.removeprefix(LIVE_RUN_PREFIX))
+    except ResultsError as err:
+        raise ConfigError(f"{source}: costs.host_costs: {err}") from None
+    return _with_scheduler_values(config, costs.values)
+
+
+def _with_live_rank_costs(config: RunConfig, source: str) -> RunConfig:
+    """``config`` with the rank prices of the live run its ``costs.rank_costs`` names
+    (:mod:`cdbench.results.live_rank_costs`), which must have run as many tensor-parallel ranks."""
+    from cdbench.results.live_loop_costs import LIVE_RUN_PREFIX
+    from cdbench.results.live_rank_costs import live_rank_costs
+
+    _refuse_live(config, source, "rank_costs", "a live run's ranks")
+    ref = config.costs.rank_costs.removeprefix(LIVE_RUN_PREFIX)
+    try:
+        costs = live_rank_costs(ref)
+    except ResultsError as err:
+        raise ConfigError(f"{source}: costs.rank_costs: {err}") from None
+    ranks = config.scheduler_config()
+    if ranks.ranks != costs.ranks or ranks.parallel != "tp":
+        raise ConfigError(f"{source}: costs.rank_costs: {ref} ran {costs.ranks} tensor-parallel ranks; this run has "
+                          f"{ranks.ranks} {ranks.parallel} rank(s) (set scheduler.ranks={costs.ranks} and "
+                          "scheduler.parallel=tp)")
+    return _with_scheduler_values(config, costs.values)
 
 
 def _with_forward_speed(config: RunConfig, source: str) -> RunConfig:

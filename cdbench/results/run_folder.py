@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -68,6 +68,8 @@ if TYPE_CHECKING:
     from cdbench.harness.costs.spec_costs import SpecCoverage
     from cdbench.harness.run import RunResult
     from cdbench.workloads.workload import WorkloadReport
+
+Section = TypeVar("Section", bound=BaseModel)
 
 TRACE_MAX_SPANS = 200_000
 """Spans kept in ``trace.json`` (the earliest ones); Perfetto stays responsive well past this."""
@@ -181,45 +183,35 @@ class SavedRun:
         path = self.folder / name
         return path.read_bytes() if path.is_file() else None
 
-    @property
-    def workload_issues(self) -> WorkloadIssues | None:
-        """The summary's ``workload_issues`` section (``None`` for a run built from hand-made requests)."""
-        section = self.summary.get("workload_issues")
+    def _summary_section(self, key: str, model: type[Section]) -> Section | None:
+        """The summary's ``key`` section as ``model`` (``None`` when the summary has none)."""
+        section = self.summary.get(key)
         if section is None:
             return None
         try:
-            return WorkloadIssues.model_validate(section)
+            return model.model_validate(section)
         except ValidationError as err:
-            raise ResultsError(f"run folder {self.folder}: summary.json's workload_issues is malformed: "
+            raise ResultsError(f"run folder {self.folder}: summary.json's {key} is malformed: "
                                f"{err.errors()[0]['msg']}") from None
+
+    @property
+    def workload_issues(self) -> WorkloadIssues | None:
+        """The summary's ``workload_issues`` section (``None`` for a run built from hand-made requests)."""
+        return self._summary_section("workload_issues", WorkloadIssues)
 
     @property
     def forward_speed(self) -> ForwardSpeed | None:
         """The forward speed that priced the run's steps (``None``: not priced, or a run from before)."""
         from cdbench.harness.costs.forward_speed import ForwardSpeed
 
-        section = self.summary.get("forward_speed")
-        if section is None:
-            return None
-        try:
-            return ForwardSpeed.model_validate(section)
-        except ValidationError as err:
-            raise ResultsError(f"run folder {self.folder}: summary.json's forward_speed is malformed: "
-                               f"{err.errors()[0]['msg']}") from None
+        return self._summary_section("forward_speed", ForwardSpeed)
 
     @property
     def spec_costs(self) -> SpecCoverage | None:
         """Where a ``model`` run's spec prices came from (``None``: another mode, or a run from before)."""
         from cdbench.harness.costs.spec_costs import SpecCoverage
 
-        section = self.summary.get("spec_costs")
-        if section is None:
-            return None
-        try:
-            return SpecCoverage.model_validate(section)
-        except ValidationError as err:
-            raise ResultsError(f"run folder {self.folder}: summary.json's spec_costs is malformed: "
-                               f"{err.errors()[0]['msg']}") from None
+        return self._summary_section("spec_costs", SpecCoverage)
 
     def trace_note(self) -> str:
         """What ``trace.json`` holds when it was capped (empty when it holds everything)."""

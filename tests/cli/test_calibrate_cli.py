@@ -35,13 +35,19 @@ def test_fit_stored_measurements(tmp_path: Path) -> None:
     assert (tmp_path / "fit.md").read_text().startswith("# Forward calibration: llama-3.1-8b on h100-sxm")
 
 
-def test_measure_tiny_model_on_cpu(tmp_path: Path) -> None:
+def calibrate_tiny(tmp_path: Path) -> tuple[Path, Path]:
+    """The tiny model's spec file and its calibration, measured on the CPU over the tiny grid."""
     spec = tmp_path / "tiny.yaml"
     spec.write_text(TINY)
     out = tmp_path / "tiny.json"
     result = CliRunner().invoke(app, ["calibrate", "--model", str(spec), "--gpu-name", "h100", "--out", str(out),
                                       "--grid", "tiny", "--device", "cpu"])
     assert result.exit_code == 0, result.output
+    return spec, out
+
+
+def test_measure_tiny_model_on_cpu(tmp_path: Path) -> None:
+    _, out = calibrate_tiny(tmp_path)
     rows = read_measurements(out.with_suffix(".csv"))
     assert {r.kind for r in rows} == {"decode", "prefill", "mixed"}
     assert all(r.gpu_device == "cpu" and not r.graph and r.median_s > 0 for r in rows)
@@ -131,12 +137,7 @@ def test_probe_a_tiny_cpu_calibration_and_price_a_run_at_its_speed(tmp_path: Pat
     from cdbench.results.config_files import ConfigError
     from cdbench.results.run_config import validate_run_config
 
-    spec = tmp_path / "tiny.yaml"
-    spec.write_text(TINY)
-    cal = tmp_path / "tiny.json"
-    fitted = CliRunner().invoke(app, ["calibrate", "--model", str(spec), "--gpu-name", "h100", "--out", str(cal),
-                                      "--grid", "tiny", "--device", "cpu"])
-    assert fitted.exit_code == 0, fitted.output
+    spec, cal = calibrate_tiny(tmp_path)
     probe = tmp_path / "probe.json"
     result = CliRunner().invoke(app, ["calibrate", "--model", str(spec), "--gpu-name", "h100", "--probe", str(probe),
                                       "--calibration", str(cal), "--device", "cpu"])
