@@ -141,7 +141,35 @@ arms:
         lookup("all/seed0/live-1", "live.device")
 
 
+def test_a_reference_may_name_another_copy_of_an_arm(tmp_path):
+    """``${live@c.folder}``: the third copy's run, which the model run then waits for; no ``@``, the first."""
+    spec = load_campaign(write(tmp_path, """
+name: t
+arms:
+  live: {mode: live, copies: 3}
+  model:
+    mode: model
+    set: {costs.rank_costs: "live-run:${live@c.folder}", costs.grammar_profile: "${live.folder}/grammar_profile.json",
+          scheduler.all_gather_s: "= 2 * ${live@b.live.ranks.all_gather_s.p50}"}
+layout: "{arm}{copy_suffix}"
+"""))
+    model = next(r for r in plan_runs(spec) if r.arm == "model")
+    assert set(model.depends) == {"live-a", "live-b", "live-c"}
+    out = tmp_path / "out"
+    for copy, sigma in zip("abc", (1.0, 2.0, 3.0), strict=True):
+        (out / f"live-{copy}").mkdir(parents=True)
+        (out / f"live-{copy}" / "summary.json").write_text("{}")
+        (out / f"live-{copy}" / "live.json").write_text(f'{{"ranks": {{"all_gather_s": {{"p50": {sigma}}}}}}}')
+    tree = run_config(spec, {}, model, folder_lookup(out))
+    assert tree["costs"] == {"rank_costs": f"live-run:{(out / 'live-c').resolve()}",
+                             "grammar_profile": f"{(out / 'live-a').resolve()}/grammar_profile.json"}
+    assert tree["scheduler"]["all_gather_s"] == 4.0
+
+
 @pytest.mark.parametrize(("text", "message"), [
+    ("name: t\narms: {a: {mode: model, set: {x: '${b@c.folder}'}}, b: {mode: live, copies: 2}}",
+     r"arm a: set\.x refers to copy c of arm b, which has 2"),
+    ("name: t\ncells: {load: [1]}\narms: {a: {mode: model, set: {x: '${load@b}'}}}", r"names a copy of \$\{load\}"),
     ("name: t\narms: {a: {mode: modle}}", r"arms\.a\.mode"),
     ("name: t\narms: {a: {mode: model, copies: 0}}", r"arms\.a\.copies"),
     ("name: t\narms: {a: {mode: model, colour: red}}", r"arms\.a\.colour"),
