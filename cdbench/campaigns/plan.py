@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cdbench.campaigns.spec import REFERENCE, CampaignSpec
+from cdbench.campaigns.spec import REFERENCE, CampaignSpec, reference_parts
 from cdbench.results.config_files import ConfigError, apply_overrides
 from cdbench.results.run_folder import LIVE_FILE
 from cdbench.results.sweep import folder_safe
@@ -175,12 +175,12 @@ def resolve(value: Any, variables: Mapping[str, Any], arm_runs: Mapping[tuple[st
         return value
 
     def one(match: re.Match[str]) -> Any:
-        name, copy, field = match.group(1), match.group(2), match.group(3)
+        name, copy, field = reference_parts(match)
         if field is None:
             if name not in variables:
                 raise ConfigError(f"{where}: ${{{name}}} is not a variable of this cell")
             return variables[name]
-        return lookup(arm_runs[name, ord(copy) - ord("a") + 1 if copy else 1], field)
+        return lookup(arm_runs[name, copy], field)
 
     whole = REFERENCE.fullmatch(value)
     if whole:  # a lone reference keeps its value's type

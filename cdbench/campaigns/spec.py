@@ -208,8 +208,12 @@ def references(value: Any) -> list[tuple[str, int, str | None]]:
     """The ``${...}`` references in a value: (name, copy (1 unless ``@b``... names another), field or None)."""
     if not isinstance(value, str):
         return []
-    return [(m.group(1), ord(m.group(2)) - ord("a") + 1 if m.group(2) else 1, m.group(3))
-            for m in REFERENCE.finditer(value)]
+    return [reference_parts(m) for m in REFERENCE.finditer(value)]
+
+
+def reference_parts(match: re.Match[str]) -> tuple[str, int, str | None]:
+    """One :data:`REFERENCE` match as (name, copy number, field or None)."""
+    return match.group(1), ord(match.group(2)) - ord("a") + 1 if match.group(2) else 1, match.group(3)
 
 
 def _check_cycle(spec: CampaignSpec, arm: str, path: list[str]) -> None:
