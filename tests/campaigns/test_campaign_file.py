@@ -223,25 +223,22 @@ def test_the_shipped_campaign_files_parse():
             validate_config(RunConfig, tree, f"{path.name}: {run.run_id}")
 
 
-def test_the_tp2_copies_campaign_adopts_the_packed_copies_at_its_folders():
-    """campaigns/ranks_tp2_copies.yaml: the packed live copies sit at its layout's folders once unpacked under
-    their load, the new copies are under-capacity c and saturated b, and the arms priced from the ranks' records
-    wait for a copy that has them."""
+def test_the_tp2_copies_campaign_pack_holds_every_planned_run():
+    """campaigns/ranks_tp2_copies.yaml: its committed pack holds every run the file plans, the copies that price
+    the ranks have the ranks' own records (the two packed under-capacity copies predate them), and the arms priced
+    from those records wait for the copy that has them."""
     from cdbench.results.pack import Pack
 
     repo = Path(__file__).resolve().parents[2]
     spec = load_campaign(repo / "campaigns/ranks_tp2_copies.yaml")
     runs = {r.run_id: r for r in plan_runs(spec)}
-    packed = {"under": Pack(repo / "reports/fidelity/live_vs_model/ranks_2gpu_tp2_40req.pack"),
-              "saturated": Pack(repo / "reports/fidelity/live_vs_model/ranks_saturated_records.pack")}
+    pack = Pack(repo / "reports/fidelity/live_vs_model/ranks_tp2_copies.pack")
+    assert sorted(pack.run_ids) == sorted(runs)
     live = sorted(rid for rid, r in runs.items() if spec.arms[r.arm].mode == "live")
-    held = sorted(rid for rid in live if rid.split("/", 1)[1] in packed[rid.split("/", 1)[0]].run_ids)
-    assert sorted(set(live) - set(held)) == ["saturated/default-tp2-live-b", "under/default-tp2-live-c"]
-    assert held == ["saturated/default-tp2-live-a", "under/default-tp2-live-a", "under/default-tp2-live-b"]
-    records = {rid: packed[rid.split("/", 1)[0]].open(rid.split("/", 1)[1]).read_file("rank_steps.parquet")
-               is not None for rid in held}
-    assert records == {"saturated/default-tp2-live-a": True, "under/default-tp2-live-a": False,
-                       "under/default-tp2-live-b": False}
+    records = {rid: pack.open(rid).read_file("rank_steps.parquet") is not None for rid in live}
+    assert records == {"saturated/default-tp2-live-a": True, "saturated/default-tp2-live-b": True,
+                       "under/default-tp2-live-a": False, "under/default-tp2-live-b": False,
+                       "under/default-tp2-live-c": True}
     for arm in ("fill", "probe", "speed"):
         assert "under/default-tp2-live-c" in runs[f"under/default-tp2-{arm}"].depends
     assert "saturated/default-tp2-live-b" in runs["saturated/default-tp2-speed-sat"].depends
