@@ -164,6 +164,10 @@ class SchedulerConfig(BaseModel):
     )
     fill_chunk: int = Field(16, ge=1, description="requests per parallel fill task")
     fill_threads: int = Field(8, ge=1, description="threads of the parallel fill pool")
+    accept_parallel: bool = Field(
+        False, description="a step that fills in parallel also accepts its sampled tokens on the fill pool, in "
+        "chunks of fill_chunk (llguidance's LLExecutor.consume_token_par; no engine preset does: vLLM and SGLang "
+        "accept row by row); False: one accept after another (model mode)")
     pinned_mask: bool = Field(True, description="bitmask in pinned host memory (non-blocking copy)")
     fill_beside_forward: bool = Field(
         True, description="without overlap, the mask fill and copy run while the forward runs (vLLM V1 since its "
@@ -229,6 +233,8 @@ class SchedulerConfig(BaseModel):
         if self.mask_apply == "per_row" and (self.overlap or not self.fill_beside_forward):
             raise ValueError("mask_apply 'per_row' is V0's logits processors, run after the forward's launch in a "
                              "loop without overlap: set overlap=false and fill_beside_forward=true")
+        if self.accept_parallel and self.fill_parallel_threshold is None:
+            raise ValueError("accept_parallel spreads the accepts over the parallel fill pool: set fill_parallel_threshold")
         if self.readiness == "blocking_poll" and self.grammar_wait != "grammar_queue":
             raise ValueError("readiness 'blocking_poll' polls the grammar queue: set grammar_wait='grammar_queue'")
         return self
