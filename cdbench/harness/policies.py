@@ -329,12 +329,14 @@ def _vllm(cpus: int) -> dict:
         # host costs of vllm 0.32.0 with xgrammar 0.2.8 (reports/engine_costs/fitted.json, "vllm" entries;
         # scripts/engine_costs/measure_vllm.py, then fit.py): Scheduler.schedule per iteration and row,
         # StructuredOutputManager.grammar_bitmask beyond the matchers' own fills, Scheduler.update_from_output
-        # per iteration, row and structured row, and the executor's MessageQueue carrying the bitmask
+        # per iteration, row and structured row, and the executor's MessageQueue carrying the bitmask.
+        # accept_row_s: update_from_output's accept path less xgrammar's own accept_token (measured apart in the
+        # same environment, measure_grammar_accept.py), which model mode charges from the grammar profile
         schedule_s=8.02e-05,
         schedule_row_s=1.066e-05,
         process_step_s=2.033e-05,
         process_row_s=6.047e-06,
-        accept_row_s=1.066e-05,
+        accept_row_s=7.121e-06,
         fill_step_s=0.000227,
         fill_row_s=4.876e-06,
         # one GPU runs the uniprocess executor (no serialization); tensor parallelism or
@@ -365,12 +367,13 @@ def _vllm_0_10(cpus: int) -> dict:
         pinned_mask=False,
         # host costs of vllm 0.10.1.1 with xgrammar 0.1.21 (reports/engine_costs/fitted.json, "vllm-0.10" entries;
         # scripts/engine_costs/measure_vllm.py in its environment, then fit.py). process_step_s: the fit's intercept
-        # is 0 (update_from_output grows with the rows from 32 rows up)
+        # is 0 (update_from_output grows with the rows from 32 rows up); accept_row_s without xgrammar's own accept,
+        # as in the vllm preset
         schedule_s=3.963e-05,
         schedule_row_s=6.903e-06,
         process_step_s=0.0,
         process_row_s=3.771e-06,
-        accept_row_s=8.763e-06,
+        accept_row_s=5.52e-06,
         fill_step_s=0.000214,
         fill_row_s=4.741e-06,
         # the bitmask rides in SchedulerOutput's execute_model message when the multiprocess executor runs
