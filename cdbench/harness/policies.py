@@ -382,7 +382,35 @@ def _vllm_0_10(cpus: int) -> dict:
     )
 
 
-PRESETS = {"sglang": _sglang, "vllm": _vllm, "vllm-0.10": _vllm_0_10}
+def _vllm_0_6(cpus: int) -> dict:
+    """vLLM 0.6.6.post1's V0 engine (December 2024, the version of the published V0 results): a logits processor
+    per structured sequence (its code read and its per-row host path measured in its own environment:
+    ``.venv-engines/vllm-0.6.6``, ``reports/engine_costs/``). V0's scheduler and output processing were not
+    measured: their costs stay the ``vllm`` preset's (V1's)."""
+    return dict(
+        _vllm(cpus),
+        name="vllm-0.6",
+        # LogitsProcessor._apply_logits_processors calls each row's XGrammarLogitsProcessor after the forward's
+        # launch, no async scheduling, no fill pool; the processor copies its bitmask with a blocking
+        # .to(scores.device) (non-blocking since vLLM 0.7.1, #12563)
+        overlap=False,
+        fill_beside_forward=True,
+        mask_apply="per_row",
+        pinned_mask=False,
+        fill_parallel_threshold=None,
+        # EngineArgs: max_num_seqs 256 without V1; VllmConfig's V0 capture sizes [1, 2, 4] + every 8 up to 256
+        max_running_requests=256,
+        cuda_graph_sizes=(1, 2, 4, *range(8, 257, 8)),
+        # the loop and the processor's call around the grammar, per step and per structured row (fitted.json
+        # "vllm-0.6": measure_vllm_v0_processor.py, then fit.py); V1's accept path (update_from_output) does not
+        # exist in V0: the accept is the grammar's own, inside the processor
+        fill_step_s=3.179e-05,
+        fill_row_s=3.822e-05,
+        accept_row_s=0.0,
+    )
+
+
+PRESETS = {"sglang": _sglang, "vllm": _vllm, "vllm-0.10": _vllm_0_10, "vllm-0.6": _vllm_0_6}
 
 #: the engines' own host costs, measured from their code (``reports/engine_costs/``), and the step's launch
 #: (measured from live mode, ``reports/live/launch_h100.csv``); zero them to see the grammar and GPU costs alone

@@ -1,8 +1,10 @@
 """Fit the engines' host-cost parameters from the committed step measurements.
 
 Reads ``reports/engine_costs/{vllm,sglang}_steps.csv.gz`` (``measure_vllm.py``,
-``measure_sglang.py``), ``sglang_scheduler_steps.csv.gz`` (``measure_sglang_scheduler.py``) and the
-older engine versions' ``<engine>-<version>_steps.csv.gz`` (``VERSIONS``), takes the median of each case (engine, backend, vocabulary, batch,
+``measure_sglang.py``), ``sglang_scheduler_steps.csv.gz`` (``measure_sglang_scheduler.py``), the
+older engine versions' ``<engine>-<version>_steps.csv.gz`` (``VERSIONS``), the grammar's own accepts
+(``*_grammar_accepts.csv.gz``, ``measure_grammar_accept.py``) and vLLM V0's logits-processor path
+(``vllm-0.6.6_v0_processor.csv.gz``, ``measure_vllm_v0_processor.py``); takes the median of each case (engine, backend, vocabulary, batch,
 structured share: the steps of one case repeat the same work, and the machine is shared, so
 medians rather than means), fits each cost by least squares on those medians, and writes
 ``reports/engine_costs/fitted.json``: one entry per parameter with its value, the engine,
@@ -121,6 +123,20 @@ def fit_accept_wrapper(fitted: dict, accepts: pd.DataFrame) -> dict:
                                                    total["r2"], total["cases"])}
 
 
+def fit_v0_processor(steps: pd.DataFrame) -> dict:
+    """vLLM V0's per-row logits-processor path less the grammar's own calls and the CPU-only detour
+    (``measure_vllm_v0_processor.py``): per step and per structured row, from the batch sizes' medians."""
+    steps = steps.assign(wrapper_s=steps.total_s - steps.grammar_s - steps.cpu_detour_s)
+    med = steps.groupby(["vllm", "xgrammar", "vocab", "batch"], as_index=False).median(numeric_only=True)
+    v = f"vllm {med.vllm.iloc[0]}, xgrammar {med.xgrammar.iloc[0]}"
+    fn = ("LogitsProcessor._apply_logits_processors + XGrammarLogitsProcessor.__call__ per row, less the grammar's "
+          "own calls (is_terminated, accept_token, fill_next_token_bitmask)")
+    (a, b), r2 = lstsq(med, "wrapper_s", ["batch"])
+    fit = "total_s - grammar_s - cpu_detour_s ~ a + b*rows"
+    return {"xgrammar.fill_step_s": param(a, "vllm", v, fn, f"{fit}: a", r2, len(med)),
+            "xgrammar.fill_row_s": param(b, "vllm", v, fn, f"{fit}: b", r2, len(med))}
+
+
 def fit_sglang(steps: pd.DataFrame) -> dict:
     steps = steps.assign(wrapper_s=steps.mask_s - steps.raw_fill_s)
     med = steps.groupby(CASE, as_index=False).median(numeric_only=True)
@@ -175,6 +191,7 @@ def fit_all(folder: Path = ROOT) -> dict:
         fitted[key] = {"vllm": fit_vllm}[engine](pd.read_csv(folder / name))
     for key, name in GRAMMAR_ACCEPTS.items():
         fitted[key].update(fit_accept_wrapper(fitted[key], pd.read_csv(folder / name)))
+    fitted["vllm-0.6"] = fit_v0_processor(pd.read_csv(folder / "vllm-0.6.6_v0_processor.csv.gz"))
     return fitted
 
 

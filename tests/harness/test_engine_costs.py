@@ -42,8 +42,12 @@ SOURCES = {
     | {"accept_row_s": ("vllm-0.10", "xgrammar.accept_wrapper_row_s"), "mask_alloc_byte_s": None,
        "ipc_s": ("vllm-0.10", "ipc_s"), "ipc_byte_s": ("vllm-0.10", "ipc_byte_s")},
 }
+# V0: its logits-processor path per step and row measured; no V1 accept path; its scheduler unmeasured (V1's costs)
+SOURCES["vllm-0.6"] = SOURCES["vllm"] | {"fill_step_s": ("vllm-0.6", "xgrammar.fill_step_s"),
+                                         "fill_row_s": ("vllm-0.6", "xgrammar.fill_row_s"), "accept_row_s": None}
 #: fitted.json key -> the engine and the version its entries must name
-ENGINES = {"vllm": ("vllm", "vllm 0.32"), "sglang": ("sglang", "sglang 0.5"), "vllm-0.10": ("vllm", "vllm 0.10.1")}
+ENGINES = {"vllm": ("vllm", "vllm 0.32"), "sglang": ("sglang", "sglang 0.5"), "vllm-0.10": ("vllm", "vllm 0.10.1"),
+           "vllm-0.6": ("vllm", "vllm 0.6.6")}
 
 
 @pytest.mark.parametrize("preset", sorted(SOURCES))
