@@ -248,6 +248,9 @@ class RunConfig(BaseModel):
         if self.mode == "live" and self.scheduler_config().mask_apply != "batched":
             raise ValueError("scheduler.mask_apply 'per_row' is priced in model and hybrid mode; live mode runs "
                              "the batched copy and apply")
+        if self.mode != "model" and self.scheduler_config().accept_parallel:
+            raise ValueError(f"scheduler.accept_parallel is priced in model mode; {self.mode} mode accepts row by "
+                             "row on this host")
         if self.mode == "live" and self.costs.fixed_gpu is not None:
             raise ValueError("costs.fixed_gpu prices the GPU; live mode runs every step on it")
         if self.workload.spec_decode.drafter == "mtp":

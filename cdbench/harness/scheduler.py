@@ -137,7 +137,7 @@ class Scheduler:
         self.keys = SpecKeys.of(ordered)
         rec.spec_key[:] = self.keys.request_key
         parallel = config.fill_parallel_threshold is not None and config.spec_tokens == 0  # (vLLM: no spec decoding)
-        pool = ParallelFill(config.fill_parallel_threshold, config.fill_chunk, config.fill_threads)
+        pool = ParallelFill(config.fill_parallel_threshold, config.fill_chunk, config.fill_threads, config.accept_parallel)
         executor.prepare(ordered, self.keys, jump_forward=config.jump_forward, parallel_fill=pool if parallel else None,
                          drafts=config.spec_tokens > 0)
         self._outcomes: dict[int, CompileOutcome] = {}
