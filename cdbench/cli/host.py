@@ -23,9 +23,9 @@ def host(
         "--probe-specs", help="a host id whose stored specs to compile here: writes a probe (--out) that "
         "costs.spec_host_scale=probe:<file> prices with")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="the probe file to write (with --probe-specs)")] = None,
-    trace: Annotated[Path | None, typer.Option(
-        "--trace", help="a workload trace of the run that measured the probed specs: their stored texts in it are "
-        "walked again, for a fill scale (without it, fills scale by the score ratio)")] = None,
+    trace: Annotated[list[Path] | None, typer.Option(
+        "--trace", help="a workload trace of a run that measured the probed specs (repeatable): their stored texts "
+        "in it are walked again, for a fill scale (without one, fills scale by the score ratio)")] = None,
     backend: Annotated[str, typer.Option(help="the probed specs' backend")] = "xgrammar",
     vocab: Annotated[str, typer.Option(help="the probed specs' vocabulary")] = "qwen3.6",
     specs: Annotated[int, typer.Option(min=4, help="specs the probe compiles, spanning the stored compile "
@@ -44,7 +44,7 @@ def host(
     Examples:
       cdbench host
       cdbench host --store runs/spec_costs --rerun
-      cdbench host --store STORE --probe-specs 7fdcd680e958 --trace live-a/workload.trace.jsonl --out probe.json
+      cdbench host --store STORE --probe-specs 7fdcd680e958 --trace a/workload.trace.jsonl --out probe.json
     """
     folder = store if store is not None else cache_dir() / "spec_costs"
     if probe_specs is not None:
@@ -69,7 +69,7 @@ def host(
                   highlight=False)
 
 
-def _probe(folder: Path, host_id: str, out: Path | None, trace: Path | None, backend: str, vocab: str, specs: int,
+def _probe(folder: Path, host_id: str, out: Path | None, traces: list[Path] | None, backend: str, vocab: str, specs: int,
            workers: int | None) -> None:
     from cdbench.harness.costs.spec_probe import probe_specs
     from cdbench.harness.costs.spec_store import SpecCostStore
@@ -79,7 +79,7 @@ def _probe(folder: Path, host_id: str, out: Path | None, trace: Path | None, bac
         raise fail("--probe-specs writes a probe file: give it with --out")
     try:
         with user_errors(), progress_bar(transient=True) as bar:
-            requests = read_trace(trace).workload.requests if trace is not None else ()
+            requests = [r for trace in traces or () for r in read_trace(trace).workload.requests]
             task = bar.add_task("probing", total=100)
             probe = probe_specs(SpecCostStore(folder), host_id, backend, vocab, requests, n=specs, workers=workers,
                                 progress=lambda stage, done: bar.update(task, description=stage, completed=100 * done))
