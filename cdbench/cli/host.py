@@ -71,8 +71,8 @@ def host(
 
 def _probe(folder: Path, host_id: str, out: Path | None, traces: list[Path] | None, backend: str, vocab: str, specs: int,
            workers: int | None) -> None:
-    from cdbench.harness.costs.spec_probe import probe_specs
     from cdbench.harness.costs.spec_store import SpecCostStore
+    from cdbench.profile.spec_probe import probe_specs
     from cdbench.workloads.trace import read_trace
 
     if out is None:
