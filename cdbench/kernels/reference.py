@@ -205,3 +205,38 @@ def decode_attention_reference(
         return result
     out.copy_(result)
     return out
+
+
+def rotary_kv_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    where: torch.Tensor,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`cdbench.kernels.rotary_kv.rotary_kv_write` in fp32 torch: optional per-head RMSNorm, the
+    rotate-half rotary of ``q`` and ``k`` (in place), and ``k``, ``v`` written at the flat cache positions
+    ``where`` of ``[blocks, kv_heads, block_size, d]`` caches (negative positions skipped)."""
+
+    def rotate(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        y = x.float()
+        if weight is not None:
+            y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+        first, second = y.chunk(2, dim=-1)
+        c, s = cos.float()[:, None, :], sin.float()[:, None, :]
+        return torch.cat([first * c - second * s, second * c + first * s], dim=-1).to(x.dtype)
+
+    q.copy_(rotate(q, q_norm))
+    k.copy_(rotate(k, k_norm))
+    keep = where >= 0
+    at = where[keep].to(device=k_cache.device, dtype=torch.int64)
+    block_size = k_cache.shape[2]
+    for cache, x in ((k_cache, k), (v_cache, v)):
+        cache[at // block_size, :, at % block_size] = x[keep.to(x.device)].to(cache.dtype)
+    return q, k
