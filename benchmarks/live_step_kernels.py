@@ -18,7 +18,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from cdbench.harness.costs.hardware import resolve_model
-from cdbench.harness.live.forward import KVCache, LiveForward
+from cdbench.harness.live.forward import LiveForward
+from cdbench.harness.live.paged import KVCache
 
 
 def kernel_times(fwd: LiveForward, cache: KVCache, rows: int, kv: int, steps: int) -> dict[str, float]:

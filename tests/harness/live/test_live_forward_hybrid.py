@@ -7,13 +7,12 @@ import torch
 
 from cdbench.harness.costs.hardware import ModelSpec, resolve_model
 from cdbench.harness.live.forward import (
-    KVCache,
-    KVPool,
     LiveForward,
     PrefillChunk,
     TensorParallel,
     kept_linear_state,
 )
+from cdbench.harness.live.paged import KVCache, KVPool
 
 MOE = ModelSpec(name="tiny-moe", params_total=2e5, params_active=1e5, n_layers=2, hidden_size=64, n_heads=8,
                 n_kv_heads=2, head_dim=16, vocab_size=50, n_experts=6, experts_per_token=2,
