@@ -501,7 +501,7 @@ class LiveForward:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 logits = self.step(cache, decode, prefill)
-        return StepGraph(graph, decode, logits)
+        return StepGraph(graph, decode, logits, cache)
 
 
 @contextmanager
@@ -527,11 +527,13 @@ def kept_linear_state(cache: KVCache, decode: DecodeInputs | None = None,
 
 @dataclass
 class StepGraph:
-    """A captured step: refill ``inputs`` in place, :meth:`replay`, read ``logits``."""
+    """A captured step: refill ``inputs`` in place, :meth:`replay`, read ``logits``. It keeps the cache it was
+    captured on (a replay reads that cache's block table, which must outlive it)."""
 
     graph: torch.cuda.CUDAGraph
     inputs: DecodeInputs | None
     logits: torch.Tensor
+    cache: KVCache
 
     def replay(self) -> torch.Tensor:
         self.graph.replay()
