@@ -67,7 +67,12 @@ from torch.nn.attention.bias import causal_lower_right
 
 from cdbench.harness.costs.hardware import ModelSpec, intermediate_size
 from cdbench.harness.live import deltanet
-from cdbench.harness.live.experts import grouped_experts, route, shared_expert
+from cdbench.harness.live.experts import (
+    fused_experts,
+    grouped_experts,
+    route,
+    shared_expert,
+)
 from cdbench.harness.live.paged import KVCache
 from cdbench.kernels.decode_attention import decode_attention, lpt_order
 from cdbench.kernels.rotary_kv import rotary_kv_write
@@ -178,13 +183,20 @@ class LiveForward:
     ``balance_decode``: per-row decode attention launches its rows longest first (sorted once a
     step, on the device; :mod:`cdbench.kernels.decode_attention`); False keeps the row order
     (benchmarks compare the two). Read when a step runs or is captured.
+
+    ``moe_kernels``: a MoE's routed experts as torch's grouped GEMMs (``"grouped_mm"``) or vLLM's
+    fused layout (``"fused"``, :func:`~.experts.fused_experts`; ``benchmarks/live_step_kernels.py``
+    compares the two).
     """
 
     def __init__(self, spec: ModelSpec, device: torch.device | str, dtype: torch.dtype = torch.bfloat16,
                  seed: int = 0, tp: TensorParallel | None = None, linear_kernels: str = "auto",
-                 balance_decode: bool = True) -> None:
+                 balance_decode: bool = True, moe_kernels: str = "grouped_mm") -> None:
         self.balance_decode = balance_decode
         check_supported(spec)
+        if moe_kernels not in ("grouped_mm", "fused"):
+            raise ValueError(f"moe_kernels must be grouped_mm or fused, got {moe_kernels!r}")
+        self._experts = fused_experts if moe_kernels == "fused" else grouped_experts
         if linear_kernels not in ("auto", "torch", "fla"):
             raise ValueError(f"linear_kernels must be auto, torch or fla, got {linear_kernels!r}")
         self.full_spec, self.tp = spec, tp if tp is not None and tp.size > 1 else None
@@ -340,7 +352,7 @@ class LiveForward:
             return self._reduce((F.silu(gate) * up) @ layer.down)
         moe = layer.moe
         weights, ids = route(x, moe.router, self.spec.experts_per_token)
-        out = grouped_experts(x, weights, ids, moe.gate_up, moe.down)
+        out = self._experts(x, weights, ids, moe.gate_up, moe.down)
         if moe.shared_gate_up is not None:
             out = out + shared_expert(x, moe.shared_gate_up, moe.shared_down, moe.shared_gate)
         return out
