@@ -19,7 +19,8 @@ SMALL = ModelSpec(name="small", params_total=1e7, n_layers=4, hidden_size=512, n
 
 
 def test_per_row_graph_replays_any_lengths() -> None:
-    from cdbench.harness.live.forward import KVCache, LiveForward, PrefillChunk
+    from cdbench.harness.live.forward import LiveForward, PrefillChunk
+    from cdbench.harness.live.paged import KVCache
 
     fwd = LiveForward(SMALL, "cuda")
     cache = KVCache.allocate(SMALL, 4, 512, "cuda")
@@ -36,7 +37,8 @@ def test_per_row_graph_replays_any_lengths() -> None:
 
 
 def test_balanced_decode_launch_changes_no_logit() -> None:
-    from cdbench.harness.live.forward import KVCache, LiveForward, PrefillChunk
+    from cdbench.harness.live.forward import LiveForward, PrefillChunk
+    from cdbench.harness.live.paged import KVCache
 
     fwd = LiveForward(SMALL, "cuda")
     cache = KVCache.allocate(SMALL, 4, 512, "cuda")
