@@ -78,7 +78,7 @@ def test_a_live_run_measures_its_steps() -> None:
     for overlap in (True, False):
         config = policy("sglang", overlap=overlap)
         live = LiveStep(SMALL, backend.vocab.size, max_context(requests), kv_tokens=2**16, max_rows=64,
-                        graph_sizes=config.cuda_graph_sizes)
+                        graph_sizes=config.cuda_graph_sizes, block_size=config.kv_block_size)
         result = simulate(requests, config, HybridExecutor(backend, seed=1),
                           FixedGpuCosts(), seed=1, live=live)
         steps = result.steps[result.steps["kind"] != "idle"]
