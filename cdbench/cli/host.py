@@ -39,7 +39,10 @@ def host(
 
     With --probe-specs HOST, compiles a fixed set of HOST's stored specs here, measured as the store
     measured them, and writes their times there and here and the scale (median ratio and spread) for
-    compiles and fills: the measured replacement of the score ratio between two hosts.
+    compiles and fills: the measured replacement of the score ratio between two hosts. Run it alone, on
+    the cores the target's compiles will have: a large grammar's compile spreads over the cores, so a
+    probe on fewer cores than the target's prices the large compiles long
+    (reports/spec_costs/out_of_sample.md, "A compile probe").
 
     Examples:
       cdbench host
