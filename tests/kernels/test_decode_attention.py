@@ -3,11 +3,6 @@ kernel under the interpreter (in a subprocess) and on a GPU at Llama-3.1-8B shap
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from decode_attention_cases import (
@@ -18,24 +13,19 @@ from decode_attention_cases import (
     paged,
     reference_output,
 )
+from interpreter import run_under_interpreter
 
 from cdbench.kernels import decode_attention as module
 from cdbench.kernels.decode_attention import decode_attention, default_splits, lpt_order
 from cdbench.kernels.reference import decode_attention_reference
 
-HERE = Path(__file__).resolve().parent
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 # Llama-3.1-8B attention: 32 query heads over 8 KV heads of 128.
 LLAMA = {"kv_heads": 8, "group": 4, "head_dim": 128}
 
 
 def test_triton_kernel_equals_reference_under_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:xdist",
-           "-o", "addopts=", str(HERE / "decode_attention_interpreted.py")]
-    result = subprocess.run(cmd, check=False, cwd=HERE.parent.parent, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    run_under_interpreter("decode_attention_interpreted.py")
 
 
 def test_reference_matches_per_head_softmax():

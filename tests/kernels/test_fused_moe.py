@@ -3,26 +3,15 @@ interpreter (in a subprocess), and on a GPU against torch's grouped GEMMs."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from interpreter import run_under_interpreter
 
 from cdbench.kernels.fused_moe import align_pairs, fused_moe_gemm
 
-HERE = Path(__file__).resolve().parent
-
 
 def test_triton_kernel_equals_reference_under_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:xdist",
-           "-o", "addopts=", str(HERE / "fused_moe_interpreted.py")]
-    result = subprocess.run(cmd, check=False, cwd=HERE.parent.parent, env=env, capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    run_under_interpreter("fused_moe_interpreted.py")
 
 
 def test_pairs_are_sorted_by_expert_in_whole_blocks():

@@ -3,31 +3,20 @@ checks, the Triton kernel under the interpreter (in a subprocess) and on a GPU."
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
+from interpreter import run_under_interpreter
 from rotary_kv_cases import check_rotary_kv, rotary_kv_inputs
 
 from cdbench.kernels.reference import rotary_kv_reference
 from cdbench.kernels.rotary_kv import rotary_kv_write
 
-HERE = Path(__file__).resolve().parent
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def test_triton_kernel_equals_reference_under_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:xdist",
-           "-o", "addopts=", str(HERE / "rotary_kv_interpreted.py")]
-    result = subprocess.run(cmd, check=False, cwd=HERE.parent.parent, env=env, capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    run_under_interpreter("rotary_kv_interpreted.py")
 
 
 def test_reference_is_the_unfused_norm_rotary_and_cache_copy():
