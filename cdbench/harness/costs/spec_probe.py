@@ -6,9 +6,10 @@ Github_hard specs compiled 21 % slower than the store's times while the benchmar
 (``reports/spec_costs/out_of_sample.md``). A probe measures the scale instead of inferring it: it takes a
 small fixed set of one host's stored specs spanning their compile times (:func:`choose_specs`), measures
 them here exactly as the store measured them (:func:`cdbench.profile.spec_probe.probe_specs`, with
-:func:`~.spec_costs.measure_specs`: the same workers, a warmed engine per spec, the same walk), and keeps per spec the two compile times and per walked text
-the two fill sums. The scale is the median of the ratios (here over there), its spread the half-width
-of their interquartile range, as a forward probe's (:mod:`.forward_speed`).
+:func:`~.spec_costs.measure_specs`: the same workers, a warmed engine per spec, the same walk), and keeps
+per spec the two compile times and per walked text the two fill sums. The scale is the median of the
+ratios (here over there), its spread the half-width of their interquartile range, as a forward probe's
+(:mod:`.forward_speed`).
 
 ``costs.spec_host_scale: probe:<file>`` then prices a run for the probe's host: specs the store measured
 on the probed host take the probe's compile scale for their compiles and its fill scale for their fills,
@@ -28,8 +29,9 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from cdbench._files import read_probe_file
 from cdbench.backends.base import ConstraintSpec
 from cdbench.harness.costs.host import HostInfo
 from cdbench.harness.costs.spec_store import (
@@ -193,14 +195,7 @@ def read_probe(path: str | Path) -> SpecHostScale:
     the reason when it is no probe."""
     path = Path(path)
     source = f"{PROBE_PREFIX}{path}"
-    try:
-        probe = SpecProbe.model_validate_json(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise SpecProbeError(f"{source}: cannot read the probe: {err.strerror or err}") from None
-    except ValidationError as err:
-        first = err.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "<root>"
-        raise SpecProbeError(f"{source}: not a spec-cost probe (field {field!r}: {first['msg']})") from None
+    probe = read_probe_file(path, SpecProbe, source, "spec-cost probe", SpecProbeError)
     return SpecHostScale(source=source, backend=probe.backend, backend_version=probe.backend_version,
                          vocab=probe.vocab, measured_on=probe.measured_on, host=probe.host, compile=probe.compile,
                          fill=probe.fill, there={s.digest: s.there_s for s in probe.specs})
