@@ -35,13 +35,14 @@ def test_fit_stored_measurements(tmp_path: Path) -> None:
     assert (tmp_path / "fit.md").read_text().startswith("# Forward calibration: llama-3.1-8b on h100-sxm")
 
 
-def calibrate_tiny(tmp_path: Path) -> tuple[Path, Path]:
-    """The tiny model's spec file and its calibration, measured on the CPU over the tiny grid."""
+def calibrate_tiny(tmp_path: Path, tp: int = 1) -> tuple[Path, Path]:
+    """The tiny model's spec file and its calibration at ``tp`` ranks (gloo), measured on the CPU over the tiny
+    grid."""
     spec = tmp_path / "tiny.yaml"
     spec.write_text(TINY)
-    out = tmp_path / "tiny.json"
+    out = tmp_path / ("tiny.json" if tp == 1 else f"tiny_tp{tp}.json")
     result = CliRunner().invoke(app, ["calibrate", "--model", str(spec), "--gpu-name", "h100", "--out", str(out),
-                                      "--grid", "tiny", "--device", "cpu"])
+                                      "--grid", "tiny", "--device", "cpu", "--tp", str(tp)])
     assert result.exit_code == 0, result.output
     return spec, out
 
@@ -181,12 +182,7 @@ def test_probe_tensor_parallel_ranks_on_cpu_and_price_only_their_rank_count(tmp_
     from cdbench.results.config_files import ConfigError
     from cdbench.results.run_config import validate_run_config
 
-    spec = tmp_path / "tiny.yaml"
-    spec.write_text(TINY)
-    cal = tmp_path / "tiny_tp2.json"
-    result = CliRunner().invoke(app, ["calibrate", "--model", str(spec), "--gpu-name", "h100", "--out", str(cal),
-                                      "--grid", "tiny", "--device", "cpu", "--tp", "2"])
-    assert result.exit_code == 0, result.output
+    spec, cal = calibrate_tiny(tmp_path, tp=2)
     probe = tmp_path / "probe_tp2.json"
     args = ["calibrate", "--model", str(spec), "--gpu-name", "h100", "--probe", str(probe), "--device", "cpu"]
     result = CliRunner().invoke(app, [*args, "--calibration", str(cal), "--tp", "2"])
