@@ -122,8 +122,8 @@ class SpecCostSettings(BaseModel):
     measured on the probed host scaled by the probe's compile and fill scales instead of
     the score ratio (resolved into a :class:`~.spec_probe.SpecHostScale` when the run's
     configuration is checked); ``None`` (default): the score ratio. ``spec_probe_compile``:
-    ``by_size`` (default) scales each compile by the probe's ratio at its stored seconds,
-    ``median`` every compile by the probe's median ratio.
+    ``median`` (default) scales every compile by the probe's median ratio, ``by_size`` each
+    compile by the probe's ratio at its stored seconds.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -136,7 +136,7 @@ class SpecCostSettings(BaseModel):
     measure_batch_rows: int | None = Field(16, ge=1)
     measure_accept_gap_s: float = Field(0.0, ge=0)
     spec_host_scale: SpecHostScale | str | None = None
-    spec_probe_compile: Literal["by_size", "median"] = "by_size"
+    spec_probe_compile: Literal["median", "by_size"] = "median"
 
     @field_validator("spec_host_scale")
     @classmethod

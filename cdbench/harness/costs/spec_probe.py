@@ -18,9 +18,12 @@ configuration is checked, so its ``config.yaml`` reruns without the file).
 
 A compile's ratio depends on its size where the hosts differ in cores: xgrammar spreads a large grammar's
 compile over the cores and a small one's not, so on a GPU host's 16 cores compiles the store priced under
-0.2 s on 4 cores ran 1.17x as long and those above 0.7x. By default (``costs.spec_probe_compile: by_size``)
-a compile is scaled by the probe's ratio at its stored seconds (:func:`compile_curve`: each probed spec's
-ratio smoothed with its neighbours', interpolated in log seconds, flat beyond the probed range); ``median``
+0.2 s on 4 cores ran 1.17x as long and those above 0.7x. ``costs.spec_probe_compile: by_size`` scales a
+compile by the probe's ratio at its stored seconds (:func:`compile_curve`: each probed spec's ratio
+smoothed with its neighbours', interpolated in log seconds, flat beyond the probed range). It carries the
+probe's conditions exactly, which is only right where the probe's compiles ran as the target's will: a
+probe compiling one spec at a time on a whole host prices a saturated engine's large compiles, which share
+the host with others, too short (``reports/spec_costs/out_of_sample.md``), so the default, ``median``,
 takes the one median ratio.
 
 >>> [round(q, 3) for q in _quantiles(4)]
@@ -229,7 +232,7 @@ def compile_curve(specs: Sequence[ProbedSpec]) -> list[tuple[float, float]]:
     return [(t, float(np.median(ratios[max(0, i - 1):i + 2]))) for i, (t, _) in enumerate(points)]
 
 
-def read_probe(path: str | Path, by_size: bool = True) -> SpecHostScale:
+def read_probe(path: str | Path, by_size: bool = False) -> SpecHostScale:
     """The scale a probe file holds, its source naming the file, its compiles scaled by size (``by_size``)
     or by the median; :class:`SpecProbeError` naming the file and the reason when it is no probe."""
     path = Path(path)

@@ -285,10 +285,11 @@ def test_bad_probe_files_are_refused_with_one_line_naming_the_file(tmp_path):
 
 def test_a_run_priced_by_a_probe_records_it_in_its_config_and_summary(probed):
     root, corpus, first, _, out = probed
-    config = validate_run_config(_config(corpus, root / "store", spec_costs="strict", spec_host_scale=f"probe:{out}"))
+    config = validate_run_config(_config(corpus, root / "store", spec_costs="strict", spec_host_scale=f"probe:{out}",
+                                         spec_probe_compile="by_size"))
     scale = config.costs.spec_host_scale
     assert isinstance(scale, SpecHostScale) and scale.source == f"probe:{out}"
-    assert scale == read_probe(out)
+    assert scale == read_probe(out, by_size=True)
     # the resolved scale is what the run's config.yaml holds: it reruns without the file
     assert RunConfig.model_validate(config.model_dump(mode="json")).costs.spec_host_scale == scale
     result = run(config)
@@ -296,9 +297,9 @@ def test_a_run_priced_by_a_probe_records_it_in_its_config_and_summary(probed):
     assert coverage.host_probe == scale.describe() and f"by probe:{out}: compile by size, × " in coverage.host_probe
     assert coverage.specs["measured_elsewhere"] == first.summary.spec_costs.specs["measured_here"]
     assert scale.compile_by_size == compile_curve(SpecProbe.model_validate_json(out.read_text()).specs)
-    # by the median instead: no curve, and the description says the one ratio
-    median = validate_run_config(_config(corpus, root / "store", spec_costs="strict", spec_host_scale=f"probe:{out}",
-                                         spec_probe_compile="median")).costs.spec_host_scale
+    # by the median (the default): no curve, and the description says the one ratio
+    median = validate_run_config(_config(corpus, root / "store", spec_costs="strict",
+                                         spec_host_scale=f"probe:{out}")).costs.spec_host_scale
     assert median.compile_by_size == [] and f"by probe:{out}: compile × {median.compile.scale:.3f}" in median.describe()
 
 
