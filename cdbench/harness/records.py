@@ -179,20 +179,25 @@ class RequestTable:
         self.kv_wait_s = np.zeros(n)
 
     @classmethod
-    def entering(cls, ordered: Sequence[Request]) -> RequestTable:
-        """The table of ``ordered`` as they enter (thinking capped by its budget, + its end token)."""
-        rec = cls(len(ordered))
-        rec.request_id[:] = [r.request_id for r in ordered]
-        rec.arrival_s[:] = [r.arrival_s for r in ordered]
-        rec.prompt_len[:] = [max(1, r.prompt_len) for r in ordered]
-        rec.output_len[:] = [max(1, r.output_len) for r in ordered]
-        rec.structured[:] = [r.structured for r in ordered]
-        think_len = np.array([r.think_len for r in ordered], np.int64)
-        budget = np.array([r.thinking_budget if r.thinking_budget is not None else -1 for r in ordered], np.int64)
+    def of(cls, requests: Sequence[Request]) -> RequestTable:
+        """The table of ``requests`` (in their order) as they enter."""
+        table = cls(len(requests))
+        table.enter(0, requests)
+        return table
+
+    def enter(self, start: int, requests: Sequence[Request]) -> None:
+        """Rows ``start`` on: ``requests`` as they enter (thinking capped by its budget, + its end token)."""
+        at = slice(start, start + len(requests))
+        self.request_id[at] = [r.request_id for r in requests]
+        self.arrival_s[at] = [r.arrival_s for r in requests]
+        self.prompt_len[at] = [max(1, r.prompt_len) for r in requests]
+        self.output_len[at] = [max(1, r.output_len) for r in requests]
+        self.structured[at] = [r.structured for r in requests]
+        think_len = np.array([r.think_len for r in requests], np.int64)
+        budget = np.array([r.thinking_budget if r.thinking_budget is not None else -1 for r in requests], np.int64)
         capped = np.where((budget >= 0) & (think_len > budget), budget, think_len)
-        rec.think_tokens[:] = np.where(think_len > 0, capped + 1, 0)  # +1: the think-end token
-        rec.forced_think_end[:] = (think_len > 0) & (budget >= 0) & (think_len > budget)
-        return rec
+        self.think_tokens[at] = np.where(think_len > 0, capped + 1, 0)  # +1: the think-end token
+        self.forced_think_end[at] = (think_len > 0) & (budget >= 0) & (think_len > budget)
 
     def to_frame(self, rows: np.ndarray | None = None) -> pd.DataFrame:
         """The table (or its ``rows``, positions in request order) as a DataFrame."""

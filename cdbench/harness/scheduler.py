@@ -48,7 +48,7 @@ from __future__ import annotations
 import gc
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -105,7 +105,9 @@ class Scheduler:
     Parameters
     ----------
     config : the policy (every mechanism's parameters).
-    requests : the workload, in any order (sorted by arrival here).
+    requests : the workload, in any order (sorted by arrival here); or, not held, an iterable yielding
+        ``count`` of them in scheduler order (by arrival, then id: a generated workload's stream), read once
+        here a chunk at a time, so that no more than a chunk of them is held at once.
     executor : the grammar cost source (model profile or real backend).
     gpu : the GPU cost model.
     seed : fixes every random choice (compile jitter, sampled costs, draft acceptance).
@@ -117,10 +119,10 @@ class Scheduler:
         (:mod:`cdbench.harness.live.step`); ``gpu`` then prices nothing.
     """
 
-    def __init__(self, config: SchedulerConfig, requests: Sequence[Request], executor: GrammarExecutor,
+    def __init__(self, config: SchedulerConfig, requests: Sequence[Request] | Iterable[Request], executor: GrammarExecutor,
                  gpu: GpuCosts, seed: int = 0, max_concurrency: int | None = None,
                  timeline: Timeline | None = None, on_progress: Callable[[int], None] | None = None,
-                 live: LiveStep | None = None) -> None:
+                 live: LiveStep | None = None, count: int | None = None) -> None:
         self.cfg, self.executor, self.gpu, self.live = config, executor, gpu, live
         self.timeline, self.on_progress = timeline, on_progress
         self._ranks: RankAgreement | None = None  # the rank processes of real collectives, while run() runs
@@ -129,16 +131,17 @@ class Scheduler:
         self.rng_compile = np.random.default_rng(seeds[0])
         self.rng_step = np.random.default_rng(seeds[1])
 
-        ordered = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))  # (not kept: see simulate's release)
-        n = self.n = len(ordered)
-        rec = self.rec = RequestTable.entering(ordered)
+        n = self.n = count if count is not None else len(requests)  # type: ignore[arg-type]
+        rec = self.rec = RequestTable(n)
+        if isinstance(requests, Sequence):
+            requests = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))  # (not kept: see simulate's release)
+        self.keys = SpecKeys.of(_entering(requests, rec), n)
         self.gen_total = rec.think_tokens + rec.output_len
-
-        self.keys = SpecKeys.of(ordered)
         rec.spec_key[:] = self.keys.request_key
         parallel = config.fill_parallel_threshold is not None and config.spec_tokens == 0  # (vLLM: no spec decoding)
         pool = ParallelFill(config.fill_parallel_threshold, config.fill_chunk, config.fill_threads)
-        executor.prepare(ordered, self.keys, jump_forward=config.jump_forward, parallel_fill=pool if parallel else None,
+        executor.prepare(requests if isinstance(requests, list) else (), self.keys, rec,
+                         jump_forward=config.jump_forward, parallel_fill=pool if parallel else None,
                          drafts=config.spec_tokens > 0)
         self._outcomes: dict[int, CompileOutcome] = {}
 
@@ -597,3 +600,35 @@ class Scheduler:
         return idle_repeats(self.cfg, t_next, poll_s, check_s, self.grammar_queue, self.waiting,
                             self.rec.grammar_ready_s, self.done_at, self.wait_ct, self.queue.peek_time(),
                             self._stretch, self._stretch_until, self._ranks is not None)
+
+
+_CHUNK = 1 << 16  # requests a table's rows are entered at a time
+
+
+def _entering(requests: Iterable[Request], rec: RequestTable) -> Iterator[Request]:
+    """``requests`` (in scheduler order), each chunk's rows entered into ``rec`` before its requests are
+    yielded; a request's arrival earlier than the one before it is refused."""
+    chunk: list[Request] = []
+    start, last = 0, -math.inf
+    for r in requests:
+        chunk.append(r)
+        if len(chunk) == _CHUNK:
+            last = _enter(rec, start, chunk, last)
+            yield from chunk
+            start += len(chunk)
+            chunk = []
+    if chunk:
+        _enter(rec, start, chunk, last)
+        yield from chunk
+        start += len(chunk)
+    if start != rec.n:
+        raise ValueError(f"the workload gave {start} requests, not the {rec.n} it said it holds")
+
+
+def _enter(rec: RequestTable, start: int, chunk: list[Request], last: float) -> float:
+    rec.enter(start, chunk)
+    arrivals = rec.arrival_s[start:start + len(chunk)]
+    if arrivals[0] < last or (len(chunk) > 1 and bool((np.diff(arrivals) < 0).any())):
+        raise ValueError(f"request {chunk[0].request_id}'s chunk arrives out of order: a workload not held must "
+                         "give its requests by arrival time")
+    return float(arrivals[-1])

@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -53,6 +53,9 @@ from cdbench.harness.costs.spec_profile import (
     spec_key_hash,
     spec_key_text,
 )
+
+if TYPE_CHECKING:
+    from cdbench.harness.records import RequestTable
 
 SPAN = 1 << 11
 """Pre-drawn values per spec and metric; a request reads its spec's pool at a random offset plus its
@@ -122,22 +125,17 @@ class CostTables:
         """Request ``rid`` ended: its pools may go."""
 
 
-def output_lengths(requests: Sequence) -> np.ndarray:
-    """Answer tokens per request as the scheduler counts them (at least 1)."""
-    return np.fromiter((max(1, r.output_len) for r in requests), np.int64, len(requests))
-
-
 def _csum(pool: np.ndarray) -> np.ndarray:
     return np.concatenate(([0.0], np.cumsum(pool)))
 
 
-def constant_tables(requests: Sequence, fill_s: float, accept_s: float, rollback_s: float,
+def constant_tables(out_len: np.ndarray, fill_s: float, accept_s: float, rollback_s: float,
                     forced_tokens: int) -> CostTables:
-    """Tables of constant costs (every request, every position)."""
-    out_len = output_lengths(requests)
+    """Tables of constant costs (every request, every position), for requests of answers ``out_len`` tokens long
+    (as the scheduler counts them: at least 1)."""
     fill = np.full(ROW, fill_s)
     return CostTables(fill, _csum(fill), np.full(ROW, accept_s), np.full(ROW, rollback_s),
-                      np.full(ROW, forced_tokens, np.int64), np.zeros(len(requests), np.int64), out_len,
+                      np.full(ROW, forced_tokens, np.int64), np.zeros(len(out_len), np.int64), out_len,
                       np.ones(int(out_len.max(initial=0)) + 1), out_len)
 
 
@@ -255,9 +253,9 @@ def _kind_dists(profile: GrammarProfile, kp: KindProfile) -> tuple:
     return fill, relative, accept, rollback if rollback.count else None
 
 
-def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, requests: Sequence, keys,
+def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, table: RequestTable, keys,
                    drafts: bool = True, jump_forward: bool = True) -> CostTables:
-    """Per-request tables for ``requests`` (in scheduler order) and their spec ``keys``
+    """Per-request tables for the requests entered in ``table`` (the scheduler's) and their spec ``keys``
     (:class:`~cdbench.harness.executors.base.SpecKeys`); ``drafts``/``jump_forward``: whether the run
     reads the draft pools (prefix sums, rollback, draft chains) and the forced tokens (not built when not).
 
@@ -274,7 +272,7 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
     the last such request ends (:class:`ProfileTables`), so the tables hold
     the pools of the requests in flight, not of the run.
     """
-    return ProfileTables(profile, index, seed, requests, keys, drafts, jump_forward)
+    return ProfileTables(profile, index, seed, table, keys, drafts, jump_forward)
 
 
 class _Slots:
@@ -334,11 +332,11 @@ class ProfileTables(CostTables):
     values each), so the unread ones would cost as much as the read ones; the read ones are the same either
     way (the unread pools' uniforms come after theirs in the cost spec's stream)."""
 
-    def __init__(self, profile: GrammarProfile, index: SpecIndex, seed: int, requests: Sequence, keys,
+    def __init__(self, profile: GrammarProfile, index: SpecIndex, seed: int, table: RequestTable, keys,
                  drafts: bool = True, jump_forward: bool = True) -> None:
         self.profile, self.index, self.seed = profile, index, seed
         self._uniforms = 4 if jump_forward else 3 if drafts else 2  # rows of uniforms a cost spec draws
-        out_len = output_lengths(requests)
+        out_len = table.output_len
         self.width = width = int(out_len.max(initial=0)) + 1
         self._bins = position_bins(np.arange(width))
         self._kinds = {kind: _kind_dists(profile, profile.kind(kind)) for kind in sorted(set(keys.kinds))}
@@ -393,7 +391,7 @@ class ProfileTables(CostTables):
                 key_reject_rate[k], key_reject_at[k] = spec.rejected / spec.walks, spec.rejected_at
 
         # each request's offset comes from its request id, so it does not depend on which others share the run
-        ids = np.fromiter((r.request_id for r in requests), np.int64, len(requests))
+        ids = table.request_id
         offsets = np.random.default_rng([seed, 0x6f66]).integers(0, SPAN, int(ids.max(initial=0)) + 1)[ids]
         structured = keys.request_key >= 0
         rk = np.maximum(keys.request_key, 0)
@@ -401,7 +399,7 @@ class ProfileTables(CostTables):
         self._chain_of = np.where(structured, key_chain[rk], 0)
         self._out_len = out_len
         # replayed texts: each request's (-1: none), and the cost spec whose curve fills its gaps
-        self._text_of = np.full(len(requests), -1, np.int64)
+        self._text_of = np.full(table.n, -1, np.int64)
         self._texts: list[tuple[str, int]] = []
         if profile.instances and keys.request_instance:
             text_index: dict[str, int] = {}
@@ -422,15 +420,17 @@ class ProfileTables(CostTables):
             refused = structured & (draw < key_reject_rate[rk]) & (key_reject_at[rk] < out_len)
             reject_left = np.where(refused, out_len - key_reject_at[rk], -1)
         end_left = None
-        walker = np.fromiter((r.spec is not None and r.output_tokens is None for r in requests), bool, len(requests))
+        # random walks: structured requests without oracle tokens
+        walker = structured & np.fromiter((i is None for i in keys.request_instance), bool, table.n) \
+            if keys.request_instance is not None else structured
         if walker.any() and any(s is not None and s.walk_ends for s in key_spec):
             u = np.random.default_rng([seed, 0x7765]).random(int(ids.max(initial=0)) + 1)[ids]
             end_left = np.array([_walk_end_left(key_spec[rk[i]], int(out_len[i]), float(u[i])) if walker[i] else 0
-                                 for i in range(len(requests))], np.int64)
+                                 for i in range(table.n)], np.int64)
             if not end_left.any():
                 end_left = None
         think = np.where(structured, key_think[rk], 0.0)
-        n = len(requests)
+        n = table.n
         self._rows = _Slots(reserved=1 if replays else 0)  # slot 0: the row of ones replayed texts read
         self._curves = _Slots()
         self._chain_slots = _Slots(reserved=1)  # slot 0: chain 0

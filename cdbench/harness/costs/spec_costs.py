@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Literal
@@ -268,7 +268,15 @@ def _scaled_instance(instance: InstanceProfile, factor: float) -> InstanceProfil
     return instance.model_copy(update={"fill_s": [None if v is None else v * factor for v in instance.fill_s]})
 
 
-def _run_specs(requests: Sequence, backend: str, version: str, vocab: str,
+RequestSource = Sequence | Callable[[], Iterable]
+"""A run's requests: held, or built anew in order by each call."""
+
+
+def _requests(source: RequestSource) -> Iterable:
+    return source() if callable(source) else source
+
+
+def _run_specs(requests: Iterable, backend: str, version: str, vocab: str,
                options: Mapping[str, Any]) -> list[_RunSpec]:
     found: dict[str, _RunSpec] = {}
     # copies of one corpus item share its original and digest (one object each, not one a copy), keyed by
@@ -509,13 +517,15 @@ def _in_run_order(specs: list[_RunSpec], backend: str, version: str, vocab: str,
     return how
 
 
-def _batch_walks(specs: list[_RunSpec], requests: Sequence) -> list[tuple[int, tuple[int, ...]]]:
+def _batch_walks(specs: list[_RunSpec], requests: RequestSource) -> list[tuple[int, tuple[int, ...]]]:
     """The run's distinct texts of measured specs as batch walks: (index in ``specs``, tokens), in the order
     the run first meets them. A text that several requests answer with is walked once: the walk prices
     texts, and its length stays bounded by the distinct texts however long the run."""
+    if not any(s.source.startswith("measured") for s in specs):
+        return []  # (the requests are not read again)
     index = {s.key_text: i for i, s in enumerate(specs)}
     walks: dict[tuple[int, tuple[int, ...]], None] = {}
-    for r in sorted((r for r in requests if r.spec is not None and r.output_tokens),
+    for r in sorted((r for r in _requests(requests) if r.spec is not None and r.output_tokens),
                     key=lambda r: (r.arrival_s, r.request_id)):
         i = index[f"{r.spec.kind}:{r.spec_id}" if r.spec_id is not None else r.spec.canonical()]
         if specs[i].source.startswith("measured") and specs[i].costs is not None \
@@ -566,7 +576,7 @@ def measure_batch_fills(specs: Sequence[ConstraintSpec], walks: Sequence[tuple[i
     return entry
 
 
-def _in_batch(specs: list[_RunSpec], requests: Sequence, backend: str, version: str, vocab: str,
+def _in_batch(specs: list[_RunSpec], requests: RequestSource, backend: str, version: str, vocab: str,
               options: Mapping[str, Any], settings: SpecCostSettings, store: SpecCostStore, target: HostInfo,
               progress: Progress | None) -> tuple[str, str]:
     """Give each measured spec's texts their fills and accepts walked in batch (stored, or measured now
@@ -647,18 +657,20 @@ def _predict(specs: list[_RunSpec], backend: str, vocab: str, base: GrammarProfi
     return "; ".join(refused.values()) or None
 
 
-def price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any], vocab: str, requests: Sequence,
-                settings: SpecCostSettings, named_profile: bool = False,
+def price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any], vocab: str,
+                requests: RequestSource, settings: SpecCostSettings, named_profile: bool = False,
                 progress: Progress | None = None) -> tuple[GrammarProfile, SpecCoverage]:
     """The grammar profile that prices ``requests`` spec by spec, and where each price came from.
 
+    ``requests``: the run's requests, or a function building them anew in order each time it is called
+    (a workload that does not hold them: read once, and again only for specs measured by batch walks).
     ``base`` is the run's profile (kind-level shapes, and the specs it
     measured); ``named_profile``: the user named it, so its specs are also
     found by key. Raises :class:`SpecCostsError` for ``strict`` with specs
     that nothing measured.
     """
     version = backend_version(backend)
-    specs = _run_specs(requests, backend, version, vocab, options)
+    specs = _run_specs(_requests(requests), backend, version, vocab, options)
     store = settings.store()
     target = this_host(store.root) if settings.host == "this" else load_host(store.root, settings.host)
     if base.backend == backend and base.vocab == vocab and base.engine_version in (None, version) \

@@ -18,7 +18,7 @@ GPU work comes from :class:`~cdbench.harness.costs.gpu.GpuCosts`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +26,7 @@ import numpy as np
 from cdbench.backends.base import ConstraintSpec
 from cdbench.harness.costs.grammar_profile import GrammarProfile
 from cdbench.harness.costs.spec_profile import base_key_text, instance_key
+from cdbench.harness.records import RequestTable
 from cdbench.workloads.request import Request
 
 
@@ -158,19 +159,21 @@ class SpecKeys:
     request_instance: list[str | None] | None = None
 
     @classmethod
-    def of(cls, requests: Sequence[Request]) -> SpecKeys:
-        """Number the distinct specs of ``requests`` (by spec id, else by canonical text) in order of first use."""
+    def of(cls, requests: Iterable[Request], n: int | None = None) -> SpecKeys:
+        """Number the distinct specs of ``requests`` (by spec id, else by canonical text) in order of first use;
+        ``n``: how many there are (read once, in order: they need not be held)."""
+        if n is None:
+            n = len(requests)  # type: ignore[arg-type]
         index: dict[str, int] = {}
         texts: list[str] = []
         kinds: list[str] = []
         specs: list[ConstraintSpec] = []
         spec_ids: list[str | None] = []
         bases: list[str] = []
-        request_key = np.full(len(requests), -1, np.int64)
-        request_instance: list[str | None] = [None] * len(requests)
-        # (base key text, id of the tokens) -> instance key: requests of one pooled text share its tuple, so
-        # each text is hashed once (the requests hold the tuples, so no id is reused meanwhile)
-        hashed: dict[tuple[str, int], str] = {}
+        request_key = np.full(n, -1, np.int64)
+        request_instance: list[str | None] = [None] * n
+        # (base key text, tokens) -> instance key: each text is hashed once
+        hashed: dict[tuple[str, tuple[int, ...]], str] = {}
         shared: dict[str, str] = {}  # one base text for all copies of an item, not one a copy
         for i, r in enumerate(requests):
             if r.spec is None:
@@ -187,7 +190,7 @@ class SpecKeys:
                 bases.append(shared.setdefault(base, base))
             request_key[i] = key
             if r.output_tokens is not None:
-                text_of = (bases[key], id(r.output_tokens))
+                text_of = (bases[key], r.output_tokens)
                 found = hashed.get(text_of)
                 if found is None:
                     found = hashed[text_of] = instance_key(bases[key], r.output_tokens)
@@ -207,9 +210,12 @@ class GrammarExecutor(ABC):
     #: the engine's parallel fill, from :meth:`prepare` (``None``: serial fills)
     parallel_fill: ParallelFill | None = None
 
-    def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False,
+    def prepare(self, requests: Sequence[Request], keys: SpecKeys, table: RequestTable | None = None,
+                jump_forward: bool = False,
                 parallel_fill: ParallelFill | None = None, drafts: bool = True) -> None:
-        """Called once with the run's requests (in scheduler order), their spec keys, whether
+        """Called once with the run's requests (in scheduler order; empty when the run does not hold them:
+        ``model`` mode reads ``table`` instead), their spec keys, the scheduler's request table
+        (entered, not yet run; ``None``: the table of ``requests``), whether
         forced tokens are emitted without a forward step (the jump-forward what-if), the
         engine's parallel fill (``None``: fills always run one after another), and whether any
         step may carry drafts (``False``: what only drafts need is not built)."""

@@ -29,6 +29,7 @@ from cdbench.harness.executors.base import (
     accepted_drafts,
     constant_ints,
 )
+from cdbench.harness.records import RequestTable
 from cdbench.harness.step_time import parallel_makespan
 from cdbench.workloads.request import Request
 
@@ -52,9 +53,9 @@ class GrammarCosts(Protocol):
 
     def compile(self, spec_id: str | None, key_text: str, kind: str) -> CompileOutcome: ...
 
-    def tables(self, requests: Sequence[Request], keys: SpecKeys, drafts: bool = True,
+    def tables(self, table: RequestTable, keys: SpecKeys, drafts: bool = True,
                jump_forward: bool = True) -> CostTables:
-        """The run's cost tables; ``drafts``/``jump_forward``: whether the run reads the pools only drafts
+        """The run's cost tables (of the requests entered in ``table``, their spec ``keys``); ``drafts``/``jump_forward``: whether the run reads the pools only drafts
         and forced tokens need (they may be left out when not)."""
         ...
 
@@ -86,9 +87,9 @@ class FixedGrammarCosts(BaseModel):
         failed = any(n in self.failing_keys for n in names)
         return CompileOutcome(seconds, "invalid: listed in failing_keys" if failed else None)
 
-    def tables(self, requests: Sequence[Request], keys: SpecKeys, drafts: bool = True,
+    def tables(self, table: RequestTable, keys: SpecKeys, drafts: bool = True,
                jump_forward: bool = True) -> CostTables:
-        return constant_tables(requests, self.fill_time_s, self.accept_time_s, self.rollback_time_s,
+        return constant_tables(table.output_len, self.fill_time_s, self.accept_time_s, self.rollback_time_s,
                                self.forced_tokens)
 
 
@@ -122,9 +123,9 @@ class ProfileGrammarCosts:
                 spec_id if spec_id is not None else key_text, kind)[0]
         return CompileOutcome(seconds, None if status == "ok" else status)
 
-    def tables(self, requests: Sequence[Request], keys: SpecKeys, drafts: bool = True,
+    def tables(self, table: RequestTable, keys: SpecKeys, drafts: bool = True,
                jump_forward: bool = True) -> CostTables:
-        return profile_tables(self.profile, self.index, self.seed, requests, keys, drafts, jump_forward)
+        return profile_tables(self.profile, self.index, self.seed, table, keys, drafts, jump_forward)
 
 
 class ModelExecutor(GrammarExecutor):
@@ -167,10 +168,12 @@ class ModelExecutor(GrammarExecutor):
         self._runs_at += n
         return np.minimum(runs, drafts)
 
-    def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False,
+    def prepare(self, requests: Sequence[Request], keys: SpecKeys, table: RequestTable | None = None,
+                jump_forward: bool = False,
                 parallel_fill: ParallelFill | None = None, drafts: bool = True) -> None:
-        super().prepare((), keys, jump_forward, parallel_fill, drafts)  # (the requests are read here only)
-        self.tables = self.costs.tables(requests, keys, drafts, jump_forward)
+        super().prepare((), keys, table, jump_forward, parallel_fill, drafts)  # (the requests are not kept)
+        self.tables = self.costs.tables(table if table is not None else RequestTable.of(requests), keys, drafts,
+                                        jump_forward)
         keys.specs.clear()  # priced by key text: the specs (a copy a request under unique reuse) are not kept
 
     def arrive(self, rid: int) -> None:
