@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+_NAN_BITS = int(np.array(np.nan).view(np.int64))  # last_tok's NaN as the int64 it is stored as
+
 
 class RunningBatch:
     """The running batch as a struct of arrays (one entry a running request).
@@ -35,6 +37,17 @@ class RunningBatch:
         """Each request's tokens to prefill when it is admitted (its prompt; after a preemption, every
         token it had computed): a view, indexed by ``rid``."""
         return self._entry[1]
+
+    def enter(self, rid: int, prompt: int, gen_total: int, think: int) -> None:
+        """Request ``rid``'s entry as it enters (over the request that held its slot before)."""
+        self._entry[:, rid] = (rid, prompt, 0, gen_total, think, _NAN_BITS)
+
+    def grow(self, n: int) -> None:
+        """Entries for ``n`` requests (the new ones empty)."""
+        more = np.zeros((self._entry.shape[0], n - self._entry.shape[1]), np.int64)
+        more[0] = np.arange(self._entry.shape[1], n)
+        more[-1] = _NAN_BITS
+        self._entry = np.concatenate((self._entry, more), axis=1)
 
     def __len__(self) -> int:
         return len(self.rid)

@@ -220,7 +220,7 @@ class CostConfig(ForwardConfig, SpecCostSettings):
             profile, coverage = price_specs(profile, backend, options, vocab, requests, self,
                                             named_profile=named, progress=progress)
             coverage.profile_mismatch = mismatch
-        return ProfileGrammarCosts(profile, seed, coverage)
+        return ProfileGrammarCosts(profile, seed, coverage, requests=requests if callable(requests) else None)
 
 
 class RunConfig(BaseModel):

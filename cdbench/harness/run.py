@@ -32,7 +32,7 @@ from cdbench.harness.executors.base import GrammarExecutor
 from cdbench.harness.kv_cache import kv_description
 from cdbench.harness.metrics import SLO, LogHistogram, Summary, summarize
 from cdbench.harness.policies import SchedulerConfig
-from cdbench.harness.records import FinishedRows, RequestTable, StepLog
+from cdbench.harness.records import RequestTable, StepLog
 from cdbench.harness.scheduler import Scheduler
 from cdbench.harness.streamed import TableSource, summarize_streamed
 from cdbench.harness.timeline import Timeline
@@ -128,11 +128,11 @@ def empty_result() -> RunResult:
 
 
 def _stopped_result(sched: Scheduler, slo: SLO | None, timeline: Timeline, start: float,
-                    executor: GrammarExecutor, finished: FinishedRows, sink: RecordSink) -> RunResult:
+                    executor: GrammarExecutor, sink: RecordSink) -> RunResult:
     """What a run stopped mid-way finished: the ended requests' rows, every step so far, their summary."""
     sched.tallies.flush()  # the buffered per-step counters (summing early changes no value)
     sink.steps(sched.steps.take())
-    sink.finished(finished.rest())
+    sink.finished(sched.take_rest())
     summary = summarize_streamed(sink.close(None), sched.itl, sched.fill_hist, slo, sched.idle_iterations,
                                  sched.draft_positions, *kv_description(sched.kv))
     return RunResult(RequestTable(0).to_frame(), StepLog().to_frame(), summary, timeline, time.perf_counter() - start,
@@ -169,34 +169,32 @@ def simulate(requests: Sequence[Request] | Iterable[Request], scheduler: Schedul
             if show is not None:
                 show(ended)
             if time.perf_counter() >= due:
-                sched.tallies.flush()  # the ended requests' counters are in the table (summing early changes nothing)
                 # steps first: a run killed between the two writes leaves no finished request without its steps
                 sink.steps(sched.steps.take())
-                sink.finished(finished.take())
+                sink.finished(sched.take_finished())
                 due = time.perf_counter() + sink.interval_s
 
     sched = Scheduler(scheduler, requests, executor, gpu, count=count, seed=seed, max_concurrency=max_concurrency,
                       timeline=timeline if trace_steps else None, on_progress=on_progress, live=live)
-    finished = FinishedRows(sched.rec)
     try:
         sched.run()
     except BaseException as err:  # Ctrl-C included: what finished is kept
         if records is not None:
-            records.stopped(_stopped_result(sched, slo, timeline, start, executor, finished, records),
+            records.stopped(_stopped_result(sched, slo, timeline, start, executor, records),
                             n_requests, err)
         raise
     live_info = live.info() if live is not None else None
     if records is not None:
         records.steps(sched.steps.take())
-        records.finished(finished.take())
-        checked = sched.rec.valid if (sched.rec.valid >= 0).any() else None
+        records.finished(sched.take_finished())
+        checked = sched.rec.valid if not sched.reuse and (sched.rec.valid >= 0).any() else None
         summary = summarize_streamed(records.close(checked), sched.itl, sched.fill_hist, slo, sched.idle_iterations,
                                      sched.draft_positions, *kv_description(sched.kv))
         wall_s = time.perf_counter() - start
         return RunResult(RequestTable(0).to_frame(), StepLog().to_frame(), summary, timeline, wall_s,
                          executor.backend_call_s, executor.validation_s, sched.compile_errors,
                          grammar_profile=_profile(executor, n_requests, seed), live=live_info, tables_written=True)
-    requests_frame = sched.rec.to_frame()
+    requests_frame = sched.requests_frame()
     steps_frame = sched.steps.to_frame()
     summary = summarize(requests_frame, steps_frame, sched.itl, sched.fill_hist, slo, sched.idle_iterations,
                         sched.draft_positions, *kv_description(sched.kv))

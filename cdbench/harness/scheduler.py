@@ -52,6 +52,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
 
 from cdbench.harness.admission import BatchFormer, StepPlan
 from cdbench.harness.batch import RunningBatch
@@ -132,24 +133,40 @@ class Scheduler:
         self.rng_step = np.random.default_rng(seeds[1])
 
         n = self.n = count if count is not None else len(requests)  # type: ignore[arg-type]
-        rec = self.rec = RequestTable(n)
-        if isinstance(requests, Sequence):
-            requests = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))  # (not kept: see simulate's release)
-        self.keys = SpecKeys.of(_entering(requests, rec), n)
+        held = isinstance(requests, Sequence)
+        if held:
+            requests = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
+        # an executor reading the requests by position: each its own slot, entered up front; otherwise a request
+        # takes a slot as it is issued and gives it back once its row is handed out (take_finished), so the
+        # slots held are those from the oldest request not handed out to the newest issued
+        self.reuse = not executor.reads_requests
+        capacity = min(n, _SLOTS) if self.reuse else n
+        rec = self.rec = RequestTable(capacity)
+        if self.reuse:
+            self.keys = SpecKeys(fresh_copies=not held)
+        else:
+            self.keys = SpecKeys.of(_entering(requests, rec), n)
+            rec.spec_key[:] = self.keys.request_key
+        self._incoming = iter(requests)  # the requests not issued yet
+        self._last_arrival = -math.inf
         self.gen_total = rec.think_tokens + rec.output_len
-        rec.spec_key[:] = self.keys.request_key
         parallel = config.fill_parallel_threshold is not None and config.spec_tokens == 0  # (vLLM: no spec decoding)
         pool = ParallelFill(config.fill_parallel_threshold, config.fill_chunk, config.fill_threads)
-        executor.prepare(requests if isinstance(requests, list) else (), self.keys, rec,
+        executor.prepare(requests if held else (), self.keys, capacity,
                          jump_forward=config.jump_forward, parallel_fill=pool if parallel else None,
                          drafts=config.spec_tokens > 0)
         self._outcomes: dict[int, CompileOutcome] = {}
+        self._errors: dict[int, tuple[str, str]] = {}  # failed copies' keys (forgotten otherwise): (text, error)
+        self._order: deque[int] = deque()  # issued slots whose rows were not handed out, in scheduler order
+        self._free: list[int] = []  # slots to reuse
+        self._used = 0  # slots handed out so far
+        self._retired: list[pd.DataFrame] = []  # rows handed out of their slots, not taken yet (take_finished)
 
         R = config.ranks
-        self.done_at = np.full((n, R), np.inf)
-        self._ready_at = [math.inf] * n  # done_at's maximum per request (the last rank's end), for checks
-        self.grammar_ok = np.ones(n, bool)
-        self.wait_ct = np.zeros((n, R), np.int64)
+        self.done_at = np.full((capacity, R), np.inf)
+        self._ready_at = [math.inf] * capacity  # done_at's maximum per request (the last rank's end), for checks
+        self.grammar_ok = np.ones(capacity, bool)
+        self.wait_ct = np.zeros((capacity, R), np.int64)
         # the host's cores, where its threads can outnumber them (live mode runs its steps for real)
         host = HostCores(config.host_cpus, config.compile_cores, R)
         fill_threads = config.fill_threads if parallel else 1
@@ -167,8 +184,8 @@ class Scheduler:
         self.waiting: deque[int] = deque()
         self.grammar_queue: list[int] = []
         # each request's batch columns as it is admitted, so admission is one gather
-        entry_ints = np.zeros((len(RunningBatch.INTS), n), np.int64)
-        entry_ints[0], entry_ints[1] = np.arange(n), rec.prompt_len
+        entry_ints = np.zeros((len(RunningBatch.INTS), capacity), np.int64)
+        entry_ints[0], entry_ints[1] = np.arange(capacity), rec.prompt_len
         entry_ints[3], entry_ints[4] = self.gen_total, rec.think_tokens
         self.batch = RunningBatch(entry_ints)
         self.kv = KVCache.build(config, gpu, live, rec, self.batch, self.gen_total)
@@ -238,6 +255,8 @@ class Scheduler:
                     self.on_progress(self.ended)
         if self.on_progress is not None:
             self.on_progress(self.ended)
+        if next(self._incoming, None) is not None:
+            raise ValueError(f"the workload gave more requests than the {self.n} it said it holds")
 
     def _issue_next(self, now: float) -> None:
         """Put the next request's arrival on the event queue (under a closed loop, only if a slot is free)."""
@@ -247,22 +266,147 @@ class Scheduler:
             if self._in_flight >= self.max_concurrency:
                 return
             self._in_flight += 1
-        i = self._next_arrival
+        position = self._next_arrival
         self._next_arrival += 1
-        self.queue.push(max(now, float(self.rec.arrival_s[i])), EventKind.ARRIVAL, i)
+        r = next(self._incoming, None)
+        if r is None:
+            raise ValueError(f"the workload gave {position} requests, not the {self.n} it said it holds")
+        if self.reuse:
+            rid = self._slot()
+            key, instance = self._enter(rid, r)
+        else:
+            rid = position
+            key, instance = int(self.keys.request_key[rid]), self.keys.request_instance[rid]
+        self.executor.enter(rid, r, key, instance)
+        self._order.append(rid)
+        self.queue.push(max(now, float(self.rec.arrival_s[rid])), EventKind.ARRIVAL, rid)
+
+    # ------------------------------------------------------------------ request slots
+
+    def _slot(self) -> int:
+        """A free slot: one given back, else the next never used; when none is left, the ended requests' rows
+        are handed out, and the slots doubled where that frees no more than an eighth of them."""
+        if not self._free and self._used == len(self.rec.finish_s):
+            self._retire()
+            if len(self._free) <= self._used // 8:
+                self._grow(2 * self._used)
+        if self._free:
+            return self._free.pop()
+        self._used += 1
+        return self._used - 1
+
+    def _enter(self, rid: int, r: Request) -> tuple[int, str | None]:
+        """Write request ``r``'s entering state into slot ``rid``: its row, spec key and batch entry."""
+        if r.arrival_s < self._last_arrival:
+            raise ValueError(f"request {r.request_id} arrives at {r.arrival_s} s, before the request issued "
+                             f"before it ({self._last_arrival} s): a workload not held must give its requests "
+                             "by arrival time")
+        self._last_arrival = r.arrival_s
+        rec = self.rec
+        rec.enter_one(rid, r)
+        key, instance = self.keys.enter(r)
+        rec.spec_key[rid] = key
+        gen_total = self.gen_total[rid] = rec.think_tokens[rid] + rec.output_len[rid]
+        self.batch.enter(rid, int(rec.prompt_len[rid]), int(gen_total), int(rec.think_tokens[rid]))
+        if self._refused is not None:
+            self._refused[rid] = self.kv.too_long(self.cfg.spec_tokens, rid)
+        return key, instance
+
+    def _retire(self) -> None:
+        """Hand out the rows of the ended requests that every request before them in scheduler order precedes
+        (kept in :attr:`_retired` until taken), their slots given back where slots are reused."""
+        self.tallies.flush()  # the ended requests' counters are in the table (summing early changes nothing)
+        finish, order = self.rec.finish_s, self._order
+        done = []
+        while order and finish[order[0]] == finish[order[0]]:  # (not NaN: ended)
+            done.append(order.popleft())
+        if done:
+            self._hand_out(done)
+
+    def _hand_out(self, done: list[int]) -> None:
+        rows = np.array(done, np.int64)
+        self._retired.append(self.rec.to_frame(rows))
+        if self.reuse:
+            self._clear(rows)
+            self._free.extend(reversed(done))  # (the earliest given back is reused first)
+
+    def _clear(self, rows: np.ndarray) -> None:
+        """Slots ``rows`` as before any request took them."""
+        self.rec.clear(rows)
+        self.done_at[rows] = np.inf
+        for rid in rows.tolist():
+            self._ready_at[rid] = math.inf
+        self.grammar_ok[rows] = True
+        self.wait_ct[rows] = 0
+        if self.kv is not None:
+            self.kv.clear(rows)
+
+    def _grow(self, capacity: int) -> None:
+        """Room for ``capacity`` request slots."""
+        rec = self.rec
+        old = len(rec.finish_s)
+        rec.grow(capacity)
+        self.gen_total = _grown(self.gen_total, capacity, 0)
+        self.done_at = _grown(self.done_at, capacity, np.inf)
+        self._ready_at.extend([math.inf] * (capacity - old))
+        self.grammar_ok = _grown(self.grammar_ok, capacity, True)
+        self.wait_ct = _grown(self.wait_ct, capacity, 0)
+        if self._refused is not None:
+            self._refused = _grown(self._refused, capacity, False)
+        self.batch.grow(capacity)
+        self.former.entered()
+        if self.kv is not None:
+            self.kv.grow(capacity, self.gen_total)
+        self.tallies.entered(rec)
+        self.executor.grow(capacity)
+
+    def take_finished(self) -> pd.DataFrame:
+        """The rows of the requests ended since the last call that every earlier request's row precedes, in
+        scheduler order (``valid`` unchecked: outputs are checked at the end of the run)."""
+        self._retire()
+        return self._taken()
+
+    def take_rest(self) -> pd.DataFrame:
+        """The rows of every ended request not taken yet (a run stopped early), in scheduler order."""
+        self._retire()
+        finish = self.rec.finish_s
+        done = [rid for rid in self._order if finish[rid] == finish[rid]]
+        self._order.clear()
+        if done:
+            self._hand_out(done)
+        return self._taken()
+
+    def _taken(self) -> pd.DataFrame:
+        frames, self._retired = self._retired, []
+        if not frames:
+            return self.rec.to_frame(np.zeros(0, np.int64))
+        return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+
+    def requests_frame(self) -> pd.DataFrame:
+        """Every request's row in scheduler order, after the run (``valid`` as checked): those taken before
+        are not in it."""
+        if not self.reuse:
+            return self.rec.to_frame()
+        return self.take_finished()
 
     # ------------------------------------------------------------------ arrival and compile
 
     def _outcome(self, key: int) -> CompileOutcome:
         outcome = self._outcomes.get(key)
         if outcome is None:
-            outcome = self._outcomes[key] = self.executor.compile(key)
+            outcome = self.executor.compile(key)
+            if self.keys.fresh(key):  # no other request compiles it: only a failure is kept, for compile_errors
+                if outcome.error is not None:
+                    self._errors[key] = (self.keys.texts[key], outcome.error)
+            else:
+                self._outcomes[key] = outcome
         return outcome
 
     @property
     def compile_errors(self) -> dict[str, str]:
         """Specs that failed to compile (cache key text → the backend's reason)."""
-        return {self.keys.texts[k]: o.error for k, o in sorted(self._outcomes.items()) if o.error is not None}
+        failed = {k: (self.keys.texts[k], o.error) for k, o in self._outcomes.items() if o.error is not None}
+        return dict(text_error for _, text_error in sorted({**failed, **self._errors}.items()))
 
     def _arrive(self, rid: int, t: float) -> None:
         rec, cfg = self.rec, self.cfg
@@ -328,6 +472,10 @@ class Scheduler:
         self._end(rid, t)
 
     def _end(self, rid: int, t: float) -> None:
+        key = int(self.rec.spec_key[rid])
+        if self.keys.fresh(key):  # no other request has its spec: what is kept of it goes
+            self.keys.forget(key)
+            self.cache.forget(key)
         self.ended += 1
         if self.max_concurrency is not None:
             self._in_flight -= 1
@@ -632,3 +780,13 @@ def _enter(rec: RequestTable, start: int, chunk: list[Request], last: float) -> 
         raise ValueError(f"request {chunk[0].request_id}'s chunk arrives out of order: a workload not held must "
                          "give its requests by arrival time")
     return float(arrivals[-1])
+
+
+_SLOTS = 1 << 12  # request slots a scheduler reusing them starts with
+
+
+def _grown(array: np.ndarray, length: int, fill) -> np.ndarray:
+    """``array`` with room for ``length`` entries along its first axis, the new ones ``fill``."""
+    out = np.full((length, *array.shape[1:]), fill, array.dtype)
+    out[:len(array)] = array
+    return out

@@ -40,16 +40,20 @@ class StepTallies:
     jump_forward : whether the steps count jump-forward tokens.
     """
 
-    __slots__ = ("_columns", "_draft_positions", "_steps", "_rows")
+    __slots__ = ("_counted", "_columns", "_draft_positions", "_steps", "_rows")
 
     def __init__(self, table: RequestTable, draft_positions: DraftPositionCounts | None = None,
                  jump_forward: bool = False) -> None:
         drafts = ("drafted", "accepted", "rolled_back") if draft_positions is not None else ()
-        counted = ("output_tokens", *drafts) + (("jump_forward_tokens",) if jump_forward else ())
-        self._columns = [getattr(table, name) for name in counted]
+        self._counted = ("output_tokens", *drafts) + (("jump_forward_tokens",) if jump_forward else ())
+        self._columns = [getattr(table, name) for name in self._counted]
         self._draft_positions = draft_positions
         self._steps: list[list[np.ndarray]] = []
         self._rows = 0
+
+    def entered(self, table: RequestTable) -> None:
+        """``table``'s columns were made anew (more rows): the counters go to the new ones."""
+        self._columns = [getattr(table, name) for name in self._counted]
 
     def add(self, counters: list[np.ndarray], rows: int) -> None:
         """Keep one step's ``counters`` (request ids first) over its ``rows`` sampled rows; the arrays

@@ -65,7 +65,6 @@ from cdbench.harness.executors.base import (
     constant_ints,
 )
 from cdbench.harness.executors.in_situ import InSituRecorder
-from cdbench.harness.records import RequestTable
 from cdbench.workloads.drafts import DraftSource, OracleTokens, draft_lists
 from cdbench.workloads.request import Request
 from cdbench.workloads.token_sources import RandomWalk
@@ -217,12 +216,11 @@ class HybridExecutor(GrammarExecutor):
         self._deferred: tuple | None = None  # the lean rows' accepts, until settle()
         self._deferred_step: tuple | None = None
 
-    def prepare(self, requests: Sequence[Request], keys: SpecKeys, table: RequestTable | None = None,
-                jump_forward: bool = False,
-                parallel_fill: ParallelFill | None = None, drafts: bool = True) -> None:
-        if table is not None and len(requests) != table.n:
-            raise ValueError("hybrid mode runs the requests themselves: the workload must be held")
-        super().prepare(requests, keys, table, jump_forward, parallel_fill, drafts)
+    reads_requests = True
+
+    def prepare(self, requests: Sequence[Request], keys: SpecKeys, capacity: int | None = None,
+                jump_forward: bool = False, parallel_fill: ParallelFill | None = None, drafts: bool = True) -> None:
+        super().prepare(requests, keys, capacity, jump_forward, parallel_fill, drafts)
         self._pool = None
         if parallel_fill is not None:
             self._pool = ThreadPoolExecutor(parallel_fill.threads, thread_name_prefix="cdbench-fill")
