@@ -46,6 +46,7 @@ from cdbench.harness.costs.grammar_profile import (
     ProfileError,
 )
 from cdbench.harness.costs.spec_profile import (
+    COPY_MARK,
     N_POSITION_BINS,
     SpecProfile,
     base_spec_id,
@@ -167,41 +168,54 @@ class SpecIndex:
     """Which profiled spec a run's spec takes its costs from.
 
     A spec the profile measured (same compile-cache key) takes its own; a
-    generator copy (``id#copyN``) takes its corpus item's; any other takes a
-    profiled spec of its kind drawn as a whole (among those of its corpus, when
-    the profile has some), stable per seed and spec. ``None``: the profile has
+    generator copy (``id#copyN``) of an item in the profile's ``copies`` (item key text → the profiled spec
+    pricing its copies: :func:`~cdbench.harness.costs.spec_costs.price_specs` prices a streamed run's copies
+    by their item's content, once for them all, as it prices each copy of a held run by content over any
+    profiled spec of the copy's own key) takes that spec's costs, under its own name; another copy
+    takes its corpus item's; any other takes a profiled spec of its kind drawn as a whole (among those of
+    its corpus, when the profile has some), stable per seed and spec. ``None``: the profile has
     no spec of that kind (the kind's pooled costs serve).
     """
 
     def __init__(self, profile: GrammarProfile, seed: int) -> None:
-        self.profile, self.seed = profile, seed
+        self.profile, self.seed, self.copies = profile, seed, profile.copies
         self._by_kind: dict[str, list[str]] = {}
         self._by_corpus: dict[tuple[str, str], list[str]] = {}
         for key, kind, corpus in sorted(profile.spec_labels()):  # labels alone: a spec is decoded when used
             self._by_kind.setdefault(kind, []).append(key)
             if corpus is not None:
                 self._by_corpus.setdefault((kind, corpus), []).append(key)
-        self._cache: dict[str, str | None] = {}
+        self._cache: dict[str, tuple[str | None, str | None]] = {}
 
     def resolve(self, key_text: str, spec_id: str | None, kind: str) -> str | None:
-        """The profile's spec key whose costs ``key_text`` takes (``None``: the kind's pooled costs)."""
-        if key_text in self._cache:
-            return self._cache[key_text]
+        """The name ``key_text``'s costs are known by (``None``: the kind's pooled costs): the profile's spec key
+        whose costs it takes, or a copy's own (:meth:`names`)."""
+        return self.names(key_text, spec_id, kind)[0]
+
+    def names(self, key_text: str, spec_id: str | None, kind: str) -> tuple[str | None, str | None]:
+        """(the name ``key_text``'s costs are known and seeded by, the profile's spec key that prices them): one
+        key twice, but for a copy priced by its item's content (``copies``)."""
+        found = self._cache.get(key_text)
+        if found is not None:
+            return found
         if len(self._cache) >= _KEYS_REMEMBERED:  # (a run of copies has a key a request: resolved again)
             self._cache.clear()
         specs = self.profile.specs
-        found = spec_key_hash(key_text)
-        if found not in specs and spec_id is not None:
-            found = spec_key_hash(spec_key_text(kind, base_spec_id(spec_id)))
-        if found not in specs:
+        name = priced = spec_key_hash(key_text)
+        if spec_id is not None and COPY_MARK in spec_id and self.copies:  # (over a profiled spec of its own key)
+            priced = self.copies.get(spec_key_text(kind, base_spec_id(spec_id)), name)
+        if priced not in specs and spec_id is not None:
+            name = priced = spec_key_hash(spec_key_text(kind, base_spec_id(spec_id)))
+        if priced not in specs:
             corpus = corpus_of(spec_id)
             pool = self._by_corpus.get((kind, corpus)) if corpus is not None else None
             pool = pool or self._by_kind.get(kind)
-            found = pool[int(_uniform(self.seed, "spec", key_text) * len(pool))] if pool else None
-        self._cache[key_text] = found
+            name = priced = pool[int(_uniform(self.seed, "spec", key_text) * len(pool))] if pool else None
+        found = self._cache[key_text] = (name, priced)
         return found
 
     def spec(self, key: str | None) -> SpecProfile | None:
+        """The profile's spec ``key`` (a priced name of :meth:`names`)."""
         return None if key is None else self.profile.specs[key]
 
 
@@ -310,7 +324,7 @@ def has_draft_chains(profile: GrammarProfile, index: SpecIndex, requests: Iterab
         if profile.kind(kind).draft_tried:
             return True
         text = f"{kind}:{r.spec_id}" if r.spec_id is not None else r.spec.canonical()
-        spec = index.spec(index.resolve(text, r.spec_id, kind))
+        spec = index.spec(index.names(text, r.spec_id, kind)[1])
         if spec is not None and spec.draft_tried:
             return True
     return False
@@ -423,7 +437,7 @@ class ProfileTables(CostTables):
         self._bins = position_bins(np.arange(1))
         self._kinds: dict[str, tuple] = {}  # kind -> _kind_dists, as the run's kinds enter
         self._by_key: dict[str, tuple] = {}  # key text -> what its requests take (bounded: see _key_info)
-        self._shared_name: dict[str, str | None] = {}  # kind -> the spec its first shared cost spec is priced by
+        self._shared_name: dict[str, str | None] = {}  # kind -> the spec its shared cost spec is priced by (the first)
         self._text_gaps: dict[str, tuple] = {}  # replayed text -> the cost spec whose curve fills its gaps
         self._offsets = _Draws([seed, 0x6f66], lambda rng, n: rng.integers(0, SPAN, n))
         self._refusals = _Draws([seed, 0x726a], lambda rng, n: rng.random(n))
@@ -466,20 +480,21 @@ class ProfileTables(CostTables):
         if info is not None:
             return info
         kind, spec_id = keys.kinds[key], keys.spec_ids[key]
-        name = self.index.resolve(text, spec_id, kind)
-        spec = self.index.spec(name)
+        name, priced = self.index.names(text, spec_id, kind)
+        spec = self.index.spec(priced)
         own = spec is not None and spec.fills > 0 and self._kind(kind)[1] and len(spec.fill_residual) > 0
-        seeded = name if own or spec is not None and spec.accept_s is not None else None
-        if seeded is None:  # the kind's shared cost spec: priced by the first spec that takes it
-            self._shared_name.setdefault(kind, name)
+        if own or spec is not None and spec.accept_s is not None:
+            cost_spec = (kind, name, priced)
+        else:  # the kind's shared cost spec: priced by the first spec that takes it
+            cost_spec = (kind, None, self._shared_name.setdefault(kind, priced))
         kp = self.profile.kind(kind)
         own_chain = spec is not None and len(spec.draft_tried) > 0
-        chain = ((name, kind) if own_chain else (None, kind)) if (spec.draft_tried if own_chain else kp.draft_tried) \
-            else None
+        chain = ((priced, kind) if own_chain else (None, kind)) \
+            if (spec.draft_tried if own_chain else kp.draft_tried) else None
         think = spec.think_accept_s if spec is not None and spec.think_accept_s is not None else kp.think_accept_s
         rate, at = (spec.rejected / spec.walks, spec.rejected_at) if spec is not None and spec.rejected \
             and spec.walks else (0.0, 0)
-        info = ((kind, seeded), chain, think or 0.0, rate, at, spec)
+        info = (cost_spec, chain, think or 0.0, rate, at, spec)
         if len(self._by_key) >= _KEYS_REMEMBERED:  # (a run of copies has a key a request: computed again)
             self._by_key.clear()
         self._by_key[text] = info
@@ -614,10 +629,10 @@ class ProfileTables(CostTables):
             setattr(self, name, _grown(getattr(self, name), rows * ROW))
 
     def _recipe(self, cost_spec: tuple) -> tuple[str, str | None, SpecProfile | None, bool]:
-        """(kind, name seeding its pools, the spec it is priced by, own fills) of ``cost_spec``."""
-        kind, seeded = cost_spec
-        name = seeded if seeded is not None else self._shared_name[kind]
-        spec = self.index.spec(name)
+        """(kind, name seeding its pools, the spec it is priced by, own fills) of ``cost_spec``: (kind, seeding
+        name or ``None`` for the kind's shared one, the priced name)."""
+        kind, seeded, priced = cost_spec
+        spec = self.index.spec(priced)
         own = seeded is not None and spec.fills > 0 and self._kind(kind)[1] and len(spec.fill_residual) > 0
         return kind, seeded, spec, own
 

@@ -120,7 +120,7 @@ class ProfileGrammarCosts:
         self.parallel_fill_factor = profile.parallel_fill.factor if profile.parallel_fill is not None else 1.0
 
     def compile(self, spec_id: str | None, key_text: str, kind: str) -> CompileOutcome:
-        spec = self.index.spec(self.index.resolve(key_text, spec_id, kind))
+        spec = self.index.spec(self.index.names(key_text, spec_id, kind)[1])
         if spec is None or spec.status is None:
             seconds, status = self.sampler.compile_one(spec_id if spec_id is not None else key_text, kind)
         else:
