@@ -330,7 +330,7 @@ def has_draft_chains(profile: GrammarProfile, index: SpecIndex, requests: Iterab
     return False
 
 
-_KEYS_REMEMBERED = 1 << 16
+_KEYS_REMEMBERED = 1 << 12
 """Spec keys whose cost spec, chain and refusals the tables remember (past it they are computed again)."""
 
 
