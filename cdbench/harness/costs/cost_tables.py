@@ -439,6 +439,7 @@ class ProfileTables(CostTables):
         self._by_key: dict[str, tuple] = {}  # key text -> what its requests take (bounded: see _key_info)
         self._shared_name: dict[str, str | None] = {}  # kind -> the spec its shared cost spec is priced by (the first)
         self._text_gaps: dict[str, tuple] = {}  # replayed text -> the cost spec whose curve fills its gaps
+        self._replays = bool(profile.instances)  # (a profile file's sections count their keys: once, here)
         self._offsets = _Draws([seed, 0x6f66], lambda rng, n: rng.integers(0, SPAN, n))
         self._refusals = _Draws([seed, 0x726a], lambda rng, n: rng.random(n))
         self._walk_ends = _Draws([seed, 0x7765], lambda rng, n: rng.random(n))
@@ -514,8 +515,7 @@ class ProfileTables(CostTables):
         cost_spec, chain, think, rate, at, spec = self._key_info(key)
         self._spec_of[rid] = cost_spec
         self._chain_of[rid] = chain
-        text = instance if instance is not None and self.profile.instances and instance in self.profile.instances \
-            else None
+        text = instance if instance is not None and self._replays and instance in self.profile.instances else None
         if text is not None:
             self._text_gaps.setdefault(text, cost_spec)
         self._text_of[rid] = text
