@@ -40,7 +40,13 @@ class RunningBatch:
 
     def enter(self, rid: int, prompt: int, gen_total: int, think: int) -> None:
         """Request ``rid``'s entry as it enters (over the request that held its slot before)."""
-        self._entry[:, rid] = (rid, prompt, 0, gen_total, think, _NAN_BITS)
+        entry = self._entry  # (scalar writes: cheaper than a tuple made into an array)
+        entry[0, rid] = rid
+        entry[1, rid] = prompt
+        entry[2, rid] = 0
+        entry[3, rid] = gen_total
+        entry[4, rid] = think
+        entry[5, rid] = _NAN_BITS
 
     def grow(self, n: int) -> None:
         """Entries for ``n`` requests (the new ones empty)."""

@@ -185,17 +185,20 @@ class RequestTable:
         table.enter(0, requests)
         return table
 
-    def enter_one(self, rid: int, r: Request) -> None:
-        """Row ``rid``: request ``r`` as it enters (as :meth:`enter`)."""
-        self.request_id[rid] = r.request_id
-        self.arrival_s[rid] = r.arrival_s
-        self.prompt_len[rid] = max(1, r.prompt_len)
-        self.output_len[rid] = max(1, r.output_len)
-        self.structured[rid] = r.spec is not None
+    def enter_one(self, rid: int, r: Request) -> tuple[int, int, int]:
+        """Row ``rid``: request ``r`` as it enters (as :meth:`enter`); its (prompt, answer, thinking) tokens."""
+        prompt, output = max(1, r.prompt_len), max(1, r.output_len)
         budget = r.thinking_budget
         forced = r.think_len > 0 and budget is not None and budget >= 0 and r.think_len > budget
-        self.think_tokens[rid] = ((budget if forced else r.think_len) + 1) if r.think_len > 0 else 0
+        think = ((budget if forced else r.think_len) + 1) if r.think_len > 0 else 0
+        self.request_id[rid] = r.request_id
+        self.arrival_s[rid] = r.arrival_s
+        self.prompt_len[rid] = prompt
+        self.output_len[rid] = output
+        self.structured[rid] = r.spec is not None
+        self.think_tokens[rid] = think
         self.forced_think_end[rid] = forced
+        return prompt, output, think
 
     def clear(self, rows: np.ndarray) -> None:
         """Rows ``rows`` as a new table has them (free for other requests)."""

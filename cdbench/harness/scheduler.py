@@ -303,13 +303,13 @@ class Scheduler:
                              "by arrival time")
         self._last_arrival = r.arrival_s
         rec = self.rec
-        rec.enter_one(rid, r)
+        prompt, output, think = rec.enter_one(rid, r)
         key, instance = self.keys.enter(r)
         rec.spec_key[rid] = key
-        gen_total = self.gen_total[rid] = rec.think_tokens[rid] + rec.output_len[rid]
-        self.batch.enter(rid, int(rec.prompt_len[rid]), int(gen_total), int(rec.think_tokens[rid]))
+        gen_total = self.gen_total[rid] = think + output
+        self.batch.enter(rid, prompt, gen_total, think)
         if self._refused is not None:
-            self._refused[rid] = self.kv.too_long(self.cfg.spec_tokens, rid)
+            self._refused[rid] = self.kv.too_long_one(self.cfg.spec_tokens, prompt, gen_total)
         return key, instance
 
     def _retire(self) -> None:
