@@ -61,7 +61,7 @@ def test_a_simulation_of_requests_not_held_is_the_same_run():
                       FixedGpuCosts(forward_base_s=0.01), seed=3, count=6)
     assert result.summary.completed == 6
     pd.testing.assert_frame_equal(result.requests, _result().requests)  # the same run as with them held
-    with pytest.raises(ValueError, match="out of order"):
+    with pytest.raises(ValueError, match="before the request issued before it"):
         simulate(iter([Request(0, 1.0, 64, 8), Request(1, 0.5, 64, 8)]), policy("vllm", overlap=False),
                  ModelExecutor(FixedGrammarCosts()), FixedGpuCosts(forward_base_s=0.01), count=2)
     with pytest.raises(ValueError, match="gave 1 requests, not the 2"):
