@@ -21,6 +21,7 @@ import torch
 
 from cdbench.harness.costs.hardware import resolve_model
 from cdbench.harness.live import forward as live
+from cdbench.harness.live.paged import KVPool
 
 DECODE_CACHED = 256
 
@@ -59,7 +60,8 @@ def main() -> None:
     print("| tokens | uniform routing | prefill chunk | decode rows |")
     print("|---:|---:|---|---|")
     for n in args.tokens:
-        cache = live.KVPool(spec, (n + 1) * (DECODE_CACHED + 1), args.device).cache(n + 1, DECODE_CACHED + 1)
+        # each request's context in whole blocks of 16
+        cache = KVPool(spec, (n + 1) * (DECODE_CACHED + 16), args.device).cache(n + 1, DECODE_CACHED + 1)
         prefill, decode = [], []
         with torch.inference_mode():
             with counting_routes(prefill):

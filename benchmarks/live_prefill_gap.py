@@ -124,7 +124,8 @@ def measure(options: Options, tp: TensorParallel | None = None) -> list[dict]:
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     slots = max(s.slots for s in options.shapes)
-    step = LiveStep(options.model, options.vocab, options.max_len, device, kv_tokens=slots * options.max_len,
+    # each request's context in whole blocks of 16
+    step = LiveStep(options.model, options.vocab, options.max_len, device, kv_tokens=slots * (options.max_len + 16),
                     max_rows=slots, logits_dtype=torch.float32 if device == "cpu" else torch.bfloat16, tp=tp)
     rows = []
     for shape, measured in zip(options.shapes, grid, strict=True):

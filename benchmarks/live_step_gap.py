@@ -116,7 +116,7 @@ def main() -> None:
     shapes = [StepShape(rows=r, kv=kv) for r in args.rows for kv in args.kv]
     grid = measure_grid(spec, shapes, per_row=True, cache_len=args.max_len, min_reps=20)
     torch.cuda.empty_cache()
-    step = LiveStep(spec, args.vocab, args.max_len, kv_tokens=max(args.rows) * args.max_len,
+    step = LiveStep(spec, args.vocab, args.max_len, kv_tokens=max(args.rows) * (args.max_len + 16),  # whole blocks
                     graph_sizes=policy(args.policy).cuda_graph_sizes)
     rng = np.random.default_rng(0)
     launches = list(dict.fromkeys(args.launch))

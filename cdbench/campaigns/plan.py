@@ -18,12 +18,13 @@ import ast
 import itertools
 import math
 import operator
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cdbench.campaigns.spec import REFERENCE, CampaignSpec
+from cdbench.campaigns.spec import REFERENCE, CampaignSpec, reference_parts
 from cdbench.results.config_files import ConfigError, apply_overrides
 from cdbench.results.run_folder import LIVE_FILE
 from cdbench.results.sweep import folder_safe
@@ -111,7 +112,7 @@ def plan_runs(spec: CampaignSpec) -> list[PlannedRun]:
             arm = spec.arms[arm_name]
             if not spec.runs_in(arm_name, cell.as_dict()):
                 continue
-            depends = tuple(run_id(spec, dep, cell, seed) for dep in spec.arm_dependencies(arm_name))
+            depends = tuple(run_id(spec, dep, cell, seed, copy) for dep, copy in spec.run_dependencies(arm_name))
             for copy in range(1, arm.copies + 1):
                 rid = run_id(spec, arm_name, cell, seed, copy)
                 run = PlannedRun(rid, arm_name, copy, seed, cell.only(arm.over), depends)
@@ -155,7 +156,8 @@ def run_config(spec: CampaignSpec, base: Mapping[str, Any], run: PlannedRun, loo
     where = f"campaign {spec.name}, run {run.run_id}"
 
     def resolve_all(overrides: Mapping[str, Any], scope: str) -> dict[str, Any]:
-        arm_runs = {dep: run_id(spec, dep, run.cell, run.seed) for dep in spec.arm_dependencies(run.arm)}
+        arm_runs = {(dep, copy): run_id(spec, dep, run.cell, run.seed, copy)
+                    for dep, copy in spec.run_dependencies(run.arm)}
         return {key: resolve(value, {**variables, "seed": run.seed}, arm_runs, lookup, f"{where}: {scope}.{key}")
                 for key, value in overrides.items()}
 
@@ -165,24 +167,25 @@ def run_config(spec: CampaignSpec, base: Mapping[str, Any], run: PlannedRun, loo
     return apply_overrides(tree, resolve_all(arm.set, f"arms.{run.arm}.set"))
 
 
-def resolve(value: Any, variables: Mapping[str, Any], arm_runs: Mapping[str, str], lookup: ArmLookup,
+def resolve(value: Any, variables: Mapping[str, Any], arm_runs: Mapping[tuple[str, int], str], lookup: ArmLookup,
             where: str) -> Any:
-    """``value`` with its ``${...}`` references filled in, evaluated when it starts with ``=``."""
+    """``value`` with its ``${...}`` references filled in, evaluated when it starts with ``=`` (``arm_runs``:
+    (arm, copy) -> run id)."""
     if not isinstance(value, str) or ("${" not in value and not value.startswith("=")):
         return value
 
-    def one(name: str, field: str | None) -> Any:
+    def one(match: re.Match[str]) -> Any:
+        name, copy, field = reference_parts(match)
         if field is None:
             if name not in variables:
                 raise ConfigError(f"{where}: ${{{name}}} is not a variable of this cell")
             return variables[name]
-        return lookup(arm_runs[name], field)
+        return lookup(arm_runs[name, copy], field)
 
     whole = REFERENCE.fullmatch(value)
     if whole:  # a lone reference keeps its value's type
-        return one(whole.group(1), whole.group(2))
-    text = REFERENCE.sub(lambda m: repr(one(m.group(1), m.group(2))) if value.startswith("=")
-                         else str(one(m.group(1), m.group(2))), value)
+        return one(whole)
+    text = REFERENCE.sub(lambda m: repr(one(m)) if value.startswith("=") else str(one(m)), value)
     return evaluate(text, where) if text.startswith("=") else text
 
 

@@ -23,10 +23,10 @@ from cdbench.reports.fidelity import ACCEPTANCE_TOLERANCES, FIDELITY_METRICS
 from cdbench.reports.gate import GateError, check_tolerance_names
 from cdbench.results.config_files import read_yaml_mapping, validate_config
 
-REFERENCE = re.compile(r"\$\{([A-Za-z_][\w-]*)(?:\.([\w.]+))?\}")
+REFERENCE = re.compile(r"\$\{([A-Za-z_][\w-]*)(?:@([a-z]))?(?:\.([\w.]+))?\}")
 """``${name}`` (a cell variable, or ``seed``) or ``${arm.field}`` of that arm's first copy in the same cell and
-seed: ``folder``, ``live.<path>`` (a value of its ``live.json``) or a ``summary.json`` key (a dotted path
-descends into a mapping)."""
+seed (``${arm@b.field}``: its copy b): ``folder``, ``live.<path>`` (a value of its ``live.json``) or a
+``summary.json`` key (a dotted path descends into a mapping)."""
 
 NAME = r"^[A-Za-z0-9][\w.-]*$"
 
@@ -155,12 +155,18 @@ class CampaignSpec(BaseModel):
                     raise ValueError(f"arm {name}: over or only names {axis!r}, which is not a cell axis "
                                      f"({', '.join(axes)})")
             for key, value in arm.set.items():
-                for ref, field in references(value):
+                for ref, copy, field in references(value):
+                    if field is None and copy > 1:
+                        raise ValueError(f"arm {name}: set.{key} names a copy of ${{{ref}}}; only an arm's runs "
+                                         "have copies (${arm@b.folder})")
                     if field is None and ref not in variables:
                         raise ValueError(f"arm {name}: set.{key} uses ${{{ref}}}, which is neither a cell variable "
                                          f"nor seed (variables: {', '.join(sorted(variables))})")
                     if field is not None and ref not in self.arms:
                         raise ValueError(f"arm {name}: set.{key} refers to arm {ref!r}, which is not an arm")
+                    if field is not None and copy > self.arms[ref].copies:
+                        raise ValueError(f"arm {name}: set.{key} refers to copy {chr(ord('a') + copy - 1)} of arm "
+                                         f"{ref}, which has {self.arms[ref].copies}")
                     if field is not None and not set(self.arms[ref].over or axes) <= set(arm.over or axes):
                         raise ValueError(f"arm {name}: set.{key} refers to arm {ref}, which varies with axes {name} "
                                          "does not; give it the same `over`")
@@ -190,15 +196,24 @@ class CampaignSpec(BaseModel):
 
     def arm_dependencies(self, arm: str) -> list[str]:
         """The arms whose runs ``arm``'s overrides refer to."""
-        return sorted({ref for value in self.arms[arm].set.values() for ref, field in references(value)
+        return sorted({ref for ref, _ in self.run_dependencies(arm)})
+
+    def run_dependencies(self, arm: str) -> list[tuple[str, int]]:
+        """The (arm, copy) runs ``arm``'s overrides refer to (copy 1 unless a reference names another)."""
+        return sorted({(ref, copy) for value in self.arms[arm].set.values() for ref, copy, field in references(value)
                        if field is not None})
 
 
-def references(value: Any) -> list[tuple[str, str | None]]:
-    """The ``${...}`` references in a value: (name, field or None)."""
+def references(value: Any) -> list[tuple[str, int, str | None]]:
+    """The ``${...}`` references in a value: (name, copy (1 unless ``@b``... names another), field or None)."""
     if not isinstance(value, str):
         return []
-    return [(m.group(1), m.group(2)) for m in REFERENCE.finditer(value)]
+    return [reference_parts(m) for m in REFERENCE.finditer(value)]
+
+
+def reference_parts(match: re.Match[str]) -> tuple[str, int, str | None]:
+    """One :data:`REFERENCE` match as (name, copy number, field or None)."""
+    return match.group(1), ord(match.group(2)) - ord("a") + 1 if match.group(2) else 1, match.group(3)
 
 
 def _check_cycle(spec: CampaignSpec, arm: str, path: list[str]) -> None:

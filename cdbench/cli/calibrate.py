@@ -2,7 +2,8 @@
 
 Measuring needs CUDA; fitting stored measurements (``--measurements``) runs
 anywhere. ``--probe`` fits nothing: it times a few of a calibration's shapes on
-this host and writes the host's forward speed against the calibration's. The module runs on its own too (``python -m cdbench.cli.calibrate``,
+this host (``--tp``: on that many rank processes, against a tensor-parallel calibration) and writes the host's
+forward speed against the calibration's. The module runs on its own too (``python -m cdbench.cli.calibrate``,
 same options) so a GPU host needs only torch, scipy, pydantic and typer.
 """
 
@@ -66,11 +67,12 @@ def calibrate(
         "--holdout", min=0, help="also fit on all but every K-th shape, K times, and report the held-out "
         "shapes' errors (0: no)")] = 0,
     probe: Annotated[Path | None, typer.Option(
-        "--probe", help="fit nothing: time a few of the calibration's own shapes on this host and write this "
-        "host's forward speed against the calibration's host here (costs.forward_speed=probe:<file>)")] = None,
+        "--probe", help="fit nothing: time a few of the calibration's own shapes on this host (with --tp, on that "
+        "many rank processes) and write this host's forward speed against the calibration's host here "
+        "(costs.forward_speed=probe:<file>)")] = None,
     calibration: Annotated[Path | None, typer.Option(
-        "--calibration", help="with --probe: the calibration to probe (default: the one shipped for the model "
-        "and GPU)")] = None,
+        "--calibration", help="with --probe: the calibration to probe (default: the one shipped for the model, "
+        "GPU and --tp)")] = None,
     probe_shapes: Annotated[int, typer.Option("--probe-shapes", min=MIN_PROBE_SHAPES,
                                               help="with --probe: how many of its shapes to time")] = 16,
 ) -> None:
@@ -82,11 +84,12 @@ def calibrate(
       cdbench calibrate --model qwen3-8b --gpu-name h200 --tp 2 --out auto
       cdbench calibrate --model qwen3-8b --gpu-name h200 --out auto --measurements reports/calibration/qwen3-8b__h200__tp2.csv --all-reduce runs/tp2-live --holdout 4
       cdbench calibrate --model qwen3-8b --gpu-name h100-sxm --probe probe.json   (then --set costs.forward_speed=probe:probe.json)
+      cdbench calibrate --model qwen3-8b --gpu-name h200 --tp 2 --probe probe_tp2.json   (prices costs.tp=2 runs)
     """
     args = sys.argv[1:]
     command = shlex.join(["cdbench", *(args if args[:1] == ["calibrate"] else ["calibrate", *args])])
     if probe is not None:
-        return _probe(model, gpu_name, calibration, device, probe, probe_shapes, linear_kernels)
+        return _probe(model, gpu_name, calibration, device, probe, probe_shapes, linear_kernels, tp)
     if out is None:
         typer.echo("error: --out is required (the calibration JSON to write), unless --probe", err=True)
         raise typer.Exit(2)
@@ -119,17 +122,18 @@ def calibrate(
 
 
 def _probe(model: str, gpu_name: str, calibration: Path | None, device: str, out: Path, shapes: int,
-           linear_kernels: str) -> None:
-    """``--probe``: time ``shapes`` of the calibration's own shapes (evenly over its list) as it timed them,
-    each over its host's time, and write the :class:`ForwardProbe` to ``out``."""
+           linear_kernels: str, tp: int) -> None:
+    """``--probe``: time ``shapes`` of the calibration's own shapes (evenly over its list) as it timed them
+    (``tp`` > 1: on that many tensor-parallel rank processes, as ``--tp`` measures), each over its host's
+    time, and write the :class:`ForwardProbe` to ``out``."""
     try:
         spec, gpu = resolve_model(model), resolve_gpu(gpu_name)
-        path = calibration or shipped_calibration_path(spec.name, gpu.name)
+        path = calibration or shipped_calibration_path(spec.name, gpu.name, tp)
         cal = ForwardCalibration.load(path)
-        if (cal.model, cal.gpu, cal.tp) != (spec.name, gpu.name, 1):
+        if (cal.model, cal.gpu, cal.tp) != (spec.name, gpu.name, tp):
             raise ValueError(f"--calibration {path} is for {cal.model} on {cal.gpu} at tp={cal.tp}; the probe "
-                             f"times {spec.name} on {gpu.name} on one GPU")
-        from cdbench.harness.live.measure import GRIDS, measure_grid
+                             f"times {spec.name} on {gpu.name} at tp={tp}")
+        from cdbench.harness.live.measure import GRIDS, measure_grid, measure_grid_tp
 
         known = {shape_label(s.rows, s.kv, s.chunks, s.new, s.cached): s for grid in GRIDS.values() for s in grid()}
         ours = [known[f.shape] for f in cal.fit if f.shape in known]
@@ -137,10 +141,15 @@ def _probe(model: str, gpu_name: str, calibration: Path | None, device: str, out
             raise ValueError(f"{path}: {len(ours)} of its shapes are on a measuring grid; a probe needs "
                              f"{MIN_PROBE_SHAPES}")
         picked = ours[::-(-len(ours) // shapes)]
-        typer.echo(f"probing {spec.name} on {device}: {len(picked)} of {path}'s {len(cal.fit)} shapes")
+        typer.echo(f"probing {spec.name} on {device}: {len(picked)} of {path}'s {len(cal.fit)} shapes"
+                   + (f", {tp} tensor-parallel ranks" if tp > 1 else ""))
         smoke = not device.startswith("cuda")  # a CPU probe (tests) times a few repetitions only
-        rows = measure_grid(spec, picked, device, min_reps=3 if smoke else 10, min_time_s=0.0 if smoke else 0.25,
-                            per_row=cal.decode_attention == "per_row", linear_kernels=linear_kernels)
+        per_row = cal.decode_attention == "per_row"
+        if tp > 1:  # as --tp measured: each rank the same number of repetitions, in step
+            rows = measure_grid_tp(spec, picked, tp, device, min_reps=3 if smoke else 20, per_row=per_row)
+        else:
+            rows = measure_grid(spec, picked, device, min_reps=3 if smoke else 10, min_time_s=0.0 if smoke else 0.25,
+                                per_row=per_row, linear_kernels=linear_kernels)
         result = ForwardProbe.of(cal, str(path), rows, out)
     except (CalibrationError, ForwardSpeedError, UnknownSpecError, SpecFileError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)

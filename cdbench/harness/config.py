@@ -167,9 +167,12 @@ class CostConfig(ForwardConfig, SpecCostSettings):
 
         return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.mask_dtype]
 
-    def live_step(self, vocab_size: int, max_len: int, graph_sizes: Sequence[int] = ()) -> LiveStep:
+    def live_step(self, vocab_size: int, max_len: int, graph_sizes: Sequence[int] = (), block_size: int = 16,
+                  max_requests: int | None = None) -> LiveStep:
         """``live`` mode's step runner: the configured model's forward on this machine's GPU, decode
-        steps replaying graphs captured at ``graph_sizes`` (the policy's ``cuda_graph_sizes``)."""
+        steps replaying graphs captured at ``graph_sizes`` (the policy's ``cuda_graph_sizes``), a paged
+        KV cache of ``block_size`` tokens a block for ``max_requests`` running requests (the policy's
+        ``kv_block_size`` and ``max_running_requests``)."""
         import torch
 
         from cdbench.harness.live.step import LiveStep
@@ -179,7 +182,8 @@ class CostConfig(ForwardConfig, SpecCostSettings):
                              "(hybrid mode runs the same grammar work with the GPU modelled)")
         dtype = self.logits_dtype()
         return LiveStep(resolve_model(self.model), vocab_size, max_len, "cuda", self.live_kv_tokens,
-                        logits_dtype=dtype, graph_sizes=graph_sizes)
+                        logits_dtype=dtype, graph_sizes=graph_sizes, block_size=block_size,
+                        max_requests=max_requests)
 
     def grammar_costs(self, backend: str, seed: int, options: Mapping[str, Any] | None = None,
                       requests: Sequence[Request] | Callable[[], Iterable[Request]] | None = None,
@@ -249,6 +253,9 @@ class RunConfig(BaseModel):
         if self.mode == "live" and self.scheduler_config().mask_apply != "batched":
             raise ValueError("scheduler.mask_apply 'per_row' is priced in model and hybrid mode; live mode runs "
                              "the batched copy and apply")
+        if self.mode != "model" and self.scheduler_config().accept_parallel:
+            raise ValueError(f"scheduler.accept_parallel is priced in model mode; {self.mode} mode accepts row by "
+                             "row on this host")
         if self.mode == "live" and self.costs.fixed_gpu is not None:
             raise ValueError("costs.fixed_gpu prices the GPU; live mode runs every step on it")
         if self.workload.spec_decode.drafter == "mtp":

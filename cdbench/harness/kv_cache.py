@@ -48,9 +48,9 @@ vLLM's ``_preempt_request`` resets only ``num_computed_tokens`` and the KV, and 
 request continues from its last accepted token, so its grammar state stays consistent and the
 executor is told nothing.
 
-**Live mode** runs steps on a slot cache (one slot of the longest context a request) until a paged
-cache exists: there the cache's slots also bound the running requests (``max_seqs``), so a live step
-never needs more slots than the cache has.
+**Live mode** runs steps on a paged cache of the policy's block size (:mod:`cdbench.harness.live.paged`):
+its capacity bounds the scheduler's (the smaller of the two), and the rows of its block table bound the
+running requests (``max_seqs``), so a live step never needs more blocks or rows than the cache has.
 
 A row's ``cached`` tokens count its last sampled token, whose KV the next step writes: a step
 allocates a decode row's 1 + drafts tokens, and a prefill chunk that completes its prompt one
@@ -134,7 +134,7 @@ class KVCache:
     Parameters
     ----------
     policy : ``vllm`` (preemption) or ``sglang`` (retraction, ``new_token_ratio``); ``unbounded`` bounds only
-        the running requests by ``max_seqs`` (live mode's slot cache).
+        the running requests by ``max_seqs`` (the rows of live mode's block table).
     tokens : capacity in token slots (a multiple of ``block``).
     block : tokens a block (page).
     max_seqs : the most running requests the cache has slots for (``None``: no such bound).
@@ -161,13 +161,16 @@ class KVCache:
     @classmethod
     def build(cls, cfg: SchedulerConfig, gpu: GpuCosts, live: LiveStep | None, rec: RequestTable,
               batch: RunningBatch, gen_total: np.ndarray) -> KVCache | None:
-        """The cache ``cfg`` asks for (``None``: unbounded); in live mode bounded by the live cache's slots too."""
+        """The cache ``cfg`` asks for (``None``: unbounded); in live mode bounded by the live cache too."""
         tokens = configured_capacity(cfg, gpu)
         block = cfg.kv_block_size
         max_seqs = None
         if live is not None:
-            max_seqs = live.slots
-            held = live.slots * live.max_len // block * block
+            if live.kv_block_size != block:
+                raise ValueError(f"live mode's KV cache has blocks of {live.kv_block_size} tokens; the policy's "
+                                 f"kv_block_size is {block} (build the live step with the policy's)")
+            max_seqs = live.kv_requests
+            held = live.kv_tokens // block * block
             tokens = held if tokens is None else min(tokens, held)
         if tokens is None:
             return None

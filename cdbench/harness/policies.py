@@ -164,6 +164,10 @@ class SchedulerConfig(BaseModel):
     )
     fill_chunk: int = Field(16, ge=1, description="requests per parallel fill task")
     fill_threads: int = Field(8, ge=1, description="threads of the parallel fill pool")
+    accept_parallel: bool = Field(
+        False, description="a step that fills in parallel also accepts its sampled tokens on the fill pool, in "
+        "chunks of fill_chunk (llguidance's LLExecutor.consume_token_par; no engine preset does: vLLM and SGLang "
+        "accept row by row); False: one accept after another (model mode)")
     pinned_mask: bool = Field(True, description="bitmask in pinned host memory (non-blocking copy)")
     fill_beside_forward: bool = Field(
         True, description="without overlap, the mask fill and copy run while the forward runs (vLLM V1 since its "
@@ -229,6 +233,8 @@ class SchedulerConfig(BaseModel):
         if self.mask_apply == "per_row" and (self.overlap or not self.fill_beside_forward):
             raise ValueError("mask_apply 'per_row' is V0's logits processors, run after the forward's launch in a "
                              "loop without overlap: set overlap=false and fill_beside_forward=true")
+        if self.accept_parallel and self.fill_parallel_threshold is None:
+            raise ValueError("accept_parallel spreads the accepts over the parallel fill pool: set fill_parallel_threshold")
         if self.readiness == "blocking_poll" and self.grammar_wait != "grammar_queue":
             raise ValueError("readiness 'blocking_poll' polls the grammar queue: set grammar_wait='grammar_queue'")
         return self
@@ -323,12 +329,14 @@ def _vllm(cpus: int) -> dict:
         # host costs of vllm 0.32.0 with xgrammar 0.2.8 (reports/engine_costs/fitted.json, "vllm" entries;
         # scripts/engine_costs/measure_vllm.py, then fit.py): Scheduler.schedule per iteration and row,
         # StructuredOutputManager.grammar_bitmask beyond the matchers' own fills, Scheduler.update_from_output
-        # per iteration, row and structured row, and the executor's MessageQueue carrying the bitmask
+        # per iteration, row and structured row, and the executor's MessageQueue carrying the bitmask.
+        # accept_row_s: update_from_output's accept path less xgrammar's own accept_token (measured apart in the
+        # same environment, measure_grammar_accept.py), which model mode charges from the grammar profile
         schedule_s=8.02e-05,
         schedule_row_s=1.066e-05,
         process_step_s=2.033e-05,
         process_row_s=6.047e-06,
-        accept_row_s=1.066e-05,
+        accept_row_s=7.121e-06,
         fill_step_s=0.000227,
         fill_row_s=4.876e-06,
         # one GPU runs the uniprocess executor (no serialization); tensor parallelism or
@@ -359,12 +367,13 @@ def _vllm_0_10(cpus: int) -> dict:
         pinned_mask=False,
         # host costs of vllm 0.10.1.1 with xgrammar 0.1.21 (reports/engine_costs/fitted.json, "vllm-0.10" entries;
         # scripts/engine_costs/measure_vllm.py in its environment, then fit.py). process_step_s: the fit's intercept
-        # is 0 (update_from_output grows with the rows from 32 rows up)
+        # is 0 (update_from_output grows with the rows from 32 rows up); accept_row_s without xgrammar's own accept,
+        # as in the vllm preset
         schedule_s=3.963e-05,
         schedule_row_s=6.903e-06,
         process_step_s=0.0,
         process_row_s=3.771e-06,
-        accept_row_s=8.763e-06,
+        accept_row_s=5.52e-06,
         fill_step_s=0.000214,
         fill_row_s=4.741e-06,
         # the bitmask rides in SchedulerOutput's execute_model message when the multiprocess executor runs
@@ -373,7 +382,35 @@ def _vllm_0_10(cpus: int) -> dict:
     )
 
 
-PRESETS = {"sglang": _sglang, "vllm": _vllm, "vllm-0.10": _vllm_0_10}
+def _vllm_0_6(cpus: int) -> dict:
+    """vLLM 0.6.6.post1's V0 engine (December 2024, the version of the published V0 results): a logits processor
+    per structured sequence (its code read and its per-row host path measured in its own environment:
+    ``.venv-engines/vllm-0.6.6``, ``reports/engine_costs/``). V0's scheduler and output processing were not
+    measured: their costs stay the ``vllm`` preset's (V1's)."""
+    return dict(
+        _vllm(cpus),
+        name="vllm-0.6",
+        # LogitsProcessor._apply_logits_processors calls each row's XGrammarLogitsProcessor after the forward's
+        # launch, no async scheduling, no fill pool; the processor copies its bitmask with a blocking
+        # .to(scores.device) (non-blocking since vLLM 0.7.1, #12563)
+        overlap=False,
+        fill_beside_forward=True,
+        mask_apply="per_row",
+        pinned_mask=False,
+        fill_parallel_threshold=None,
+        # EngineArgs: max_num_seqs 256 without V1; VllmConfig's V0 capture sizes [1, 2, 4] + every 8 up to 256
+        max_running_requests=256,
+        cuda_graph_sizes=(1, 2, 4, *range(8, 257, 8)),
+        # the loop and the processor's call around the grammar, per step and per structured row (fitted.json
+        # "vllm-0.6": measure_vllm_v0_processor.py, then fit.py); V1's accept path (update_from_output) does not
+        # exist in V0: the accept is the grammar's own, inside the processor
+        fill_step_s=3.179e-05,
+        fill_row_s=3.822e-05,
+        accept_row_s=0.0,
+    )
+
+
+PRESETS = {"sglang": _sglang, "vllm": _vllm, "vllm-0.10": _vllm_0_10, "vllm-0.6": _vllm_0_6}
 
 #: the engines' own host costs, measured from their code (``reports/engine_costs/``), and the step's launch
 #: (measured from live mode, ``reports/live/launch_h100.csv``); zero them to see the grammar and GPU costs alone

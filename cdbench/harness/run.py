@@ -249,7 +249,8 @@ def run(config: RunConfig, progress: Progress | None = None, records: RecordSink
         if progress is not None:
             progress(f"building {config.costs.model} on the GPU", 0.0)
         live = config.costs.live_step(vocab.size, max_context(workload.requests, spec_decode.k),
-                                      scheduler.cuda_graph_sizes)
+                                      scheduler.cuda_graph_sizes, scheduler.kv_block_size,
+                                      scheduler.max_running_requests)
     if config.mode in ("hybrid", "live"):
         if progress is not None:
             progress(f"loading {config.backend.name}", 0.0)
@@ -307,7 +308,8 @@ def _simulate_ranked(config: RunConfig, workload: Workload, vocab_size: int, sch
         live = LiveSpec(resolve_model(config.costs.model), vocab_size,
                         max_context(workload.requests, spec_decode.k), "cuda", config.costs.live_kv_tokens,
                         logits_dtype=str(config.costs.logits_dtype()).removeprefix("torch."),
-                        graph_sizes=tuple(scheduler.cuda_graph_sizes))
+                        graph_sizes=tuple(scheduler.cuda_graph_sizes), block_size=scheduler.kv_block_size,
+                        max_requests=scheduler.max_running_requests)
     if progress is not None:
         progress(f"running {scheduler.ranks} {scheduler.parallel.upper()} ranks", 0.0)
     job = RankJob(scheduler.parallel, tuple(workload.requests), scheduler, executors, gpu, live, config.seed,

@@ -151,7 +151,8 @@ class Scheduler:
         self._last_arrival = -math.inf
         self.gen_total = rec.think_tokens + rec.output_len
         parallel = config.fill_parallel_threshold is not None and config.spec_tokens == 0  # (vLLM: no spec decoding)
-        pool = ParallelFill(config.fill_parallel_threshold, config.fill_chunk, config.fill_threads)
+        pool = ParallelFill(config.fill_parallel_threshold, config.fill_chunk, config.fill_threads,
+                            config.accept_parallel)
         executor.prepare(requests if held else (), self.keys, capacity,
                          jump_forward=config.jump_forward, parallel_fill=pool if parallel else None,
                          drafts=config.spec_tokens > 0)
@@ -616,9 +617,11 @@ class Scheduler:
         if live is not None:  # the forward runs on the GPU while the grammar works below
             self.executor.defer_accepts = sync
             pf_chunks = plan.pf_chunks
+            has_pf = len(plan.pf_rows) > 0
             live.begin(batch.cached[plan.dec_sel], plan.drafts if k else constant_ints(0, len(plan.dec_rows)),
-                       pf_chunks, batch.cached[plan.pf_sel] if len(plan.pf_rows) else pf_chunks, sync,
-                       plan.pre if sync else plan.pre + carry)
+                       pf_chunks, batch.cached[plan.pf_sel] if has_pf else pf_chunks, sync,
+                       plan.pre if sync else plan.pre + carry, batch.rid[plan.dec_sel],
+                       batch.rid[plan.pf_sel] if has_pf else pf_chunks, batch.rid)
         work = self.executor.step(StepRows(s_rid, grammar, plan.s_drafts, batch.gen_left[s_rows], think_left),
                                   self.rng_step)
         if any_thinking:  # thinking rows under a token filter: all structured ones if strict, else forced ends

@@ -162,7 +162,9 @@ class StepPricer:
         applies in turn on the GPU after it. A blocking copy waits for the GPU's queue: the first row's
         fill runs beside the forward, then each row's copy (its host clock, the GPU idle), and the
         following rows' fills between them; each row's apply runs on the GPU while the host fills the
-        next row, so only the last one's is exposed."""
+        next row, so only the last one's is exposed. The engine's wrapper per row (``fill_row_s``: V0's
+        logits-processor loop and processor call around the grammar) runs with its row, so after a
+        blocking copy only the first row's is beside the forward."""
         one_apply = self.gpu.apply_s(1)
         if self.cfg.pinned_mask:  # queued behind the forward on its stream: the GPU runs them after it
             copy_s = mask_rows * self.gpu.copy_s(1, True)
@@ -171,7 +173,8 @@ class StepPricer:
         else:
             copy_s = mask_rows * self.gpu.copy_s(1, False)
             apply_s = one_apply
-            first = float(row_fill[0]) * stretch + host_fill_s if grammar_rows else host_fill_s
+            later_wrappers = self.cfg.fill_row_s * max(grammar_rows - 1, 0) * stretch  # (with their rows, after)
+            first = (float(row_fill[0]) * stretch if grammar_rows else 0.0) + host_fill_s - later_wrappers
             beside, after, gpu_after = first, fill_s - first + copy_s + transfer_s, apply_s
         duration, after_token, exposed, hidden, carry_out = step_time(
             True, True, pre, carry, forward_s, beside, 0.0, gpu_after, sample_s, process_s, launch_s,

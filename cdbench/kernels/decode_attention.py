@@ -1,9 +1,16 @@
-"""Decode attention over a slotted KV cache, each row to its own length (flash-decoding, GQA).
+"""Decode attention over a paged KV cache, each row to its own length (flash-decoding, GQA).
 
 A continuous-batching decode batch has one query token per row, and every row
-attends to positions ``0..length-1`` of its own cache slot. Masking every row
-to the longest one (what a padded dense kernel does) reads the bytes of the
-longest context for every row; this kernel reads each row's own length only.
+attends to positions ``0..length-1`` of its own request's cache. Masking every
+row to the longest one (what a padded dense kernel does) reads the bytes of
+the longest context for every row; this kernel reads each row's own length only.
+
+The cache is paged as the engines page it (vLLM's blocks, SGLang's pages): the
+keys of every layer live in ``[blocks, kv_heads, block_size, d]``, and a
+request's position ``p`` is at offset ``p % block_size`` of its block
+``block_table[request, p // block_size]``; a row names its request's row of the
+block table (``slots``). Without a block table, ``slots`` name whole blocks of
+``max_len`` keys: one block per request (a slot cache), the same kernel.
 
 Launch shape and graphs: the lengths are read from a device tensor inside the
 kernel and the launch shape depends only on tensor shapes and ``splits``, so a
@@ -116,11 +123,11 @@ def _chunk(length, splits, min_blocks, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _decode_split(
-    q_ptr, k_ptr, v_ptr, slots_ptr, lengths_ptr, order_ptr, out_ptr, part_out_ptr, part_lse_ptr,
-    max_len, splits, min_blocks, group, head_dim, qk_scale,
+    q_ptr, k_ptr, v_ptr, slots_ptr, lengths_ptr, order_ptr, table_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    max_len, splits, min_blocks, group, head_dim, qk_scale, table_row,
     q_row, q_head, k_slot, k_head, k_pos, v_slot, v_head, v_pos, o_row, o_head,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DIRECT: tl.constexpr,
-    ORDERED: tl.constexpr,
+    ORDERED: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -147,8 +154,11 @@ def _decode_split(
     d_ok = d < head_dim
     q = tl.load(q_ptr + row.to(tl.int64) * q_row + heads[:, None] * q_head + d[None, :],
                 mask=g_ok[:, None] & d_ok[None, :], other=0.0)
-    k_base = k_ptr + slot * k_slot + kv_head.to(tl.int64) * k_head
-    v_base = v_ptr + slot * v_slot + kv_head.to(tl.int64) * v_head
+    k_base = k_ptr + kv_head.to(tl.int64) * k_head
+    v_base = v_ptr + kv_head.to(tl.int64) * v_head
+    if not PAGED:
+        k_base += slot * k_slot
+        v_base += slot * v_slot
 
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], tl.float32)
@@ -156,14 +166,22 @@ def _decode_split(
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_ok = n < end
-        k = tl.load(k_base + n[:, None] * k_pos + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        if PAGED:
+            # each key's block from the request's row of the block table, then its offset in the block
+            block = tl.load(table_ptr + slot * table_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+            k_at = block * k_slot + (n % PAGE) * k_pos
+            v_at = block * v_slot + (n % PAGE) * v_pos
+        else:
+            k_at = n * k_pos
+            v_at = n * v_pos
+        k = tl.load(k_base + k_at[:, None] + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         # Scores in log2 units (scale folded with log2(e)) so the softmax uses exp2.
         s = tl.dot(q, tl.trans(k)) * qk_scale
         s = tl.where(n_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         p = tl.math.exp2(s - m_new[:, None])
         alpha = tl.math.exp2(m - m_new)
-        v = tl.load(v_base + n[:, None] * v_pos + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(v_base + v_at[:, None] + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         l = l * alpha + tl.sum(p, axis=1)
         m = m_new
@@ -206,12 +224,13 @@ def _decode_merge(
 
 
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-           lengths: torch.Tensor, out: torch.Tensor | None) -> None:
+           lengths: torch.Tensor, out: torch.Tensor | None, block_table: torch.Tensor | None) -> int:
+    """Raise on inputs the kernel cannot take; returns the most keys a row can have."""
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(f"want q [rows, heads, d] and equal caches [slots, kv_heads, max_len, d], got "
+        raise ValueError(f"want q [rows, heads, d] and equal caches [blocks, kv_heads, block_size, d], got "
                          f"{tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
     rows, n_heads, d = q.shape
-    n_slots, kv_heads, max_len, cache_d = k_cache.shape
+    n_blocks, kv_heads, block_size, cache_d = k_cache.shape
     if cache_d != d or n_heads % kv_heads:
         raise ValueError(f"q {tuple(q.shape)} does not fit caches {tuple(k_cache.shape)} "
                          "(head_dim must match; heads must be a multiple of kv_heads)")
@@ -223,6 +242,16 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots:
     for name, index in (("slots", slots), ("lengths", lengths)):
         if index.dim() != 1 or index.shape[0] != rows or index.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"{name} must be int32/int64 [{rows}], got {index.dtype} {tuple(index.shape)}")
+    n_slots, max_len = n_blocks, block_size
+    if block_table is not None:
+        if block_table.dim() != 2 or block_table.dtype not in (torch.int32, torch.int64) or \
+                block_table.stride(1) != 1:
+            raise TypeError(f"block_table must be int32/int64 [requests, blocks] contiguous along its blocks, got "
+                            f"{block_table.dtype} {tuple(block_table.shape)}")
+        n_slots, max_len = block_table.shape[0], block_table.shape[1] * block_size
+        if block_table.device.type == "cpu" and block_table.numel() and \
+                (int(block_table.min()) < 0 or int(block_table.max()) >= n_blocks):
+            raise IndexError(f"block_table entries must lie in [0, {n_blocks})")
     if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.stride(2) != 1):
         raise ValueError(f"out must be {q.dtype} {tuple(q.shape)} contiguous along head_dim, "
                          f"got {out.dtype} {tuple(out.shape)}")
@@ -231,6 +260,7 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots:
         raise IndexError(f"slots must lie in [0, {n_slots}), got {slots.tolist()}")
     if lengths.device.type == "cpu" and rows and (int(lengths.min()) < 0 or int(lengths.max()) > max_len):
         raise IndexError(f"lengths must lie in [0, {max_len}], got {lengths.tolist()}")
+    return max_len
 
 
 def _check_order(order: torch.Tensor | None, balance: bool, lengths: torch.Tensor) -> None:
@@ -260,18 +290,21 @@ def decode_attention(
     min_split_keys: int | None = None,
     balance: bool = True,
     order: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention of each decode row's query over the first ``lengths[r]`` keys of cache slot ``slots[r]``.
+    """Attention of each decode row's query over the first ``lengths[r]`` keys of request ``slots[r]``.
 
     Parameters
     ----------
     q : bfloat16/float16 ``[rows, n_heads, d]``, one query token per row.
-    k_cache, v_cache : ``[slots, kv_heads, max_len, d]``, same dtype as ``q``; query head ``h`` reads
-        KV head ``h // (n_heads // kv_heads)``.
-    slots : int32/int64 ``[rows]``, each row's cache slot.
+    k_cache, v_cache : ``[blocks, kv_heads, block_size, d]``, same dtype as ``q``; query head ``h``
+        reads KV head ``h // (n_heads // kv_heads)``.
+    slots : int32/int64 ``[rows]``, each row's request: its row of ``block_table``, or without one
+        its block (a slot of ``block_size`` = ``max_len`` keys).
     lengths : int32/int64 ``[rows]``, keys each row attends to (positions ``0..length-1``; the new
         token's key is already at ``length - 1``). A row of length 0 (a padding row of a captured
-        batch) gets zeros. Values on a GPU are not checked; they are clamped to ``[0, max_len]``.
+        batch) gets zeros. Values on a GPU are not checked; they are clamped to ``[0, max_len]``,
+        ``max_len`` being the block table's width times ``block_size`` (``block_size`` without one).
     out : optional ``[rows, n_heads, d]`` buffer of ``q``'s dtype to write (a graph's static output).
     scale : softmax scale, default ``1 / sqrt(d)``.
     splits : chunks each row's keys are cut into (:func:`default_splits` when None); fixed per
@@ -283,23 +316,27 @@ def decode_attention(
     order : with ``balance``, the launch order when the caller has it (``lpt_order(lengths)``,
         sorted once for all layers of a step); computed here when None. int32/int64 ``[rows]``,
         a permutation of the rows (checked on the CPU only).
+    block_table : optional int32/int64 ``[requests, blocks]``: request ``s``'s position ``p`` is at
+        offset ``p % block_size`` of block ``block_table[s, p // block_size]``. Entries past a
+        request's length are not read; on a GPU they are not checked.
 
     Returns
     -------
     ``out`` (allocated when not given).
     """
-    _check(q, k_cache, v_cache, slots, lengths, out)
+    max_len = _check(q, k_cache, v_cache, slots, lengths, out, block_table)
     _check_order(order, balance, lengths)
     least = MIN_KEYS_PER_SPLIT if min_split_keys is None else min_split_keys
     if least < 1 or (splits is not None and splits < 1):
         raise ValueError(f"splits and min_split_keys must be at least 1, got {splits} and {least}")
     rows, n_heads, d = q.shape
-    _, kv_heads, max_len, _ = k_cache.shape
+    _, kv_heads, block_size, _ = k_cache.shape
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     if out is None:
         out = torch.empty_like(q)
-    if not use_triton(q, k_cache, v_cache, slots, lengths, out):
-        return reference.decode_attention_reference(q, k_cache, v_cache, slots, lengths, out, scale)
+    tables = () if block_table is None else (block_table,)
+    if not use_triton(q, k_cache, v_cache, slots, lengths, out, *tables):
+        return reference.decode_attention_reference(q, k_cache, v_cache, slots, lengths, out, scale, block_table)
     if rows == 0 or n_heads == 0:
         return out
     if splits is None:
@@ -317,11 +354,14 @@ def decode_attention(
     else:
         part_out = torch.empty(rows, n_heads, splits, block_d, device=q.device, dtype=torch.float32)
         part_lse = torch.empty(rows, n_heads, splits, device=q.device, dtype=torch.float32)
+    paged = block_table is not None
     _decode_split[(splits, kv_heads, rows)](
-        q, k_cache, v_cache, slots, lengths, order if balance else lengths, out, part_out, part_lse,
-        max_len, splits, min_blocks, group, d, scale * math.log2(math.e),
+        q, k_cache, v_cache, slots, lengths, order if balance else lengths, block_table if paged else lengths,
+        out, part_out, part_lse, max_len, splits, min_blocks, group, d, scale * math.log2(math.e),
+        block_table.stride(0) if paged else 0,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
-        BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, DIRECT=direct, ORDERED=balance, num_warps=NUM_WARPS,
+        BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, DIRECT=direct, ORDERED=balance,
+        PAGE=block_size if paged else 1, PAGED=paged, num_warps=NUM_WARPS,
     )
     if not direct:
         _decode_merge[(n_heads, rows)](

@@ -171,12 +171,15 @@ def decode_attention_reference(
     lengths: torch.Tensor,
     out: torch.Tensor | None = None,
     scale: float | None = None,
+    block_table: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention in fp32 (:func:`cdbench.kernels.decode_attention.decode_attention`'s oracle).
 
-    Row ``r``'s query heads attend to keys ``0..lengths[r]-1`` of cache slot ``slots[r]``; query
-    head ``h`` uses KV head ``h // (n_heads // kv_heads)``. A row of length 0 gets zeros. Every row
-    is gathered up to the longest length and masked, so memory grows with rows × longest length.
+    Row ``r``'s query heads attend to keys ``0..lengths[r]-1`` of request ``slots[r]``: its pages
+    ``block_table[slots[r]]`` of ``[blocks, kv_heads, block_size, d]`` caches laid end to end, or
+    without a table the single block ``slots[r]``; query head ``h`` uses KV head
+    ``h // (n_heads // kv_heads)``. A row of length 0 gets zeros. Every row is gathered up to the
+    longest length and masked, so memory grows with rows × longest length.
     """
     rows, n_heads, d = q.shape
     kv_heads = k_cache.shape[1]
@@ -184,8 +187,13 @@ def decode_attention_reference(
     lengths = lengths.to(device=q.device, dtype=torch.int64)
     attend = int(lengths.max()) if rows else 0
     slots = slots.to(device=k_cache.device, dtype=torch.int64)
-    keys = k_cache[slots, :, :attend].to(q.device, torch.float32)      # [rows, kv_heads, attend, d]
-    values = v_cache[slots, :, :attend].to(q.device, torch.float32)
+    if block_table is None:
+        keys, values = k_cache[slots], v_cache[slots]
+    else:  # [rows, pages, kv_heads, block, d] -> [rows, kv_heads, pages * block, d]
+        pages = block_table.to(device=k_cache.device, dtype=torch.int64)[slots]
+        keys, values = (c[pages].transpose(1, 2).flatten(2, 3) for c in (k_cache, v_cache))
+    keys = keys[:, :, :attend].to(q.device, torch.float32)      # [rows, kv_heads, attend, d]
+    values = values[:, :, :attend].to(q.device, torch.float32)
     queries = q.to(torch.float32).view(rows, kv_heads, n_heads // kv_heads, d)
     scores = queries @ keys.transpose(-1, -2) * scale                   # [rows, kv_heads, group, attend]
     valid = torch.arange(attend, device=q.device)[None, :] < lengths[:, None]
@@ -197,3 +205,38 @@ def decode_attention_reference(
         return result
     out.copy_(result)
     return out
+
+
+def rotary_kv_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    where: torch.Tensor,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`cdbench.kernels.rotary_kv.rotary_kv_write` in fp32 torch: optional per-head RMSNorm, the
+    rotate-half rotary of ``q`` and ``k`` (in place), and ``k``, ``v`` written at the flat cache positions
+    ``where`` of ``[blocks, kv_heads, block_size, d]`` caches (negative positions skipped)."""
+
+    def rotate(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        y = x.float()
+        if weight is not None:
+            y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+        first, second = y.chunk(2, dim=-1)
+        c, s = cos.float()[:, None, :], sin.float()[:, None, :]
+        return torch.cat([first * c - second * s, second * c + first * s], dim=-1).to(x.dtype)
+
+    q.copy_(rotate(q, q_norm))
+    k.copy_(rotate(k, k_norm))
+    keep = where >= 0
+    at = where[keep].to(device=k_cache.device, dtype=torch.int64)
+    block_size = k_cache.shape[2]
+    for cache, x in ((k_cache, k), (v_cache, v)):
+        cache[at // block_size, :, at % block_size] = x[keep.to(x.device)].to(cache.dtype)
+    return q, k

@@ -4,8 +4,8 @@ Beyond the configuration's own checks it refuses a ``model`` run without a gramm
 large for this machine, and resolves what a live run or a probe measured: ``costs.host_costs=live-run:<ref>``
 into the live run's host costs (:mod:`cdbench.results.live_loop_costs`), ``costs.rank_costs=live-run:<ref>``
 into its ranks' prices (:mod:`cdbench.results.live_rank_costs`), ``costs.forward_speed=live-run:<ref>`` into
-its forward speed (:mod:`cdbench.results.live_forward_speed`) and ``costs.forward_speed=probe:<file>`` into
-the probe's.
+its forward speed (:mod:`cdbench.results.live_forward_speed`), ``costs.forward_speed=probe:<file>`` into
+the probe's, and ``costs.spec_host_scale=probe:<file>`` into that spec-cost probe's scales.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ def validate_run_config(tree: Mapping[str, Any], source: str = "config") -> RunC
         config = _with_live_rank_costs(config, source)
     if isinstance(config.costs.forward_speed, str):
         config = _with_forward_speed(config, source)
+    if isinstance(config.costs.spec_host_scale, str):
+        config = _with_spec_host_scale(config, source)
     if config.mode == "model" and config.costs.fixed_grammar is None:
         key, name = ("costs.grammar_profile", config.costs.grammar_profile) if config.costs.grammar_profile else (
             "backend.name", config.backend.name)
@@ -140,6 +142,26 @@ def _with_forward_speed(config: RunConfig, source: str) -> RunConfig:
         raise ConfigError(f"{source}: costs.forward_speed: {err}") from None
     costs = config.costs.model_copy(update={"forward_speed": speed})
     return config.model_copy(update={"costs": costs})
+
+
+def _with_spec_host_scale(config: RunConfig, source: str) -> RunConfig:
+    """``config`` with its ``costs.spec_host_scale`` probe file read into a
+    :class:`~cdbench.harness.costs.spec_probe.SpecHostScale` that names it (its config.yaml then reruns
+    without the file)."""
+    from cdbench.harness.costs.spec_probe import (
+        PROBE_PREFIX,
+        SpecProbeError,
+        read_probe,
+    )
+
+    if config.mode != "model":
+        raise ConfigError(f"{source}: costs.spec_host_scale prices a model run's specs; a {config.mode} run times "
+                          "its grammar work itself (leave it unset)")
+    try:
+        scale = read_probe(config.costs.spec_host_scale.removeprefix(PROBE_PREFIX))
+    except SpecProbeError as err:
+        raise ConfigError(f"{source}: costs.spec_host_scale: {err}") from None
+    return config.model_copy(update={"costs": config.costs.model_copy(update={"spec_host_scale": scale})})
 
 
 __all__ = ["validate_run_config"]

@@ -1,8 +1,10 @@
 """Fit the engines' host-cost parameters from the committed step measurements.
 
 Reads ``reports/engine_costs/{vllm,sglang}_steps.csv.gz`` (``measure_vllm.py``,
-``measure_sglang.py``), ``sglang_scheduler_steps.csv.gz`` (``measure_sglang_scheduler.py``) and the
-older engine versions' ``<engine>-<version>_steps.csv.gz`` (``VERSIONS``), takes the median of each case (engine, backend, vocabulary, batch,
+``measure_sglang.py``), ``sglang_scheduler_steps.csv.gz`` (``measure_sglang_scheduler.py``), the
+older engine versions' ``<engine>-<version>_steps.csv.gz`` (``VERSIONS``), the grammar's own accepts
+(``*_grammar_accepts.csv.gz``, ``measure_grammar_accept.py``) and vLLM V0's logits-processor path
+(``vllm-0.6.6_v0_processor.csv.gz``, ``measure_vllm_v0_processor.py``); takes the median of each case (engine, backend, vocabulary, batch,
 structured share: the steps of one case repeat the same work, and the machine is shared, so
 medians rather than means), fits each cost by least squares on those medians, and writes
 ``reports/engine_costs/fitted.json``: one entry per parameter with its value, the engine,
@@ -28,6 +30,8 @@ PRESET_VOCABS = (129280, 151936)
 CASE = ["engine", "version", "backend", "backend_version", "vocab", "batch", "share"]
 #: fitted.json key of an older engine version -> its measurement file (same script, its own environment)
 VERSIONS = {"vllm-0.10": ("vllm", "vllm-0.10.1_steps.csv.gz")}
+#: fitted.json key of a vLLM version -> the grammar's own accepts timed in its environment (measure_grammar_accept.py)
+GRAMMAR_ACCEPTS = {"vllm": "vllm_grammar_accepts.csv.gz", "vllm-0.10": "vllm-0.10.1_grammar_accepts.csv.gz"}
 
 
 def lstsq(frame: pd.DataFrame, y: str, xs: list[str], intercept: bool = True) -> tuple[list[float], float]:
@@ -41,9 +45,10 @@ def lstsq(frame: pd.DataFrame, y: str, xs: list[str], intercept: bool = True) ->
     return [float(c) for c in coef], r2
 
 
-def param(value: float, engine: str, version: str, function: str, fit: str, r2: float, n: int) -> dict:
+def param(value: float, engine: str, version: str, function: str, fit: str, r2: float | None, n: int) -> dict:
+    """One fitted parameter's entry (``r2`` ``None``: a mean, not a regression)."""
     return {"value": float(f"{max(value, 0.0):.4g}"), "engine": engine, "version": version, "function": function,
-            "fit": fit, "r2": round(r2, 3), "cases": n}
+            "fit": fit, "r2": None if r2 is None else round(r2, 3), "cases": n}
 
 
 def _vllm_functions(version: str) -> dict[str, str]:
@@ -102,6 +107,36 @@ def fit_vllm(steps: pd.DataFrame) -> dict:
     return out
 
 
+def fit_accept_wrapper(fitted: dict, accepts: pd.DataFrame) -> dict:
+    """The grammar's own accept per token (``measure_grammar_accept.py``: token-weighted over the validated
+    instances, at the presets' vocabularies) and vLLM's accept path per structured row without it
+    (``accept_row_s`` less it): model mode charges the grammar profile's accept beside the engine's."""
+    near = accepts[accepts.vocab.isin(PRESET_VOCABS)]
+    own = float(near.accept_s.sum() / near.tokens.sum())
+    total = fitted["xgrammar.accept_row_s"]
+    v = f"{total['version'].split(',')[0]}, xgrammar {near.backend_version.iloc[0]}"
+    fn = "GrammarMatcher.accept_token (xgrammar), walking each schema's validated instance"
+    return {"xgrammar.grammar_accept_row_s": param(own, "vllm", v, fn, "sum(accept_s) / sum(tokens)", None,
+                                                   len(near)),
+            "xgrammar.accept_wrapper_row_s": param(total["value"] - own, "vllm", v, total["function"] + ", less the "
+                                                   "grammar's own accept_token", "accept_row_s - grammar_accept_row_s",
+                                                   total["r2"], total["cases"])}
+
+
+def fit_v0_processor(steps: pd.DataFrame) -> dict:
+    """vLLM V0's per-row logits-processor path less the grammar's own calls and the CPU-only detour
+    (``measure_vllm_v0_processor.py``): per step and per structured row, from the batch sizes' medians."""
+    steps = steps.assign(wrapper_s=steps.total_s - steps.grammar_s - steps.cpu_detour_s)
+    med = steps.groupby(["vllm", "xgrammar", "vocab", "batch"], as_index=False).median(numeric_only=True)
+    v = f"vllm {med.vllm.iloc[0]}, xgrammar {med.xgrammar.iloc[0]}"
+    fn = ("LogitsProcessor._apply_logits_processors + XGrammarLogitsProcessor.__call__ per row, less the grammar's "
+          "own calls (is_terminated, accept_token, fill_next_token_bitmask)")
+    (a, b), r2 = lstsq(med, "wrapper_s", ["batch"])
+    fit = "total_s - grammar_s - cpu_detour_s ~ a + b*rows"
+    return {"xgrammar.fill_step_s": param(a, "vllm", v, fn, f"{fit}: a", r2, len(med)),
+            "xgrammar.fill_row_s": param(b, "vllm", v, fn, f"{fit}: b", r2, len(med))}
+
+
 def fit_sglang(steps: pd.DataFrame) -> dict:
     steps = steps.assign(wrapper_s=steps.mask_s - steps.raw_fill_s)
     med = steps.groupby(CASE, as_index=False).median(numeric_only=True)
@@ -154,6 +189,9 @@ def fit_all(folder: Path = ROOT) -> dict:
                          **fit_sglang_scheduler(pd.read_csv(folder / "sglang_scheduler_steps.csv.gz"))}}
     for key, (engine, name) in VERSIONS.items():
         fitted[key] = {"vllm": fit_vllm}[engine](pd.read_csv(folder / name))
+    for key, name in GRAMMAR_ACCEPTS.items():
+        fitted[key].update(fit_accept_wrapper(fitted[key], pd.read_csv(folder / name)))
+    fitted["vllm-0.6"] = fit_v0_processor(pd.read_csv(folder / "vllm-0.6.6_v0_processor.csv.gz"))
     return fitted
 
 

@@ -141,7 +141,35 @@ arms:
         lookup("all/seed0/live-1", "live.device")
 
 
+def test_a_reference_may_name_another_copy_of_an_arm(tmp_path):
+    """``${live@c.folder}``: the third copy's run, which the model run then waits for; no ``@``, the first."""
+    spec = load_campaign(write(tmp_path, """
+name: t
+arms:
+  live: {mode: live, copies: 3}
+  model:
+    mode: model
+    set: {costs.rank_costs: "live-run:${live@c.folder}", costs.grammar_profile: "${live.folder}/grammar_profile.json",
+          scheduler.all_gather_s: "= 2 * ${live@b.live.ranks.all_gather_s.p50}"}
+layout: "{arm}{copy_suffix}"
+"""))
+    model = next(r for r in plan_runs(spec) if r.arm == "model")
+    assert set(model.depends) == {"live-a", "live-b", "live-c"}
+    out = tmp_path / "out"
+    for copy, sigma in zip("abc", (1.0, 2.0, 3.0), strict=True):
+        (out / f"live-{copy}").mkdir(parents=True)
+        (out / f"live-{copy}" / "summary.json").write_text("{}")
+        (out / f"live-{copy}" / "live.json").write_text(f'{{"ranks": {{"all_gather_s": {{"p50": {sigma}}}}}}}')
+    tree = run_config(spec, {}, model, folder_lookup(out))
+    assert tree["costs"] == {"rank_costs": f"live-run:{(out / 'live-c').resolve()}",
+                             "grammar_profile": f"{(out / 'live-a').resolve()}/grammar_profile.json"}
+    assert tree["scheduler"]["all_gather_s"] == 4.0
+
+
 @pytest.mark.parametrize(("text", "message"), [
+    ("name: t\narms: {a: {mode: model, set: {x: '${b@c.folder}'}}, b: {mode: live, copies: 2}}",
+     r"arm a: set\.x refers to copy c of arm b, which has 2"),
+    ("name: t\ncells: {load: [1]}\narms: {a: {mode: model, set: {x: '${load@b}'}}}", r"names a copy of \$\{load\}"),
     ("name: t\narms: {a: {mode: modle}}", r"arms\.a\.mode"),
     ("name: t\narms: {a: {mode: model, copies: 0}}", r"arms\.a\.copies"),
     ("name: t\narms: {a: {mode: model, colour: red}}", r"arms\.a\.colour"),
@@ -193,3 +221,24 @@ def test_the_shipped_campaign_files_parse():
         for run in plan_runs(spec):  # every run's configuration is a valid RunConfig
             tree = run_config(spec, base, run, lambda rid, field: "/x" if field == "folder" else 1.0, Path("/x"))
             validate_config(RunConfig, tree, f"{path.name}: {run.run_id}")
+
+
+def test_the_tp2_copies_campaign_pack_holds_every_planned_run():
+    """campaigns/ranks_tp2_copies.yaml: its committed pack holds every run the file plans, the copies that price
+    the ranks have the ranks' own records (the two packed under-capacity copies predate them), and the arms priced
+    from those records wait for the copy that has them."""
+    from cdbench.results.pack import Pack
+
+    repo = Path(__file__).resolve().parents[2]
+    spec = load_campaign(repo / "campaigns/ranks_tp2_copies.yaml")
+    runs = {r.run_id: r for r in plan_runs(spec)}
+    pack = Pack(repo / "reports/fidelity/live_vs_model/ranks_tp2_copies.pack")
+    assert sorted(pack.run_ids) == sorted(runs)
+    live = sorted(rid for rid, r in runs.items() if spec.arms[r.arm].mode == "live")
+    records = {rid: pack.open(rid).read_file("rank_steps.parquet") is not None for rid in live}
+    assert records == {"saturated/default-tp2-live-a": True, "saturated/default-tp2-live-b": True,
+                       "under/default-tp2-live-a": False, "under/default-tp2-live-b": False,
+                       "under/default-tp2-live-c": True}
+    for arm in ("fill", "probe", "speed"):
+        assert "under/default-tp2-live-c" in runs[f"under/default-tp2-{arm}"].depends
+    assert "saturated/default-tp2-live-b" in runs["saturated/default-tp2-speed-sat"].depends

@@ -35,13 +35,14 @@ def test_fit_stored_measurements(tmp_path: Path) -> None:
     assert (tmp_path / "fit.md").read_text().startswith("# Forward calibration: llama-3.1-8b on h100-sxm")
 
 
-def calibrate_tiny(tmp_path: Path) -> tuple[Path, Path]:
-    """The tiny model's spec file and its calibration, measured on the CPU over the tiny grid."""
+def calibrate_tiny(tmp_path: Path, tp: int = 1) -> tuple[Path, Path]:
+    """The tiny model's spec file and its calibration at ``tp`` ranks (gloo), measured on the CPU over the tiny
+    grid."""
     spec = tmp_path / "tiny.yaml"
     spec.write_text(TINY)
-    out = tmp_path / "tiny.json"
+    out = tmp_path / ("tiny.json" if tp == 1 else f"tiny_tp{tp}.json")
     result = CliRunner().invoke(app, ["calibrate", "--model", str(spec), "--gpu-name", "h100", "--out", str(out),
-                                      "--grid", "tiny", "--device", "cpu"])
+                                      "--grid", "tiny", "--device", "cpu", "--tp", str(tp)])
     assert result.exit_code == 0, result.output
     return spec, out
 
@@ -172,3 +173,35 @@ def test_a_probe_of_another_models_calibration_is_refused(tmp_path: Path) -> Non
     assert result.exit_code == 2
     assert "is for llama-3.1-8b on h100-sxm at tp=1; the probe times qwen3-8b on h100-sxm" in result.output
     assert not (tmp_path / "p.json").exists()
+
+
+def test_probe_tensor_parallel_ranks_on_cpu_and_price_only_their_rank_count(tmp_path: Path) -> None:
+    """``--probe --tp 2`` times a tp=2 calibration's shapes on two gloo rank processes; its speed prices a
+    tp=2 run of the model and is refused for a one-GPU run; a tp=1 calibration is refused for the probe."""
+    from cdbench.harness.costs.forward_speed import ForwardProbe
+    from cdbench.results.config_files import ConfigError
+    from cdbench.results.run_config import validate_run_config
+
+    spec, cal = calibrate_tiny(tmp_path, tp=2)
+    probe = tmp_path / "probe_tp2.json"
+    args = ["calibrate", "--model", str(spec), "--gpu-name", "h100", "--probe", str(probe), "--device", "cpu"]
+    result = CliRunner().invoke(app, [*args, "--calibration", str(cal), "--tp", "2"])
+    assert result.exit_code == 0, result.output
+    assert "2 tensor-parallel ranks" in result.output
+    written = ForwardProbe.model_validate_json(probe.read_text())
+    assert (written.model, written.gpu, written.tp, written.device) == ("tiny-gqa", "h100-sxm", 2, "cpu")
+    assert set(written.shapes) == {s.shape for s in ForwardCalibration.load(cal).fit}
+    assert written.speed.decode_steps + written.speed.prefill_steps == 7 and all(r > 0 for r in written.ratios)
+    costs = {"model": str(spec), "gpu": "h100", "forward_calibration": str(cal), "fixed_grammar": {},
+             "forward_speed": f"probe:{probe}"}
+    tree = {"mode": "model", "costs": {**costs, "tp": 2}, "scheduler": {"ranks": 2, "parallel": "tp"}}
+    speed = validate_run_config(tree).costs.forward_speed
+    assert (speed.decode, speed.prefill) == (written.speed.decode, written.speed.prefill)
+    with pytest.raises(ConfigError, match=f"probe:{probe} probed tiny-gqa on h100-sxm at tp=2; this run prices "
+                                          "tiny-gqa on h100-sxm at tp=1"):
+        validate_run_config({"mode": "model", "costs": {k: v for k, v in costs.items() if k != "forward_calibration"}})
+    # the probe times the calibration at the ranks it was measured on
+    result = CliRunner().invoke(app, [*args, "--calibration", str(cal)])
+    assert result.exit_code == 2
+    assert f"--calibration {cal} is for tiny-gqa on h100-sxm at tp=2; the probe times tiny-gqa on h100-sxm at tp=1" \
+        in result.output

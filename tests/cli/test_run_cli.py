@@ -38,7 +38,7 @@ def test_model_run_writes_every_artifact_and_is_deterministic(tmp_path):
 def test_config_mistakes_are_one_line_errors_naming_key_value_and_choices(tmp_path):
     ci = str(builtin_config_path("ci"))
     cases = [
-        (["run", ci, "--policy", "trtllm"], "policy.name = 'trtllm': Input should be 'sglang', 'vllm' or 'vllm-0.10'"),
+        (["run", ci, "--policy", "trtllm"], "policy.name = 'trtllm': Input should be 'sglang', 'vllm', 'vllm-0.10' or 'vllm-0.6'"),
         (["run", ci, "--set", "workload.rte=3"], "unknown key 'workload.rte' (value 3); allowed keys here: arrival"),
         (["run", ci, "--mode", "replay"], "mode = 'replay': Input should be 'model', 'hybrid' or 'live'"),
         (["run", str(tmp_path / "missing.yaml")], "missing.yaml does not exist"),

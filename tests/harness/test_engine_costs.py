@@ -22,7 +22,9 @@ LAUNCH = ROOT / "reports" / "live" / "launch_h100.csv"
 SOURCES = {
     "vllm": {"schedule_s": ("vllm", "xgrammar.schedule_s"), "schedule_row_s": ("vllm", "xgrammar.schedule_row_s"),
              "process_step_s": ("vllm", "xgrammar.process_step_s"),
-             "process_row_s": ("vllm", "xgrammar.process_row_s"), "accept_row_s": ("vllm", "xgrammar.accept_row_s"),
+             "process_row_s": ("vllm", "xgrammar.process_row_s"),
+             # update_from_output's accept path less the grammar's own accept, which model mode charges from the profile
+             "accept_row_s": ("vllm", "xgrammar.accept_wrapper_row_s"),
              "fill_step_s": ("vllm", "xgrammar.fill_step_s"), "fill_row_s": ("vllm", "xgrammar.fill_row_s"),
              "mask_alloc_byte_s": None, "ipc_s": ("vllm", "ipc_s"), "ipc_byte_s": ("vllm", "ipc_byte_s")},
     # batch forming and result processing from the scheduler's decode steps (torchvision stubbed); accept_row_s is
@@ -36,11 +38,16 @@ SOURCES = {
                "ipc_s": ("vllm", "ipc_s"), "ipc_byte_s": ("vllm", "ipc_byte_s")},
     # an engine-version preset: every host cost from its own version's measurement
     "vllm-0.10": {field: ("vllm-0.10", f"xgrammar.{field}") for field in (
-        "schedule_s", "schedule_row_s", "process_step_s", "process_row_s", "accept_row_s", "fill_step_s", "fill_row_s")}
-    | {"mask_alloc_byte_s": None, "ipc_s": ("vllm-0.10", "ipc_s"), "ipc_byte_s": ("vllm-0.10", "ipc_byte_s")},
+        "schedule_s", "schedule_row_s", "process_step_s", "process_row_s", "fill_step_s", "fill_row_s")}
+    | {"accept_row_s": ("vllm-0.10", "xgrammar.accept_wrapper_row_s"), "mask_alloc_byte_s": None,
+       "ipc_s": ("vllm-0.10", "ipc_s"), "ipc_byte_s": ("vllm-0.10", "ipc_byte_s")},
 }
+# V0: its logits-processor path per step and row measured; no V1 accept path; its scheduler unmeasured (V1's costs)
+SOURCES["vllm-0.6"] = SOURCES["vllm"] | {"fill_step_s": ("vllm-0.6", "xgrammar.fill_step_s"),
+                                         "fill_row_s": ("vllm-0.6", "xgrammar.fill_row_s"), "accept_row_s": None}
 #: fitted.json key -> the engine and the version its entries must name
-ENGINES = {"vllm": ("vllm", "vllm 0.32"), "sglang": ("sglang", "sglang 0.5"), "vllm-0.10": ("vllm", "vllm 0.10.1")}
+ENGINES = {"vllm": ("vllm", "vllm 0.32"), "sglang": ("sglang", "sglang 0.5"), "vllm-0.10": ("vllm", "vllm 0.10.1"),
+           "vllm-0.6": ("vllm", "vllm 0.6.6")}
 
 
 @pytest.mark.parametrize("preset", sorted(SOURCES))
@@ -76,6 +83,18 @@ def test_measurements_name_engine_version_and_function():
     for key, (engine, version) in ENGINES.items():
         for p in fitted[key].values():
             assert p["engine"] == engine and p["version"].startswith(version) and p["function"] and p["fit"]
+
+
+@pytest.mark.parametrize("key", ["vllm", "vllm-0.10"])
+def test_vllm_accept_path_is_priced_without_the_grammars_own_accept(key):
+    # update_from_output's accept_row_s holds xgrammar's accept_token, which model mode charges from the grammar
+    # profile: the preset takes the engine's path less the grammar's own accept, measured in the same environment
+    fitted = json.loads(FITTED.read_text())[key]
+    own, whole = fitted["xgrammar.grammar_accept_row_s"], fitted["xgrammar.accept_row_s"]
+    wrapper = fitted["xgrammar.accept_wrapper_row_s"]
+    assert 0 < own["value"] < whole["value"] and own["cases"] >= 48 and "accept_token" in own["function"]
+    assert wrapper["value"] == pytest.approx(whole["value"] - own["value"], rel=1e-3)
+    assert policy(key).accept_row_s == wrapper["value"]
 
 
 def test_sglang_batch_forming_and_result_processing_are_measured():

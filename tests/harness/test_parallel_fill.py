@@ -90,14 +90,12 @@ def test_hybrid_fills_a_step_above_the_threshold_on_the_pool_and_charges_its_wal
     on_pool = [(name, row) for name, row in seen if name.startswith("cdbench-fill")]
     assert sorted(row for _, row in on_pool) == sorted(r for n in pooled["grammar_rows"] for r in range(n))
     assert len({name for name, _ in on_pool}) == 2
-    rows = int(pooled["grammar_rows"].sum())
     profile = result.grammar_profile
     measured = profile.parallel_fill
     assert (measured.steps, measured.threads, measured.chunk) == (len(pooled), 2, 2)
-    # the step's fill is the pool's wall time (no host costs here), not the rows' sum: two threads about halve
-    # it (the bound leaves room for a loaded machine's scheduling; a serial pool would take the whole sum)
+    # the step's fill is the pool's wall time (no host costs here), not the rows' sum (how much two threads save
+    # is a timing, left to benchmarks: the two pool threads above are what makes it parallel)
     assert pooled["fill_s"].sum() == pytest.approx(measured.wall_s)
-    assert measured.wall_s < 0.9 * rows * FILL_SLEEP_S
     # a row's own time is its thread's CPU time: the sleep (off the CPU) is in the pool's wall, not in the row
     assert measured.makespan_s < 0.5 * measured.wall_s
 

@@ -44,6 +44,17 @@ def test_a_blocking_per_row_copy_leaves_the_later_fills_and_every_copy_after_the
         4 * (FILL_S + COPY_S), abs=1e-9)
 
 
+def test_a_blocking_per_row_copy_pays_each_later_rows_wrapper_after_the_forward():
+    # V0's per-row Python (fill_row_s) runs with its row: the first row's beside the forward, the others after
+    wrapper = 2e-4
+    base = _decode_step(4, mask_apply="per_row", pinned_mask=False)
+    assert _decode_step(4, mask_apply="per_row", pinned_mask=False, fill_row_s=wrapper) - base == pytest.approx(
+        3 * wrapper, abs=1e-9)
+    # a non-blocking copy leaves the host free to run every row's wrapper beside the forward
+    assert _decode_step(4, mask_apply="per_row", pinned_mask=True, fill_row_s=wrapper) == pytest.approx(
+        _decode_step(4, mask_apply="per_row", pinned_mask=True), abs=1e-9)
+
+
 @pytest.mark.parametrize("overrides", [{"overlap": True}, {"overlap": False, "fill_beside_forward": False}])
 def test_per_row_is_v0s_loop_without_overlap_after_the_forwards_launch(overrides):
     with pytest.raises(ValueError, match="mask_apply 'per_row'"):

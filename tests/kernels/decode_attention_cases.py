@@ -70,3 +70,32 @@ def check_decode_attention(gen: torch.Generator, lengths: list[int], kv_heads: i
     assert_close(got, reference_output(q, k, v, slots, lengths_t), what)
     empty = [i for i, length in enumerate(lengths) if length == 0]
     assert not got[empty].any(), f"{what}: rows of length 0 must be zeros"
+
+
+def paged(k: torch.Tensor, v: torch.Tensor, block_size: int, gen: torch.Generator, spare_blocks: int = 5):
+    """The slot caches ``[slots, kv_heads, max_len, d]`` cut into pages of ``block_size`` keys, each slot's
+    pages scattered over a shuffled pool with spare (poisoned) pages: ``(k_pages, v_pages, block_table)``."""
+    n_slots, kv_heads, max_len, d = k.shape
+    per_slot = max_len // block_size
+    n_blocks = n_slots * per_slot + spare_blocks
+    table = torch.randperm(n_blocks, generator=gen)[: n_slots * per_slot].view(n_slots, per_slot).to(k.device)
+    pages = []
+    for cache in (k, v):
+        pool = torch.full((n_blocks, kv_heads, block_size, d), POISON, dtype=cache.dtype, device=cache.device)
+        pool[table.flatten()] = cache.view(n_slots, kv_heads, per_slot, block_size, d).transpose(1, 2).flatten(0, 1)
+        pages.append(pool)
+    return pages[0], pages[1], table.to(torch.int32)
+
+
+def check_paged_decode_attention(gen: torch.Generator, lengths: list[int], kv_heads: int, group: int,
+                                 head_dim: int, max_len: int, block_size: int, dtype: torch.dtype,
+                                 splits: int | None, device, min_split_keys: int | None = None) -> None:
+    """The paged kernel equals the slotted one bit for bit and the reference within ``TOLERANCE``."""
+    q, k, v, slots, lengths_t = decode_inputs(gen, lengths, kv_heads, group, head_dim, max_len, dtype, device)
+    k_pages, v_pages, table = paged(k, v, block_size, gen)
+    got = decode_attention(q, k_pages, v_pages, slots, lengths_t, splits=splits, min_split_keys=min_split_keys,
+                           block_table=table)
+    slotted = decode_attention(q, k, v, slots, lengths_t, splits=splits, min_split_keys=min_split_keys)
+    what = f"paged: lengths={lengths} G={group} d={head_dim} max_len={max_len} block={block_size} splits={splits}"
+    assert_close(got, reference_output(q, k, v, slots, lengths_t), what)
+    assert torch.equal(got, slotted), what

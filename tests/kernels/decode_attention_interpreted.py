@@ -16,6 +16,7 @@ import torch
 from decode_attention_cases import (
     assert_close,
     check_decode_attention,
+    check_paged_decode_attention,
     decode_inputs,
     reference_output,
 )
@@ -103,3 +104,16 @@ def test_a_given_order_is_the_launch_order_and_changes_no_output(splits):
     for order in (lpt_order(lengths), torch.randperm(7, generator=gen), torch.arange(6, -1, -1, dtype=torch.int32)):
         got = decode_attention(q, k, v, slots, lengths, splits=splits, min_split_keys=1, order=order)
         assert torch.equal(got, expected), f"order {order.tolist()}"
+
+
+@FAST
+@given(
+    data=st.data(), group=st.sampled_from([1, 4]), block_size=st.sampled_from([1, 4, 16, 32]),
+    splits=st.sampled_from([None, 1, 3]), min_split_keys=st.sampled_from([None, 1]), seed=st.integers(0, 2**32 - 1),
+)
+def test_paged_decode_attention_matches_slotted_and_reference(data, group, block_size, splits, min_split_keys, seed):
+    # Pages smaller and larger than the kernel's key block, shuffled over the pool, ragged rows.
+    lengths = data.draw(row_lengths(64))
+    gen = torch.Generator().manual_seed(seed)
+    check_paged_decode_attention(gen, lengths, 2, group, 16, 64, block_size, torch.float16, splits, "cpu",
+                                 min_split_keys=min_split_keys)

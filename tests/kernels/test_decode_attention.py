@@ -3,37 +3,29 @@ kernel under the interpreter (in a subprocess) and on a GPU at Llama-3.1-8B shap
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from decode_attention_cases import (
     assert_close,
     check_decode_attention,
+    check_paged_decode_attention,
     decode_inputs,
+    paged,
     reference_output,
 )
+from interpreter import run_under_interpreter
 
 from cdbench.kernels import decode_attention as module
 from cdbench.kernels.decode_attention import decode_attention, default_splits, lpt_order
 from cdbench.kernels.reference import decode_attention_reference
 
-HERE = Path(__file__).resolve().parent
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 # Llama-3.1-8B attention: 32 query heads over 8 KV heads of 128.
 LLAMA = {"kv_heads": 8, "group": 4, "head_dim": 128}
 
 
 def test_triton_kernel_equals_reference_under_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:xdist",
-           "-o", "addopts=", str(HERE / "decode_attention_interpreted.py")]
-    result = subprocess.run(cmd, check=False, cwd=HERE.parent.parent, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    run_under_interpreter("decode_attention_interpreted.py")
 
 
 def test_reference_matches_per_head_softmax():
@@ -49,6 +41,18 @@ def test_reference_matches_per_head_softmax():
             keys, values = k[slot, head // 3, :length].double(), v[slot, head // 3, :length].double()
             weights = torch.softmax(keys @ q[row, head].double() * 0.5, dim=0)
             torch.testing.assert_close(got[row, head].double(), weights @ values, rtol=1e-5, atol=1e-6)
+
+
+def test_paged_reference_reads_each_rows_pages_in_table_order():
+    gen = torch.Generator().manual_seed(4)
+    q, k, v, slots, lengths = decode_inputs(gen, [5, 0, 16, 11], 2, 2, 16, 16, torch.float32, "cpu")
+    k_pages, v_pages, table = paged(k, v, 4, gen)
+    assert not torch.equal(table.flatten().sort().values, table.flatten()), "pages out of order"
+    got = decode_attention_reference(q, k_pages, v_pages, slots, lengths, block_table=table)
+    torch.testing.assert_close(got, decode_attention_reference(q, k, v, slots, lengths))
+    # CPU tensors run the reference, the table included
+    torch.testing.assert_close(decode_attention(q.half(), k_pages.half(), v_pages.half(), slots, lengths,
+                                                block_table=table), got.half(), rtol=1e-2, atol=1e-2)
 
 
 def test_cpu_tensors_run_the_reference_into_out():
@@ -75,6 +79,9 @@ def test_cpu_tensors_run_the_reference_into_out():
     (lambda a: {**a, "order": torch.tensor([0.0, 1.0])}, TypeError),
     (lambda a: {**a, "order": torch.tensor([1, 1])}, IndexError),    # not a permutation
     (lambda a: {**a, "order": torch.tensor([1, 2])}, IndexError),
+    (lambda a: {**a, "block_table": torch.tensor([0, 1])}, TypeError),             # not [requests, blocks]
+    (lambda a: {**a, "block_table": torch.tensor([[0], [9]])}, IndexError),        # no block 9
+    (lambda a: {**a, "block_table": torch.zeros(1, 1, dtype=torch.int64)}, IndexError),  # slot 1 has no row
 ])
 def test_rejects_bad_inputs(change, error):
     gen = torch.Generator().manual_seed(2)
@@ -115,6 +122,19 @@ def test_llama_decode_shapes_gpu(rows, splits, dtype):
     lengths = torch.randint(1, 8193, (rows,), generator=gen)
     lengths[: min(rows, 4)] = torch.tensor([1, 8192, 0, 4097])[: min(rows, 4)]
     check_decode_attention(gen, lengths.tolist(), max_len=8192, dtype=dtype, splits=splits, device="cuda", **LLAMA)
+
+
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("rows", [1, 32, 256])
+@pytest.mark.parametrize("splits", [None, 1])
+@pytest.mark.gpu
+@needs_cuda
+def test_llama_paged_decode_shapes_gpu(rows, splits, block_size):
+    gen = torch.Generator().manual_seed(rows * 17 + block_size)
+    lengths = torch.randint(1, 4097, (rows,), generator=gen)
+    lengths[: min(rows, 3)] = torch.tensor([1, 4096, 0])[: min(rows, 3)]
+    check_paged_decode_attention(gen, lengths.tolist(), max_len=4096, block_size=block_size, dtype=torch.bfloat16,
+                                 splits=splits, device="cuda", **LLAMA)
 
 
 @pytest.mark.gpu

@@ -49,7 +49,7 @@ def _live_run(folder, parallel="tp", ranks=2, mode="live", records=True):
     spread = Spread(100, 7e-4, 6.5e-4, 9e-4, 2e-3)
     info = RanksInfo(parallel, ranks, ["cpu"] * ranks, all_gather_s=spread if parallel == "tp" else None,
                      compile_sigma=0.12 if parallel == "tp" else None)
-    live = LiveInfo("cpu", "2", "tiny", 8, 64, 600, [], ranks=info)
+    live = LiveInfo("cpu", "2", "tiny", 512, 16, 8, 64, 600, [], ranks=info)
     (folder / "live.json").write_text(json.dumps(dataclasses.asdict(live)))
     if records:
         _records(ranks).to_parquet(folder / RANK_STEPS_FILE, index=False)

@@ -241,9 +241,12 @@ class ForwardCostModel:
             always_read = m.active - m.experts_per_token * per_expert
             self._expert_s = per_expert * m.bytes_per_weight / tp / byte_rate
             self._n_experts = m.n_experts / moe_imbalance  # the experts that take the traffic
+            # a chunk's routing skew is measured after full-attention layers only (_experts_touched)
+            self._skewed_layer_share = m.n_full_attention_layers / m.n_layers
             self._miss_prob = 1.0 - m.experts_per_token * moe_imbalance / m.n_experts  # one token skips one of them
         else:
             always_read, self._expert_s, self._n_experts, self._miss_prob = m.params_total, 0.0, 0, 1.0
+            self._skewed_layer_share = 0.0
         self.moe_imbalance = moe_imbalance
         self._dense_weight_s = always_read * m.bytes_per_weight / tp / byte_rate
         heads_per_rank = -(-m.n_heads // tp)
@@ -305,7 +308,9 @@ class ForwardCostModel:
         lc = peak.linear_flops_s / params.compute_efficiency
         experts = peak.expert_bytes_s
         if params.chunk_routing_skew > 1 and self._expert_s:
-            experts = self._expert_s * self._experts_touched(peak, params.chunk_routing_skew)
+            share = self._skewed_layer_share
+            skewed = self._expert_s * self._experts_touched(peak, params.chunk_routing_skew)
+            experts = skewed if share == 1.0 else share * skewed + (1.0 - share) * experts
         lm = (peak.weight_bytes_s + experts) / params.memory_efficiency
         pa = peak.prefill_attention_s / params.attention_efficiency
         da = np.maximum(peak.decode_attention_flops_s / params.attention_efficiency,

@@ -34,8 +34,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from cdbench._files import read_probe_file
 from cdbench.harness.costs.calibration import ForwardCalibration, ForwardMeasurement
 
 PROBE_PREFIX = "probe:"
@@ -119,15 +120,7 @@ def read_probe(path: str | Path, priced: tuple[str, str, int]) -> ForwardSpeed:
     """The speed a probe file (``cdbench calibrate --probe``) holds, its source naming the file;
     :class:`ForwardSpeedError` when it is no probe or probed another (model, GPU, TP) than ``priced``."""
     path = Path(path)
-    try:
-        probe = ForwardProbe.model_validate_json(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise ForwardSpeedError(f"{PROBE_PREFIX}{path}: cannot read the probe: {err.strerror or err}") from None
-    except ValidationError as err:
-        first = err.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "<root>"
-        raise ForwardSpeedError(f"{PROBE_PREFIX}{path}: not a forward probe (field {field!r}: {first['msg']})") \
-            from None
+    probe = read_probe_file(path, ForwardProbe, f"{PROBE_PREFIX}{path}", "forward probe", ForwardSpeedError)
     probed = (probe.model, probe.gpu, probe.tp)
     if probed != priced:
         raise ForwardSpeedError(f"{PROBE_PREFIX}{path} probed {probed[0]} on {probed[1]} at tp={probed[2]}; this "

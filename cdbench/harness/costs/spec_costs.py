@@ -7,7 +7,8 @@ Before a ``model`` run, each distinct spec of its workload is looked up, in this
    are the run's, or by the spec's key where the user named the profile;
 2. the spec-cost store (:mod:`~cdbench.harness.costs.spec_store`): the target host's entry, else
    another host's, scaled by the ratio of the hosts' benchmark scores
-   (:func:`~cdbench.harness.costs.host.time_scale`);
+   (:func:`~cdbench.harness.costs.host.time_scale`), or by a probe's measured scales where
+   ``costs.spec_host_scale`` names one for that host (:mod:`~cdbench.harness.costs.spec_probe`);
 3. what is still missing is measured now (``costs.spec_costs: measure``, the default): compiled once
    and its walked texts timed in isolated worker processes
    (:class:`~cdbench.backends.measure_pool.WorkerPool`, as ``cdbench profile`` does), stored, and
@@ -41,7 +42,7 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ByteSize, ConfigDict, Field
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator
 
 from cdbench.backends.base import ConstraintSpec
 from cdbench.backends.registry import shares_compile_work
@@ -54,6 +55,7 @@ from cdbench.harness.costs.grammar_profile import (
     with_sections,
 )
 from cdbench.harness.costs.host import HostInfo, load_host, this_host, time_scale
+from cdbench.harness.costs.spec_probe import PROBE_PREFIX, SpecHostScale, SpecProbeError
 from cdbench.harness.costs.spec_profile import (
     COPY_MARK,
     N_POSITION_BINS,
@@ -117,7 +119,11 @@ class SpecCostSettings(BaseModel):
     together (:func:`measure_batch_fills`; ``None``: price every fill from the
     spec's walk alone). ``measure_accept_gap_s``: seconds a batch walk's step
     sleeps between its fills and its accepts, as an engine's loop waits for the
-    step's forward there (0, the default: none).
+    step's forward there (0, the default: none). ``spec_host_scale``: ``probe:<file>``
+    (``cdbench host --probe-specs``) prices the run for the probe's host, the specs
+    measured on the probed host scaled by the probe's compile and fill scales instead of
+    the score ratio (resolved into a :class:`~.spec_probe.SpecHostScale` when the run's
+    configuration is checked); ``None`` (default): the score ratio.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -129,6 +135,22 @@ class SpecCostSettings(BaseModel):
     measure_repeats: int = Field(3, ge=1)
     measure_batch_rows: int | None = Field(16, ge=1)
     measure_accept_gap_s: float = Field(0.0, ge=0)
+    spec_host_scale: SpecHostScale | str | None = None
+
+    @field_validator("spec_host_scale")
+    @classmethod
+    def _probe_source(cls, value: SpecHostScale | str | None) -> SpecHostScale | str | None:
+        if isinstance(value, str) and not (value.startswith(PROBE_PREFIX) and value.removeprefix(PROBE_PREFIX)):
+            raise ValueError("expected 'probe:<file>' (written by cdbench host --probe-specs)")
+        return value
+
+    def host_scale(self) -> SpecHostScale | None:
+        """``spec_host_scale`` resolved; a ``probe:`` source must have been read
+        (:func:`cdbench.results.run_config.validate_run_config` does) before."""
+        if isinstance(self.spec_host_scale, str):
+            raise ValueError(f"costs.spec_host_scale {self.spec_host_scale!r} is read when the run's configuration "
+                             "is checked (validate_run_config); it was not")
+        return self.spec_host_scale
 
     def store(self) -> SpecCostStore:
         from cdbench._env import cache_dir
@@ -145,7 +167,8 @@ class SpecCoverage(BaseModel):
     whose measurement failed (label: status and reason); their requests abort.
     ``predictor_error``: per kind, the predictor's held-out median relative
     error of compile time and mean fill (only when specs were predicted).
-    ``host_scales``: per other host, the factor its times were scaled by.
+    ``host_scales``: per other host, the factor its times were scaled by (the score ratio);
+    ``host_probe``: the probe that scaled one host's times instead (``costs.spec_host_scale``).
     ``compile_order``: for an engine that reuses work between compiles
     (:attr:`~cdbench.backends.base.GrammarBackend.shares_compile_work`), whether
     compile times are each spec's alone or the run's specs compiled one after
@@ -169,6 +192,7 @@ class SpecCoverage(BaseModel):
     failed: dict[str, str] = {}
     predictor_error: dict[str, dict[str, float]] = {}
     host_scales: dict[str, float] = {}
+    host_probe: str | None = None
     compile_order: Literal["alone", "run order", "run order, measured now"] = "alone"
     fill_order: str = "alone"
     accept_order: str = "alone"
@@ -204,6 +228,8 @@ class SpecCoverage(BaseModel):
                        "fills, in the rows' order")
         for host, factor in self.host_scales.items():
             out.append(f"times measured on {host} scaled by {factor:.3f}")
+        if self.host_probe:
+            out.append(self.host_probe)
         if self.predictor_error:
             errors = ", ".join(f"{k} " + " ".join(f"{name} {value:.0%}" for name, value in e.items())
                                for k, e in sorted(self.predictor_error.items()))
@@ -237,7 +263,8 @@ class _RunSpec:
     costs: SpecProfile | None = None
     instances: Mapping[str, InstanceProfile] | None = None
     base: str | None = None  # the base text its found instances are keyed under
-    scale: float = 1.0
+    compile_scale: float = 1.0  # its measuring host's seconds to the target's: compiles
+    fill_scale: float = 1.0  # and fills, accepts, rollbacks
     compile_in_order_s: float | None = None  # its compile after the run's earlier specs (target host seconds)
     batch_fills: dict[tuple[int, ...], list[float | None]] | None = None  # per text, its fills walked in batch
     batch_accepts: dict[tuple[int, ...], list[float | None]] | None = None  # per text, its accepts walked so
@@ -252,15 +279,17 @@ class _RunSpec:
 Progress = Callable[[str, float], None]
 
 
-def _scaled(costs: SpecProfile, factor: float) -> SpecProfile:
-    if factor == 1.0:
+def _scaled(costs: SpecProfile, compile_factor: float, factor: float) -> SpecProfile:
+    """``costs`` with its compile × ``compile_factor`` and its fills, accepts and rollbacks × ``factor``."""
+    if factor == 1.0 and compile_factor == 1.0:
         return costs
 
     def mul(x):
         return None if x is None else x * factor
 
     return costs.model_copy(update={
-        "compile_s": mul(costs.compile_s), "fill_scale_s": costs.fill_scale_s * factor,
+        "compile_s": None if costs.compile_s is None else costs.compile_s * compile_factor,
+        "fill_scale_s": costs.fill_scale_s * factor,
         "fill_outliers_s": [v * factor for v in costs.fill_outliers_s], "accept_s": mul(costs.accept_s),
         "rollback_s": mul(costs.rollback_s), "think_accept_s": mul(costs.think_accept_s)})
 
@@ -393,8 +422,20 @@ def _from_profile(profile: GrammarProfile, specs: list[_RunSpec], by_key: bool) 
                 s.base = bases[key] = spec_key_text(found.kind, base_spec_id(found.spec_id))
 
 
-def _from_store(store: SpecCostStore, specs: list[_RunSpec], target: HostInfo,
-                scales: dict[str, float]) -> None:
+def _host_scales(host: HostInfo, target: HostInfo, probe: SpecHostScale | None) -> tuple[float, float] | None:
+    """The (compile, fill) factors from ``host``'s seconds to ``target``'s: the probe's where it probed
+    ``host`` (even one of ``target``'s id: lent hosts of one CPU model and core count share an id), else the
+    score ratio; ``None`` where ``host`` is ``target`` and no probe scales it."""
+    if probe is not None and host.id == probe.measured_on.id:
+        return probe.compile.scale, probe.fill_scale()
+    if host.id == target.id:
+        return None
+    ratio = time_scale(host, target)
+    return ratio, ratio
+
+
+def _from_store(store: SpecCostStore, specs: list[_RunSpec], target: HostInfo, scales: dict[str, float],
+                probe: SpecHostScale | None) -> None:
     for s in specs:
         if s.source != "kind_fallback":
             continue
@@ -402,10 +443,11 @@ def _from_store(store: SpecCostStore, specs: list[_RunSpec], target: HostInfo,
         if not entries:
             continue
         entry = next((e for e in entries if e.host.id == target.id), entries[0])
-        s.scale = 1.0 if entry.host.id == target.id else time_scale(entry.host, target)
-        if entry.host.id != target.id:
-            scales[entry.host.name] = s.scale
-        s.source = "measured_here" if entry.host.id == target.id else "measured_elsewhere"
+        factors = _host_scales(entry.host, target, probe)
+        s.compile_scale, s.fill_scale = factors or (1.0, 1.0)
+        if factors is not None and (probe is None or entry.host.id != probe.measured_on.id):
+            scales[entry.host.name] = s.fill_scale
+        s.source = "measured_here" if factors is None else "measured_elsewhere"
         s.costs, s.instances, s.base = entry.costs, entry.instances, instance_base(s.digest)
         s.message = entry.message if entry.status != "ok" else ""
 
@@ -561,7 +603,7 @@ def measure_sequence(specs: Sequence[ConstraintSpec], backend: str, options: Map
 
 def _in_run_order(specs: list[_RunSpec], backend: str, version: str, vocab: str, options: Mapping[str, Any],
                   settings: SpecCostSettings, store: SpecCostStore, target: HostInfo,
-                  progress: Progress | None) -> str:
+                  progress: Progress | None, probe: SpecHostScale | None = None) -> str:
     """Give each spec the store measured alone its compile time after the run's earlier specs (stored,
     or measured now where ``measure``); returns how (:attr:`SpecCoverage.compile_order`). The sequence
     holds every spec of the run, since those a profile prices are compiled in the run too."""
@@ -574,7 +616,7 @@ def _in_run_order(specs: list[_RunSpec], backend: str, version: str, vocab: str,
     if not entries:
         return "alone"
     entry = next((e for e in entries if e.host.id == target.id), entries[0])
-    scale = 1.0 if entry.host.id == target.id else time_scale(entry.host, target)
+    scale = (_host_scales(entry.host, target, probe) or (1.0, 1.0))[0]
     for s, seconds in zip(specs, entry.compile_s, strict=True):
         if seconds is not None and s.source.startswith("measured") and s.costs is not None \
                 and s.costs.status in (None, "ok"):
@@ -643,7 +685,7 @@ def measure_batch_fills(specs: Sequence[ConstraintSpec], walks: Sequence[tuple[i
 
 def _in_batch(specs: list[_RunSpec], requests: RequestSource, backend: str, version: str, vocab: str,
               options: Mapping[str, Any], settings: SpecCostSettings, store: SpecCostStore, target: HostInfo,
-              progress: Progress | None) -> tuple[str, str]:
+              progress: Progress | None, probe: SpecHostScale | None = None) -> tuple[str, str]:
     """Give each measured spec's texts their fills and accepts walked in batch (stored, or measured now
     where ``measure``); returns how (:attr:`SpecCoverage.fill_order`, :attr:`SpecCoverage.accept_order`).
 
@@ -669,7 +711,7 @@ def _in_batch(specs: list[_RunSpec], requests: RequestSource, backend: str, vers
     out = []
     for entry, seconds, field in ((fills_from, fills_from.fill_s, "batch_fills"),
                                   (accepts_from, accepts_from.accept_s if accepts_from else [], "batch_accepts")):
-        walked = entry is not None and _attach(specs, walks, seconds, entry.host, target, field)
+        walked = entry is not None and _attach(specs, walks, seconds, entry.host, target, field, probe)
         out.append("alone" if not walked else f"{width} at a time" + (f", accepts {gap * 1e3:g} ms after the fills"
                                                                      if gap and field == "batch_accepts" else "")
                    + (", measured now" if entry is new else ""))
@@ -677,10 +719,11 @@ def _in_batch(specs: list[_RunSpec], requests: RequestSource, backend: str, vers
 
 
 def _attach(specs: list[_RunSpec], walks: Sequence[tuple[int, tuple[int, ...]]],
-            timed: Sequence[list[float | None] | None], host: HostInfo, target: HostInfo, field: str) -> int:
-    """Set each walk's timed seconds (by position, scaled from ``host`` to ``target``) on its spec's
-    ``field``, keyed by its tokens; returns how many walks were timed."""
-    scale = 1.0 if host.id == target.id else time_scale(host, target)
+            timed: Sequence[list[float | None] | None], host: HostInfo, target: HostInfo, field: str,
+            probe: SpecHostScale | None = None) -> int:
+    """Set each walk's timed seconds (by position, scaled from ``host`` to ``target`` as fills are) on its
+    spec's ``field``, keyed by its tokens; returns how many walks were timed."""
+    scale = (_host_scales(host, target, probe) or (1.0, 1.0))[1]
     walked = 0
     for (i, tokens), seconds in zip(walks, timed, strict=True):
         if seconds:
@@ -748,13 +791,24 @@ def _price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any],
     shared = _SharedCopies(base) if share and callable(requests) and by_content and not named_profile else None
     specs = _run_specs(_requests(requests), backend, version, vocab, options, shared)
     store = settings.store()
-    target = this_host(store.root) if settings.host == "this" else load_host(store.root, settings.host)
+    probe = settings.host_scale()
+    if probe is not None:
+        if settings.host not in ("this", probe.host.id):
+            raise SpecCostsError(f"costs.spec_host_scale {probe.source} prices for host {probe.host.id}; costs.host "
+                                 f"names {settings.host} (leave it 'this' or set it to {probe.host.id})")
+        try:
+            probe.check(backend, version, vocab, store)
+        except SpecProbeError as err:
+            raise SpecCostsError(f"costs.spec_host_scale: {err}") from None
+        target = probe.host
+    else:
+        target = this_host(store.root) if settings.host == "this" else load_host(store.root, settings.host)
     if by_content:
         _from_profile(base, specs, by_key=named_profile)
     elif named_profile:
         _from_profile(base, specs, by_key=True)
     scales: dict[str, float] = {}
-    _from_store(store, specs, target, scales)
+    _from_store(store, specs, target, scales, probe)
     missing = [s for s in specs if s.source == "kind_fallback"]
     coverage_notes: list[str] = []
     measured_now, wall = 0, 0.0
@@ -768,14 +822,14 @@ def _price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any],
                              f"{listed}; measure them (costs.spec_costs=measure) or predict them "
                              "(costs.spec_costs=predict)")
     if missing and settings.spec_costs == "measure":
-        if settings.host != "this":
+        if target.id != this_host(store.root).id or probe is not None:
             coverage_notes.append(f"{len(missing)} specs measured on this machine for host {target.name}, scaled")
         outcome = measure_specs([SpecToMeasure(s.label, s.original, tuple(s.texts)) for s in missing], backend,
                                 options, vocab, settings, progress)
         measured_now, wall = outcome.measured, outcome.wall_s
         if outcome.impossible is not None:
             coverage_notes.append(f"cannot measure here ({outcome.impossible[:200]}); predicted instead")
-        _from_store(store, specs, target, scales)
+        _from_store(store, specs, target, scales, probe)
         missing = [s for s in specs if s.source == "kind_fallback"]
     if missing:
         why = _predict(missing, backend, vocab, base, errors)
@@ -791,11 +845,11 @@ def _price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any],
     # a profile's compiles were timed in a run (in its order); only the store's were timed alone
     if any(s.source.startswith("measured") for s in specs) and settings.spec_costs != "predict" \
             and shares_compile_work(backend):
-        order = _in_run_order(specs, backend, version, vocab, options, settings, store, target, progress)
+        order = _in_run_order(specs, backend, version, vocab, options, settings, store, target, progress, probe)
     fill_order = accept_order = "alone"
     if settings.measure_batch_rows is not None and settings.spec_costs != "predict":
         fill_order, accept_order = _in_batch(specs, requests, backend, version, vocab, options, settings, store,
-                                             target, progress)
+                                             target, progress, probe)
     failed_in_order = [(s.order, s.label, f"{s.costs.status}: {s.message[:160]}" if s.message else s.costs.status)
                        for s in specs if s.costs is not None and s.costs.status not in (None, "ok")]
     if shared is not None:
@@ -809,7 +863,8 @@ def _price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any],
     coverage = SpecCoverage(
         mode=settings.spec_costs, target_host=target.name, specs=spec_counts, requests=request_counts,
         measured_now=measured_now, measure_wall_s=wall, failed=failed, predictor_error=errors,
-        host_scales=scales, compile_order=order, fill_order=fill_order, accept_order=accept_order,
+        host_scales=scales, host_probe=probe.describe() if probe is not None else None, compile_order=order,
+        fill_order=fill_order, accept_order=accept_order,
         notes=coverage_notes)
     return profile, coverage
 
@@ -828,7 +883,7 @@ def _run_profile(base: GrammarProfile, specs: list[_RunSpec], groups: list[_Copi
     for s in specs:
         if s.costs is None:
             continue
-        costs = _scaled(s.costs, s.scale)
+        costs = _scaled(s.costs, s.compile_scale, s.fill_scale)
         if s.compile_in_order_s is not None:
             costs = costs.model_copy(update={"compile_s": s.compile_in_order_s})
         own_specs[spec_key_hash(s.key_text)] = costs
@@ -837,7 +892,7 @@ def _run_profile(base: GrammarProfile, specs: list[_RunSpec], groups: list[_Copi
             for tokens in s.texts:
                 found = (s.instances or {}).get(instance_key(s.base, tokens))
                 if found is not None:
-                    found = _scaled_instance(found, s.scale)
+                    found = _scaled_instance(found, s.fill_scale)
                 batch = (s.batch_fills or {}).get(tokens)
                 accepts = (s.batch_accepts or {}).get(tokens)
                 if batch is not None or accepts is not None:

@@ -59,11 +59,14 @@ class CompileOutcome:
 @dataclass(frozen=True, slots=True)
 class ParallelFill:
     """vLLM's parallel mask fill: a step with more than ``threshold`` grammar rows (and no drafts)
-    fills them in tasks of ``chunk`` rows on a pool of ``threads`` threads, and waits for all."""
+    fills them in tasks of ``chunk`` rows on a pool of ``threads`` threads, and waits for all.
+    ``accepts``: the same step's accepts of the sampled tokens are spread over the pool too
+    (llguidance's ``LLExecutor.consume_token_par``; ``scheduler.accept_parallel``)."""
 
     threshold: int
     chunk: int
     threads: int
+    accepts: bool = False
 
 
 @dataclass(slots=True)

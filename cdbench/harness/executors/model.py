@@ -157,7 +157,9 @@ class ModelExecutor(GrammarExecutor):
     ended, as often; a thinking row of a profile that measured thinking
     accepts (the ``reasoner`` backend) pays one per thinking token. A step
     of more grammar rows than the parallel fill's threshold fills in the
-    pool's makespan times the cost source's ``parallel_fill_factor``.
+    pool's makespan times the cost source's ``parallel_fill_factor``; with
+    the pool's ``accepts`` (``scheduler.accept_parallel``) its sampled
+    tokens' accepts take the pool's makespan of them too.
     Costs are looked up in the run's per-request tables
     (:mod:`~cdbench.harness.costs.cost_tables`) at each row's answer position.
     """
@@ -279,7 +281,12 @@ class ModelExecutor(GrammarExecutor):
                     if math.isnan(undone):  # (a kind without rollback measurements prices none)
                         raise ProfileError("the grammar costs have no rollback measurements, and drafts are rejected")
                     process_s += undone
-            process_s += float(_sum(accept_one))  # the sampled (bonus / correction) token
+            pool = self.parallel_fill
+            pooled = pool is not None and ng > pool.threshold and not n_drafts
+            if pooled and pool.accepts:  # the sampled tokens' accepts on the fill pool too (consume_token_par)
+                process_s += parallel_makespan(accept_one, pool.chunk, pool.threads)
+            else:
+                process_s += float(_sum(accept_one))  # the sampled (bonus / correction) token
             if self.jump_forward:
                 forced = np.minimum(t.forced[at], g_left - produced[g])
                 jumped = np.zeros(n, np.int64)
@@ -303,9 +310,8 @@ class ModelExecutor(GrammarExecutor):
                 if _any(hit):
                     rejected = np.zeros(n, bool)
                     rejected[hit if everyone else g[hit]] = True
-            pool = self.parallel_fill
             fill_wall_s = None
-            if pool is not None and ng > pool.threshold and not n_drafts:
+            if pooled:
                 fill_wall_s = parallel_makespan(row_fill, pool.chunk, pool.threads) * self.costs.parallel_fill_factor
             return StepWork(row_fill, per_row, produced, accepted, rolled_back, jumped, rejected, process_s, ended,
                             fill_wall_s=fill_wall_s)

@@ -13,12 +13,20 @@ by a sigmoid gate of the token.
 
 Expert weights are stacked ``[experts, hidden, 2 * width]`` (gate and up) and
 ``[experts, width, hidden]`` (down); ``grouped_mm`` wants bf16.
+
+:func:`fused_experts` is the same FFN as vLLM's ``fused_moe`` runs it
+(:mod:`cdbench.kernels.fused_moe`): the pairs aligned to blocks by expert, each
+GEMM one Triton launch that gathers its input rows by index, the routing
+weights applied in the second, the ``k`` outputs of a token summed over a
+reshape: no sorted copy of the activations and no scatter.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from cdbench.kernels.fused_moe import align_pairs, fused_moe_gemm
 
 
 def route(x: torch.Tensor, router: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,6 +52,17 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, g
     y = F.grouped_mm(F.silu(gate) * up, down, offs=ends)
     y = y * weights.reshape(-1)[order].to(y.dtype)[:, None]
     return torch.zeros_like(x).index_add_(0, token_of, y)
+
+
+def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
+                  down: torch.Tensor) -> torch.Tensor:
+    """:func:`grouped_experts` through the fused kernels (the module doc)."""
+    tokens, k = ids.shape
+    pairs = tokens * k
+    order, experts = align_pairs(ids, gate_up.shape[0])
+    gate, up = fused_moe_gemm(x, gate_up, order, experts, pairs, k).chunk(2, dim=-1)
+    y = fused_moe_gemm(F.silu(gate) * up, down, order, experts, pairs, 1, weights.reshape(-1))
+    return y.view(tokens, k, -1).sum(1)
 
 
 def shared_expert(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:

@@ -20,20 +20,30 @@ full-attention layers may gate their output (``attention_output_gate``: a
 sigmoid of a second query-sized projection). Rotary embeddings span the whole
 head (Qwen3.5 rotates a quarter of it: the same kernels, the time unchanged).
 
-The KV cache holds one slot per running request, ``[slots, kv_heads, max_len,
-head_dim]`` per layer, every layer its own memory, so a step reads exactly the
-bytes an engine's cache would. Attention is torch's
-``scaled_dot_product_attention`` (flash attention on a Hopper GPU):
+The KV cache is paged (:mod:`.paged`): per full-attention layer, blocks of
+``block_size`` tokens ``[blocks, kv_heads, block_size, head_dim]``, every layer
+its own memory, so a step reads exactly the bytes an engine's cache would; a
+request (decode row or prefill chunk) names its row of the block table. Per
+layer, one fused kernel (:func:`~cdbench.kernels.rotary_kv.rotary_kv_write`)
+applies Qwen3's per-head query/key RMSNorm and the rotary embedding to the
+queries and keys and writes the keys and values into their pages, as the
+engines' fused kernels do. Attention:
 
-- decode rows: one query each; the ``G`` query heads that share a KV head are
-  laid out as ``G`` query positions of that head, so the kernel reads each
-  cached KV head once for the whole group (what decode kernels do);
-- prefill chunks: causal attention aligned to the chunk's end
-  (``causal_lower_right``) over the cached prefix and the chunk itself.
+- decode rows: the paged decode-attention kernel
+  (:func:`~cdbench.kernels.decode_attention.decode_attention`), each row over
+  exactly its own keys through the block table (``per_row``, what ``live`` mode
+  runs); or, for comparison, torch's ``scaled_dot_product_attention`` over the
+  rows' pages gathered up to the longest row and masked per row (the ``G``
+  query heads that share a KV head laid out as ``G`` query positions of it);
+- prefill chunks: torch's ``scaled_dot_product_attention`` (flash attention on a
+  Hopper GPU), causal, over the chunk's own keys, or aligned to the chunk's end
+  (``causal_lower_right``) over its cached prefix gathered from its pages and
+  the chunk.
 
-Rows of one decode batch whose contexts differ are masked to their own length.
 A step of a fixed shape can be captured as a CUDA graph (:meth:`LiveForward.capture`)
-and replayed, as engines run their decode batches.
+and replayed, as engines run their decode batches: the decode rows' tokens,
+positions, requests and lengths and the block table are device tensors a
+replay reads.
 
 With a :class:`TensorParallel` group the forward of a dense model is one rank's shard, as
 tensor-parallel engines split it: the query and KV heads, the MLP's width and
@@ -49,7 +59,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -57,8 +67,15 @@ from torch.nn.attention.bias import causal_lower_right
 
 from cdbench.harness.costs.hardware import ModelSpec, intermediate_size
 from cdbench.harness.live import deltanet
-from cdbench.harness.live.experts import grouped_experts, route, shared_expert
+from cdbench.harness.live.experts import (
+    fused_experts,
+    grouped_experts,
+    route,
+    shared_expert,
+)
+from cdbench.harness.live.paged import KVCache
 from cdbench.kernels.decode_attention import decode_attention, lpt_order
+from cdbench.kernels.rotary_kv import rotary_kv_write
 
 ROPE_THETA = 500_000.0  # rotary base; the value only changes the numbers, not the time
 NORM_EPS = 1e-6
@@ -135,13 +152,10 @@ def spread_tokens(n: int, vocab_size: int) -> list[int]:
     return [(i * SPREAD + 1) % vocab_size for i in range(n)]
 
 
-class KVCapacityError(RuntimeError):
-    """A step needs more KV-cache slots, tokens or context than the live cache holds."""
-
-
 @dataclass(frozen=True)
 class PrefillChunk:
-    """``new`` prompt tokens of the request in cache ``slot``, after ``cached`` tokens already there."""
+    """``new`` prompt tokens of the request in row ``slot`` of the cache's block table, after ``cached`` tokens
+    already there."""
 
     slot: int
     cached: int
@@ -149,88 +163,14 @@ class PrefillChunk:
 
 
 @dataclass
-class KVCache:
-    """Per full-attention layer key and value slots, ``[slots, kv_heads, max_len, head_dim]`` each; per
-    linear-attention layer each slot's recurrent state ``[slots, value_heads, key_dim, value_dim]`` and
-    convolution inputs ``[slots, channels, kernel - 1]`` (empty lists unless hybrid)."""
-
-    k: list[torch.Tensor]
-    v: list[torch.Tensor]
-    state: list[torch.Tensor] = field(default_factory=list)
-    conv: list[torch.Tensor] = field(default_factory=list)
-
-    @classmethod
-    def allocate(cls, spec: ModelSpec, slots: int, max_len: int, device: torch.device | str,
-                 dtype: torch.dtype = torch.bfloat16) -> KVCache:
-        return KVPool(spec, slots * max_len, device, dtype).cache(slots, max_len)
-
-    @property
-    def slots(self) -> int:
-        return int(self.k[0].shape[0])
-
-    @property
-    def max_len(self) -> int:
-        return int(self.k[0].shape[2])
-
-    @staticmethod
-    def bytes_per_token(spec: ModelSpec, dtype: torch.dtype = torch.bfloat16) -> int:
-        """Cache bytes one token takes over the full-attention layers."""
-        return 2 * spec.n_full_attention_layers * spec.n_kv_heads * spec.head_dim * torch.finfo(dtype).bits // 8
-
-    @staticmethod
-    def bytes_per_slot(spec: ModelSpec, dtype: torch.dtype = torch.bfloat16) -> int:
-        """Fixed bytes one slot takes in the linear-attention layers (state and convolution inputs; 0 unless hybrid)."""
-        size = torch.finfo(dtype).bits // 8
-        return int(spec.model_copy(update={"bytes_per_state": size, "bytes_per_kv": size}).state_bytes_per_request())
-
-
-class KVPool:
-    """Per-layer cache memory for ``tokens`` tokens, viewed as caches of any slots × length that fit.
-
-    One allocation serves every shape of a calibration grid, so the allocator
-    never has to find room for a new cache of another shape.
-    """
-
-    def __init__(self, spec: ModelSpec, tokens: int, device: torch.device | str,
-                 dtype: torch.dtype = torch.bfloat16) -> None:
-        self.spec, self.tokens = spec, tokens
-        self.device, self.dtype = device, dtype
-        size = tokens * spec.n_kv_heads * spec.head_dim
-        # Zeroed, not empty: a decode batch reads every row up to the longest
-        # context and masks the rest, and a masked position still multiplies its
-        # value by a zero weight, so leftover NaN bits there would poison the row.
-        full = spec.n_full_attention_layers
-        self._k = [torch.zeros(size, device=device, dtype=dtype) for _ in range(full)]
-        self._v = [torch.zeros(size, device=device, dtype=dtype) for _ in range(full)]
-        self._state: list[torch.Tensor] = []  # linear layers' per-slot state, grown to the most slots asked
-        self._conv: list[torch.Tensor] = []
-
-    def cache(self, slots: int, max_len: int) -> KVCache:
-        if slots * max_len > self.tokens:
-            raise ValueError(f"a cache of {slots} slots x {max_len} tokens does not fit a pool of {self.tokens}")
-        shape = (slots, self.spec.n_kv_heads, max_len, self.spec.head_dim)
-        n = slots * max_len * self.spec.n_kv_heads * self.spec.head_dim
-        m = self.spec
-        if m.n_linear_layers and (not self._state or self._state[0].shape[0] < slots):
-            channels = 2 * m.linear_num_key_heads * m.linear_key_head_dim + m.linear_num_value_heads * m.linear_value_head_dim
-            state = (slots, m.linear_num_value_heads, m.linear_key_head_dim, m.linear_value_head_dim)
-            self._state = [torch.zeros(state, device=self.device, dtype=self.dtype) for _ in range(m.n_linear_layers)]
-            self._conv = [torch.zeros((slots, channels, m.linear_conv_kernel_dim - 1), device=self.device,
-                                      dtype=self.dtype) for _ in range(m.n_linear_layers)]
-        return KVCache([t[:n].view(shape) for t in self._k], [t[:n].view(shape) for t in self._v],
-                       [t[:slots] for t in self._state], [t[:slots] for t in self._conv])
-
-
-@dataclass
 class DecodeInputs:
     """The static tensors of a decode batch: a captured graph reads them, so refill them in place."""
 
     tokens: torch.Tensor     # [rows] int64: the token each row feeds
-    positions: torch.Tensor  # [rows] int64: where it goes in its slot (= the row's cached length)
-    slots: torch.Tensor      # [rows] int64: the row's cache slot
+    positions: torch.Tensor  # [rows] int64: its position in its request (= the row's cached length)
+    slots: torch.Tensor      # [rows] int64: the row's request (its row of the block table and linear state)
     attend: int              # keys each row's attention covers (the longest row's positions + 1)
     mask: torch.Tensor | None  # [rows, 1, 1, attend] bool, None when every row attends to ``attend`` keys
-    first_slot: int | None   # the rows hold slots first_slot, first_slot + 1, ...: attention reads a view
     lengths: torch.Tensor | None = None  # [rows] keys of each row (per-row attention); None: the dense path
 
 
@@ -243,13 +183,20 @@ class LiveForward:
     ``balance_decode``: per-row decode attention launches its rows longest first (sorted once a
     step, on the device; :mod:`cdbench.kernels.decode_attention`); False keeps the row order
     (benchmarks compare the two). Read when a step runs or is captured.
+
+    ``moe_kernels``: a MoE's routed experts as torch's grouped GEMMs (``"grouped_mm"``) or vLLM's
+    fused layout (``"fused"``, :func:`~.experts.fused_experts`; ``benchmarks/live_step_kernels.py``
+    compares the two).
     """
 
     def __init__(self, spec: ModelSpec, device: torch.device | str, dtype: torch.dtype = torch.bfloat16,
                  seed: int = 0, tp: TensorParallel | None = None, linear_kernels: str = "auto",
-                 balance_decode: bool = True) -> None:
+                 balance_decode: bool = True, moe_kernels: str = "grouped_mm") -> None:
         self.balance_decode = balance_decode
         check_supported(spec)
+        if moe_kernels not in ("grouped_mm", "fused"):
+            raise ValueError(f"moe_kernels must be grouped_mm or fused, got {moe_kernels!r}")
+        self._experts = fused_experts if moe_kernels == "fused" else grouped_experts
         if linear_kernels not in ("auto", "torch", "fla"):
             raise ValueError(f"linear_kernels must be auto, torch or fla, got {linear_kernels!r}")
         self.full_spec, self.tp = spec, tp if tp is not None and tp.size > 1 else None
@@ -326,10 +273,10 @@ class LiveForward:
                       tokens: Sequence[int] | None = None, per_row: bool = False) -> DecodeInputs:
         """Static decode tensors for rows at ``positions`` (their cached lengths) in ``slots``.
 
-        ``per_row``: each row attends to exactly its own keys through the decode-attention kernel,
-        which reads the lengths from a device tensor (so a captured graph serves any lengths, and
-        rows may share a slot: a row's drafts are rows of its slot); otherwise dense attention over
-        the longest row, masked per row, as in the calibration.
+        ``per_row``: each row attends to exactly its own keys through the paged decode-attention
+        kernel, which reads the lengths from a device tensor (so a captured graph serves any lengths,
+        and rows may share a request: a row's drafts are rows of its request); otherwise dense
+        attention over the rows' pages gathered up to the longest row, masked per row.
         """
         rows = len(positions)
         slots = range(rows) if slots is None else slots
@@ -338,15 +285,13 @@ class LiveForward:
         if per_row:
             return DecodeInputs(torch.tensor(list(tokens), device=self.device, dtype=torch.int64), pos,
                                 torch.tensor(list(slots), device=self.device, dtype=torch.int64),
-                                0, None, None, pos + 1)
+                                0, None, pos + 1)
         attend = int(max(positions)) + 1 if rows else 0
         mask = None
         if rows and min(positions) != max(positions):
             mask = (torch.arange(attend, device=self.device)[None, :] <= pos[:, None])[:, None, None, :]
-        slots = list(slots)
-        first = slots[0] if rows and slots == list(range(slots[0], slots[0] + rows)) else None
         return DecodeInputs(torch.tensor(list(tokens), device=self.device, dtype=torch.int64), pos,
-                            torch.tensor(slots, device=self.device, dtype=torch.int64), attend, mask, first)
+                            torch.tensor(list(slots), device=self.device, dtype=torch.int64), attend, mask)
 
     # ---- the step -----------------------------------------------------------------------------------------
 
@@ -364,17 +309,21 @@ class LiveForward:
         if prefill_tokens is None:
             # spread_tokens computed on the device: a host list copied in would break a CUDA graph's capture
             prefill_tokens = (torch.arange(n_prefill, device=self.device) * SPREAD + 1) % self.spec.vocab_size
-        parts_tok, parts_pos = [], []
+        parts_tok, parts_pos, parts_slot = [], [], []
         if rows:
             parts_tok.append(decode.tokens)
             parts_pos.append(decode.positions)
+            parts_slot.append(decode.slots)
         if n_prefill:
             parts_tok.append(prefill_tokens)
-            parts_pos.append(torch.cat([torch.arange(c.cached, c.cached + c.new, device=self.device)
-                                        for c in prefill]))
+            parts_pos += [torch.arange(c.cached, c.cached + c.new, device=self.device) for c in prefill]
+            parts_slot += [torch.full((c.new,), c.slot, device=self.device, dtype=torch.int64) for c in prefill]
         tokens = torch.cat(parts_tok) if len(parts_tok) > 1 else parts_tok[0]
         positions = torch.cat(parts_pos) if len(parts_pos) > 1 else parts_pos[0]
         cos, sin = self._rope(positions)
+        # every token's page and offset, once for all layers (the fused rotary kernel writes k and v there)
+        where = cache.where(torch.cat(parts_slot) if len(parts_slot) > 1 else parts_slot[0], positions) \
+            if cache.k else None
 
         # the per-row decode kernel's launch order, sorted once for every layer
         order = lpt_order(decode.lengths) if rows and decode.lengths is not None and self.balance_decode else None
@@ -383,8 +332,7 @@ class LiveForward:
             normed = F.rms_norm(x, (x.shape[-1],), layer.attn_norm, NORM_EPS)
             i = layer.cache_index
             if layer.linear is None:
-                x = x + self._attention(layer, normed, cos, sin, cache.k[i], cache.v[i], decode, rows, prefill,
-                                        order)
+                x = x + self._attention(layer, normed, cos, sin, cache, i, where, decode, rows, prefill, order)
             else:
                 x = x + self._linear_attention(layer.linear, normed, cache.state[i], cache.conv[i], decode, rows,
                                                prefill)
@@ -404,7 +352,7 @@ class LiveForward:
             return self._reduce((F.silu(gate) * up) @ layer.down)
         moe = layer.moe
         weights, ids = route(x, moe.router, self.spec.experts_per_token)
-        out = grouped_experts(x, weights, ids, moe.gate_up, moe.down)
+        out = self._experts(x, weights, ids, moe.gate_up, moe.down)
         if moe.shared_gate_up is not None:
             out = out + shared_expert(x, moe.shared_gate_up, moe.shared_down, moe.shared_gate)
         return out
@@ -503,63 +451,46 @@ class LiveForward:
         angles = positions.to(torch.float32)[:, None] * self._inv_freq[None, :]
         return torch.cos(angles).to(self.dtype), torch.sin(angles).to(self.dtype)
 
-    def _attention(self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   cache_k: torch.Tensor, cache_v: torch.Tensor, decode: DecodeInputs | None, rows: int,
+    def _attention(self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
+                   i: int, where: torch.Tensor, decode: DecodeInputs | None, rows: int,
                    prefill: Sequence[PrefillChunk], order: torch.Tensor | None) -> torch.Tensor:
         spec, d = self.spec, self.spec.head_dim
         q, gate, k, v = (x @ layer.qkv).split([self.q_width, self.gate_width, self.kv_width, self.kv_width], dim=-1)
         q = q.view(-1, spec.n_heads, d)
         k = k.view(-1, spec.n_kv_heads, d)
         v = v.view(-1, spec.n_kv_heads, d)
-        if layer.q_norm is not None:
-            q = F.rms_norm(q, (d,), layer.q_norm, NORM_EPS)
-            k = F.rms_norm(k, (d,), layer.k_norm, NORM_EPS)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        # one kernel: q/k norm (Qwen3), the rotary of q and k in place, k and v into their pages
+        rotary_kv_write(q, k, v, cos, sin, cache.k[i], cache.v[i], where, layer.q_norm, layer.k_norm, NORM_EPS)
         out = []
         if rows:
-            # Write each row's new key/value at its position, then attend over the slot.
-            cache_k[decode.slots, :, decode.positions] = k[:rows]
-            cache_v[decode.slots, :, decode.positions] = v[:rows]
             if decode.lengths is not None:
-                o = decode_attention(q[:rows], cache_k, cache_v, decode.slots, decode.lengths,
-                                     balance=self.balance_decode, order=order)
+                o = decode_attention(q[:rows], cache.k[i], cache.v[i], decode.slots, decode.lengths,
+                                     balance=self.balance_decode, order=order, block_table=cache.block_table)
             else:
                 # [rows, kv_heads, group, d]: the query heads sharing a KV head are its query positions.
                 q_rows = q[:rows].view(rows, spec.n_kv_heads, self.group, d)
-                if decode.first_slot is not None:
-                    window = slice(decode.first_slot, decode.first_slot + rows)
-                    keys, values = cache_k[window, :, :decode.attend], cache_v[window, :, :decode.attend]
-                else:  # scattered slots: gathered copies (a paged kernel would read them in place)
-                    keys = cache_k.index_select(0, decode.slots)[:, :, :decode.attend]
-                    values = cache_v.index_select(0, decode.slots)[:, :, :decode.attend]
+                # the rows' pages gathered up to the longest row: [rows, kv_heads, attend, d]
+                blocks = cache.block_table[decode.slots, :-(-decode.attend // cache.block_size)]
+                keys, values = (c[blocks].transpose(1, 2).flatten(2, 3)[:, :, :decode.attend]
+                                for c in (cache.k[i], cache.v[i]))
                 o = F.scaled_dot_product_attention(q_rows, keys, values, attn_mask=decode.mask)
             out.append(o.reshape(rows, self.q_width))
-        return self._prefill_attention(layer, q, k, v, cache_k, cache_v, rows, prefill, out,
-                                       gate if self.gate_width else None)
-
-    def _prefill_attention(self, layer: _Layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                           cache_k: torch.Tensor, cache_v: torch.Tensor, rows: int,
-                           prefill: Sequence[PrefillChunk], out: list[torch.Tensor],
-                           gate: torch.Tensor | None = None) -> torch.Tensor:
-        """Each prefill chunk's causal attention after the decode rows' (``out``), the output gate when the
-        model has one, then the output projection."""
         start = rows
         for chunk in prefill:
             stop = start + chunk.new
-            end = chunk.cached + chunk.new
-            cache_k[chunk.slot, :, chunk.cached:end] = k[start:stop].transpose(0, 1)
-            cache_v[chunk.slot, :, chunk.cached:end] = v[start:stop].transpose(0, 1)
             q_chunk = q[start:stop].transpose(0, 1)[None]  # [1, heads, new, d]
-            keys, values = cache_k[chunk.slot, :, :end][None], cache_v[chunk.slot, :, :end][None]
-            if chunk.cached == 0:
+            if chunk.cached == 0:  # the chunk's own keys, as written to its pages
+                keys, values = k[start:stop].transpose(0, 1)[None], v[start:stop].transpose(0, 1)[None]
                 o = F.scaled_dot_product_attention(q_chunk, keys, values, is_causal=True, enable_gqa=True)
             else:
-                o = F.scaled_dot_product_attention(q_chunk, keys, values, enable_gqa=True,
+                end = chunk.cached + chunk.new
+                keys, values = cache.pages(i, chunk.slot, end)
+                o = F.scaled_dot_product_attention(q_chunk, keys[None], values[None], enable_gqa=True,
                                                    attn_mask=causal_lower_right(chunk.new, end))
             out.append(o[0].transpose(0, 1).reshape(chunk.new, self.q_width))
             start = stop
         attn = torch.cat(out) if len(out) > 1 else out[0]
-        if gate is not None:
+        if self.gate_width:
             attn = attn * torch.sigmoid(gate)
         return self._reduce(attn @ layer.o)
 
@@ -582,7 +513,7 @@ class LiveForward:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 logits = self.step(cache, decode, prefill)
-        return StepGraph(graph, decode, logits)
+        return StepGraph(graph, decode, logits, cache)
 
 
 @contextmanager
@@ -608,11 +539,13 @@ def kept_linear_state(cache: KVCache, decode: DecodeInputs | None = None,
 
 @dataclass
 class StepGraph:
-    """A captured step: refill ``inputs`` in place, :meth:`replay`, read ``logits``."""
+    """A captured step: refill ``inputs`` in place, :meth:`replay`, read ``logits``. It keeps the cache it was
+    captured on (a replay reads that cache's block table, which must outlive it)."""
 
     graph: torch.cuda.CUDAGraph
     inputs: DecodeInputs | None
     logits: torch.Tensor
+    cache: KVCache
 
     def replay(self) -> torch.Tensor:
         self.graph.replay()
@@ -659,9 +592,3 @@ class _Layer:
     linear: _Linear | None = None
     moe: _Moe | None = None
 
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding (rotate-half form) of ``x`` ``[tokens, heads, d]``."""
-    first, second = x.chunk(2, dim=-1)
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)

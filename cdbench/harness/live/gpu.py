@@ -5,8 +5,8 @@ questions by executing the work on this machine's GPU and timing it with
 CUDA events:
 
 - the forward of the model's live architecture (:mod:`.forward`) over the
-  step's shape: each prefill chunk with its cached prefix in its own slot, the
-  decode rows in slots of their mean cached length, rounded up to a multiple
+  step's shape: each prefill chunk with its cached prefix as one request of
+  the paged cache, the decode rows as requests of their mean cached length, rounded up to a multiple
   of :data:`DECODE_BUCKET` so decode batches replay a CUDA graph captured once
   per (rows, length) as the engines do (the scheduler passes the rows' summed
   length, not each row's). A step with prefill chunks is captured for itself
@@ -34,13 +34,11 @@ import torch
 
 from cdbench.harness.costs.hardware import ModelSpec
 from cdbench.harness.live.forward import (
-    KVCache,
-    KVCapacityError,
-    KVPool,
     LiveForward,
     PrefillChunk,
     StepGraph,
 )
+from cdbench.harness.live.paged import KVCache, KVCapacityError, KVPool
 from cdbench.kernels import apply_bitmask, masked_argmax
 
 DECODE_BUCKET = 256
@@ -56,7 +54,7 @@ class LiveGpuCosts:
     spec : the model whose live forward runs.
     vocab_size : the run's vocabulary (mask and sampling width).
     device : a torch device; ``cuda`` to measure a GPU.
-    kv_tokens : KV-cache capacity in tokens (every layer its own memory).
+    kv_tokens : KV-cache capacity in tokens (paged, every layer its own memory).
     max_rows : the most mask or sample rows of a step.
     logits_dtype, dtype : of the masked logits; of the weights and KV cache.
     """
@@ -93,10 +91,10 @@ class LiveGpuCosts:
         length = _bucket(decode_kv_tokens / rows) if rows else 0
         slots = rows + len(chunks)
         max_len = max([length + 1 if rows else 0] + [c.cached + c.new for c in chunks])
-        if slots * max_len > self.kv_tokens:
+        if self.pool.blocks_needed(slots, max_len) > self.pool.blocks:
             raise KVCapacityError(
                 f"a step of {rows} decode rows of {length} tokens and {len(chunks)} prefill chunks needs "
-                f"{slots} x {max_len} KV tokens; the live GPU holds {self.kv_tokens}")
+                f"{slots} x {max_len} KV tokens; the live GPU holds {self.pool.tokens}")
         cache = self.pool.cache(slots, max_len)
         chunks = [PrefillChunk(rows + i, c.cached, c.new) for i, c in enumerate(chunks)]
         self.steps += 1

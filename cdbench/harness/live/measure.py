@@ -31,11 +31,11 @@ import torch
 from cdbench.harness.costs.calibration import ForwardMeasurement
 from cdbench.harness.costs.hardware import ModelSpec
 from cdbench.harness.live.forward import (
-    KVPool,
     LiveForward,
     PrefillChunk,
     TensorParallel,
 )
+from cdbench.harness.live.paged import BLOCK_SIZE, KVPool, blocks_for
 from cdbench.harness.live.step import spin
 
 DECODE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -105,22 +105,25 @@ GRIDS: dict[str, Callable[[], list[StepShape]]] = {
     "default": default_grid, "chunks": chunk_grid, "few_rows": few_rows_grid, "tiny": tiny_grid}
 
 
-def pool_tokens(shapes: Iterable[StepShape], cache_len: int | None = None) -> int:
-    """Cache tokens the largest shape needs (its slots × its longest context, or × ``cache_len``)."""
-    return max(s.slots * (cache_len or s.max_len) for s in shapes)
+def pool_tokens(shapes: Iterable[StepShape], cache_len: int | None = None, block_size: int = BLOCK_SIZE) -> int:
+    """Cache tokens the largest shape needs: its requests × the blocks of its longest context (or of
+    ``cache_len``), in whole blocks."""
+    return max(s.slots * blocks_for(cache_len or s.max_len, block_size) * block_size for s in shapes)
 
 
 def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cuda", *,
                  dtype: torch.dtype = torch.bfloat16, min_reps: int = 10, min_time_s: float = 0.25,
                  per_row: bool = False, cache_len: int | None = None, idle_s: float = 0.0,
-                 tp: TensorParallel | None = None, linear_kernels: str = "auto",
+                 tp: TensorParallel | None = None, linear_kernels: str = "auto", block_size: int = BLOCK_SIZE,
                  progress: Callable[[ForwardMeasurement], None] | None = None) -> list[ForwardMeasurement]:
     """Build ``spec``'s live forward on ``device`` and time every shape (see the module doc).
 
     ``per_row``: decode rows attend through the per-row decode-attention kernel (as ``live``
-    mode runs them) instead of dense attention. ``cache_len``: each slot's length (default the
-    shape's longest context); ``live`` mode's slots are as long as the workload's longest context,
-    and the per-row kernel's launch shape depends on it. ``idle_s``: time each repetition alone,
+    mode runs them) instead of dense attention. ``cache_len``: the context each request's row of
+    the block table can hold (default the shape's longest context); ``live`` mode's rows are as long
+    as the workload's longest context, and the per-row kernel's launch shape depends on it (each
+    request holds the blocks of that length, ``block_size`` tokens a block, interleaved with the
+    other requests' blocks: :meth:`~.paged.KVPool.cache`). ``idle_s``: time each repetition alone,
     launched after that long with the GPU idle (default: back to back, the GPU's time alone).
     ``tp``: this process is one rank of a tensor-parallel group (:func:`measure_grid_tp`): it runs its
     shard, and every rank times exactly ``min_reps`` repetitions (``min_time_s`` ignored), since a rank
@@ -134,7 +137,7 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
     ranks = forward.tp.size if forward.tp is not None else 1
     if ranks > 1:
         min_time_s, idle_s = 0.0, 0.0
-    pool = KVPool(forward.spec, pool_tokens(shapes, cache_len), device, dtype)
+    pool = KVPool(forward.spec, pool_tokens(shapes, cache_len, block_size), device, dtype, block_size)
     cuda = forward.device.type == "cuda"
     gpu_device = torch.cuda.get_device_name(forward.device) if cuda else "cpu"
     rows = []
@@ -149,7 +152,7 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
         else:
             def run(cache=cache, decode=decode, prefill=prefill):
                 return forward.step(cache, decode, prefill)
-        times = _time(run, cuda, min_reps, min_time_s, idle_s)
+        times = time_repetitions(run, cuda, min_reps, min_time_s, idle_s)
         del run
         if graph:
             del captured
@@ -165,7 +168,8 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
     return rows
 
 
-def _time(run: Callable[[], object], cuda: bool, min_reps: int, min_time_s: float, idle_s: float = 0.0) -> list[float]:
+def time_repetitions(run: Callable[[], object], cuda: bool, min_reps: int, min_time_s: float,
+                     idle_s: float = 0.0) -> list[float]:
     """Seconds of each repetition of ``run`` after two warm-ups: at least ``min_reps`` and ``min_time_s``.
 
     ``idle_s`` > 0: each repetition starts on an idle GPU, after the host has spun that long, and is timed

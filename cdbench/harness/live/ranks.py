@@ -90,6 +90,8 @@ class LiveSpec:
     max_rows: int = 1024
     logits_dtype: str = "bfloat16"
     graph_sizes: tuple[int, ...] = ()
+    block_size: int = 16  # the paged KV cache's (the policy's kv_block_size)
+    max_requests: int | None = None  # rows of its block table (default max_rows)
 
 
 @dataclass(frozen=True)
@@ -240,7 +242,8 @@ def _simulate_rank(rank: int, job: RankJob, executor: GrammarExecutor, peer: Pee
         kwargs = {"peer": peer} if peer is not None else {}
         live = (AgreeingLiveStep if peer is not None else LiveStep)(
             spec.model, spec.vocab_size, spec.max_len, spec.device, spec.kv_tokens, max_rows=spec.max_rows,
-            logits_dtype=getattr(torch, spec.logits_dtype), graph_sizes=spec.graph_sizes, tp=tp, **kwargs)
+            logits_dtype=getattr(torch, spec.logits_dtype), graph_sizes=spec.graph_sizes, tp=tp,
+            block_size=spec.block_size, max_requests=spec.max_requests, **kwargs)
         if tp is not None:
             all_reduce = _time_all_reduce(spec.model.hidden_size, live.device, tp)
     timeline = Timeline(max_steps=job.trace_steps) if job.trace_steps and rank == 0 else None

@@ -31,12 +31,15 @@ the same time as the other modes, and the scheduler's own Python between
 steps (cdbench's bookkeeping, not the engine's) is not counted.
 
 The forward is :class:`~cdbench.harness.live.forward.LiveForward`: random bf16
-weights of the configured model's architecture and a KV cache with one slot
-per row of the step, each row attending to exactly its own cached length
-(the decode attention reads a length per row from a device tensor, so a
-captured graph serves every length; the values in the cache do not change
-the time, so a row's slot is its place in the step). Drafts of speculative
-decoding are verified as extra query tokens of their row.
+weights of the configured model's architecture and a paged KV cache
+(:mod:`.paged`) sized as an engine sizes it, blocks of the policy's
+``kv_block_size``: a request takes a row of the block table when it first
+runs and a block whenever its context grows past its last one, and gives them
+back once it has left the running batch (finished, aborted, preempted or
+retracted); each decode row attends to exactly its own cached length (the
+decode attention reads a length and the block table from device tensors, so a
+captured graph serves every length). Drafts of speculative decoding are
+verified as extra query tokens of their row.
 
 On a CPU device (tests, at tiny shapes) the same calls run synchronously and
 the wall clock times each part.
@@ -55,13 +58,17 @@ import torch
 from cdbench.harness.costs.hardware import ModelSpec
 from cdbench.harness.live.forward import (
     DecodeInputs,
-    KVCache,
-    KVCapacityError,
-    KVPool,
     LiveForward,
     PrefillChunk,
     StepGraph,
     TensorParallel,
+)
+from cdbench.harness.live.paged import (
+    BLOCK_SIZE,
+    KVCache,
+    KVCapacityError,
+    KVPool,
+    PagedRequests,
 )
 from cdbench.harness.policies import graph_size
 
@@ -126,7 +133,9 @@ class LiveInfo:
     device: str
     torch_version: str
     model: str
-    kv_slots: int
+    kv_tokens: int       # the paged cache's capacity (whole blocks)
+    kv_block_size: int
+    kv_requests: int     # rows of its block table: the most requests it holds at once
     max_len: int
     steps: int
     graphs_captured: list[int]
@@ -143,8 +152,12 @@ class LiveStep:
     max_len : the longest context a row can reach (prompt, output, drafts).
     device : ``cuda`` on a GPU host; ``cpu`` runs the same steps synchronously (tests).
     kv_tokens : KV-cache capacity in tokens (default: :data:`KV_MEMORY_SHARE` of the GPU
-        memory left after the weights; required on a CPU device).
+        memory left after the weights and the linear-attention state of ``max_requests``;
+        required on a CPU device).
     max_rows : the most rows (and mask rows) one step samples.
+    block_size : tokens a block of the paged cache (the policy's ``kv_block_size``).
+    max_requests : rows of the block table, the most requests running at once (at most and by default
+        ``max_rows``).
     tp : this rank's tensor-parallel group: the forward is its shard (:mod:`.forward`).
     balance_decode : decode attention launches its rows longest first (:class:`LiveForward`);
         settable between steps (:attr:`balance_decode`).
@@ -154,23 +167,25 @@ class LiveStep:
                  kv_tokens: int | None = None, max_rows: int = 1024, dtype: torch.dtype = torch.bfloat16,
                  logits_dtype: torch.dtype = torch.bfloat16, seed: int = 0,
                  graph_sizes: Sequence[int] = (), tp: TensorParallel | None = None,
-                 balance_decode: bool = True) -> None:
+                 balance_decode: bool = True, block_size: int = BLOCK_SIZE, max_requests: int | None = None) -> None:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.forward = LiveForward(spec, self.device, dtype=dtype, seed=seed, tp=tp, balance_decode=balance_decode)
         spec = self.forward.spec  # a tensor-parallel rank's cache holds its shard's KV heads
+        requests = max_rows if max_requests is None else min(max_requests, max_rows)
         if kv_tokens is None:
             if not self.cuda:
                 raise ValueError("kv_tokens is required on a CPU device")
             free, _ = torch.cuda.mem_get_info(self.device)
-            # whole slots: max_len tokens of KV and, in a hybrid model, the linear layers' fixed state
-            per_slot = max_len * KVCache.bytes_per_token(spec, dtype) + KVCache.bytes_per_slot(spec, dtype)
-            kv_tokens = int(free * KV_MEMORY_SHARE) // per_slot * max_len
+            # the pages take what the linear layers' fixed state of every request (hybrid models) leaves
+            left = int(free * KV_MEMORY_SHARE) - requests * KVCache.bytes_per_slot(spec, dtype)
+            kv_tokens = max(0, left) // KVCache.bytes_per_token(spec, dtype)
         self.max_len = max_len
-        self.slots = kv_tokens // max_len
-        if self.slots < 1:
+        if kv_tokens < max_len:
             raise KVCapacityError(f"a KV cache of {kv_tokens} tokens holds no context of {max_len} tokens")
-        self.cache = KVPool(spec, self.slots * max_len, self.device, dtype).cache(self.slots, max_len)
+        self.paged = PagedRequests(KVPool(spec, kv_tokens // block_size * block_size, self.device, dtype,
+                                          block_size), requests, max_len)
+        self.cache = self.paged.cache
         self.max_rows = max_rows
         words = (vocab_size + 31) // 32
         gen = torch.Generator(device=self.device).manual_seed(seed)
@@ -200,11 +215,16 @@ class LiveStep:
         for n in rows:
             apply_bitmask(self.logits[:n], self.mask[:n])
             masked_argmax(self.logits[:n], self.mask[:n])
-        length = min(64, self.max_len - 1)
-        if self.slots >= 3 and length >= 2:
-            self.forward.step(self.cache, prefill=[PrefillChunk(0, 0, length)])
-            self.forward.step(self.cache, self.forward.decode_inputs([length - 1] * 2, [1, 2], per_row=True),
-                              [PrefillChunk(0, length // 2, length - length // 2)])
+        pool = self.paged.pool
+        length = min(64, self.max_len - 1, pool.blocks // 3 * pool.block_size)
+        if self.cache.slots >= 3 and length >= 2:
+            rows = self.paged.rows(np.array([-1, -2, -3]), np.full(3, length))  # ids no request has
+            self.paged.flush()
+            self.forward.step(self.cache, prefill=[PrefillChunk(int(rows[0]), 0, length)])
+            self.forward.step(self.cache, self.forward.decode_inputs([length - 1] * 2, rows[1:].tolist(),
+                                                                     per_row=True),
+                              [PrefillChunk(int(rows[0]), length // 2, length - length // 2)])
+            self.paged.release([-1, -2, -3])
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
@@ -221,19 +241,46 @@ class LiveStep:
 
     def info(self) -> LiveInfo:
         device = torch.cuda.get_device_name(self.device) if self.cuda else "cpu"
-        return LiveInfo(device, torch.__version__, self.forward.spec.name, self.slots, self.max_len, self.steps,
-                        sorted(self._graphs))
+        pool = self.paged.pool
+        return LiveInfo(device, torch.__version__, self.forward.spec.name, pool.tokens, pool.block_size,
+                        self.cache.slots, self.max_len, self.steps, sorted(self._graphs))
+
+    @property
+    def kv_tokens(self) -> int:
+        """The paged cache's capacity in tokens (whole blocks)."""
+        return self.paged.pool.tokens
+
+    @property
+    def kv_block_size(self) -> int:
+        return self.paged.pool.block_size
+
+    @property
+    def kv_requests(self) -> int:
+        """The most requests the cache holds at once (rows of its block table)."""
+        return self.cache.slots
 
     # ---- one step ------------------------------------------------------------------------------------------
 
     def begin(self, decode_len: np.ndarray, decode_drafts: np.ndarray, prefill_new: np.ndarray,
-              prefill_cached: np.ndarray, sync: bool, host_s: float) -> None:
+              prefill_cached: np.ndarray, sync: bool, host_s: float, decode_rid: np.ndarray | None = None,
+              prefill_rid: np.ndarray | None = None, running: np.ndarray | None = None) -> None:
         """Start a step (its :class:`LiveShape` as arrays): ``host_s`` of modelled host work (before the
-        launch without overlap, beside the forward with it), and the forward's launch."""
+        launch without overlap, beside the forward with it), and the forward's launch.
+
+        ``decode_rid``, ``prefill_rid``: the rows' and chunks' requests; ``running``: every request of the
+        running batch (the cache frees the blocks of the others). Without them, the step's rows and chunks
+        are requests 0, 1, ... in that order, and no other request runs.
+        """
         shape = LiveShape(decode_len, decode_drafts, prefill_new, prefill_cached)
-        decode = self._decode_positions(shape)
+        rows = len(decode_len)
+        if decode_rid is None:
+            decode_rid = np.arange(rows)
+            prefill_rid = np.arange(rows, rows + len(prefill_new))
+            running = np.arange(rows + len(prefill_new))
+        self.paged.keep_only(running)
+        decode, chunks = self._place(shape, decode_rid, prefill_rid)
         # graphs are captured before the clock starts; the step keeps its own until it ends
-        stage, work = self._prepare(shape, decode)
+        stage, work = self._prepare(decode, chunks)
         self._work = work
         self._t0 = time.perf_counter()
         if sync:
@@ -277,23 +324,43 @@ class LiveStep:
 
     # ---- parts ---------------------------------------------------------------------------------------------
 
-    def _prepare(self, shape: LiveShape, decode: tuple[np.ndarray, np.ndarray] | None
+    def _place(self, shape: LiveShape, decode_rid: np.ndarray, prefill_rid: np.ndarray
+               ) -> tuple[tuple[np.ndarray, np.ndarray] | None, list[PrefillChunk]]:
+        """The step's requests in the paged cache: each its row of the block table, with blocks for the
+        context it reaches in this step (the table's changes copied to the device). Returns each decode
+        query token's (table row, position), a row's token then its drafts, and the prefill chunks."""
+        rows = len(shape.decode_len)
+        keep = shape.prefill_new > 0
+        new, cached, chunk_rid = shape.prefill_new[keep], shape.prefill_cached[keep], prefill_rid[keep]
+        # a chunk from an empty cache starts its request anew (a recompute after a preemption may come back
+        # before the cache saw it leave): its old blocks go first
+        self.paged.release(chunk_rid[cached == 0].tolist())
+        try:
+            decode = None
+            if rows:
+                per_row = 1 + shape.decode_drafts
+                table_rows = self.paged.rows(decode_rid, shape.decode_len + per_row)
+                slots = np.repeat(table_rows, per_row)
+                first = np.repeat(np.cumsum(per_row) - per_row, per_row)
+                decode = slots, np.repeat(shape.decode_len, per_row) + (np.arange(len(slots)) - first)
+            chunk_rows = self.paged.rows(chunk_rid, cached + new)
+        except KVCapacityError as error:
+            raise KVCapacityError(
+                f"a step of {rows} decode rows and {len(new)} prefill chunks does not fit the live KV cache "
+                f"({self.kv_tokens} tokens in blocks of {self.paged.pool.block_size}, {self.kv_requests} "
+                f"requests, contexts up to {self.max_len}): {error}") from None
+        self.paged.flush()
+        chunks = [PrefillChunk(int(r), int(c), int(n))
+                  for r, c, n in zip(chunk_rows.tolist(), cached.tolist(), new.tolist(), strict=True)]
+        return decode, chunks
+
+    def _prepare(self, decode: tuple[np.ndarray, np.ndarray] | None, chunks: list[PrefillChunk]
                  ) -> tuple[Callable[[], object], Callable[[], object]]:
         """The step's input staging and its forward, ready to run in that order: on a GPU a graph replay
         (a decode batch's graph is kept per padded token count and its inputs are refilled in place; a
         step with prefill chunks is captured for its own shape, since the engines launch prefill far
         faster than this forward's eager Python could: timed eagerly it would measure cdbench's launch
         pace, not the GPU); on a CPU the eager step."""
-        chunks = [PrefillChunk(0, int(c), int(n))
-                  for n, c in zip(shape.prefill_new.tolist(), shape.prefill_cached.tolist(), strict=True) if n > 0]
-        rows = len(shape.decode_len)
-        used = rows + len(chunks)
-        longest = max([int(decode[1].max()) + 1 if decode is not None else 0] + [c.cached + c.new for c in chunks])
-        if used > self.slots or longest > self.max_len:
-            raise KVCapacityError(
-                f"a step of {rows} decode rows and {len(chunks)} prefill chunks, the longest context {longest} "
-                f"tokens, needs {used} slots of {longest}; the live KV cache has {self.slots} slots of {self.max_len}")
-        chunks = [PrefillChunk(rows + i, c.cached, c.new) for i, c in enumerate(chunks)]
         if decode is not None and not chunks and self.cuda:
             graph = self._graph(len(decode[0]))
             if graph is not None:
@@ -305,18 +372,6 @@ class LiveStep:
             self._captured()
             return _nothing, captured.replay
         return _nothing, lambda: self.forward.step(self.cache, inputs, chunks)
-
-    @staticmethod
-    def _decode_positions(shape: LiveShape) -> tuple[np.ndarray, np.ndarray] | None:
-        """Each decode query token's (slot, position): a row's token, then its drafts, in its own slot."""
-        rows = len(shape.decode_len)
-        if not rows:
-            return None
-        per_row = 1 + shape.decode_drafts
-        slots = np.repeat(np.arange(rows), per_row)
-        first = np.repeat(np.cumsum(per_row) - per_row, per_row)
-        positions = np.repeat(shape.decode_len, per_row) + (np.arange(len(slots)) - first)
-        return slots, positions
 
     def _graph(self, tokens: int) -> StepGraph | None:
         """The captured decode graph for ``tokens`` query tokens (padded up; captured on first use), or
@@ -343,7 +398,8 @@ class LiveStep:
         tokens = len(slots)
         inputs: DecodeInputs = graph.inputs
         padded = len(inputs.slots)
-        # padding tokens write position 0 of slot 0 and attend to one key, as the engines' padding does
+        # padding tokens write position 0 of the table's row 0 and attend to one key (the values written do
+        # not change the time)
         stage = self._stage[:, :padded]
         stage.zero_()
         staged = stage.numpy()

@@ -56,6 +56,29 @@ def test_a_prefill_chunk_routes_its_tokens_over_a_share_of_the_experts() -> None
         [skewed.step_s(64, float(attention_pairs(64, 0)), prefill_chunks=1), skewed.step_s(**mixed)])
 
 
+def test_a_hybrid_skews_only_the_layers_after_full_attention() -> None:
+    # qwen3.5-35b-a3b: 10 of 40 layers full attention; the experts after the 30 linear-attention layers route a
+    # chunk uniformly (reports/calibration/README.md counts the router's choices)
+    cal = ForwardCalibration.load(shipped_calibration_path("qwen3.5-35b-a3b", "h200"))
+
+    def hybrid(skew: float) -> ForwardCostModel:
+        return ForwardCostModel("qwen3.5-35b-a3b", "h200", forward_calibration=cal.model_copy(
+            update={"chunk_routing_skew": skew}))
+
+    skewed, uniform = hybrid(4.0), hybrid(1.0)
+    e, k, skew, n = 256, 8, 4.0, 64
+    step = dict(prefill_tokens=n, prefill_context_tokens=float(attention_pairs(n, 0)), prefill_chunks=1)
+    read = {}
+    for name, fwd in (("skewed", skewed), ("uniform", uniform)):
+        weights = fwd.breakdown(**step).linear_memory_s * fwd.params.memory_efficiency
+        shape = dict(decode_rows=0, decode_kv_tokens=0) | step
+        read[name] = (weights - fwd.peak_times(**shape).weight_bytes_s) / fwd._expert_s
+    every_layer_uniform = e * (1 - (1 - k / e) ** n)
+    every_layer_skewed = e / skew * (1 - (1 - k * skew / e) ** n)
+    assert read["uniform"] == pytest.approx(every_layer_uniform)
+    assert read["skewed"] == pytest.approx(0.25 * every_layer_skewed + 0.75 * every_layer_uniform)
+
+
 def test_dense_models_are_priced_as_before() -> None:
     shipped = ForwardCalibration.load(shipped_calibration_path("qwen3-8b", "h100-sxm"))
     assert shipped.chunk_routing_skew is None

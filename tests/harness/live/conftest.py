@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cdbench.harness.live.forward import KVCache, PrefillChunk
+from cdbench.harness.live.forward import PrefillChunk
+from cdbench.harness.live.paged import KVCache
 
 
 def _decode_and_prefill_one_at_a_time(fwd, spec, prompts) -> torch.Tensor:

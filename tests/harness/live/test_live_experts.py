@@ -64,3 +64,13 @@ def test_shared_expert_is_gated_per_token() -> None:
     g, u = (x.float() @ gate_up[0].float()).chunk(2, -1)
     want = 0.5 * ((F.silu(g) * u) @ down[0].float())
     torch.testing.assert_close(shared_expert(x, gate_up[0], down[0], gate).float(), want, rtol=3e-2, atol=3e-2)
+
+
+def test_fused_experts_match_the_per_token_loop() -> None:
+    from cdbench.harness.live.experts import fused_experts
+
+    router, gate_up, down = weights()
+    x = torch.randn(13, H, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    w, ids = route(x, router, K)
+    got = fused_experts(x, w, ids, gate_up, down).float()
+    torch.testing.assert_close(got, reference(x, router, gate_up, down), rtol=3e-2, atol=3e-2)

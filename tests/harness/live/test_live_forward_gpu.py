@@ -7,11 +7,11 @@ import torch
 
 from cdbench.harness.costs.hardware import ModelSpec
 from cdbench.harness.live.forward import (
-    KVCache,
     LiveForward,
     PrefillChunk,
     kept_linear_state,
 )
+from cdbench.harness.live.paged import KVCache
 
 pytestmark = [
     pytest.mark.gpu,

@@ -7,13 +7,12 @@ import torch
 
 from cdbench.harness.costs.hardware import ModelSpec, resolve_model
 from cdbench.harness.live.forward import (
-    KVCache,
-    KVPool,
     LiveForward,
     PrefillChunk,
     TensorParallel,
     kept_linear_state,
 )
+from cdbench.harness.live.paged import KVCache, KVPool
 
 MOE = ModelSpec(name="tiny-moe", params_total=2e5, params_active=1e5, n_layers=2, hidden_size=64, n_heads=8,
                 n_kv_heads=2, head_dim=16, vocab_size=50, n_experts=6, experts_per_token=2,
@@ -131,3 +130,20 @@ def test_prefill_without_tokens_feeds_the_spread_ids() -> None:
                      prefill_tokens=torch.tensor(spread_tokens(9, MOE.vocab_size)))
     implied = fwd.step(KVCache.allocate(MOE, 1, 16, "cpu", torch.float32), prefill=[PrefillChunk(0, 0, 9)])
     torch.testing.assert_close(implied, given)
+
+
+def test_moe_kernel_choice_runs_the_same_experts() -> None:
+    # the fused kernels (their torch reference on the CPU) in place of the grouped GEMMs: the same step,
+    # the experts' FFN checked against torch's in test_live_experts.py
+    import cdbench.harness.live.experts as experts
+
+    steps = {}
+    for kernels in ("grouped_mm", "fused"):
+        fwd = LiveForward(MOE, "cpu", dtype=torch.bfloat16, moe_kernels=kernels)
+        assert fwd._experts is (experts.fused_experts if kernels == "fused" else experts.grouped_experts)
+        cache = KVCache.allocate(MOE, 2, 32, "cpu", torch.bfloat16)
+        first = fwd.step(cache, prefill=[PrefillChunk(0, 0, 12)])
+        steps[kernels] = torch.cat([first, fwd.step(cache, decode=fwd.decode_inputs([12], [0]))]).float()
+    torch.testing.assert_close(steps["fused"], steps["grouped_mm"], rtol=3e-2, atol=3e-2)
+    with pytest.raises(ValueError, match="grouped_mm or fused"):
+        LiveForward(MOE, "cpu", moe_kernels="triton")

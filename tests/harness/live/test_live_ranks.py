@@ -58,7 +58,7 @@ def _requests(n: int = 8) -> tuple[Request, ...]:
 def _job(parallel: str, ranks: int, requests, live: bool = True, executor=None, **overrides) -> RankJob:
     vocab_size = load_vocab(VOCAB).size
     spec = LiveSpec(TINY, vocab_size, max_context(requests), "cpu", kv_tokens=16 * max_context(requests),
-                    max_rows=64, logits_dtype="float32") if live else None
+                    max_rows=64, logits_dtype="float32", block_size=1) if live else None  # sglang's pages
     executor = executor or HybridExecutors("xgrammar", {}, VOCAB, 0.0, 0, {}, 1)
     return RankJob(parallel, requests, policy("sglang", ranks=ranks, parallel=parallel, **overrides), executor,
                    FixedGpuCosts(forward_base_s=0.01), spec, seed=1, timeout_s=120)

@@ -33,7 +33,7 @@ def test_rank_processes_on_two_gpus(parallel) -> None:
 
     requests = _requests()
     live = LiveSpec(SMALL, load_vocab("cl100k").size, max_context(requests), "cuda", kv_tokens=64 * 1024,
-                    max_rows=64, graph_sizes=(1, 2, 4, 8))
+                    max_rows=64, graph_sizes=(1, 2, 4, 8), block_size=1)  # sglang's pages
     job = RankJob(parallel, requests, policy("sglang", ranks=2, parallel=parallel),
                   HybridExecutors("xgrammar", {}, "cl100k", 0.0, 0, {}, 1), FixedGpuCosts(), live, seed=1,
                   timeout_s=300)

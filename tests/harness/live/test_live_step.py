@@ -44,10 +44,11 @@ def _requests(vocab, n: int = 8, broken: bool = False) -> list[Request]:
     return out
 
 
-def _live(requests, vocab_size: int, slots: int = 16) -> LiveStep:
+def _live(requests, vocab_size: int, slots: int = 16, name: str = "sglang") -> LiveStep:
+    """A live step whose paged cache holds ``slots`` of the longest context, in the policy's blocks."""
     max_len = max_context(requests)
     return LiveStep(TINY, vocab_size, max_len, device="cpu", kv_tokens=slots * max_len, max_rows=64,
-                    logits_dtype=torch.float32)
+                    logits_dtype=torch.float32, block_size=policy(name).kv_block_size)
 
 
 def _run(backend, requests, name: str, live: LiveStep | None, **overrides):
@@ -60,7 +61,7 @@ def _run(backend, requests, name: str, live: LiveStep | None, **overrides):
 @pytest.mark.parametrize("overlap", [True, False])
 def test_live_steps_run_for_real_and_outputs_stay_valid(backend, name, overlap):
     requests = _requests(backend.vocab)
-    live = _live(requests, backend.vocab.size)
+    live = _live(requests, backend.vocab.size, name=name)
     result = _run(backend, requests, name, live, overlap=overlap)
     frame = result.requests
     assert result.summary.completed == len(requests)
@@ -76,25 +77,32 @@ def test_live_steps_run_for_real_and_outputs_stay_valid(backend, name, overlap):
 
 
 @pytest.mark.parametrize("name", ["sglang", "vllm"])
-def test_more_requests_than_the_live_cache_has_slots_wait_for_memory_instead_of_failing(backend, name):
+def test_more_requests_than_the_live_cache_holds_wait_for_memory_instead_of_failing(backend, name):
     requests = _requests(backend.vocab, n=12)
-    live = _live(requests, backend.vocab.size, slots=3)
+    live = _live(requests, backend.vocab.size, slots=3, name=name)
     result = _run(backend, requests, name, live)
     frame, steps = result.requests, result.steps
     assert result.summary.completed == len(requests) and frame.loc[frame["structured"], "valid"].all()
-    # never more running rows than slots; the others waited for them
-    assert (steps["rows"] <= 3).all()
-    block = policy(name).kv_block_size
-    assert result.summary.kv_capacity_tokens == 3 * live.max_len // block * block
+    # the scheduler's cache is the live one's: never more tokens held than its pages, the others waited
+    assert result.summary.kv_capacity_tokens == live.kv_tokens
+    assert (steps["kv_tokens"] <= live.kv_tokens).all()
     assert result.summary.mean_kv_wait_ms > 0
-    # a cache of fewer tokens than the slots hold: vLLM preempts live too; SGLang's admission reserves each
-    # request's output (short here), so it waits instead of retracting
-    live = _live(requests, backend.vocab.size, slots=3)
-    tight = _run(backend, requests, name, live, kv_tokens=2 * live.max_len - 8, kv_block_size=1)
+    assert live.paged.allocator.free == live.paged.pool.blocks - sum(map(len, live.paged._blocks.values()))
+    # a cache of fewer tokens than the live one: vLLM preempts live too (its recomputes get fresh blocks);
+    # SGLang's admission reserves each request's output (short here), so it waits instead of retracting
+    live = _live(requests, backend.vocab.size, slots=3, name=name)
+    block = policy(name).kv_block_size
+    tight = _run(backend, requests, name, live, kv_tokens=2 * live.max_len - 8)
     frame = tight.requests
     assert tight.summary.completed == len(requests) and frame.loc[frame["structured"], "valid"].all()
     assert (frame["preemptions"].sum() > 0) == (name == "vllm")
-    assert (tight.steps["kv_tokens"] <= 2 * live.max_len - 8).all()
+    assert (tight.steps["kv_tokens"] <= (2 * live.max_len - 8) // block * block).all()
+
+
+def test_a_live_cache_of_other_blocks_than_the_policy_is_refused(backend):
+    requests = _requests(backend.vocab, n=2)
+    with pytest.raises(ValueError, match="blocks of 16 tokens; the policy's kv_block_size is 1"):
+        _run(backend, requests, "sglang", _live(requests, backend.vocab.size, name="vllm"))
 
 
 def test_without_overlap_accepts_run_after_sampling_and_refusals_still_abort(backend):
@@ -131,20 +139,41 @@ def test_live_mode_measures_the_launch_instead_of_pricing_it(backend, overlap):
         assert (steps["launch_s"] >= 0).all()
 
 
-def test_drafts_are_query_tokens_of_their_row():
-    shape = LiveShape(np.array([5, 9]), np.array([2, 0]), np.zeros(0, np.int64), np.zeros(0, np.int64))
-    slots, positions = LiveStep._decode_positions(shape)
-    assert slots.tolist() == [0, 0, 0, 1] and positions.tolist() == [5, 6, 7, 9]
-    assert shape.decode_tokens == 4
+def test_drafts_are_query_tokens_of_their_row_and_requests_keep_their_blocks():
+    live = LiveStep(TINY, 64, max_len=100, device="cpu", kv_tokens=320, max_rows=8, logits_dtype=torch.float32,
+                    block_size=4)
+    empty = np.zeros(0, np.int64)
+    shape = LiveShape(np.array([5, 9]), np.array([2, 0]), empty, empty)
+    (slots, positions), chunks = live._place(shape, np.array([7, 3]), empty)
+    assert slots[0] == slots[1] == slots[2] != slots[3] and positions.tolist() == [5, 6, 7, 9]
+    assert shape.decode_tokens == 4 and chunks == []
+    paged = live.paged
+    assert [len(paged._blocks[rid]) for rid in (7, 3)] == [2, 3]  # 8 and 10 tokens in blocks of 4
+    table = live.cache.block_table
+    assert table[slots[0], :2].tolist() == paged._blocks[7] and table[slots[3], :3].tolist() == paged._blocks[3]
+    # request 7 grows into a third block; request 3 keeps its row and blocks; a new one takes freed blocks
+    before = list(paged._blocks[3])
+    live._place(LiveShape(np.array([8, 10]), np.zeros(2, np.int64), empty, empty), np.array([7, 3]), empty)
+    assert len(paged._blocks[7]) == 3 and paged._blocks[3] == before
+    paged.keep_only(np.array([3]))
+    freed = set(range(paged.pool.blocks)) - set(before)
+    assert paged.allocator.free == len(freed)
+    _, chunks = live._place(LiveShape(empty, empty, np.array([12]), np.array([0])), empty, np.array([9]))
+    assert set(paged._blocks[9]) <= freed and table[chunks[0].slot, :3].tolist() == paged._blocks[9]
 
 
 def test_a_step_beyond_the_cache_is_refused_by_name():
     live = LiveStep(TINY, 64, max_len=100, device="cpu", kv_tokens=300, max_rows=8, logits_dtype=torch.float32)
-    assert live.slots == 3
-    with pytest.raises(KVCapacityError, match="4 decode rows and 0 prefill chunks.*3 slots of 100"):
-        live.begin(np.full(4, 10), np.zeros(4, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), True, 0.0)
-    with pytest.raises(KVCapacityError, match="the longest context 150"):
-        live.begin(np.zeros(0, np.int64), np.zeros(0, np.int64), np.array([50]), np.array([100]), True, 0.0)
+    assert (live.kv_tokens, live.kv_requests, live.kv_block_size) == (288, 8, 16)
+    empty = np.zeros(0, np.int64)
+    # 4 rows of 91 tokens need 24 blocks of 16; the cache has 18
+    with pytest.raises(KVCapacityError, match=r"4 decode rows and 0 prefill chunks does not fit the live KV cache "
+                                              r"\(288 tokens in blocks of 16, 8 requests, contexts up to 100\)"):
+        live.begin(np.full(4, 90), np.zeros(4, np.int64), empty, empty, True, 0.0)
+    with pytest.raises(KVCapacityError, match="a context of 150 tokens"):
+        live.begin(empty, empty, np.array([50]), np.array([100]), True, 0.0)
+    with pytest.raises(KVCapacityError, match="all 8 rows of the live KV cache's block table are taken"):
+        live.begin(np.full(9, 1), np.zeros(9, np.int64), empty, empty, True, 0.0)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without CUDA gives")
@@ -171,8 +200,9 @@ def test_a_live_run_dying_mid_way_leaves_its_finished_requests_to_cdbench_report
     from cdbench.results.stopped_run import STOPPED_SUMMARY_FILE
 
     # live mode on the CPU: the tiny model stands in for the GPU forward, and the 60th step fails as a GPU can
-    monkeypatch.setattr(CostConfig, "live_step", lambda self, vocab_size, max_len, graph_sizes=(): LiveStep(
-        TINY, vocab_size, max_len, device="cpu", kv_tokens=8 * max_len, max_rows=64, logits_dtype=torch.float32))
+    monkeypatch.setattr(CostConfig, "live_step", lambda self, vocab_size, max_len, graph_sizes, block_size,
+                        max_requests: LiveStep(TINY, vocab_size, max_len, device="cpu", kv_tokens=8 * max_len,
+                                               max_rows=64, logits_dtype=torch.float32, block_size=block_size))
     end = LiveStep.end
 
     def failing(self, *args, **kwargs):

@@ -19,7 +19,8 @@ SMALL = ModelSpec(name="small", params_total=1e7, n_layers=4, hidden_size=512, n
 
 
 def test_per_row_graph_replays_any_lengths() -> None:
-    from cdbench.harness.live.forward import KVCache, LiveForward, PrefillChunk
+    from cdbench.harness.live.forward import LiveForward, PrefillChunk
+    from cdbench.harness.live.paged import KVCache
 
     fwd = LiveForward(SMALL, "cuda")
     cache = KVCache.allocate(SMALL, 4, 512, "cuda")
@@ -36,7 +37,8 @@ def test_per_row_graph_replays_any_lengths() -> None:
 
 
 def test_balanced_decode_launch_changes_no_logit() -> None:
-    from cdbench.harness.live.forward import KVCache, LiveForward, PrefillChunk
+    from cdbench.harness.live.forward import LiveForward, PrefillChunk
+    from cdbench.harness.live.paged import KVCache
 
     fwd = LiveForward(SMALL, "cuda")
     cache = KVCache.allocate(SMALL, 4, 512, "cuda")
@@ -76,7 +78,7 @@ def test_a_live_run_measures_its_steps() -> None:
     for overlap in (True, False):
         config = policy("sglang", overlap=overlap)
         live = LiveStep(SMALL, backend.vocab.size, max_context(requests), kv_tokens=2**16, max_rows=64,
-                        graph_sizes=config.cuda_graph_sizes)
+                        graph_sizes=config.cuda_graph_sizes, block_size=config.kv_block_size)
         result = simulate(requests, config, HybridExecutor(backend, seed=1),
                           FixedGpuCosts(), seed=1, live=live)
         steps = result.steps[result.steps["kind"] != "idle"]

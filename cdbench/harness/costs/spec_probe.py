@@ -1,0 +1,205 @@
+"""How fast this host compiles and walks grammars against the host that measured a spec-cost store: a probe.
+
+The host benchmark (:mod:`.host`) carries a median single-threaded compile between hosts, but not a
+large multi-threaded one: on a lent GPU host of the same CPU model as the store's host, the saturated
+Github_hard specs compiled 21 % slower than the store's times while the benchmark score said 32 % faster
+(``reports/spec_costs/out_of_sample.md``). A probe measures the scale instead of inferring it: it takes a
+small fixed set of one host's stored specs spanning their compile times (:func:`choose_specs`), measures
+them here exactly as the store measured them (:func:`cdbench.profile.spec_probe.probe_specs`, with
+:func:`~.spec_costs.measure_specs`: the same workers, a warmed engine per spec, the same walk), and keeps
+per spec the two compile times and per walked text the two fill sums. The scale is the median of the
+ratios (here over there), its spread the half-width of their interquartile range, as a forward probe's
+(:mod:`.forward_speed`).
+
+``costs.spec_host_scale: probe:<file>`` then prices a run for the probe's host: specs the store measured
+on the probed host take the probe's compile scale for their compiles and its fill scale for their fills,
+accepts and rollbacks, in place of the score ratio (:class:`SpecHostScale`, resolved when the run's
+configuration is checked, so its ``config.yaml`` reruns without the file).
+
+>>> [round(q, 3) for q in _quantiles(4)]
+[0.125, 0.375, 0.625, 0.875]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from cdbench._files import read_probe_file
+from cdbench.backends.base import ConstraintSpec
+from cdbench.harness.costs.host import HostInfo
+from cdbench.harness.costs.spec_store import (
+    SpecCostEntry,
+    SpecCostStore,
+    backend_version,
+    spec_digest,
+)
+
+PROBE_PREFIX = "probe:"
+PROBE_SPECS = 12
+"""Specs a probe compiles by default: one at the middle of each of 12 equal slices of the stored compile times."""
+MIN_PROBE_SPECS = 4
+"""Fewest specs (and walked texts, for a fill scale) a probe's scale is taken from."""
+TEXTS_PER_SPEC = 2
+"""Stored texts of one chosen spec walked again (the first ones the trace holds)."""
+
+
+class SpecProbeError(ValueError):
+    """A probe that cannot be measured, read or applied (the message names the store or file and the reason)."""
+
+
+class ProbeScale(BaseModel):
+    """Here over there: the median of the ratios, half their interquartile range, and how many there were."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    scale: float = Field(gt=0)
+    spread: float = Field(ge=0)
+    count: int = Field(ge=1)
+
+    @classmethod
+    def of(cls, ratios: Sequence[float]) -> ProbeScale:
+        q1, median, q3 = np.percentile(np.asarray(ratios, float), [25, 50, 75])
+        return cls(scale=float(median), spread=float(q3 - q1) / 2.0, count=len(ratios))
+
+    def describe(self, what: str) -> str:
+        return f"× {self.scale:.3f} (±{self.spread:.3f}, {self.count} {what})"
+
+
+class ProbedSpec(BaseModel):
+    """One chosen spec: its store digest and label, its stored compile seconds there and its compile here."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    digest: str
+    label: str
+    there_s: float
+    here_s: float | None = Field(description="None: its compile failed here")
+
+
+class ProbedWalk(BaseModel):
+    """One stored text of a chosen spec walked again: the sums of its fills there and here over the positions
+    both timed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    digest: str
+    instance: str
+    positions: int
+    there_s: float
+    here_s: float
+
+
+class SpecProbe(BaseModel):
+    """A probe's file (``cdbench host --probe-specs``): the store's host, this host, what was timed, the scales."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    format_version: Literal[1] = 1
+    store: str = Field(description="the store probed (as given)")
+    backend: str
+    backend_version: str
+    vocab: str
+    measured_on: HostInfo = Field(description="the host whose stored specs were compiled again here")
+    host: HostInfo = Field(description="the host the probe ran on: the host it prices for")
+    specs: list[ProbedSpec]
+    walks: list[ProbedWalk] = []
+    compile: ProbeScale
+    fill: ProbeScale | None = Field(None, description="None: no stored text was walked (no trace given, or none "
+                                    "of its texts matched); fills then scale by the score ratio")
+    compile_total: float = Field(gt=0, description="the compiled specs' seconds here over there, summed: the "
+                                 "slow specs' ratio, beside the median's typical one")
+    measured: str
+
+
+class SpecHostScale(BaseModel):
+    """``costs.spec_host_scale`` resolved from a probe: what a run needs of it, with its source."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    source: str = Field(description="probe:<file>")
+    backend: str
+    backend_version: str
+    vocab: str
+    measured_on: HostInfo
+    host: HostInfo
+    compile: ProbeScale
+    fill: ProbeScale | None = None
+    there: dict[str, float] = Field(description="the probed specs' stored compile seconds by digest (checked "
+                                    "against the run's store: a probe of another store is refused)")
+
+    def fill_scale(self) -> float:
+        """The fills' factor: the probe's, else the hosts' score ratio."""
+        return self.fill.scale if self.fill is not None else self.measured_on.score / self.host.score
+
+    def describe(self) -> str:
+        """One line: what is scaled by what, and where the scale came from."""
+        fill = self.fill.describe("texts") if self.fill is not None else \
+            f"× {self.fill_scale():.3f} (the score ratio: the probe walked no text)"
+        return (f"specs measured on {self.measured_on.id} priced for {self.host.id} ({self.host.name}) by "
+                f"{self.source}: compile {self.compile.describe('specs')}, fill {fill}")
+
+    def check(self, backend: str, version: str, vocab: str, store: SpecCostStore) -> None:
+        """:class:`SpecProbeError` naming the probe when it probed another backend, engine version or
+        vocabulary than the run's, or specs ``store`` does not hold as it measured them."""
+        if (self.backend, self.backend_version, self.vocab) != (backend, version, vocab):
+            raise SpecProbeError(f"{self.source} probed {self.backend} {self.backend_version} on {self.vocab}; this "
+                                 f"run prices {backend} {version} on {vocab}")
+        for digest, there in self.there.items():
+            entry = next((e for e in store.entries(digest) if e.host.id == self.measured_on.id), None)
+            if entry is None or entry.costs.compile_s != there:
+                what = "holds no entry" if entry is None else f"holds {entry.costs.compile_s} s, not {there} s,"
+                raise SpecProbeError(f"{self.source} probed another store: {store.root} {what} for spec {digest} "
+                                     f"of host {self.measured_on.id}")
+
+
+def _quantiles(n: int) -> list[float]:
+    return [(i + 0.5) / n for i in range(n)]
+
+
+def host_entries(store: SpecCostStore, host_id: str, backend: str, vocab: str) -> list[SpecCostEntry]:
+    """``host_id``'s compiled specs in ``store`` for ``backend`` (at the version installed here, with no
+    backend options) and ``vocab``: those a probe can compile again as they were, by digest."""
+    version = backend_version(backend)
+    out = []
+    for path in sorted(store.root.glob(f"*/*/{host_id}.json")) if store.root.is_dir() else ():
+        entry = store.entries(path.parent.name)
+        entry = next(e for e in entry if e.host.id == host_id)
+        if (entry.backend, entry.backend_version, entry.vocab) != (backend, version, vocab) \
+                or entry.status != "ok" or not entry.costs.compile_s or not entry.spec:
+            continue
+        if spec_digest(backend, version, vocab, {}, entry_spec(entry)) == entry.digest:  # measured without options
+            out.append(entry)
+    return out
+
+
+def entry_spec(entry: SpecCostEntry) -> ConstraintSpec:
+    """The spec a store entry measured, from its canonical text."""
+    data = json.loads(entry.spec)
+    return ConstraintSpec(data["kind"], data["spec"], data.get("options", {}))
+
+
+def choose_specs(entries: Sequence[SpecCostEntry], n: int = PROBE_SPECS) -> list[SpecCostEntry]:
+    """``n`` of ``entries`` spanning their compile times: ordered by (compile seconds, digest), the one at
+    the middle of each of ``n`` equal slices (fewer where entries are fewer). Deterministic for a store."""
+    ranked = sorted(entries, key=lambda e: (e.costs.compile_s, e.digest))
+    if len(ranked) <= n:
+        return ranked
+    picks = dict.fromkeys(min(len(ranked) - 1, math.floor(q * len(ranked))) for q in _quantiles(n))
+    return [ranked[i] for i in picks]
+
+
+def read_probe(path: str | Path) -> SpecHostScale:
+    """The scale a probe file holds, its source naming the file; :class:`SpecProbeError` naming the file and
+    the reason when it is no probe."""
+    path = Path(path)
+    source = f"{PROBE_PREFIX}{path}"
+    probe = read_probe_file(path, SpecProbe, source, "spec-cost probe", SpecProbeError)
+    return SpecHostScale(source=source, backend=probe.backend, backend_version=probe.backend_version,
+                         vocab=probe.vocab, measured_on=probe.measured_on, host=probe.host, compile=probe.compile,
+                         fill=probe.fill, there={s.digest: s.there_s for s in probe.specs})
+
+
+__all__ = ["MIN_PROBE_SPECS", "PROBE_PREFIX", "PROBE_SPECS", "TEXTS_PER_SPEC", "ProbeScale", "ProbedSpec", "ProbedWalk",
+           "SpecHostScale", "SpecProbe", "SpecProbeError", "choose_specs", "entry_spec", "host_entries", "read_probe"]

@@ -1,0 +1,252 @@
+"""The live forward's paged KV cache: fixed-size blocks, a block table per request, as the engines page it.
+
+Every full-attention layer keeps its keys and values in pages
+``[blocks, kv_heads, block_size, head_dim]`` (every layer its own memory, so a
+step reads exactly the bytes an engine's cache would). A request is a row of
+the block table ``[requests, max_blocks]``: its position ``p`` lives at offset
+``p % block_size`` of block ``table[request, p // block_size]``, so its pages
+may lie anywhere in the pool (vLLM's ``block_size`` 16 is the default). The
+decode-attention kernel and the fused rotary/KV write read the table on the
+device, so a captured graph serves any table contents.
+
+A linear-attention layer (hybrid models) keeps a fixed state a request
+instead, ``[requests, value_heads, key_dim, value_dim]``, and its convolution's
+last inputs ``[requests, channels, kernel - 1]``, indexed by the same request
+row (SGLang's state pool, one slot a running request).
+
+:class:`KVPool` owns the pages and hands out blocks (:class:`BlockAllocator`);
+:meth:`KVPool.cache` views it as a cache of a fixed shape (the calibration's
+grid: every request holding the blocks of a given length, the blocks of
+different requests interleaved as an engine's are after a while), and
+:class:`PagedRequests` grows requests block by block and frees them at their
+end (``live`` mode).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from cdbench.harness.costs.hardware import ModelSpec
+
+BLOCK_SIZE = 16  # tokens a block (vLLM's default block_size)
+
+
+class KVCapacityError(RuntimeError):
+    """A step needs more KV-cache blocks, requests or context than the live cache holds."""
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    """Blocks that hold ``tokens`` tokens."""
+    return -(-tokens // block_size)
+
+
+@dataclass
+class KVCache:
+    """The step's view of the cache: per full-attention layer the pages ``k``, ``v``; the block table; per
+    linear-attention layer each request's recurrent ``state`` and convolution inputs ``conv`` (empty lists
+    unless hybrid)."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    block_table: torch.Tensor  # [requests, max_blocks] int32 on the device
+    block_size: int
+    state: list[torch.Tensor] = field(default_factory=list)
+    conv: list[torch.Tensor] = field(default_factory=list)
+
+    @classmethod
+    def allocate(cls, spec: ModelSpec, slots: int, max_len: int, device: torch.device | str,
+                 dtype: torch.dtype = torch.bfloat16, block_size: int = BLOCK_SIZE) -> KVCache:
+        """A cache of ``slots`` requests, each holding the blocks of ``max_len`` tokens."""
+        return KVPool(spec, slots * blocks_for(max_len, block_size) * block_size, device, dtype,
+                      block_size).cache(slots, max_len)
+
+    @property
+    def slots(self) -> int:
+        """Requests the block table has rows for."""
+        return int(self.block_table.shape[0])
+
+    @property
+    def max_len(self) -> int:
+        """The longest context a request's row of the table can hold."""
+        return int(self.block_table.shape[1]) * self.block_size
+
+    @staticmethod
+    def bytes_per_token(spec: ModelSpec, dtype: torch.dtype = torch.bfloat16) -> int:
+        """Cache bytes one token takes over the full-attention layers."""
+        return 2 * spec.n_full_attention_layers * spec.n_kv_heads * spec.head_dim * torch.finfo(dtype).bits // 8
+
+    @staticmethod
+    def bytes_per_slot(spec: ModelSpec, dtype: torch.dtype = torch.bfloat16) -> int:
+        """Fixed bytes one request takes in the linear-attention layers (state and convolution inputs; 0 unless
+        hybrid)."""
+        size = torch.finfo(dtype).bits // 8
+        return int(spec.model_copy(update={"bytes_per_state": size, "bytes_per_kv": size}).state_bytes_per_request())
+
+    def where(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Each token's flat cache position (``block * block_size + offset``) from its request and position,
+        on the device (a CUDA graph captures it)."""
+        b = self.block_size
+        return self.block_table[slots, positions // b].to(torch.int64) * b + positions % b
+
+    def pages(self, layer: int, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Request ``slot``'s first ``length`` keys and values of full-attention layer ``layer``, gathered from
+        its pages into ``[kv_heads, length, head_dim]`` (a prefill chunk's attention over its cached prefix)."""
+        blocks = self.block_table[slot, :blocks_for(length, self.block_size)]
+        return tuple(c[blocks].transpose(0, 1).flatten(1, 2)[:, :length] for c in (self.k[layer], self.v[layer]))
+
+
+class BlockAllocator:
+    """The pool's free blocks, handed out last freed first (as vLLM's free-block queue does, a request's
+    blocks end up scattered over the pool)."""
+
+    def __init__(self, blocks: int) -> None:
+        self.blocks = blocks
+        self._free = list(range(blocks - 1, -1, -1))
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise KVCapacityError(f"{n} KV blocks asked, {len(self._free)} of {self.blocks} free")
+        taken = self._free[len(self._free) - n:][::-1]
+        del self._free[len(self._free) - n:]
+        return taken
+
+    def release(self, blocks: list[int]) -> None:
+        self._free.extend(reversed(blocks))
+
+
+class KVPool:
+    """Pages for ``tokens`` tokens (rounded up to whole blocks) in every full-attention layer, and the
+    linear-attention layers' per-request state, grown to the most requests a cache asked for.
+
+    One allocation serves every shape of a calibration grid, so the allocator never has to find room
+    for a new cache of another shape.
+    """
+
+    def __init__(self, spec: ModelSpec, tokens: int, device: torch.device | str,
+                 dtype: torch.dtype = torch.bfloat16, block_size: int = BLOCK_SIZE) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be at least 1, got {block_size}")
+        self.spec, self.block_size = spec, block_size
+        self.device, self.dtype = torch.device(device), dtype
+        self.blocks = blocks_for(tokens, block_size)
+        shape = (self.blocks, spec.n_kv_heads, block_size, spec.head_dim)
+        # Zeroed, not empty: a key block is read whole and masked past a row's length, and a masked
+        # position still multiplies its value by a zero weight, so leftover NaN bits would poison the row.
+        full = spec.n_full_attention_layers
+        self.k = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(full)]
+        self.v = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(full)]
+        self._state: list[torch.Tensor] = []
+        self._conv: list[torch.Tensor] = []
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the pool holds (whole blocks)."""
+        return self.blocks * self.block_size
+
+    def blocks_needed(self, slots: int, max_len: int) -> int:
+        return slots * blocks_for(max_len, self.block_size)
+
+    def cache(self, slots: int, max_len: int) -> KVCache:
+        """A cache of ``slots`` requests each holding the blocks of ``max_len`` tokens: request ``r``'s
+        ``j``-th block is ``j * slots + r`` (interleaved, as an engine's pages are after requests came and went)."""
+        per = blocks_for(max_len, self.block_size)
+        if slots * per > self.blocks:
+            raise ValueError(f"a cache of {slots} requests x {max_len} tokens ({slots * per} blocks of "
+                             f"{self.block_size}) does not fit a pool of {self.blocks} blocks")
+        table = (torch.arange(per, device=self.device, dtype=torch.int32)[None, :] * slots
+                 + torch.arange(slots, device=self.device, dtype=torch.int32)[:, None])
+        return self._view(table)
+
+    def empty_cache(self, slots: int, max_len: int) -> KVCache:
+        """A cache of ``slots`` request rows of ``max_len`` tokens and no block given out yet
+        (:class:`PagedRequests` fills the table)."""
+        return self._view(torch.zeros((slots, blocks_for(max_len, self.block_size)), device=self.device,
+                                      dtype=torch.int32))
+
+    def _view(self, table: torch.Tensor) -> KVCache:
+        slots, m = table.shape[0], self.spec
+        if m.n_linear_layers and (not self._state or self._state[0].shape[0] < slots):
+            channels = 2 * m.linear_num_key_heads * m.linear_key_head_dim + m.linear_num_value_heads * m.linear_value_head_dim
+            state = (slots, m.linear_num_value_heads, m.linear_key_head_dim, m.linear_value_head_dim)
+            self._state = [torch.zeros(state, device=self.device, dtype=self.dtype) for _ in range(m.n_linear_layers)]
+            self._conv = [torch.zeros((slots, channels, m.linear_conv_kernel_dim - 1), device=self.device,
+                                      dtype=self.dtype) for _ in range(m.n_linear_layers)]
+        return KVCache(self.k, self.v, table, self.block_size, [t[:slots] for t in self._state],
+                       [t[:slots] for t in self._conv])
+
+
+class PagedRequests:
+    """Requests of a run in a paged cache: each takes a free row of the block table when it first runs,
+    a block whenever its context grows past its last one, and gives both back at its end.
+
+    The table on the device is updated by one small copy a step, of the entries that changed.
+    """
+
+    def __init__(self, pool: KVPool, requests: int, max_len: int) -> None:
+        self.pool, self.max_len = pool, max_len
+        self.cache = pool.empty_cache(requests, max_len)
+        self.allocator = BlockAllocator(pool.blocks)
+        self._rows: dict[int, int] = {}  # request id -> its row of the table
+        self._blocks: dict[int, list[int]] = {}  # request id -> its blocks, in order
+        self._free_rows = list(range(requests - 1, -1, -1))
+        self._changed: list[tuple[int, int, int]] = []  # (row, column, block) not yet on the device
+
+    @property
+    def running(self) -> int:
+        return len(self._rows)
+
+    def rows(self, rids: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """Each request's row of the table, with blocks for ``tokens`` tokens of context (allocated as needed)."""
+        out = np.empty(len(rids), np.int64)
+        b = self.pool.block_size
+        for i, (rid, n) in enumerate(zip(rids.tolist(), tokens.tolist(), strict=True)):
+            row = self._rows.get(rid)
+            if row is None:
+                if not self._free_rows:
+                    raise KVCapacityError(f"request {rid}: all {self.cache.slots} rows of the live KV cache's "
+                                          "block table are taken")
+                row = self._rows[rid] = self._free_rows.pop()
+                self._blocks[rid] = []
+            if n > self.max_len:
+                raise KVCapacityError(f"request {rid}: a context of {n} tokens; the live KV cache's block table "
+                                      f"holds {self.max_len}")
+            held = self._blocks[rid]
+            more = blocks_for(n, b) - len(held)
+            if more > 0:
+                new = self.allocator.allocate(more)
+                self._changed += [(row, len(held) + j, block) for j, block in enumerate(new)]
+                held += new
+            out[i] = row
+        return out
+
+    def release(self, rids) -> None:
+        """The requests ``rids`` ended (or lost their KV): their blocks and rows are free."""
+        for rid in rids:
+            row = self._rows.pop(rid, None)
+            if row is None:
+                continue
+            self.allocator.release(self._blocks.pop(rid))
+            self._free_rows.append(row)
+
+    def keep_only(self, running: np.ndarray) -> None:
+        """Release every request not in ``running`` (the engine's running batch)."""
+        gone = self._rows.keys() - set(running.tolist())
+        if gone:
+            self.release(sorted(gone))
+
+    def flush(self) -> None:
+        """Copy the table entries that changed to the device (before the step that reads them)."""
+        if not self._changed:
+            return
+        index = torch.tensor(self._changed, dtype=torch.int64)
+        table = self.cache.block_table
+        table[index[:, 0].to(table.device), index[:, 1].to(table.device)] = index[:, 2].to(table.device,
+                                                                                             torch.int32)
+        self._changed = []

@@ -1,0 +1,70 @@
+"""Time the grammar's own accept of each token (xgrammar's ``GrammarMatcher.accept_token``) in an engine's environment.
+
+vLLM's ``update_from_output`` fit (``accept_row_s``, ``measure_vllm.py``) holds the engine's accept path per
+structured row with the grammar's own accept inside it; model mode charges the grammar profile's accept as
+well. This measures, with the same xgrammar, tokenizer, vocabularies and validated instances as those steps,
+what the grammar's accept alone costs a token, so the fit can take it out (``fit.py``:
+``xgrammar.accept_wrapper_row_s``). Per schema: compiled with the environment's xgrammar at each vocabulary
+(``TokenizerInfo.from_huggingface`` with the model's ``vocab_size``, as vLLM builds it), then its validated
+instance walked token by token through one matcher, each ``accept_token`` timed (``time.thread_time``: the
+machine's 2 cores are shared). Every token is accepted (a refusal stops the script).
+
+    .venv-engines/vllm-0.10.1/bin/python scripts/engine_costs/measure_grammar_accept.py \\
+        --requests /tmp/engine_requests.json --out reports/engine_costs/vllm-0.10.1_grammar_accepts.csv.gz
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import xgrammar as xgr
+from step_grid import (  # this folder's shared grid helpers
+    load_requests,
+    model_dir,
+    write_rows,
+)
+from transformers import AutoTokenizer
+
+FIELDS = ["backend", "backend_version", "vocab", "schema", "tokens", "accept_s"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--vocabs", default="129280,151936")
+    ap.add_argument("--repeats", type=int, default=3, help="walks of each instance (the first is a warm-up)")
+    args = ap.parse_args()
+    requests, _ = load_requests(args.requests)
+    ver = version("xgrammar")
+    rows = []
+    for vocab in [int(v) for v in args.vocabs.split(",")]:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir(Path("/tmp/grammar_accept"), vocab)))
+        compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab), max_threads=1)
+        for i, request in enumerate(requests):
+            schema = request["schema"] if isinstance(request["schema"], str) else json.dumps(request["schema"])
+            grammar = compiler.compile_json_schema(schema)
+            tokens = request["tokens"][:-1]  # the instance's tokens; its EOS ends the walk
+            spent = []
+            for _ in range(args.repeats):
+                matcher = xgr.GrammarMatcher(grammar)
+                total = 0.0
+                for token in tokens:
+                    t = time.thread_time()
+                    ok = matcher.accept_token(token)
+                    total += time.thread_time() - t
+                    if not ok:
+                        raise SystemExit(f"schema {i}: xgrammar {ver} refused a token of its validated instance")
+                spent.append(total)
+            rows.append({"backend": "xgrammar", "backend_version": ver, "vocab": vocab, "schema": i,
+                         "tokens": len(tokens), "accept_s": min(spent[1:]) if len(spent) > 1 else spent[0]})
+        print(f"vocab {vocab}: {len(requests)} schemas walked")
+    write_rows(rows, FIELDS, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,271 @@
+"""The spec-cost probe: which stored specs it compiles again, what it measures, how a run prices with it.
+
+The measuring tests compile a few small JSON schemas with xgrammar in worker processes (seconds); the
+host benchmark is replaced by a constant.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from cdbench.backends.base import ConstraintSpec
+from cdbench.backends.vocab import load_vocab
+from cdbench.cli.app import app
+from cdbench.harness.config import RunConfig
+from cdbench.harness.costs import host as host_module
+from cdbench.harness.costs.grammar_profile import GrammarProfile
+from cdbench.harness.costs.host import BENCHMARK_VERSION, HostInfo
+from cdbench.harness.costs.spec_costs import (
+    SpecCostsError,
+    SpecCostSettings,
+    price_specs,
+)
+from cdbench.harness.costs.spec_probe import (
+    ProbeScale,
+    SpecHostScale,
+    SpecProbe,
+    choose_specs,
+    host_entries,
+    read_probe,
+)
+from cdbench.harness.costs.spec_profile import SpecProfile, spec_key_hash
+from cdbench.harness.costs.spec_store import (
+    SequenceEntry,
+    SpecCostEntry,
+    SpecCostStore,
+    sequence_digest,
+    spec_digest,
+)
+from cdbench.harness.run import run
+from cdbench.results.config_files import ConfigError
+from cdbench.results.run_config import validate_run_config
+from cdbench.workloads.generator import generate
+from cdbench.workloads.request import Request
+
+runner = CliRunner()
+SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name"]},
+    {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Lima"]}}, "required": ["city"]},
+    {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "number"}}, "required": ["ok", "n"]},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},
+     "required": ["tags"]},
+    {"type": "object", "properties": {"id": {"type": "string", "pattern": "^[a-f0-9]{8}$"},
+                                      "when": {"type": "string", "format": "date"}}, "required": ["id", "when"]},
+    {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "integer", "minimum": 0}},
+                                            "required": ["b"]}, "c": {"enum": [1, 2, 3]}}, "required": ["a", "c"]},
+]
+
+
+@pytest.fixture(autouse=True)
+def quick_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(host_module, "run_benchmark", lambda: 1.0)
+
+
+def _config(corpus: Path, store: Path, **costs) -> dict:
+    return {"mode": "model", "vocab": "cl100k",
+            # one compile sequence and no batch walk: the probe reads the specs' own entries
+            "costs": {"spec_store": str(store), "measure_workers": 1, "allow_mismatched_profile": True,
+                      "measure_repeats": 1, "measure_batch_rows": None, **costs},
+            "workload": {"num_requests": 24, "corpus": [str(corpus)], "structured_ratio": 1.0,
+                         "arrival": {"process": "poisson", "rate": 20.0}}}
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    """A tiny store measured here by a model run, then probed here through the CLI with the run's requests."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(host_module, "run_benchmark", lambda: 1.0)
+    root = tmp_path_factory.mktemp("probe")
+    corpus = root / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"t/{i}", "kind": "json_schema", "spec": s, "source": "test",
+                                          "license": "CC0"}) + "\n" for i, s in enumerate(SCHEMAS)))
+    config = RunConfig.model_validate(_config(corpus, root / "store"))
+    first = run(config)
+    workload = generate(config.workload, load_vocab("cl100k"), progress=False)
+    trace = root / "trace.jsonl"
+    from cdbench.workloads.trace import write_trace
+
+    write_trace(workload, trace)
+    host_id = next((root / "store" / "hosts").glob("*.json")).stem
+    out = root / "probe.json"
+    result = runner.invoke(app, ["host", "--store", str(root / "store"), "--probe-specs", host_id, "--trace", str(trace),
+                                 "--backend", "xgrammar", "--vocab", "cl100k", "--specs", "6", "--workers", "1",
+                                 "--out", str(out)])
+    yield root, corpus, first, result, out
+    mp.undo()
+
+
+def test_the_probe_of_a_store_measured_here_keeps_its_times_and_their_median_ratio(probed):
+    root, _, _, result, out = probed
+    host_id = next((root / "store" / "hosts").glob("*.json")).stem
+    assert result.exit_code == 0, result.output
+    assert "compile × " in result.output and f"costs.spec_host_scale=probe:{out}" in result.output
+    probe = SpecProbe.model_validate_json(out.read_text())
+    assert probe.measured_on.id == probe.host.id and probe.backend == "xgrammar" and probe.vocab == "cl100k"
+    assert len(probe.specs) == 6 and all(s.here_s for s in probe.specs)
+    assert probe.compile.count == 6
+    # each spec's time there is the store's own entry for it, and the scale is the median of here over there with
+    # half their interquartile range (how close to 1 a probe of this host comes is a timing: benchmarks, not tests)
+    store = SpecCostStore(root / "store")
+    assert [s.there_s for s in probe.specs] == [
+        next(e.costs.compile_s for e in store.entries(s.digest) if e.host.id == host_id) for s in probe.specs]
+    assert probe.compile == ProbeScale.of([s.here_s / s.there_s for s in probe.specs])
+    # the run's texts were found in the trace and walked again
+    assert probe.fill is not None and len(probe.walks) >= 4
+    assert probe.fill == ProbeScale.of([w.here_s / w.there_s for w in probe.walks])
+    assert probe.compile.scale == pytest.approx(np.median([s.here_s / s.there_s for s in probe.specs]))
+    assert probe.compile_total == pytest.approx(sum(s.here_s for s in probe.specs) / sum(s.there_s for s in probe.specs))
+
+
+def test_the_chosen_specs_are_the_same_however_the_store_lists_them(probed):
+    root = probed[0]
+    store = SpecCostStore(root / "store")
+    host_id = next((root / "store" / "hosts").glob("*.json")).stem
+    entries = host_entries(store, host_id, "xgrammar", "cl100k")
+    assert len(entries) == len(SCHEMAS)
+    assert [e.digest for e in choose_specs(entries, 4)] == [e.digest for e in choose_specs(entries[::-1], 4)]
+
+
+def _host(host_id: str, score: float = 1.0, cores: int = 2) -> HostInfo:
+    return HostInfo(id=host_id, name=f"cpu-{host_id}", cpu_model="x", cores=cores, arch="x86_64", score=score,
+                    benchmark_version=BENCHMARK_VERSION, measured="2026-11-27")
+
+
+def _entry(digest: str, host: HostInfo, compile_s: float) -> SpecCostEntry:
+    costs = SpecProfile(kind="regex", status="ok", compile_s=compile_s, fills=4, fill_scale_s=1e-5,
+                        fill_curve=[1.0] * 13, fill_residual=[1.0], accept_s=1e-6)
+    return SpecCostEntry(digest=digest, backend="xgrammar", backend_version="0.2.8", vocab="cl100k", kind="regex",
+                         host=host, status="ok", costs=costs, measured="test", spec="x")
+
+
+def test_choose_specs_spans_the_compile_times_at_slice_middles():
+    entries = [_entry(f"{i:032x}", _host("h"), (i + 1) * 1e-3) for i in range(40)]
+    chosen = choose_specs(entries, 8)
+    assert [round(e.costs.compile_s * 1e3) for e in chosen] == [3, 8, 13, 18, 23, 28, 33, 38]
+    assert choose_specs(entries[:5], 8) == entries[:5]  # fewer entries than asked: every one
+
+
+def _regex_requests() -> list[Request]:
+    return [Request(i, i * 0.1, 16, 8, ConstraintSpec("regex", f"[a-z]{{{i + 1}}}"), f"r/{i}") for i in range(3)]
+
+
+def _scale(there: HostInfo, here: HostInfo, digests: dict[str, float], fill: float | None = 1.2) -> SpecHostScale:
+    return SpecHostScale(source="probe:p.json", backend="xgrammar", backend_version="0.2.8", vocab="cl100k",
+                         measured_on=there, host=here, compile=ProbeScale(scale=1.5, spread=0.1, count=8),
+                         fill=None if fill is None else ProbeScale(scale=fill, spread=0.05, count=8), there=digests)
+
+
+@pytest.fixture
+def stored(tmp_path, monkeypatch):
+    """Three regex specs stored for host 'lent' (4 ms compiles, 10 µs fills), the engine version pinned."""
+    from cdbench.harness.costs import spec_costs, spec_store
+
+    monkeypatch.setattr(spec_store, "backend_version", lambda backend: "0.2.8")
+    monkeypatch.setattr(spec_costs, "backend_version", lambda backend: "0.2.8")
+    there = _host("lent", 0.6, cores=4)
+    requests = _regex_requests()
+    store = SpecCostStore(tmp_path)
+    digests = {}
+    for r in requests:
+        digest = spec_digest("xgrammar", "0.2.8", "cl100k", {}, r.spec)
+        store.put(_entry(digest, there, 0.004))
+        digests[digest] = 0.004
+    return store, there, requests, digests
+
+
+def _price(store: SpecCostStore, requests, **settings):
+    return price_specs(GrammarProfile.builtin("xgrammar"), "xgrammar", {}, "cl100k", requests,
+                       SpecCostSettings(spec_store=str(store.root), spec_costs="strict", **settings))
+
+
+def test_the_probes_scales_price_the_probed_hosts_specs_in_place_of_the_score_ratio(stored):
+    store, there, requests, digests = stored
+    # lent hosts of one CPU model and core count share an id: the probe scales them all the same
+    for here in (_host("other", 0.9, cores=4), there.model_copy(update={"score": 0.9})):
+        profile, coverage = _price(store, requests, spec_host_scale=_scale(there, here, digests))
+        priced = profile.specs[spec_key_hash("regex:r/0")]
+        assert priced.compile_s == pytest.approx(0.004 * 1.5)
+        assert priced.fill_scale_s == pytest.approx(1e-5 * 1.2) and priced.accept_s == pytest.approx(1e-6 * 1.2)
+        assert coverage.specs["measured_elsewhere"] == 3 and coverage.host_scales == {}
+        assert coverage.target_host == here.name
+        assert "compile × 1.500 (±0.100, 8 specs), fill × 1.200 (±0.050, 8 texts)" in coverage.host_probe
+        assert coverage.host_probe in coverage.lines()
+    # a probe that walked no text: fills by the score ratio, and it says so
+    profile, coverage = _price(store, requests, spec_host_scale=_scale(there, _host("other", 0.9), digests, None))
+    assert profile.specs[spec_key_hash("regex:r/0")].fill_scale_s == pytest.approx(1e-5 * 0.6 / 0.9)
+    assert "the score ratio" in coverage.host_probe
+
+
+def test_a_run_order_sequence_of_the_probed_host_takes_the_compile_scale(stored):
+    store, there, requests, digests = stored
+    store.put_sequence(SequenceEntry(
+        digest=sequence_digest("xgrammar", "0.2.8", "cl100k", {}, [r.spec for r in requests]), backend="xgrammar",
+        backend_version="0.2.8", vocab="cl100k", host=there, compile_s=[0.010, 0.002, None], measured="test"))
+    profile, coverage = _price(store, requests, spec_host_scale=_scale(there, _host("other", 0.9), digests))
+    assert coverage.compile_order == "run order"
+    compiles = [profile.specs[spec_key_hash(f"regex:r/{i}")].compile_s for i in range(3)]
+    assert compiles == pytest.approx([0.015, 0.003, 0.006])
+
+
+def test_a_probe_of_another_store_backend_or_host_is_refused(stored):
+    store, there, requests, digests = stored
+    here = _host("other", 0.9)
+    other_store = {**digests, next(iter(digests)): 0.005}
+    with pytest.raises(SpecCostsError, match=r"probe:p\.json probed another store: .* holds 0\.004 s, not 0\.005 s"):
+        _price(store, requests, spec_host_scale=_scale(there, here, other_store))
+    with pytest.raises(SpecCostsError, match=r"probe:p\.json probed another store: .* holds no entry"):
+        _price(store, requests, spec_host_scale=_scale(_host("third"), here, digests))
+    llg = _scale(there, here, digests).model_copy(update={"backend": "llguidance"})
+    with pytest.raises(SpecCostsError, match=r"probe:p\.json probed llguidance 0\.2\.8 on cl100k; this run prices "
+                                             r"xgrammar 0\.2\.8 on cl100k"):
+        _price(store, requests, spec_host_scale=llg)
+    with pytest.raises(SpecCostsError, match=r"prices for host other; costs\.host names lent"):
+        _price(store, requests, spec_host_scale=_scale(there, here, digests), host="lent")
+
+
+def test_bad_probe_files_are_refused_with_one_line_naming_the_file(tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"id": "t/0", "kind": "regex", "spec": "[ab]", "source": "t", "license": "CC0"}))
+    cases = {"missing.json": None, "junk.json": "{not json", "forward.json": json.dumps({"model": "qwen3-8b"})}
+    for name, text in cases.items():
+        path = tmp_path / name
+        if text is not None:
+            path.write_text(text)
+        with pytest.raises(ConfigError) as err:
+            validate_run_config(_config(corpus, tmp_path / "s", spec_host_scale=f"probe:{path}"))
+        message = str(err.value)
+        assert f"costs.spec_host_scale: probe:{path}: " in message and "\n" not in message
+        assert ("cannot read the probe" if text is None else "not a spec-cost probe") in message
+    with pytest.raises(ConfigError, match="expected 'probe:<file>'"):
+        validate_run_config(_config(corpus, tmp_path / "s", spec_host_scale="1.2"))
+    tree = {**_config(corpus, tmp_path / "s", spec_host_scale=f"probe:{tmp_path / 'x.json'}"), "mode": "hybrid"}
+    with pytest.raises(ConfigError, match="prices a model run's specs; a hybrid run times its grammar work"):
+        validate_run_config(tree)
+
+
+def test_a_run_priced_by_a_probe_records_it_in_its_config_and_summary(probed):
+    root, corpus, first, _, out = probed
+    config = validate_run_config(_config(corpus, root / "store", spec_costs="strict", spec_host_scale=f"probe:{out}"))
+    scale = config.costs.spec_host_scale
+    assert isinstance(scale, SpecHostScale) and scale.source == f"probe:{out}"
+    assert scale == read_probe(out)
+    # the resolved scale is what the run's config.yaml holds: it reruns without the file
+    assert RunConfig.model_validate(config.model_dump(mode="json")).costs.spec_host_scale == scale
+    result = run(config)
+    coverage = result.summary.spec_costs
+    assert coverage.host_probe == scale.describe() and f"by probe:{out}: compile × " in coverage.host_probe
+    assert coverage.specs["measured_elsewhere"] == first.summary.spec_costs.specs["measured_here"]
+
+
+def test_the_probe_command_needs_an_out_file_and_a_probed_host(tmp_path):
+    result = runner.invoke(app, ["host", "--store", str(tmp_path), "--probe-specs", "abc"])
+    assert result.exit_code == 2 and "give it with --out" in result.output
+    result = runner.invoke(app, ["host", "--store", str(tmp_path), "--probe-specs", "abc", "--out",
+                                 str(tmp_path / "p.json")])
+    assert result.exit_code == 2 and "0 compiled specs of host abc" in result.output
+    assert not (tmp_path / "p.json").exists()
