@@ -38,15 +38,15 @@ class RunningBatch:
         token it had computed): a view, indexed by ``rid``."""
         return self._entry[1]
 
-    def enter(self, rid: int, prompt: int, gen_total: int, think: int) -> None:
-        """Request ``rid``'s entry as it enters (over the request that held its slot before)."""
-        entry = self._entry  # (scalar writes: cheaper than a tuple made into an array)
-        entry[0, rid] = rid
-        entry[1, rid] = prompt
-        entry[2, rid] = 0
-        entry[3, rid] = gen_total
-        entry[4, rid] = think
-        entry[5, rid] = _NAN_BITS
+    def enter(self, rids: np.ndarray, prompt: np.ndarray, gen_total: np.ndarray, think: np.ndarray) -> None:
+        """Requests ``rids``' entries as they enter (over the requests that held their slots before)."""
+        entry = self._entry
+        entry[0, rids] = rids
+        entry[1, rids] = prompt
+        entry[2, rids] = 0
+        entry[3, rids] = gen_total
+        entry[4, rids] = think
+        entry[5, rids] = _NAN_BITS
 
     def grow(self, n: int) -> None:
         """Entries for ``n`` requests (the new ones empty)."""

@@ -186,15 +186,13 @@ class KVCache:
         """Token slots in use now (whole blocks)."""
         return (self.blocks - self.free) * self.block
 
-    def too_long_one(self, spec_tokens: int, prompt: int, gen: int) -> bool:
-        """:meth:`too_long` of one request of ``prompt`` tokens and ``gen`` to generate."""
-        return -(-(prompt + gen + spec_tokens) // self.block) > self.blocks or (
-            self.policy == "sglang" and prompt + min(gen, SGLANG_CLIP_MAX_NEW_TOKENS) >= self.tokens)
-
-    def too_long(self, spec_tokens: int) -> np.ndarray:
+    def too_long(self, spec_tokens: int, prompt: np.ndarray | None = None,
+                 gen: np.ndarray | None = None) -> np.ndarray:
         """Per request, whether it can never run: its longest context exceeds the cache, or (SGLang) its
-        admission estimate alone reaches it."""
-        prompt, gen = self.rec.prompt_len, self.gen_total
+        admission estimate alone reaches it; of every request slot, or of requests of ``prompt`` tokens and
+        ``gen`` to generate (requests entering)."""
+        if prompt is None:
+            prompt, gen = self.rec.prompt_len, self.gen_total
         refused = -(-(prompt + gen + spec_tokens) // self.block) > self.blocks
         if self.policy == "sglang":
             refused |= prompt + np.minimum(gen, SGLANG_CLIP_MAX_NEW_TOKENS) >= self.tokens

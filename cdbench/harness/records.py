@@ -182,23 +182,8 @@ class RequestTable:
     def of(cls, requests: Sequence[Request]) -> RequestTable:
         """The table of ``requests`` (in their order) as they enter."""
         table = cls(len(requests))
-        table.enter(0, requests)
+        table.enter(slice(0, len(requests)), requests)
         return table
-
-    def enter_one(self, rid: int, r: Request) -> tuple[int, int, int]:
-        """Row ``rid``: request ``r`` as it enters (as :meth:`enter`); its (prompt, answer, thinking) tokens."""
-        prompt, output = max(1, r.prompt_len), max(1, r.output_len)
-        budget = r.thinking_budget
-        forced = r.think_len > 0 and budget is not None and budget >= 0 and r.think_len > budget
-        think = ((budget if forced else r.think_len) + 1) if r.think_len > 0 else 0
-        self.request_id[rid] = r.request_id
-        self.arrival_s[rid] = r.arrival_s
-        self.prompt_len[rid] = prompt
-        self.output_len[rid] = output
-        self.structured[rid] = r.spec is not None
-        self.think_tokens[rid] = think
-        self.forced_think_end[rid] = forced
-        return prompt, output, think
 
     def clear(self, rows: np.ndarray) -> None:
         """Rows ``rows`` as a new table has them (free for other requests)."""
@@ -226,9 +211,9 @@ class RequestTable:
             setattr(self, name, column)
         self.n = n
 
-    def enter(self, start: int, requests: Sequence[Request]) -> None:
-        """Rows ``start`` on: ``requests`` as they enter (thinking capped by its budget, + its end token)."""
-        at = slice(start, start + len(requests))
+    def enter(self, at: slice | np.ndarray, requests: Sequence[Request]) -> None:
+        """Rows ``at`` (a slice or row numbers): ``requests`` as they enter (thinking capped by its budget, + its
+        end token)."""
         self.request_id[at] = [r.request_id for r in requests]
         self.arrival_s[at] = [r.arrival_s for r in requests]
         self.prompt_len[at] = [max(1, r.prompt_len) for r in requests]

@@ -49,6 +49,7 @@ import gc
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -147,7 +148,9 @@ class Scheduler:
         else:
             self.keys = SpecKeys.of(_entering(requests, rec), n)
             rec.spec_key[:] = self.keys.request_key
-        self._incoming = iter(requests)  # the requests not issued yet
+        self._incoming = iter(requests)  # the requests not entered yet
+        self._ahead: list[int] = []  # the slots of the requests entered and not issued yet, in order
+        self._ahead_at = 0  # (from this one on)
         self._last_arrival = -math.inf
         self.gen_total = rec.think_tokens + rec.output_len
         parallel = config.fill_parallel_threshold is not None and config.spec_tokens == 0  # (vLLM: no spec decoding)
@@ -267,51 +270,59 @@ class Scheduler:
             if self._in_flight >= self.max_concurrency:
                 return
             self._in_flight += 1
-        position = self._next_arrival
+        if self._ahead_at == len(self._ahead):
+            self._enter_ahead()
+        rid = self._ahead[self._ahead_at]
+        self._ahead_at += 1
         self._next_arrival += 1
-        r = next(self._incoming, None)
-        if r is None:
-            raise ValueError(f"the workload gave {position} requests, not the {self.n} it said it holds")
-        if self.reuse:
-            rid = self._slot()
-            key, instance = self._enter(rid, r)
-        else:
-            rid = position
-            key, instance = int(self.keys.request_key[rid]), self.keys.request_instance[rid]
-        self.executor.enter(rid, r, key, instance)
         self._order.append(rid)
         self.queue.push(max(now, float(self.rec.arrival_s[rid])), EventKind.ARRIVAL, rid)
 
+    def _enter_ahead(self) -> None:
+        """Enter the next requests, up to :data:`_AHEAD` of them, into their slots at once (array writes), to
+        be issued one by one."""
+        start = self._next_arrival
+        want = min(_AHEAD, self.n - start)
+        chunk = list(islice(self._incoming, want))
+        if len(chunk) < want:
+            raise ValueError(f"the workload gave {start + len(chunk)} requests, not the {self.n} it said it holds")
+        if self.reuse:
+            rids = self._take_slots(len(chunk))
+            rec = self.rec
+            self._last_arrival = _enter(rec, rids, chunk, self._last_arrival)
+            entered = [self.keys.enter(r) for r in chunk]
+            keys = np.fromiter((key for key, _ in entered), np.int64, len(chunk))
+            instances = [instance for _, instance in entered]
+            rec.spec_key[rids] = keys
+            prompt, think = rec.prompt_len[rids], rec.think_tokens[rids]
+            gen_total = self.gen_total[rids] = think + rec.output_len[rids]
+            self.batch.enter(rids, prompt, gen_total, think)
+            if self._refused is not None:
+                self._refused[rids] = self.kv.too_long(self.cfg.spec_tokens, prompt, gen_total)
+        else:
+            rids = np.arange(start, start + len(chunk))
+            keys = self.keys.request_key[rids]
+            instances = self.keys.request_instance[start:start + len(chunk)]
+        self.executor.enter(rids, chunk, keys, instances)
+        self._ahead, self._ahead_at = rids.tolist(), 0
+
     # ------------------------------------------------------------------ request slots
 
-    def _slot(self) -> int:
-        """A free slot: one given back, else the next never used; when none is left, the ended requests' rows
-        are handed out, and the slots doubled where that frees no more than an eighth of them."""
-        if not self._free and self._used == len(self.rec.finish_s):
+    def _take_slots(self, k: int) -> np.ndarray:
+        """``k`` free slots: given back ones (the earliest given back first), then ones never used; when too
+        few are left, the ended requests' rows are handed out, and the slots doubled where that leaves no more
+        than an eighth of them free."""
+        free = self._free
+        if len(free) + len(self.rec.finish_s) - self._used < k:
             self._retire()
-            if len(self._free) <= self._used // 8:
-                self._grow(2 * self._used)
-        if self._free:
-            return self._free.pop()
-        self._used += 1
-        return self._used - 1
-
-    def _enter(self, rid: int, r: Request) -> tuple[int, str | None]:
-        """Write request ``r``'s entering state into slot ``rid``: its row, spec key and batch entry."""
-        if r.arrival_s < self._last_arrival:
-            raise ValueError(f"request {r.request_id} arrives at {r.arrival_s} s, before the request issued "
-                             f"before it ({self._last_arrival} s): a workload not held must give its requests "
-                             "by arrival time")
-        self._last_arrival = r.arrival_s
-        rec = self.rec
-        prompt, output, think = rec.enter_one(rid, r)
-        key, instance = self.keys.enter(r)
-        rec.spec_key[rid] = key
-        gen_total = self.gen_total[rid] = think + output
-        self.batch.enter(rid, prompt, gen_total, think)
-        if self._refused is not None:
-            self._refused[rid] = self.kv.too_long_one(self.cfg.spec_tokens, prompt, gen_total)
-        return key, instance
+            left = len(free) + len(self.rec.finish_s) - self._used
+            if left < k or left <= len(self.rec.finish_s) // 8:
+                self._grow(max(2 * len(self.rec.finish_s), self._used + k))
+        reused = free[:-k - 1:-1] if k <= len(free) else free[::-1]
+        del free[len(free) - len(reused):]
+        fresh = k - len(reused)
+        self._used += fresh
+        return np.array(reused + list(range(self._used - fresh, self._used)), np.int64)
 
     def _retire(self) -> None:
         """Hand out the rows of the ended requests that every request before them in scheduler order precedes
@@ -473,10 +484,11 @@ class Scheduler:
         self._end(rid, t)
 
     def _end(self, rid: int, t: float) -> None:
-        key = int(self.rec.spec_key[rid])
-        if self.keys.fresh(key):  # no other request has its spec: what is kept of it goes
-            self.keys.forget(key)
-            self.cache.forget(key)
+        if self.keys.fresh_copies:
+            key = int(self.rec.spec_key[rid])
+            if self.keys.fresh(key):  # no other request has its spec: what is kept of it goes
+                self.keys.forget(key)
+                self.cache.forget(key)
         self.ended += 1
         if self.max_concurrency is not None:
             self._in_flight -= 1
@@ -764,28 +776,35 @@ def _entering(requests: Iterable[Request], rec: RequestTable) -> Iterator[Reques
     for r in requests:
         chunk.append(r)
         if len(chunk) == _CHUNK:
-            last = _enter(rec, start, chunk, last)
+            last = _enter(rec, slice(start, start + len(chunk)), chunk, last)
             yield from chunk
             start += len(chunk)
             chunk = []
     if chunk:
-        _enter(rec, start, chunk, last)
+        _enter(rec, slice(start, start + len(chunk)), chunk, last)
         yield from chunk
         start += len(chunk)
     if start != rec.n:
         raise ValueError(f"the workload gave {start} requests, not the {rec.n} it said it holds")
 
 
-def _enter(rec: RequestTable, start: int, chunk: list[Request], last: float) -> float:
-    rec.enter(start, chunk)
-    arrivals = rec.arrival_s[start:start + len(chunk)]
-    if arrivals[0] < last or (len(chunk) > 1 and bool((np.diff(arrivals) < 0).any())):
-        raise ValueError(f"request {chunk[0].request_id}'s chunk arrives out of order: a workload not held must "
-                         "give its requests by arrival time")
+def _enter(rec: RequestTable, at: slice | np.ndarray, chunk: list[Request], last: float) -> float:
+    """Enter ``chunk`` into rows ``at`` of ``rec``; a request arriving before the one before it (``last``: the
+    arrival before the chunk's) is refused; returns the chunk's last arrival."""
+    rec.enter(at, chunk)
+    arrivals = rec.arrival_s[at]
+    earlier = np.flatnonzero(np.diff(arrivals, prepend=last) < 0)
+    if len(earlier):
+        i = int(earlier[0])
+        before = float(arrivals[i - 1]) if i else last
+        raise ValueError(f"request {chunk[i].request_id} arrives at {chunk[i].arrival_s} s, before the request "
+                         f"issued before it ({before} s): a workload not held must give its requests by arrival "
+                         "time")
     return float(arrivals[-1])
 
 
 _SLOTS = 1 << 12  # request slots a scheduler reusing them starts with
+_AHEAD = 1 << 8  # requests entered into their slots at a time, ahead of their issue
 
 
 def _grown(array: np.ndarray, length: int, fill) -> np.ndarray:

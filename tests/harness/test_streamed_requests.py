@@ -54,6 +54,7 @@ def test_a_run_of_requests_not_held_is_the_run_of_them_held(name, monkeypatch):
     streamed = generate(config.workload, vocab, progress=False, held=False)
     eager = _run(config, held.requests)
     monkeypatch.setattr(scheduler_module, "_SLOTS", 8)  # slots reused from the 9th request on, and grown
+    monkeypatch.setattr(scheduler_module, "_AHEAD", 3)  # entered 3 at a time (the last chunk shorter)
     lazy = _run(config, list(streamed.iter_requests()), count=len(held.requests))
     pd.testing.assert_frame_equal(lazy.requests, eager.requests)
     pd.testing.assert_frame_equal(lazy.steps, eager.steps)
@@ -69,6 +70,7 @@ def test_a_replayed_trace_of_a_streamed_workload_is_the_same_run(tmp_path, monke
     replayed = replay(config.workload.model_copy(update={"trace": str(tmp_path / "t.jsonl")}), vocab)
     eager = _run(config, replayed.requests)
     monkeypatch.setattr(scheduler_module, "_SLOTS", 8)
+    monkeypatch.setattr(scheduler_module, "_AHEAD", 3)
     lazy = _run(config, list(streamed.iter_requests()), count=len(replayed.requests))
     pd.testing.assert_frame_equal(lazy.requests, eager.requests)
     assert lazy.summary == eager.summary
@@ -76,8 +78,10 @@ def test_a_replayed_trace_of_a_streamed_workload_is_the_same_run(tmp_path, monke
 
 def test_a_long_run_holds_the_requests_in_flight_only(monkeypatch):
     """Copies of one spec (unique reuse) each their own key: the scheduler's slots, spec keys, compile
-    cache and cost tables stay bounded by the requests in flight over 3,000 requests."""
+    cache and cost tables stay bounded by the requests in flight (and those entered ahead of their issue) over
+    3,000 requests."""
     monkeypatch.setattr(scheduler_module, "_SLOTS", 16)
+    monkeypatch.setattr(scheduler_module, "_AHEAD", 4)
     n = 3000
     requests = (Request(i, i * 0.05, 64, 6, SPEC, f"item#copy{i}") for i in range(n))  # one in flight at a time
     executor = ModelExecutor(FixedGrammarCosts(compile_time_s=0.001))
@@ -98,6 +102,7 @@ def test_slots_grow_when_the_requests_in_flight_need_more(monkeypatch):
     held = simulate(requests, policy("vllm", overlap=False), ModelExecutor(FixedGrammarCosts()),
                     FixedGpuCosts(forward_base_s=0.001), trace_steps=0)  # (a slot a request: fewer than _SLOTS)
     monkeypatch.setattr(scheduler_module, "_SLOTS", 4)
+    monkeypatch.setattr(scheduler_module, "_AHEAD", 3)
     sched = Scheduler(policy("vllm", overlap=False), iter(requests), ModelExecutor(FixedGrammarCosts()),
                       FixedGpuCosts(forward_base_s=0.001), count=n)
     sched.run()

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -120,10 +120,11 @@ class CostTables:
     fill_base: np.ndarray | None = None
     accept_curve: np.ndarray | None = None
 
-    def enter(self, rid: int, request: Request, key: int, instance: str | None) -> None:
-        """Request ``request`` entered the scheduler in slot ``rid`` (its spec ``key``, -1: none; ``instance``: the
-        instance key of the text it walks): its per-request columns are written (over a request that held the
-        slot before). Requests enter in scheduler order."""
+    def enter(self, rids: np.ndarray, requests: Sequence[Request], keys: np.ndarray,
+              instances: Sequence[str | None]) -> None:
+        """``requests`` entered the scheduler in slots ``rids`` (their spec ``keys``, -1: none; ``instances``: the
+        instance keys of the texts they walk): their per-request columns are written (over the requests that
+        held the slots before). Requests enter in scheduler order, a chunk at a time."""
 
     def acquire(self, rid: int) -> None:
         """Request ``rid`` arrived: its pools are needed from now on (the tables of a profile build them then)."""
@@ -148,11 +149,13 @@ class ConstantTables(CostTables):
                          np.full(ROW, forced_tokens, np.int64), np.zeros(capacity, np.int64),
                          np.zeros(capacity, np.int64), np.ones(1), np.zeros(capacity, np.int64))
 
-    def enter(self, rid: int, request: Request, key: int, instance: str | None) -> None:
-        out_len = max(1, request.output_len)
-        self.off_end[rid] = self.curve_end[rid] = out_len
-        if out_len >= len(self.curve):
-            self.curve = np.ones(max(out_len + 1, 2 * len(self.curve)))
+    def enter(self, rids: np.ndarray, requests: Sequence[Request], keys: np.ndarray,
+              instances: Sequence[str | None]) -> None:
+        out_len = _answer_lengths(requests)
+        self.off_end[rids] = self.curve_end[rids] = out_len
+        longest = int(out_len.max(initial=0))
+        if longest >= len(self.curve):
+            self.curve = np.ones(max(longest + 1, 2 * len(self.curve)))
 
     def grow(self, capacity: int) -> None:
         for name in ("base", "off_end", "curve_end"):
@@ -264,6 +267,11 @@ def _survival(tried: list[int], valid: list[int]) -> np.ndarray:
     return np.cumprod(rate)
 
 
+def _answer_lengths(requests: Sequence[Request]) -> np.ndarray:
+    """Each request's answer tokens (at least one)."""
+    return np.maximum(np.fromiter((r.output_len for r in requests), np.int64, len(requests)), 1)
+
+
 def _walk_end_left(spec: SpecProfile | None, out_len: int, u: float) -> int:
     """The ``gen_left`` at which a random walk of ``spec`` with cap ``out_len`` ends (0: at its cap): it ends
     early as often as the spec's walks did, at one of their end lengths (``u``: its uniform draw)."""
@@ -351,8 +359,7 @@ class _Draws:
         self._chunks: dict[int, np.ndarray] = {}
         self._next = 0  # the next chunk to draw
 
-    def __getitem__(self, i: int):
-        c, at = divmod(i, self.CHUNK)
+    def _chunk(self, c: int) -> np.ndarray:
         chunk = self._chunks.get(c)
         if chunk is None:
             if c < self._next:
@@ -362,7 +369,19 @@ class _Draws:
                 self._chunks.pop(self._next - 2, None)
                 self._next += 1
             chunk = self._chunks[c]
-        return chunk[at]
+        return chunk
+
+    def at(self, ids: np.ndarray) -> np.ndarray:
+        """The values at indexes ``ids`` (read in increasing order of chunk where they can be)."""
+        chunks = ids // self.CHUNK
+        first, last = int(chunks.min(initial=0)), int(chunks.max(initial=0))
+        if first == last:
+            return self._chunk(first)[ids - first * self.CHUNK]
+        out = np.empty(len(ids), self._chunk(first).dtype)
+        for c in np.unique(chunks).tolist():
+            mine = chunks == c
+            out[mine] = self._chunk(c)[ids[mine] - c * self.CHUNK]
+        return out
 
 
 class _Slots:
@@ -501,42 +520,60 @@ class ProfileTables(CostTables):
         self._by_key[text] = info
         return info
 
-    def enter(self, rid: int, request: Request, key: int, instance: str | None) -> None:
-        out_len = max(1, request.output_len)
-        rid_id = request.request_id
-        self._out_len[rid] = out_len
-        self.off_end[rid] = int(self._offsets[rid_id]) + out_len
-        if out_len >= self.width:
-            self._widen(out_len + 1)
-        if key < 0:
-            self._spec_of[rid] = self._text_of[rid] = self._chain_of[rid] = None
-            self._set(rid, 0.0, -1, 0)
-            return
-        cost_spec, chain, think, rate, at, spec = self._key_info(key)
-        self._spec_of[rid] = cost_spec
-        self._chain_of[rid] = chain
-        text = instance if instance is not None and self._replays and instance in self.profile.instances else None
-        if text is not None:
-            self._text_gaps.setdefault(text, cost_spec)
-        self._text_of[rid] = text
-        reject = out_len - at if rate and self._refusals[rid_id] < rate and at < out_len else -1
-        end = _walk_end_left(spec, out_len, float(self._walk_ends[rid_id])) if request.output_tokens is None else 0
-        self._set(rid, think, reject, end)
+    def enter(self, rids: np.ndarray, requests: Sequence[Request], keys: np.ndarray,
+              instances: Sequence[str | None]) -> None:
+        n = len(rids)
+        out_len = _answer_lengths(requests)
+        ids = np.fromiter((r.request_id for r in requests), np.int64, n)
+        self._out_len[rids] = out_len
+        self.off_end[rids] = self._offsets.at(ids) + out_len
+        width = self.width  # widened as each longer answer would have widened it, entering one at a time
+        for longest in out_len[out_len >= width].tolist():
+            if longest >= width:
+                width = max(longest + 1, 2 * width)
+        if width != self.width:
+            self._widen(width)
+        think = np.zeros(n)
+        rate = np.zeros(n)
+        at = np.zeros(n, np.int64)
+        end = np.zeros(n, np.int64)
+        walk_ends = None
+        spec_of, text_of, chain_of = self._spec_of, self._text_of, self._chain_of
+        replays, instances_measured = self._replays, self.profile.instances if self._replays else None
+        for i, (rid, key, instance) in enumerate(zip(rids.tolist(), keys.tolist(), instances)):
+            if key < 0:
+                spec_of[rid] = text_of[rid] = chain_of[rid] = None
+                continue
+            cost_spec, chain, think[i], rate[i], at[i], spec = self._key_info(key)
+            spec_of[rid] = cost_spec
+            chain_of[rid] = chain
+            text = instance if instance is not None and replays and instance in instances_measured else None
+            if text is not None:
+                self._text_gaps.setdefault(text, cost_spec)
+            text_of[rid] = text
+            if spec is not None and spec.random_walks and spec.walk_ends and requests[i].output_tokens is None:
+                if walk_ends is None:
+                    walk_ends = self._walk_ends.at(ids)
+                end[i] = _walk_end_left(spec, int(out_len[i]), float(walk_ends[i]))
+        refused = rate > 0
+        if refused.any():
+            refused &= (self._refusals.at(ids) < rate) & (at < out_len)
+        self._set(rids, think, np.where(refused, out_len - at, -1), end)
 
-    def _set(self, rid: int, think: float, reject: int, end: int) -> None:
-        """A slot's thinking accepts, refused position and walk end, each column made when first not neutral."""
-        if think and self.think_accept is None:
+    def _set(self, rids: np.ndarray, think: np.ndarray, reject: np.ndarray, end: np.ndarray) -> None:
+        """Slots' thinking accepts, refused positions and walk ends, each column made when first not neutral."""
+        if self.think_accept is None and think.any():
             self.think_accept = np.zeros(len(self.base))
         if self.think_accept is not None:
-            self.think_accept[rid] = think
-        if reject >= 0 and self.reject_left is None:
+            self.think_accept[rids] = think
+        if self.reject_left is None and (reject >= 0).any():
             self.reject_left = np.full(len(self.base), -1, np.int64)
         if self.reject_left is not None:
-            self.reject_left[rid] = reject
-        if end and self.end_left is None:
+            self.reject_left[rids] = reject
+        if self.end_left is None and end.any():
             self.end_left = np.zeros(len(self.base), np.int64)
         if self.end_left is not None:
-            self.end_left[rid] = end
+            self.end_left[rids] = end
 
     def grow(self, capacity: int) -> None:
         old = len(self.base)

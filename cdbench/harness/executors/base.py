@@ -247,9 +247,10 @@ class GrammarExecutor(ABC):
     #: (:meth:`enter`) and its slot is reused once it ended
     reads_requests: bool = False
 
-    def enter(self, rid: int, request: Request, key: int, instance: str | None) -> None:
-        """``request`` entered the scheduler in slot ``rid`` (its spec ``key``, -1: none, and the instance key
-        of the text it walks, ``None``: none), in scheduler order (where :attr:`reads_requests` is false)."""
+    def enter(self, rids: np.ndarray, requests: Sequence[Request], keys: np.ndarray,
+              instances: Sequence[str | None]) -> None:
+        """``requests`` entered the scheduler in slots ``rids`` (their spec ``keys``, -1: none, and the instance
+        keys of the texts they walk, ``None``: none), in scheduler order, a chunk at a time."""
 
     def grow(self, capacity: int) -> None:
         """The scheduler has ``capacity`` request slots from now on."""

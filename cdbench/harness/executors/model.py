@@ -188,12 +188,12 @@ class ModelExecutor(GrammarExecutor):
         super().prepare((), keys, capacity, jump_forward, parallel_fill, drafts)  # (the requests are not kept)
         self.tables = self.costs.tables(keys, capacity if capacity is not None else len(requests), drafts,
                                         jump_forward, requests if len(requests) else None)
-        if keys.request_key is not None:
-            for rid, r in enumerate(requests):
-                self.tables.enter(rid, r, int(keys.request_key[rid]), keys.request_instance[rid])
+        if keys.request_key is not None and len(requests):
+            self.tables.enter(np.arange(len(requests)), requests, keys.request_key, keys.request_instance)
 
-    def enter(self, rid: int, request: Request, key: int, instance: str | None) -> None:
-        self.tables.enter(rid, request, key, instance)
+    def enter(self, rids: np.ndarray, requests: Sequence[Request], keys: np.ndarray,
+              instances: Sequence[str | None]) -> None:
+        self.tables.enter(rids, requests, keys, instances)
 
     def grow(self, capacity: int) -> None:
         self.tables.grow(capacity)
