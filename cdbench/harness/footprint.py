@@ -8,15 +8,19 @@ pricing reads them (an item's copies priced once, by the item:
 ``costs/spec_costs.py``) and again as the scheduler issues them, each into a slot
 reused once it ended and its row was written (``harness/scheduler.py``), with the
 cost tables' per-request columns in the same slots and the cost pools of the
-requests in flight (``costs/cost_tables.py``). Its memory hardly grows with the
-request count while it simulates (10 MiB more at its end for 200,000 requests
-than for 100,000). What it holds beyond the
+requests in flight (``costs/cost_tables.py``). Its memory does not grow with the
+request count while it simulates (a million requests: resident memory between 566 and
+589 MiB from the spec pricing to the simulation's last step). What it holds beyond the
 requests in flight is bounded by the corpus (its items' spec keys, instance pools
 and texts) and by fixed sizes (the histograms, the remembered spec keys, the
-buffered steps and rows between two writes, the quantile candidates of the summary).
-What still grows is the report built after it (:data:`STREAMED_BYTES_PER_REQUEST`,
-about a quarter of what a request cost before; not yet found), so the estimate is
-:data:`STREAMED_BYTES` plus that a request.
+buffered steps and rows between two writes, the row groups joined at the end, the
+quantile candidates of the summary, at most ``streamed.SELECT_LIMIT`` values a
+statistic). The peak is set after the last step, when the tables are joined and the
+summary read back, and it still grows between 100,000 requests and a million
+(:data:`STREAMED_BYTES_PER_REQUEST`, a third of what it was: the row groups and the
+candidates have bounds, which a run reaches only past some size); the estimate is
+:data:`STREAMED_BYTES` plus that a request, so it keeps growing past a million,
+where the peak is expected to stop (ten million requests were not measured).
 
 Other runs hold the workload's requests and the scheduler's state for every
 request to their end (``hybrid`` and ``live`` modes, whose executor reads the
@@ -32,17 +36,17 @@ size, beyond the interpreter, torch, pandas and the vocabulary (about 500 MiB, r
 before the check runs), measured on a 2-CPU x86-64 Linux machine shared with
 other work, each run pinned to one core::
 
-    python benchmarks/bench_streaming.py --requests 100000 200000 400000 --core 0
+    python benchmarks/bench_streaming.py --requests 100000 --core 1
+    python benchmarks/bench_streaming.py --requests 1000000 --core 1
 
-      100000 requests: peak 719.3 MiB (at the simulation's start 518.6 MiB, at its end 708.8 MiB)
-      200000 requests: peak 757.1 MiB (at the simulation's start 518.7 MiB, at its end 719.2 MiB)
+       100000 requests: peak 724.4 MiB (at the simulation's start 518.1 MiB, at its end 722.9 MiB)
+      1000000 requests: peak 840.9 MiB (at the simulation's start 519.8 MiB, at its end 828.3 MiB)
 
-(commit d790d55, load average 7 to 20.) The simulation's start is the same at both sizes (the spec
-pricing read 200,000 requests without holding them); the peak, set while the report is built, grows by
-38 MiB, 396 bytes a request (:data:`STREAMED_BYTES_PER_REQUEST`); :data:`STREAMED_BYTES` is the rest of
-the 100,000-request peak over the 500 MiB base. A million requests were stopped after 49 s of CPU on the
-loaded machine with a peak of 533 MiB. Before this (d63b13a) a million requests peaked at 2,025 MiB and
-every request added about 1.5 kB.
+(load average 1 to 11; the million's resident memory, sampled every 30 s, stayed between 566 and 589
+MiB until its last step.) The peak grows by 116.5 MiB from 100,000 requests to a million, 136 bytes a
+request (:data:`STREAMED_BYTES_PER_REQUEST`); :data:`STREAMED_BYTES` is the rest of the 100,000-request
+peak over the 500 MiB base. Before (d790d55) it grew 396 bytes a request from 100,000 to 200,000 requests,
+and before the requests were generated as they arrive (d63b13a) a million requests peaked at 2,025 MiB.
 
 The CPU time a request adds, :data:`SECONDS_PER_REQUEST`, is the fit of
 ``bench_run_memory.py`` at 71293d8 (5,000 to 40,000 requests, a quieter
@@ -66,11 +70,12 @@ from rich.filesize import decimal as _bytes
 if TYPE_CHECKING:
     from cdbench.harness.config import RunConfig
 
-STREAMED_BYTES = 180 * 2**20
+STREAMED_BYTES = 212 * 2**20
 """Peak resident memory a streamed ``model`` run adds whatever its request count (see the module docstring)."""
 
-STREAMED_BYTES_PER_REQUEST = 396
-"""What a request still adds to a streamed ``model`` run's peak (its report; see the module docstring)."""
+STREAMED_BYTES_PER_REQUEST = 136
+"""What a request still adds to a streamed ``model`` run's peak (up to a million requests: the row groups joined
+and the summary's quantile candidates filling to their bounds; see the module docstring)."""
 
 BYTES_PER_REQUEST = 1_459
 """Peak resident memory a request adds to a run that holds its requests' state to the end (see the module
