@@ -158,7 +158,8 @@ def _with_spec_host_scale(config: RunConfig, source: str) -> RunConfig:
         raise ConfigError(f"{source}: costs.spec_host_scale prices a model run's specs; a {config.mode} run times "
                           "its grammar work itself (leave it unset)")
     try:
-        scale = read_probe(config.costs.spec_host_scale.removeprefix(PROBE_PREFIX))
+        scale = read_probe(config.costs.spec_host_scale.removeprefix(PROBE_PREFIX),
+                           by_size=config.costs.spec_probe_compile == "by_size")
     except SpecProbeError as err:
         raise ConfigError(f"{source}: costs.spec_host_scale: {err}") from None
     return config.model_copy(update={"costs": config.costs.model_copy(update={"spec_host_scale": scale})})

@@ -123,7 +123,9 @@ class SpecCostSettings(BaseModel):
     (``cdbench host --probe-specs``) prices the run for the probe's host, the specs
     measured on the probed host scaled by the probe's compile and fill scales instead of
     the score ratio (resolved into a :class:`~.spec_probe.SpecHostScale` when the run's
-    configuration is checked); ``None`` (default): the score ratio.
+    configuration is checked); ``None`` (default): the score ratio. ``spec_probe_compile``:
+    ``median`` (default) scales every compile by the probe's median ratio, ``by_size`` each
+    compile by the probe's ratio at its stored seconds.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -136,6 +138,7 @@ class SpecCostSettings(BaseModel):
     measure_batch_rows: int | None = Field(16, ge=1)
     measure_accept_gap_s: float = Field(0.0, ge=0)
     spec_host_scale: SpecHostScale | str | None = None
+    spec_probe_compile: Literal["median", "by_size"] = "median"
 
     @field_validator("spec_host_scale")
     @classmethod
@@ -422,12 +425,14 @@ def _from_profile(profile: GrammarProfile, specs: list[_RunSpec], by_key: bool) 
                 s.base = bases[key] = spec_key_text(found.kind, base_spec_id(found.spec_id))
 
 
-def _host_scales(host: HostInfo, target: HostInfo, probe: SpecHostScale | None) -> tuple[float, float] | None:
+def _host_scales(host: HostInfo, target: HostInfo, probe: SpecHostScale | None,
+                 compile_s: float | None = None) -> tuple[float, float] | None:
     """The (compile, fill) factors from ``host``'s seconds to ``target``'s: the probe's where it probed
-    ``host`` (even one of ``target``'s id: lent hosts of one CPU model and core count share an id), else the
-    score ratio; ``None`` where ``host`` is ``target`` and no probe scales it."""
+    ``host`` (even one of ``target``'s id: lent hosts of one CPU model and core count share an id; its
+    compile factor at ``compile_s`` stored seconds), else the score ratio; ``None`` where ``host`` is
+    ``target`` and no probe scales it."""
     if probe is not None and host.id == probe.measured_on.id:
-        return probe.compile.scale, probe.fill_scale()
+        return probe.compile_factor(compile_s), probe.fill_scale()
     if host.id == target.id:
         return None
     ratio = time_scale(host, target)
@@ -443,7 +448,7 @@ def _from_store(store: SpecCostStore, specs: list[_RunSpec], target: HostInfo, s
         if not entries:
             continue
         entry = next((e for e in entries if e.host.id == target.id), entries[0])
-        factors = _host_scales(entry.host, target, probe)
+        factors = _host_scales(entry.host, target, probe, entry.costs.compile_s)
         s.compile_scale, s.fill_scale = factors or (1.0, 1.0)
         if factors is not None and (probe is None or entry.host.id != probe.measured_on.id):
             scales[entry.host.name] = s.fill_scale
@@ -616,11 +621,10 @@ def _in_run_order(specs: list[_RunSpec], backend: str, version: str, vocab: str,
     if not entries:
         return "alone"
     entry = next((e for e in entries if e.host.id == target.id), entries[0])
-    scale = (_host_scales(entry.host, target, probe) or (1.0, 1.0))[0]
     for s, seconds in zip(specs, entry.compile_s, strict=True):
         if seconds is not None and s.source.startswith("measured") and s.costs is not None \
                 and s.costs.status in (None, "ok"):
-            s.compile_in_order_s = seconds * scale
+            s.compile_in_order_s = seconds * (_host_scales(entry.host, target, probe, seconds) or (1.0, 1.0))[0]
     return how
 
 

@@ -16,6 +16,16 @@ on the probed host take the probe's compile scale for their compiles and its fil
 accepts and rollbacks, in place of the score ratio (:class:`SpecHostScale`, resolved when the run's
 configuration is checked, so its ``config.yaml`` reruns without the file).
 
+A compile's ratio depends on its size where the hosts differ in cores: xgrammar spreads a large grammar's
+compile over the cores and a small one's not, so on a GPU host's 16 cores compiles the store priced under
+0.2 s on 4 cores ran 1.17x as long and those above 0.7x. ``costs.spec_probe_compile: by_size`` scales a
+compile by the probe's ratio at its stored seconds (:func:`compile_curve`: each probed spec's ratio
+smoothed with its neighbours', interpolated in log seconds, flat beyond the probed range). It carries the
+probe's conditions exactly, which is only right where the probe's compiles ran as the target's will: a
+probe compiling one spec at a time on a whole host prices a saturated engine's large compiles, which share
+the host with others, too short (``reports/spec_costs/out_of_sample.md``), so the default, ``median``,
+takes the one median ratio.
+
 >>> [round(q, 3) for q in _quantiles(4)]
 [0.125, 0.375, 0.625, 0.875]
 """
@@ -128,6 +138,17 @@ class SpecHostScale(BaseModel):
     fill: ProbeScale | None = None
     there: dict[str, float] = Field(description="the probed specs' stored compile seconds by digest (checked "
                                     "against the run's store: a probe of another store is refused)")
+    compile_by_size: list[tuple[float, float]] = Field(
+        [], description="(stored compile seconds, ratio) points a compile's factor is interpolated through "
+        "(compile_curve); empty: every compile takes the median `compile.scale`")
+
+    def compile_factor(self, there_s: float | None) -> float:
+        """The factor of a compile that took ``there_s`` seconds on the probed host: the curve's value there
+        (its end values beyond the probed range), else the median."""
+        if not self.compile_by_size or there_s is None or there_s <= 0:
+            return self.compile.scale
+        x, y = zip(*self.compile_by_size, strict=True)
+        return float(np.interp(math.log(there_s), np.log(x), y))
 
     def fill_scale(self) -> float:
         """The fills' factor: the probe's, else the hosts' score ratio."""
@@ -137,8 +158,12 @@ class SpecHostScale(BaseModel):
         """One line: what is scaled by what, and where the scale came from."""
         fill = self.fill.describe("texts") if self.fill is not None else \
             f"× {self.fill_scale():.3f} (the score ratio: the probe walked no text)"
+        compile_ = self.compile.describe("specs")
+        if self.compile_by_size:
+            (lo_s, lo), (hi_s, hi) = self.compile_by_size[0], self.compile_by_size[-1]
+            compile_ = f"by size, × {lo:.3f} at {lo_s * 1e3:.3g} ms to × {hi:.3f} at {hi_s:.3g} s (median {compile_})"
         return (f"specs measured on {self.measured_on.id} priced for {self.host.id} ({self.host.name}) by "
-                f"{self.source}: compile {self.compile.describe('specs')}, fill {fill}")
+                f"{self.source}: compile {compile_}, fill {fill}")
 
     def check(self, backend: str, version: str, vocab: str, store: SpecCostStore) -> None:
         """:class:`SpecProbeError` naming the probe when it probed another backend, engine version or
@@ -190,16 +215,35 @@ def choose_specs(entries: Sequence[SpecCostEntry], n: int = PROBE_SPECS) -> list
     return [ranked[i] for i in picks]
 
 
-def read_probe(path: str | Path) -> SpecHostScale:
-    """The scale a probe file holds, its source naming the file; :class:`SpecProbeError` naming the file and
-    the reason when it is no probe."""
+def compile_curve(specs: Sequence[ProbedSpec]) -> list[tuple[float, float]]:
+    """(stored seconds, ratio) through the probed specs that compiled on both hosts, ordered by stored
+    seconds, each ratio the median of its own and its two neighbours' (one odd spec does not bend the
+    curve); empty with fewer than :data:`MIN_PROBE_SPECS` of them.
+
+    >>> specs = [ProbedSpec(digest=str(i), label="", there_s=t, here_s=t * r)
+    ...          for i, (t, r) in enumerate([(0.01, 1.2), (0.1, 1.1), (1.0, 2.0), (10.0, 0.7)])]
+    >>> [(t, round(r, 2)) for t, r in compile_curve(specs)]
+    [(0.01, 1.15), (0.1, 1.2), (1.0, 1.1), (10.0, 1.35)]
+    """
+    points = sorted((s.there_s, s.here_s / s.there_s) for s in specs if s.here_s is not None and s.there_s > 0)
+    if len(points) < MIN_PROBE_SPECS:
+        return []
+    ratios = [r for _, r in points]
+    return [(t, float(np.median(ratios[max(0, i - 1):i + 2]))) for i, (t, _) in enumerate(points)]
+
+
+def read_probe(path: str | Path, by_size: bool = False) -> SpecHostScale:
+    """The scale a probe file holds, its source naming the file, its compiles scaled by size (``by_size``)
+    or by the median; :class:`SpecProbeError` naming the file and the reason when it is no probe."""
     path = Path(path)
     source = f"{PROBE_PREFIX}{path}"
     probe = read_probe_file(path, SpecProbe, source, "spec-cost probe", SpecProbeError)
     return SpecHostScale(source=source, backend=probe.backend, backend_version=probe.backend_version,
                          vocab=probe.vocab, measured_on=probe.measured_on, host=probe.host, compile=probe.compile,
-                         fill=probe.fill, there={s.digest: s.there_s for s in probe.specs})
+                         fill=probe.fill, there={s.digest: s.there_s for s in probe.specs},
+                         compile_by_size=compile_curve(probe.specs) if by_size else [])
 
 
 __all__ = ["MIN_PROBE_SPECS", "PROBE_PREFIX", "PROBE_SPECS", "TEXTS_PER_SPEC", "ProbeScale", "ProbedSpec", "ProbedWalk",
-           "SpecHostScale", "SpecProbe", "SpecProbeError", "choose_specs", "entry_spec", "host_entries", "read_probe"]
+           "SpecHostScale", "SpecProbe", "SpecProbeError", "choose_specs", "compile_curve", "entry_spec", "host_entries",
+           "read_probe"]

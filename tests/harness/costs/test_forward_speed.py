@@ -109,4 +109,6 @@ def test_a_model_run_at_a_speed_is_deterministic():
     first, second = _model_run(1.04)[1], _model_run(1.04)[1]
     assert first.steps.equals(second.steps)
     assert first.summary == second.summary
-    assert first.summary.mean_tpot_ms > _model_run(1.0)[1].summary.mean_tpot_ms
+    # a slower forward lengthens the tokens' gaps (a request's mean TPOT over 30 short answers need not follow:
+    # the schedule changes with the step times)
+    assert first.summary.mean_itl_ms > _model_run(1.0)[1].summary.mean_itl_ms

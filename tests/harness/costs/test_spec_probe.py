@@ -7,6 +7,7 @@ host benchmark is replaced by a constant.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +27,12 @@ from cdbench.harness.costs.spec_costs import (
     price_specs,
 )
 from cdbench.harness.costs.spec_probe import (
+    ProbedSpec,
     ProbeScale,
     SpecHostScale,
     SpecProbe,
     choose_specs,
+    compile_curve,
     host_entries,
     read_probe,
 )
@@ -212,6 +215,38 @@ def test_a_run_order_sequence_of_the_probed_host_takes_the_compile_scale(stored)
     assert compiles == pytest.approx([0.015, 0.003, 0.006])
 
 
+def _probed(there_s: float, ratio: float) -> ProbedSpec:
+    return ProbedSpec(digest=f"d{there_s}", label="", there_s=there_s, here_s=there_s * ratio)
+
+
+def test_the_compile_curve_smooths_each_ratio_with_its_neighbours_and_is_flat_beyond_the_probed_range():
+    specs = [_probed(t, r) for t, r in [(1.0, 0.7), (0.001, 1.2), (0.01, 1.25), (0.1, 3.0), (10.0, 0.6)]]
+    specs.append(ProbedSpec(digest="failed", label="", there_s=0.05, here_s=None))  # failed here: no point
+    curve = compile_curve(specs)
+    assert [t for t, _ in curve] == [0.001, 0.01, 0.1, 1.0, 10.0]  # ordered by stored seconds
+    assert [r for _, r in curve] == pytest.approx([1.225, 1.25, 1.25, 0.7, 0.65])  # the 3.0 does not bend it
+    scale = _scale(_host("lent"), _host("other"), {}).model_copy(update={"compile_by_size": curve})
+    assert scale.compile_factor(0.0001) == pytest.approx(1.225) and scale.compile_factor(100.0) == pytest.approx(0.65)
+    assert scale.compile_factor(0.1) == pytest.approx(1.25)
+    assert scale.compile_factor(math.sqrt(0.1 * 1.0)) == pytest.approx((1.25 + 0.7) / 2)  # linear in log seconds
+    assert scale.compile_factor(None) == scale.compile.scale == 1.5  # no stored time: the median
+    assert compile_curve(specs[:3]) == []  # too few points: every compile takes the median
+
+
+def test_a_curve_prices_each_compile_by_its_own_stored_seconds(stored):
+    store, there, requests, digests = stored
+    big = requests[2]
+    digest = spec_digest("xgrammar", "0.2.8", "cl100k", {}, big.spec)
+    store.put(_entry(digest, there, 2.0))  # one large compile beside the 4 ms ones
+    digests = {**digests, digest: 2.0}
+    curve = [(0.001, 1.3), (0.01, 1.3), (1.0, 0.5), (4.0, 0.5)]
+    scale = _scale(there, _host("other", 0.9), digests).model_copy(update={"compile_by_size": curve})
+    profile, coverage = _price(store, requests, spec_host_scale=scale)
+    compiles = [profile.specs[spec_key_hash(f"regex:r/{i}")].compile_s for i in range(3)]
+    assert compiles == pytest.approx([0.004 * 1.3, 0.004 * 1.3, 2.0 * 0.5])
+    assert "compile by size, × 1.300 at 1 ms to × 0.500 at 4 s" in coverage.host_probe
+
+
 def test_a_probe_of_another_store_backend_or_host_is_refused(stored):
     store, there, requests, digests = stored
     here = _host("other", 0.9)
@@ -250,16 +285,22 @@ def test_bad_probe_files_are_refused_with_one_line_naming_the_file(tmp_path):
 
 def test_a_run_priced_by_a_probe_records_it_in_its_config_and_summary(probed):
     root, corpus, first, _, out = probed
-    config = validate_run_config(_config(corpus, root / "store", spec_costs="strict", spec_host_scale=f"probe:{out}"))
+    config = validate_run_config(_config(corpus, root / "store", spec_costs="strict", spec_host_scale=f"probe:{out}",
+                                         spec_probe_compile="by_size"))
     scale = config.costs.spec_host_scale
     assert isinstance(scale, SpecHostScale) and scale.source == f"probe:{out}"
-    assert scale == read_probe(out)
+    assert scale == read_probe(out, by_size=True)
     # the resolved scale is what the run's config.yaml holds: it reruns without the file
     assert RunConfig.model_validate(config.model_dump(mode="json")).costs.spec_host_scale == scale
     result = run(config)
     coverage = result.summary.spec_costs
-    assert coverage.host_probe == scale.describe() and f"by probe:{out}: compile × " in coverage.host_probe
+    assert coverage.host_probe == scale.describe() and f"by probe:{out}: compile by size, × " in coverage.host_probe
     assert coverage.specs["measured_elsewhere"] == first.summary.spec_costs.specs["measured_here"]
+    assert scale.compile_by_size == compile_curve(SpecProbe.model_validate_json(out.read_text()).specs)
+    # by the median (the default): no curve, and the description says the one ratio
+    median = validate_run_config(_config(corpus, root / "store", spec_costs="strict",
+                                         spec_host_scale=f"probe:{out}")).costs.spec_host_scale
+    assert median.compile_by_size == [] and f"by probe:{out}: compile × {median.compile.scale:.3f}" in median.describe()
 
 
 def test_the_probe_command_needs_an_out_file_and_a_probed_host(tmp_path):
