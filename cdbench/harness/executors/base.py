@@ -243,8 +243,8 @@ class GrammarExecutor(ABC):
         self.parallel_fill = parallel_fill
 
     #: the executor reads the run's requests by their position (``rid``), so the scheduler holds them all, numbers
-    #: them up front and never reuses a request's slot; otherwise a request takes a slot as it is issued
-    #: (:meth:`enter`) and its slot is reused once it ended
+    #: them up front and never reuses a request's slot; otherwise a request takes a slot before it is issued
+    #: (:meth:`enter`, a chunk of requests at a time) and its slot is reused once it ended
     reads_requests: bool = False
 
     def enter(self, rids: np.ndarray, requests: Sequence[Request], keys: np.ndarray,
