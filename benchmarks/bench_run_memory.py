@@ -6,11 +6,11 @@ memory: the workload's requests, the scheduler's tables, the result frames and
 the saved run folder (report included). Prints one row per size and the
 least-squares fits ``peak = base + bytes_per_request × requests`` and the same
 for the CPU time of the run (user + system: unlike wall time, it does not
-depend on what else the machine is running); the fits' slopes give
-:data:`cdbench.harness.footprint.BYTES_PER_REQUEST` (fitted with a million
-requests added, whose peak ``bench_streaming.py`` measures: a small run peaks
-while it saves, a long one when its scheduler is built) and
-:data:`~cdbench.harness.footprint.SECONDS_PER_REQUEST`.
+depend on what else the machine is running); the CPU fit's slope gives
+:data:`~cdbench.harness.footprint.SECONDS_PER_REQUEST`. A ``model`` run holds none
+of its requests, so the memory fit's slope is what its bounded caches and the
+allocator's high-water mark add (:data:`~cdbench.harness.footprint.STREAMED_BYTES`
+is measured by ``bench_streaming.py`` at larger sizes).
 
 Run from the repository root::
 

@@ -100,6 +100,10 @@ class BatchFormer:
         # 0..n-1 for the decode rows of an all-decode batch (sliced, not rebuilt, each step)
         self._rows = np.arange(cfg.max_running_requests if cfg.max_running_requests < 1 << 16 else 0)
 
+    def entered(self) -> None:
+        """The batch's entries were made anew (more request slots)."""
+        self._prefill = self.batch.entry_prefill
+
     def form(self, t: float, stretch: float, schedule_s: float, poll_s: float, sync_s: float,
              check_s: float, admit: bool = True) -> StepPlan:
         """The batch of the iteration at ``t`` after its poll and checks: decode rows, prefill chunks

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+_NAN_BITS = int(np.array(np.nan).view(np.int64))  # last_tok's NaN as the int64 it is stored as
+
 
 class RunningBatch:
     """The running batch as a struct of arrays (one entry a running request).
@@ -35,6 +37,23 @@ class RunningBatch:
         """Each request's tokens to prefill when it is admitted (its prompt; after a preemption, every
         token it had computed): a view, indexed by ``rid``."""
         return self._entry[1]
+
+    def enter(self, rids: np.ndarray, prompt: np.ndarray, gen_total: np.ndarray, think: np.ndarray) -> None:
+        """Requests ``rids``' entries as they enter (over the requests that held their slots before)."""
+        entry = self._entry
+        entry[0, rids] = rids
+        entry[1, rids] = prompt
+        entry[2, rids] = 0
+        entry[3, rids] = gen_total
+        entry[4, rids] = think
+        entry[5, rids] = _NAN_BITS
+
+    def grow(self, n: int) -> None:
+        """Entries for ``n`` requests (the new ones empty)."""
+        more = np.zeros((self._entry.shape[0], n - self._entry.shape[1]), np.int64)
+        more[0] = np.arange(self._entry.shape[1], n)
+        more[-1] = _NAN_BITS
+        self._entry = np.concatenate((self._entry, more), axis=1)
 
     def __len__(self) -> int:
         return len(self.rid)

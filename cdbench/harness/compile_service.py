@@ -203,6 +203,12 @@ class GrammarCache:
         elif self.cache_failures:
             self._put(key, False)
 
+    def forget(self, key: int) -> None:
+        """No request will look ``key`` up again: its entry (or its running compile) goes, as if evicted
+        unseen (a capacity then counts only keys that can be looked up again)."""
+        self._entries.pop(key, None)
+        self._inflight.pop(key, None)
+
     def timed_out(self, key: int) -> None:
         """Waiting for ``key`` timed out; cached as invalid when failures are cached."""
         if not self.enabled:

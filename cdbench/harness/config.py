@@ -21,7 +21,7 @@ it. Example (YAML)::
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
 from pydantic import (
@@ -186,14 +186,15 @@ class CostConfig(ForwardConfig, SpecCostSettings):
                         max_requests=max_requests)
 
     def grammar_costs(self, backend: str, seed: int, options: Mapping[str, Any] | None = None,
-                      requests: Sequence[Request] | None = None, vocab: str | None = None,
+                      requests: Sequence[Request] | Callable[[], Iterable[Request]] | None = None,
+                      vocab: str | None = None,
                       progress: Progress | None = None) -> GrammarCosts:
         """The ``model``-mode grammar costs of ``backend`` (built with ``options``).
 
         The ``reasoner`` backend's grammar work is its inner backend's (thinking
         adds only token filters, which the scheduler costs itself), so it draws
         from the inner backend's profile. Given the run's ``requests`` and
-        ``vocab``, every spec of them is priced from a measurement
+        ``vocab`` (or a function building the requests anew each time it is called), every spec of them is priced from a measurement
         (:func:`~cdbench.harness.costs.spec_costs.price_specs`: found, measured
         now or predicted), and the costs' ``coverage`` says from which.
         """
@@ -223,7 +224,7 @@ class CostConfig(ForwardConfig, SpecCostSettings):
             profile, coverage = price_specs(profile, backend, options, vocab, requests, self,
                                             named_profile=named, progress=progress)
             coverage.profile_mismatch = mismatch
-        return ProfileGrammarCosts(profile, seed, coverage)
+        return ProfileGrammarCosts(profile, seed, coverage, requests=requests if callable(requests) else None)
 
 
 class RunConfig(BaseModel):

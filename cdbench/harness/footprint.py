@@ -1,56 +1,56 @@
 """What a run will take, estimated from its request count before anything is built: memory and time.
 
-A run streams its records to its folder as it goes (``harness/streamed.py``), its
-summary and report read them back a row group at a time (``reports/binned.py``),
-and, in ``model`` mode, it holds the grammar cost pools of the requests in flight
-only (``costs/cost_tables.py``) and lets the workload's requests go once its
-scheduler and cost tables are built (``Workload.release``; the trace file is
-written from the workload's seeded streams again). What still grows with the
-request count is what is built before the simulation starts and held while it
-runs: the workload's requests and their specs while the run is set up (every
-request is its own spec in the default workload), the spec prices, spec keys
-and per-request arrays of the scheduler and its cost tables, and the compile
-cache's and compile outcomes' entries. So a ``model`` run's peak comes when its
-scheduler is built, and later stages fit in the memory the released requests
-leave. :func:`refusal` says why a run cannot run when its estimate is beyond the
-memory this machine has available, before it allocates anything.
+A run streams its records to its folder as it goes (``harness/streamed.py``), and its
+summary and report read them back a row group at a time (``reports/binned.py``). A
+``model`` run of a generated workload, saved as ``cdbench run`` saves it, holds no
+request of it at any time (``harness/run.py``): the requests are built as the spec
+pricing reads them (an item's copies priced once, by the item:
+``costs/spec_costs.py``) and again as the scheduler issues them, each into a slot
+reused once it ended and its row was written (``harness/scheduler.py``), with the
+cost tables' per-request columns in the same slots and the cost pools of the
+requests in flight (``costs/cost_tables.py``). Its memory does not grow with the
+request count while it simulates (a million requests: resident memory between 566 and
+589 MiB from the spec pricing to the simulation's last step). What it holds beyond the
+requests in flight is bounded by the corpus (its items' spec keys, instance pools
+and texts) and by fixed sizes (the histograms, the remembered spec keys, the
+buffered steps and rows between two writes, the row groups joined at the end, the
+quantile candidates of the summary, at most ``streamed.SELECT_LIMIT`` values a
+statistic). The peak is set after the last step, when the tables are joined and the
+summary read back, and it still grows between 100,000 requests and a million
+(:data:`STREAMED_BYTES_PER_REQUEST`, a third of what it was: the row groups and the
+candidates have bounds, which a run reaches only past some size); the estimate is
+:data:`STREAMED_BYTES` plus that a request, so it keeps growing past a million,
+where the peak is expected to stop (ten million requests were not measured).
 
-The constants come from peak resident memory of the built-in default config in
-``model`` mode, run and saved (report included) in a fresh process per size
-(commit 7a87bfc, Python 3.11, 2-CPU x86-64 Linux machine shared with other
-work, load average 1-6, each run pinned to one core)::
+Other runs hold the workload's requests and the scheduler's state for every
+request to their end (``hybrid`` and ``live`` modes, whose executor reads the
+requests themselves; data-parallel ranks): :data:`BYTES_PER_REQUEST` and
+:data:`HELD_WORKLOAD_BYTES` a request, from the measurements of the ``model``
+path before it streamed (commit 7a87bfc: the slope of the peak over 5,000 to a
+million requests of the default config, 1,459 bytes, and generating the default
+workload, 832 bytes a request at three quarters of a million requests).
 
-    python benchmarks/bench_run_memory.py --requests 5000 20000 40000
+:data:`STREAMED_BYTES` and :data:`STREAMED_BYTES_PER_REQUEST` fit the peak resident memory of
+the built-in default config in ``model`` mode, run and saved (report included) in a fresh process per
+size, beyond the interpreter, torch, pandas and the vocabulary (about 500 MiB, resident
+before the check runs), measured on a 2-CPU x86-64 Linux machine shared with
+other work, each run pinned to one core::
 
-         5000 requests: peak    582.6 MiB, CPU     7.8 s
-        20000 requests: peak    692.3 MiB, CPU    21.9 s
-        40000 requests: peak    723.2 MiB, CPU    45.7 s
-    fit: base 582 MiB + 4075 bytes/request; 1090 µs of CPU/request
+    python benchmarks/bench_streaming.py --requests 100000 --core 1
+    python benchmarks/bench_streaming.py --requests 1000000 --core 1
 
-and a million requests (the same commit, the resident memory and its peak
-printed every 20 s of a run as ``bench_streaming.py`` makes it): 2,025 MiB,
-set before the simulation starts and unchanged over its first five minutes (at
-9ca3a41, before a JSON Schema copy read its item's schema and before the spec
-pricing and the cost tables held less a request, 2,360 MiB, held to half of the
-simulation). Small runs peak while saving (the report's figures, the trace), so
-their slope overstates what a long run adds; :data:`BYTES_PER_REQUEST` is the
-slope of the four sizes together (1,459 bytes; 1,513 from the base to a million
-alone; 1,819 at 9ca3a41).
-Before the report read the tables a row group at a time the same fit of the
-three small sizes gave 10,804 bytes a request (commit 71293d8), and a million
-requests peaked at 7.9 GB. The CPU time a request adds,
-:data:`SECONDS_PER_REQUEST`, is that fit's (71293d8, a quieter machine: this
-session's 1,172 µs is inflated by the load; no per-iteration code changed since).
+       100000 requests: peak 724.4 MiB (at the simulation's start 518.1 MiB, at its end 722.9 MiB)
+      1000000 requests: peak 840.9 MiB (at the simulation's start 519.8 MiB, at its end 828.3 MiB)
 
-Other modes hold the workload's requests for the whole run (the hybrid
-executor reads them at every step): :data:`HELD_WORKLOAD_BYTES` a request more,
-what generating the default workload adds (832 bytes a request, measured at
-three quarters of a million requests).
+(load average 1 to 11; the million's resident memory, sampled every 30 s, stayed between 566 and 589
+MiB until its last step.) The peak grows by 116.5 MiB from 100,000 requests to a million, 136 bytes a
+request (:data:`STREAMED_BYTES_PER_REQUEST`); :data:`STREAMED_BYTES` is the rest of the 100,000-request
+peak over the 500 MiB base. Before (d790d55) it grew 396 bytes a request from 100,000 to 200,000 requests,
+and before the requests were generated as they arrive (d63b13a) a million requests peaked at 2,025 MiB.
 
-The base (interpreter, torch, pandas, the vocabulary) is already resident when
-the check runs, so the estimate is the requests' share alone. Time is CPU
-time, which does not depend on what else the machine runs; on a busy machine
-the wall time is longer.
+The CPU time a request adds, :data:`SECONDS_PER_REQUEST`, is the fit of
+``bench_run_memory.py`` at 71293d8 (5,000 to 40,000 requests, a quieter
+machine); a request's CPU did not change since.
 
 Other workloads differ (longer outputs mean more steps and inter-token
 latencies per request, a reused spec costs less than a new one; ``hybrid`` mode
@@ -70,14 +70,23 @@ from rich.filesize import decimal as _bytes
 if TYPE_CHECKING:
     from cdbench.harness.config import RunConfig
 
+STREAMED_BYTES = 212 * 2**20
+"""Peak resident memory a streamed ``model`` run adds whatever its request count (see the module docstring)."""
+
+STREAMED_BYTES_PER_REQUEST = 136
+"""What a request still adds to a streamed ``model`` run's peak (up to a million requests: the row groups joined
+and the summary's quantile candidates filling to their bounds; see the module docstring)."""
+
 BYTES_PER_REQUEST = 1_459
-"""Peak resident memory a request adds to a ``model`` run (the fit's slope; see the module docstring)."""
+"""Peak resident memory a request adds to a run that holds its requests' state to the end (see the module
+docstring)."""
 
 HELD_WORKLOAD_BYTES = 832
-"""What a request of the workload adds where the run holds the workload to its end (every mode but ``model``)."""
+"""What a request of the workload adds where the run holds the workload to its end (every run but a streamed
+``model`` run)."""
 
 SECONDS_PER_REQUEST = 930e-6
-"""CPU time a request adds to a ``model``-mode run (the fit's slope, same measurement)."""
+"""CPU time a request adds to a ``model``-mode run (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -96,14 +105,25 @@ class Footprint:
         return text
 
 
+def streamed(config: RunConfig) -> bool:
+    """Whether ``config``'s run holds none of its requests (``harness/run.py``): a ``model`` run of a generated
+    workload on one rank (saved as ``cdbench run`` saves it: its records streamed)."""
+    if config.mode != "model" or config.workload.trace is not None:
+        return False
+    spec_decode = config.workload.spec_decode
+    scheduler = config.scheduler_config(spec_tokens=spec_decode.k, spec_drafter=spec_decode.drafter)
+    return not (scheduler.ranks > 1 and scheduler.parallel == "dp")
+
+
 def estimate(config: RunConfig) -> Footprint | None:
     """The footprint of ``config`` (``None`` for a replayed trace: its size is the trace file's)."""
     n = config.workload.num_requests
     if n is None:
         return None
-    if config.mode == "model":
-        return Footprint(n, n * BYTES_PER_REQUEST, n * SECONDS_PER_REQUEST)
-    return Footprint(n, n * (BYTES_PER_REQUEST + HELD_WORKLOAD_BYTES), None)
+    if streamed(config):
+        return Footprint(n, STREAMED_BYTES + n * STREAMED_BYTES_PER_REQUEST, n * SECONDS_PER_REQUEST)
+    seconds = n * SECONDS_PER_REQUEST if config.mode == "model" else None
+    return Footprint(n, n * (BYTES_PER_REQUEST + HELD_WORKLOAD_BYTES), seconds)
 
 
 def available_memory() -> int:

@@ -186,14 +186,29 @@ class KVCache:
         """Token slots in use now (whole blocks)."""
         return (self.blocks - self.free) * self.block
 
-    def too_long(self, spec_tokens: int) -> np.ndarray:
+    def too_long(self, spec_tokens: int, prompt: np.ndarray | None = None,
+                 gen: np.ndarray | None = None) -> np.ndarray:
         """Per request, whether it can never run: its longest context exceeds the cache, or (SGLang) its
-        admission estimate alone reaches it."""
-        prompt, gen = self.rec.prompt_len, self.gen_total
+        admission estimate alone reaches it; of every request slot, or of requests of ``prompt`` tokens and
+        ``gen`` to generate (requests entering)."""
+        if prompt is None:
+            prompt, gen = self.rec.prompt_len, self.gen_total
         refused = -(-(prompt + gen + spec_tokens) // self.block) > self.blocks
         if self.policy == "sglang":
             refused |= prompt + np.minimum(gen, SGLANG_CLIP_MAX_NEW_TOKENS) >= self.tokens
         return refused
+
+    def clear(self, rows: np.ndarray) -> None:
+        """Request slots ``rows`` are free for other requests."""
+        self.blocked_since[rows] = np.nan
+        self.decoded[rows] = 0
+
+    def grow(self, n: int, gen_total: np.ndarray) -> None:
+        """Room for ``n`` request slots, whose tokens to generate are now ``gen_total``."""
+        self.gen_total = gen_total
+        more = n - len(self.decoded)
+        self.blocked_since = np.concatenate((self.blocked_since, np.full(more, np.nan)))
+        self.decoded = np.concatenate((self.decoded, np.zeros(more, np.int64)))
 
     # ---- vLLM: preemption ----------------------------------------------------------------------------------
 

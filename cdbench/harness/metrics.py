@@ -49,6 +49,17 @@ class LogHistogram:
         self._values: list[np.ndarray] = []
         self._weights: list[np.ndarray] = []
         self._buffered = 0
+        self._scratch = np.empty((3, 0))  # the buffered values, then temporaries, written in place when binned
+        self._bin_scratch = np.empty(0, np.int64)  # and their bins
+
+    def _scratch_rows(self, n: int) -> np.ndarray:
+        """Three rows of ``n`` values to bin in, kept between flushes: arrays made anew each flush would be
+        given back to the system and faulted in again where nothing else holds the heap (a run of bounded
+        memory), which costs more than the binning."""
+        if self._scratch.shape[1] < n:
+            self._scratch = np.empty((3, max(n, 2 * self._scratch.shape[1])))
+            self._bin_scratch = np.empty(self._scratch.shape[1], np.int64)
+        return self._scratch[:, :n]
 
     def add(self, values: np.ndarray, weights: np.ndarray | None = None) -> None:
         """Count ``values`` (seconds), each ``weights`` times (default once)."""
@@ -61,25 +72,35 @@ class LogHistogram:
         if self._buffered >= self.BUFFER:
             self._flush()
 
-    def _bins(self, values: np.ndarray) -> np.ndarray:
-        v = np.maximum(values, 10.0**self.LOW)
-        return np.minimum(((np.log10(v) - self.LOW) * self.PER_DECADE).astype(np.int64), len(self.counts) - 1)
+    def _bins(self, values: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Each value's bin, computed in ``out`` (a float row as long as ``values``)."""
+        v = np.maximum(values, 10.0**self.LOW, out=out)
+        np.log10(v, out=v)
+        v -= self.LOW
+        v *= self.PER_DECADE
+        bins = self._bin_scratch[:len(v)]
+        np.copyto(bins, v, casting="unsafe")  # (truncated, as astype)
+        return np.minimum(bins, len(self.counts) - 1, out=bins)
 
     def _flush(self) -> None:
         if self._plain:
-            values = np.concatenate(self._plain)
-            self.counts += np.bincount(self._bins(values), minlength=len(self.counts))
+            values, work, _ = self._scratch_rows(sum(len(v) for v in self._plain))
+            np.concatenate(self._plain, out=values)
+            self.counts += np.bincount(self._bins(values, work), minlength=len(self.counts))
             self.total += float(values.sum())
             # products summed by numpy, not BLAS: a multithreaded BLAS dot is slow on a busy machine
             # and its rounding depends on the thread count (results must not depend on the host)
-            self.sq_total += float(_sum(values * values))
+            self.sq_total += float(_sum(np.multiply(values, values, out=work)))
             self.weight += len(values)
         if self._values:
-            values = np.concatenate(self._values)
-            weights = np.concatenate(self._weights).astype(np.float64)
-            self.counts += np.bincount(self._bins(values), weights, minlength=len(self.counts))
-            self.total += float(_sum(values * weights))
-            self.sq_total += float(_sum(values * values * weights))
+            values, weights, work = self._scratch_rows(sum(len(v) for v in self._values))
+            np.concatenate(self._values, out=values)
+            np.concatenate(self._weights, out=weights, casting="unsafe")
+            self.counts += np.bincount(self._bins(values, work), weights, minlength=len(self.counts))
+            self.total += float(_sum(np.multiply(values, weights, out=work)))
+            np.multiply(values, values, out=work)
+            work *= weights
+            self.sq_total += float(_sum(work))
             self.weight += float(weights.sum())
         self._plain, self._values, self._weights, self._buffered = [], [], [], 0
 

@@ -3,8 +3,8 @@
 Records are columnar (numpy arrays filled in place while the loop runs) and
 become pandas DataFrames at the end; :class:`RequestRecord` and
 :class:`StepRecord` document the columns and give typed access to one row.
-:class:`FinishedRows` hands out finished requests' rows while the run goes, so
-they can be written before it ends.
+:meth:`RequestTable.clear` makes rows free for the next requests, so a scheduler can keep
+its requests in slots reused as they end (``harness/scheduler.py`` hands their rows out first).
 Times are seconds of virtual time; ``NaN`` means "did not happen".
 """
 
@@ -179,20 +179,51 @@ class RequestTable:
         self.kv_wait_s = np.zeros(n)
 
     @classmethod
-    def entering(cls, ordered: Sequence[Request]) -> RequestTable:
-        """The table of ``ordered`` as they enter (thinking capped by its budget, + its end token)."""
-        rec = cls(len(ordered))
-        rec.request_id[:] = [r.request_id for r in ordered]
-        rec.arrival_s[:] = [r.arrival_s for r in ordered]
-        rec.prompt_len[:] = [max(1, r.prompt_len) for r in ordered]
-        rec.output_len[:] = [max(1, r.output_len) for r in ordered]
-        rec.structured[:] = [r.structured for r in ordered]
-        think_len = np.array([r.think_len for r in ordered], np.int64)
-        budget = np.array([r.thinking_budget if r.thinking_budget is not None else -1 for r in ordered], np.int64)
+    def of(cls, requests: Sequence[Request]) -> RequestTable:
+        """The table of ``requests`` (in their order) as they enter."""
+        table = cls(len(requests))
+        table.enter(slice(0, len(requests)), requests)
+        return table
+
+    def clear(self, rows: np.ndarray) -> None:
+        """Rows ``rows`` as a new table has them (free for other requests)."""
+        for name in self._FLOAT:
+            getattr(self, name)[rows] = np.nan
+        for name in (*self._INT, *self._KV):
+            getattr(self, name)[rows] = 0
+        self.counts[:, rows] = 0
+        self.structured[rows] = False
+        self.forced_think_end[rows] = False
+        self.cache[rows] = 0
+        self.abort[rows] = 0
+        self.valid[rows] = -1
+        self.kv_wait_s[rows] = 0.0
+
+    def grow(self, n: int) -> None:
+        """Room for ``n`` rows (the new ones as a new table has them)."""
+        more = RequestTable(n - self.n)
+        names = (*self._FLOAT, *self._INT, *self._KV, "structured", "forced_think_end", "cache", "abort", "valid",
+                 "kv_wait_s")
+        for name in names:
+            setattr(self, name, np.concatenate((getattr(self, name), getattr(more, name))))
+        self.counts = np.concatenate((self.counts, more.counts), axis=1)
+        for name, column in zip(self.COUNTS, self.counts):
+            setattr(self, name, column)
+        self.n = n
+
+    def enter(self, at: slice | np.ndarray, requests: Sequence[Request]) -> None:
+        """Rows ``at`` (a slice or row numbers): ``requests`` as they enter (thinking capped by its budget, + its
+        end token)."""
+        self.request_id[at] = [r.request_id for r in requests]
+        self.arrival_s[at] = [r.arrival_s for r in requests]
+        self.prompt_len[at] = [max(1, r.prompt_len) for r in requests]
+        self.output_len[at] = [max(1, r.output_len) for r in requests]
+        self.structured[at] = [r.structured for r in requests]
+        think_len = np.array([r.think_len for r in requests], np.int64)
+        budget = np.array([r.thinking_budget if r.thinking_budget is not None else -1 for r in requests], np.int64)
         capped = np.where((budget >= 0) & (think_len > budget), budget, think_len)
-        rec.think_tokens[:] = np.where(think_len > 0, capped + 1, 0)  # +1: the think-end token
-        rec.forced_think_end[:] = (think_len > 0) & (budget >= 0) & (think_len > budget)
-        return rec
+        self.think_tokens[at] = np.where(think_len > 0, capped + 1, 0)  # +1: the think-end token
+        self.forced_think_end[at] = (think_len > 0) & (budget >= 0) & (think_len > budget)
 
     def to_frame(self, rows: np.ndarray | None = None) -> pd.DataFrame:
         """The table (or its ``rows``, positions in request order) as a DataFrame."""
@@ -214,44 +245,6 @@ class RequestTable:
         row = self.to_frame().iloc[i].to_dict()
         row["valid"] = None if pd.isna(row["valid"]) else bool(row["valid"])
         return RequestRecord(**row)
-
-
-class FinishedRows:
-    """Each ended request's row, handed out once, in scheduler order, while the run goes.
-
-    A request's row is final when it ends, once the scheduler's buffered
-    per-step counters are summed into the table (``valid`` excepted: outputs
-    are checked at the end of the run, so these rows leave it unchecked).
-    :meth:`take` hands out the ended rows that follow those already handed
-    out, up to the first request still running, so the rows handed out join
-    into the run's table in its own order.
-
-    >>> table = RequestTable(3)
-    >>> table.finish_s[[0, 2]] = 1.0
-    >>> rows = FinishedRows(table)
-    >>> len(rows.take()), len(rows.take())
-    (1, 0)
-    >>> table.finish_s[1] = 2.0
-    >>> rows.take().index.tolist()
-    [0, 1]
-    """
-
-    def __init__(self, table: RequestTable) -> None:
-        self.table = table
-        self.given = 0  # positions before this were handed out
-
-    def take(self) -> pd.DataFrame:
-        """Rows of the requests ended since the last call that every earlier request's row precedes."""
-        ended = ~np.isnan(self.table.finish_s[self.given:])
-        stop = self.given + (len(ended) if ended.all() else int(np.argmin(ended)))
-        rows, self.given = np.arange(self.given, stop), stop
-        return self.table.to_frame(rows)
-
-    def rest(self) -> pd.DataFrame:
-        """Rows of every ended request not handed out yet (a run stopped early), in scheduler order."""
-        rows = self.given + np.flatnonzero(~np.isnan(self.table.finish_s[self.given:]))
-        self.given = self.table.n
-        return self.table.to_frame(rows)
 
 
 class StepLog:

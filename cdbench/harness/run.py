@@ -18,7 +18,7 @@ profile (``model``) and the GPU cost model, and simulates.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Protocol
@@ -32,7 +32,7 @@ from cdbench.harness.executors.base import GrammarExecutor
 from cdbench.harness.kv_cache import kv_description
 from cdbench.harness.metrics import SLO, LogHistogram, Summary, summarize
 from cdbench.harness.policies import SchedulerConfig
-from cdbench.harness.records import FinishedRows, RequestTable, StepLog
+from cdbench.harness.records import RequestTable, StepLog
 from cdbench.harness.scheduler import Scheduler
 from cdbench.harness.streamed import TableSource, summarize_streamed
 from cdbench.harness.timeline import Timeline
@@ -128,36 +128,37 @@ def empty_result() -> RunResult:
 
 
 def _stopped_result(sched: Scheduler, slo: SLO | None, timeline: Timeline, start: float,
-                    executor: GrammarExecutor, finished: FinishedRows, sink: RecordSink) -> RunResult:
+                    executor: GrammarExecutor, sink: RecordSink) -> RunResult:
     """What a run stopped mid-way finished: the ended requests' rows, every step so far, their summary."""
     sched.tallies.flush()  # the buffered per-step counters (summing early changes no value)
     sink.steps(sched.steps.take())
-    sink.finished(finished.rest())
+    sink.finished(sched.take_rest())
     summary = summarize_streamed(sink.close(None), sched.itl, sched.fill_hist, slo, sched.idle_iterations,
                                  sched.draft_positions, *kv_description(sched.kv))
     return RunResult(RequestTable(0).to_frame(), StepLog().to_frame(), summary, timeline, time.perf_counter() - start,
                      executor.backend_call_s, executor.validation_s, sched.compile_errors, tables_written=True)
 
 
-def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: GrammarExecutor, gpu: GpuCosts,
-             seed: int = 0, max_concurrency: int | None = None, slo: SLO | None = None,
+def simulate(requests: Sequence[Request] | Iterable[Request], scheduler: SchedulerConfig, executor: GrammarExecutor,
+             gpu: GpuCosts, seed: int = 0, max_concurrency: int | None = None, slo: SLO | None = None,
              trace_steps: int = 2000, progress: Callable[[float], None] | None = None,
              live: LiveStep | None = None, records: RecordSink | None = None,
-             release: Callable[[], object] | None = None) -> RunResult:
+             count: int | None = None) -> RunResult:
     """Simulate ``requests`` under ``scheduler`` with the given cost sources.
+
+    ``requests`` may also be an iterable that is not held, yielding the requests in scheduler order
+    (by arrival, then id), with ``count`` saying how many (:class:`~cdbench.harness.scheduler.Scheduler`).
 
     ``progress`` is called with the fraction of requests ended (0..1) now and then; ``live``
     runs every step for real instead of pricing it (``live`` mode). ``records`` is handed the
     ended requests' rows and the steps every ``records.interval_s`` seconds, writes the tables
     and gives them back for the summary (computed from them chunk by chunk,
     :func:`~cdbench.harness.streamed.summarize_streamed`: the same figures), and is handed what the
-    run finished if it stops early (an interrupt or an error, which is then raised on). ``release`` is called
-    once the scheduler and ``executor`` have taken what they need of the requests (``model`` mode's executor
-    keeps none), so that their owner can let them go for the rest of the run.
+    run finished if it stops early (an interrupt or an error, which is then raised on).
     """
     start = time.perf_counter()
     timeline = Timeline(max_steps=trace_steps)
-    n_requests = len(requests)
+    n_requests = count if count is not None else len(requests)  # type: ignore[arg-type]
     total = max(n_requests, 1)
     on_progress = (lambda ended: progress(ended / total)) if progress is not None else None
     if records is not None:
@@ -168,36 +169,32 @@ def simulate(requests: Sequence[Request], scheduler: SchedulerConfig, executor: 
             if show is not None:
                 show(ended)
             if time.perf_counter() >= due:
-                sched.tallies.flush()  # the ended requests' counters are in the table (summing early changes nothing)
                 # steps first: a run killed between the two writes leaves no finished request without its steps
                 sink.steps(sched.steps.take())
-                sink.finished(finished.take())
+                sink.finished(sched.take_finished())
                 due = time.perf_counter() + sink.interval_s
 
-    sched = Scheduler(scheduler, requests, executor, gpu, seed=seed, max_concurrency=max_concurrency,
+    sched = Scheduler(scheduler, requests, executor, gpu, count=count, seed=seed, max_concurrency=max_concurrency,
                       timeline=timeline if trace_steps else None, on_progress=on_progress, live=live)
-    finished = FinishedRows(sched.rec)
-    if release is not None:
-        release()
     try:
         sched.run()
     except BaseException as err:  # Ctrl-C included: what finished is kept
         if records is not None:
-            records.stopped(_stopped_result(sched, slo, timeline, start, executor, finished, records),
+            records.stopped(_stopped_result(sched, slo, timeline, start, executor, records),
                             n_requests, err)
         raise
     live_info = live.info() if live is not None else None
     if records is not None:
         records.steps(sched.steps.take())
-        records.finished(finished.take())
-        checked = sched.rec.valid if (sched.rec.valid >= 0).any() else None
+        records.finished(sched.take_finished())
+        checked = sched.rec.valid if not sched.reuse and (sched.rec.valid >= 0).any() else None
         summary = summarize_streamed(records.close(checked), sched.itl, sched.fill_hist, slo, sched.idle_iterations,
                                      sched.draft_positions, *kv_description(sched.kv))
         wall_s = time.perf_counter() - start
         return RunResult(RequestTable(0).to_frame(), StepLog().to_frame(), summary, timeline, wall_s,
                          executor.backend_call_s, executor.validation_s, sched.compile_errors,
                          grammar_profile=_profile(executor, n_requests, seed), live=live_info, tables_written=True)
-    requests_frame = sched.rec.to_frame()
+    requests_frame = sched.requests_frame()
     steps_frame = sched.steps.to_frame()
     summary = summarize(requests_frame, steps_frame, sched.itl, sched.fill_hist, slo, sched.idle_iterations,
                         sched.draft_positions, *kv_description(sched.kv))
@@ -236,14 +233,18 @@ def run(config: RunConfig, progress: Progress | None = None, records: RecordSink
     if progress is not None:
         progress(f"loading the {config.vocab} vocabulary", 0.0)
     vocab = load_vocab(config.vocab)
-    workload = generate(config.workload, vocab, progress=False,  # the caller owns the progress display
-                        on_progress=(lambda f: progress("generating the workload", f)) if progress else None)
-    spec_decode = workload.config.spec_decode
+    spec_decode = config.workload.spec_decode  # (a replayed trace's workload takes the config's too)
     scheduler = config.scheduler_config(spec_tokens=spec_decode.k, spec_drafter=spec_decode.drafter)
-    gpu = config.costs.gpu_costs(vocab.size)
-    live = None
     # several ranks as processes (live mode: one a GPU) or data-parallel ranks: cdbench.harness.live.ranks
     ranked = scheduler.ranks > 1 and (config.mode == "live" or scheduler.parallel == "dp")
+    # a streamed model run of a generated workload never holds its requests: they are built as the spec
+    # pricing reads them, and again as the scheduler enters them (the trace file's, a third time)
+    streamed = config.mode == "model" and records is not None and config.workload.trace is None and not ranked
+    workload = generate(config.workload, vocab, progress=False,  # the caller owns the progress display
+                        on_progress=(lambda f: progress("generating the workload", f)) if progress else None,
+                        held=not streamed)
+    gpu = config.costs.gpu_costs(vocab.size)
+    live = None
     if config.mode == "live" and not ranked:
         if progress is not None:
             progress(f"building {config.costs.model} on the GPU", 0.0)
@@ -265,21 +266,21 @@ def run(config: RunConfig, progress: Progress | None = None, records: RecordSink
                                                        seed=config.seed)
     else:
         costs = config.costs.grammar_costs(config.backend.name, config.seed, config.backend.options,
-                                           requests=workload.requests, vocab=config.vocab, progress=progress)
+                                           requests=workload.iter_requests if streamed else workload.requests,
+                                           vocab=config.vocab, progress=progress)
         coverage = getattr(costs, "coverage", None)
         executor = ModelExecutor(costs, spec_decode.alpha)
         executors = partial(ModelExecutor, costs, spec_decode.alpha)
     if ranked:
         result = _simulate_ranked(config, workload, vocab.size, scheduler, gpu, executors, progress)
     else:
-        result = simulate(workload.requests, scheduler, executor, gpu, seed=config.seed,
+        result = simulate(workload.iter_requests() if streamed else workload.requests, scheduler, executor, gpu,
+                          count=config.workload.num_requests if streamed else None, seed=config.seed,
                           max_concurrency=workload.max_concurrency, slo=config.slo,
                           trace_steps=config.trace_steps,
                           progress=(lambda f: progress("simulating", f)) if progress else None, live=live,
                           records=records,
-                          # a streamed model run holds no request once its tables are built: the run folder's
-                          # trace is written from the workload's seeded streams again
-                          release=workload.release if config.mode == "model" and records is not None else None)
+                          )
     result.workload = workload
     if config.mode == "model":
         result.summary.spec_costs = coverage

@@ -48,10 +48,12 @@ from __future__ import annotations
 import gc
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
 
 from cdbench.harness.admission import BatchFormer, StepPlan
 from cdbench.harness.batch import RunningBatch
@@ -105,7 +107,9 @@ class Scheduler:
     Parameters
     ----------
     config : the policy (every mechanism's parameters).
-    requests : the workload, in any order (sorted by arrival here).
+    requests : the workload, in any order (sorted by arrival here); or, not held, an iterable yielding
+        ``count`` of them in scheduler order (by arrival, then id: a generated workload's stream), read once
+        here a chunk at a time, so that no more than a chunk of them is held at once.
     executor : the grammar cost source (model profile or real backend).
     gpu : the GPU cost model.
     seed : fixes every random choice (compile jitter, sampled costs, draft acceptance).
@@ -117,10 +121,10 @@ class Scheduler:
         (:mod:`cdbench.harness.live.step`); ``gpu`` then prices nothing.
     """
 
-    def __init__(self, config: SchedulerConfig, requests: Sequence[Request], executor: GrammarExecutor,
+    def __init__(self, config: SchedulerConfig, requests: Sequence[Request] | Iterable[Request], executor: GrammarExecutor,
                  gpu: GpuCosts, seed: int = 0, max_concurrency: int | None = None,
                  timeline: Timeline | None = None, on_progress: Callable[[int], None] | None = None,
-                 live: LiveStep | None = None) -> None:
+                 live: LiveStep | None = None, count: int | None = None) -> None:
         self.cfg, self.executor, self.gpu, self.live = config, executor, gpu, live
         self.timeline, self.on_progress = timeline, on_progress
         self._ranks: RankAgreement | None = None  # the rank processes of real collectives, while run() runs
@@ -129,24 +133,44 @@ class Scheduler:
         self.rng_compile = np.random.default_rng(seeds[0])
         self.rng_step = np.random.default_rng(seeds[1])
 
-        ordered = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))  # (not kept: see simulate's release)
-        n = self.n = len(ordered)
-        rec = self.rec = RequestTable.entering(ordered)
+        n = self.n = count if count is not None else len(requests)  # type: ignore[arg-type]
+        held = isinstance(requests, Sequence)
+        if held:
+            requests = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
+        # an executor reading the requests by position: each its own slot, entered up front; otherwise a request
+        # takes a slot as it is issued and gives it back once its row is handed out (take_finished), so the
+        # slots held are those from the oldest request not handed out to the newest issued
+        self.reuse = not executor.reads_requests
+        capacity = min(n, _SLOTS) if self.reuse else n
+        rec = self.rec = RequestTable(capacity)
+        if self.reuse:
+            self.keys = SpecKeys(fresh_copies=not held)
+        else:
+            self.keys = SpecKeys.of(_entering(requests, rec), n)
+            rec.spec_key[:] = self.keys.request_key
+        self._incoming = iter(requests)  # the requests not entered yet
+        self._ahead: list[int] = []  # the slots of the requests entered and not issued yet, in order
+        self._ahead_at = 0  # (from this one on)
+        self._last_arrival = -math.inf
         self.gen_total = rec.think_tokens + rec.output_len
-
-        self.keys = SpecKeys.of(ordered)
-        rec.spec_key[:] = self.keys.request_key
         parallel = config.fill_parallel_threshold is not None and config.spec_tokens == 0  # (vLLM: no spec decoding)
-        pool = ParallelFill(config.fill_parallel_threshold, config.fill_chunk, config.fill_threads, config.accept_parallel)
-        executor.prepare(ordered, self.keys, jump_forward=config.jump_forward, parallel_fill=pool if parallel else None,
+        pool = ParallelFill(config.fill_parallel_threshold, config.fill_chunk, config.fill_threads,
+                            config.accept_parallel)
+        executor.prepare(requests if held else (), self.keys, capacity,
+                         jump_forward=config.jump_forward, parallel_fill=pool if parallel else None,
                          drafts=config.spec_tokens > 0)
         self._outcomes: dict[int, CompileOutcome] = {}
+        self._errors: dict[int, tuple[str, str]] = {}  # failed copies' keys (forgotten otherwise): (text, error)
+        self._order: deque[int] = deque()  # issued slots whose rows were not handed out, in scheduler order
+        self._free: list[int] = []  # slots to reuse
+        self._used = 0  # slots handed out so far
+        self._retired: list[pd.DataFrame] = []  # rows handed out of their slots, not taken yet (take_finished)
 
         R = config.ranks
-        self.done_at = np.full((n, R), np.inf)
-        self._ready_at = [math.inf] * n  # done_at's maximum per request (the last rank's end), for checks
-        self.grammar_ok = np.ones(n, bool)
-        self.wait_ct = np.zeros((n, R), np.int64)
+        self.done_at = np.full((capacity, R), np.inf)
+        self._ready_at = [math.inf] * capacity  # done_at's maximum per request (the last rank's end), for checks
+        self.grammar_ok = np.ones(capacity, bool)
+        self.wait_ct = np.zeros((capacity, R), np.int64)
         # the host's cores, where its threads can outnumber them (live mode runs its steps for real)
         host = HostCores(config.host_cpus, config.compile_cores, R)
         fill_threads = config.fill_threads if parallel else 1
@@ -164,8 +188,8 @@ class Scheduler:
         self.waiting: deque[int] = deque()
         self.grammar_queue: list[int] = []
         # each request's batch columns as it is admitted, so admission is one gather
-        entry_ints = np.zeros((len(RunningBatch.INTS), n), np.int64)
-        entry_ints[0], entry_ints[1] = np.arange(n), rec.prompt_len
+        entry_ints = np.zeros((len(RunningBatch.INTS), capacity), np.int64)
+        entry_ints[0], entry_ints[1] = np.arange(capacity), rec.prompt_len
         entry_ints[3], entry_ints[4] = self.gen_total, rec.think_tokens
         self.batch = RunningBatch(entry_ints)
         self.kv = KVCache.build(config, gpu, live, rec, self.batch, self.gen_total)
@@ -235,6 +259,8 @@ class Scheduler:
                     self.on_progress(self.ended)
         if self.on_progress is not None:
             self.on_progress(self.ended)
+        if next(self._incoming, None) is not None:
+            raise ValueError(f"the workload gave more requests than the {self.n} it said it holds")
 
     def _issue_next(self, now: float) -> None:
         """Put the next request's arrival on the event queue (under a closed loop, only if a slot is free)."""
@@ -244,22 +270,155 @@ class Scheduler:
             if self._in_flight >= self.max_concurrency:
                 return
             self._in_flight += 1
-        i = self._next_arrival
+        if self._ahead_at == len(self._ahead):
+            self._enter_ahead()
+        rid = self._ahead[self._ahead_at]
+        self._ahead_at += 1
         self._next_arrival += 1
-        self.queue.push(max(now, float(self.rec.arrival_s[i])), EventKind.ARRIVAL, i)
+        self._order.append(rid)
+        self.queue.push(max(now, float(self.rec.arrival_s[rid])), EventKind.ARRIVAL, rid)
+
+    def _enter_ahead(self) -> None:
+        """Enter the next requests, up to :data:`_AHEAD` of them, into their slots at once (array writes), to
+        be issued one by one."""
+        start = self._next_arrival
+        want = min(_AHEAD, self.n - start)
+        chunk = list(islice(self._incoming, want))
+        if len(chunk) < want:
+            raise ValueError(f"the workload gave {start + len(chunk)} requests, not the {self.n} it said it holds")
+        if self.reuse:
+            rids = self._take_slots(len(chunk))
+            rec = self.rec
+            self._last_arrival = _enter(rec, rids, chunk, self._last_arrival)
+            entered = [self.keys.enter(r) for r in chunk]
+            keys = np.fromiter((key for key, _ in entered), np.int64, len(chunk))
+            instances = [instance for _, instance in entered]
+            rec.spec_key[rids] = keys
+            prompt, think = rec.prompt_len[rids], rec.think_tokens[rids]
+            gen_total = self.gen_total[rids] = think + rec.output_len[rids]
+            self.batch.enter(rids, prompt, gen_total, think)
+            if self._refused is not None:
+                self._refused[rids] = self.kv.too_long(self.cfg.spec_tokens, prompt, gen_total)
+        else:
+            rids = np.arange(start, start + len(chunk))
+            keys = self.keys.request_key[rids]
+            instances = self.keys.request_instance[start:start + len(chunk)]
+        self.executor.enter(rids, chunk, keys, instances)
+        self._ahead, self._ahead_at = rids.tolist(), 0
+
+    # ------------------------------------------------------------------ request slots
+
+    def _take_slots(self, k: int) -> np.ndarray:
+        """``k`` free slots: given back ones (the earliest given back first), then ones never used; when too
+        few are left, the ended requests' rows are handed out, and the slots doubled where that leaves no more
+        than an eighth of them free."""
+        free = self._free
+        if len(free) + len(self.rec.finish_s) - self._used < k:
+            self._retire()
+            left = len(free) + len(self.rec.finish_s) - self._used
+            if left < k or left <= len(self.rec.finish_s) // 8:
+                self._grow(max(2 * len(self.rec.finish_s), self._used + k))
+        reused = free[:-k - 1:-1] if k <= len(free) else free[::-1]
+        del free[len(free) - len(reused):]
+        fresh = k - len(reused)
+        self._used += fresh
+        return np.array(reused + list(range(self._used - fresh, self._used)), np.int64)
+
+    def _retire(self) -> None:
+        """Hand out the rows of the ended requests that every request before them in scheduler order precedes
+        (kept in :attr:`_retired` until taken), their slots given back where slots are reused."""
+        self.tallies.flush()  # the ended requests' counters are in the table (summing early changes nothing)
+        finish, order = self.rec.finish_s, self._order
+        done = []
+        while order and finish[order[0]] == finish[order[0]]:  # (not NaN: ended)
+            done.append(order.popleft())
+        if done:
+            self._hand_out(done)
+
+    def _hand_out(self, done: list[int]) -> None:
+        rows = np.array(done, np.int64)
+        self._retired.append(self.rec.to_frame(rows))
+        if self.reuse:
+            self._clear(rows)
+            self._free.extend(reversed(done))  # (the earliest given back is reused first)
+
+    def _clear(self, rows: np.ndarray) -> None:
+        """Slots ``rows`` as before any request took them."""
+        self.rec.clear(rows)
+        self.done_at[rows] = np.inf
+        for rid in rows.tolist():
+            self._ready_at[rid] = math.inf
+        self.grammar_ok[rows] = True
+        self.wait_ct[rows] = 0
+        if self.kv is not None:
+            self.kv.clear(rows)
+
+    def _grow(self, capacity: int) -> None:
+        """Room for ``capacity`` request slots."""
+        rec = self.rec
+        old = len(rec.finish_s)
+        rec.grow(capacity)
+        self.gen_total = _grown(self.gen_total, capacity, 0)
+        self.done_at = _grown(self.done_at, capacity, np.inf)
+        self._ready_at.extend([math.inf] * (capacity - old))
+        self.grammar_ok = _grown(self.grammar_ok, capacity, True)
+        self.wait_ct = _grown(self.wait_ct, capacity, 0)
+        if self._refused is not None:
+            self._refused = _grown(self._refused, capacity, False)
+        self.batch.grow(capacity)
+        self.former.entered()
+        if self.kv is not None:
+            self.kv.grow(capacity, self.gen_total)
+        self.tallies.entered(rec)
+        self.executor.grow(capacity)
+
+    def take_finished(self) -> pd.DataFrame:
+        """The rows of the requests ended since the last call that every earlier request's row precedes, in
+        scheduler order (``valid`` unchecked: outputs are checked at the end of the run)."""
+        self._retire()
+        return self._taken()
+
+    def take_rest(self) -> pd.DataFrame:
+        """The rows of every ended request not taken yet (a run stopped early), in scheduler order."""
+        self._retire()
+        finish = self.rec.finish_s
+        done = [rid for rid in self._order if finish[rid] == finish[rid]]
+        self._order.clear()
+        if done:
+            self._hand_out(done)
+        return self._taken()
+
+    def _taken(self) -> pd.DataFrame:
+        frames, self._retired = self._retired, []
+        if not frames:
+            return self.rec.to_frame(np.zeros(0, np.int64))
+        return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+
+    def requests_frame(self) -> pd.DataFrame:
+        """Every request's row in scheduler order, after the run (``valid`` as checked): those taken before
+        are not in it."""
+        if not self.reuse:
+            return self.rec.to_frame()
+        return self.take_finished()
 
     # ------------------------------------------------------------------ arrival and compile
 
     def _outcome(self, key: int) -> CompileOutcome:
         outcome = self._outcomes.get(key)
         if outcome is None:
-            outcome = self._outcomes[key] = self.executor.compile(key)
+            outcome = self.executor.compile(key)
+            if self.keys.fresh(key):  # no other request compiles it: only a failure is kept, for compile_errors
+                if outcome.error is not None:
+                    self._errors[key] = (self.keys.texts[key], outcome.error)
+            else:
+                self._outcomes[key] = outcome
         return outcome
 
     @property
     def compile_errors(self) -> dict[str, str]:
         """Specs that failed to compile (cache key text → the backend's reason)."""
-        return {self.keys.texts[k]: o.error for k, o in sorted(self._outcomes.items()) if o.error is not None}
+        failed = {k: (self.keys.texts[k], o.error) for k, o in self._outcomes.items() if o.error is not None}
+        return dict(text_error for _, text_error in sorted({**failed, **self._errors}.items()))
 
     def _arrive(self, rid: int, t: float) -> None:
         rec, cfg = self.rec, self.cfg
@@ -325,6 +484,11 @@ class Scheduler:
         self._end(rid, t)
 
     def _end(self, rid: int, t: float) -> None:
+        if self.keys.fresh_copies:
+            key = int(self.rec.spec_key[rid])
+            if self.keys.fresh(key):  # no other request has its spec: what is kept of it goes
+                self.keys.forget(key)
+                self.cache.forget(key)
         self.ended += 1
         if self.max_concurrency is not None:
             self._in_flight -= 1
@@ -599,3 +763,52 @@ class Scheduler:
         return idle_repeats(self.cfg, t_next, poll_s, check_s, self.grammar_queue, self.waiting,
                             self.rec.grammar_ready_s, self.done_at, self.wait_ct, self.queue.peek_time(),
                             self._stretch, self._stretch_until, self._ranks is not None)
+
+
+_CHUNK = 1 << 16  # requests a table's rows are entered at a time
+
+
+def _entering(requests: Iterable[Request], rec: RequestTable) -> Iterator[Request]:
+    """``requests`` (in scheduler order), each chunk's rows entered into ``rec`` before its requests are
+    yielded; a request's arrival earlier than the one before it is refused."""
+    chunk: list[Request] = []
+    start, last = 0, -math.inf
+    for r in requests:
+        chunk.append(r)
+        if len(chunk) == _CHUNK:
+            last = _enter(rec, slice(start, start + len(chunk)), chunk, last)
+            yield from chunk
+            start += len(chunk)
+            chunk = []
+    if chunk:
+        _enter(rec, slice(start, start + len(chunk)), chunk, last)
+        yield from chunk
+        start += len(chunk)
+    if start != rec.n:
+        raise ValueError(f"the workload gave {start} requests, not the {rec.n} it said it holds")
+
+
+def _enter(rec: RequestTable, at: slice | np.ndarray, chunk: list[Request], last: float) -> float:
+    """Enter ``chunk`` into rows ``at`` of ``rec``; a request arriving before the one before it (``last``: the
+    arrival before the chunk's) is refused; returns the chunk's last arrival."""
+    rec.enter(at, chunk)
+    arrivals = rec.arrival_s[at]
+    earlier = np.flatnonzero(np.diff(arrivals, prepend=last) < 0)
+    if len(earlier):
+        i = int(earlier[0])
+        before = float(arrivals[i - 1]) if i else last
+        raise ValueError(f"request {chunk[i].request_id} arrives at {chunk[i].arrival_s} s, before the request "
+                         f"issued before it ({before} s): a workload not held must give its requests by arrival "
+                         "time")
+    return float(arrivals[-1])
+
+
+_SLOTS = 1 << 12  # request slots a scheduler reusing them starts with
+_AHEAD = 1 << 8  # requests entered into their slots at a time, ahead of their issue
+
+
+def _grown(array: np.ndarray, length: int, fill) -> np.ndarray:
+    """``array`` with room for ``length`` entries along its first axis, the new ones ``fill``."""
+    out = np.full((length, *array.shape[1:]), fill, array.dtype)
+    out[:len(array)] = array
+    return out

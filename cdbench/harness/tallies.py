@@ -40,16 +40,23 @@ class StepTallies:
     jump_forward : whether the steps count jump-forward tokens.
     """
 
-    __slots__ = ("_columns", "_draft_positions", "_steps", "_rows")
+    __slots__ = ("_counted", "_columns", "_draft_positions", "_steps", "_rows", "_joined")
 
     def __init__(self, table: RequestTable, draft_positions: DraftPositionCounts | None = None,
                  jump_forward: bool = False) -> None:
         drafts = ("drafted", "accepted", "rolled_back") if draft_positions is not None else ()
-        counted = ("output_tokens", *drafts) + (("jump_forward_tokens",) if jump_forward else ())
-        self._columns = [getattr(table, name) for name in counted]
+        self._counted = ("output_tokens", *drafts) + (("jump_forward_tokens",) if jump_forward else ())
+        self._columns = [getattr(table, name) for name in self._counted]
         self._draft_positions = draft_positions
         self._steps: list[list[np.ndarray]] = []
         self._rows = 0
+        # the kept steps' arrays joined, kept between sums: arrays made anew each sum would be given back to the
+        # system and faulted in again where nothing else holds the heap (a run of bounded memory)
+        self._joined = np.empty((1 + len(self._counted), 0), np.int64)
+
+    def entered(self, table: RequestTable) -> None:
+        """``table``'s columns were made anew (more rows): the counters go to the new ones."""
+        self._columns = [getattr(table, name) for name in self._counted]
 
     def add(self, counters: list[np.ndarray], rows: int) -> None:
         """Keep one step's ``counters`` (request ids first) over its ``rows`` sampled rows; the arrays
@@ -63,7 +70,11 @@ class StepTallies:
         """Add the kept steps' counters to the request table (and the draft-position counts)."""
         if not self._steps:
             return
-        rid, *counters = (np.concatenate(column) for column in zip(*self._steps))
+        n = sum(len(step[0]) for step in self._steps)
+        if self._joined.shape[1] < n:
+            self._joined = np.empty((len(self._joined), max(n, 2 * self._joined.shape[1])), np.int64)
+        rid, *counters = (np.concatenate(column, out=out, casting="unsafe")
+                          for column, out in zip(zip(*self._steps), self._joined[:, :n]))
         for column, values in zip(self._columns, counters):
             np.add.at(column, rid, values)
         if self._draft_positions is not None:

@@ -221,15 +221,21 @@ class RequestStream:
 
     What the requests drew on is kept as they are built: ``pools`` (each structured request's
     ``spec_id`` → its instance pool), ``failures`` (specs without a valid instance), and from the start
-    ``skipped_lines``, ``library_ids`` and ``duplicates`` of the corpus. A stream is iterated once.
-    ``on_progress`` is called with the fraction of requests built (at most about a hundred times).
+    ``skipped_lines``, ``library_ids`` and ``duplicates`` of the corpus. A stream is iterated once; once it
+    has been, :attr:`counts` holds its requests, structured requests and distinct spec ids. ``on_progress``
+    is called with the fraction of requests built (at most about a hundred times). ``keep_pools=False``:
+    ``pools`` stays empty (a run that reads the requests' tokens from the requests themselves; under
+    unique reuse it would hold an entry a request).
     """
 
     def __init__(self, config: WorkloadConfig, vocab: Vocabulary, *, cache: PoolCache | None = None,
                  progress: Progress | None = None, on_progress: Callable[[float], None] | None = None,
-                 chunk: int = CHUNK) -> None:
+                 chunk: int = CHUNK, keep_pools: bool = True) -> None:
         assert config.num_requests is not None  # WorkloadConfig requires it without a trace
         self.config, self.vocab, self.chunk, self.on_progress = config, vocab, chunk, on_progress
+        self.keep_pools = keep_pools
+        self._structured = self._copies = 0
+        self._items_used: set[str] = set()  # ids of corpus items drawn as themselves (copy 0)
         if on_progress is not None:
             on_progress(0.0)  # before the corpora load and the per-request draws, which take a while for large runs
         self.streams = dict(zip(_STREAMS, (np.random.default_rng(s) for s in
@@ -265,6 +271,12 @@ class RequestStream:
                                      f"{kind} " if kind else "")
                          for kind, group in zip(kinds, groups)]
         self.pools: dict[str, InstancePool] = {}
+
+    @property
+    def counts(self) -> tuple[int, int, int]:
+        """(requests, structured requests, distinct spec ids) of the requests built so far: a copy
+        (``id#copyN``, unique reuse) is made once, so only items drawn as themselves are remembered."""
+        return self.n, self._structured, self._copies + len(self._items_used)
 
     @property
     def failures(self) -> list[InstanceFailure]:
@@ -310,12 +322,18 @@ class RequestStream:
             picker = self._pickers[kind]
             item, copy = picker.draw()
             spec_id, spec = unique_copy(item, copy)
+            self._structured += 1
+            if copy:
+                self._copies += 1
+            else:
+                self._items_used.add(item.id)
             pool = picker.pool(item)
             if pool is not None:
                 index = picker.instance(item, pool, self.streams["instances"])
                 tokens = pool.tokens[index]
                 output = len(tokens)
-                self.pools[spec_id] = pool
+                if self.keep_pools:
+                    self.pools[spec_id] = pool
         return Request(
             request_id=i,
             arrival_s=arrival,
@@ -345,16 +363,24 @@ def _sizes(n: int, chunk: int) -> Iterator[int]:
 
 
 def generate(config: WorkloadConfig, vocab: Vocabulary, *, cache: PoolCache | None = None,
-             progress: bool = True, on_progress: Callable[[float], None] | None = None) -> Workload:
+             progress: bool = True, on_progress: Callable[[float], None] | None = None,
+             held: bool = True) -> Workload:
     """Expand ``config`` into a :class:`Workload` of ``config.num_requests`` requests
     (or replay ``config.trace``): every request of its :class:`RequestStream`.
 
     ``progress`` shows this function's own progress bar; ``on_progress``, for a
     caller that owns the display, is called with the fraction of requests built
-    (at most about a hundred times).
+    (at most about a hundred times). ``held=False`` (a generated workload): no request is
+    built now; :meth:`Workload.stream` builds them as they are read, as often as asked
+    (:meth:`Workload.iter_requests` the same), without instance pools (``pools`` stays empty).
     """
     if config.trace is not None:
         return replay(config, vocab)
+    if not held:
+        stream = RequestStream(config, vocab, cache=cache, keep_pools=False)  # (the corpus' account only)
+        return Workload(config, vocab.name, [], {}, [], stream.skipped_lines, stream.library_ids,
+                        stream.duplicates, rebuild=lambda: RequestStream(config, vocab, cache=cache, keep_pools=False),
+                        streamed=True)
     bar = Progress(transient=True, disable=not progress)
     with bar:
         stream = RequestStream(config, vocab, cache=cache, progress=bar if progress else None,

@@ -95,29 +95,27 @@ class Workload:
     bad_trace_lines: list[BadTraceLine] = field(default_factory=list)
     trace_path: Path | None = None
     rebuild: Callable[[], Iterable[Request]] | None = None
-    """Builds the same requests again, a request at a time (a generated workload: its seeded streams), so that
-    :meth:`release` can let them go."""
-    _counts: tuple[int, int, int] | None = None  # (requests, structured, distinct specs) once released
+    """Builds the same requests again, a request at a time (a generated workload: its seeded streams)."""
+    streamed: bool = False
+    """No request is held: :attr:`rebuild` builds them each time they are read (``generate(..., held=False)``);
+    the first :meth:`iter_requests` read to its end gives the workload its counts and its specs without a
+    valid instance (``failures``)."""
+    _counts: tuple[int, int, int] | None = None  # (requests, structured, distinct specs) of a streamed one
 
-    def release(self) -> bool:
-        """Let the requests and their pools go when :attr:`rebuild` can build them again (a run that has taken
-        what it needs of them); :meth:`iter_requests` and :meth:`report` then rebuild them or use their counts.
-        The list is emptied in place, so whoever was handed it holds none of them either. Returns whether they
-        went."""
-        if self.rebuild is None or self._counts is not None:
-            return False
-        self._counts = _counts(self.requests)
-        self.requests.clear()
-        self.pools = {}
-        return True
-
-    @property
-    def released(self) -> bool:
-        return self._counts is not None
+    def _surveying(self, stream: Iterable[Request]) -> Iterator[Request]:
+        """``stream``'s requests; once it is read to its end, its counts (``counts``: requests, structured
+        requests, distinct spec ids) and ``failures`` are the workload's."""
+        yield from stream
+        self._counts = stream.counts  # type: ignore[attr-defined]
+        self.failures = list(stream.failures)  # type: ignore[attr-defined]
 
     def iter_requests(self) -> Iterator[Request]:
-        """The requests in order: those held, or, once released, built again."""
-        return iter(self.rebuild()) if self.released else iter(self.requests)
+        """The requests in order: those held, or, when not held, built again."""
+        if not self.streamed:
+            return iter(self.requests)
+        if self._counts is None:  # a streamed workload read for the first time
+            return self._surveying(self.rebuild())
+        return iter(self.rebuild())
 
     @property
     def max_concurrency(self) -> int | None:
@@ -141,6 +139,8 @@ class Workload:
 
     def report(self) -> WorkloadReport:
         """Counts and entries of everything that did not make it into the requests (for the run's summary)."""
+        if self.streamed and self._counts is None:
+            raise ValueError("a workload not held knows its counts once its requests were read to the end")
         requests, structured, distinct = self._counts if self._counts is not None else _counts(self.requests)
         return WorkloadReport(
             requests=requests,

@@ -68,6 +68,29 @@ def test_log_histogram_quantiles_within_a_bin():
     assert h.mean() == pytest.approx(values.mean())
 
 
+def test_log_histogram_sums_each_flush_in_its_kept_buffers_as_a_joined_array(monkeypatch):
+    """Flushes of fewer values after larger ones (buffers kept, longer than the values) and weighted
+    values count and sum exactly what binning each flush's values joined anew counts and sums."""
+    monkeypatch.setattr(LogHistogram, "BUFFER", 1000)
+    rng = np.random.default_rng(1)
+    h, expected_counts, total, sq_total, weight = LogHistogram(), np.zeros(len(LogHistogram().counts)), 0.0, 0.0, 0.0
+    for size in (1500, 300, 1200, 40):
+        values, weights = rng.lognormal(-5, 1, size), rng.integers(1, 5, size)
+        h.add(values[:size // 2])
+        h.add(values[size // 2:])
+        h._flush()
+        h.add(values, weights)
+        h._flush()
+        bins = np.minimum(((np.log10(np.maximum(values, 1e-7)) + 7) * 200).astype(np.int64), len(h.counts) - 1)
+        expected_counts += np.bincount(bins, minlength=len(h.counts)) + np.bincount(bins, weights,
+                                                                                   minlength=len(h.counts))
+        total += float(values.sum()) + float(np.add.reduce(values * weights))
+        sq_total += float(np.add.reduce(values * values)) + float(np.add.reduce(values * values * weights))
+        weight += size + float(weights.sum())
+    assert (h.counts == expected_counts).all()
+    assert (h.total, h.sq_total, h.weight) == (total, sq_total, weight)
+
+
 def test_policy_overrides_are_validated():
     assert policy("vllm", compile_threads=3).compile_threads == 3
     with pytest.raises(KeyError, match="unknown scheduler policy 'tgi'"):

@@ -302,17 +302,17 @@ def test_cost_pools_are_built_as_requests_arrive_the_same_in_any_slot_and_freed_
     ex.arrive(0)
     first = _pools(tables, 0, out)
     ex.finish(0)  # its slot is free, its pools still there
-    ex.arrive(2)  # request 0's cost spec again: the same slot, not drawn again
-    assert int(tables.base[2]) == 0 and tables._rows.size == 1
+    ex.arrive(2)  # request 0's cost spec again: the same slot, not drawn again (slot 0: the row of ones)
+    assert int(tables.base[2]) == ROW and tables._rows.size == 2
     ex.finish(2)
     ex.arrive(1)  # another cost spec takes the freed slot
     ex.arrive(4)  # request 0's cost spec again, drawn again into another slot
-    assert (int(tables.base[1]), int(tables.base[4])) == (0, ROW)
+    assert (int(tables.base[1]), int(tables.base[4])) == (ROW, 2 * ROW)
     assert _pools(tables, 4, out) == first
     for rid in (3, 5):
         ex.arrive(rid)
     # two cost specs in flight: two rows of pools, however many requests read them
-    assert tables._rows.size == 2 and len(tables._rows.refs) == 2
+    assert tables._rows.size == 3 and len(tables._rows.refs) == 2
     for rid in (1, 3, 4, 5):
         ex.finish(rid)
     assert not tables._rows.refs and len(tables._rows.free) == 2

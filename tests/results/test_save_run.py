@@ -3,6 +3,7 @@
 import json
 
 import pandas as pd
+import pytest
 
 from cdbench.harness.costs.gpu import FixedGpuCosts
 from cdbench.harness.executors.model import FixedGrammarCosts, ModelExecutor
@@ -54,14 +55,18 @@ def test_a_measured_grammar_profile_is_saved_and_loads_back(tmp_path):
     assert GrammarProfile.load(tmp_path / "run" / "grammar_profile.json") == result.grammar_profile
 
 
-def test_a_simulation_needs_no_request_once_its_scheduler_is_built():
-    requests = [Request(i, i * 0.01, 64, 8) for i in range(6)]
-    held = list(requests)
+def test_a_simulation_of_requests_not_held_is_the_same_run():
+    requests = (Request(i, i * 0.01, 64, 8) for i in range(6))  # read once, in order
     result = simulate(requests, policy("vllm", overlap=False), ModelExecutor(FixedGrammarCosts()),
-                      FixedGpuCosts(forward_base_s=0.01), seed=3, release=requests.clear)
-    assert not requests and result.summary.completed == 6
+                      FixedGpuCosts(forward_base_s=0.01), seed=3, count=6)
+    assert result.summary.completed == 6
     pd.testing.assert_frame_equal(result.requests, _result().requests)  # the same run as with them held
-    assert len(held) == 6
+    with pytest.raises(ValueError, match="before the request issued before it"):
+        simulate(iter([Request(0, 1.0, 64, 8), Request(1, 0.5, 64, 8)]), policy("vllm", overlap=False),
+                 ModelExecutor(FixedGrammarCosts()), FixedGpuCosts(forward_base_s=0.01), count=2)
+    with pytest.raises(ValueError, match="gave 1 requests, not the 2"):
+        simulate(iter([Request(0, 1.0, 64, 8)]), policy("vllm", overlap=False),
+                 ModelExecutor(FixedGrammarCosts()), FixedGpuCosts(forward_base_s=0.01), count=2)
 
 
 def test_a_recorded_model_run_writes_the_trace_of_its_released_workload(tmp_path):

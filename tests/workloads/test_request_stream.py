@@ -54,22 +54,23 @@ def test_arrival_times_in_chunks_are_the_times_drawn_at_once(process):
 
 
 @pytest.mark.parametrize("name", ["kind weights, lognormal prompts", "constant, random walk, shuffled trace lengths"])
-def test_a_released_workload_builds_the_same_requests_trace_and_report(name, vocab):
+def test_a_workload_not_held_builds_the_same_requests_trace_and_report(name, vocab):
     from cdbench.workloads.trace import dumps_trace
 
-    workload = generate(WorkloadConfig(**CONFIGS[name]), vocab, progress=False)
-    held, trace, report = workload.requests, dumps_trace(workload), workload.report()
-    before = _fields(held)
-    assert workload.release() and workload.released and not held and not workload.pools  # emptied in place
-    assert not workload.release()
-    assert _fields(workload.iter_requests()) == before
-    assert dumps_trace(workload) == trace and workload.report() == report
+    config = WorkloadConfig(**CONFIGS[name])
+    held = generate(config, vocab, progress=False)
+    streamed = generate(config, vocab, progress=False, held=False)
+    assert streamed.streamed and not streamed.requests and not streamed.pools
+    with pytest.raises(ValueError, match="read to the end"):
+        streamed.report()  # its counts come from a first reading to the end
+    assert _fields(streamed.iter_requests()) == _fields(held.requests)
+    assert _fields(streamed.iter_requests()) == _fields(held.requests)  # as often as read
+    assert dumps_trace(streamed) == dumps_trace(held) and streamed.report() == held.report()
 
 
-def test_a_replayed_workload_is_not_released(tmp_path, vocab):
-    from cdbench.workloads.trace import replay, write_trace
+def test_a_replayed_workload_is_held(tmp_path, vocab):
+    from cdbench.workloads.trace import write_trace
 
-    workload = generate(WorkloadConfig(num_requests=20), vocab, progress=False)
-    write_trace(workload, tmp_path / "t.jsonl")
-    replayed = replay(WorkloadConfig(num_requests=20, trace=str(tmp_path / "t.jsonl")), vocab)
-    assert not replayed.release() and len(replayed.requests) == 20
+    write_trace(generate(WorkloadConfig(num_requests=20), vocab, progress=False), tmp_path / "t.jsonl")
+    replayed = generate(WorkloadConfig(num_requests=20, trace=str(tmp_path / "t.jsonl")), vocab, held=False)
+    assert not replayed.streamed and len(replayed.requests) == 20

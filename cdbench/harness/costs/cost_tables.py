@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -45,6 +46,7 @@ from cdbench.harness.costs.grammar_profile import (
     ProfileError,
 )
 from cdbench.harness.costs.spec_profile import (
+    COPY_MARK,
     N_POSITION_BINS,
     SpecProfile,
     base_spec_id,
@@ -53,6 +55,9 @@ from cdbench.harness.costs.spec_profile import (
     spec_key_hash,
     spec_key_text,
 )
+
+if TYPE_CHECKING:
+    from cdbench.workloads.request import Request
 
 SPAN = 1 << 11
 """Pre-drawn values per spec and metric; a request reads its spec's pool at a random offset plus its
@@ -115,30 +120,46 @@ class CostTables:
     fill_base: np.ndarray | None = None
     accept_curve: np.ndarray | None = None
 
+    def enter(self, rids: np.ndarray, requests: Sequence[Request], keys: np.ndarray,
+              instances: Sequence[str | None]) -> None:
+        """``requests`` entered the scheduler in slots ``rids`` (their spec ``keys``, -1: none; ``instances``: the
+        instance keys of the texts they walk): their per-request columns are written (over the requests that
+        held the slots before). Requests enter in scheduler order, a chunk at a time."""
+
     def acquire(self, rid: int) -> None:
         """Request ``rid`` arrived: its pools are needed from now on (the tables of a profile build them then)."""
 
     def release(self, rid: int) -> None:
         """Request ``rid`` ended: its pools may go."""
 
-
-def output_lengths(requests: Sequence) -> np.ndarray:
-    """Answer tokens per request as the scheduler counts them (at least 1)."""
-    return np.fromiter((max(1, r.output_len) for r in requests), np.int64, len(requests))
+    def grow(self, capacity: int) -> None:
+        """Make room for ``capacity`` request slots."""
 
 
 def _csum(pool: np.ndarray) -> np.ndarray:
     return np.concatenate(([0.0], np.cumsum(pool)))
 
 
-def constant_tables(requests: Sequence, fill_s: float, accept_s: float, rollback_s: float,
-                    forced_tokens: int) -> CostTables:
-    """Tables of constant costs (every request, every position)."""
-    out_len = output_lengths(requests)
-    fill = np.full(ROW, fill_s)
-    return CostTables(fill, _csum(fill), np.full(ROW, accept_s), np.full(ROW, rollback_s),
-                      np.full(ROW, forced_tokens, np.int64), np.zeros(len(requests), np.int64), out_len,
-                      np.ones(int(out_len.max(initial=0)) + 1), out_len)
+class ConstantTables(CostTables):
+    """Tables of constant costs (every request, every position): one pool row, a curve of ones."""
+
+    def __init__(self, capacity: int, fill_s: float, accept_s: float, rollback_s: float, forced_tokens: int) -> None:
+        fill = np.full(ROW, fill_s)
+        super().__init__(fill, _csum(fill), np.full(ROW, accept_s), np.full(ROW, rollback_s),
+                         np.full(ROW, forced_tokens, np.int64), np.zeros(capacity, np.int64),
+                         np.zeros(capacity, np.int64), np.ones(1), np.zeros(capacity, np.int64))
+
+    def enter(self, rids: np.ndarray, requests: Sequence[Request], keys: np.ndarray,
+              instances: Sequence[str | None]) -> None:
+        out_len = _answer_lengths(requests)
+        self.off_end[rids] = self.curve_end[rids] = out_len
+        longest = int(out_len.max(initial=0))
+        if longest >= len(self.curve):
+            self.curve = np.ones(max(longest + 1, 2 * len(self.curve)))
+
+    def grow(self, capacity: int) -> None:
+        for name in ("base", "off_end", "curve_end"):
+            setattr(self, name, _grown(getattr(self, name), capacity))
 
 
 def _uniform(seed: int, purpose: str, text: str) -> float:
@@ -150,39 +171,54 @@ class SpecIndex:
     """Which profiled spec a run's spec takes its costs from.
 
     A spec the profile measured (same compile-cache key) takes its own; a
-    generator copy (``id#copyN``) takes its corpus item's; any other takes a
-    profiled spec of its kind drawn as a whole (among those of its corpus, when
-    the profile has some), stable per seed and spec. ``None``: the profile has
+    generator copy (``id#copyN``) of an item in the profile's ``copies`` (item key text → the profiled spec
+    pricing its copies: :func:`~cdbench.harness.costs.spec_costs.price_specs` prices a streamed run's copies
+    by their item's content, once for them all, as it prices each copy of a held run by content over any
+    profiled spec of the copy's own key) takes that spec's costs, under its own name; another copy
+    takes its corpus item's; any other takes a profiled spec of its kind drawn as a whole (among those of
+    its corpus, when the profile has some), stable per seed and spec. ``None``: the profile has
     no spec of that kind (the kind's pooled costs serve).
     """
 
     def __init__(self, profile: GrammarProfile, seed: int) -> None:
-        self.profile, self.seed = profile, seed
+        self.profile, self.seed, self.copies = profile, seed, profile.copies
         self._by_kind: dict[str, list[str]] = {}
         self._by_corpus: dict[tuple[str, str], list[str]] = {}
         for key, kind, corpus in sorted(profile.spec_labels()):  # labels alone: a spec is decoded when used
             self._by_kind.setdefault(kind, []).append(key)
             if corpus is not None:
                 self._by_corpus.setdefault((kind, corpus), []).append(key)
-        self._cache: dict[str, str | None] = {}
+        self._cache: dict[str, tuple[str | None, str | None]] = {}
 
     def resolve(self, key_text: str, spec_id: str | None, kind: str) -> str | None:
-        """The profile's spec key whose costs ``key_text`` takes (``None``: the kind's pooled costs)."""
-        if key_text in self._cache:
-            return self._cache[key_text]
+        """The name ``key_text``'s costs are known by (``None``: the kind's pooled costs): the profile's spec key
+        whose costs it takes, or a copy's own (:meth:`names`)."""
+        return self.names(key_text, spec_id, kind)[0]
+
+    def names(self, key_text: str, spec_id: str | None, kind: str) -> tuple[str | None, str | None]:
+        """(the name ``key_text``'s costs are known and seeded by, the profile's spec key that prices them): one
+        key twice, but for a copy priced by its item's content (``copies``)."""
+        found = self._cache.get(key_text)
+        if found is not None:
+            return found
+        if len(self._cache) >= _KEYS_REMEMBERED:  # (a run of copies has a key a request: resolved again)
+            self._cache.clear()
         specs = self.profile.specs
-        found = spec_key_hash(key_text)
-        if found not in specs and spec_id is not None:
-            found = spec_key_hash(spec_key_text(kind, base_spec_id(spec_id)))
-        if found not in specs:
+        name = priced = spec_key_hash(key_text)
+        if spec_id is not None and COPY_MARK in spec_id and self.copies:  # (over a profiled spec of its own key)
+            priced = self.copies.get(spec_key_text(kind, base_spec_id(spec_id)), name)
+        if priced not in specs and spec_id is not None:
+            name = priced = spec_key_hash(spec_key_text(kind, base_spec_id(spec_id)))
+        if priced not in specs:
             corpus = corpus_of(spec_id)
             pool = self._by_corpus.get((kind, corpus)) if corpus is not None else None
             pool = pool or self._by_kind.get(kind)
-            found = pool[int(_uniform(self.seed, "spec", key_text) * len(pool))] if pool else None
-        self._cache[key_text] = found
+            name = priced = pool[int(_uniform(self.seed, "spec", key_text) * len(pool))] if pool else None
+        found = self._cache[key_text] = (name, priced)
         return found
 
     def spec(self, key: str | None) -> SpecProfile | None:
+        """The profile's spec ``key`` (a priced name of :meth:`names`)."""
         return None if key is None else self.profile.specs[key]
 
 
@@ -231,6 +267,11 @@ def _survival(tried: list[int], valid: list[int]) -> np.ndarray:
     return np.cumprod(rate)
 
 
+def _answer_lengths(requests: Sequence[Request]) -> np.ndarray:
+    """Each request's answer tokens (at least one)."""
+    return np.maximum(np.fromiter((r.output_len for r in requests), np.int64, len(requests)), 1)
+
+
 def _walk_end_left(spec: SpecProfile | None, out_len: int, u: float) -> int:
     """The ``gen_left`` at which a random walk of ``spec`` with cap ``out_len`` ends (0: at its cap): it ends
     early as often as the spec's walks did, at one of their end lengths (``u``: its uniform draw)."""
@@ -255,11 +296,13 @@ def _kind_dists(profile: GrammarProfile, kp: KindProfile) -> tuple:
     return fill, relative, accept, rollback if rollback.count else None
 
 
-def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, requests: Sequence, keys,
-                   drafts: bool = True, jump_forward: bool = True) -> CostTables:
-    """Per-request tables for ``requests`` (in scheduler order) and their spec ``keys``
-    (:class:`~cdbench.harness.executors.base.SpecKeys`); ``drafts``/``jump_forward``: whether the run
-    reads the draft pools (prefix sums, rollback, draft chains) and the forced tokens (not built when not).
+def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, keys, capacity: int,
+                   drafts: bool = True, jump_forward: bool = True, chains: bool = False) -> CostTables:
+    """Tables of ``capacity`` request slots (grown as asked) for requests whose spec keys ``keys``
+    (:class:`~cdbench.harness.executors.base.SpecKeys`) numbers as they enter; ``drafts``/``jump_forward``:
+    whether the run reads the draft pools (prefix sums, rollback, draft chains) and the forced tokens (not
+    built when not); ``chains``: some request of the run has a measured draft chain
+    (:func:`has_draft_chains`).
 
     One cost spec per profiled spec that the run's specs resolve to, plus one
     per kind for specs the kind's pooled costs serve; each cost spec's pools
@@ -272,9 +315,73 @@ def profile_tables(profile: GrammarProfile, index: SpecIndex, seed: int, request
 
     The pools are built when a request that reads them arrives and dropped when
     the last such request ends (:class:`ProfileTables`), so the tables hold
-    the pools of the requests in flight, not of the run.
+    the pools of the requests in flight, not of the run. A kind without rollback
+    measurements prices no rollback: a rejected draft of its rows is an error.
     """
-    return ProfileTables(profile, index, seed, requests, keys, drafts, jump_forward)
+    return ProfileTables(profile, index, seed, keys, capacity, drafts, jump_forward, chains)
+
+
+def has_draft_chains(profile: GrammarProfile, index: SpecIndex, requests: Iterable[Request]) -> bool:
+    """Whether some request of ``requests`` takes a measured draft chain (its spec's, or its kind's): a run
+    with one draws which drafts the grammar takes at every drafted step, so whether it draws is decided for
+    the whole run (read until the first such request)."""
+    for r in requests:
+        if r.spec is None:
+            continue
+        kind = r.spec.kind
+        if profile.kind(kind).draft_tried:
+            return True
+        text = f"{kind}:{r.spec_id}" if r.spec_id is not None else r.spec.canonical()
+        spec = index.spec(index.names(text, r.spec_id, kind)[1])
+        if spec is not None and spec.draft_tried:
+            return True
+    return False
+
+
+_KEYS_REMEMBERED = 1 << 12
+"""Spec keys whose cost spec, chain and refusals the tables remember (past it they are computed again)."""
+
+
+class _Draws:
+    """The values of a seeded stream of draws by index (``draw(rng, n)``: the next ``n``), drawn a chunk at
+    a time in order, the last two chunks kept: the same values as drawing up to the highest index at once
+    (a generator's draws in turn are its draws at once). Indexes read in increasing order (request ids as
+    a workload is generated) draw each chunk once; an index below the chunks kept draws from the start."""
+
+    CHUNK = 1 << 16
+
+    def __init__(self, seed: list[int], draw: Callable[[np.random.Generator, int], np.ndarray]) -> None:
+        self.seed, self.draw = seed, draw
+        self._restart()
+
+    def _restart(self) -> None:
+        self._rng = np.random.default_rng(self.seed)
+        self._chunks: dict[int, np.ndarray] = {}
+        self._next = 0  # the next chunk to draw
+
+    def _chunk(self, c: int) -> np.ndarray:
+        chunk = self._chunks.get(c)
+        if chunk is None:
+            if c < self._next:
+                self._restart()
+            while self._next <= c:
+                self._chunks[self._next] = self.draw(self._rng, self.CHUNK)
+                self._chunks.pop(self._next - 2, None)
+                self._next += 1
+            chunk = self._chunks[c]
+        return chunk
+
+    def at(self, ids: np.ndarray) -> np.ndarray:
+        """The values at indexes ``ids`` (read in increasing order of chunk where they can be)."""
+        chunks = ids // self.CHUNK
+        first, last = int(chunks.min(initial=0)), int(chunks.max(initial=0))
+        if first == last:
+            return self._chunk(first)[ids - first * self.CHUNK]
+        out = np.empty(len(ids), self._chunk(first).dtype)
+        for c in np.unique(chunks).tolist():
+            mine = chunks == c
+            out[mine] = self._chunk(c)[ids[mine] - c * self.CHUNK]
+        return out
 
 
 class _Slots:
@@ -284,12 +391,12 @@ class _Slots:
     and go (a popular spec) is not drawn again each time; the slots are bounded by what runs at once."""
 
     def __init__(self, reserved: int = 0) -> None:
-        self.slot: dict[int, int] = {}  # item -> its slot (in use, or freed and still holding its values)
-        self.refs: dict[int, int] = {}  # items in use -> requests reading them
-        self.free: OrderedDict[int, int] = OrderedDict()  # freed slot -> the item it still holds, oldest first
+        self.slot: dict[Hashable, int] = {}  # item -> its slot (in use, or freed and still holding its values)
+        self.refs: dict[Hashable, int] = {}  # items in use -> requests reading them
+        self.free: OrderedDict[int, Hashable] = OrderedDict()  # freed slot -> the item it still holds, oldest first
         self.size = reserved  # slots handed out so far (the first ``reserved`` are fixed)
 
-    def take(self, item: int) -> tuple[int, bool]:
+    def take(self, item: Hashable) -> tuple[int, bool]:
         """``item``'s slot, and whether it is new (its values must be written)."""
         slot = self.slot.get(item)
         if slot is not None:
@@ -307,7 +414,7 @@ class _Slots:
         self.slot[item], self.refs[item] = slot, 1
         return slot, True
 
-    def drop(self, item: int) -> None:
+    def drop(self, item: Hashable) -> None:
         self.refs[item] -= 1
         if not self.refs[item]:
             del self.refs[item]
@@ -324,213 +431,274 @@ def _grown(array: np.ndarray | None, length: int) -> np.ndarray | None:
 
 
 class ProfileTables(CostTables):
-    """:func:`profile_tables`' tables: per-request columns for the whole run (a few numbers a request),
-    the pools (a :data:`ROW` of each metric a cost spec, a curve a cost spec or replayed text, a chain of
-    draft-survival rates) built into reused slots as requests arrive (:meth:`acquire`) and freed as they
-    end (:meth:`release`). A cost spec's pools and curve are the same values whenever they are built;
-    only the slot they sit in changes. ``fill_csum`` holds each row's own prefix sums (a row's draft fills
+    """:func:`profile_tables`' tables: a few numbers a request slot, written as a request enters
+    (:meth:`enter`); the pools (a :data:`ROW` of each metric a cost spec, a curve a cost spec or replayed
+    text, a chain of draft-survival rates) built into reused slots as requests arrive (:meth:`acquire`) and
+    freed as they end (:meth:`release`). A cost spec's pools and curve are the same values whenever they are
+    built; only the slot they sit in changes, and so does the curves' width (the longest answer entered so
+    far, grown as longer ones enter). ``fill_csum`` holds each row's own prefix sums (a row's draft fills
     are one difference within the row). A pool the run does not read (``drafts``, ``jump_forward``: see
     :func:`profile_tables`) is not drawn: each arrival of a new cost spec draws its pools (a few thousand
     values each), so the unread ones would cost as much as the read ones; the read ones are the same either
-    way (the unread pools' uniforms come after theirs in the cost spec's stream)."""
+    way (the unread pools' uniforms come after theirs in the cost spec's stream). What is kept per spec key
+    (its cost spec, chain, refusals) is remembered for a bounded number of keys, and computed again past it.
 
-    def __init__(self, profile: GrammarProfile, index: SpecIndex, seed: int, requests: Sequence, keys,
-                 drafts: bool = True, jump_forward: bool = True) -> None:
-        self.profile, self.index, self.seed = profile, index, seed
+    A request's random offset, refusal draw and walk-end draw are the values at its request id of three
+    seeded streams, drawn a chunk at a time as ids grow (:class:`_Draws`), so they do not depend on which
+    other requests share the run."""
+
+    def __init__(self, profile: GrammarProfile, index: SpecIndex, seed: int, keys, capacity: int,
+                 drafts: bool = True, jump_forward: bool = True, chains: bool = False) -> None:
+        self.profile, self.index, self.seed, self.keys = profile, index, seed, keys
         self._uniforms = 4 if jump_forward else 3 if drafts else 2  # rows of uniforms a cost spec draws
-        out_len = output_lengths(requests)
-        self.width = width = int(out_len.max(initial=0)) + 1
-        self._bins = position_bins(np.arange(width))
-        self._kinds = {kind: _kind_dists(profile, profile.kind(kind)) for kind in sorted(set(keys.kinds))}
-        has_rollback = drafts and all(d[3] is not None for d in self._kinds.values())
-        # cost specs, column by column (a run of copies has one a request): kind, the name seeding its pools
-        # or None, the spec its costs are scaled by, own fills
-        self._recipe_kind: list[str] = []
-        self._recipe_seeded: list[str | None] = []
-        self._recipe_name: list[str | None] = []
-        self._recipe_own: list[bool] = []
-        row_of: dict[tuple[str, str | None], int] = {}
-        n_keys = max(len(keys.texts), 1)
-        key_row = np.zeros(n_keys, np.int64)
-        key_reject_rate = np.zeros(n_keys)
-        key_reject_at = np.zeros(n_keys, np.int64)
-        key_spec: list[SpecProfile | None] = []
-        # draft chains by spec name (None: its kind's) and kind; chain 0: every draft valid (not measured)
-        self._chain_name: list[str | None] = [None]
-        self._chain_kind: list[str] = [""]
-        chain_of: dict[tuple[str | None, str], int] = {}
-        key_chain = np.zeros(n_keys, np.int64)
-        key_think = np.zeros(n_keys)
-        spiky = False
-        for k, (text, spec_id, kind) in enumerate(zip(keys.texts, keys.spec_ids, keys.kinds)):
-            name = index.resolve(text, spec_id, kind)
-            spec = index.spec(name)
-            relative = self._kinds[kind][1]
-            own = spec is not None and spec.fills > 0 and relative and len(spec.fill_residual) > 0
-            row_key = (kind, name if own or spec is not None and spec.accept_s is not None else None)
-            row = row_of.get(row_key)
-            if row is None:
-                row = row_of[row_key] = len(self._recipe_kind)
-                self._recipe_kind.append(kind)
-                self._recipe_seeded.append(row_key[1])
-                self._recipe_name.append(name)
-                self._recipe_own.append(own)
-                spiky |= own and spec.fill_outlier_rate > 0 and len(spec.fill_outliers_s) > 0
-            key_row[k] = row
-            key_spec.append(spec)
-            kp = profile.kind(kind)
-            own_chain = spec is not None and len(spec.draft_tried) > 0
-            if (spec.draft_tried if own_chain else kp.draft_tried):
-                chain_key = (name, kind) if own_chain else (None, kind)
-                if chain_key not in chain_of:
-                    chain_of[chain_key] = len(self._chain_name)
-                    self._chain_name.append(chain_key[0])
-                    self._chain_kind.append(chain_key[1])
-                key_chain[k] = chain_of[chain_key]
-            think = spec.think_accept_s if spec is not None and spec.think_accept_s is not None else kp.think_accept_s
-            key_think[k] = think or 0.0
-            if spec is not None and spec.rejected and spec.walks:
-                key_reject_rate[k], key_reject_at[k] = spec.rejected / spec.walks, spec.rejected_at
-
-        # each request's offset comes from its request id, so it does not depend on which others share the run
-        ids = np.fromiter((r.request_id for r in requests), np.int64, len(requests))
-        offsets = np.random.default_rng([seed, 0x6f66]).integers(0, SPAN, int(ids.max(initial=0)) + 1)[ids]
-        structured = keys.request_key >= 0
-        rk = np.maximum(keys.request_key, 0)
-        self._row_of = np.where(structured, key_row[rk], -1)  # each request's cost spec (-1: none)
-        self._chain_of = np.where(structured, key_chain[rk], 0)
-        self._out_len = out_len
-        # replayed texts: each request's (-1: none), and the cost spec whose curve fills its gaps
-        self._text_of = np.full(len(requests), -1, np.int64)
-        self._texts: list[tuple[str, int]] = []
-        if profile.instances and keys.request_instance:
-            text_index: dict[str, int] = {}
-            for i in np.flatnonzero(structured).tolist():
-                walked = keys.request_instance[i]
-                if walked is None or walked not in profile.instances:
-                    continue
-                found = text_index.get(walked)
-                if found is None:
-                    found = text_index[walked] = len(self._texts)
-                    self._texts.append((walked, int(self._row_of[i])))
-                self._text_of[i] = found
-        replays = bool(self._texts)
-        timed_accepts = any(profile.instances[walked].accept_s for walked, _ in self._texts)
-        reject_left = None
-        if key_reject_rate.any():  # a request of a refusing spec is refused as often as the spec's walks were
-            draw = np.random.default_rng([seed, 0x726a]).random(int(ids.max(initial=0)) + 1)[ids]
-            refused = structured & (draw < key_reject_rate[rk]) & (key_reject_at[rk] < out_len)
-            reject_left = np.where(refused, out_len - key_reject_at[rk], -1)
-        end_left = None
-        walker = np.fromiter((r.spec is not None and r.output_tokens is None for r in requests), bool, len(requests))
-        if walker.any() and any(s is not None and s.walk_ends for s in key_spec):
-            u = np.random.default_rng([seed, 0x7765]).random(int(ids.max(initial=0)) + 1)[ids]
-            end_left = np.array([_walk_end_left(key_spec[rk[i]], int(out_len[i]), float(u[i])) if walker[i] else 0
-                                 for i in range(len(requests))], np.int64)
-            if not end_left.any():
-                end_left = None
-        think = np.where(structured, key_think[rk], 0.0)
-        n = len(requests)
-        self._rows = _Slots(reserved=1 if replays else 0)  # slot 0: the row of ones replayed texts read
+        self._drafts = drafts
+        self.width = 1  # curve slots' width: the longest answer entered + 1 (grown)
+        self._bins = position_bins(np.arange(1))
+        self._kinds: dict[str, tuple] = {}  # kind -> _kind_dists, as the run's kinds enter
+        self._by_key: dict[str, tuple] = {}  # key text -> what its requests take (bounded: see _key_info)
+        self._shared_name: dict[str, str | None] = {}  # kind -> the spec its shared cost spec is priced by (the first)
+        self._text_gaps: dict[str, tuple] = {}  # replayed text -> the cost spec whose curve fills its gaps
+        self._replays = bool(profile.instances)  # (a profile file's sections count their keys: once, here)
+        self._offsets = _Draws([seed, 0x6f66], lambda rng, n: rng.integers(0, SPAN, n))
+        self._refusals = _Draws([seed, 0x726a], lambda rng, n: rng.random(n))
+        self._walk_ends = _Draws([seed, 0x7765], lambda rng, n: rng.random(n))
+        # per slot: its request's cost spec, replayed text and draft chain (None: none), answer length
+        self._spec_of: list[tuple | None] = [None] * capacity
+        self._text_of: list[str | None] = [None] * capacity
+        self._chain_of: list[tuple | None] = [None] * capacity
+        self._out_len = np.zeros(capacity, np.int64)
+        self._curve_at = np.zeros(capacity, np.int64)  # an acquired slot's curve slot
+        self._rows = _Slots(reserved=1)  # slot 0: the row of ones replayed texts read
         self._curves = _Slots()
         self._chain_slots = _Slots(reserved=1)  # slot 0: chain 0
-        self._curve_slots: dict[int, int] = {}  # acquired request -> its curve's item (cost spec c: c; text t: ~t)
+        self._curve_slots: dict[int, Hashable] = {}  # acquired request -> its curve's item
         rows = 4
         super().__init__(
             fill=np.zeros(rows * ROW), fill_csum=np.zeros(rows * ROW) if drafts else None,
-            accept=np.zeros(rows * ROW), rollback=np.zeros(rows * ROW) if has_rollback else None,
+            accept=np.zeros(rows * ROW), rollback=np.zeros(rows * ROW) if drafts else None,
             forced=np.zeros(rows * ROW, np.int64) if jump_forward else None,
-            base=np.zeros(n, np.int64), off_end=offsets + out_len, curve=np.ones(rows * width),
-            curve_end=np.zeros(n, np.int64), reject_left=reject_left, spike=np.zeros(rows * ROW) if spiky else None,
-            draft_survival=np.ones((rows, DRAFT_WINDOW - 1)) if drafts and len(self._chain_name) > 1 else None,
-            draft_chain=np.zeros(n, np.int64) if drafts and len(self._chain_name) > 1 else None, end_left=end_left,
-            think_accept=think if think.any() else None, fill_base=np.zeros(n, np.int64) if replays else None,
-            accept_curve=np.full(rows * width, np.nan) if timed_accepts else None)
-        if replays:
-            self._grow_rows(1)
-            self.fill[:ROW] = 1.0
-            if self.fill_csum is not None:
-                self.fill_csum[:ROW] = _csum(self.fill[:ROW])[:ROW]
+            base=np.zeros(capacity, np.int64), off_end=np.zeros(capacity, np.int64), curve=np.ones(rows),
+            curve_end=np.zeros(capacity, np.int64),
+            draft_survival=np.ones((rows, DRAFT_WINDOW - 1)) if drafts and chains else None,
+            draft_chain=np.zeros(capacity, np.int64) if drafts and chains else None)
+        self._grow_rows(1)
+        self.fill[:ROW] = 1.0
+        if self.fill_csum is not None:
+            self.fill_csum[:ROW] = _csum(self.fill[:ROW])[:ROW]
+
+    def _kind(self, kind: str) -> tuple:
+        dists = self._kinds.get(kind)
+        if dists is None:
+            dists = self._kinds[kind] = _kind_dists(self.profile, self.profile.kind(kind))
+        return dists
+
+    def _key_info(self, key: int) -> tuple:
+        """(cost spec, draft chain, think-accept seconds, refusal rate, refused position) of spec ``key``."""
+        keys = self.keys
+        text = keys.texts[key]
+        info = self._by_key.get(text)
+        if info is not None:
+            return info
+        kind, spec_id = keys.kinds[key], keys.spec_ids[key]
+        name, priced = self.index.names(text, spec_id, kind)
+        spec = self.index.spec(priced)
+        own = spec is not None and spec.fills > 0 and self._kind(kind)[1] and len(spec.fill_residual) > 0
+        if own or spec is not None and spec.accept_s is not None:
+            cost_spec = (kind, name, priced)
+        else:  # the kind's shared cost spec: priced by the first spec that takes it
+            cost_spec = (kind, None, self._shared_name.setdefault(kind, priced))
+        kp = self.profile.kind(kind)
+        own_chain = spec is not None and len(spec.draft_tried) > 0
+        chain = ((priced, kind) if own_chain else (None, kind)) \
+            if (spec.draft_tried if own_chain else kp.draft_tried) else None
+        think = spec.think_accept_s if spec is not None and spec.think_accept_s is not None else kp.think_accept_s
+        rate, at = (spec.rejected / spec.walks, spec.rejected_at) if spec is not None and spec.rejected \
+            and spec.walks else (0.0, 0)
+        info = (cost_spec, chain, think or 0.0, rate, at, spec)
+        if len(self._by_key) >= _KEYS_REMEMBERED:  # (a run of copies has a key a request: computed again)
+            self._by_key.clear()
+        self._by_key[text] = info
+        return info
+
+    def enter(self, rids: np.ndarray, requests: Sequence[Request], keys: np.ndarray,
+              instances: Sequence[str | None]) -> None:
+        n = len(rids)
+        out_len = _answer_lengths(requests)
+        ids = np.fromiter((r.request_id for r in requests), np.int64, n)
+        self._out_len[rids] = out_len
+        self.off_end[rids] = self._offsets.at(ids) + out_len
+        width = self.width  # widened as each longer answer would have widened it, entering one at a time
+        for longest in out_len[out_len >= width].tolist():
+            if longest >= width:
+                width = max(longest + 1, 2 * width)
+        if width != self.width:
+            self._widen(width)
+        think = np.zeros(n)
+        rate = np.zeros(n)
+        at = np.zeros(n, np.int64)
+        end = np.zeros(n, np.int64)
+        walk_ends = None
+        spec_of, text_of, chain_of = self._spec_of, self._text_of, self._chain_of
+        replays, instances_measured = self._replays, self.profile.instances if self._replays else None
+        for i, (rid, key, instance) in enumerate(zip(rids.tolist(), keys.tolist(), instances)):
+            if key < 0:
+                spec_of[rid] = text_of[rid] = chain_of[rid] = None
+                continue
+            cost_spec, chain, think[i], rate[i], at[i], spec = self._key_info(key)
+            spec_of[rid] = cost_spec
+            chain_of[rid] = chain
+            text = instance if instance is not None and replays and instance in instances_measured else None
+            if text is not None:
+                self._text_gaps.setdefault(text, cost_spec)
+            text_of[rid] = text
+            if spec is not None and spec.random_walks and spec.walk_ends and requests[i].output_tokens is None:
+                if walk_ends is None:
+                    walk_ends = self._walk_ends.at(ids)
+                end[i] = _walk_end_left(spec, int(out_len[i]), float(walk_ends[i]))
+        refused = rate > 0
+        if refused.any():
+            refused &= (self._refusals.at(ids) < rate) & (at < out_len)
+        self._set(rids, think, np.where(refused, out_len - at, -1), end)
+
+    def _set(self, rids: np.ndarray, think: np.ndarray, reject: np.ndarray, end: np.ndarray) -> None:
+        """Slots' thinking accepts, refused positions and walk ends, each column made when first not neutral."""
+        if self.think_accept is None and think.any():
+            self.think_accept = np.zeros(len(self.base))
+        if self.think_accept is not None:
+            self.think_accept[rids] = think
+        if self.reject_left is None and (reject >= 0).any():
+            self.reject_left = np.full(len(self.base), -1, np.int64)
+        if self.reject_left is not None:
+            self.reject_left[rids] = reject
+        if self.end_left is None and end.any():
+            self.end_left = np.zeros(len(self.base), np.int64)
+        if self.end_left is not None:
+            self.end_left[rids] = end
+
+    def grow(self, capacity: int) -> None:
+        old = len(self.base)
+        if capacity <= old:
+            return
+        for name in ("base", "off_end", "curve_end", "draft_chain", "fill_base", "think_accept", "end_left",
+                     "_out_len", "_curve_at"):
+            setattr(self, name, _grown(getattr(self, name), capacity))
+        if self.reject_left is not None:
+            grown = np.full(len(self.base), -1, np.int64)
+            grown[:old] = self.reject_left
+            self.reject_left = grown
+        more = len(self.base) - old
+        for slots in (self._spec_of, self._text_of, self._chain_of):
+            slots.extend([None] * more)
+
+    def _widen(self, width: int) -> None:
+        """Curve slots of ``width`` positions (at least), each held curve written again at that width."""
+        self.width = width = max(width, 2 * self.width)
+        self._bins = position_bins(np.arange(width))
+        self.curve = np.ones(max(self._curves.size, 1) * width)
+        if self.accept_curve is not None:
+            self.accept_curve = np.full(len(self.curve), np.nan)
+        for item, slot in self._curves.slot.items():
+            self._write_curve(slot, item)
+        if self._curve_slots:
+            rids = np.fromiter(self._curve_slots, np.int64, len(self._curve_slots))
+            self.curve_end[rids] = self._curve_at[rids] * width + self._out_len[rids]
+
+    def _write_curve(self, slot: int, item: tuple) -> None:
+        at = slice(slot * self.width, (slot + 1) * self.width)
+        what, which = item
+        if what == "spec":
+            self.curve[at] = self._spec_curve(which)
+        else:
+            measured = self.profile.instances[which].fill_at(self.width)
+            self.curve[at] = np.where(np.isnan(measured), self._spec_curve(self._text_gaps[which]), measured)
+        timed = what == "text" and bool(self.profile.instances[which].accept_s)
+        if timed and self.accept_curve is None:
+            self.accept_curve = np.full(len(self.curve), np.nan)
+        if self.accept_curve is not None:
+            self.accept_curve[at] = self.profile.instances[which].accept_at(self.width) if timed else np.nan
 
     def acquire(self, rid: int) -> None:
-        cost_spec = int(self._row_of[rid])
-        if cost_spec < 0:
+        cost_spec = self._spec_of[rid]
+        if cost_spec is None:
             return
         slot, new = self._rows.take(cost_spec)
         if new:
             self._grow_rows(self._rows.size)
             self._write_row(slot, cost_spec)
         self.base[rid] = slot * ROW
-        text = int(self._text_of[rid])
-        item = cost_spec if text < 0 else ~text
+        text = self._text_of[rid]
+        item = ("spec", cost_spec) if text is None else ("text", text)
         curve, new = self._curves.take(item)
         if new:
             self.curve = _grown(self.curve, self._curves.size * self.width)
-            at = slice(curve * self.width, (curve + 1) * self.width)
-            if text < 0:
-                self.curve[at] = self._spec_curve(cost_spec)
-            else:
-                walked, gaps = self._texts[text]
-                measured = self.profile.instances[walked].fill_at(self.width)
-                self.curve[at] = np.where(np.isnan(measured), self._spec_curve(gaps), measured)
             if self.accept_curve is not None:
-                self.accept_curve = _grown(self.accept_curve, self._curves.size * self.width)
-                self.accept_curve[at] = np.nan if text < 0 else \
-                    self.profile.instances[self._texts[text][0]].accept_at(self.width)
+                self.accept_curve = _grown(self.accept_curve, len(self.curve))
+            self._write_curve(curve, item)
         self._curve_slots[rid] = item
+        self._curve_at[rid] = curve
         self.curve_end[rid] = curve * self.width + self._out_len[rid]
+        if text is not None and self.fill_base is None:  # the first replayed text: the others read their base
+            self.fill_base = self.base.copy()
         if self.fill_base is not None:
-            self.fill_base[rid] = 0 if text >= 0 else slot * ROW
+            self.fill_base[rid] = 0 if text is not None else slot * ROW
         if self.draft_chain is not None:
-            chain = int(self._chain_of[rid])
-            if chain:
+            chain = self._chain_of[rid]
+            chain_slot = 0
+            if chain is not None:
                 chain_slot, new = self._chain_slots.take(chain)
                 if new:
                     self.draft_survival = _grown(self.draft_survival, self._chain_slots.size)
                     self.draft_survival[chain_slot] = self._survival(chain)
-                self.draft_chain[rid] = chain_slot
+            self.draft_chain[rid] = chain_slot
 
     def release(self, rid: int) -> None:
         item = self._curve_slots.pop(rid, None)
         if item is None:  # (never acquired: unconstrained)
             return
         self._curves.drop(item)
-        self._rows.drop(int(self._row_of[rid]))
-        chain = int(self._chain_of[rid])
-        if self.draft_chain is not None and chain:
+        self._rows.drop(self._spec_of[rid])
+        chain = self._chain_of[rid]
+        if self.draft_chain is not None and chain is not None:
             self._chain_slots.drop(chain)
 
     def _grow_rows(self, rows: int) -> None:
         for name in ("fill", "fill_csum", "accept", "rollback", "forced", "spike"):
             setattr(self, name, _grown(getattr(self, name), rows * ROW))
 
-    def _spec_curve(self, cost_spec: int) -> np.ndarray:
-        kind, name, own = self._recipe_kind[cost_spec], self._recipe_name[cost_spec], self._recipe_own[cost_spec]
-        spec = self.index.spec(name)
+    def _recipe(self, cost_spec: tuple) -> tuple[str, str | None, SpecProfile | None, bool]:
+        """(kind, name seeding its pools, the spec it is priced by, own fills) of ``cost_spec``: (kind, seeding
+        name or ``None`` for the kind's shared one, the priced name)."""
+        kind, seeded, priced = cost_spec
+        spec = self.index.spec(priced)
+        own = seeded is not None and spec.fills > 0 and self._kind(kind)[1] and len(spec.fill_residual) > 0
+        return kind, seeded, spec, own
+
+    def _spec_curve(self, cost_spec: tuple) -> np.ndarray:
+        kind, _, spec, own = self._recipe(cost_spec)
         if own:
             return spec.fill_by_position_s(np.arange(self.width))
         kp = self.profile.kind(kind)
-        curve = kp.fill_curve if self._kinds[kind][1] and len(kp.fill_curve) == N_POSITION_BINS else None
+        curve = kp.fill_curve if self._kind(kind)[1] and len(kp.fill_curve) == N_POSITION_BINS else None
         return kp.fill_s.mean * np.asarray(curve)[self._bins] if curve is not None else np.ones(self.width)
 
-    def _survival(self, chain: int) -> np.ndarray:
-        name, kind = self._chain_name[chain], self._chain_kind[chain]
+    def _survival(self, chain: tuple) -> np.ndarray:
+        name, kind = chain
         source = self.index.spec(name) if name is not None else self.profile.kind(kind)
         return _survival(source.draft_tried, source.draft_valid)
 
-    def _write_row(self, slot: int, cost_spec: int) -> None:
-        """Draw cost spec ``cost_spec``'s pools into row ``slot`` (the same values whichever slot)."""
-        kind, seeded = self._recipe_kind[cost_spec], self._recipe_seeded[cost_spec]
-        name, own = self._recipe_name[cost_spec], self._recipe_own[cost_spec]
-        spec = self.index.spec(name)
-        fill_dist, relative, accept, rollback = self._kinds[kind]
+    def _write_row(self, slot: int, cost_spec: tuple) -> None:
+        """Draw ``cost_spec``'s pools into row ``slot`` (the same values whichever slot)."""
+        kind, seeded, spec, own = self._recipe(cost_spec)
+        fill_dist, relative, accept, rollback = self._kind(kind)
         kp = self.profile.kind(kind)
         rng = np.random.default_rng([self.seed, 0x6772, KIND_CODES[kind], int(seeded, 16) if seeded is not None else 0])
         u = rng.random((self._uniforms, SPAN))  # (one stream: the first rows are the same however many)
         at = slice(slot * ROW, (slot + 1) * ROW)
+        spiky = own and spec.fill_outlier_rate > 0 and len(spec.fill_outliers_s) > 0
+        if spiky and self.spike is None:  # the first spec with outliers: the others add none
+            self.spike = np.zeros(len(self.fill))
         if self.spike is not None:
-            spiky = own and spec.fill_outlier_rate > 0 and len(spec.fill_outliers_s) > 0
-            spikes_rng = np.random.default_rng([self.seed, 0x7370, KIND_CODES[kind], int(name, 16)]) if spiky else None
+            spikes_rng = np.random.default_rng([self.seed, 0x7370, KIND_CODES[kind], int(seeded, 16)]) if spiky else None
             self.spike[at] = _spikes(spec, spikes_rng) if spiky else 0.0
         if own:
             self.fill[at] = _row(_cycle(np.asarray(spec.fill_residual), u[0]), 1.0)
@@ -545,7 +713,8 @@ class ProfileTables(CostTables):
             rollback_scale = spec.rollback_s / rollback.p50
         self.accept[at] = _row(accept.quantile_of_uniform(u[1]), accept.mean * accept_scale)
         if self.rollback is not None:
-            self.rollback[at] = _row(rollback.quantile_of_uniform(u[2]), rollback.mean * rollback_scale)
+            self.rollback[at] = np.nan if rollback is None else \
+                _row(rollback.quantile_of_uniform(u[2]), rollback.mean * rollback_scale)
         if self.forced is not None:
             jumps = rng.geometric(1.0 / max(kp.jump_forward_mean_tokens, 1.0), SPAN)
             self.forced[at] = _row(np.where(u[3] < kp.jump_forward_fraction, jumps, 0))

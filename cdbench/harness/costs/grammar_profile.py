@@ -480,6 +480,9 @@ class GrammarProfile(BaseModel):
     content whatever id its corpus gives it (:mod:`~cdbench.harness.costs.spec_costs`).
     A profile read from a ``.parquet`` file holds its ``specs`` and
     ``instances`` as :class:`LazySections`, decoded as they are read.
+    ``copies`` (a run's priced profile, never saved): corpus item key text → the key of ``specs`` that
+    prices each of the item's unique copies under the copy's own name, where the run priced them by the
+    item's content once (:func:`~cdbench.harness.costs.spec_costs.price_specs`) instead of one entry a copy.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -496,6 +499,7 @@ class GrammarProfile(BaseModel):
     parallel_fill: ParallelFillProfile | None = None
     engine_version: str | None = None
     spec_contents: dict[str, str] = {}
+    copies: dict[str, str] = Field(default_factory=dict, exclude=True)
 
     @field_serializer("specs", "instances", mode="wrap")
     def _decoded(self, sections, handler):

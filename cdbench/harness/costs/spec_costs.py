@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from datetime import datetime, timezone
 from typing import Any, Literal
 
@@ -56,6 +57,7 @@ from cdbench.harness.costs.grammar_profile import (
 from cdbench.harness.costs.host import HostInfo, load_host, this_host, time_scale
 from cdbench.harness.costs.spec_probe import PROBE_PREFIX, SpecHostScale, SpecProbeError
 from cdbench.harness.costs.spec_profile import (
+    COPY_MARK,
     N_POSITION_BINS,
     InstanceProfile,
     SpecProfile,
@@ -270,6 +272,7 @@ class _RunSpec:
     batch_fills: dict[tuple[int, ...], list[float | None]] | None = None  # per text, its fills walked in batch
     batch_accepts: dict[tuple[int, ...], list[float | None]] | None = None  # per text, its accepts walked so
     message: str = ""  # why its measurement failed (the entry's message)
+    order: int = 0  # its place among the run's keys
 
     @property
     def label(self) -> str:
@@ -300,24 +303,94 @@ def _scaled_instance(instance: InstanceProfile, factor: float) -> InstanceProfil
     return instance.model_copy(update={"fill_s": [None if v is None else v * factor for v in instance.fill_s]})
 
 
-def _run_specs(requests: Sequence, backend: str, version: str, vocab: str,
-               options: Mapping[str, Any]) -> list[_RunSpec]:
+RequestSource = Sequence | Callable[[], Iterable]
+"""A run's requests: held, or built anew in order by each call."""
+
+
+def _requests(source: RequestSource) -> Iterable:
+    return source() if callable(source) else source
+
+
+@dataclass(slots=True)
+class _Copies:
+    """The copies (``id#copyN``) of one corpus item in a run that does not hold its requests, priced once by
+    the item's content in the profile (``key``: the profile's spec): how many (each a key of its own, made
+    once), their requests, and the texts they walk."""
+
+    item: str  # the item's key text: the run's instances of its copies are known under it
+    key: str
+    kind: str
+    base: str  # the key text the profile's instances of it are known under
+    keys: int = 0
+    requests: int = 0
+    texts: set[tuple[int, ...]] = dataclass_field(default_factory=set)
+
+
+class _SharedCopies:
+    """Prices a streamed run's copies by their item's content in ``profile`` as the run's requests are read,
+    without a spec record a copy (:func:`price_specs`); the failed ones' labels are kept in key order
+    (``failed``: (key order, label, status)). A copy of an item the profile did not measure is not shared."""
+
+    def __init__(self, profile: GrammarProfile) -> None:
+        self.profile = profile
+        self.by_content: dict[str, str] = {}
+        for key, content in profile.spec_contents.items():
+            self.by_content.setdefault(content, key)
+        self.items: dict[str, _Copies | None] = {}  # item key text -> its copies (None: not shared)
+        self.failed: list[tuple[int, str, str]] = []
+
+    def take(self, r, text: str, order: int) -> bool:
+        """Whether copy ``r`` (key ``text``, the ``order``-th key of the run) is priced here."""
+        if r.spec_id is None or COPY_MARK not in r.spec_id:
+            return False
+        item = spec_key_text(r.spec.kind, base_spec_id(r.spec_id))
+        if item not in self.items:
+            key = self.by_content.get(spec_hash(original_of_copy(r.spec)))
+            found = self.profile.specs[key] if key is not None and key in self.profile.specs else None
+            # (a profiled spec without an id knows its instances by each copy's own key: priced copy by copy)
+            self.items[item] = None if found is None or found.spec_id is None else _Copies(
+                item, key, r.spec.kind, spec_key_text(found.kind, base_spec_id(found.spec_id)))
+        copies = self.items[item]
+        if copies is None:
+            return False
+        copies.keys += 1
+        copies.requests += 1
+        if r.output_tokens is not None:
+            copies.texts.add(r.output_tokens)
+        status = self.profile.specs[copies.key].status
+        if status not in (None, "ok"):
+            self.failed.append((order, r.spec_id, status))
+        return True
+
+    def groups(self) -> list[_Copies]:
+        return [c for c in self.items.values() if c is not None and c.keys]
+
+
+def _run_specs(requests: Iterable, backend: str, version: str, vocab: str, options: Mapping[str, Any],
+               shared: _SharedCopies | None = None) -> list[_RunSpec]:
+    """The run's distinct specs in order of first use (each with its ``order`` among the run's keys), those
+    ``shared`` prices left out."""
     found: dict[str, _RunSpec] = {}
     # copies of one corpus item share its original and digest (one object each, not one a copy), keyed by
     # the original's canonical text, which decides both
     originals: dict[str, tuple[ConstraintSpec, str]] = {}
+    order = 0
     for r in requests:
         if r.spec is None:
             continue
         text = f"{r.spec.kind}:{r.spec_id}" if r.spec_id is not None else r.spec.canonical()
         spec = found.get(text)
         if spec is None:
+            order += 1
+            if shared is not None and shared.take(r, text, order):
+                continue
             original = original_of_copy(r.spec)
             canonical = original.canonical()
-            shared = originals.get(canonical)
-            if shared is None:
-                shared = originals[canonical] = (original, spec_digest(backend, version, vocab, options, original))
-            spec = found[text] = _RunSpec(text, r.spec.kind, r.spec_id, r.spec, *shared, [], 0)
+            shared_original = originals.get(canonical)
+            if shared_original is None:
+                shared_original = originals[canonical] = (original, spec_digest(backend, version, vocab, options,
+                                                                                original))
+            spec = found[text] = _RunSpec(text, r.spec.kind, r.spec_id, r.spec, *shared_original, [], 0, order=order)
         spec.requests += 1
         if r.output_tokens is not None and r.output_tokens not in spec.texts:
             spec.texts.append(r.output_tokens)
@@ -555,13 +628,15 @@ def _in_run_order(specs: list[_RunSpec], backend: str, version: str, vocab: str,
     return how
 
 
-def _batch_walks(specs: list[_RunSpec], requests: Sequence) -> list[tuple[int, tuple[int, ...]]]:
+def _batch_walks(specs: list[_RunSpec], requests: RequestSource) -> list[tuple[int, tuple[int, ...]]]:
     """The run's distinct texts of measured specs as batch walks: (index in ``specs``, tokens), in the order
     the run first meets them. A text that several requests answer with is walked once: the walk prices
     texts, and its length stays bounded by the distinct texts however long the run."""
+    if not any(s.source.startswith("measured") for s in specs):
+        return []  # (the requests are not read again)
     index = {s.key_text: i for i, s in enumerate(specs)}
     walks: dict[tuple[int, tuple[int, ...]], None] = {}
-    for r in sorted((r for r in requests if r.spec is not None and r.output_tokens),
+    for r in sorted((r for r in _requests(requests) if r.spec is not None and r.output_tokens),
                     key=lambda r: (r.arrival_s, r.request_id)):
         i = index[f"{r.spec.kind}:{r.spec_id}" if r.spec_id is not None else r.spec.canonical()]
         if specs[i].source.startswith("measured") and specs[i].costs is not None \
@@ -612,7 +687,7 @@ def measure_batch_fills(specs: Sequence[ConstraintSpec], walks: Sequence[tuple[i
     return entry
 
 
-def _in_batch(specs: list[_RunSpec], requests: Sequence, backend: str, version: str, vocab: str,
+def _in_batch(specs: list[_RunSpec], requests: RequestSource, backend: str, version: str, vocab: str,
               options: Mapping[str, Any], settings: SpecCostSettings, store: SpecCostStore, target: HostInfo,
               progress: Progress | None, probe: SpecHostScale | None = None) -> tuple[str, str]:
     """Give each measured spec's texts their fills and accepts walked in batch (stored, or measured now
@@ -694,18 +769,31 @@ def _predict(specs: list[_RunSpec], backend: str, vocab: str, base: GrammarProfi
     return "; ".join(refused.values()) or None
 
 
-def price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any], vocab: str, requests: Sequence,
-                settings: SpecCostSettings, named_profile: bool = False,
+def price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any], vocab: str,
+                requests: RequestSource, settings: SpecCostSettings, named_profile: bool = False,
                 progress: Progress | None = None) -> tuple[GrammarProfile, SpecCoverage]:
     """The grammar profile that prices ``requests`` spec by spec, and where each price came from.
 
+    ``requests``: the run's requests, or a function building them anew in order each time it is called
+    (a workload that does not hold them: read once, and again only for specs measured by batch walks).
     ``base`` is the run's profile (kind-level shapes, and the specs it
     measured); ``named_profile``: the user named it, so its specs are also
     found by key. Raises :class:`SpecCostsError` for ``strict`` with specs
     that nothing measured.
     """
+    return _price_specs(base, backend, options, vocab, requests, settings, named_profile, progress, share=True)
+
+
+def _price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any], vocab: str,
+                 requests: RequestSource, settings: SpecCostSettings, named_profile: bool,
+                 progress: Progress | None, share: bool) -> tuple[GrammarProfile, SpecCoverage]:
     version = backend_version(backend)
-    specs = _run_specs(requests, backend, version, vocab, options)
+    by_content = base.backend == backend and base.vocab == vocab and base.engine_version in (None, version) \
+        and not options
+    # a run that does not hold its requests (each copy made once) prices its copies by their item, not one by one
+    # (a profile the user named prices a copy by its own key where it has it: copy by copy)
+    shared = _SharedCopies(base) if share and callable(requests) and by_content and not named_profile else None
+    specs = _run_specs(_requests(requests), backend, version, vocab, options, shared)
     store = settings.store()
     probe = settings.host_scale()
     if probe is not None:
@@ -719,8 +807,7 @@ def price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any], 
         target = probe.host
     else:
         target = this_host(store.root) if settings.host == "this" else load_host(store.root, settings.host)
-    if base.backend == backend and base.vocab == vocab and base.engine_version in (None, version) \
-            and not options:
+    if by_content:
         _from_profile(base, specs, by_key=named_profile)
     elif named_profile:
         _from_profile(base, specs, by_key=True)
@@ -735,7 +822,7 @@ def price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any], 
         more = f" and {len(unique) - 20} more" if len(unique) > 20 else ""
         listed = ", ".join(s.label for s in unique[:20]) + more
         raise SpecCostsError(f"costs.spec_costs is 'strict' and {len(unique)} specs ({len(missing)} of the run's "
-                             f"{len(specs)} spec keys) have no measurement for {backend} {version} on {vocab}: "
+                             f"{len(specs) + sum(c.keys for c in shared.groups()) if shared else len(specs)} spec keys) have no measurement for {backend} {version} on {vocab}: "
                              f"{listed}; measure them (costs.spec_costs=measure) or predict them "
                              "(costs.spec_costs=predict)")
     if missing and settings.spec_costs == "measure":
@@ -752,6 +839,12 @@ def price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any], 
         why = _predict(missing, backend, vocab, base, errors)
         if why is not None:
             coverage_notes.append(f"no predictor: {why}")
+    groups = shared.groups() if shared is not None else []
+    if groups and (any(s.source.startswith("measured") for s in specs) or any(
+            c.kind not in base.kinds or not base.kinds[c.kind].fill_residual.count for c in groups)):
+        # the run's order of compiles and its batch walks take every spec of the run, and a kind the
+        # profile lacks is pooled from them all: priced spec by spec (what was measured now is stored)
+        return _price_specs(base, backend, options, vocab, requests, settings, named_profile, progress, share=False)
     order = "alone"
     # a profile's compiles were timed in a run (in its order); only the store's were timed alone
     if any(s.source.startswith("measured") for s in specs) and settings.spec_costs != "predict" \
@@ -761,24 +854,36 @@ def price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any], 
     if settings.measure_batch_rows is not None and settings.spec_costs != "predict":
         fill_order, accept_order = _in_batch(specs, requests, backend, version, vocab, options, settings, store,
                                              target, progress, probe)
-    failed = {s.label: f"{s.costs.status}: {s.message[:160]}" if s.message else s.costs.status for s in specs
-              if s.costs is not None and s.costs.status not in (None, "ok")}
-    profile = _run_profile(base, specs)
+    failed_in_order = [(s.order, s.label, f"{s.costs.status}: {s.message[:160]}" if s.message else s.costs.status)
+                       for s in specs if s.costs is not None and s.costs.status not in (None, "ok")]
+    if shared is not None:
+        failed_in_order = sorted(failed_in_order + shared.failed)
+    failed = {label: why for _, label, why in failed_in_order}
+    profile = _run_profile(base, specs, groups)
+    spec_counts = {src: sum(s.source == src for s in specs) for src in SPEC_SOURCES}
+    request_counts = {src: sum(s.requests for s in specs if s.source == src) for src in SPEC_SOURCES}
+    spec_counts["profile"] += sum(c.keys for c in groups)
+    request_counts["profile"] += sum(c.requests for c in groups)
     coverage = SpecCoverage(
-        mode=settings.spec_costs, target_host=target.name,
-        specs={src: sum(s.source == src for s in specs) for src in SPEC_SOURCES},
-        requests={src: sum(s.requests for s in specs if s.source == src) for src in SPEC_SOURCES},
+        mode=settings.spec_costs, target_host=target.name, specs=spec_counts, requests=request_counts,
         measured_now=measured_now, measure_wall_s=wall, failed=failed, predictor_error=errors,
-        host_scales=scales, host_probe=probe.describe() if probe is not None else None, compile_order=order, fill_order=fill_order, accept_order=accept_order,
+        host_scales=scales, host_probe=probe.describe() if probe is not None else None, compile_order=order,
+        fill_order=fill_order, accept_order=accept_order,
         notes=coverage_notes)
     return profile, coverage
 
 
-def _run_profile(base: GrammarProfile, specs: list[_RunSpec]) -> GrammarProfile:
+def _run_profile(base: GrammarProfile, specs: list[_RunSpec], groups: list[_Copies]) -> GrammarProfile:
     """``base`` with each run spec's priced costs under the run's own keys: a spec's costs under
-    its key text, each of its texts' measured fills under the run's instance key of the text."""
+    its key text, each of its texts' measured fills under the run's instance key of the text; an item's
+    copies priced together (``groups``) by the profile's spec (``copies``), their texts' fills as a spec's."""
     own_specs: dict[str, SpecProfile] = {}
     own_instances: dict[str, InstanceProfile] = {}
+    for c in groups:
+        for tokens in c.texts:
+            found = base.instances.get(instance_key(c.base, tokens))
+            if found is not None:
+                own_instances[instance_key(c.item, tokens)] = found
     for s in specs:
         if s.costs is None:
             continue
@@ -809,7 +914,8 @@ def _run_profile(base: GrammarProfile, specs: list[_RunSpec]) -> GrammarProfile:
             kinds[kind] = _kind_from_specs([own_specs[spec_key_hash(s.key_text)] for s in specs
                                             if s.kind == kind and s.costs is not None and s.costs.fill_residual])
     return base.model_copy(update={"specs": with_sections(base.specs, own_specs),
-                                   "instances": with_sections(base.instances, own_instances), "kinds": kinds})
+                                   "instances": with_sections(base.instances, own_instances), "kinds": kinds,
+                                   "copies": {c.item: c.key for c in groups}})
 
 
 def _kind_from_specs(specs: list[SpecProfile]) -> KindProfile:

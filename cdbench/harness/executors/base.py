@@ -18,14 +18,14 @@ GPU work comes from :class:`~cdbench.harness.costs.gpu.GpuCosts`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from cdbench.backends.base import ConstraintSpec
 from cdbench.harness.costs.grammar_profile import GrammarProfile
-from cdbench.harness.costs.spec_profile import base_key_text, instance_key
+from cdbench.harness.costs.spec_profile import COPY_MARK, base_key_text, instance_key
 from cdbench.workloads.request import Request
 
 
@@ -145,57 +145,79 @@ def accepted_drafts(rng: np.random.Generator, drafts: np.ndarray, alpha: float) 
     return np.minimum(rng.geometric(1.0 - alpha, size=len(drafts)) - 1, drafts)
 
 
-@dataclass(frozen=True)
 class SpecKeys:
-    """The run's distinct specs (index = compile-cache key) and each request's key (-1: none).
+    """The run's distinct specs, numbered in order of first use (index = compile-cache key), by spec id, else
+    by canonical text: ``texts``, ``kinds``, ``specs`` and ``spec_ids`` by key.
 
-    ``request_instance[r]``: the :func:`~cdbench.harness.costs.spec_profile.instance_key` of the text
-    request ``r`` walks (``None``: no oracle tokens).
+    :meth:`enter` numbers one request's spec as it enters the scheduler. With ``fresh_copies`` (a workload
+    not held, as the generator builds it: each unique copy ``id#copyN`` once), a copy's key is new without
+    looking it up and :meth:`forget` lets its entries go once its request has taken them, so the keys held are
+    those of the corpus items and the requests entered but not arrived. :meth:`of` numbers held requests up
+    front, also per request (``request_key``, -1: none; ``request_instance``: the
+    :func:`~cdbench.harness.costs.spec_profile.instance_key` of the text it walks, ``None``: no oracle tokens).
     """
 
-    texts: list[str]
-    kinds: list[str]
-    specs: list[ConstraintSpec]
-    spec_ids: list[str | None]
-    request_key: np.ndarray
-    request_instance: list[str | None] | None = None
+    def __init__(self, fresh_copies: bool = False) -> None:
+        self.fresh_copies = fresh_copies
+        self.texts: dict[int, str] = {}
+        self.kinds: dict[int, str] = {}
+        self.specs: dict[int, ConstraintSpec] = {}
+        self.spec_ids: dict[int, str | None] = {}
+        self.bases: dict[int, str] = {}  # the key text its instances are known under
+        self.count = 0  # keys numbered so far
+        self._index: dict[str, int] = {}
+        self._shared: dict[str, str] = {}  # one base text for all copies of an item, not one a copy
+        self._hashed: dict[tuple[str, tuple[int, ...]], str] = {}  # (base text, tokens) -> instance key
+        self._fresh: set[int] = set()  # copies' keys not forgotten yet
+        self.request_key: np.ndarray | None = None
+        self.request_instance: list[str | None] | None = None
+
+    def enter(self, r: Request) -> tuple[int, str | None]:
+        """``r``'s key (-1: unconstrained; a new spec gets the next) and its text's instance key."""
+        if r.spec is None:
+            return -1, None
+        text = f"{r.spec.kind}:{r.spec_id}" if r.spec_id is not None else r.spec.canonical()
+        fresh = self.fresh_copies and r.spec_id is not None and COPY_MARK in r.spec_id
+        key = None if fresh else self._index.get(text)
+        if key is None:
+            key, self.count = self.count, self.count + 1
+            if fresh:
+                self._fresh.add(key)
+            else:
+                self._index[text] = key
+            self.texts[key], self.kinds[key], self.specs[key], self.spec_ids[key] = text, r.spec.kind, r.spec, r.spec_id
+            base = base_key_text(text, r.spec.kind, r.spec_id)
+            self.bases[key] = self._shared.setdefault(base, base)
+        if r.output_tokens is None:
+            return key, None
+        text_of = (self.bases[key], r.output_tokens)
+        found = self._hashed.get(text_of)
+        if found is None:
+            found = self._hashed[text_of] = instance_key(text_of[0], r.output_tokens)
+        return key, found
+
+    def fresh(self, key: int) -> bool:
+        """``key`` is a copy's (``fresh_copies``) not forgotten yet: no other request has it."""
+        return key in self._fresh
+
+    def forget(self, key: int) -> None:
+        """A copy's key was taken by its request (``fresh_copies``): no other request has it, its entries go."""
+        if key in self._fresh:
+            self._fresh.discard(key)
+            del self.texts[key], self.kinds[key], self.specs[key], self.spec_ids[key], self.bases[key]
 
     @classmethod
-    def of(cls, requests: Sequence[Request]) -> SpecKeys:
-        """Number the distinct specs of ``requests`` (by spec id, else by canonical text) in order of first use."""
-        index: dict[str, int] = {}
-        texts: list[str] = []
-        kinds: list[str] = []
-        specs: list[ConstraintSpec] = []
-        spec_ids: list[str | None] = []
-        bases: list[str] = []
-        request_key = np.full(len(requests), -1, np.int64)
-        request_instance: list[str | None] = [None] * len(requests)
-        # (base key text, id of the tokens) -> instance key: requests of one pooled text share its tuple, so
-        # each text is hashed once (the requests hold the tuples, so no id is reused meanwhile)
-        hashed: dict[tuple[str, int], str] = {}
-        shared: dict[str, str] = {}  # one base text for all copies of an item, not one a copy
+    def of(cls, requests: Iterable[Request], n: int | None = None) -> SpecKeys:
+        """Number the distinct specs of held ``requests`` (``n`` of them; read once, in order), keeping each
+        request's key and instance key."""
+        if n is None:
+            n = len(requests)  # type: ignore[arg-type]
+        keys = cls()
+        keys.request_key = np.full(n, -1, np.int64)
+        keys.request_instance = [None] * n
         for i, r in enumerate(requests):
-            if r.spec is None:
-                continue
-            text = f"{r.spec.kind}:{r.spec_id}" if r.spec_id is not None else r.spec.canonical()
-            key = index.get(text)
-            if key is None:
-                key = index[text] = len(texts)
-                texts.append(text)
-                kinds.append(r.spec.kind)
-                specs.append(r.spec)
-                spec_ids.append(r.spec_id)
-                base = base_key_text(text, r.spec.kind, r.spec_id)
-                bases.append(shared.setdefault(base, base))
-            request_key[i] = key
-            if r.output_tokens is not None:
-                text_of = (bases[key], id(r.output_tokens))
-                found = hashed.get(text_of)
-                if found is None:
-                    found = hashed[text_of] = instance_key(bases[key], r.output_tokens)
-                request_instance[i] = found
-        return cls(texts, kinds, specs, spec_ids, request_key, request_instance)
+            keys.request_key[i], keys.request_instance[i] = keys.enter(r)
+        return keys
 
 
 class GrammarExecutor(ABC):
@@ -210,14 +232,28 @@ class GrammarExecutor(ABC):
     #: the engine's parallel fill, from :meth:`prepare` (``None``: serial fills)
     parallel_fill: ParallelFill | None = None
 
-    def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False,
-                parallel_fill: ParallelFill | None = None, drafts: bool = True) -> None:
-        """Called once with the run's requests (in scheduler order), their spec keys, whether
-        forced tokens are emitted without a forward step (the jump-forward what-if), the
-        engine's parallel fill (``None``: fills always run one after another), and whether any
+    def prepare(self, requests: Sequence[Request], keys: SpecKeys, capacity: int | None = None,
+                jump_forward: bool = False, parallel_fill: ParallelFill | None = None, drafts: bool = True) -> None:
+        """Called once with the run's requests (in scheduler order; empty when the run does not hold them),
+        their spec keys, the request slots the scheduler starts with (``None``: one a request; see
+        :attr:`reads_requests`), whether forced tokens are emitted without a forward step (the jump-forward
+        what-if), the engine's parallel fill (``None``: fills always run one after another), and whether any
         step may carry drafts (``False``: what only drafts need is not built)."""
         self.requests, self.keys, self.jump_forward = requests, keys, jump_forward
         self.parallel_fill = parallel_fill
+
+    #: the executor reads the run's requests by their position (``rid``), so the scheduler holds them all, numbers
+    #: them up front and never reuses a request's slot; otherwise a request takes a slot before it is issued
+    #: (:meth:`enter`, a chunk of requests at a time) and its slot is reused once it ended
+    reads_requests: bool = False
+
+    def enter(self, rids: np.ndarray, requests: Sequence[Request], keys: np.ndarray,
+              instances: Sequence[str | None]) -> None:
+        """``requests`` entered the scheduler in slots ``rids`` (their spec ``keys``, -1: none, and the instance
+        keys of the texts they walk, ``None``: none), in scheduler order, a chunk at a time."""
+
+    def grow(self, capacity: int) -> None:
+        """The scheduler has ``capacity`` request slots from now on."""
 
     @abstractmethod
     def compile(self, key: int) -> CompileOutcome:

@@ -216,9 +216,11 @@ class HybridExecutor(GrammarExecutor):
         self._deferred: tuple | None = None  # the lean rows' accepts, until settle()
         self._deferred_step: tuple | None = None
 
-    def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False,
-                parallel_fill: ParallelFill | None = None, drafts: bool = True) -> None:
-        super().prepare(requests, keys, jump_forward, parallel_fill, drafts)
+    reads_requests = True
+
+    def prepare(self, requests: Sequence[Request], keys: SpecKeys, capacity: int | None = None,
+                jump_forward: bool = False, parallel_fill: ParallelFill | None = None, drafts: bool = True) -> None:
+        super().prepare(requests, keys, capacity, jump_forward, parallel_fill, drafts)
         self._pool = None
         if parallel_fill is not None:
             self._pool = ThreadPoolExecutor(parallel_fill.threads, thread_name_prefix="cdbench-fill")

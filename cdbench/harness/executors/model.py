@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Iterable, Sequence
 from typing import Literal, Protocol
 
 import numpy as np
@@ -11,9 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from cdbench.harness.costs.cost_tables import (
     DRAFT_WINDOW,
     SPAN,
+    ConstantTables,
     CostTables,
     SpecIndex,
-    constant_tables,
+    has_draft_chains,
     profile_tables,
 )
 from cdbench.harness.costs.grammar_profile import GrammarProfile, ProfileError
@@ -52,10 +54,12 @@ class GrammarCosts(Protocol):
 
     def compile(self, spec_id: str | None, key_text: str, kind: str) -> CompileOutcome: ...
 
-    def tables(self, requests: Sequence[Request], keys: SpecKeys, drafts: bool = True,
-               jump_forward: bool = True) -> CostTables:
-        """The run's cost tables; ``drafts``/``jump_forward``: whether the run reads the pools only drafts
-        and forced tokens need (they may be left out when not)."""
+    def tables(self, keys: SpecKeys, capacity: int, drafts: bool = True, jump_forward: bool = True,
+               requests: Iterable[Request] | None = None) -> CostTables:
+        """The run's cost tables: ``capacity`` request slots (grown as asked), spec ``keys`` numbered as
+        requests enter; ``drafts``/``jump_forward``: whether the run reads the pools only drafts and forced
+        tokens need (they may be left out when not); ``requests``: the run's, where held (else the cost
+        source reads them anew where it must)."""
         ...
 
 
@@ -86,10 +90,10 @@ class FixedGrammarCosts(BaseModel):
         failed = any(n in self.failing_keys for n in names)
         return CompileOutcome(seconds, "invalid: listed in failing_keys" if failed else None)
 
-    def tables(self, requests: Sequence[Request], keys: SpecKeys, drafts: bool = True,
-               jump_forward: bool = True) -> CostTables:
-        return constant_tables(requests, self.fill_time_s, self.accept_time_s, self.rollback_time_s,
-                               self.forced_tokens)
+    def tables(self, keys: SpecKeys, capacity: int, drafts: bool = True, jump_forward: bool = True,
+               requests: Iterable[Request] | None = None) -> CostTables:
+        return ConstantTables(capacity, self.fill_time_s, self.accept_time_s, self.rollback_time_s,
+                              self.forced_tokens)
 
 
 class ProfileGrammarCosts:
@@ -104,16 +108,19 @@ class ProfileGrammarCosts:
     (:class:`~cdbench.harness.costs.grammar_profile.ParallelFillProfile`), else 1.
     ``coverage``: where the profile's prices of the run's specs came from
     (:func:`~cdbench.harness.costs.spec_costs.price_specs`; ``None``: not priced spec by spec).
+    ``requests``: builds the run's requests anew, for a run that does not hold them (read once more
+    where the run has drafts, :func:`~cdbench.harness.costs.cost_tables.has_draft_chains`).
     """
 
-    def __init__(self, profile: GrammarProfile, seed: int, coverage: SpecCoverage | None = None) -> None:
-        self.profile, self.seed, self.coverage = profile, seed, coverage
+    def __init__(self, profile: GrammarProfile, seed: int, coverage: SpecCoverage | None = None,
+                 requests: Callable[[], Iterable[Request]] | None = None) -> None:
+        self.profile, self.seed, self.coverage, self.requests = profile, seed, coverage, requests
         self.sampler = profile.sampler(seed)
         self.index = SpecIndex(profile, seed)
         self.parallel_fill_factor = profile.parallel_fill.factor if profile.parallel_fill is not None else 1.0
 
     def compile(self, spec_id: str | None, key_text: str, kind: str) -> CompileOutcome:
-        spec = self.index.spec(self.index.resolve(key_text, spec_id, kind))
+        spec = self.index.spec(self.index.names(key_text, spec_id, kind)[1])
         if spec is None or spec.status is None:
             seconds, status = self.sampler.compile_one(spec_id if spec_id is not None else key_text, kind)
         else:
@@ -122,9 +129,14 @@ class ProfileGrammarCosts:
                 spec_id if spec_id is not None else key_text, kind)[0]
         return CompileOutcome(seconds, None if status == "ok" else status)
 
-    def tables(self, requests: Sequence[Request], keys: SpecKeys, drafts: bool = True,
-               jump_forward: bool = True) -> CostTables:
-        return profile_tables(self.profile, self.index, self.seed, requests, keys, drafts, jump_forward)
+    def tables(self, keys: SpecKeys, capacity: int, drafts: bool = True, jump_forward: bool = True,
+               requests: Iterable[Request] | None = None) -> CostTables:
+        chains = False
+        if drafts:
+            if requests is None and self.requests is None:
+                raise ValueError("a run with drafts reads its requests for their draft chains: none given")
+            chains = has_draft_chains(self.profile, self.index, requests if requests is not None else self.requests())
+        return profile_tables(self.profile, self.index, self.seed, keys, capacity, drafts, jump_forward, chains)
 
 
 class ModelExecutor(GrammarExecutor):
@@ -169,11 +181,22 @@ class ModelExecutor(GrammarExecutor):
         self._runs_at += n
         return np.minimum(runs, drafts)
 
-    def prepare(self, requests: Sequence[Request], keys: SpecKeys, jump_forward: bool = False,
-                parallel_fill: ParallelFill | None = None, drafts: bool = True) -> None:
-        super().prepare((), keys, jump_forward, parallel_fill, drafts)  # (the requests are read here only)
-        self.tables = self.costs.tables(requests, keys, drafts, jump_forward)
-        keys.specs.clear()  # priced by key text: the specs (a copy a request under unique reuse) are not kept
+    def prepare(self, requests: Sequence[Request], keys: SpecKeys, capacity: int | None = None,
+                jump_forward: bool = False, parallel_fill: ParallelFill | None = None, drafts: bool = True) -> None:
+        """Held ``requests`` numbered by ``keys`` up front (:meth:`SpecKeys.of`) enter the tables here, each
+        in the slot of its position; the scheduler enters the others as it issues them (:meth:`enter`)."""
+        super().prepare((), keys, capacity, jump_forward, parallel_fill, drafts)  # (the requests are not kept)
+        self.tables = self.costs.tables(keys, capacity if capacity is not None else len(requests), drafts,
+                                        jump_forward, requests if len(requests) else None)
+        if keys.request_key is not None and len(requests):
+            self.tables.enter(np.arange(len(requests)), requests, keys.request_key, keys.request_instance)
+
+    def enter(self, rids: np.ndarray, requests: Sequence[Request], keys: np.ndarray,
+              instances: Sequence[str | None]) -> None:
+        self.tables.enter(rids, requests, keys, instances)
+
+    def grow(self, capacity: int) -> None:
+        self.tables.grow(capacity)
 
     def arrive(self, rid: int) -> None:
         self.tables.acquire(rid)
@@ -254,9 +277,10 @@ class ModelExecutor(GrammarExecutor):
                 rolled_back[g] = rolled
                 undo = rolled.nonzero()[0]
                 if len(undo):
-                    if t.rollback is None:
+                    undone = float(_sum(t.rollback[at[undo]])) if t.rollback is not None else math.nan
+                    if math.isnan(undone):  # (a kind without rollback measurements prices none)
                         raise ProfileError("the grammar costs have no rollback measurements, and drafts are rejected")
-                    process_s += float(_sum(t.rollback[at[undo]]))
+                    process_s += undone
             pool = self.parallel_fill
             pooled = pool is not None and ng > pool.threshold and not n_drafts
             if pooled and pool.accepts:  # the sampled tokens' accepts on the fill pool too (consume_token_par)

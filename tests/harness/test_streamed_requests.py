@@ -1,0 +1,110 @@
+"""A model run whose requests are not held: generated as they enter, kept in slots reused as they end.
+
+It must be the run of the same requests held (the eager path), field by field, and hold state bounded by
+the requests in flight, not by the run's length.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import yaml
+
+from cdbench.backends.vocab import load_vocab
+from cdbench.harness import scheduler as scheduler_module
+from cdbench.harness.config import RunConfig
+from cdbench.harness.costs.gpu import FixedGpuCosts
+from cdbench.harness.executors.model import FixedGrammarCosts, ModelExecutor
+from cdbench.harness.policies import policy
+from cdbench.harness.run import simulate
+from cdbench.harness.scheduler import Scheduler
+from cdbench.workloads.generator import generate
+from cdbench.workloads.request import Request
+from cdbench.workloads.trace import replay, write_trace
+from tests.harness.scheduler_helpers import SPEC
+
+DEFAULT = yaml.safe_load(open("cdbench/configs/default.yaml"))  # the built-in default run
+WORKLOADS = {
+    "default": dict(DEFAULT["workload"], num_requests=400),
+    "JSON corpus, reasoning": dict(num_requests=300, seed=5, kinds=["json_schema"],
+                                   reasoning={"fraction": 0.4, "think_len": {"dist": "fixed", "value": 20},
+                                              "thinking_budget": 12}),
+    "zipf, drafts": dict(num_requests=300, seed=2, spec_reuse={"mode": "zipf"}, spec_decode={"k": 3, "alpha": 0.6},
+                         arrival={"process": "poisson", "rate": 40.0}),
+}
+
+
+def _run(config: RunConfig, requests, count: int | None = None):
+    """``config``'s model run of ``requests`` (held, or read once with ``count``), as ``cdbench run`` builds it."""
+    spec_decode = config.workload.spec_decode
+    scheduler = config.scheduler_config(spec_tokens=spec_decode.k, spec_drafter=spec_decode.drafter)
+    source = requests if count is None else (lambda: iter(requests))
+    costs = config.costs.grammar_costs(config.backend.name, config.seed, config.backend.options, requests=source,
+                                       vocab=config.vocab)
+    return simulate(requests if count is None else iter(requests), scheduler, ModelExecutor(costs, spec_decode.alpha),
+                    config.costs.gpu_costs(load_vocab(config.vocab).size), seed=config.seed,
+                    max_concurrency=config.workload.max_concurrency, slo=config.slo, trace_steps=0, count=count)
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_a_run_of_requests_not_held_is_the_run_of_them_held(name, monkeypatch):
+    config = RunConfig.model_validate({**DEFAULT, "mode": "model", "workload": WORKLOADS[name]})
+    vocab = load_vocab(config.vocab)
+    held = generate(config.workload, vocab, progress=False)
+    streamed = generate(config.workload, vocab, progress=False, held=False)
+    eager = _run(config, held.requests)
+    monkeypatch.setattr(scheduler_module, "_SLOTS", 8)  # slots reused from the 9th request on, and grown
+    monkeypatch.setattr(scheduler_module, "_AHEAD", 3)  # entered 3 at a time (the last chunk shorter)
+    lazy = _run(config, list(streamed.iter_requests()), count=len(held.requests))
+    pd.testing.assert_frame_equal(lazy.requests, eager.requests)
+    pd.testing.assert_frame_equal(lazy.steps, eager.steps)
+    assert lazy.summary == eager.summary
+    assert lazy.compile_errors == eager.compile_errors
+
+
+def test_a_replayed_trace_of_a_streamed_workload_is_the_same_run(tmp_path, monkeypatch):
+    config = RunConfig.model_validate({**DEFAULT, "mode": "model", "workload": WORKLOADS["default"]})
+    vocab = load_vocab(config.vocab)
+    streamed = generate(config.workload, vocab, progress=False, held=False)
+    write_trace(streamed, tmp_path / "t.jsonl")  # (from the streamed workload's requests)
+    replayed = replay(config.workload.model_copy(update={"trace": str(tmp_path / "t.jsonl")}), vocab)
+    eager = _run(config, replayed.requests)
+    monkeypatch.setattr(scheduler_module, "_SLOTS", 8)
+    monkeypatch.setattr(scheduler_module, "_AHEAD", 3)
+    lazy = _run(config, list(streamed.iter_requests()), count=len(replayed.requests))
+    pd.testing.assert_frame_equal(lazy.requests, eager.requests)
+    assert lazy.summary == eager.summary
+
+
+def test_a_long_run_holds_the_requests_in_flight_only(monkeypatch):
+    """Copies of one spec (unique reuse) each their own key: the scheduler's slots, spec keys, compile
+    cache and cost tables stay bounded by the requests in flight (and those entered ahead of their issue) over
+    3,000 requests."""
+    monkeypatch.setattr(scheduler_module, "_SLOTS", 16)
+    monkeypatch.setattr(scheduler_module, "_AHEAD", 4)
+    n = 3000
+    requests = (Request(i, i * 0.05, 64, 6, SPEC, f"item#copy{i}") for i in range(n))  # one in flight at a time
+    executor = ModelExecutor(FixedGrammarCosts(compile_time_s=0.001))
+    sched = Scheduler(policy("vllm", overlap=False), requests, executor, FixedGpuCosts(forward_base_s=0.001),
+                      count=n)
+    sched.run()
+    frame = sched.requests_frame()
+    assert frame["request_id"].tolist() == list(range(n)) and frame["spec_key"].tolist() == list(range(n))
+    assert (frame["finish_s"] > frame["arrival_s"]).all()
+    assert len(sched.rec.finish_s) == 16  # never grown: every slot was reused
+    assert not sched.keys.texts and not sched.cache._entries and not sched._outcomes
+    assert len(executor.tables.base) == 16
+
+
+def test_slots_grow_when_the_requests_in_flight_need_more(monkeypatch):
+    n = 200
+    requests = [Request(i, 0.0, 64, 50 + i, SPEC, f"item#copy{i}") for i in range(n)]  # all at once
+    held = simulate(requests, policy("vllm", overlap=False), ModelExecutor(FixedGrammarCosts()),
+                    FixedGpuCosts(forward_base_s=0.001), trace_steps=0)  # (a slot a request: fewer than _SLOTS)
+    monkeypatch.setattr(scheduler_module, "_SLOTS", 4)
+    monkeypatch.setattr(scheduler_module, "_AHEAD", 3)
+    sched = Scheduler(policy("vllm", overlap=False), iter(requests), ModelExecutor(FixedGrammarCosts()),
+                      FixedGpuCosts(forward_base_s=0.001), count=n)
+    sched.run()
+    assert len(sched.rec.finish_s) >= n  # (every request was in flight at once)
+    pd.testing.assert_frame_equal(sched.requests_frame(), held.requests)
