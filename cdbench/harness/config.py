@@ -168,11 +168,12 @@ class CostConfig(ForwardConfig, SpecCostSettings):
         return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.mask_dtype]
 
     def live_step(self, vocab_size: int, max_len: int, graph_sizes: Sequence[int] = (), block_size: int = 16,
-                  max_requests: int | None = None) -> LiveStep:
+                  max_requests: int | None = None, mtp_drafts: int = 0) -> LiveStep:
         """``live`` mode's step runner: the configured model's forward on this machine's GPU, decode
         steps replaying graphs captured at ``graph_sizes`` (the policy's ``cuda_graph_sizes``), a paged
         KV cache of ``block_size`` tokens a block for ``max_requests`` running requests (the policy's
-        ``kv_block_size`` and ``max_running_requests``)."""
+        ``kv_block_size`` and ``max_running_requests``), the model's MTP head drafting ``mtp_drafts``
+        tokens after each step with decode rows (0: none)."""
         import torch
 
         from cdbench.harness.live.step import LiveStep
@@ -183,7 +184,7 @@ class CostConfig(ForwardConfig, SpecCostSettings):
         dtype = self.logits_dtype()
         return LiveStep(resolve_model(self.model), vocab_size, max_len, "cuda", self.live_kv_tokens,
                         logits_dtype=dtype, graph_sizes=graph_sizes, block_size=block_size,
-                        max_requests=max_requests)
+                        max_requests=max_requests, mtp_drafts=mtp_drafts)
 
     def grammar_costs(self, backend: str, seed: int, options: Mapping[str, Any] | None = None,
                       requests: Sequence[Request] | Callable[[], Iterable[Request]] | None = None,
@@ -194,8 +195,8 @@ class CostConfig(ForwardConfig, SpecCostSettings):
         The ``reasoner`` backend's grammar work is its inner backend's (thinking
         adds only token filters, which the scheduler costs itself), so it draws
         from the inner backend's profile. Given the run's ``requests`` and
-        ``vocab`` (or a function building the requests anew each time it is called), every spec of them is priced from a measurement
-        (:func:`~cdbench.harness.costs.spec_costs.price_specs`: found, measured
+        ``vocab`` (or a function building the requests anew each time it is called), every spec of them
+        is priced from a measurement (:func:`~cdbench.harness.costs.spec_costs.price_specs`: found, measured
         now or predicted), and the costs' ``coverage`` says from which.
         """
         if self.fixed_grammar is not None:
@@ -259,9 +260,12 @@ class RunConfig(BaseModel):
         if self.mode == "live" and self.costs.fixed_gpu is not None:
             raise ValueError("costs.fixed_gpu prices the GPU; live mode runs every step on it")
         if self.workload.spec_decode.drafter == "mtp":
-            if self.mode == "live" or self.costs.live_gpu:
-                raise ValueError("workload.spec_decode.drafter 'mtp' is priced by the forward model; the live "
-                                 "forward has no MTP head to run")
+            if self.costs.live_gpu:
+                raise ValueError("workload.spec_decode.drafter 'mtp': costs.live_gpu's GPU steps run no MTP head; "
+                                 "live mode runs it (one GPU), model and hybrid mode price it")
+            if self.mode == "live" and self.scheduler_config().ranks > 1:
+                raise ValueError("workload.spec_decode.drafter 'mtp': live mode runs the MTP head on one GPU; "
+                                 "several ranks do not draft with it yet")
             if self.costs.fixed_gpu is None:
                 try:
                     model = resolve_model(self.costs.model)

@@ -250,7 +250,8 @@ def run(config: RunConfig, progress: Progress | None = None, records: RecordSink
             progress(f"building {config.costs.model} on the GPU", 0.0)
         live = config.costs.live_step(vocab.size, max_context(workload.requests, spec_decode.k),
                                       scheduler.cuda_graph_sizes, scheduler.kv_block_size,
-                                      scheduler.max_running_requests)
+                                      scheduler.max_running_requests,
+                                      spec_decode.k if spec_decode.drafter == "mtp" else 0)
     if config.mode in ("hybrid", "live"):
         if progress is not None:
             progress(f"loading {config.backend.name}", 0.0)

@@ -47,5 +47,9 @@ def test_config_takes_the_drafter_from_the_workload() -> None:
     assert cfg.model_dump()["scheduler"]["spec_drafter"] == "mtp"
     with pytest.raises(ValidationError, match="has no MTP layer"):
         RunConfig.model_validate({**base, "costs": {"model": "llama-3.1-8b", "gpu": "h200"}})
-    with pytest.raises(ValidationError, match="live forward has no MTP head"):
-        RunConfig.model_validate({**base, "mode": "live"})
+    live = RunConfig.model_validate({**base, "mode": "live"})  # one GPU: the live forward runs the head
+    assert live.workload.spec_decode.drafter == "mtp"
+    with pytest.raises(ValidationError, match="live mode runs the MTP head on one GPU"):
+        RunConfig.model_validate({**base, "mode": "live", "scheduler": {"ranks": 2}})
+    with pytest.raises(ValidationError, match="costs.live_gpu's GPU steps run no MTP head"):
+        RunConfig.model_validate({**base, "mode": "hybrid", "costs": {**base["costs"], "live_gpu": True}})

@@ -174,6 +174,16 @@ class DecodeInputs:
     lengths: torch.Tensor | None = None  # [rows] keys of each row (per-row attention); None: the dense path
 
 
+@dataclass
+class DraftInputs:
+    """The static tensors of an MTP head's drafting: one row a drafting request; refill them in place."""
+
+    tokens: torch.Tensor     # [rows] int64: the request's last token, the first pass's input
+    hidden: torch.Tensor     # [rows, hidden]: its last hidden state, the first pass's other input
+    slots: torch.Tensor      # [rows] int64: its row of the block table
+    positions: torch.Tensor  # [rows] int64: the first draft's position
+
+
 class LiveForward:
     """Random-weight forward of ``spec`` on ``device``; :meth:`step` runs one continuous-batching step.
 
@@ -187,11 +197,16 @@ class LiveForward:
     ``moe_kernels``: a MoE's routed experts as torch's grouped GEMMs (``"grouped_mm"``) or vLLM's
     fused layout (``"fused"``, :func:`~.experts.fused_experts`; ``benchmarks/live_step_kernels.py``
     compares the two).
+
+    ``mtp``: also build the model's multi-token-prediction head (``spec.mtp_layers`` decoder layers after a
+    projection of the embedded token and the hidden state, sharing the embedding, final norm and LM head,
+    as DeepSeek-V3's and Qwen3.5's MTP modules are), which :meth:`draft` runs; its layers' KV pages are the
+    cache's full-attention layers after the model's (``KVPool(extra_layers=spec.mtp_layers)``).
     """
 
     def __init__(self, spec: ModelSpec, device: torch.device | str, dtype: torch.dtype = torch.bfloat16,
                  seed: int = 0, tp: TensorParallel | None = None, linear_kernels: str = "auto",
-                 balance_decode: bool = True, moe_kernels: str = "grouped_mm") -> None:
+                 balance_decode: bool = True, moe_kernels: str = "grouped_mm", mtp: bool = False) -> None:
         self.balance_decode = balance_decode
         check_supported(spec)
         if moe_kernels not in ("grouped_mm", "fused"):
@@ -246,11 +261,8 @@ class LiveForward:
                            dt_bias=torch.ones(hv, device=self.device, dtype=torch.float32),
                            norm=ones(dv), out=weight(hv * dv, h))
 
-        self.layers = []
-        full_index = linear_index = 0
-        for index in range(spec.n_layers):
-            full = spec.is_full_attention(index)
-            self.layers.append(_Layer(
+        def layer(full: bool, cache_index: int) -> _Layer:
+            return _Layer(
                 attn_norm=ones(h),
                 qkv=weight(h, self.q_width + self.gate_width + 2 * self.kv_width) if full else None,
                 o=weight(self.q_width, h) if full else None,
@@ -259,11 +271,23 @@ class LiveForward:
                 down=weight(width, h) if width else None,
                 q_norm=ones(d) if spec.qk_norm and full else None,
                 k_norm=ones(d) if spec.qk_norm and full else None,
-                cache_index=full_index if full else linear_index,
+                cache_index=cache_index,
                 linear=None if full else linear(),
                 moe=moe(),
-            ))
+            )
+
+        self.layers = []
+        full_index = linear_index = 0
+        for index in range(spec.n_layers):
+            full = spec.is_full_attention(index)
+            self.layers.append(layer(full, full_index if full else linear_index))
             full_index, linear_index = full_index + full, linear_index + (not full)
+        # the MTP head: its layers are full attention, paged after the model's own
+        if mtp and not spec.mtp_layers:
+            raise ValueError(f"{spec.name} has no MTP layer (mtp_layers = 0) to draft with")
+        self.mtp_layers = [layer(True, full_index + j) for j in range(spec.mtp_layers)] if mtp else []
+        self.mtp_fc = weight(2 * h, h) if mtp else None  # [embedded token; hidden state] -> hidden
+        self.mtp_norms = (ones(h), ones(h)) if mtp else None
         inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, d, 2, device=self.device, dtype=torch.float32) / d))
         self._inv_freq = inv_freq
 
@@ -494,6 +518,51 @@ class LiveForward:
             attn = attn * torch.sigmoid(gate)
         return self._reduce(attn @ layer.o)
 
+    # ---- MTP drafting -------------------------------------------------------------------------------------
+
+    def draft_inputs(self, positions: Sequence[int], slots: Sequence[int]) -> DraftInputs:
+        """Static drafting tensors for requests in table rows ``slots`` whose first draft goes at ``positions``
+        (a token and a hidden state of fixed values: only their shapes matter to the passes' time)."""
+        rows = len(positions)
+        gen = torch.Generator(device=self.device).manual_seed(rows)
+        hidden = (torch.randn((rows, self.spec.hidden_size), generator=gen, device=self.device) * 0.02).to(self.dtype)
+        return DraftInputs(torch.tensor(spread_tokens(rows, self.spec.vocab_size), device=self.device),
+                           hidden, torch.tensor(list(slots), device=self.device, dtype=torch.int64),
+                           torch.tensor(list(positions), device=self.device, dtype=torch.int64))
+
+    @torch.inference_mode()
+    def draft(self, cache: KVCache, draft: DraftInputs, passes: int) -> torch.Tensor:
+        """Run the MTP head ``passes`` times over the drafting rows, as an engine drafts ``passes`` tokens
+        after a verification step: each pass embeds the previous pass's greedy token, projects it with the
+        previous hidden state, runs the head's layers (their keys and values written at the pass's position,
+        attending to the request's keys there) and the LM head. Returns the last pass's logits."""
+        if not self.mtp_layers:
+            raise ValueError("this forward has no MTP head (build it with mtp=True)")
+        h = self.spec.hidden_size
+        tokens, hidden = draft.tokens, draft.hidden
+        rows = int(tokens.shape[0])
+        enorm, hnorm = self.mtp_norms
+        logits = None
+        for j in range(passes):
+            positions = draft.positions + j
+            inputs = DecodeInputs(tokens, positions, draft.slots, 0, None, positions + 1)
+            cos, sin = self._rope(positions)
+            where = cache.where(draft.slots, positions)
+            order = lpt_order(inputs.lengths) if self.balance_decode else None
+            x = torch.cat([F.rms_norm(F.embedding(tokens, self.embed), (h,), enorm, NORM_EPS),
+                           F.rms_norm(hidden, (h,), hnorm, NORM_EPS)], dim=-1) @ self.mtp_fc
+            for layer in self.mtp_layers:
+                normed = F.rms_norm(x, (h,), layer.attn_norm, NORM_EPS)
+                x = x + self._attention(layer, normed, cos, sin, cache, layer.cache_index, where, inputs, rows, (),
+                                        order)
+                x = x + self._ffn(layer, F.rms_norm(x, (h,), layer.mlp_norm, NORM_EPS))
+            hidden = x
+            logits = F.rms_norm(x, (h,), self.final_norm, NORM_EPS) @ self.lm_head
+            if self.tp is not None:
+                logits = self.tp.all_gather_columns(logits)[:, :self.full_spec.vocab_size]
+            tokens = logits.argmax(dim=-1)
+        return logits
+
     # ---- CUDA graphs --------------------------------------------------------------------------------------
 
     def capture(self, cache: KVCache, decode: DecodeInputs | None = None, prefill: Sequence[PrefillChunk] = (),
@@ -514,6 +583,19 @@ class LiveForward:
             with torch.cuda.graph(graph):
                 logits = self.step(cache, decode, prefill)
         return StepGraph(graph, decode, logits, cache)
+
+    def capture_draft(self, cache: KVCache, draft: DraftInputs, passes: int, warmup: int = 2) -> StepGraph:
+        """Capture :meth:`draft` of these rows and passes as a CUDA graph (it reads ``draft``'s static tensors)."""
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                self.draft(cache, draft, passes)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits = self.draft(cache, draft, passes)
+        return StepGraph(graph, draft, logits, cache)
 
 
 @contextmanager
@@ -543,7 +625,7 @@ class StepGraph:
     captured on (a replay reads that cache's block table, which must outlive it)."""
 
     graph: torch.cuda.CUDAGraph
-    inputs: DecodeInputs | None
+    inputs: DecodeInputs | DraftInputs | None
     logits: torch.Tensor
     cache: KVCache
 

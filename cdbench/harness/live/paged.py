@@ -74,9 +74,10 @@ class KVCache:
         return int(self.block_table.shape[1]) * self.block_size
 
     @staticmethod
-    def bytes_per_token(spec: ModelSpec, dtype: torch.dtype = torch.bfloat16) -> int:
-        """Cache bytes one token takes over the full-attention layers."""
-        return 2 * spec.n_full_attention_layers * spec.n_kv_heads * spec.head_dim * torch.finfo(dtype).bits // 8
+    def bytes_per_token(spec: ModelSpec, dtype: torch.dtype = torch.bfloat16, extra_layers: int = 0) -> int:
+        """Cache bytes one token takes over the full-attention layers (and ``extra_layers`` more: an MTP head's)."""
+        layers = spec.n_full_attention_layers + extra_layers
+        return 2 * layers * spec.n_kv_heads * spec.head_dim * torch.finfo(dtype).bits // 8
 
     @staticmethod
     def bytes_per_slot(spec: ModelSpec, dtype: torch.dtype = torch.bfloat16) -> int:
@@ -124,13 +125,15 @@ class BlockAllocator:
 class KVPool:
     """Pages for ``tokens`` tokens (rounded up to whole blocks) in every full-attention layer, and the
     linear-attention layers' per-request state, grown to the most requests a cache asked for.
+    ``extra_layers``: full-attention layers beyond the model's, after them (an MTP head's, which engines
+    page beside the model's when they draft with it).
 
     One allocation serves every shape of a calibration grid, so the allocator never has to find room
     for a new cache of another shape.
     """
 
     def __init__(self, spec: ModelSpec, tokens: int, device: torch.device | str,
-                 dtype: torch.dtype = torch.bfloat16, block_size: int = BLOCK_SIZE) -> None:
+                 dtype: torch.dtype = torch.bfloat16, block_size: int = BLOCK_SIZE, extra_layers: int = 0) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {block_size}")
         self.spec, self.block_size = spec, block_size
@@ -139,7 +142,7 @@ class KVPool:
         shape = (self.blocks, spec.n_kv_heads, block_size, spec.head_dim)
         # Zeroed, not empty: a key block is read whole and masked past a row's length, and a masked
         # position still multiplies its value by a zero weight, so leftover NaN bits would poison the row.
-        full = spec.n_full_attention_layers
+        full = spec.n_full_attention_layers + extra_layers
         self.k = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(full)]
         self.v = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(full)]
         self._state: list[torch.Tensor] = []

@@ -158,6 +158,9 @@ class LiveStep:
     block_size : tokens a block of the paged cache (the policy's ``kv_block_size``).
     max_requests : rows of the block table, the most requests running at once (at most and by default
         ``max_rows``).
+    mtp_drafts : tokens the model's MTP head drafts after each step with decode rows, for every decoding
+        request (:meth:`LiveForward.draft`, a graph per padded request count, timed with the forward); 0:
+        no head (the drafts of an external drafter cost the forward nothing).
     tp : this rank's tensor-parallel group: the forward is its shard (:mod:`.forward`).
     balance_decode : decode attention launches its rows longest first (:class:`LiveForward`);
         settable between steps (:attr:`balance_decode`).
@@ -167,11 +170,15 @@ class LiveStep:
                  kv_tokens: int | None = None, max_rows: int = 1024, dtype: torch.dtype = torch.bfloat16,
                  logits_dtype: torch.dtype = torch.bfloat16, seed: int = 0,
                  graph_sizes: Sequence[int] = (), tp: TensorParallel | None = None,
-                 balance_decode: bool = True, block_size: int = BLOCK_SIZE, max_requests: int | None = None) -> None:
+                 balance_decode: bool = True, block_size: int = BLOCK_SIZE, max_requests: int | None = None,
+                 mtp_drafts: int = 0) -> None:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
-        self.forward = LiveForward(spec, self.device, dtype=dtype, seed=seed, tp=tp, balance_decode=balance_decode)
+        self.mtp_drafts = mtp_drafts
+        self.forward = LiveForward(spec, self.device, dtype=dtype, seed=seed, tp=tp, balance_decode=balance_decode,
+                                   mtp=mtp_drafts > 0)
         spec = self.forward.spec  # a tensor-parallel rank's cache holds its shard's KV heads
+        head_layers = spec.mtp_layers if mtp_drafts else 0
         requests = max_rows if max_requests is None else min(max_requests, max_rows)
         if kv_tokens is None:
             if not self.cuda:
@@ -179,12 +186,13 @@ class LiveStep:
             free, _ = torch.cuda.mem_get_info(self.device)
             # the pages take what the linear layers' fixed state of every request (hybrid models) leaves
             left = int(free * KV_MEMORY_SHARE) - requests * KVCache.bytes_per_slot(spec, dtype)
-            kv_tokens = max(0, left) // KVCache.bytes_per_token(spec, dtype)
+            kv_tokens = max(0, left) // KVCache.bytes_per_token(spec, dtype, head_layers)
         self.max_len = max_len
         if kv_tokens < max_len:
             raise KVCapacityError(f"a KV cache of {kv_tokens} tokens holds no context of {max_len} tokens")
+        # a drafting request's blocks also hold the head's drafts past its verified tokens
         self.paged = PagedRequests(KVPool(spec, kv_tokens // block_size * block_size, self.device, dtype,
-                                          block_size), requests, max_len)
+                                          block_size, head_layers), requests, max_len + mtp_drafts)
         self.cache = self.paged.cache
         self.max_rows = max_rows
         words = (vocab_size + 31) // 32
@@ -195,7 +203,10 @@ class LiveStep:
         self.graph_sizes = tuple(graph_sizes)
         self._graphs: dict[int, StepGraph] = {}
         self._graph_sets = {balance_decode: self._graphs}  # the graphs of each balance_decode setting
+        self._draft_graphs: dict[tuple[bool, int], StepGraph] = {}  # per (balance_decode, padded requests)
         self._stage = torch.zeros((3, max(self.graph_sizes, default=1)), dtype=torch.int64, pin_memory=self.cuda)
+        self._draft_stage = torch.zeros((2, max(self.graph_sizes, default=1)), dtype=torch.int64,
+                                        pin_memory=self.cuda)
         self._events = [torch.cuda.Event(enable_timing=True) for _ in range(6)] if self.cuda else []
         self._launched = 0.0
         self._work: Callable[[], object] | None = None
@@ -278,9 +289,9 @@ class LiveStep:
             prefill_rid = np.arange(rows, rows + len(prefill_new))
             running = np.arange(rows + len(prefill_new))
         self.paged.keep_only(running)
-        decode, chunks = self._place(shape, decode_rid, prefill_rid)
+        decode, chunks, drafting = self._place(shape, decode_rid, prefill_rid)
         # graphs are captured before the clock starts; the step keeps its own until it ends
-        stage, work = self._prepare(decode, chunks)
+        stage, work = self._prepare(decode, chunks, drafting)
         self._work = work
         self._t0 = time.perf_counter()
         if sync:
@@ -325,10 +336,11 @@ class LiveStep:
     # ---- parts ---------------------------------------------------------------------------------------------
 
     def _place(self, shape: LiveShape, decode_rid: np.ndarray, prefill_rid: np.ndarray
-               ) -> tuple[tuple[np.ndarray, np.ndarray] | None, list[PrefillChunk]]:
+               ) -> tuple[tuple[np.ndarray, np.ndarray] | None, list[PrefillChunk], tuple[np.ndarray, np.ndarray]]:
         """The step's requests in the paged cache: each its row of the block table, with blocks for the
         context it reaches in this step (the table's changes copied to the device). Returns each decode
-        query token's (table row, position), a row's token then its drafts, and the prefill chunks."""
+        query token's (table row, position), a row's token then its drafts, the prefill chunks, and each
+        decoding request's (table row, position after its last verified token): where an MTP head drafts."""
         rows = len(shape.decode_len)
         keep = shape.prefill_new > 0
         new, cached, chunk_rid = shape.prefill_new[keep], shape.prefill_cached[keep], prefill_rid[keep]
@@ -336,13 +348,14 @@ class LiveStep:
         # before the cache saw it leave): its old blocks go first
         self.paged.release(chunk_rid[cached == 0].tolist())
         try:
-            decode = None
+            decode, drafting = None, (np.zeros(0, np.int64), np.zeros(0, np.int64))
             if rows:
                 per_row = 1 + shape.decode_drafts
-                table_rows = self.paged.rows(decode_rid, shape.decode_len + per_row)
+                table_rows = self.paged.rows(decode_rid, shape.decode_len + per_row + self.mtp_drafts)
                 slots = np.repeat(table_rows, per_row)
                 first = np.repeat(np.cumsum(per_row) - per_row, per_row)
                 decode = slots, np.repeat(shape.decode_len, per_row) + (np.arange(len(slots)) - first)
+                drafting = table_rows, shape.decode_len + per_row
             chunk_rows = self.paged.rows(chunk_rid, cached + new)
         except KVCapacityError as error:
             raise KVCapacityError(
@@ -352,15 +365,32 @@ class LiveStep:
         self.paged.flush()
         chunks = [PrefillChunk(int(r), int(c), int(n))
                   for r, c, n in zip(chunk_rows.tolist(), cached.tolist(), new.tolist(), strict=True)]
-        return decode, chunks
+        return decode, chunks, drafting
 
-    def _prepare(self, decode: tuple[np.ndarray, np.ndarray] | None, chunks: list[PrefillChunk]
-                 ) -> tuple[Callable[[], object], Callable[[], object]]:
+    def _prepare(self, decode: tuple[np.ndarray, np.ndarray] | None, chunks: list[PrefillChunk],
+                 drafting: tuple[np.ndarray, np.ndarray]) -> tuple[Callable[[], object], Callable[[], object]]:
         """The step's input staging and its forward, ready to run in that order: on a GPU a graph replay
         (a decode batch's graph is kept per padded token count and its inputs are refilled in place; a
         step with prefill chunks is captured for its own shape, since the engines launch prefill far
         faster than this forward's eager Python could: timed eagerly it would measure cdbench's launch
-        pace, not the GPU); on a CPU the eager step."""
+        pace, not the GPU); on a CPU the eager step. With an MTP head, its drafting of the ``drafting``
+        requests follows the forward (staged and timed with it)."""
+        stage, work = self._prepare_forward(decode, chunks)
+        if not self.mtp_drafts or decode is None:
+            return stage, work
+        draft_stage, draft_work = self._prepare_draft(*drafting)
+
+        def stage_both() -> None:
+            stage()
+            draft_stage()
+
+        def work_both() -> None:
+            work()
+            draft_work()
+        return stage_both, work_both
+
+    def _prepare_forward(self, decode: tuple[np.ndarray, np.ndarray] | None, chunks: list[PrefillChunk]
+                         ) -> tuple[Callable[[], object], Callable[[], object]]:
         if decode is not None and not chunks and self.cuda:
             graph = self._graph(len(decode[0]))
             if graph is not None:
@@ -372,6 +402,38 @@ class LiveStep:
             self._captured()
             return _nothing, captured.replay
         return _nothing, lambda: self.forward.step(self.cache, inputs, chunks)
+
+    def _prepare_draft(self, slots: np.ndarray, positions: np.ndarray
+                       ) -> tuple[Callable[[], object], Callable[[], object]]:
+        """The MTP head's drafting of these requests, ready to run after the forward: on a GPU a graph per
+        padded request count (inputs refilled in place; beyond the largest size captured for its own), on
+        a CPU the eager passes."""
+        k = self.mtp_drafts
+        if not self.cuda:
+            inputs = self.forward.draft_inputs(positions.tolist(), slots.tolist())
+            return _nothing, lambda: self.forward.draft(self.cache, inputs, k)
+        padded = graph_size(self.graph_sizes, len(slots))
+        if padded is None:
+            graph = self.forward.capture_draft(self.cache, self.forward.draft_inputs(positions.tolist(),
+                                                                                     slots.tolist()), k)
+            self._captured()
+            return _nothing, graph.replay
+        key = (self.forward.balance_decode, padded)
+        graph = self._draft_graphs.get(key)
+        if graph is None:
+            graph = self._draft_graphs[key] = self.forward.capture_draft(
+                self.cache, self.forward.draft_inputs([0] * padded, [0] * padded), k)
+            self._captured()
+
+        def stage() -> None:
+            # padding requests draft at position 0 of the table's row 0 (their values do not change the time)
+            staged = self._draft_stage[:, :padded]
+            staged.zero_()
+            view = staged.numpy()
+            view[0, :len(slots)], view[1, :len(slots)] = slots, positions
+            graph.inputs.slots.copy_(staged[0], non_blocking=True)
+            graph.inputs.positions.copy_(staged[1], non_blocking=True)
+        return stage, graph.replay
 
     def _graph(self, tokens: int) -> StepGraph | None:
         """The captured decode graph for ``tokens`` query tokens (padded up; captured on first use), or

@@ -133,3 +133,18 @@ def test_hybrid_prefill_step_captures(kernels: str) -> None:
     fwd.step(cache, prefill=[PrefillChunk(s, 0, 200) for s in range(3)])
     graph = fwd.capture(cache, fwd.decode_inputs([200, 200]), [PrefillChunk(2, 200, 130)])
     assert torch.isfinite(graph.replay().float()).all()
+
+
+def test_the_mtp_heads_captured_drafting_matches_its_eager_passes() -> None:
+    from cdbench.harness.live.paged import KVPool
+
+    spec = ModelSpec(name="tiny-mtp", params_total=1e5, n_layers=2, hidden_size=64, n_heads=8, n_kv_heads=2,
+                     head_dim=16, vocab_size=50, intermediate_size=96, qk_norm=True, mtp_layers=1)
+    fwd = LiveForward(spec, "cuda", mtp=True)
+    pool = KVPool(spec, 64, "cuda", block_size=4, extra_layers=1)
+    cache = pool.cache(2, 16)
+    positions, slots = [5, 9], [0, 1]
+    eager = fwd.draft(cache, fwd.draft_inputs(positions, slots), 3)
+    # the capture's warm-up passes rewrite the same keys, so the replay reads what the eager passes read
+    graph = fwd.capture_draft(cache, fwd.draft_inputs(positions, slots), 3)
+    torch.testing.assert_close(graph.replay(), eager, rtol=2e-2, atol=2e-2)

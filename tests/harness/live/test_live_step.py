@@ -144,9 +144,10 @@ def test_drafts_are_query_tokens_of_their_row_and_requests_keep_their_blocks():
                     block_size=4)
     empty = np.zeros(0, np.int64)
     shape = LiveShape(np.array([5, 9]), np.array([2, 0]), empty, empty)
-    (slots, positions), chunks = live._place(shape, np.array([7, 3]), empty)
+    (slots, positions), chunks, drafting = live._place(shape, np.array([7, 3]), empty)
     assert slots[0] == slots[1] == slots[2] != slots[3] and positions.tolist() == [5, 6, 7, 9]
     assert shape.decode_tokens == 4 and chunks == []
+    assert drafting[0].tolist() == [slots[0], slots[3]] and drafting[1].tolist() == [8, 10]  # after the drafts
     paged = live.paged
     assert [len(paged._blocks[rid]) for rid in (7, 3)] == [2, 3]  # 8 and 10 tokens in blocks of 4
     table = live.cache.block_table
@@ -158,7 +159,7 @@ def test_drafts_are_query_tokens_of_their_row_and_requests_keep_their_blocks():
     paged.keep_only(np.array([3]))
     freed = set(range(paged.pool.blocks)) - set(before)
     assert paged.allocator.free == len(freed)
-    _, chunks = live._place(LiveShape(empty, empty, np.array([12]), np.array([0])), empty, np.array([9]))
+    _, chunks, _ = live._place(LiveShape(empty, empty, np.array([12]), np.array([0])), empty, np.array([9]))
     assert set(paged._blocks[9]) <= freed and table[chunks[0].slot, :3].tolist() == paged._blocks[9]
 
 
@@ -201,8 +202,9 @@ def test_a_live_run_dying_mid_way_leaves_its_finished_requests_to_cdbench_report
 
     # live mode on the CPU: the tiny model stands in for the GPU forward, and the 60th step fails as a GPU can
     monkeypatch.setattr(CostConfig, "live_step", lambda self, vocab_size, max_len, graph_sizes, block_size,
-                        max_requests: LiveStep(TINY, vocab_size, max_len, device="cpu", kv_tokens=8 * max_len,
-                                               max_rows=64, logits_dtype=torch.float32, block_size=block_size))
+                        max_requests, mtp_drafts: LiveStep(TINY, vocab_size, max_len, device="cpu",
+                                                           kv_tokens=8 * max_len, max_rows=64,
+                                                           logits_dtype=torch.float32, block_size=block_size))
     end = LiveStep.end
 
     def failing(self, *args, **kwargs):
