@@ -107,3 +107,22 @@ def test_a_live_step_drafts_with_the_head_after_its_forward() -> None:
     written = flat.abs().sum(dim=(1, 2)).gt(0)
     # the head's keys at the drafts' positions; the warm-up's steps wrote none of its pages
     assert written[drafted].all() and int(written.sum()) == len(drafted)
+
+
+def test_a_live_run_drafting_with_the_head_finishes_its_requests() -> None:
+    from cdbench.harness.costs.gpu import FixedGpuCosts
+    from cdbench.harness.executors.model import FixedGrammarCosts, ModelExecutor
+    from cdbench.harness.policies import policy
+    from cdbench.harness.run import max_context, simulate
+    from cdbench.workloads.request import Request
+
+    requests = [Request(i, 0.002 * i, 12, 10) for i in range(4)]
+    max_len = max_context(requests, 2)
+    live = LiveStep(tiny(), 64, max_len, device="cpu", kv_tokens=8 * (max_len + 2), max_rows=16, block_size=4,
+                    mtp_drafts=2)
+    result = simulate(requests, policy("vllm", spec_tokens=2, spec_drafter="mtp", kv_block_size=4),
+                      ModelExecutor(FixedGrammarCosts(), alpha=0.5), FixedGpuCosts(forward_base_s=0.01), seed=1,
+                      trace_steps=0, live=live)
+    assert result.summary.completed == 4 and result.summary.drafted_tokens > 0
+    decode = result.steps[result.steps["decode_rows"] > 0]
+    assert (decode["forward_s"] > 0).all()
