@@ -281,13 +281,14 @@ def _sglang(cpus: int) -> dict:
         # ... and the scheduler's decode steps with torchvision stubbed (measure_sglang_scheduler.py): batch forming
         # (ScheduleBatch.merge_batch + filter_batch + check_decode_mem + prepare_for_decode) per step and row, and
         # SchedulerBatchResultProcessor.process_batch_result_decode per row and per structured row (its grammar
-        # accept path: _accept_grammar_tokens and grammar.finished, the grammar's own calls included, as vLLM's
-        # accept_row_s includes accept_tokens). process_step_s: the fit's intercept is 0 (below 0 unconstrained)
+        # accept path: _accept_grammar_tokens and grammar.finished), less xgrammar's own accept_token (measured
+        # apart in the same environment, measure_grammar_accept.py: 3.484e-06), which model mode charges from the
+        # grammar profile. process_step_s: the fit's intercept is 0 (below 0 unconstrained)
         schedule_s=3.278e-05,
         schedule_row_s=2.238e-06,
         process_step_s=0.0,
         process_row_s=6.729e-06,
-        accept_row_s=1.136e-05,
+        accept_row_s=7.876e-06,
         # the worker samples in the scheduler's process; with mask_transfer="ipc", vLLM's measured queue
         ipc_s=0.0003642,
         ipc_byte_s=2.526e-10,

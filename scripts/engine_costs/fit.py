@@ -30,8 +30,12 @@ PRESET_VOCABS = (129280, 151936)
 CASE = ["engine", "version", "backend", "backend_version", "vocab", "batch", "share"]
 #: fitted.json key of an older engine version -> its measurement file (same script, its own environment)
 VERSIONS = {"vllm-0.10": ("vllm", "vllm-0.10.1_steps.csv.gz")}
-#: fitted.json key of a vLLM version -> the grammar's own accepts timed in its environment (measure_grammar_accept.py)
-GRAMMAR_ACCEPTS = {"vllm": "vllm_grammar_accepts.csv.gz", "vllm-0.10": "vllm-0.10.1_grammar_accepts.csv.gz"}
+#: fitted.json key of an engine version -> the grammar's own accepts timed in its environment
+#: (measure_grammar_accept.py) and the fitted accept path that holds them: vLLM's update_from_output per
+#: structured row, SGLang's process_batch_result_decode per structured row
+GRAMMAR_ACCEPTS = {"vllm": ("vllm_grammar_accepts.csv.gz", "xgrammar.accept_row_s"),
+                   "vllm-0.10": ("vllm-0.10.1_grammar_accepts.csv.gz", "xgrammar.accept_row_s"),
+                   "sglang": ("sglang_grammar_accepts.csv.gz", "xgrammar.process_accept_row_s")}
 
 
 def lstsq(frame: pd.DataFrame, y: str, xs: list[str], intercept: bool = True) -> tuple[list[float], float]:
@@ -107,19 +111,21 @@ def fit_vllm(steps: pd.DataFrame) -> dict:
     return out
 
 
-def fit_accept_wrapper(fitted: dict, accepts: pd.DataFrame) -> dict:
+def fit_accept_wrapper(fitted: dict, accepts: pd.DataFrame, total_key: str = "xgrammar.accept_row_s") -> dict:
     """The grammar's own accept per token (``measure_grammar_accept.py``: token-weighted over the validated
-    instances, at the presets' vocabularies) and vLLM's accept path per structured row without it
-    (``accept_row_s`` less it): model mode charges the grammar profile's accept beside the engine's."""
+    instances, at the presets' vocabularies) and the engine's accept path per structured row without it
+    (``total_key`` less it): model mode charges the grammar profile's accept beside the engine's."""
     near = accepts[accepts.vocab.isin(PRESET_VOCABS)]
     own = float(near.accept_s.sum() / near.tokens.sum())
-    total = fitted["xgrammar.accept_row_s"]
+    total = fitted[total_key]
+    engine = total["engine"]
     v = f"{total['version'].split(',')[0]}, xgrammar {near.backend_version.iloc[0]}"
     fn = "GrammarMatcher.accept_token (xgrammar), walking each schema's validated instance"
-    return {"xgrammar.grammar_accept_row_s": param(own, "vllm", v, fn, "sum(accept_s) / sum(tokens)", None,
+    name = total_key.removeprefix("xgrammar.")
+    return {"xgrammar.grammar_accept_row_s": param(own, engine, v, fn, "sum(accept_s) / sum(tokens)", None,
                                                    len(near)),
-            "xgrammar.accept_wrapper_row_s": param(total["value"] - own, "vllm", v, total["function"] + ", less the "
-                                                   "grammar's own accept_token", "accept_row_s - grammar_accept_row_s",
+            "xgrammar.accept_wrapper_row_s": param(total["value"] - own, engine, v, total["function"] + ", less the "
+                                                   "grammar's own accept_token", f"{name} - grammar_accept_row_s",
                                                    total["r2"], total["cases"])}
 
 
@@ -189,8 +195,8 @@ def fit_all(folder: Path = ROOT) -> dict:
                          **fit_sglang_scheduler(pd.read_csv(folder / "sglang_scheduler_steps.csv.gz"))}}
     for key, (engine, name) in VERSIONS.items():
         fitted[key] = {"vllm": fit_vllm}[engine](pd.read_csv(folder / name))
-    for key, name in GRAMMAR_ACCEPTS.items():
-        fitted[key].update(fit_accept_wrapper(fitted[key], pd.read_csv(folder / name)))
+    for key, (name, total_key) in GRAMMAR_ACCEPTS.items():
+        fitted[key].update(fit_accept_wrapper(fitted[key], pd.read_csv(folder / name), total_key))
     fitted["vllm-0.6"] = fit_v0_processor(pd.read_csv(folder / "vllm-0.6.6_v0_processor.csv.gz"))
     return fitted
 

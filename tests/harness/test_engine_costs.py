@@ -28,11 +28,12 @@ SOURCES = {
              "fill_step_s": ("vllm", "xgrammar.fill_step_s"), "fill_row_s": ("vllm", "xgrammar.fill_row_s"),
              "mask_alloc_byte_s": None, "ipc_s": ("vllm", "ipc_s"), "ipc_byte_s": ("vllm", "ipc_byte_s")},
     # batch forming and result processing from the scheduler's decode steps (torchvision stubbed); accept_row_s is
-    # the processor's whole extra per structured row, its grammar calls included (as vLLM's update_from_output fit)
+    # the processor's extra per structured row less the grammar's own accept (as vLLM's)
     "sglang": {"schedule_s": ("sglang", "xgrammar.schedule_s"), "schedule_row_s": ("sglang", "xgrammar.schedule_row_s"),
                "process_step_s": ("sglang", "xgrammar.process_step_s"),
                "process_row_s": ("sglang", "xgrammar.process_row_s"),
-               "accept_row_s": ("sglang", "xgrammar.process_accept_row_s"), "fill_step_s": ("sglang", "xgrammar.fill_step_s"),
+               "accept_row_s": ("sglang", "xgrammar.accept_wrapper_row_s"),
+               "fill_step_s": ("sglang", "xgrammar.fill_step_s"),
                "fill_row_s": ("sglang", "xgrammar.fill_row_s"),
                "mask_alloc_byte_s": ("sglang", "xgrammar.mask_alloc_byte_s"),
                "ipc_s": ("vllm", "ipc_s"), "ipc_byte_s": ("vllm", "ipc_byte_s")},
@@ -85,12 +86,14 @@ def test_measurements_name_engine_version_and_function():
             assert p["engine"] == engine and p["version"].startswith(version) and p["function"] and p["fit"]
 
 
-@pytest.mark.parametrize("key", ["vllm", "vllm-0.10"])
-def test_vllm_accept_path_is_priced_without_the_grammars_own_accept(key):
-    # update_from_output's accept_row_s holds xgrammar's accept_token, which model mode charges from the grammar
-    # profile: the preset takes the engine's path less the grammar's own accept, measured in the same environment
+@pytest.mark.parametrize("key, path", [("vllm", "accept_row_s"), ("vllm-0.10", "accept_row_s"),
+                                       ("sglang", "process_accept_row_s")])
+def test_the_engines_accept_path_is_priced_without_the_grammars_own_accept(key, path):
+    # the engine's accept path (vLLM's update_from_output, SGLang's process_batch_result_decode) holds xgrammar's
+    # accept_token, which model mode charges from the grammar profile: the preset takes the engine's path less the
+    # grammar's own accept, measured in the same environment
     fitted = json.loads(FITTED.read_text())[key]
-    own, whole = fitted["xgrammar.grammar_accept_row_s"], fitted["xgrammar.accept_row_s"]
+    own, whole = fitted["xgrammar.grammar_accept_row_s"], fitted[f"xgrammar.{path}"]
     wrapper = fitted["xgrammar.accept_wrapper_row_s"]
     assert 0 < own["value"] < whole["value"] and own["cases"] >= 48 and "accept_token" in own["function"]
     assert wrapper["value"] == pytest.approx(whole["value"] - own["value"], rel=1e-3)
