@@ -57,7 +57,7 @@ device (the CPU for tests, at tiny shapes).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -572,30 +572,27 @@ class LiveForward:
         The capture's warm-up steps run for real; the linear-attention states and convolution inputs of the
         step's slots are put back afterwards, so capturing does not move the requests in those slots.
         """
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
         with kept_linear_state(cache, decode, prefill):
-            with torch.cuda.stream(stream):
-                for _ in range(warmup):  # on a side stream, as torch's graph capture asks
-                    self.step(cache, decode, prefill)
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                logits = self.step(cache, decode, prefill)
+            graph, logits = self._capture(lambda: self.step(cache, decode, prefill), warmup)
         return StepGraph(graph, decode, logits, cache)
 
     def capture_draft(self, cache: KVCache, draft: DraftInputs, passes: int, warmup: int = 2) -> StepGraph:
         """Capture :meth:`draft` of these rows and passes as a CUDA graph (it reads ``draft``'s static tensors)."""
+        graph, logits = self._capture(lambda: self.draft(cache, draft, passes), warmup)
+        return StepGraph(graph, draft, logits, cache)
+
+    def _capture(self, run: Callable[[], torch.Tensor], warmup: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """``run`` captured as a CUDA graph after ``warmup`` real runs, and the tensor its replays write."""
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            for _ in range(warmup):
-                self.draft(cache, draft, passes)
+            for _ in range(warmup):  # on a side stream, as torch's graph capture asks
+                run()
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            logits = self.draft(cache, draft, passes)
-        return StepGraph(graph, draft, logits, cache)
+            out = run()
+        return graph, out
 
 
 @contextmanager
