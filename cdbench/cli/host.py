@@ -32,6 +32,9 @@ def host(
                                        "times")] = PROBE_SPECS,
     workers: Annotated[int | None, typer.Option(
         min=1, help="worker processes measuring at once (default: half the CPUs, as model mode measures)")] = None,
+    order: Annotated[bool, typer.Option(
+        "--order", help="also compile each --trace's specs in run order, as the store compiled that run's "
+        "sequence: its compiles in run order then take that scale")] = False,
 ) -> None:
     """Show this host's id and CPU score (benchmarked once, about 1 s, then recorded) and every recorded host.
 
@@ -42,16 +45,19 @@ def host(
     compiles and fills: the measured replacement of the score ratio between two hosts. Run it alone, on
     the cores the target's compiles will have: a large grammar's compile spreads over the cores, so a
     probe on fewer cores than the target's prices the large compiles long
-    (reports/spec_costs/out_of_sample.md, "A compile probe").
+    (reports/spec_costs/out_of_sample.md, "A compile probe"). With --order, each --trace's run-order
+    sequence stored for HOST is compiled here too (a model run of that trace on HOST stored it): a
+    compile after related ones scales between hosts unlike one alone ("A probe in run order").
 
     Examples:
       cdbench host
       cdbench host --store runs/spec_costs --rerun
       cdbench host --store STORE --probe-specs 7fdcd680e958 --trace a/workload.trace.jsonl --out probe.json
+      cdbench host --store STORE --probe-specs 7fdcd680e958 --trace a/workload.trace.jsonl --order --out probe.json
     """
     folder = store if store is not None else cache_dir() / "spec_costs"
     if probe_specs is not None:
-        _probe(folder, probe_specs, out, trace, backend, vocab, specs, workers)
+        _probe(folder, probe_specs, out, trace, backend, vocab, specs, workers, order)
         return
     try:
         with user_errors():
@@ -73,7 +79,7 @@ def host(
 
 
 def _probe(folder: Path, host_id: str, out: Path | None, traces: list[Path] | None, backend: str, vocab: str, specs: int,
-           workers: int | None) -> None:
+           workers: int | None, order: bool) -> None:
     from cdbench.harness.costs.spec_store import SpecCostStore
     from cdbench.profile.spec_probe import probe_specs
     from cdbench.workloads.trace import read_trace
@@ -82,9 +88,12 @@ def _probe(folder: Path, host_id: str, out: Path | None, traces: list[Path] | No
         raise fail("--probe-specs writes a probe file: give it with --out")
     try:
         with user_errors(), progress_bar(transient=True) as bar:
-            requests = [r for trace in traces or () for r in read_trace(trace).workload.requests]
+            if order and not traces:
+                raise fail("--order compiles each --trace's specs in run order: give at least one --trace")
+            workloads = [read_trace(trace).workload.requests for trace in traces or ()]
             task = bar.add_task("probing", total=100)
-            probe = probe_specs(SpecCostStore(folder), host_id, backend, vocab, requests, n=specs, workers=workers,
+            probe = probe_specs(SpecCostStore(folder), host_id, backend, vocab, [r for w in workloads for r in w],
+                                n=specs, workers=workers, sequences=workloads if order else (),
                                 progress=lambda stage, done: bar.update(task, description=stage, completed=100 * done))
     except SpecProbeError as exc:
         raise fail(str(exc)) from None
@@ -102,4 +111,7 @@ def _probe(folder: Path, host_id: str, out: Path | None, traces: list[Path] | No
         f"not measured ({len(probe.walks)} stored texts walked: give --trace of the run that measured them)"
     console.print(f"compile {probe.compile.describe('specs')} (summed: × {probe.compile_total:.3f}); fill {fill}",
                   highlight=False)
+    if probe.compile_order is not None:
+        console.print(f"in run order ({len(probe.sequences)} sequences): compile "
+                      f"{probe.compile_order.describe('specs')}", highlight=False)
     console.print(f"probe: {out}  (--set costs.spec_host_scale={PROBE_PREFIX}{out})", highlight=False)

@@ -14,12 +14,15 @@ from datetime import UTC, datetime
 from cdbench.harness.costs.spec_costs import (
     SpecCostSettings,
     SpecToMeasure,
+    measure_sequence,
     measure_specs,
+    run_order,
 )
 from cdbench.harness.costs.spec_probe import (
     MIN_PROBE_SPECS,
     PROBE_SPECS,
     TEXTS_PER_SPEC,
+    ProbedSequence,
     ProbedSpec,
     ProbedWalk,
     ProbeScale,
@@ -35,6 +38,7 @@ from cdbench.harness.costs.spec_store import (
     SpecCostStore,
     backend_version,
     instance_base,
+    sequence_digest,
     spec_digest,
 )
 from cdbench.workloads.generator import original_of_copy
@@ -69,11 +73,32 @@ def _walk_sums(there: Sequence[float | None], here: Sequence[float | None]) -> t
     return len(both), sum(a for a, _ in both), sum(b for _, b in both)
 
 
+def probe_sequence(store: SpecCostStore, host_id: str, backend: str, vocab: str, requests: Sequence,
+                   settings: SpecCostSettings, progress: Callable[[str, float], None] | None = None
+                   ) -> ProbedSequence:
+    """Compile the run order of ``requests`` (a trace) here as the store compiled it on ``host_id``
+    (:func:`~cdbench.harness.costs.spec_costs.measure_sequence`, ``settings.measure_repeats`` times, into
+    ``settings``' store); :class:`SpecProbeError` when ``store`` holds no such sequence of that host."""
+    ordered = run_order(requests, backend, vocab)
+    digest = sequence_digest(backend, backend_version(backend), vocab, {}, [o.spec for o in ordered])
+    there = next((e for e in store.sequences(digest) if e.host.id == host_id), None)
+    if there is None:
+        raise SpecProbeError(f"{store.root}: no run-order sequence of host {host_id} for the trace's {len(ordered)} "
+                             f"specs ({backend} {backend_version(backend)} on {vocab}, sequence {digest}); a model "
+                             "run of that trace on that host measures one")
+    here = measure_sequence([o.spec for o in ordered], backend, {}, vocab, settings, progress)
+    return ProbedSequence(digest=digest, specs=[
+        ProbedSpec(digest=o.digest, label=o.label, there_s=a, here_s=b if a is not None else None)
+        for o, a, b in zip(ordered, there.compile_s, here.compile_s, strict=True) if a is not None])
+
+
 def probe_specs(store: SpecCostStore, host_id: str, backend: str, vocab: str, requests: Sequence = (),
                 n: int = PROBE_SPECS, workers: int | None = None, timeout_s: float = 60.0,
-                progress: Callable[[str, float], None] | None = None) -> SpecProbe:
+                progress: Callable[[str, float], None] | None = None,
+                sequences: Sequence[Sequence] = ()) -> SpecProbe:
     """Compile :func:`choose_specs` of ``host_id``'s entries in ``store`` here, walk the stored texts of
-    them that ``requests`` (a trace of the run that measured them) holds, and return the probe
+    them that ``requests`` (a trace of the run that measured them) holds, compile each of ``sequences``
+    (traces) in run order (:func:`probe_sequence`), and return the probe
     (:class:`~cdbench.harness.costs.spec_probe.SpecProbe`).
 
     Measured with :func:`~cdbench.harness.costs.spec_costs.measure_specs` into a scratch store, so ``store`` is left as it was."""
@@ -91,6 +116,7 @@ def probe_specs(store: SpecCostStore, host_id: str, backend: str, vocab: str, re
         if outcome.impossible is not None:
             raise SpecProbeError(f"cannot measure {backend} here: {outcome.impossible[:300]}")
         here = {e.digest: next(iter(SpecCostStore(scratch).entries(e.digest)), None) for e in chosen}
+        probed = [probe_sequence(store, host_id, backend, vocab, trace, settings, progress) for trace in sequences]
     specs, walks = [], []
     for e in chosen:
         mine = here[e.digest]
@@ -110,13 +136,18 @@ def probe_specs(store: SpecCostStore, host_id: str, backend: str, vocab: str, re
                              f"compiled here; a probe needs {MIN_PROBE_SPECS}")
     fill = ProbeScale.of([w.here_s / w.there_s for w in walks]) if len(walks) >= MIN_PROBE_SPECS else None
     host = next(e.host for e in here.values() if e is not None)  # this host, as the scratch store recorded it
+    in_order = [s.here_s / s.there_s for sequence in probed for s in sequence.specs if s.here_s is not None]
+    if probed and len(in_order) < MIN_PROBE_SPECS:
+        raise SpecProbeError(f"{store.root}: {len(in_order)} specs of the probed sequences compiled on both hosts; "
+                             f"a probe needs {MIN_PROBE_SPECS}")
     return SpecProbe(store=str(store.root), backend=backend, backend_version=backend_version(backend), vocab=vocab,
                      measured_on=chosen[0].host, host=host, specs=specs, walks=walks,
                      compile=ProbeScale.of(compiled), fill=fill,
                      compile_total=sum(s.here_s for s in specs if s.here_s is not None)
                      / sum(s.there_s for s in specs if s.here_s is not None),
+                     sequences=probed, compile_order=ProbeScale.of(in_order) if probed else None,
                      measured=f"{datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}, {outcome.measured} specs in "
                               f"{outcome.wall_s:.1f} s")
 
 
-__all__ = ["probe_specs", "stored_texts"]
+__all__ = ["probe_sequence", "probe_specs", "stored_texts"]

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -397,6 +397,22 @@ def _run_specs(requests: Iterable, backend: str, version: str, vocab: str, optio
     return list(found.values())
 
 
+class OrderedSpec(NamedTuple):
+    """One spec of a run in its order: its label, its store digest and the spec the run compiles."""
+
+    label: str
+    digest: str
+    spec: ConstraintSpec
+
+
+def run_order(requests: Iterable, backend: str, vocab: str, options: Mapping[str, Any] | None = None
+              ) -> list[OrderedSpec]:
+    """The specs of ``requests`` in the order a run first meets them: the sequence whose compiles the store
+    keeps in run order (:func:`~.spec_store.sequence_digest` of their ``spec``\ s keys them)."""
+    return [OrderedSpec(s.label, s.digest, s.spec)
+            for s in _run_specs(requests, backend, backend_version(backend), vocab, options or {})]
+
+
 def _from_profile(profile: GrammarProfile, specs: list[_RunSpec], by_key: bool) -> None:
     """Price what ``profile`` measured: by content, and first by key when ``by_key`` (a profile the user
     named is trusted to describe the specs it names: a run's cache-distinct copy of a corpus item has
@@ -426,13 +442,14 @@ def _from_profile(profile: GrammarProfile, specs: list[_RunSpec], by_key: bool) 
 
 
 def _host_scales(host: HostInfo, target: HostInfo, probe: SpecHostScale | None,
-                 compile_s: float | None = None) -> tuple[float, float] | None:
+                 compile_s: float | None = None, in_order: bool = False) -> tuple[float, float] | None:
     """The (compile, fill) factors from ``host``'s seconds to ``target``'s: the probe's where it probed
     ``host`` (even one of ``target``'s id: lent hosts of one CPU model and core count share an id; its
-    compile factor at ``compile_s`` stored seconds), else the score ratio; ``None`` where ``host`` is
-    ``target`` and no probe scales it."""
+    compile factor at ``compile_s`` stored seconds, those of a compile in run order where ``in_order``),
+    else the score ratio; ``None`` where ``host`` is ``target`` and no probe scales it."""
     if probe is not None and host.id == probe.measured_on.id:
-        return probe.compile_factor(compile_s), probe.fill_scale()
+        factor = probe.order_factor(compile_s) if in_order else probe.compile_factor(compile_s)
+        return factor, probe.fill_scale()
     if host.id == target.id:
         return None
     ratio = time_scale(host, target)
@@ -624,7 +641,8 @@ def _in_run_order(specs: list[_RunSpec], backend: str, version: str, vocab: str,
     for s, seconds in zip(specs, entry.compile_s, strict=True):
         if seconds is not None and s.source.startswith("measured") and s.costs is not None \
                 and s.costs.status in (None, "ok"):
-            s.compile_in_order_s = seconds * (_host_scales(entry.host, target, probe, seconds) or (1.0, 1.0))[0]
+            s.compile_in_order_s = seconds * (_host_scales(entry.host, target, probe, seconds, in_order=True)
+                                              or (1.0, 1.0))[0]
     return how
 
 

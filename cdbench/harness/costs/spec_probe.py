@@ -26,6 +26,16 @@ probe compiling one spec at a time on a whole host prices a saturated engine's l
 the host with others, too short (``reports/spec_costs/out_of_sample.md``), so the default, ``median``,
 takes the one median ratio.
 
+A store prices xgrammar's compiles in run order (a :class:`~.spec_store.SequenceEntry`: the run's specs
+compiled one after another on one engine, which reuses work between them), and a spec compiled in a
+sequence does not scale between hosts as it does alone: on an H100 host's 16 cores, live runs compiled
+in the store's run order as fast as its 4 cores for small specs and 0.6x for large ones, where the same
+specs compiled alone took 0.75x and 0.32x (``reports/spec_costs/out_of_sample.md``, "A probe in run
+order"). A probe given traces with ``order`` therefore also compiles each trace's sequence here as the
+store did (:class:`ProbedSequence`), and a run's compiles in run order take that sequence's scale
+(:meth:`SpecHostScale.order_factor`): by size where ``by_size`` (the curve through every sequenced spec),
+else its median.
+
 >>> [round(q, 3) for q in _quantiles(4)]
 [0.125, 0.375, 0.625, 0.875]
 """
@@ -103,6 +113,15 @@ class ProbedWalk(BaseModel):
     here_s: float
 
 
+class ProbedSequence(BaseModel):
+    """A stored run-order sequence compiled again here: its store digest and each spec's seconds there and
+    here (:class:`ProbedSpec`, in the run's order; a spec that failed on either host has ``here_s`` ``None``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    digest: str
+    specs: list[ProbedSpec]
+
+
 class SpecProbe(BaseModel):
     """A probe's file (``cdbench host --probe-specs``): the store's host, this host, what was timed, the scales."""
 
@@ -121,6 +140,8 @@ class SpecProbe(BaseModel):
                                     "of its texts matched); fills then scale by the score ratio")
     compile_total: float = Field(gt=0, description="the compiled specs' seconds here over there, summed: the "
                                  "slow specs' ratio, beside the median's typical one")
+    sequences: list[ProbedSequence] = Field([], description="stored run-order sequences compiled again here")
+    compile_order: ProbeScale | None = Field(None, description="the sequences' specs' ratios; None: no sequence")
     measured: str
 
 
@@ -141,6 +162,12 @@ class SpecHostScale(BaseModel):
     compile_by_size: list[tuple[float, float]] = Field(
         [], description="(stored compile seconds, ratio) points a compile's factor is interpolated through "
         "(compile_curve); empty: every compile takes the median `compile.scale`")
+    compile_order: ProbeScale | None = Field(None, description="compiles in run order: the probed sequences' "
+                                             "scale; None: they take the compile factor")
+    order_by_size: list[tuple[float, float]] = Field(
+        [], description="(stored seconds in run order, ratio) points of the sequences' specs (compile_curve); "
+        "empty: the median `compile_order.scale`")
+    sequences: list[str] = Field([], description="the probed sequences' digests (checked against the run's store)")
 
     def compile_factor(self, there_s: float | None) -> float:
         """The factor of a compile that took ``there_s`` seconds on the probed host: the curve's value there
@@ -148,6 +175,16 @@ class SpecHostScale(BaseModel):
         if not self.compile_by_size or there_s is None or there_s <= 0:
             return self.compile.scale
         x, y = zip(*self.compile_by_size, strict=True)
+        return float(np.interp(math.log(there_s), np.log(x), y))
+
+    def order_factor(self, there_s: float | None) -> float:
+        """The factor of a compile in run order that took ``there_s`` seconds in the probed host's sequence:
+        the probed sequences' curve or median, else :meth:`compile_factor`."""
+        if self.compile_order is None:
+            return self.compile_factor(there_s)
+        if not self.order_by_size or there_s is None or there_s <= 0:
+            return self.compile_order.scale
+        x, y = zip(*self.order_by_size, strict=True)
         return float(np.interp(math.log(there_s), np.log(x), y))
 
     def fill_scale(self) -> float:
@@ -162,8 +199,14 @@ class SpecHostScale(BaseModel):
         if self.compile_by_size:
             (lo_s, lo), (hi_s, hi) = self.compile_by_size[0], self.compile_by_size[-1]
             compile_ = f"by size, × {lo:.3f} at {lo_s * 1e3:.3g} ms to × {hi:.3f} at {hi_s:.3g} s (median {compile_})"
+        order = ""
+        if self.compile_order is not None:
+            order = f", in run order {self.compile_order.describe('sequenced specs')}"
+            if self.order_by_size:
+                (lo_s, lo), (hi_s, hi) = self.order_by_size[0], self.order_by_size[-1]
+                order += f" by size (× {lo:.3f} at {lo_s * 1e3:.3g} ms to × {hi:.3f} at {hi_s:.3g} s)"
         return (f"specs measured on {self.measured_on.id} priced for {self.host.id} ({self.host.name}) by "
-                f"{self.source}: compile {compile_}, fill {fill}")
+                f"{self.source}: compile {compile_}{order}, fill {fill}")
 
     def check(self, backend: str, version: str, vocab: str, store: SpecCostStore) -> None:
         """:class:`SpecProbeError` naming the probe when it probed another backend, engine version or
@@ -177,6 +220,10 @@ class SpecHostScale(BaseModel):
                 what = "holds no entry" if entry is None else f"holds {entry.costs.compile_s} s, not {there} s,"
                 raise SpecProbeError(f"{self.source} probed another store: {store.root} {what} for spec {digest} "
                                      f"of host {self.measured_on.id}")
+        for digest in self.sequences:
+            if not any(e.host.id == self.measured_on.id for e in store.sequences(digest)):
+                raise SpecProbeError(f"{self.source} probed another store: {store.root} holds no run-order sequence "
+                                     f"{digest} of host {self.measured_on.id}")
 
 
 def _quantiles(n: int) -> list[float]:
@@ -238,12 +285,16 @@ def read_probe(path: str | Path, by_size: bool = False) -> SpecHostScale:
     path = Path(path)
     source = f"{PROBE_PREFIX}{path}"
     probe = read_probe_file(path, SpecProbe, source, "spec-cost probe", SpecProbeError)
+    sequenced = [s for sequence in probe.sequences for s in sequence.specs]
     return SpecHostScale(source=source, backend=probe.backend, backend_version=probe.backend_version,
                          vocab=probe.vocab, measured_on=probe.measured_on, host=probe.host, compile=probe.compile,
                          fill=probe.fill, there={s.digest: s.there_s for s in probe.specs},
-                         compile_by_size=compile_curve(probe.specs) if by_size else [])
+                         compile_by_size=compile_curve(probe.specs) if by_size else [],
+                         compile_order=probe.compile_order,
+                         order_by_size=compile_curve(sequenced) if by_size and probe.compile_order else [],
+                         sequences=[s.digest for s in probe.sequences])
 
 
-__all__ = ["MIN_PROBE_SPECS", "PROBE_PREFIX", "PROBE_SPECS", "TEXTS_PER_SPEC", "ProbeScale", "ProbedSpec", "ProbedWalk",
-           "SpecHostScale", "SpecProbe", "SpecProbeError", "choose_specs", "compile_curve", "entry_spec", "host_entries",
-           "read_probe"]
+__all__ = ["MIN_PROBE_SPECS", "PROBE_PREFIX", "PROBE_SPECS", "TEXTS_PER_SPEC", "ProbeScale", "ProbedSequence",
+           "ProbedSpec", "ProbedWalk", "SpecHostScale", "SpecProbe", "SpecProbeError", "choose_specs", "compile_curve",
+           "entry_spec", "host_entries", "read_probe"]

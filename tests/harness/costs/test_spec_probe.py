@@ -217,6 +217,48 @@ def test_a_run_order_sequence_of_the_probed_host_takes_the_compile_scale(stored)
     assert compiles == pytest.approx([0.015, 0.003, 0.006])
 
 
+def test_compiles_in_run_order_take_the_probed_sequences_scale_and_alone_ones_the_specs(stored):
+    store, there, requests, digests = stored
+    sequence = sequence_digest("xgrammar", "0.2.8", "cl100k", {}, [r.spec for r in requests])
+    store.put_sequence(SequenceEntry(digest=sequence, backend="xgrammar", backend_version="0.2.8", vocab="cl100k",
+                                     host=there, compile_s=[0.010, 0.002, None], measured="test"))
+    scale = _scale(there, _host("other", 0.9), digests).model_copy(update={
+        "compile_order": ProbeScale(scale=0.8, spread=0.1, count=5), "sequences": [sequence]})
+    profile, coverage = _price(store, requests, spec_host_scale=scale)
+    compiles = [profile.specs[spec_key_hash(f"regex:r/{i}")].compile_s for i in range(3)]
+    assert compiles == pytest.approx([0.010 * 0.8, 0.002 * 0.8, 0.004 * 1.5])  # the failed one: alone, x 1.5
+    assert "in run order × 0.800 (±0.100, 5 sequenced specs)" in coverage.host_probe
+    by_size = scale.model_copy(update={"order_by_size": [(0.001, 1.0), (0.002, 1.0), (0.010, 0.5), (0.02, 0.5)]})
+    profile, _ = _price(store, requests, spec_host_scale=by_size)
+    compiles = [profile.specs[spec_key_hash(f"regex:r/{i}")].compile_s for i in range(3)]
+    assert compiles == pytest.approx([0.010 * 0.5, 0.002 * 1.0, 0.004 * 1.5])
+    with pytest.raises(SpecCostsError, match=r"probed another store: .* holds no run-order sequence 0+ of host lent"):
+        _price(store, requests, spec_host_scale=scale.model_copy(update={"sequences": ["0" * 32]}))
+
+
+def test_a_probe_in_run_order_compiles_the_traces_stored_sequence_here(probed):
+    root, _, _, _, _ = probed
+    store = SpecCostStore(root / "store")
+    host_id = next((root / "store" / "hosts").glob("*.json")).stem
+    out = root / "probe_order.json"
+    args = ["host", "--store", str(root / "store"), "--probe-specs", host_id, "--backend", "xgrammar", "--vocab",
+            "cl100k", "--specs", "6", "--workers", "1", "--out", str(out)]
+    refused = runner.invoke(app, [*args, "--order"])
+    assert refused.exit_code != 0 and "--order compiles each --trace's specs in run order" in refused.output
+    result = runner.invoke(app, [*args, "--trace", str(root / "trace.jsonl"), "--order"])
+    assert result.exit_code == 0, result.output
+    probe = SpecProbe.model_validate_json(out.read_text())
+    [sequence] = probe.sequences
+    [stored] = store.sequences(sequence.digest)  # the model run's sequence, compiled again here
+    assert [s.there_s for s in sequence.specs] == [t for t in stored.compile_s if t is not None]
+    assert all(s.here_s is not None for s in sequence.specs) and len(sequence.specs) == len(stored.compile_s) == 24
+    assert probe.compile_order == ProbeScale.of([s.here_s / s.there_s for s in sequence.specs])
+    assert "in run order (1 sequences)" in result.output
+    scale = read_probe(out, by_size=True)
+    assert scale.sequences == [sequence.digest] and scale.order_by_size == compile_curve(sequence.specs)
+    assert read_probe(out).order_by_size == [] and read_probe(out).compile_order == probe.compile_order
+
+
 def _probed(there_s: float, ratio: float) -> ProbedSpec:
     return ProbedSpec(digest=f"d{there_s}", label="", there_s=there_s, here_s=there_s * ratio)
 
