@@ -49,7 +49,7 @@ import gc
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import islice
+from itertools import islice, repeat
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -71,7 +71,12 @@ from cdbench.harness.executors.base import (
     StepWork,
     constant_ints,
 )
-from cdbench.harness.kv_cache import KVCache, kv_step_columns
+from cdbench.harness.kv_cache import (
+    SGLANG_MIN_NEW_TOKEN_RATIO,
+    SGLANG_NEW_TOKEN_RATIO_DECAY,
+    KVCache,
+    kv_step_columns,
+)
 from cdbench.harness.metrics import LogHistogram
 from cdbench.harness.policies import SchedulerConfig
 from cdbench.harness.readiness import blocking_poll, check, idle_repeats
@@ -208,6 +213,13 @@ class Scheduler:
         self._next_arrival = 0
         self._in_flight = 0
         self._idle = True
+        # whether runs of identical decode steps may be taken at once (_decode_run): not where a step's draws,
+        # rows' tokens or KV bookkeeping vary in ways the run does not follow
+        kv = self.kv
+        self._runs = (live is None and not config.spec_tokens and not config.jump_forward
+                      and config.mask_apply == "batched" and not self.pricer.fill_jitter
+                      and (kv is None or (kv.max_seqs is None
+                                          and (kv.policy == "vllm" or (kv.policy == "sglang" and kv.block == 1)))))
 
     # ------------------------------------------------------------------ driver
 
@@ -249,14 +261,20 @@ class Scheduler:
                     self._idle = False
                     q.push(t, EventKind.ITERATION)
             else:
-                duration = self._iterate(t)
-                if duration is None:
-                    self._idle = True
+                run = self._decode_run(t) if self._runs else None
+                if run is not None:  # identical decode steps, taken at once
+                    end, steps = run
+                    q.push(end, EventKind.ITERATION)
                 else:
-                    q.push(t + duration, EventKind.ITERATION)
-                iterations += 1
-                if self.on_progress is not None and iterations % 256 == 0:
+                    duration = self._iterate(t)
+                    if duration is None:
+                        self._idle = True
+                    else:
+                        q.push(t + duration, EventKind.ITERATION)
+                    steps = 1
+                if self.on_progress is not None and (iterations + steps) >> 8 != iterations >> 8:
                     self.on_progress(self.ended)
+                iterations += steps
         if self.on_progress is not None:
             self.on_progress(self.ended)
         if next(self._incoming, None) is not None:
@@ -599,6 +617,104 @@ class Scheduler:
         self._record(t, plan, work, cost, sync, has_grammar, carry, stretch)
         return cost.duration
 
+    def _decode_run(self, t: float) -> tuple[float, int] | None:
+        """From ``t``, the iterations that are identical decode steps of the running batch, taken at once:
+        ``(time of the iteration after them, how many)``, or ``None`` (the iteration at ``t`` runs alone).
+
+        Such a run is every row decoding one token a step, nothing waiting or compiling in the grammar queue,
+        no thinking rows, and it stops before the first step where anything else could happen: a row's last
+        token, a grammar that ends or refuses a token (the executor's :meth:`GrammarExecutor.decode_run`), the
+        KV cache's blocks running out, the next event (an arrival), or the host's count of running compiles
+        changing. Between those, each step's costs follow from the rows' positions and context, so the steps
+        are priced as arrays (:meth:`StepPricer.price_decode_run`) and their records written as the steps one
+        by one write them: the step log's rows, the histograms (binned at the same steps), the counters.
+        """
+        batch = self.batch
+        n = len(batch)
+        if not n or self.grammar_queue or self.waiting or _any(batch.prefill_left) or _any(batch.think_left):
+            return None
+        tl = self.timeline
+        if tl is not None and tl.recording:
+            return None
+        steps = min(int(batch.gen_left.min()) - 1, _RUN)  # the steps before a row's last token
+        if steps < _MIN_RUN:
+            return None
+        cached = int(_sum(batch.cached))
+        kv = self.kv
+        if kv is not None and kv.policy == "sglang":  # (blocks of one token) a step needs one free token a row
+            steps = min(steps, (kv.blocks - cached) // n)
+            if steps < _MIN_RUN:
+                return None
+        if self._host is not None:  # (as the iteration would count them first)
+            if t >= self._counted_until or self.pools.assigned != self._counted_assigned:
+                self._count_compiles(t)
+            stretch = self._stretch
+            until = min(self.queue.peek_time(), self._counted_until)
+        else:
+            stretch = 1.0
+            until = self.queue.peek_time()
+        rid = batch.rid
+        structured = self.rec.structured[rid]
+        run = self.executor.decode_run(rid, structured, batch.gen_left, steps)
+        if run is None or run.steps < _MIN_RUN:
+            return None
+        steps = run.steps
+        at = np.arange(steps)
+        context = cached + n * at  # the rows' context at each step: one token more a row a step
+        if kv is not None and kv.policy == "vllm":  # each row allocates the blocks of its next token
+            used = _sum((batch.cached + kv.block + at[:, None]) // kv.block, axis=1)
+            fits = int(np.searchsorted(used > kv.blocks, True))  # (used grows step by step)
+            if fits < _MIN_RUN:
+                return None
+            steps, at, context, used = fits, at[:fits], context[:fits], used[:fits] * kv.block
+        elif kv is not None:
+            used = context + n
+        cfg = self.cfg
+        # the loop's batch forming as the iteration prices it; the first step also pays the work done at events
+        schedule = np.full(steps, cfg.schedule_s * stretch)
+        schedule[0] = (cfg.schedule_s + self._carry_cpu_s) * stretch
+        if cfg.schedule_row_s:
+            schedule += cfg.schedule_row_s * n * stretch
+        has_grammar = bool(_any(structured))
+        cost = self.pricer.price_decode_run(n, schedule, self._carry_process_s, run.fill_s[:steps],
+                                            run.process_s[:steps], context, not cfg.overlap, has_grammar, stretch)
+        starts = np.cumsum(np.concatenate(([t], cost.duration)))  # (sequential adds: each start as the loop adds it)
+        k = 1 + int(np.searchsorted(starts[1:steps], until))  # steps that start before the next event
+        starts = starts[:k + 1]
+        t_token = starts[1:] - np.broadcast_to(cost.after_token, steps)[:k]
+        itl = np.empty(k * n)
+        itl[:n] = t_token[0] - batch.last_tok
+        itl[n:] = np.repeat(np.diff(t_token), n)
+        self.itl.add_steps(itl, n)
+        batch.gen_left -= k
+        batch.cached += k
+        batch.last_tok[:] = t_token[-1]
+        self.tallies.add([rid, np.full(n, k, np.int64)], n * k)
+        fill = run.fill_s[:k]
+        grammar_rows = fill.shape[1]
+        if grammar_rows:
+            self.fill_hist.add_steps(fill.ravel(), grammar_rows, np.ones(k * grammar_rows, np.int64))
+        if kv is None:
+            kv_used, evicted = repeat(0), repeat(0)
+        else:
+            kv_used, evicted = used[:k].tolist(), repeat(0)
+            kv.free = kv.blocks - int(used[k - 1]) // kv.block
+            kv.settled, kv.evicted = True, 0
+            if kv.policy == "sglang":
+                for _ in range(k):  # (decayed step by step, as the steps round it)
+                    kv.ratio = max(kv.ratio - SGLANG_NEW_TOKEN_RATIO_DECAY, SGLANG_MIN_NEW_TOKEN_RATIO)
+        self._carry_process_s = float(np.broadcast_to(cost.carry_out, steps)[k - 1])
+        self._carry_cpu_s = 0.0
+        c = cost
+        self.steps.rows.extend(zip(
+            starts[:k].tolist(), c.duration[:k].tolist(), repeat(_KIND_DECODE), repeat(n), repeat(n), repeat(0),
+            repeat(grammar_rows), repeat(c.mask_rows), repeat(n), schedule[:k].tolist(), repeat(0.0), repeat(0.0),
+            repeat(0.0), c.forward_s[:k].tolist(), c.fill_s[:k].tolist(), repeat(c.copy_s), repeat(c.apply_s),
+            repeat(c.sample_s), c.process_s[:k].tolist(), np.broadcast_to(c.exposed, steps)[:k].tolist(),
+            np.broadcast_to(c.hidden, steps)[:k].tolist(), repeat(c.transfer_s), repeat(c.launch_s), repeat(n),
+            context[:k].tolist(), repeat(stretch), kv_used, evicted))
+        return float(starts[k]), k
+
     def _count_compiles(self, t: float) -> None:
         """Count the compiles running at ``t`` and the stretch of the loop's CPU work they make."""
         pools = self.pools
@@ -802,6 +918,9 @@ def _enter(rec: RequestTable, at: slice | np.ndarray, chunk: list[Request], last
                          "time")
     return float(arrivals[-1])
 
+
+_MIN_RUN = 2  # identical decode steps worth taking at once (_decode_run)
+_RUN = 64  # the most taken at once (more are the next run's): steps priced past the next event are priced in vain
 
 _SLOTS = 1 << 12  # request slots a scheduler reusing them starts with
 _AHEAD = 1 << 8  # requests entered into their slots at a time, ahead of their issue
