@@ -622,12 +622,13 @@ class Scheduler:
         ``(time of the iteration after them, how many)``, or ``None`` (the iteration at ``t`` runs alone).
 
         Such a run is every row decoding one token a step, nothing waiting or compiling in the grammar queue,
-        no thinking rows, and it stops before the first step where anything else could happen: a row's last
-        token, a grammar that ends or refuses a token (the executor's :meth:`GrammarExecutor.decode_run`), the
-        KV cache's blocks running out, the next event (an arrival), or the host's count of running compiles
-        changing. Between those, each step's costs follow from the rows' positions and context, so the steps
-        are priced as arrays (:meth:`StepPricer.price_decode_run`) and their records written as the steps one
-        by one write them: the step log's rows, the histograms (binned at the same steps), the counters.
+        no thinking rows. It ends with the first step where a row emits its last token (those rows then leave,
+        as after any step), and stops before one where anything else could happen: a grammar that ends or
+        refuses a token (the executor's :meth:`GrammarExecutor.decode_run`), the KV cache's blocks running
+        out, the next event (an arrival), or the host's count of running compiles changing. Between those,
+        each step's costs follow from the rows' positions and context, so the steps are priced as arrays
+        (:meth:`StepPricer.price_decode_run`) and their records written as the steps one by one write them:
+        the step log's rows, the histograms (binned at the same steps), the counters.
         """
         batch = self.batch
         n = len(batch)
@@ -636,7 +637,7 @@ class Scheduler:
         tl = self.timeline
         if tl is not None and tl.recording:
             return None
-        steps = min(int(batch.gen_left.min()) - 1, _RUN)  # the steps before a row's last token
+        steps = min(int(batch.gen_left.min()), _RUN)  # up to a row's last token
         if steps < _MIN_RUN:
             return None
         cached = int(_sum(batch.cached))
@@ -681,10 +682,11 @@ class Scheduler:
         starts = np.cumsum(np.concatenate(([t], cost.duration)))  # (sequential adds: each start as the loop adds it)
         k = 1 + int(np.searchsorted(starts[1:steps], until))  # steps that start before the next event
         starts = starts[:k + 1]
-        t_token = starts[1:] - np.broadcast_to(cost.after_token, steps)[:k]
+        after = cost.after_token  # (step_time's fields are arrays, or one value for every step)
+        t_token = starts[1:] - (after[:k] if isinstance(after, np.ndarray) else after)
         itl = np.empty(k * n)
         itl[:n] = t_token[0] - batch.last_tok
-        itl[n:] = np.repeat(np.diff(t_token), n)
+        itl[n:] = (t_token[1:] - t_token[:-1]).repeat(n)
         self.itl.add_steps(itl, n)
         batch.gen_left -= k
         batch.cached += k
@@ -703,15 +705,19 @@ class Scheduler:
             if kv.policy == "sglang":
                 for _ in range(k):  # (decayed step by step, as the steps round it)
                     kv.ratio = max(kv.ratio - SGLANG_NEW_TOKEN_RATIO_DECAY, SGLANG_MIN_NEW_TOKEN_RATIO)
-        self._carry_process_s = float(np.broadcast_to(cost.carry_out, steps)[k - 1])
+        done = batch.gen_left <= 0
+        if _any(done):  # (the run's last step) rows that emitted their last token leave
+            self._leave(slice(None), rid, done, None, float(t_token[-1]))
+        carry = cost.carry_out
+        self._carry_process_s = float(carry[k - 1]) if isinstance(carry, np.ndarray) else carry
         self._carry_cpu_s = 0.0
         c = cost
         self.steps.rows.extend(zip(
             starts[:k].tolist(), c.duration[:k].tolist(), repeat(_KIND_DECODE), repeat(n), repeat(n), repeat(0),
             repeat(grammar_rows), repeat(c.mask_rows), repeat(n), schedule[:k].tolist(), repeat(0.0), repeat(0.0),
             repeat(0.0), c.forward_s[:k].tolist(), c.fill_s[:k].tolist(), repeat(c.copy_s), repeat(c.apply_s),
-            repeat(c.sample_s), c.process_s[:k].tolist(), np.broadcast_to(c.exposed, steps)[:k].tolist(),
-            np.broadcast_to(c.hidden, steps)[:k].tolist(), repeat(c.transfer_s), repeat(c.launch_s), repeat(n),
+            repeat(c.sample_s), c.process_s[:k].tolist(), c.exposed[:k].tolist(),
+            c.hidden[:k].tolist(), repeat(c.transfer_s), repeat(c.launch_s), repeat(n),
             context[:k].tolist(), repeat(stretch), kv_used, evicted))
         return float(starts[k]), k
 
@@ -798,22 +804,29 @@ class Scheduler:
             done |= work.ended
         rejected = work.rejected if cfg.abort_on_reject else None
         if rejected is not None or _any(done):
-            if rejected is not None:
-                for rid in s_rid[rejected].tolist():
-                    self._abort(rid, "grammar_rejected", t_token)
-                done &= ~rejected
-            finished = s_rid[done]
-            rec.finish_s[finished] = t_token
-            for rid in finished.tolist():
-                self.executor.finish(rid)
-                self._end(rid, t_token)
-            left = done if rejected is None else done | rejected  # per sampled row
-            if isinstance(s_rows, slice):  # the sampled rows are the whole batch, in order
-                gone = left
-            else:
-                gone = np.zeros(len(batch), bool)
-                gone[s_rows[left]] = True
-            batch.keep((~gone).nonzero()[0])
+            self._leave(s_rows, s_rid, done, rejected, t_token)
+
+    def _leave(self, s_rows: slice | np.ndarray, s_rid: np.ndarray, done: np.ndarray, rejected: np.ndarray | None,
+               t_token: float) -> None:
+        """The sampled rows ``s_rows`` (requests ``s_rid``) that are ``done`` finish at ``t_token``, those whose token
+        the grammar ``rejected`` abort, and both leave the batch."""
+        batch = self.batch
+        if rejected is not None:
+            for rid in s_rid[rejected].tolist():
+                self._abort(rid, "grammar_rejected", t_token)
+            done &= ~rejected
+        finished = s_rid[done]
+        self.rec.finish_s[finished] = t_token
+        for rid in finished.tolist():
+            self.executor.finish(rid)
+            self._end(rid, t_token)
+        left = done if rejected is None else done | rejected  # per sampled row
+        if isinstance(s_rows, slice):  # the sampled rows are the whole batch, in order
+            gone = left
+        else:
+            gone = np.zeros(len(batch), bool)
+            gone[s_rows[left]] = True
+        batch.keep((~gone).nonzero()[0])
 
     def _record(self, t: float, plan: StepPlan, work: StepWork, cost: StepCost, sync: bool, has_grammar: bool,
                 carry: float, stretch: float) -> None:
@@ -919,7 +932,7 @@ def _enter(rec: RequestTable, at: slice | np.ndarray, chunk: list[Request], last
     return float(arrivals[-1])
 
 
-_MIN_RUN = 2  # identical decode steps worth taking at once (_decode_run)
+_MIN_RUN = 1  # identical decode steps worth taking at once (_decode_run)
 _RUN = 64  # the most taken at once (more are the next run's): steps priced past the next event are priced in vain
 
 _SLOTS = 1 << 12  # request slots a scheduler reusing them starts with

@@ -297,7 +297,7 @@ class GrammarExecutor(ABC):
 
     def decode_run(self, rid: np.ndarray, grammar: np.ndarray, gen_left: np.ndarray, steps: int) -> DecodeRun | None:
         """Up to ``steps`` decode steps of rows ``rid`` (``grammar``: their grammar is active; ``gen_left``: their
-        tokens left, each more than ``steps``) without drafts, thinking or forced tokens, taken at once: what
+        tokens left, each at least ``steps``) without drafts, thinking or forced tokens, taken at once: what
         :meth:`step` gives for each, or ``None`` where the executor cannot take them at once (then it is
         asked step by step). A run stops before a step where a row's grammar ends or refuses its token."""
         return None
