@@ -60,7 +60,7 @@ from cdbench.harness.batch import RunningBatch
 from cdbench.harness.collectives import RankAgreement
 from cdbench.harness.compile_service import CompilePools, GrammarCache
 from cdbench.harness.contention import HostCores
-from cdbench.harness.costs.gpu import GpuCosts
+from cdbench.harness.costs.gpu import FixedGpuCosts, GpuCosts, RooflineGpuCosts
 from cdbench.harness.events import EventKind, EventQueue
 from cdbench.harness.executors.base import (
     CompileOutcome,
@@ -216,7 +216,8 @@ class Scheduler:
         # whether runs of identical decode steps may be taken at once (_decode_run): not where a step's draws,
         # rows' tokens or KV bookkeeping vary in ways the run does not follow
         kv = self.kv
-        self._runs = (live is None and not config.spec_tokens and not config.jump_forward
+        self._runs = (live is None and isinstance(gpu, RooflineGpuCosts | FixedGpuCosts)  # (priced, not measured)
+                      and not config.spec_tokens and not config.jump_forward
                       and config.mask_apply == "batched" and not self.pricer.fill_jitter
                       and (kv is None or (kv.max_seqs is None
                                           and (kv.policy == "vllm" or (kv.policy == "sglang" and kv.block == 1)))))
