@@ -680,7 +680,10 @@ class Scheduler:
         has_grammar = bool(_any(structured))
         cost = self.pricer.price_decode_run(n, schedule, self._carry_process_s, run.fill_s[:steps],
                                             run.process_s[:steps], context, not cfg.overlap, has_grammar, stretch)
-        starts = np.cumsum(np.concatenate(([t], cost.duration)))  # (sequential adds: each start as the loop adds it)
+        starts = np.empty(steps + 1)
+        starts[0] = t
+        starts[1:] = cost.duration
+        np.cumsum(starts, out=starts)  # (sequential adds: each start as the loop adds it)
         k = 1 + int(np.searchsorted(starts[1:steps], until))  # steps that start before the next event
         starts = starts[:k + 1]
         after = cost.after_token  # (step_time's fields are arrays, or one value for every step)

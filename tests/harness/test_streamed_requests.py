@@ -195,11 +195,14 @@ def test_decode_runs_of_a_replayed_trace_are_the_steps_one_by_one(tmp_path, monk
 
 @pytest.mark.parametrize("model", ["qwen3-8b", "qwen3-30b-a3b", "qwen3.5-35b-a3b"])
 def test_forwards_priced_at_once_are_each_priced_alone(model):
-    gpu = RunConfig.model_validate({"costs": {"model": model, "gpu": "h100-sxm"}}).costs.gpu_costs(1000)
+    costs = RunConfig.model_validate({"costs": {"model": model, "gpu": "h100-sxm"}}).costs
+    together, alone = costs.gpu_costs(1000), costs.gpu_costs(1000)  # (each its own memo of priced steps)
     context = np.arange(0, 400_000, 997)
     for rows in (1, 3, 8, 47, 300):
-        assert gpu.decode_forward_s(rows, context).tolist() == \
-            [gpu.forward_s(np.zeros(0), np.zeros(0), rows, c) for c in context.tolist()]
+        each = [alone.forward_s(np.zeros(0), np.zeros(0), rows, c) for c in context.tolist()]
+        assert together.forward.decode_step_s(rows, context).tolist() == each
+        assert together.decode_forward_s(rows, context[::2]).tolist() == each[::2]  # half of them remembered
+        assert together.decode_forward_s(rows, context).tolist() == each
     fixed = FixedGpuCosts(forward_base_s=0.003, decode_row_s=1e-5, kv_token_s=3e-9)
     assert fixed.decode_forward_s(5, context).tolist() == \
         [fixed.forward_s(np.zeros(0), np.zeros(0), 5, c) for c in context.tolist()]

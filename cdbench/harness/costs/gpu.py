@@ -136,7 +136,17 @@ class RooflineGpuCosts:
         return self.forward.step_s(tokens, pairs, decode_rows, decode_kv_tokens, len(prefill_chunks))
 
     def decode_forward_s(self, decode_rows: int, decode_kv_tokens: np.ndarray) -> np.ndarray:
-        return self.forward.decode_step_s(decode_rows, decode_kv_tokens)
+        memo = self._decode  # (forward_s's: the same values, priced one at a time or together)
+        keys = decode_kv_tokens.tolist()
+        values = [memo.get((decode_rows, kv)) for kv in keys]
+        if None in values:
+            missing = [i for i, value in enumerate(values) if value is None]
+            if len(memo) + len(missing) > self.DECODE_MEMO:
+                memo.clear()
+            priced = self.forward.decode_step_s(decode_rows, decode_kv_tokens[missing]).tolist()
+            for i, value in zip(missing, priced):
+                values[i] = memo[(decode_rows, keys[i])] = value
+        return np.array(values)
 
     def draft_s(self, rows: int, drafts: int, kv_tokens: int) -> float:
         return self.forward.mtp_draft_s(rows, drafts, kv_tokens)
