@@ -41,6 +41,12 @@ iteration at virtual time ``t`` runs these phases (:meth:`Scheduler._iterate`):
 
 Per-request Python runs only at events (arrival, release, admission, finish, abort); everything per
 token is a numpy operation over the running batch, which is kept as a struct of arrays.
+
+Between events most iterations are the same decode step again: every row decodes one token, nothing
+waits or compiles, and only the rows' positions and context move. Such a run of steps is taken at once
+(:meth:`Scheduler._decode_run`: the executor's fills, the pricing and the records of each step as arrays
+over the steps), up to the step where a row emits its last token, and never past the next event; the
+steps are the ones the iterations above give, value for value. Every other iteration runs the phases.
 """
 
 from __future__ import annotations
