@@ -72,6 +72,18 @@ class LogHistogram:
         if self._buffered >= self.BUFFER:
             self._flush()
 
+    def add_steps(self, values: np.ndarray, per_step: int, weights: np.ndarray | None = None) -> None:
+        """:meth:`add` of consecutive steps' values at once, ``per_step`` a step in step order: binned where
+        the steps added one by one are (what is binned together is summed together, so the sums do not
+        change)."""
+        at = 0
+        while per_step and len(values) - at + self._buffered >= self.BUFFER:
+            end = at + -(-(self.BUFFER - self._buffered) // per_step) * per_step  # the step that fills the buffer
+            self.add(values[at:end], None if weights is None else weights[at:end])
+            at = end
+        if at < len(values):
+            self.add(values[at:], None if weights is None else weights[at:])
+
     def _bins(self, values: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Each value's bin, computed in ``out`` (a float row as long as ``values``)."""
         v = np.maximum(values, 10.0**self.LOW, out=out)

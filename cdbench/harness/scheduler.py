@@ -41,6 +41,12 @@ iteration at virtual time ``t`` runs these phases (:meth:`Scheduler._iterate`):
 
 Per-request Python runs only at events (arrival, release, admission, finish, abort); everything per
 token is a numpy operation over the running batch, which is kept as a struct of arrays.
+
+Between events most iterations are the same decode step again: every row decodes one token, nothing
+waits or compiles, and only the rows' positions and context move. Such a run of steps is taken at once
+(:meth:`Scheduler._decode_run`: the executor's fills, the pricing and the records of each step as arrays
+over the steps), up to the step where a row emits its last token, and never past the next event; the
+steps are the ones the iterations above give, value for value. Every other iteration runs the phases.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ import gc
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import islice
+from itertools import islice, repeat
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -60,7 +66,7 @@ from cdbench.harness.batch import RunningBatch
 from cdbench.harness.collectives import RankAgreement
 from cdbench.harness.compile_service import CompilePools, GrammarCache
 from cdbench.harness.contention import HostCores
-from cdbench.harness.costs.gpu import GpuCosts
+from cdbench.harness.costs.gpu import FixedGpuCosts, GpuCosts, RooflineGpuCosts
 from cdbench.harness.events import EventKind, EventQueue
 from cdbench.harness.executors.base import (
     CompileOutcome,
@@ -71,7 +77,12 @@ from cdbench.harness.executors.base import (
     StepWork,
     constant_ints,
 )
-from cdbench.harness.kv_cache import KVCache, kv_step_columns
+from cdbench.harness.kv_cache import (
+    SGLANG_MIN_NEW_TOKEN_RATIO,
+    SGLANG_NEW_TOKEN_RATIO_DECAY,
+    KVCache,
+    kv_step_columns,
+)
 from cdbench.harness.metrics import LogHistogram
 from cdbench.harness.policies import SchedulerConfig
 from cdbench.harness.readiness import blocking_poll, check, idle_repeats
@@ -208,6 +219,14 @@ class Scheduler:
         self._next_arrival = 0
         self._in_flight = 0
         self._idle = True
+        # whether runs of identical decode steps may be taken at once (_decode_run): not where a step's draws,
+        # rows' tokens or KV bookkeeping vary in ways the run does not follow
+        kv = self.kv
+        self._runs = (live is None and isinstance(gpu, RooflineGpuCosts | FixedGpuCosts)  # (priced, not measured)
+                      and not config.spec_tokens and not config.jump_forward
+                      and config.mask_apply == "batched" and not self.pricer.fill_jitter
+                      and (kv is None or (kv.max_seqs is None
+                                          and (kv.policy == "vllm" or (kv.policy == "sglang" and kv.block == 1)))))
 
     # ------------------------------------------------------------------ driver
 
@@ -249,14 +268,20 @@ class Scheduler:
                     self._idle = False
                     q.push(t, EventKind.ITERATION)
             else:
-                duration = self._iterate(t)
-                if duration is None:
-                    self._idle = True
+                run = self._decode_run(t) if self._runs else None
+                if run is not None:  # identical decode steps, taken at once
+                    end, steps = run
+                    q.push(end, EventKind.ITERATION)
                 else:
-                    q.push(t + duration, EventKind.ITERATION)
-                iterations += 1
-                if self.on_progress is not None and iterations % 256 == 0:
+                    duration = self._iterate(t)
+                    if duration is None:
+                        self._idle = True
+                    else:
+                        q.push(t + duration, EventKind.ITERATION)
+                    steps = 1
+                if self.on_progress is not None and (iterations + steps) >> 8 != iterations >> 8:
                     self.on_progress(self.ended)
+                iterations += steps
         if self.on_progress is not None:
             self.on_progress(self.ended)
         if next(self._incoming, None) is not None:
@@ -599,6 +624,113 @@ class Scheduler:
         self._record(t, plan, work, cost, sync, has_grammar, carry, stretch)
         return cost.duration
 
+    def _decode_run(self, t: float) -> tuple[float, int] | None:
+        """From ``t``, the iterations that are identical decode steps of the running batch, taken at once:
+        ``(time of the iteration after them, how many)``, or ``None`` (the iteration at ``t`` runs alone).
+
+        Such a run is every row decoding one token a step, nothing waiting or compiling in the grammar queue,
+        no thinking rows. It ends with the first step where a row emits its last token (those rows then leave,
+        as after any step), and stops before one where anything else could happen: a grammar that ends or
+        refuses a token (the executor's :meth:`GrammarExecutor.decode_run`), the KV cache's blocks running
+        out, the next event (an arrival), or the host's count of running compiles changing. Between those,
+        each step's costs follow from the rows' positions and context, so the steps are priced as arrays
+        (:meth:`StepPricer.price_decode_run`) and their records written as the steps one by one write them:
+        the step log's rows, the histograms (binned at the same steps), the counters.
+        """
+        batch = self.batch
+        n = len(batch)
+        if not n or self.grammar_queue or self.waiting or _any(batch.prefill_left) or _any(batch.think_left):
+            return None
+        tl = self.timeline
+        if tl is not None and tl.recording:
+            return None
+        steps = min(int(batch.gen_left.min()), _RUN)  # up to a row's last token
+        if steps < _MIN_RUN:
+            return None
+        cached = int(_sum(batch.cached))
+        kv = self.kv
+        if kv is not None and kv.policy == "sglang":  # (blocks of one token) a step needs one free token a row
+            steps = min(steps, (kv.blocks - cached) // n)
+            if steps < _MIN_RUN:
+                return None
+        if self._host is not None:  # (as the iteration would count them first)
+            if t >= self._counted_until or self.pools.assigned != self._counted_assigned:
+                self._count_compiles(t)
+            stretch = self._stretch
+            until = min(self.queue.peek_time(), self._counted_until)
+        else:
+            stretch = 1.0
+            until = self.queue.peek_time()
+        rid = batch.rid
+        structured = self.rec.structured[rid]
+        run = self.executor.decode_run(rid, structured, batch.gen_left, steps)
+        if run is None or run.steps < _MIN_RUN:
+            return None
+        steps = run.steps
+        at = np.arange(steps)
+        context = cached + n * at  # the rows' context at each step: one token more a row a step
+        if kv is not None and kv.policy == "vllm":  # each row allocates the blocks of its next token
+            used = _sum((batch.cached + kv.block + at[:, None]) // kv.block, axis=1)
+            fits = int(np.searchsorted(used > kv.blocks, True))  # (used grows step by step)
+            if fits < _MIN_RUN:
+                return None
+            steps, at, context, used = fits, at[:fits], context[:fits], used[:fits] * kv.block
+        elif kv is not None:
+            used = context + n
+        cfg = self.cfg
+        # the loop's batch forming as the iteration prices it; the first step also pays the work done at events
+        schedule = np.full(steps, cfg.schedule_s * stretch)
+        schedule[0] = (cfg.schedule_s + self._carry_cpu_s) * stretch
+        if cfg.schedule_row_s:
+            schedule += cfg.schedule_row_s * n * stretch
+        has_grammar = bool(_any(structured))
+        cost = self.pricer.price_decode_run(n, schedule, self._carry_process_s, run.fill_s[:steps],
+                                            run.process_s[:steps], context, not cfg.overlap, has_grammar, stretch)
+        starts = np.empty(steps + 1)
+        starts[0] = t
+        starts[1:] = cost.duration
+        np.cumsum(starts, out=starts)  # (sequential adds: each start as the loop adds it)
+        k = 1 + int(np.searchsorted(starts[1:steps], until))  # steps that start before the next event
+        starts = starts[:k + 1]
+        after = cost.after_token  # (step_time's fields are arrays, or one value for every step)
+        t_token = starts[1:] - (after[:k] if isinstance(after, np.ndarray) else after)
+        itl = np.empty(k * n)
+        itl[:n] = t_token[0] - batch.last_tok
+        itl[n:] = (t_token[1:] - t_token[:-1]).repeat(n)
+        self.itl.add_steps(itl, n)
+        batch.gen_left -= k
+        batch.cached += k
+        batch.last_tok[:] = t_token[-1]
+        self.tallies.add([rid, np.full(n, k, np.int64)], n * k)
+        fill = run.fill_s[:k]
+        grammar_rows = fill.shape[1]
+        if grammar_rows:
+            self.fill_hist.add_steps(fill.ravel(), grammar_rows, np.ones(k * grammar_rows, np.int64))
+        if kv is None:
+            kv_used, evicted = repeat(0), repeat(0)
+        else:
+            kv_used, evicted = used[:k].tolist(), repeat(0)
+            kv.free = kv.blocks - int(used[k - 1]) // kv.block
+            kv.settled, kv.evicted = True, 0
+            if kv.policy == "sglang":
+                for _ in range(k):  # (decayed step by step, as the steps round it)
+                    kv.ratio = max(kv.ratio - SGLANG_NEW_TOKEN_RATIO_DECAY, SGLANG_MIN_NEW_TOKEN_RATIO)
+        done = batch.gen_left <= 0
+        if _any(done):  # (the run's last step) rows that emitted their last token leave
+            self._leave(slice(None), rid, done, None, float(t_token[-1]))
+        carry = cost.carry_out
+        self._carry_process_s = float(carry[k - 1]) if isinstance(carry, np.ndarray) else carry
+        self._carry_cpu_s = 0.0
+        c = cost
+        self.steps.rows.extend(zip(
+            starts[:k].tolist(), c.duration[:k].tolist(), repeat(_KIND_DECODE), repeat(n), repeat(n), repeat(0),
+            repeat(grammar_rows), repeat(c.mask_rows), repeat(n), schedule[:k].tolist(), repeat(0.0), repeat(0.0),
+            repeat(0.0), c.forward_s[:k].tolist(), c.fill_s[:k].tolist(), repeat(c.copy_s), repeat(c.apply_s),
+            repeat(c.sample_s), c.process_s[:k].tolist(), c.exposed[:k].tolist(),
+            c.hidden[:k].tolist(), repeat(c.transfer_s), repeat(c.launch_s), repeat(n),
+            context[:k].tolist(), repeat(stretch), kv_used, evicted))
+        return float(starts[k]), k
+
     def _count_compiles(self, t: float) -> None:
         """Count the compiles running at ``t`` and the stretch of the loop's CPU work they make."""
         pools = self.pools
@@ -682,22 +814,29 @@ class Scheduler:
             done |= work.ended
         rejected = work.rejected if cfg.abort_on_reject else None
         if rejected is not None or _any(done):
-            if rejected is not None:
-                for rid in s_rid[rejected].tolist():
-                    self._abort(rid, "grammar_rejected", t_token)
-                done &= ~rejected
-            finished = s_rid[done]
-            rec.finish_s[finished] = t_token
-            for rid in finished.tolist():
-                self.executor.finish(rid)
-                self._end(rid, t_token)
-            left = done if rejected is None else done | rejected  # per sampled row
-            if isinstance(s_rows, slice):  # the sampled rows are the whole batch, in order
-                gone = left
-            else:
-                gone = np.zeros(len(batch), bool)
-                gone[s_rows[left]] = True
-            batch.keep((~gone).nonzero()[0])
+            self._leave(s_rows, s_rid, done, rejected, t_token)
+
+    def _leave(self, s_rows: slice | np.ndarray, s_rid: np.ndarray, done: np.ndarray, rejected: np.ndarray | None,
+               t_token: float) -> None:
+        """The sampled rows ``s_rows`` (requests ``s_rid``) that are ``done`` finish at ``t_token``, those whose token
+        the grammar ``rejected`` abort, and both leave the batch."""
+        batch = self.batch
+        if rejected is not None:
+            for rid in s_rid[rejected].tolist():
+                self._abort(rid, "grammar_rejected", t_token)
+            done &= ~rejected
+        finished = s_rid[done]
+        self.rec.finish_s[finished] = t_token
+        for rid in finished.tolist():
+            self.executor.finish(rid)
+            self._end(rid, t_token)
+        left = done if rejected is None else done | rejected  # per sampled row
+        if isinstance(s_rows, slice):  # the sampled rows are the whole batch, in order
+            gone = left
+        else:
+            gone = np.zeros(len(batch), bool)
+            gone[s_rows[left]] = True
+        batch.keep((~gone).nonzero()[0])
 
     def _record(self, t: float, plan: StepPlan, work: StepWork, cost: StepCost, sync: bool, has_grammar: bool,
                 carry: float, stretch: float) -> None:
@@ -802,6 +941,9 @@ def _enter(rec: RequestTable, at: slice | np.ndarray, chunk: list[Request], last
                          "time")
     return float(arrivals[-1])
 
+
+_MIN_RUN = 1  # identical decode steps worth taking at once (_decode_run)
+_RUN = 64  # the most taken at once (more are the next run's): steps priced past the next event are priced in vain
 
 _SLOTS = 1 << 12  # request slots a scheduler reusing them starts with
 _AHEAD = 1 << 8  # requests entered into their slots at a time, ahead of their issue

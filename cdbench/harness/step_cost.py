@@ -102,10 +102,7 @@ class StepPricer:
             mask_rows += int(_sum(row_masks))
             if self.fill_jitter and live is None:  # the slowest of the ranks' fills
                 fill_s *= float(self.rng_ranks.lognormal(0.0, self.fill_jitter, cfg.ranks).max())
-        host_fill_s = n_filter * cfg.think_filter_s
-        if mask_rows:  # the engine's own wrapper around the fills: Python under the GIL, so serial even with a pool
-            host_fill_s += cfg.fill_step_s + cfg.fill_row_s * grammar_rows + cfg.mask_alloc_byte_s * self.row_bytes * n_sample
-        host_fill_s *= stretch
+        host_fill_s, transfer_s, engine_process_s = self._host(n_filter, grammar_rows, mask_rows, n_sample, stretch)
         fill_s += host_fill_s
 
         # --- GPU
@@ -122,10 +119,6 @@ class StepPricer:
             kv = int(_sum(cached[plan.dec_sel])) if n_dec else 0
         pf_tokens = plan.pf_tokens
         sample_rows = n_sample + n_drafts
-        # a bitmask built in another process than the sampler's travels serialized, on the mask path
-        transfer_s = (cfg.ipc_s + cfg.ipc_byte_s * self.row_bytes * mask_rows) * stretch \
-            if mask_rows and cfg.mask_transfer == "ipc" else 0.0
-        engine_process_s = (cfg.process_step_s + cfg.process_row_s * n_sample + cfg.accept_row_s * grammar_rows) * stretch
         if live is not None:
             return self._measured(live, work, sync, has_grammar, plan.pre, carry, fill_s, host_fill_s, transfer_s,
                                   grammar_rows, mask_rows, sample_rows, engine_process_s, dec_tokens, kv)
@@ -140,8 +133,7 @@ class StepPricer:
         apply_s = self.gpu.apply_s(mask_rows) if mask_rows else 0.0
         sample_s = self.gpu.sample_s(sample_rows)
         process_s = work.process_s * stretch + engine_process_s
-        launch_s = ((cfg.launch_s if not pf_tokens or cfg.launch_prefill_s is None else cfg.launch_prefill_s)
-                    + cfg.launch_row_s * n_sample) * stretch
+        launch_s = self._launch(pf_tokens, n_sample, stretch)
         if self.per_row and mask_rows:
             return self._per_row(plan.pre, carry, forward_s, fill_s, host_fill_s, row_fill, stretch, transfer_s,
                                  sample_s, process_s, launch_s, grammar_rows, mask_rows, dec_tokens, kv)
@@ -152,6 +144,60 @@ class StepPricer:
             loop_waits=cfg.mask_transfer == "none")
         return StepCost(duration, after_token, exposed, hidden, carry_out, forward_s, fill_s, copy_s, apply_s,
                         sample_s, process_s, transfer_s, launch_s, grammar_rows, mask_rows, dec_tokens, kv)
+
+    def price_decode_run(self, n_rows: int, pre: np.ndarray, carry: float, fill_s: np.ndarray,
+                         process_s: np.ndarray, kv: np.ndarray, sync: bool, has_grammar: bool,
+                         stretch: float) -> StepCost:
+        """:meth:`price` of a run of decode steps of the same ``n_rows`` rows, at once: each field an array, one
+        value a step, or one value for every step. Given, per step, the loop's time before it ``pre``, the
+        grammar's fill seconds per row ``fill_s`` (steps, grammar rows: one mask row each), processing
+        ``process_s`` and the rows' context ``kv``; ``carry``: the processing carried into the first step.
+        Every row samples one token a step: no drafts, prefill, thinking rows, live step, per-row apply or
+        ranks' fill spread."""
+        cfg, gpu = self.cfg, self.gpu
+        grammar_rows = mask_rows = fill_s.shape[1]
+        host_fill_s, transfer_s, engine_process_s = self._host(0, grammar_rows, mask_rows, n_rows, stretch)
+        fill = _sum(fill_s, axis=1) * stretch if grammar_rows else np.zeros(len(fill_s))
+        fill += host_fill_s
+        fw_tokens, fw_kv = padded_decode(cfg.cuda_graph_sizes, n_rows, kv)
+        forward_s = gpu.decode_forward_s(fw_tokens, fw_kv)
+        copy_s = gpu.copy_s(mask_rows, cfg.pinned_mask) if mask_rows else 0.0
+        apply_s = gpu.apply_s(mask_rows) if mask_rows else 0.0
+        sample_s = gpu.sample_s(n_rows)
+        process = process_s * stretch + engine_process_s
+        launch_s = self._launch(0, n_rows, stretch)
+        waiting_copy_s = 0.0 if cfg.pinned_mask else copy_s
+        # each step carries the one before's processing in (step_time's carry_out: none without overlap)
+        carried = np.empty(len(fill))
+        carried[0] = carry
+        carried[1:] = 0.0 if sync else process[:-1]
+        duration, after_token, exposed, hidden, carry_out = step_time(
+            sync, has_grammar, pre, carried, forward_s, fill, copy_s - waiting_copy_s + transfer_s, apply_s,
+            sample_s, process, launch_s, cfg.fill_beside_forward, waiting_copy_s=waiting_copy_s,
+            loop_waits=cfg.mask_transfer == "none", maximum=np.maximum)
+        return StepCost(duration, after_token, exposed, hidden, carry_out, forward_s, fill, copy_s, apply_s,
+                        sample_s, process, transfer_s, launch_s, grammar_rows, mask_rows, n_rows, kv)
+
+    def _host(self, n_filter: int, grammar_rows: int, mask_rows: int, n_sample: int,
+              stretch: float) -> tuple[float, float, float]:
+        """The engine's host work around the grammar: its wrapper around the fills and the token filters, the
+        bitmask's transfer to another process, and its result processing (stretched)."""
+        cfg = self.cfg
+        host_fill_s = n_filter * cfg.think_filter_s
+        if mask_rows:  # the engine's own wrapper around the fills: Python under the GIL, so serial even with a pool
+            host_fill_s += cfg.fill_step_s + cfg.fill_row_s * grammar_rows + cfg.mask_alloc_byte_s * self.row_bytes * n_sample
+        host_fill_s *= stretch
+        # a bitmask built in another process than the sampler's travels serialized, on the mask path
+        transfer_s = (cfg.ipc_s + cfg.ipc_byte_s * self.row_bytes * mask_rows) * stretch \
+            if mask_rows and cfg.mask_transfer == "ipc" else 0.0
+        engine_process_s = (cfg.process_step_s + cfg.process_row_s * n_sample + cfg.accept_row_s * grammar_rows) * stretch
+        return host_fill_s, transfer_s, engine_process_s
+
+    def _launch(self, pf_tokens: int, n_sample: int, stretch: float) -> float:
+        """The host's launch of the step (stretched)."""
+        cfg = self.cfg
+        return ((cfg.launch_s if not pf_tokens or cfg.launch_prefill_s is None else cfg.launch_prefill_s)
+                + cfg.launch_row_s * n_sample) * stretch
 
     def _per_row(self, pre: float, carry: float, forward_s: float, fill_s: float, host_fill_s: float,
                  row_fill: np.ndarray, stretch: float, transfer_s: float, sample_s: float, process_s: float,

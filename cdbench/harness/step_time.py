@@ -15,7 +15,7 @@ import numpy as np
 def step_time(sync: bool, has_grammar: bool, pre: float, carry: float, forward_s: float, fill_s: float,
               copy_s: float, apply_s: float, sample_s: float, process_s: float, launch_s: float = 0.0,
               mask_beside: bool = True, after_forward_s: float = 0.0, waiting_copy_s: float = 0.0,
-              loop_waits: bool = True) -> tuple[float, float, float, float, float]:
+              loop_waits: bool = True, maximum=max) -> tuple[float, float, float, float, float]:
     """One step's ``(duration, after_token, exposed, hidden, carry_out)``.
 
     ``pre``: scheduling, polls and checks before the batch runs; ``carry``: the
@@ -34,7 +34,9 @@ def step_time(sync: bool, has_grammar: bool, pre: float, carry: float, forward_s
     ahead of the forward, so this step's scheduling and launch are no longer hidden (otherwise another
     process waits and only the GPU does). ``after_token``: seconds of the step after
     its tokens are out; ``exposed``/``hidden``: CPU seconds on / off the
-    critical path.
+    critical path; ``carry_out``: the step's ``process_s`` with overlap, 0 without.
+    ``maximum=np.maximum`` prices many steps at once, one a value of the arrays
+    given, each as it alone gives it.
 
     >>> step_time(True, True, 0.001, 0.0, 0.010, 0.002, 0.0, 0.0, 0.0, 0.001)
     (0.012, 0.001, 0.002, 0.002, 0.0)
@@ -48,25 +50,25 @@ def step_time(sync: bool, has_grammar: bool, pre: float, carry: float, forward_s
     """
     if sync:
         mask_path = fill_s + copy_s
-        gpu_part = max(forward_s, mask_path) if mask_beside else forward_s + mask_path
+        gpu_part = maximum(forward_s, mask_path) if mask_beside else forward_s + mask_path
         after_forward_s += waiting_copy_s
         duration = launch_s + pre + carry + gpu_part + after_forward_s + apply_s + sample_s + process_s
-        exposed = launch_s + pre + carry + max(0.0, gpu_part - forward_s) + after_forward_s + process_s
+        exposed = launch_s + pre + carry + maximum(0.0, gpu_part - forward_s) + after_forward_s + process_s
         cpu_total = launch_s + pre + carry + fill_s + copy_s + after_forward_s + process_s
         return duration, process_s, exposed, cpu_total - exposed, 0.0
     if has_grammar and waiting_copy_s and loop_waits:  # the loop waits out the forward before it schedules on
         chain = carry + fill_s + copy_s
-        duration = launch_s + pre + max(forward_s, chain) + waiting_copy_s + apply_s + sample_s
-        exposed = max(0.0, chain - forward_s)
+        duration = launch_s + pre + maximum(forward_s, chain) + waiting_copy_s + apply_s + sample_s
+        exposed = maximum(0.0, chain - forward_s)
         return duration, 0.0, launch_s + pre + exposed + waiting_copy_s, chain - exposed, process_s
     if has_grammar:  # sampling waits for this step's mask
         chain = pre + carry + fill_s + copy_s
-        duration = launch_s + max(forward_s, chain) + waiting_copy_s + apply_s + sample_s
-        exposed = max(0.0, chain - forward_s)
+        duration = launch_s + maximum(forward_s, chain) + waiting_copy_s + apply_s + sample_s
+        exposed = maximum(0.0, chain - forward_s)
         return duration, 0.0, launch_s + exposed + waiting_copy_s, chain - exposed, process_s
     chain = pre + carry
-    duration = launch_s + max(forward_s + sample_s, chain)
-    exposed = max(0.0, chain - forward_s)
+    duration = launch_s + maximum(forward_s + sample_s, chain)
+    exposed = maximum(0.0, chain - forward_s)
     return duration, 0.0, launch_s + exposed, chain - exposed, process_s
 
 

@@ -6,15 +6,18 @@ the requests in flight, not by the run's length.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
 from cdbench.backends.vocab import load_vocab
 from cdbench.harness import scheduler as scheduler_module
+from cdbench.harness import tallies
 from cdbench.harness.config import RunConfig
 from cdbench.harness.costs.gpu import FixedGpuCosts
 from cdbench.harness.executors.model import FixedGrammarCosts, ModelExecutor
+from cdbench.harness.metrics import LogHistogram
 from cdbench.harness.policies import policy
 from cdbench.harness.run import simulate
 from cdbench.harness.scheduler import Scheduler
@@ -108,3 +111,106 @@ def test_slots_grow_when_the_requests_in_flight_need_more(monkeypatch):
     sched.run()
     assert len(sched.rec.finish_s) >= n  # (every request was in flight at once)
     pd.testing.assert_frame_equal(sched.requests_frame(), held.requests)
+
+
+# --- runs of identical decode steps taken at once (Scheduler._decode_run) --------------------------------------
+
+DECODE_RUNS = {  # (overrides of the default run, workload)
+    "default": ({}, WORKLOADS["default"]),
+    "default, no overlap": ({"scheduler": {"overlap": False}}, WORKLOADS["default"]),
+    "closed loop": ({}, dict(WORKLOADS["default"], arrival={"process": "closed_loop", "max_concurrency": 6})),
+    "vllm, KV cache short": ({"policy": {"name": "vllm"}, "scheduler": {"kv_tokens": 6000}},
+                             dict(WORKLOADS["default"], arrival={"process": "poisson", "rate": 40.0})),
+    "sglang, KV cache short, 2 host CPUs": ({"policy": {"name": "sglang", "host_cpus": 2},
+                                            "scheduler": {"kv_tokens": 6000}},
+                                           dict(WORKLOADS["default"], arrival={"process": "poisson", "rate": 40.0})),
+    "JSON corpus, reasoning": ({}, WORKLOADS["JSON corpus, reasoning"]),
+    "zipf, drafts": ({}, WORKLOADS["zipf, drafts"]),
+    "fixed costs (the CI run)": (yaml.safe_load(open("cdbench/configs/ci.yaml")), {}),
+}
+
+
+def overrides_of(name: str) -> dict:
+    return DECODE_RUNS[name][0]
+
+
+def _counting_runs(monkeypatch) -> list[int]:
+    """The steps of each decode run taken (appended as they are)."""
+    taken: list[int] = []
+    run = Scheduler._decode_run
+
+    def counted(self, t):
+        out = run(self, t)
+        if out is not None:
+            taken.append(out[1])
+        return out
+
+    monkeypatch.setattr(Scheduler, "_decode_run", counted)
+    return taken
+
+
+def _decode_run_config(name: str) -> RunConfig:
+    overrides, workload = DECODE_RUNS[name]
+    data = {**DEFAULT, "mode": "model", **overrides}
+    data["workload"] = {**overrides.get("workload", {}), **workload} if workload else overrides["workload"]
+    return RunConfig.model_validate(data)
+
+
+@pytest.mark.parametrize("name", list(DECODE_RUNS))
+def test_decode_runs_taken_at_once_are_the_steps_one_by_one(name, monkeypatch):
+    config = _decode_run_config(name)
+    monkeypatch.setattr(LogHistogram, "BUFFER", 100)  # binned (and summed) a few rows at a time: within runs too
+    monkeypatch.setattr(tallies, "ROWS", 50)
+    requests = generate(config.workload, load_vocab(config.vocab), progress=False).requests
+    taken = _counting_runs(monkeypatch)
+    at_once = _run(config, requests)
+    monkeypatch.setattr(scheduler_module, "_MIN_RUN", 1 << 30)  # no run is long enough: every step alone
+    one_by_one = _run(config, requests)
+    pd.testing.assert_frame_equal(at_once.requests, one_by_one.requests)
+    pd.testing.assert_frame_equal(at_once.steps, one_by_one.steps)
+    assert at_once.summary == one_by_one.summary
+    assert at_once.compile_errors == one_by_one.compile_errors
+    if config.workload.spec_decode.k:
+        assert not taken  # drafts vary a step's tokens: never taken at once
+    else:
+        assert taken
+        if not overrides_of(name):  # the default run at its rate: mostly plain decode, mostly in runs
+            assert sum(taken) > 0.5 * len(one_by_one.steps) and max(taken) > 8
+
+
+def test_decode_runs_of_a_replayed_trace_are_the_steps_one_by_one(tmp_path, monkeypatch):
+    config = _decode_run_config("default")
+    vocab = load_vocab(config.vocab)
+    write_trace(generate(config.workload, vocab, progress=False), tmp_path / "t.jsonl")
+    requests = replay(config.workload.model_copy(update={"trace": str(tmp_path / "t.jsonl")}), vocab).requests
+    taken = _counting_runs(monkeypatch)
+    at_once = _run(config, requests)
+    monkeypatch.setattr(scheduler_module, "_MIN_RUN", 1 << 30)
+    one_by_one = _run(config, requests)
+    pd.testing.assert_frame_equal(at_once.requests, one_by_one.requests)
+    pd.testing.assert_frame_equal(at_once.steps, one_by_one.steps)
+    assert at_once.summary == one_by_one.summary
+    assert sum(taken) > 0.5 * len(one_by_one.steps)
+
+
+@pytest.mark.parametrize("model", ["qwen3-8b", "qwen3-30b-a3b", "qwen3.5-35b-a3b"])
+def test_forwards_priced_at_once_are_each_priced_alone(model):
+    costs = RunConfig.model_validate({"costs": {"model": model, "gpu": "h100-sxm"}}).costs
+    together, alone = costs.gpu_costs(1000), costs.gpu_costs(1000)  # (each its own memo of priced steps)
+    context = np.arange(0, 400_000, 997)
+    for rows in (1, 3, 8, 47, 300):
+        each = [alone.forward_s(np.zeros(0), np.zeros(0), rows, c) for c in context.tolist()]
+        assert together.forward.decode_step_s(rows, context).tolist() == each
+        assert together.decode_forward_s(rows, context[::2]).tolist() == each[::2]  # half of them remembered
+        assert together.decode_forward_s(rows, context).tolist() == each
+    fixed = FixedGpuCosts(forward_base_s=0.003, decode_row_s=1e-5, kv_token_s=3e-9)
+    assert fixed.decode_forward_s(5, context).tolist() == \
+        [fixed.forward_s(np.zeros(0), np.zeros(0), 5, c) for c in context.tolist()]
+
+
+def test_a_blocks_row_sums_are_each_rows_sum_alone():
+    """What a decode run's fill and processing sums rely on (numpy's pairwise sums, from 9 values on)."""
+    rng = np.random.default_rng(0)
+    for width in (1, 5, 8, 9, 47, 130, 300):
+        block = rng.lognormal(-11.0, 1.5, size=(64, width))
+        assert np.add.reduce(block, axis=1).tolist() == [float(np.add.reduce(row)) for row in block]

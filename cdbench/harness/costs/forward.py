@@ -405,6 +405,13 @@ class ForwardCostModel:
         total = self.price(self.peak_times(pf, pairs, rows, kv, chunks))
         return np.where(pf + rows > 0, total, 0.0)
 
+    def decode_step_s(self, decode_rows: int, decode_kv_tokens: np.ndarray) -> np.ndarray:
+        """:meth:`step_s` of decode-only steps of ``decode_rows`` rows, one a value of ``decode_kv_tokens``: the
+        same values, the row count's terms computed as :meth:`step_s` computes them (Python scalars)."""
+        if decode_rows <= 0:
+            return np.zeros(len(decode_kv_tokens))
+        return self.price(self.peak_times(0.0, 0.0, decode_rows, np.asarray(decode_kv_tokens, np.float64), 0))
+
     def breakdown(
         self,
         prefill_tokens: float = 0,

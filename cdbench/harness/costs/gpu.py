@@ -24,6 +24,9 @@ class GpuCosts(Protocol):
     def forward_s(self, prefill_chunks: np.ndarray, prefill_cached: np.ndarray, decode_rows: int, decode_kv_tokens: int) -> float:
         """Forward of prefill chunks (new tokens, tokens already cached) and ``decode_rows`` decoding rows."""
 
+    def decode_forward_s(self, decode_rows: int, decode_kv_tokens: np.ndarray) -> np.ndarray:
+        """:meth:`forward_s` of decode-only steps of ``decode_rows`` rows, one a value of ``decode_kv_tokens``."""
+
     def draft_s(self, rows: int, drafts: int, kv_tokens: int) -> float:
         """The model's MTP head drafting ``drafts`` tokens for each of ``rows`` rows with ``kv_tokens`` of context."""
 
@@ -79,6 +82,12 @@ class FixedGpuCosts(BaseModel):
         return (self.forward_base_s + self.prefill_token_s * tokens + self.decode_row_s * decode_rows
                 + self.kv_token_s * decode_kv_tokens)
 
+    def decode_forward_s(self, decode_rows: int, decode_kv_tokens: np.ndarray) -> np.ndarray:
+        if decode_rows <= 0:
+            return np.zeros(len(decode_kv_tokens))
+        return (self.forward_base_s + self.prefill_token_s * 0.0 + self.decode_row_s * decode_rows
+                + self.kv_token_s * decode_kv_tokens)
+
     def draft_s(self, rows: int, drafts: int, kv_tokens: int) -> float:
         return self.draft_token_s * rows * drafts
 
@@ -125,6 +134,19 @@ class RooflineGpuCosts:
         tokens = float(_sum(prefill_chunks))
         pairs = float(attention_pairs(prefill_chunks, prefill_cached).sum())
         return self.forward.step_s(tokens, pairs, decode_rows, decode_kv_tokens, len(prefill_chunks))
+
+    def decode_forward_s(self, decode_rows: int, decode_kv_tokens: np.ndarray) -> np.ndarray:
+        memo = self._decode  # (forward_s's: the same values, priced one at a time or together)
+        keys = decode_kv_tokens.tolist()
+        values = [memo.get((decode_rows, kv)) for kv in keys]
+        if None in values:
+            missing = [i for i, value in enumerate(values) if value is None]
+            if len(memo) + len(missing) > self.DECODE_MEMO:
+                memo.clear()
+            priced = self.forward.decode_step_s(decode_rows, decode_kv_tokens[missing]).tolist()
+            for i, value in zip(missing, priced):
+                values[i] = memo[(decode_rows, keys[i])] = value
+        return np.array(values)
 
     def draft_s(self, rows: int, drafts: int, kv_tokens: int) -> float:
         return self.forward.mtp_draft_s(rows, drafts, kv_tokens)

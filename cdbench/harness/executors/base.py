@@ -124,6 +124,18 @@ class StepWork:
 
 
 @dataclass(slots=True)
+class DecodeRun:
+    """The grammar side of ``steps`` identical decode steps taken at once (:meth:`GrammarExecutor.decode_run`):
+    each step's fill seconds per grammar row (``fill_s[j]``, one mask row each) and its ``process_s``, as
+    the steps one by one give them. ``steps`` may be fewer than asked: a row's grammar ends or refuses its
+    token at the next one."""
+
+    steps: int
+    fill_s: np.ndarray
+    process_s: np.ndarray
+
+
+@dataclass(slots=True)
 class Settlement:
     """Grammar work of a step done after its sampling (:meth:`GrammarExecutor.settle`): the CPU
     seconds it took, and the step's rows whose token the grammar refused there (``None``: none)."""
@@ -282,6 +294,13 @@ class GrammarExecutor(ABC):
     @abstractmethod
     def step(self, rows: StepRows, rng: np.random.Generator) -> StepWork:
         """Build masks, verify drafts, emit tokens and advance grammars for one step."""
+
+    def decode_run(self, rid: np.ndarray, grammar: np.ndarray, gen_left: np.ndarray, steps: int) -> DecodeRun | None:
+        """Up to ``steps`` decode steps of rows ``rid`` (``grammar``: their grammar is active; ``gen_left``: their
+        tokens left, each at least ``steps``) without drafts, thinking or forced tokens, taken at once: what
+        :meth:`step` gives for each, or ``None`` where the executor cannot take them at once (then it is
+        asked step by step). A run stops before a step where a row's grammar ends or refuses its token."""
+        return None
 
     def settle(self) -> Settlement | None:
         """Finish the last step's grammar work that waits for sampling (``None``: nothing waits).

@@ -23,6 +23,7 @@ from cdbench.harness.costs.spec_costs import SpecCoverage
 from cdbench.harness.executors.base import (
     NO_FILL,
     CompileOutcome,
+    DecodeRun,
     GrammarExecutor,
     ParallelFill,
     SpecKeys,
@@ -210,6 +211,45 @@ class ModelExecutor(GrammarExecutor):
     def compile(self, key: int) -> CompileOutcome:
         k = self.keys
         return self.costs.compile(k.spec_ids[key], k.texts[key], k.kinds[key])
+
+    def decode_run(self, rid: np.ndarray, grammar: np.ndarray, gen_left: np.ndarray, steps: int) -> DecodeRun | None:
+        """:meth:`step`'s fills and processing for ``steps`` decode steps at once, as (steps, rows) arrays: a
+        row's positions advance one a step, so its pool and curve indexes are its first step's less the
+        step's number. Not with jump-forward (its forced tokens vary the tokens a step) nor a parallel fill."""
+        pool = self.parallel_fill
+        ng = _any(grammar)
+        if self.jump_forward or (pool is not None and ng > pool.threshold):
+            return None
+        if not ng:
+            return DecodeRun(steps, np.zeros((steps, 0)), np.zeros(steps))
+        t = self.tables
+        g_rid, g_left = (rid, gen_left) if ng == len(rid) else (rid[grammar], gen_left[grammar])
+        # one token a step: a walk ends at step j where gen_left - j - 1 reaches its end length, a token is
+        # refused at step j where gen_left - j is its refused position
+        if t.end_left is not None:
+            end = t.end_left[g_rid]
+            ends = end > 0
+            if _any(ends):
+                steps = min(steps, max(int((g_left[ends] - 1 - end[ends]).min()), 0))
+        if t.reject_left is not None:
+            at_step = g_left - t.reject_left[g_rid]
+            at_step = at_step[at_step >= 0]
+            if len(at_step):
+                steps = min(steps, int(at_step.min()))
+        left = g_left - np.arange(steps)[:, None]
+        base = t.base[g_rid]
+        at = ((t.off_end[g_rid] - left) & _SPAN_MASK) + base
+        fat = at if t.fill_base is None else at + (t.fill_base[g_rid] - base)
+        ci = t.curve_end[g_rid] - left
+        accept_one = t.accept[at]
+        if t.accept_curve is not None:
+            timed = t.accept_curve[ci]
+            accept_one = np.where(np.isnan(timed), accept_one, timed)
+        fill = t.fill[fat] * t.curve[ci]
+        if t.spike is not None:
+            fill += t.spike[fat]
+        # (a row-wise reduction of a C-ordered array sums each row as the reduction of that row alone)
+        return DecodeRun(steps, fill, _sum(accept_one, axis=1))
 
     def step(self, rows: StepRows, rng: np.random.Generator) -> StepWork:
         n = len(rows.rid)
