@@ -85,6 +85,7 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
     """
     if not rows:
         raise CalibrationError("no measurements to fit")
+    # the step terms see the step shapes only (``rows`` from here on); the draft shapes are fitted after them
     everything, rows = rows, [r for r in rows if not r.mtp_drafts]
     drafts = [r for r in everything if r.mtp_drafts]
     if not rows:
