@@ -76,6 +76,11 @@ def calibrate(
         "GPU and --tp)")] = None,
     probe_shapes: Annotated[int, typer.Option("--probe-shapes", min=MIN_PROBE_SHAPES,
                                               help="with --probe: how many of its shapes to time")] = 16,
+    idle_s: Annotated[float, typer.Option(
+        "--idle-s", min=0.0, help="launch each repetition after this long with the GPU idle, timed from its launch "
+        "(0: back to back). Back to back, a compute-bound step holds the GPU at its power cap and its clocks drop, "
+        "which a serving loop's steps, between host work and lighter decode steps, do not (one GPU only; a probe "
+        "times as its calibration did)")] = 0.0,
 ) -> None:
     """Fit the forward cost model to live forward steps: every shape's fit error is printed.
 
@@ -84,6 +89,7 @@ def calibrate(
       cdbench calibrate --model qwen3-8b --gpu-name h200 --out auto --measurements reports/calibration/qwen3-8b__h200.csv
       cdbench calibrate --model qwen3-8b --gpu-name h200 --tp 2 --out auto
       cdbench calibrate --model qwen3-8b --gpu-name h200 --out auto --measurements reports/calibration/qwen3-8b__h200__tp2.csv --all-reduce runs/tp2-live --holdout 4
+      cdbench calibrate --model qwen3-8b --gpu-name h100-sxm --out auto --idle-s 0.02
       cdbench calibrate --model qwen3-8b --gpu-name h100-sxm --probe probe.json   (then --set costs.forward_speed=probe:probe.json)
       cdbench calibrate --model qwen3-8b --gpu-name h200 --tp 2 --probe probe_tp2.json   (prices costs.tp=2 runs)
       cdbench calibrate --model qwen3.5-35b-a3b --gpu-name h200 --grid draft --out draft.json   (the MTP head's
@@ -92,7 +98,7 @@ def calibrate(
     args = sys.argv[1:]
     command = shlex.join(["cdbench", *(args if args[:1] == ["calibrate"] else ["calibrate", *args])])
     if probe is not None:
-        return _probe(model, gpu_name, calibration, device, probe, probe_shapes, linear_kernels, tp)
+        return _probe(model, gpu_name, calibration, device, probe, probe_shapes, linear_kernels, tp, idle_s)
     if out is None:
         typer.echo("error: --out is required (the calibration JSON to write), unless --probe", err=True)
         raise typer.Exit(2)
@@ -101,7 +107,7 @@ def calibrate(
         if measurements is None:
             target = shipped_calibration_path(spec.name, gpu.name, tp) if str(out) == "auto" else out
             csv_path = measure_out or target.with_suffix(".csv")
-            rows = _measure(spec, grid, device, decode_attention, tp, linear_kernels)
+            rows = _measure(spec, grid, device, decode_attention, tp, linear_kernels, idle_s)
             write_measurements(rows, csv_path)
             typer.echo(f"measurements: {csv_path}")
             if all(r.mtp_drafts for r in rows):
@@ -129,10 +135,10 @@ def calibrate(
 
 
 def _probe(model: str, gpu_name: str, calibration: Path | None, device: str, out: Path, shapes: int,
-           linear_kernels: str, tp: int) -> None:
+           linear_kernels: str, tp: int, idle_s: float) -> None:
     """``--probe``: time ``shapes`` of the calibration's own shapes (evenly over its list) as it timed them
-    (``tp`` > 1: on that many tensor-parallel rank processes, as ``--tp`` measures), each over its host's
-    time, and write the :class:`ForwardProbe` to ``out``."""
+    (``tp`` > 1: on that many tensor-parallel rank processes, as ``--tp`` measures; after its idle gap),
+    each over its host's time, and write the :class:`ForwardProbe` to ``out``."""
     try:
         spec, gpu = resolve_model(model), resolve_gpu(gpu_name)
         path = calibration or shipped_calibration_path(spec.name, gpu.name, tp)
@@ -140,6 +146,9 @@ def _probe(model: str, gpu_name: str, calibration: Path | None, device: str, out
         if (cal.model, cal.gpu, cal.tp) != (spec.name, gpu.name, tp):
             raise ValueError(f"--calibration {path} is for {cal.model} on {cal.gpu} at tp={cal.tp}; the probe "
                              f"times {spec.name} on {gpu.name} at tp={tp}")
+        if idle_s and idle_s != cal.idle_s:
+            raise ValueError(f"--idle-s {idle_s:g}: {path} was measured with {cal.idle_s:g} s before each "
+                             "repetition, and its probe times its shapes so (leave --idle-s out)")
         from cdbench.harness.live.measure import GRIDS, measure_grid, measure_grid_tp
 
         # steps only: the forward speed is the steps' (the head's draft shapes are not probed)
@@ -158,7 +167,7 @@ def _probe(model: str, gpu_name: str, calibration: Path | None, device: str, out
             rows = measure_grid_tp(spec, picked, tp, device, min_reps=3 if smoke else 20, per_row=per_row)
         else:
             rows = measure_grid(spec, picked, device, min_reps=3 if smoke else 10, min_time_s=0.0 if smoke else 0.25,
-                                per_row=per_row, linear_kernels=linear_kernels)
+                                per_row=per_row, linear_kernels=linear_kernels, idle_s=cal.idle_s)
         result = ForwardProbe.of(cal, str(path), rows, out)
     except (CalibrationError, ForwardSpeedError, UnknownSpecError, SpecFileError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -172,7 +181,7 @@ def _probe(model: str, gpu_name: str, calibration: Path | None, device: str, out
 
 
 def _measure(spec, grid: str, device: str, decode_attention: str, tp: int,
-             linear_kernels: str = "auto") -> list[ForwardMeasurement]:
+             linear_kernels: str = "auto", idle_s: float = 0.0) -> list[ForwardMeasurement]:
     # Imported here: measuring needs torch on a GPU, fitting stored measurements does not.
     from cdbench.harness.live.measure import grid_shapes, measure_grid, measure_grid_tp
 
@@ -189,6 +198,8 @@ def _measure(spec, grid: str, device: str, decode_attention: str, tp: int,
         typer.echo(f"  {row.label:<32} {row.median_s * 1e3:9.3f} ms  ({row.reps} reps{', graph' if row.graph else ''})")
 
     typer.echo(f"measuring {spec.name} on {device}: {len(shapes)} shapes" + (f", {tp} tensor-parallel ranks" if tp > 1 else ""))
+    if tp > 1 and idle_s:
+        raise ValueError("--idle-s times one GPU's steps; tensor-parallel ranks run in step (leave it out with --tp)")
     if tp > 1:
         rows = measure_grid_tp(spec, shapes, tp, device, min_reps=3 if grid == "tiny" else 20,
                                per_row=decode_attention == "per_row")
@@ -200,7 +211,7 @@ def _measure(spec, grid: str, device: str, decode_attention: str, tp: int,
         typer.echo(f"  ({drafts} of them the MTP head's draft shapes)")
     return measure_grid(spec, shapes, device, progress=show, min_reps=3 if grid == "tiny" else 10,
                         min_time_s=0.0 if grid == "tiny" else 0.25, per_row=decode_attention == "per_row",
-                        linear_kernels=linear_kernels)
+                        linear_kernels=linear_kernels, idle_s=idle_s)
 
 
 def measured_all_reduce(runs: list[str]) -> float:

@@ -159,7 +159,7 @@ def _with_spec_host_scale(config: RunConfig, source: str) -> RunConfig:
                           "its grammar work itself (leave it unset)")
     try:
         scale = read_probe(config.costs.spec_host_scale.removeprefix(PROBE_PREFIX),
-                           by_size=config.costs.spec_probe_compile == "by_size")
+                           by_size={"auto": None, "by_size": True, "median": False}[config.costs.spec_probe_compile])
     except SpecProbeError as err:
         raise ConfigError(f"{source}: costs.spec_host_scale: {err}") from None
     return config.model_copy(update={"costs": config.costs.model_copy(update={"spec_host_scale": scale})})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,36 @@ def test_a_model_with_an_mtp_head_has_its_draft_shapes_measured_and_fitted(tmp_p
     result = CliRunner().invoke(app, ["calibrate", "--model", "qwen3-8b", "--gpu-name", "h100", "--out",
                                       str(alone), "--grid", "draft", "--device", "cpu"])
     assert result.exit_code == 2 and "qwen3-8b has no MTP head" in result.output
+
+
+def test_an_idle_gap_before_each_repetition_is_recorded_and_kept_by_its_probe(tmp_path: Path) -> None:
+    from cdbench.harness.costs.calibration import CalibrationError, write_measurements
+    from cdbench.harness.costs.calibration_fit import fit_calibration
+
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY)
+    out = tmp_path / "idle.json"
+    args = ["calibrate", "--model", str(spec), "--gpu-name", "h100", "--grid", "tiny", "--device", "cpu"]
+    result = CliRunner().invoke(app, [*args, "--out", str(out), "--idle-s", "0.002"])
+    assert result.exit_code == 0, result.output
+    rows = read_measurements(out.with_suffix(".csv"))
+    assert {r.idle_s for r in rows} == {0.002} and ForwardCalibration.load(out).idle_s == 0.002
+    probe = CliRunner().invoke(app, [*args, "--probe", str(tmp_path / "p.json"), "--calibration", str(out)])
+    assert probe.exit_code == 0, probe.output
+    other = CliRunner().invoke(app, [*args, "--probe", str(tmp_path / "q.json"), "--calibration", str(out),
+                                     "--idle-s", "0.5"])
+    assert other.exit_code == 2 and "was measured with 0.002 s before each repetition" in other.output
+    tp = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "tp.json"), "--idle-s", "0.002", "--tp", "2"])
+    assert tp.exit_code == 2 and "--idle-s times one GPU's steps" in tp.output
+    # a CSV without the column reads as back to back; one fit never mixes the two
+    old = REPO / "reports/calibration/llama-3.1-8b__h100-sxm.csv"
+    assert "idle_s" not in old.read_text().splitlines()[0]
+    back_to_back = read_measurements(old)
+    assert {r.idle_s for r in back_to_back} == {0.0}
+    mixed = tmp_path / "mixed.csv"
+    write_measurements([*back_to_back[:-1], replace(back_to_back[-1], idle_s=0.02)], mixed)
+    with pytest.raises(CalibrationError, match="mix idle gaps"):
+        fit_calibration(read_measurements(mixed), "llama-3.1-8b", "h100", measurements=str(mixed), command="x")
 
 
 def test_measure_tensor_parallel_ranks_on_cpu(tmp_path: Path) -> None:

@@ -54,6 +54,7 @@ class ForwardMeasurement:
     p90_s: float
     decode_attention: str = "dense"  # dense (masked, over the longest row) or per_row (live mode's kernel)
     tp: int = 1                      # tensor-parallel ranks the step ran on (this row: rank 0's shard)
+    idle_s: float = 0.0              # each repetition launched after this long with the GPU idle (0: back to back)
     mtp_drafts: int = 0              # > 0: the MTP head's passes, not a step (kind draft)
 
     @property
@@ -96,8 +97,8 @@ def shape_label(decode_rows: int, decode_kv: int, prefill_chunks: int, prefill_n
 
 
 _FIELDS = [f.name for f in fields(ForwardMeasurement)]
-# absent from files measured before they existed (dense, one GPU, no draft shapes then)
-_OPTIONAL = {"decode_attention", "tp", "mtp_drafts"}
+# absent from files measured before they existed (dense, one GPU, back to back, no draft shapes then)
+_OPTIONAL = {"decode_attention", "tp", "idle_s", "mtp_drafts"}
 
 
 def write_measurements(rows: list[ForwardMeasurement], path: Path) -> None:
@@ -122,7 +123,7 @@ def read_measurements(path: Path) -> list[ForwardMeasurement]:
             rows = []
             for line, raw in enumerate(reader, start=2):
                 try:
-                    rows.append(ForwardMeasurement(**{k: _cast(casts[k], raw[k]) for k in _FIELDS if k in present}))
+                    rows.append(ForwardMeasurement(**{k: _cast(casts[k], raw[k], k) for k in _FIELDS if k in present}))
                 except ValueError as exc:
                     raise CalibrationError(f"{path}:{line}: {exc}") from exc
     except OSError as exc:
@@ -132,9 +133,14 @@ def read_measurements(path: Path) -> list[ForwardMeasurement]:
     return rows
 
 
-def _cast(kind: str, text: str) -> object:
+def _cast(kind: str, text: str, field: str = "") -> object:
     if kind == "int":
         return int(text)
+    if kind == "float" and field == "idle_s":
+        value = float(text)
+        if not value >= 0:
+            raise ValueError(f"idle {text!r} is negative")
+        return value
     if kind == "float":
         value = float(text)
         if not value > 0:
@@ -264,6 +270,8 @@ class ForwardCalibration(BaseModel):
         "dense", description="how the measured decode rows attended: dense (masked, over the longest row) or "
         "per_row (each row its own length, the decode-attention kernel live mode runs)")
     tp: int = Field(1, ge=1, description="tensor-parallel ranks of the measured steps (1: one GPU)")
+    idle_s: float = Field(0.0, ge=0, description="each measured repetition was launched after this long with the "
+                          "GPU idle (0: back to back); a probe of this calibration times its shapes the same way")
     measurements: str = Field(description="the measurement CSV, relative to the repository")
     command: str = Field(description="the command that measured them")
     torch_version: str

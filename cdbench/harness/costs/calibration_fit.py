@@ -105,6 +105,9 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
     attention = {r.decode_attention for r in rows}
     if len(attention) != 1:
         raise CalibrationError(f"measurements mix decode attention paths: {', '.join(sorted(attention))}")
+    idles = {r.idle_s for r in everything}
+    if len(idles) != 1:
+        raise CalibrationError(f"measurements mix idle gaps before their repetitions: {sorted(idles)} s")
     if all_reduce_token_s is not None and tp == 1:
         raise CalibrationError("a measured all-reduce prices tensor-parallel steps; these measurements are of one GPU")
     peak = peak_times(forward, rows)
@@ -168,7 +171,7 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
         all_reduce_s=params.all_reduce_s, all_reduce_token_s=params.all_reduce_token_s,
         chunk_routing_skew=params.chunk_routing_skew if moe else None,
         all_reduce_runs=list(all_reduce_runs), measurements=measurements, command=command, torch_version=rows[0].torch_version,
-        decode_attention=attention.pop(), tp=tp, fit=[],
+        decode_attention=attention.pop(), tp=tp, idle_s=idles.pop(), fit=[],
     )
     if drafts:
         steps_only = ForwardCostModel(forward.model, forward.gpu, tp=tp, forward_calibration=cal)

@@ -124,8 +124,9 @@ class SpecCostSettings(BaseModel):
     measured on the probed host scaled by the probe's compile and fill scales instead of
     the score ratio (resolved into a :class:`~.spec_probe.SpecHostScale` when the run's
     configuration is checked); ``None`` (default): the score ratio. ``spec_probe_compile``:
-    ``median`` (default) scales every compile by the probe's median ratio, ``by_size`` each
-    compile by the probe's ratio at its stored seconds.
+    ``median`` scales every compile by the probe's median ratio, ``by_size`` each compile by
+    the probe's ratio at its stored seconds; ``auto`` (default) by size where the probe compiled
+    run-order sequences (measured as the run's compiles are), else by the median.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -138,7 +139,7 @@ class SpecCostSettings(BaseModel):
     measure_batch_rows: int | None = Field(16, ge=1)
     measure_accept_gap_s: float = Field(0.0, ge=0)
     spec_host_scale: SpecHostScale | str | None = None
-    spec_probe_compile: Literal["median", "by_size"] = "median"
+    spec_probe_compile: Literal["auto", "median", "by_size"] = "auto"
 
     @field_validator("spec_host_scale")
     @classmethod

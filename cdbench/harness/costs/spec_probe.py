@@ -22,8 +22,8 @@ compile over the cores and a small one's not, so on a GPU host's 16 cores compil
 compile by the probe's ratio at its stored seconds (:func:`compile_curve`: each probed spec's ratio
 smoothed with its neighbours', interpolated in log seconds, flat beyond the probed range). It carries the
 probe's conditions exactly, which is only right where the probe's compiles ran as the target's will: a
-probe compiling one spec at a time on a whole host prices a saturated engine's large compiles, which share
-the host with others, too short (``reports/spec_costs/out_of_sample.md``), so the default, ``median``,
+probe compiling one spec at a time on a whole host prices a run's large compiles too short
+(``reports/spec_costs/out_of_sample.md``), so without run-order sequences (below) the default, ``auto``,
 takes the one median ratio.
 
 A store prices xgrammar's compiles in run order (a :class:`~.spec_store.SequenceEntry`: the run's specs
@@ -33,8 +33,8 @@ in the store's run order as fast as its 4 cores for small specs and 0.6x for lar
 specs compiled alone took 0.75x and 0.32x (``reports/spec_costs/out_of_sample.md``, "A probe in run
 order"). A probe given traces with ``order`` therefore also compiles each trace's sequence here as the
 store did (:class:`ProbedSequence`), and a run's compiles in run order take that sequence's scale
-(:meth:`SpecHostScale.order_factor`): by size where ``by_size`` (the curve through every sequenced spec),
-else its median.
+(:meth:`SpecHostScale.order_factor`): by size (the curve through every sequenced spec; ``auto``'s choice
+for such a probe), else its median.
 
 >>> [round(q, 3) for q in _quantiles(4)]
 [0.125, 0.375, 0.625, 0.875]
@@ -279,12 +279,15 @@ def compile_curve(specs: Sequence[ProbedSpec]) -> list[tuple[float, float]]:
     return [(t, float(np.median(ratios[max(0, i - 1):i + 2]))) for i, (t, _) in enumerate(points)]
 
 
-def read_probe(path: str | Path, by_size: bool = False) -> SpecHostScale:
+def read_probe(path: str | Path, by_size: bool | None = None) -> SpecHostScale:
     """The scale a probe file holds, its source naming the file, its compiles scaled by size (``by_size``)
-    or by the median; :class:`SpecProbeError` naming the file and the reason when it is no probe."""
+    or by the median (``None``: by size where the probe compiled run-order sequences, whose conditions are
+    a run's); :class:`SpecProbeError` naming the file and the reason when it is no probe."""
     path = Path(path)
     source = f"{PROBE_PREFIX}{path}"
     probe = read_probe_file(path, SpecProbe, source, "spec-cost probe", SpecProbeError)
+    if by_size is None:
+        by_size = bool(probe.sequences)
     sequenced = [s for sequence in probe.sequences for s in sequence.specs]
     return SpecHostScale(source=source, backend=probe.backend, backend_version=probe.backend_version,
                          vocab=probe.vocab, measured_on=probe.measured_on, host=probe.host, compile=probe.compile,

@@ -221,7 +221,7 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
             model=spec.name, gpu_device=gpu_device, torch_version=torch.__version__, kind=shape.kind,
             decode_rows=shape.rows, decode_kv=shape.kv, prefill_chunks=shape.chunks, prefill_new=shape.new,
             prefill_cached=shape.cached, graph=graph, reps=len(times), median_s=statistics.median(times),
-            p10_s=q[0], p90_s=q[-1], tp=ranks, mtp_drafts=shape.drafts,
+            p10_s=q[0], p90_s=q[-1], tp=ranks, idle_s=idle_s, mtp_drafts=shape.drafts,
             # the head's passes always attend through the per-row kernel
             decode_attention="per_row" if per_row or shape.drafts else "dense")
         rows.append(row)
@@ -236,6 +236,9 @@ def time_repetitions(run: Callable[[], object], cuda: bool, min_reps: int, min_t
 
     ``idle_s`` > 0: each repetition starts on an idle GPU, after the host has spun that long, and is timed
     from its launch, as a serving loop launches a step after its host work (launch latency included).
+    Back to back, a compute-bound step (a long prefill) holds an H100 at its power cap and its clocks drop
+    (prefill 1x1628 of qwen3-8b: 41.9-43.5 ms back to back, 39.4 ms after 20 ms idle, as live runs' steps of
+    that shape took; decode steps unchanged: ``reports/calibration/README.md``).
     """
     for _ in range(2):
         run()
@@ -253,6 +256,7 @@ def time_repetitions(run: Callable[[], object], cuda: bool, min_reps: int, min_t
         return times
     if not cuda:
         while len(times) < min_reps or sum(times) < min_time_s:
+            spin(idle_s)
             start = time.perf_counter()
             run()
             times.append(time.perf_counter() - start)

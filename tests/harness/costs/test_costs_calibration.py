@@ -86,7 +86,7 @@ def test_a_calibration_for_another_model_or_a_bad_file_is_refused(tmp_path: Path
 def test_bad_measurement_rows_are_named(tmp_path: Path) -> None:
     source = (REPO / "reports/calibration/llama-3.1-8b__h100-sxm.csv").read_text().splitlines()
     header, first = source[0], source[1].split(",")
-    first[-3] = "-1"
+    first[header.split(",").index("p90_s")] = "-1"
     path = tmp_path / "m.csv"
     path.write_text("\n".join([header, ",".join(first)]) + "\n")
     with pytest.raises(CalibrationError, match=r"m.csv:2: time '-1' is not positive"):
@@ -396,9 +396,9 @@ def test_the_step_fit_ignores_draft_shapes_and_the_draft_term_is_recovered() -> 
     with pytest.raises(CalibrationError, match="all draft shapes: the draft term is fitted beside step shapes"):
         fit_calibration(drafts, HYBRID, "h200", measurements="x", command="test")
     with pytest.raises(CalibrationError, match="qwen3-8b, which has no MTP layer"):
-        fit_calibration([dataclasses.replace(r, model="qwen3-8b") for r in read_measurements(
-            REPO / "reports/calibration/qwen3-8b__h200.csv")[:30] + drafts[:2]], "qwen3-8b", "h200",
-            measurements="x", command="test")
+        dense = read_measurements(REPO / "reports/calibration/qwen3-8b__h200.csv")[:30]
+        fit_calibration(dense + [dataclasses.replace(r, model="qwen3-8b", idle_s=dense[0].idle_s) for r in drafts[:2]],
+                        "qwen3-8b", "h200", measurements="x", command="test")
 
 
 def test_the_head_is_priced_by_the_fitted_draft_term_and_by_the_roofline_without_one() -> None:

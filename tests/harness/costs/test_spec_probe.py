@@ -256,7 +256,8 @@ def test_a_probe_in_run_order_compiles_the_traces_stored_sequence_here(probed):
     assert "in run order (1 sequences)" in result.output
     scale = read_probe(out, by_size=True)
     assert scale.sequences == [sequence.digest] and scale.order_by_size == compile_curve(sequence.specs)
-    assert read_probe(out).order_by_size == [] and read_probe(out).compile_order == probe.compile_order
+    assert read_probe(out, by_size=False).order_by_size == [] and read_probe(out) == scale  # auto: by size
+    assert read_probe(root / "probe.json").compile_by_size == []  # a probe of specs alone: auto takes the median
 
 
 def _probed(there_s: float, ratio: float) -> ProbedSpec:
