@@ -48,8 +48,9 @@ def calibrate(
     report: Annotated[Path | None, typer.Option("--report", help="also write the fit table as markdown")] = None,
     grid: Annotated[str, typer.Option("--grid", help="default; chunks or few_rows (the default grid's "
                                       "several-chunk steps, or its mixed steps of a few decode rows, only: to add "
-                                      "to an earlier measurement); or tiny (a few small shapes: a CPU smoke "
-                                      "test)")] = "default",
+                                      "to an earlier measurement); draft (the MTP head's draft shapes only, which "
+                                      "the default grid adds for a model with an MTP head: measured, not fitted); "
+                                      "or tiny (a few small shapes: a CPU smoke test)")] = "default",
     device: Annotated[str, typer.Option("--device", help="torch device to measure on")] = "cuda",
     decode_attention: Annotated[str, typer.Option(
         "--decode-attention", help="per_row: each decode row attends to its own length through the kernel "
@@ -91,6 +92,8 @@ def calibrate(
       cdbench calibrate --model qwen3-8b --gpu-name h100-sxm --out auto --idle-s 0.02
       cdbench calibrate --model qwen3-8b --gpu-name h100-sxm --probe probe.json   (then --set costs.forward_speed=probe:probe.json)
       cdbench calibrate --model qwen3-8b --gpu-name h200 --tp 2 --probe probe_tp2.json   (prices costs.tp=2 runs)
+      cdbench calibrate --model qwen3.5-35b-a3b --gpu-name h200 --grid draft --out draft.json   (the MTP head's
+        draft shapes only: writes draft.csv, fits nothing)
     """
     args = sys.argv[1:]
     command = shlex.join(["cdbench", *(args if args[:1] == ["calibrate"] else ["calibrate", *args])])
@@ -107,6 +110,10 @@ def calibrate(
             rows = _measure(spec, grid, device, decode_attention, tp, linear_kernels, idle_s)
             write_measurements(rows, csv_path)
             typer.echo(f"measurements: {csv_path}")
+            if all(r.mtp_drafts for r in rows):
+                typer.echo("draft shapes only: nothing fitted (the draft term is fitted beside step shapes: "
+                           "the default grid measures both)")
+                return
         else:
             csv_path, rows = measurements, read_measurements(measurements)
             target = shipped_calibration_path(spec.name, gpu.name, rows[0].tp) if str(out) == "auto" else out
@@ -144,7 +151,9 @@ def _probe(model: str, gpu_name: str, calibration: Path | None, device: str, out
                              "repetition, and its probe times its shapes so (leave --idle-s out)")
         from cdbench.harness.live.measure import GRIDS, measure_grid, measure_grid_tp
 
-        known = {shape_label(s.rows, s.kv, s.chunks, s.new, s.cached): s for grid in GRIDS.values() for s in grid()}
+        # steps only: the forward speed is the steps' (the head's draft shapes are not probed)
+        known = {shape_label(s.rows, s.kv, s.chunks, s.new, s.cached): s for grid in GRIDS.values() for s in grid()
+                 if not s.drafts}
         ours = [known[f.shape] for f in cal.fit if f.shape in known]
         if len(ours) < MIN_PROBE_SHAPES:
             raise ValueError(f"{path}: {len(ours)} of its shapes are on a measuring grid; a probe needs "
@@ -174,10 +183,9 @@ def _probe(model: str, gpu_name: str, calibration: Path | None, device: str, out
 def _measure(spec, grid: str, device: str, decode_attention: str, tp: int,
              linear_kernels: str = "auto", idle_s: float = 0.0) -> list[ForwardMeasurement]:
     # Imported here: measuring needs torch on a GPU, fitting stored measurements does not.
-    from cdbench.harness.live.measure import GRIDS, measure_grid, measure_grid_tp
+    from cdbench.harness.live.measure import grid_shapes, measure_grid, measure_grid_tp
 
-    if grid not in GRIDS:
-        raise ValueError(f"--grid {grid!r}: choose from {', '.join(GRIDS)}")
+    shapes = grid_shapes(grid, spec, tp)
     if decode_attention not in ("per_row", "dense"):
         raise ValueError(f"--decode-attention {decode_attention!r}: choose per_row or dense")
     if device.startswith("cuda"):
@@ -185,7 +193,6 @@ def _measure(spec, grid: str, device: str, decode_attention: str, tp: int,
 
         if not torch.cuda.is_available():
             raise ValueError("measuring on 'cuda' needs a CUDA device; fit stored ones with --measurements")
-    shapes = GRIDS[grid]()
 
     def show(row: ForwardMeasurement) -> None:
         typer.echo(f"  {row.label:<32} {row.median_s * 1e3:9.3f} ms  ({row.reps} reps{', graph' if row.graph else ''})")
@@ -199,6 +206,9 @@ def _measure(spec, grid: str, device: str, decode_attention: str, tp: int,
         for row in rows:
             show(row)
         return rows
+    drafts = sum(1 for s in shapes if s.drafts)
+    if drafts:
+        typer.echo(f"  ({drafts} of them the MTP head's draft shapes)")
     return measure_grid(spec, shapes, device, progress=show, min_reps=3 if grid == "tiny" else 10,
                         min_time_s=0.0 if grid == "tiny" else 0.25, per_row=decode_attention == "per_row",
                         linear_kernels=linear_kernels, idle_s=idle_s)
@@ -229,13 +239,25 @@ def measured_all_reduce(runs: list[str]) -> float:
 
 def fit_table(cal: ForwardCalibration, roofline: np.ndarray, held: np.ndarray | None = None) -> str:
     """The fit as markdown: parameters, then each shape's measured and fitted time and the roofline's error
-    (and each shape's error when held out of the fit, ``held``)."""
-    held_line = [] if held is None else [
-        f"Held out (fitted on the other shapes, {len(held)} shapes in turn): max |error| {np.max(np.abs(held)):.1%}, "
-        f"median {np.median(np.abs(held)):.1%}.", ""]
+    (and each shape's error when held out of the fit, ``held``); the MTP head's draft shapes, where measured,
+    summed up apart from the steps."""
+    draft = np.asarray([s.is_draft for s in cal.fit])
+
+    def summary(what: str, picked: np.ndarray) -> list[str]:
+        fit = np.asarray([abs(s.error) for s in cal.fit])[picked]
+        lines = [f"{what} over {int(picked.sum())} shapes: max |error| {fit.max():.1%}, median {np.median(fit):.1%} "
+                 f"(uncalibrated roofline: max {np.max(np.abs(roofline[picked])):.1%}, "
+                 f"median {np.median(np.abs(roofline[picked])):.1%}).", ""]
+        if held is not None:
+            lines += [f"Held out (fitted on the other shapes, {int(picked.sum())} shapes in turn): max |error| "
+                      f"{np.max(np.abs(held[picked])):.1%}, median {np.median(np.abs(held[picked])):.1%}.", ""]
+        return lines
+
     measured = [] if not cal.all_reduce_runs else [
         f"all_reduce_token_s measured (median per-row slope of the all-reduce, live.json): "
         f"{', '.join(f'`{r}`' for r in cal.all_reduce_runs)}.", ""]
+    drafted = [] if not draft.any() else summary("The MTP head's draft term (each pass mtp_pass_s + "
+                                                 "mtp_roof_scale x its roofline price)", draft)
     lines = [
         f"# Forward calibration: {cal.model} on {cal.gpu}{f' at tp={cal.tp}' if cal.tp > 1 else ''} "
         f"({cal.gpu_device}, torch {cal.torch_version})",
@@ -243,10 +265,8 @@ def fit_table(cal: ForwardCalibration, roofline: np.ndarray, held: np.ndarray | 
         f"Command: `{cal.command}`  ",
         f"Measurements: `{cal.measurements}`",
         "",
-        f"Fit over {len(cal.fit)} shapes: max |error| {cal.max_abs_error:.1%}, median {cal.median_abs_error:.1%} "
-        f"(uncalibrated roofline: max {np.max(np.abs(roofline)):.1%}, median {np.median(np.abs(roofline)):.1%}).",
-        "",
-        *held_line,
+        *summary("Fit" if not draft.any() else "Step fit", ~draft),
+        *drafted,
         *measured,
         "| parameter | value |",
         "|---|---|",
@@ -257,6 +277,8 @@ def fit_table(cal: ForwardCalibration, roofline: np.ndarray, held: np.ndarray | 
         *(f"| {name} | {getattr(cal, name):.4g} |" for name in (
             "decode_layer_s", "all_reduce_s", "all_reduce_token_s") if cal.tp > 1),
         *([f"| chunk_routing_skew | {cal.chunk_routing_skew:.4g} |"] if cal.chunk_routing_skew is not None else []),
+        *([f"| mtp_pass_s | {cal.mtp_draft.pass_s:.4g} |", f"| mtp_roof_scale | {cal.mtp_draft.roof_scale:.4g} |"]
+          if cal.mtp_draft is not None else []),
         "",
         "| shape | measured ms | fitted ms | fit error | roofline error |" + (" held-out error |" if held is not None
                                                                               else ""),

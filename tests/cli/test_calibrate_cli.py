@@ -56,6 +56,38 @@ def test_measure_tiny_model_on_cpu(tmp_path: Path) -> None:
     assert ForwardCalibration.load(out).model == "tiny-gqa"
 
 
+def test_a_model_with_an_mtp_head_has_its_draft_shapes_measured_and_fitted(tmp_path: Path, monkeypatch) -> None:
+    from cdbench.harness.live import measure
+
+    spec = tmp_path / "tiny-mtp.yaml"
+    spec.write_text(TINY.replace("tiny-gqa", "tiny-mtp") + "mtp_layers: 1\n")
+    out, report = tmp_path / "tiny.json", tmp_path / "fit.md"
+    result = CliRunner().invoke(app, ["calibrate", "--model", str(spec), "--gpu-name", "h100", "--out", str(out),
+                                      "--grid", "tiny", "--device", "cpu", "--report", str(report),
+                                      "--holdout", "2"])
+    assert result.exit_code == 0, result.output
+    assert "measuring tiny-mtp on cpu: 9 shapes" in result.output and "2 of them the MTP head's" in result.output
+    rows = read_measurements(out.with_suffix(".csv"))
+    assert [(r.kind, r.mtp_drafts) for r in rows[-2:]] == [("draft", 1), ("draft", 2)]
+    cal = ForwardCalibration.load(out)
+    assert cal.mtp_draft is not None and [s.shape for s in cal.fit][-2:] == ["draft 1x8 k1", "draft 4x16 k2"]
+    table = report.read_text()
+    assert "Step fit over 7 shapes" in table and "The MTP head's draft term (each pass" in table
+    assert "over 2 shapes: max |error|" in table and "| mtp_roof_scale |" in table and "| draft 4x16 k2 |" in table
+    # the draft grid alone is measured, not fitted (its small shapes here: the CPU's time)
+    monkeypatch.setitem(measure.GRIDS, "draft", measure.tiny_draft_grid)
+    alone = tmp_path / "draft.json"
+    result = CliRunner().invoke(app, ["calibrate", "--model", str(spec), "--gpu-name", "h100", "--out", str(alone),
+                                      "--grid", "draft", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert "draft shapes only: nothing fitted" in result.output and not alone.exists()
+    assert {r.kind for r in read_measurements(alone.with_suffix(".csv"))} == {"draft"}
+    # a model without a head has no draft shapes to measure
+    result = CliRunner().invoke(app, ["calibrate", "--model", "qwen3-8b", "--gpu-name", "h100", "--out",
+                                      str(alone), "--grid", "draft", "--device", "cpu"])
+    assert result.exit_code == 2 and "qwen3-8b has no MTP head" in result.output
+
+
 def test_an_idle_gap_before_each_repetition_is_recorded_and_kept_by_its_probe(tmp_path: Path) -> None:
     from cdbench.harness.costs.calibration import CalibrationError, write_measurements
     from cdbench.harness.costs.calibration_fit import fit_calibration

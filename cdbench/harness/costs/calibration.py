@@ -34,12 +34,14 @@ class CalibrationError(ValueError):
 @dataclass(frozen=True)
 class ForwardMeasurement:
     """One timed step shape: ``decode_rows`` rows of ``decode_kv`` cached tokens each, and
-    ``prefill_chunks`` chunks of ``prefill_new`` tokens after ``prefill_cached`` cached ones each."""
+    ``prefill_chunks`` chunks of ``prefill_new`` tokens after ``prefill_cached`` cached ones each; or, with
+    ``mtp_drafts`` > 0 (kind ``draft``), the MTP head's ``mtp_drafts`` passes over ``decode_rows`` drafting
+    requests of ``decode_kv`` cached tokens each."""
 
     model: str
     gpu_device: str          # torch.cuda.get_device_name() (or "cpu")
     torch_version: str
-    kind: str                # decode | prefill | mixed
+    kind: str                # decode | prefill | mixed | draft
     decode_rows: int
     decode_kv: int
     prefill_chunks: int
@@ -53,11 +55,12 @@ class ForwardMeasurement:
     decode_attention: str = "dense"  # dense (masked, over the longest row) or per_row (live mode's kernel)
     tp: int = 1                      # tensor-parallel ranks the step ran on (this row: rank 0's shard)
     idle_s: float = 0.0              # each repetition launched after this long with the GPU idle (0: back to back)
+    mtp_drafts: int = 0              # > 0: the MTP head's passes, not a step (kind draft)
 
     @property
     def label(self) -> str:
         return shape_label(self.decode_rows, self.decode_kv, self.prefill_chunks, self.prefill_new,
-                           self.prefill_cached)
+                           self.prefill_cached, self.mtp_drafts)
 
     @property
     def prefill_tokens(self) -> int:
@@ -75,12 +78,15 @@ class ForwardMeasurement:
         return self.decode_rows * self.decode_kv
 
 
-def shape_label(decode_rows: int, decode_kv: int, prefill_chunks: int, prefill_new: int, prefill_cached: int) -> str:
-    """A step shape's name, as a calibration's ``fit`` lists it.
+def shape_label(decode_rows: int, decode_kv: int, prefill_chunks: int, prefill_new: int, prefill_cached: int,
+                drafts: int = 0) -> str:
+    """A step shape's name, as a calibration's ``fit`` lists it (``drafts`` > 0: the MTP head's passes).
 
-    >>> shape_label(64, 1024, 1, 256, 0), shape_label(0, 0, 2, 1024, 512)
-    ('decode 64x1024 + prefill 1x256', 'prefill 2x1024+512')
+    >>> shape_label(64, 1024, 1, 256, 0), shape_label(0, 0, 2, 1024, 512), shape_label(16, 4096, 0, 0, 0, 3)
+    ('decode 64x1024 + prefill 1x256', 'prefill 2x1024+512', 'draft 16x4096 k3')
     """
+    if drafts:
+        return f"draft {decode_rows}x{decode_kv} k{drafts}"
     parts = []
     if decode_rows:
         parts.append(f"decode {decode_rows}x{decode_kv}")
@@ -91,8 +97,8 @@ def shape_label(decode_rows: int, decode_kv: int, prefill_chunks: int, prefill_n
 
 
 _FIELDS = [f.name for f in fields(ForwardMeasurement)]
-_OPTIONAL = {"decode_attention", "tp", "idle_s"}  # absent from files measured before they existed (dense, one GPU,
-# back to back then)
+# absent from files measured before they existed (dense, one GPU, back to back, no draft shapes then)
+_OPTIONAL = {"decode_attention", "tp", "idle_s", "mtp_drafts"}
 
 
 def write_measurements(rows: list[ForwardMeasurement], path: Path) -> None:
@@ -160,6 +166,21 @@ class ShapeFit(BaseModel):
         """Relative error of the prediction, signed."""
         return self.predicted_s / self.measured_s - 1.0
 
+    @property
+    def is_draft(self) -> bool:
+        """The MTP head's passes (a draft shape, :func:`shape_label`), not a step."""
+        return self.shape.startswith("draft ")
+
+
+class MtpDraftFit(BaseModel):
+    """The MTP head's passes as measured: each pass costs ``pass_s`` plus ``roof_scale`` times its roofline
+    price at the step fit's efficiencies (:meth:`~cdbench.harness.costs.forward.ForwardCostModel.mtp_draft_s`),
+    least squares on the relative errors of the draft shapes (:func:`~.calibration_fit.fit_draft`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    pass_s: float = Field(ge=0, description="fixed cost of one pass of the head (its kernels' launches)")
+    roof_scale: float = Field(ge=0, description="multiplies a pass's roofline price")
+
 
 class ForwardCalibration(BaseModel):
     """Fitted parameters of the forward cost model for one model on one GPU.
@@ -208,6 +229,9 @@ class ForwardCalibration(BaseModel):
     has each prefill chunk's tokens route over ``n_experts / chunk_routing_skew``
     of them while decode rows route uniformly
     (:meth:`~cdbench.harness.costs.forward.ForwardCostModel._experts_touched`).
+    ``mtp_draft`` prices the MTP head's drafting passes (:class:`MtpDraftFit`), fitted to the draft shapes
+    alone and only where they were measured (a model with an MTP head); the step terms ignore those
+    shapes. None: the head's passes are the roofline's at the step fit's efficiencies.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -238,6 +262,8 @@ class ForwardCalibration(BaseModel):
     chunk_routing_skew: float | None = Field(None, ge=1, description="a MoE's prefill chunk routes its tokens over "
                                              "n_experts / chunk_routing_skew experts (1: uniformly over all; None: "
                                              "not fitted, a dense model or a fit made before the term)")
+    mtp_draft: MtpDraftFit | None = Field(None, description="the MTP head's passes, fitted to the draft shapes "
+                                          "(None: none measured; priced by the roofline)")
     all_reduce_runs: list[str] = Field(default_factory=list, description="the live tensor-parallel runs whose "
                                        "measured all-reduce gave all_reduce_token_s (empty: fitted)")
     decode_attention: Literal["dense", "per_row"] = Field(

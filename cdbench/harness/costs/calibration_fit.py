@@ -8,6 +8,11 @@ eighth powers, which trades a little of the median for a lower worst shape
 its worst error is lower. Every measured shape is reported with its fitted
 error (:attr:`ForwardCalibration.fit`); :func:`holdout_errors` fits on part of
 the shapes and prices the rest (the fit's out-of-sample error).
+
+Draft shapes (the MTP head's passes, ``mtp_drafts`` > 0) take no part in the
+step fit: once it is made, :func:`fit_draft` fits the head's own term to them
+alone (a per-pass cost and a scale on the passes' roofline price at the step
+fit's efficiencies, linear least squares on the relative errors, both >= 0).
 """
 
 from __future__ import annotations
@@ -15,12 +20,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.optimize import least_squares
+from scipy.optimize import least_squares, lsq_linear
 
 from cdbench.harness.costs.calibration import (
     CalibrationError,
     ForwardCalibration,
     ForwardMeasurement,
+    MtpDraftFit,
     ShapeFit,
 )
 from cdbench.harness.costs.forward import ForwardCostModel, ForwardParams, PeakTimes
@@ -71,28 +77,35 @@ def peak_times(forward: ForwardCostModel, rows: Sequence[ForwardMeasurement]) ->
 def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, gpu: str | GPUSpec, *, measurements: str,
                     command: str, all_reduce_token_s: float | None = None,
                     all_reduce_runs: Sequence[str] = ()) -> ForwardCalibration:
-    """Fit :class:`ForwardCalibration` to ``rows`` (all of one model and one device).
+    """Fit :class:`ForwardCalibration` to ``rows`` (all of one model and one device): the step terms to the
+    step shapes, then the MTP head's draft term to the draft shapes (:func:`fit_draft`) where there are any.
 
     ``all_reduce_token_s`` (tp > 1): the all-reduce's per-token time as measured (``all_reduce_runs``: where),
     held at that value; without it the fit solves it with the rest.
     """
     if not rows:
         raise CalibrationError("no measurements to fit")
-    ranks = {r.tp for r in rows}
+    # the step terms see the step shapes only (``rows`` from here on); the draft shapes are fitted after them
+    everything, rows = rows, [r for r in rows if not r.mtp_drafts]
+    drafts = [r for r in everything if r.mtp_drafts]
+    if not rows:
+        raise CalibrationError(f"the {len(drafts)} measurements are all draft shapes: the draft term is fitted "
+                               "beside step shapes (measure a step grid too)")
+    ranks = {r.tp for r in everything}
     if len(ranks) != 1:
         raise CalibrationError(f"measurements mix tensor-parallel sizes: {', '.join(map(str, sorted(ranks)))}")
     tp = ranks.pop()
     forward = ForwardCostModel(model, gpu, tp=tp, forward_calibration="none")
-    names = {r.model for r in rows}
+    names = {r.model for r in everything}
     if names != {forward.model.name}:
         raise CalibrationError(f"measurements are of {', '.join(sorted(names))}, not {forward.model.name}")
-    devices = {r.gpu_device for r in rows}
+    devices = {r.gpu_device for r in everything}
     if len(devices) != 1:
         raise CalibrationError(f"measurements come from several devices: {', '.join(sorted(devices))}")
     attention = {r.decode_attention for r in rows}
     if len(attention) != 1:
         raise CalibrationError(f"measurements mix decode attention paths: {', '.join(sorted(attention))}")
-    idles = {r.idle_s for r in rows}
+    idles = {r.idle_s for r in everything}
     if len(idles) != 1:
         raise CalibrationError(f"measurements mix idle gaps before their repetitions: {sorted(idles)} s")
     if all_reduce_token_s is not None and tp == 1:
@@ -146,8 +159,7 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
         uniform[_MOE_TERM] = 1.0
         best = solve([*free, _MOE_TERM], moe=True, extra_starts=[uniform])
     params = _params(best, tp, moe)
-    predicted = forward.price(peak, params)
-    return ForwardCalibration(
+    cal = ForwardCalibration(
         model=forward.model.name, gpu=forward.gpu.name, gpu_device=devices.pop(),
         compute_efficiency=params.compute_efficiency, memory_efficiency=params.memory_efficiency,
         attention_efficiency=params.attention_efficiency, kv_memory_efficiency=params.kv_memory_efficiency,
@@ -159,31 +171,68 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
         all_reduce_s=params.all_reduce_s, all_reduce_token_s=params.all_reduce_token_s,
         chunk_routing_skew=params.chunk_routing_skew if moe else None,
         all_reduce_runs=list(all_reduce_runs), measurements=measurements, command=command, torch_version=rows[0].torch_version,
-        decode_attention=attention.pop(), tp=tp, idle_s=idles.pop(),
-        fit=[ShapeFit(shape=r.label, measured_s=float(m), predicted_s=float(p))
-             for r, m, p in zip(rows, measured, predicted, strict=True)],
+        decode_attention=attention.pop(), tp=tp, idle_s=idles.pop(), fit=[],
     )
+    if drafts:
+        steps_only = ForwardCostModel(forward.model, forward.gpu, tp=tp, forward_calibration=cal)
+        cal = cal.model_copy(update={"mtp_draft": fit_draft(drafts, steps_only)})
+    fitted = ForwardCostModel(forward.model, forward.gpu, tp=tp, forward_calibration=cal)
+    predicted = price_rows(fitted, everything)
+    return cal.model_copy(update={"fit": [ShapeFit(shape=r.label, measured_s=r.median_s, predicted_s=float(p))
+                                          for r, p in zip(everything, predicted, strict=True)]})
+
+
+def fit_draft(rows: Sequence[ForwardMeasurement], forward: ForwardCostModel) -> MtpDraftFit:
+    """The MTP head's draft term fitted to draft shapes ``rows``, priced by ``forward`` (the step fit, without a
+    draft term): each pass ``pass_s + roof_scale·roof``, the pair minimising the squared relative errors."""
+    if forward.model.mtp_layers == 0:
+        raise CalibrationError(f"draft shapes measured for {forward.model.name}, which has no MTP layer")
+    measured = np.asarray([r.median_s for r in rows])
+    passes = np.asarray([r.mtp_drafts for r in rows], dtype=np.float64)
+    roof = np.asarray([forward.mtp_roof_s(r.decode_rows, r.mtp_drafts, r.decode_kv_tokens) for r in rows])
+    # the fixed cost in milliseconds, so both columns are of order one for the solver
+    design = np.column_stack([passes * 1e-3, roof]) / measured[:, None]
+    solved = lsq_linear(design, np.ones(len(rows)), bounds=(0.0, np.inf), method="bvls").x
+    return MtpDraftFit(pass_s=float(solved[0]) * 1e-3, roof_scale=float(solved[1]))
+
+
+def price_rows(forward: ForwardCostModel, rows: Sequence[ForwardMeasurement]) -> np.ndarray:
+    """Seconds ``forward`` prices each of ``rows`` at: a step shape as a step, a draft shape as the head's passes."""
+    prices = np.empty(len(rows))
+    steps = [i for i, r in enumerate(rows) if not r.mtp_drafts]
+    if steps:
+        prices[steps] = forward.price(peak_times(forward, [rows[i] for i in steps]))
+    for i, r in enumerate(rows):
+        if r.mtp_drafts:
+            prices[i] = forward.mtp_draft_s(r.decode_rows, r.mtp_drafts, r.decode_kv_tokens)
+    return prices
 
 
 def roofline_errors(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, gpu: str | GPUSpec) -> np.ndarray:
     """Relative errors of the uncalibrated roofline on ``rows`` (for the fit tables)."""
     forward = ForwardCostModel(model, gpu, tp=rows[0].tp, forward_calibration="none")
-    measured = np.asarray([r.median_s for r in rows])
-    return forward.price(peak_times(forward, rows)) / measured - 1.0
+    return price_rows(forward, rows) / np.asarray([r.median_s for r in rows]) - 1.0
 
 
 def holdout_errors(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, gpu: str | GPUSpec, folds: int,
                    **fit_options) -> np.ndarray:
-    """Each shape's relative error when priced by a fit of the other folds (shape ``i`` is in fold
-    ``i % folds``): the fit's out-of-sample error, one value per row of ``rows``."""
-    if not 2 <= folds <= len(rows):
-        raise CalibrationError(f"hold-out folds must be between 2 and the {len(rows)} shapes, got {folds}")
+    """Each shape's relative error when priced by a fit of the other folds: the fit's out-of-sample error, one
+    value per row of ``rows``. The ``i``-th step shape is in fold ``i % folds``, and the ``j``-th draft shape in
+    fold ``j % folds`` (so the step shapes' folds are the same with or without draft shapes)."""
+    steps = [i for i, r in enumerate(rows) if not r.mtp_drafts]
+    drafts = [i for i, r in enumerate(rows) if r.mtp_drafts]
+    if not 2 <= folds <= len(steps):
+        raise CalibrationError(f"hold-out folds must be between 2 and the {len(steps)} step shapes, got {folds}")
+    if drafts and len(drafts) < 2:
+        raise CalibrationError("holding out the one draft shape leaves none to fit the draft term")
+    fold_of = np.empty(len(rows), dtype=np.int64)
+    for members in (steps, drafts):
+        fold_of[members] = np.arange(len(members)) % folds
     errors = np.empty(len(rows))
     for fold in range(folds):
-        held = [i for i in range(len(rows)) if i % folds == fold]
-        cal = fit_calibration([r for i, r in enumerate(rows) if i % folds != fold], model, gpu, measurements="",
+        held = [i for i in range(len(rows)) if fold_of[i] == fold]
+        cal = fit_calibration([r for i, r in enumerate(rows) if fold_of[i] != fold], model, gpu, measurements="",
                               command="", **fit_options)
         forward = ForwardCostModel(model, gpu, tp=cal.tp, forward_calibration=cal)
-        peak = peak_times(forward, [rows[i] for i in held])
-        errors[held] = forward.price(peak) / np.asarray([rows[i].median_s for i in held]) - 1.0
+        errors[held] = price_rows(forward, [rows[i] for i in held]) / np.asarray([rows[i].median_s for i in held]) - 1.0
     return errors

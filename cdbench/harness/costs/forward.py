@@ -33,7 +33,8 @@ within its chunk, and reads and writes the state once per chunk. Full-attention
 layers are priced as before, over their own count.
 
 :meth:`ForwardCostModel.mtp_draft_s` prices multi-token-prediction drafting: each
-drafted token per row is one pass of the MTP layer and the LM head over the rows.
+drafted token per row is one pass of the MTP layer and the LM head over the rows, at
+the roofline, or as a calibration that measured the head's passes fitted them.
 
 A fixed per-step overhead is added to the sum, and the whole is multiplied by
 the host's forward speed (:mod:`.forward_speed`: 1 by default; decode-only
@@ -265,6 +266,7 @@ class ForwardCostModel:
         self._chunked_s_per_token = (chunk_flops * -(-m.linear_num_value_heads // tp) * m.n_linear_layers
                                      / flops_rate)
         self._mtp: _MtpRoof | None = None  # built on the first mtp_draft_s
+        self._mtp_fit = fit.mtp_draft if fit else None
         if tp > 1:
             link_rate = g.nvlink_bandwidth_Bps / 2.0  # one direction of the datasheet total
             ring_bytes = 2.0 * (tp - 1) / tp * m.hidden_size * ACTIVATION_BYTES
@@ -432,18 +434,27 @@ class ForwardCostModel:
 
         Drafting is sequential: draft ``j`` feeds draft ``j + 1``, so it is ``drafts`` passes of the
         head over the rows, each reading the head's weights (the experts its rows touch) and the LM
-        head, and attending over the rows' ``kv_tokens`` of context (one more per row each pass).
-        Priced with this model's efficiencies and decode speed (the passes run inside the step:
-        no step overhead). ``ValueError`` when the model has no MTP layer.
+        head, and attending over the rows' ``kv_tokens`` of context (one more per row each pass):
+        :meth:`mtp_roof_s`. A calibration's fitted draft term (``mtp_draft``, measured draft shapes)
+        makes each pass its fixed cost plus its scale times that price. Times the decode speed (the
+        passes run inside the step: no step overhead). ``ValueError`` when the model has no MTP layer.
         """
+        roof = self.mtp_roof_s(rows, drafts, kv_tokens)
+        fit = self._mtp_fit
+        if fit is not None and roof:
+            roof = drafts * fit.pass_s + fit.roof_scale * roof
+        return self._decode_speed * roof
+
+    def mtp_roof_s(self, rows: float, drafts: int, kv_tokens: float = 0.0) -> float:
+        """The MTP head's ``drafts`` passes over ``rows`` rows at the roofline with this model's efficiencies
+        (the step fit's, or the GPU spec's): no fitted draft term, no forward speed."""
         if not self.model.mtp_layers:
             raise ValueError(f"{self.model.name} has no MTP layer (mtp_layers = 0) to draft with")
         if rows <= 0 or drafts <= 0:
             return 0.0
         if self._mtp is None:
             self._mtp = _MtpRoof(self.model, self.tp, self.gpu.bf16_dense_flops, self.gpu.hbm_bandwidth_Bps)
-        total = sum(self._mtp.pass_s(rows, kv_tokens + j * rows, self.params) for j in range(drafts))
-        return self._decode_speed * total
+        return sum(self._mtp.pass_s(rows, kv_tokens + j * rows, self.params) for j in range(drafts))
 
 
 class _MtpRoof:

@@ -16,6 +16,13 @@ its own kernels, so a busy engine's mixed steps cost more than one chunk of
 the same tokens), and one chunk of 256-1024 tokens beside 1-4 decode rows
 (:func:`few_rows_grid`: the mixed step of chunked prefill under light load,
 a request's first-token step there).
+
+A model with an MTP head (``mtp_layers`` > 0) also has the head's drafting
+measured (:func:`draft_grid`, added by :func:`grid_shapes`): ``rows`` drafting
+requests of ``kv`` cached tokens, the head's ``k`` passes captured as one CUDA
+graph (:meth:`~.forward.LiveForward.capture_draft`), as live mode runs them
+after a step; the forward is then built with its head and the cache pages the
+head's layers after the model's.
 """
 
 from __future__ import annotations
@@ -49,21 +56,32 @@ CHUNK_DECODE = ((0, 0), (64, 1024))  # (rows, cached tokens each) beside the chu
 MIXED = ((256, 8, 1024), (256, 64, 1024), (256, 256, 1024), (1024, 8, 1024), (1024, 64, 1024),
          (1024, 256, 1024), (2048, 16, 2048), (2048, 128, 2048), (512, 32, 4096), (128, 128, 512))
 FEW_ROWS_MIXED = tuple((new, rows, 1024) for new in (256, 512, 1024) for rows in (1, 2, 4))
+DRAFT_ROWS = (1, 4, 16, 64, 128)
+DRAFT_KV = (1024, 4096)
+DRAFT_PASSES = (1, 3)
 
 
 @dataclass(frozen=True)
 class StepShape:
     """One grid point: ``rows`` decode rows of ``kv`` cached tokens, ``chunks`` prefill chunks of ``new``
-    tokens after ``cached`` ones."""
+    tokens after ``cached`` ones; or, ``drafts`` > 0, the MTP head's ``drafts`` passes over ``rows`` drafting
+    requests of ``kv`` cached tokens (their drafts at positions ``kv`` on), no step."""
 
     rows: int = 0
     kv: int = 0
     chunks: int = 0
     new: int = 0
     cached: int = 0
+    drafts: int = 0
+
+    def __post_init__(self) -> None:
+        if self.drafts and (self.chunks or not self.rows):
+            raise ValueError(f"a draft shape has drafting rows and no prefill chunk: {self}")
 
     @property
     def kind(self) -> str:
+        if self.drafts:
+            return "draft"
         return "mixed" if self.rows and self.chunks else ("decode" if self.rows else "prefill")
 
     @property
@@ -72,7 +90,7 @@ class StepShape:
 
     @property
     def max_len(self) -> int:
-        return max(self.kv + 1 if self.rows else 0, self.cached + self.new)
+        return max(self.kv + max(self.drafts, 1) if self.rows else 0, self.cached + self.new)
 
 
 def default_grid() -> list[StepShape]:
@@ -101,8 +119,38 @@ def tiny_grid() -> list[StepShape]:
             StepShape(rows=4, kv=16, chunks=1, new=32)]
 
 
+def draft_grid() -> list[StepShape]:
+    """The MTP head's drafting: rows 1-128 × 1024 or 4096 cached tokens (rows × context up to the decode
+    grid's 2^18 tokens) × 1 or 3 passes."""
+    return [StepShape(rows=r, kv=kv, drafts=k) for r in DRAFT_ROWS for kv in DRAFT_KV for k in DRAFT_PASSES
+            if r * kv <= MAX_DECODE_TOKENS]
+
+
+def tiny_draft_grid() -> list[StepShape]:
+    """Two small draft shapes: the tiny grid's for a model with an MTP head."""
+    return [StepShape(rows=1, kv=8, drafts=1), StepShape(rows=4, kv=16, drafts=2)]
+
+
 GRIDS: dict[str, Callable[[], list[StepShape]]] = {
-    "default": default_grid, "chunks": chunk_grid, "few_rows": few_rows_grid, "tiny": tiny_grid}
+    "default": default_grid, "chunks": chunk_grid, "few_rows": few_rows_grid, "tiny": tiny_grid,
+    "draft": draft_grid}
+# the draft shapes a step grid adds for a model with an MTP head
+_DRAFTS_BESIDE = {"default": draft_grid, "tiny": tiny_draft_grid}
+
+
+def grid_shapes(grid: str, spec: ModelSpec, tp: int = 1) -> list[StepShape]:
+    """The shapes ``cdbench calibrate --grid`` measures: the grid's, and for a model with an MTP head on one
+    GPU the default and tiny grids' draft shapes after them (live mode drafts on one GPU)."""
+    if grid not in GRIDS:
+        raise ValueError(f"--grid {grid!r}: choose from {', '.join(GRIDS)}")
+    shapes = GRIDS[grid]()
+    if any(s.drafts for s in shapes) and not spec.mtp_layers:
+        raise ValueError(f"--grid {grid}: {spec.name} has no MTP head (mtp_layers = 0) to draft with")
+    if any(s.drafts for s in shapes) and tp > 1:
+        raise ValueError(f"--grid {grid}: the MTP head's drafting is measured on one GPU, not {tp} ranks")
+    if spec.mtp_layers and tp == 1 and grid in _DRAFTS_BESIDE:
+        shapes += _DRAFTS_BESIDE[grid]()
+    return shapes
 
 
 def pool_tokens(shapes: Iterable[StepShape], cache_len: int | None = None, block_size: int = BLOCK_SIZE) -> int:
@@ -128,30 +176,42 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
     ``tp``: this process is one rank of a tensor-parallel group (:func:`measure_grid_tp`): it runs its
     shard, and every rank times exactly ``min_reps`` repetitions (``min_time_s`` ignored), since a rank
     that stopped early would leave the others waiting in their all-reduces. ``linear_kernels``: a hybrid
-    model's Gated DeltaNet kernels (:class:`~.forward.LiveForward`).
+    model's Gated DeltaNet kernels (:class:`~.forward.LiveForward`). Draft shapes time the MTP head's
+    passes (the module doc): their rows are of kind ``draft`` with ``mtp_drafts`` set.
     """
     longest = max(s.max_len for s in shapes)
     if cache_len is not None and cache_len < longest:
         raise ValueError(f"cache_len {cache_len} is shorter than a shape's context ({longest} tokens)")
-    forward = LiveForward(spec, device, dtype=dtype, tp=tp, linear_kernels=linear_kernels)
+    mtp = any(s.drafts for s in shapes)
+    forward = LiveForward(spec, device, dtype=dtype, tp=tp, linear_kernels=linear_kernels, mtp=mtp)
     ranks = forward.tp.size if forward.tp is not None else 1
     if ranks > 1:
         min_time_s, idle_s = 0.0, 0.0
-    pool = KVPool(forward.spec, pool_tokens(shapes, cache_len, block_size), device, dtype, block_size)
+    pool = KVPool(forward.spec, pool_tokens(shapes, cache_len, block_size), device, dtype, block_size,
+                  extra_layers=forward.spec.mtp_layers if mtp else 0)
     cuda = forward.device.type == "cuda"
     gpu_device = torch.cuda.get_device_name(forward.device) if cuda else "cpu"
     rows = []
     for shape in shapes:
         cache = pool.cache(shape.slots, cache_len or shape.max_len)
-        decode = forward.decode_inputs([shape.kv] * shape.rows, per_row=per_row) if shape.rows else None
-        prefill = [PrefillChunk(shape.rows + i, shape.cached, shape.new) for i in range(shape.chunks)]
         graph = cuda
-        if graph:
-            captured = forward.capture(cache, decode, prefill)
-            run = captured.replay
+        if shape.drafts:
+            draft = forward.draft_inputs([shape.kv] * shape.rows, range(shape.rows))
+            if graph:
+                captured = forward.capture_draft(cache, draft, shape.drafts)
+                run = captured.replay
+            else:
+                def run(cache=cache, draft=draft, passes=shape.drafts):
+                    return forward.draft(cache, draft, passes)
         else:
-            def run(cache=cache, decode=decode, prefill=prefill):
-                return forward.step(cache, decode, prefill)
+            decode = forward.decode_inputs([shape.kv] * shape.rows, per_row=per_row) if shape.rows else None
+            prefill = [PrefillChunk(shape.rows + i, shape.cached, shape.new) for i in range(shape.chunks)]
+            if graph:
+                captured = forward.capture(cache, decode, prefill)
+                run = captured.replay
+            else:
+                def run(cache=cache, decode=decode, prefill=prefill):
+                    return forward.step(cache, decode, prefill)
         times = time_repetitions(run, cuda, min_reps, min_time_s, idle_s)
         del run
         if graph:
@@ -161,8 +221,9 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
             model=spec.name, gpu_device=gpu_device, torch_version=torch.__version__, kind=shape.kind,
             decode_rows=shape.rows, decode_kv=shape.kv, prefill_chunks=shape.chunks, prefill_new=shape.new,
             prefill_cached=shape.cached, graph=graph, reps=len(times), median_s=statistics.median(times),
-            p10_s=q[0], p90_s=q[-1], decode_attention="per_row" if per_row else "dense", tp=ranks,
-            idle_s=idle_s)
+            p10_s=q[0], p90_s=q[-1], tp=ranks, idle_s=idle_s, mtp_drafts=shape.drafts,
+            # the head's passes always attend through the per-row kernel
+            decode_attention="per_row" if per_row or shape.drafts else "dense")
         rows.append(row)
         if progress is not None:
             progress(row)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +41,8 @@ def test_shipped_fit_meets_the_bar_on_its_measurements(path: Path) -> None:
     assert fwd.calibration_source == path.name
     for row, shape in zip(rows, cal.fit, strict=True):
         predicted = fwd.step_s(row.prefill_tokens, row.prefill_pairs, row.decode_rows, row.decode_kv_tokens,
-                               row.prefill_chunks)
+                               row.prefill_chunks) if not row.mtp_drafts else fwd.mtp_draft_s(
+            row.decode_rows, row.mtp_drafts, row.decode_kv_tokens)
         assert predicted == pytest.approx(shape.predicted_s, rel=1e-9)
         assert shape.measured_s == row.median_s
 
@@ -336,5 +338,101 @@ def test_held_out_shapes_are_priced_by_a_fit_of_the_others() -> None:
     r = rows[1]
     assert held[1] == pytest.approx(forward.step_s(r.prefill_tokens, r.prefill_pairs, r.decode_rows,
                                                    r.decode_kv_tokens, r.prefill_chunks) / r.median_s - 1, rel=1e-9)
-    with pytest.raises(CalibrationError, match="hold-out folds must be between 2 and the 98 shapes, got 1"):
+    with pytest.raises(CalibrationError, match="hold-out folds must be between 2 and the 98 step shapes, got 1"):
         holdout_errors(rows, "qwen3-8b", "h200", 1)
+
+
+# ---- the MTP head's draft shapes ------------------------------------------------------------------------------
+
+HYBRID = "qwen3.5-35b-a3b"
+
+
+def _draft_rows(forward: ForwardCostModel, like) -> list:
+    """The draft grid's shapes, each timed at exactly ``forward``'s price (rows as a GPU run writes them)."""
+    from cdbench.harness.live.measure import draft_grid
+
+    return [dataclasses.replace(like, kind="draft", decode_rows=s.rows, decode_kv=s.kv, prefill_chunks=0,
+                                prefill_new=0, prefill_cached=0, mtp_drafts=s.drafts,
+                                median_s=forward.mtp_draft_s(s.rows, s.drafts, s.rows * s.kv)) for s in draft_grid()]
+
+
+def test_measurement_files_round_trip_with_and_without_the_draft_column(tmp_path: Path) -> None:
+    import csv
+
+    steps = read_measurements(REPO / f"reports/calibration/{HYBRID}__h200.csv")
+    assert {r.mtp_drafts for r in steps} == {0}  # measured before the column: read as steps
+    drafts = _draft_rows(ForwardCostModel(HYBRID, "h200"), steps[0])
+    path = tmp_path / "m.csv"
+    write_measurements(steps + drafts, path)
+    back = read_measurements(path)
+    assert back == steps + drafts and [r.kind for r in back[-2:]] == ["draft", "draft"]
+    assert back[-1].label == "draft 128x1024 k3" and back[-1].mtp_drafts == 3
+    with path.open() as fh:
+        table = list(csv.reader(fh))
+    column = table[0].index("mtp_drafts")
+    with path.open("w", newline="") as fh:
+        csv.writer(fh).writerows([row[:column] + row[column + 1:] for row in table[:len(steps) + 1]])
+    assert read_measurements(path) == steps
+
+
+def test_the_step_fit_ignores_draft_shapes_and_the_draft_term_is_recovered() -> None:
+    from cdbench.harness.costs.calibration import MtpDraftFit
+
+    steps = read_measurements(REPO / f"reports/calibration/{HYBRID}__h200.csv")
+    plain = fit_calibration(steps, HYBRID, "h200", measurements="x", command="test")
+    assert plain.mtp_draft is None
+    truth = plain.model_copy(update={"mtp_draft": MtpDraftFit(pass_s=4e-4, roof_scale=1.7)})
+    drafts = _draft_rows(ForwardCostModel(HYBRID, "h200", forward_calibration=truth), steps[0])
+    # draft shapes among the steps, as the default grid of a model with an MTP head measures them
+    mixed = steps[:40] + drafts + steps[40:]
+    cal = fit_calibration(mixed, HYBRID, "h200", measurements="x", command="test")
+    assert cal.model_dump(exclude={"mtp_draft", "fit"}) == plain.model_dump(exclude={"mtp_draft", "fit"})
+    assert cal.mtp_draft.pass_s == pytest.approx(4e-4, rel=1e-6)
+    assert cal.mtp_draft.roof_scale == pytest.approx(1.7, rel=1e-6)
+    # every shape in the fit table, in the measured order, the draft shapes exactly priced
+    assert [s.shape for s in cal.fit] == [r.label for r in mixed]
+    assert [s for s in cal.fit if not s.is_draft] == plain.fit
+    assert max(abs(s.error) for s in cal.fit if s.is_draft) < 1e-9
+    with pytest.raises(CalibrationError, match="all draft shapes: the draft term is fitted beside step shapes"):
+        fit_calibration(drafts, HYBRID, "h200", measurements="x", command="test")
+    with pytest.raises(CalibrationError, match="qwen3-8b, which has no MTP layer"):
+        dense = read_measurements(REPO / "reports/calibration/qwen3-8b__h200.csv")[:30]
+        fit_calibration(dense + [dataclasses.replace(r, model="qwen3-8b", idle_s=dense[0].idle_s) for r in drafts[:2]],
+                        "qwen3-8b", "h200", measurements="x", command="test")
+
+
+def test_the_head_is_priced_by_the_fitted_draft_term_and_by_the_roofline_without_one() -> None:
+    from cdbench.harness.costs.calibration import MtpDraftFit
+    from cdbench.harness.costs.forward_speed import ForwardSpeed
+
+    shipped = ForwardCalibration.load(shipped_calibration_path(HYBRID, "h200"))
+    assert shipped.mtp_draft is None  # measured before draft shapes: the head's passes are the roofline's
+    plain = ForwardCostModel(HYBRID, "h200")
+    roof = plain.mtp_roof_s(16, 3, 16 * 4096)
+    assert plain.mtp_draft_s(16, 3, 16 * 4096) == roof > 0
+    fitted = shipped.model_copy(update={"mtp_draft": MtpDraftFit(pass_s=3e-4, roof_scale=2.5)})
+    model = ForwardCostModel(HYBRID, "h200", forward_calibration=fitted)
+    assert model.mtp_draft_s(16, 3, 16 * 4096) == pytest.approx(3 * 3e-4 + 2.5 * roof, rel=1e-12)
+    assert model.mtp_draft_s(0, 3) == 0.0 == model.mtp_draft_s(16, 0)
+    # the steps are the step fit's either way; the host's decode speed scales the passes
+    assert model.step_s(decode_rows=8, decode_kv_tokens=8000) == plain.step_s(decode_rows=8, decode_kv_tokens=8000)
+    slow = ForwardCostModel(HYBRID, "h200", speed=ForwardSpeed.given(1.25), forward_calibration=fitted)
+    assert slow.mtp_draft_s(4, 2, 4000) == pytest.approx(1.25 * model.mtp_draft_s(4, 2, 4000), rel=1e-12)
+
+
+def test_draft_shapes_are_held_out_in_their_own_folds() -> None:
+    from cdbench.harness.costs.calibration import MtpDraftFit
+    from cdbench.harness.costs.calibration_fit import holdout_errors
+
+    spec = ForwardCostModel("qwen3-8b", "h200").model.model_copy(update={"mtp_layers": 1})
+    steps = read_measurements(REPO / "reports/calibration/qwen3-8b__h200.csv")
+    plain = fit_calibration(steps, spec, "h200", measurements="x", command="test")
+    truth = plain.model_copy(update={"mtp_draft": MtpDraftFit(pass_s=2e-4, roof_scale=1.3)})
+    drafts = _draft_rows(ForwardCostModel(spec, "h200", forward_calibration=truth), steps[0])
+    held = holdout_errors(steps + drafts, spec, "h200", 4)
+    # the step shapes' folds (and so their held-out errors) are what they are without draft shapes
+    assert held[:len(steps)].tolist() == holdout_errors(steps, spec, "h200", 4).tolist()
+    # exact draft times: a fit of three quarters of them prices the rest exactly
+    assert np.abs(held[len(steps):]).max() < 1e-9
+    with pytest.raises(CalibrationError, match="holding out the one draft shape"):
+        holdout_errors(steps + drafts[:1], spec, "h200", 4)

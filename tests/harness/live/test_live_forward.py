@@ -172,6 +172,31 @@ def test_each_drafting_pass_is_a_decode_step_of_the_heads_layer() -> None:
     assert int(flat.abs().sum(dim=(1, 2)).gt(0).sum()) == len(written)
 
 
+def test_measuring_draft_shapes_times_the_heads_passes() -> None:
+    from cdbench.harness.live.measure import StepShape, draft_grid, grid_shapes, measure_grid, tiny_grid
+
+    spec = tiny_mtp()
+    # a model with an MTP head gets the draft shapes after the step grid's, on one GPU only
+    assert grid_shapes("tiny", spec) == tiny_grid() + [StepShape(rows=1, kv=8, drafts=1),
+                                                       StepShape(rows=4, kv=16, drafts=2)]
+    assert grid_shapes("tiny", tiny_mtp(0)) == grid_shapes("tiny", spec, tp=2) == tiny_grid()
+    assert grid_shapes("draft", spec) == draft_grid() and len(draft_grid()) == 18
+    assert all(s.rows * s.kv <= 2**18 for s in draft_grid())
+    with pytest.raises(ValueError, match="tiny-mtp has no MTP head"):
+        grid_shapes("draft", tiny_mtp(0))
+    with pytest.raises(ValueError, match="measured on one GPU, not 2 ranks"):
+        grid_shapes("draft", spec, tp=2)
+    with pytest.raises(ValueError, match="a draft shape has drafting rows and no prefill chunk"):
+        StepShape(rows=2, kv=8, chunks=1, new=4, drafts=1)
+    shapes = [StepShape(rows=2, kv=8), StepShape(rows=2, kv=8, drafts=3)]
+    assert shapes[1].max_len == 11  # the drafts' keys go at positions 8, 9 and 10
+    rows = measure_grid(spec, shapes, device="cpu", min_reps=1, min_time_s=0.0)
+    assert [(r.kind, r.mtp_drafts, r.label) for r in rows] == [("decode", 0, "decode 2x8"),
+                                                               ("draft", 3, "draft 2x8 k3")]
+    assert rows[1].decode_attention == "per_row" and rows[0].decode_attention == "dense"
+    assert all(r.median_s > 0 and not r.graph for r in rows)
+
+
 def _layer_out(ref: LiveForward, x: torch.Tensor, cache: KVCache, step) -> torch.Tensor:
     """The one layer's output for inputs ``x`` (its keys rewritten with the same values: a replay)."""
     layer = ref.layers[0]

@@ -148,3 +148,17 @@ def test_the_mtp_heads_captured_drafting_matches_its_eager_passes() -> None:
     # the capture's warm-up passes rewrite the same keys, so the replay reads what the eager passes read
     graph = fwd.capture_draft(cache, fwd.draft_inputs(positions, slots), 3)
     torch.testing.assert_close(graph.replay(), eager, rtol=2e-2, atol=2e-2)
+
+
+def test_the_default_grid_of_a_model_with_an_mtp_head_measures_its_drafting_as_graphs() -> None:
+    from cdbench.harness.live.measure import StepShape, default_grid, draft_grid, grid_shapes, measure_grid
+
+    spec = ModelSpec(name="small-mtp", params_total=1e7, n_layers=4, hidden_size=512, n_heads=8, n_kv_heads=2,
+                     head_dim=64, vocab_size=1000, intermediate_size=1024, qk_norm=True, mtp_layers=1)
+    assert grid_shapes("default", spec) == default_grid() + draft_grid()
+    # the default grid's largest step beside its draft shapes: one pool holds both, the head's pages after
+    shapes = [StepShape(rows=512, kv=512), *draft_grid()]
+    rows = measure_grid(spec, shapes, per_row=True, min_reps=3, min_time_s=0.0)
+    assert [r.kind for r in rows] == ["decode"] + ["draft"] * len(draft_grid())
+    assert [r.mtp_drafts for r in rows[1:]] == [s.drafts for s in draft_grid()]
+    assert all(r.graph and r.reps >= 3 and r.median_s > 0 for r in rows)
