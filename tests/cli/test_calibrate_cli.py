@@ -108,14 +108,14 @@ def test_an_idle_gap_before_each_repetition_is_recorded_and_kept_by_its_probe(tm
     tp = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "tp.json"), "--idle-s", "0.002", "--tp", "2"])
     assert tp.exit_code == 2 and "--idle-s times one GPU's steps" in tp.output
     # a CSV without the column reads as back to back; one fit never mixes the two
-    old = REPO / "reports/calibration/llama-3.1-8b__h100-sxm.csv"
+    old = REPO / "reports/calibration/qwen3-30b-a3b__h200.csv"  # measured before the column
     assert "idle_s" not in old.read_text().splitlines()[0]
     back_to_back = read_measurements(old)
     assert {r.idle_s for r in back_to_back} == {0.0}
     mixed = tmp_path / "mixed.csv"
     write_measurements([*back_to_back[:-1], replace(back_to_back[-1], idle_s=0.02)], mixed)
     with pytest.raises(CalibrationError, match="mix idle gaps"):
-        fit_calibration(read_measurements(mixed), "llama-3.1-8b", "h100", measurements=str(mixed), command="x")
+        fit_calibration(read_measurements(mixed), "qwen3-30b-a3b", "h200", measurements=str(mixed), command="x")
 
 
 def test_measure_tensor_parallel_ranks_on_cpu(tmp_path: Path) -> None:
