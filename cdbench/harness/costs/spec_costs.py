@@ -409,7 +409,7 @@ class OrderedSpec(NamedTuple):
 def run_order(requests: Iterable, backend: str, vocab: str, options: Mapping[str, Any] | None = None
               ) -> list[OrderedSpec]:
     """The specs of ``requests`` in the order a run first meets them: the sequence whose compiles the store
-    keeps in run order (:func:`~.spec_store.sequence_digest` of their ``spec``\ s keys them)."""
+    keeps in run order (:func:`~.spec_store.sequence_digest` of their specs keys them)."""
     return [OrderedSpec(s.label, s.digest, s.spec)
             for s in _run_specs(requests, backend, backend_version(backend), vocab, options or {})]
 

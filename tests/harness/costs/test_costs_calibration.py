@@ -359,8 +359,9 @@ def _draft_rows(forward: ForwardCostModel, like) -> list:
 def test_measurement_files_round_trip_with_and_without_the_draft_column(tmp_path: Path) -> None:
     import csv
 
-    steps = read_measurements(REPO / f"reports/calibration/{HYBRID}__h200.csv")
-    assert {r.mtp_drafts for r in steps} == {0}  # measured before the column: read as steps
+    shipped = read_measurements(REPO / f"reports/calibration/{HYBRID}__h200.csv")
+    assert sorted({r.mtp_drafts for r in shipped}) == [0, 1, 3] and sum(r.kind == "draft" for r in shipped) == 18
+    steps = [r for r in shipped if r.kind != "draft"]
     drafts = _draft_rows(ForwardCostModel(HYBRID, "h200"), steps[0])
     path = tmp_path / "m.csv"
     write_measurements(steps + drafts, path)
@@ -378,7 +379,7 @@ def test_measurement_files_round_trip_with_and_without_the_draft_column(tmp_path
 def test_the_step_fit_ignores_draft_shapes_and_the_draft_term_is_recovered() -> None:
     from cdbench.harness.costs.calibration import MtpDraftFit
 
-    steps = read_measurements(REPO / f"reports/calibration/{HYBRID}__h200.csv")
+    steps = [r for r in read_measurements(REPO / f"reports/calibration/{HYBRID}__h200.csv") if r.kind != "draft"]
     plain = fit_calibration(steps, HYBRID, "h200", measurements="x", command="test")
     assert plain.mtp_draft is None
     truth = plain.model_copy(update={"mtp_draft": MtpDraftFit(pass_s=4e-4, roof_scale=1.7)})
@@ -406,8 +407,9 @@ def test_the_head_is_priced_by_the_fitted_draft_term_and_by_the_roofline_without
     from cdbench.harness.costs.forward_speed import ForwardSpeed
 
     shipped = ForwardCalibration.load(shipped_calibration_path(HYBRID, "h200"))
-    assert shipped.mtp_draft is None  # measured before draft shapes: the head's passes are the roofline's
-    plain = ForwardCostModel(HYBRID, "h200")
+    assert shipped.mtp_draft is not None and shipped.mtp_draft.roof_scale > 0  # its draft shapes were measured
+    shipped = shipped.model_copy(update={"mtp_draft": None})  # without the term: the head's passes are the roofline's
+    plain = ForwardCostModel(HYBRID, "h200", forward_calibration=shipped)
     roof = plain.mtp_roof_s(16, 3, 16 * 4096)
     assert plain.mtp_draft_s(16, 3, 16 * 4096) == roof > 0
     fitted = shipped.model_copy(update={"mtp_draft": MtpDraftFit(pass_s=3e-4, roof_scale=2.5)})
