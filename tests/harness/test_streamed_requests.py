@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from scheduler_helpers import SPEC
 
 from cdbench.backends.vocab import load_vocab
 from cdbench.harness import scheduler as scheduler_module
@@ -24,7 +25,6 @@ from cdbench.harness.scheduler import Scheduler
 from cdbench.workloads.generator import generate
 from cdbench.workloads.request import Request
 from cdbench.workloads.trace import replay, write_trace
-from tests.harness.scheduler_helpers import SPEC
 
 DEFAULT = yaml.safe_load(open("cdbench/configs/default.yaml"))  # the built-in default run
 WORKLOADS = {
