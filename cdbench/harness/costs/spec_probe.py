@@ -172,20 +172,14 @@ class SpecHostScale(BaseModel):
     def compile_factor(self, there_s: float | None) -> float:
         """The factor of a compile that took ``there_s`` seconds on the probed host: the curve's value there
         (its end values beyond the probed range), else the median."""
-        if not self.compile_by_size or there_s is None or there_s <= 0:
-            return self.compile.scale
-        x, y = zip(*self.compile_by_size, strict=True)
-        return float(np.interp(math.log(there_s), np.log(x), y))
+        return _at_size(self.compile_by_size, there_s, self.compile.scale)
 
     def order_factor(self, there_s: float | None) -> float:
         """The factor of a compile in run order that took ``there_s`` seconds in the probed host's sequence:
         the probed sequences' curve or median, else :meth:`compile_factor`."""
         if self.compile_order is None:
             return self.compile_factor(there_s)
-        if not self.order_by_size or there_s is None or there_s <= 0:
-            return self.compile_order.scale
-        x, y = zip(*self.order_by_size, strict=True)
-        return float(np.interp(math.log(there_s), np.log(x), y))
+        return _at_size(self.order_by_size, there_s, self.compile_order.scale)
 
     def fill_scale(self) -> float:
         """The fills' factor: the probe's, else the hosts' score ratio."""
@@ -224,6 +218,15 @@ class SpecHostScale(BaseModel):
             if not any(e.host.id == self.measured_on.id for e in store.sequences(digest)):
                 raise SpecProbeError(f"{self.source} probed another store: {store.root} holds no run-order sequence "
                                      f"{digest} of host {self.measured_on.id}")
+
+
+def _at_size(curve: Sequence[tuple[float, float]], there_s: float | None, median: float) -> float:
+    """``curve``'s ratio at ``there_s`` stored seconds, interpolated in log seconds (its end values beyond it);
+    ``median`` without a curve or a stored time."""
+    if not curve or there_s is None or there_s <= 0:
+        return median
+    x, y = zip(*curve, strict=True)
+    return float(np.interp(math.log(there_s), np.log(x), y))
 
 
 def _quantiles(n: int) -> list[float]:
