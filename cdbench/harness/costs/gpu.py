@@ -85,8 +85,7 @@ class FixedGpuCosts(BaseModel):
     def decode_forward_s(self, decode_rows: int, decode_kv_tokens: np.ndarray) -> np.ndarray:
         if decode_rows <= 0:
             return np.zeros(len(decode_kv_tokens))
-        return (self.forward_base_s + self.prefill_token_s * 0.0 + self.decode_row_s * decode_rows
-                + self.kv_token_s * decode_kv_tokens)
+        return self.forward_base_s + self.decode_row_s * decode_rows + self.kv_token_s * decode_kv_tokens
 
     def draft_s(self, rows: int, drafts: int, kv_tokens: int) -> float:
         return self.draft_token_s * rows * drafts

@@ -191,14 +191,12 @@ class SpecHostScale(BaseModel):
             f"× {self.fill_scale():.3f} (the score ratio: the probe walked no text)"
         compile_ = self.compile.describe("specs")
         if self.compile_by_size:
-            (lo_s, lo), (hi_s, hi) = self.compile_by_size[0], self.compile_by_size[-1]
-            compile_ = f"by size, × {lo:.3f} at {lo_s * 1e3:.3g} ms to × {hi:.3f} at {hi_s:.3g} s (median {compile_})"
+            compile_ = f"by size, {_span(self.compile_by_size)} (median {compile_})"
         order = ""
         if self.compile_order is not None:
             order = f", in run order {self.compile_order.describe('sequenced specs')}"
             if self.order_by_size:
-                (lo_s, lo), (hi_s, hi) = self.order_by_size[0], self.order_by_size[-1]
-                order += f" by size (× {lo:.3f} at {lo_s * 1e3:.3g} ms to × {hi:.3f} at {hi_s:.3g} s)"
+                order += f" by size ({_span(self.order_by_size)})"
         return (f"specs measured on {self.measured_on.id} priced for {self.host.id} ({self.host.name}) by "
                 f"{self.source}: compile {compile_}{order}, fill {fill}")
 
@@ -227,6 +225,12 @@ def _at_size(curve: Sequence[tuple[float, float]], there_s: float | None, median
         return median
     x, y = zip(*curve, strict=True)
     return float(np.interp(math.log(there_s), np.log(x), y))
+
+
+def _span(curve: Sequence[tuple[float, float]]) -> str:
+    """A curve's ends: its ratio at its shortest and at its longest stored compile."""
+    (lo_s, lo), (hi_s, hi) = curve[0], curve[-1]
+    return f"× {lo:.3f} at {lo_s * 1e3:.3g} ms to × {hi:.3f} at {hi_s:.3g} s"
 
 
 def _quantiles(n: int) -> list[float]:
