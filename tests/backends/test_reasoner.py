@@ -73,10 +73,8 @@ class LiteralMatcher(Matcher):
         return EOS if n == len(self.target) else None
 
     def fill_mask(self, mask: torch.Tensor, row: int) -> None:
-        mask[row].zero_()
         nxt = self._next()
-        if nxt is not None:
-            mask[row, nxt // 32] = 1 << (nxt % 32)
+        mask[row] = _row_allowing(self.backend, set() if nxt is None else {nxt})  # (bit 31 as int32's sign)
 
     def accept(self, token: int) -> bool:
         if token != self._next():
