@@ -16,7 +16,7 @@ steps) -- three ways, on one GPU (``--tp 1``) and on tensor-parallel ranks, one 
 
 and, with ``--gpu``, the price of the forward cost model (the calibration shipped for that GPU and ``tp``).
 One CSV row a shape and ``tp``. The shapes' default is the saturated ranks campaign's prefill steps
-(``campaigns/ranks_vs_model_saturated.yaml`` replayed in model mode, TP=2 JSON cell: 1-5 prompts a step,
+(the saturated cells of ``campaigns/ranks_vs_model.yaml`` replayed in model mode, TP=2 JSON: 1-5 prompts a step,
 76-3296 tokens, median 776; two prompts a step median 1192 tokens, three 2145). Usage (a CUDA host)::
 
     python benchmarks/live_prefill_gap.py --model qwen3-8b --gpu h200 --tp 1 2 --out reports/live/prefill_gap_h200.csv

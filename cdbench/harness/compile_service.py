@@ -33,14 +33,15 @@ from cdbench.harness.contention import HostCores
 class CompilePools:
     """``ranks`` independent pools of ``threads`` compile threads each.
 
-    ``jitter`` is the sigma of a lognormal factor drawn per rank and compile;
+    ``jitter`` is the sigma of each rank's compile time about the spec's (a lognormal); the time given is
+    one rank's draw (rank 0's: a grammar profile is measured in one process), so each other rank's is it
+    times the ratio of two draws, a lognormal of sigma ``jitter * sqrt(2)``, and one rank alone has none;
     ``scale`` multiplies each rank's compile times (a slow rank); ``host``:
     the cores every rank's pool shares, which stretch a compile that starts
     beside too many others (``None``: compiles never contend).
 
     >>> pools = CompilePools(ranks=1, threads=4, host=HostCores(cores=2))
-    >>> rng = np.random.default_rng(0)
-    >>> [pools.submit_one(0.0, 1.0, rng)[1] for _ in range(3)]  # 1 + 1 loop, 2 + 1, 3 + 1 threads on 2 cores
+    >>> [pools.submit_one(0.0, 1.0)[1] for _ in range(3)]  # 1 + 1 loop, 2 + 1, 3 + 1 threads on 2 cores
     [1.0, 1.5, 2.0]
     >>> pools.running(0.5), pools.running(1.2), pools.next_free(1.2)
     (3, 2, 1.5)
@@ -82,11 +83,12 @@ class CompilePools:
     def submit(self, t: float, seconds: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Queue a compile of ``seconds`` at ``t``; per rank ``(start, end, thread)``."""
         if self.ranks == 1:
-            start, end, thread = self.submit_one(t, seconds, rng)
+            start, end, thread = self.submit_one(t, seconds)
             return np.array([start]), np.array([end]), np.array([thread])
         durations = (float(seconds) * self.scale).tolist()
         if self.jitter > 0:
-            durations = [d * f for d, f in zip(durations, rng.lognormal(0.0, self.jitter, size=self.ranks).tolist())]
+            others = rng.lognormal(0.0, self.jitter * math.sqrt(2.0), size=self.ranks - 1).tolist()
+            durations = [durations[0], *(d * f for d, f in zip(durations[1:], others))]
         begins = [t if t > heap[0][0] else heap[0][0] for heap in self._free]
         if self.host is not None:  # at each rank's start: the compiles running then, this one's on every rank too
             durations = [d * self.host.stretch(self.running(b) + sum(other <= b for other in begins))
@@ -99,7 +101,7 @@ class CompilePools:
             thread.append(tid)
         return np.array(start), np.array(end), np.array(thread)
 
-    def submit_one(self, t: float, seconds: float, rng: np.random.Generator) -> tuple[float, float, int]:
+    def submit_one(self, t: float, seconds: float) -> tuple[float, float, int]:
         """:meth:`submit` for a single rank, as scalars: ``(start, end, thread)``.
 
         The scheduler calls this once per compile or pooled cache hit; building
@@ -108,8 +110,6 @@ class CompilePools:
         if self.ranks != 1:
             raise ValueError(f"submit_one needs one rank, these pools have {self.ranks}")
         duration = float(seconds) * float(self.scale[0])
-        if self.jitter > 0:
-            duration *= rng.lognormal(0.0, self.jitter)  # the same draw as submit's one-element array
         heap = self._free[0]
         free_at = heap[0][0]
         begin = t if t > free_at else free_at

@@ -116,8 +116,12 @@ class SchedulerConfig(BaseModel):
         None, description="per-rank compile-time factors, one per rank (e.g. a slow rank); None: all 1"
     )
     rank_fill_jitter: float = Field(
-        0.0, ge=0, description="tp ranks: lognormal sigma of each rank's mask fill of a step, the step waiting for "
-        "the slowest rank's (model and hybrid mode; measured by live mode's ranks: live.json's ranks.fill_sigma)")
+        0.0, ge=0, description="tp ranks: lognormal sigma of another rank's mask fill of a step over rank 0's (the "
+        "fill the grammar costs price), the step waiting for the slowest rank's (model and hybrid mode; measured by "
+        "live mode's ranks: live.json's ranks.fill_sigma)")
+    rank_fill_offset: float = Field(
+        0.0, description="tp ranks: mean log of another rank's mask fill of a step over rank 0's (a rank whose host "
+        "fills faster, < 0, or slower throughout; live.json's ranks.fill_offset)")
     # measured: the median grammar all_gather_object (gloo, two rank processes) of two TP=2 live runs on 2 H200s,
     # 0.676 and 0.820 ms (reports/fidelity/live_vs_model.md, "Multi-GPU"; campaigns/ranks_vs_model.yaml)
     all_gather_s: float = Field(7.5e-4, ge=0, description="cost of one all_gather_object of (ready, failed) when ranks > 1")

@@ -224,7 +224,7 @@ class Scheduler:
         kv = self.kv
         self._runs = (live is None and isinstance(gpu, RooflineGpuCosts | FixedGpuCosts)  # (priced, not measured)
                       and not config.spec_tokens and not config.jump_forward
-                      and config.mask_apply == "batched" and not self.pricer.fill_jitter
+                      and config.mask_apply == "batched" and not self.pricer.fill_spread
                       and (kv is None or (kv.max_seqs is None
                                           and (kv.policy == "vllm" or (kv.policy == "sglang" and kv.block == 1)))))
 
@@ -477,7 +477,7 @@ class Scheduler:
             # a pooled cache hit makes a round trip through the compile pool; a miss compiles
             seconds = cfg.cache_hit_s if found == "hit" else self._outcome(key).seconds
             if cfg.ranks == 1:  # scalars: one-element arrays cost more than the bookkeeping itself
-                first, last, thread = self.pools.submit_one(t, seconds, self.rng_compile)
+                first, last, thread = self.pools.submit_one(t, seconds)
                 end, skew = None, 0.0
                 self._trace_compile((first,), (last,), (thread,), key, found)
             else:

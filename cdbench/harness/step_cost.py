@@ -72,7 +72,8 @@ class StepPricer:
                  settle: Callable[[], Settlement | None], seed: int = 0) -> None:
         self.cfg, self.gpu, self.host, self.settle = cfg, gpu, host, settle
         # each tp rank fills its own masks and the step waits for the slowest (live mode measures it)
-        self.fill_jitter = cfg.rank_fill_jitter if cfg.ranks > 1 and cfg.parallel == "tp" else 0.0
+        waits = cfg.ranks > 1 and cfg.parallel == "tp" and (cfg.rank_fill_jitter > 0 or cfg.rank_fill_offset != 0)
+        self.fill_spread = (cfg.rank_fill_offset, cfg.rank_fill_jitter) if waits else None
         self.rng_ranks = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(2,)))
         self.mtp = cfg.spec_drafter == "mtp"  # the model's MTP head drafts: its passes join the forward
         self.row_bytes = gpu.mask_row_bytes  # the engines' per-byte host costs (mask allocation, IPC)
@@ -100,8 +101,9 @@ class StepPricer:
             else:
                 fill_s = work.fill_wall_s
             mask_rows += int(_sum(row_masks))
-            if self.fill_jitter and live is None:  # the slowest of the ranks' fills
-                fill_s *= float(self.rng_ranks.lognormal(0.0, self.fill_jitter, cfg.ranks).max())
+            if self.fill_spread and live is None:  # the slowest rank's fill, priced against rank 0's
+                others = self.rng_ranks.lognormal(*self.fill_spread, cfg.ranks - 1).max()
+                fill_s *= max(1.0, float(others))
         host_fill_s, transfer_s, engine_process_s = self._host(n_filter, grammar_rows, mask_rows, n_sample, stretch)
         fill_s += host_fill_s
 

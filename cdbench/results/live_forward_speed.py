@@ -84,6 +84,15 @@ def step_ratios(steps: pd.DataFrame, requests: pd.DataFrame, forward: ForwardCos
     return decode_ratios, prefill_ratios, len(with_prefill) - len(known)
 
 
+def _rank_logs(steps: pd.DataFrame, requests: pd.DataFrame) -> list[tuple[pd.DataFrame, pd.DataFrame]]:
+    """Each rank's own step log (in time order) with the requests it ran: a data-parallel run keeps every
+    rank's steps in one log, and a request's prefill is found among its own rank's steps only."""
+    if "rank" not in steps or "rank" not in requests:
+        return [(steps, requests)]
+    return [(own.sort_values("start_s", kind="stable"), requests[requests["rank"] == rank])
+            for rank, own in steps.groupby("rank", sort=True)]
+
+
 def live_forward_speed(ref: str, costs: CostConfig) -> ForwardSpeed:
     """The forward speed of the live run ``ref`` (a run folder or ``PACK::RUN``) against the forward model of
     ``costs``; :class:`ResultsError` naming ``ref`` and the reason when it cannot give one."""
@@ -104,7 +113,13 @@ def live_forward_speed(ref: str, costs: CostConfig) -> ForwardSpeed:
                            f"{target[1]} at tp={target[2]}: its forward speed does not carry over")
     forward = costs.model_copy(update={"forward_speed": 1.0}).build()
     sizes = live.scheduler_config().cuda_graph_sizes
-    decode, prefill, left_out = step_ratios(run.steps, run.requests, forward, sizes)
+    decode, prefill, left_out = [], [], 0
+    for steps, requests in _rank_logs(run.steps, run.requests):
+        d, p, n = step_ratios(steps, requests, forward, sizes)
+        decode.append(d)
+        prefill.append(p)
+        left_out += n
+    decode, prefill = np.concatenate(decode), np.concatenate(prefill)
     try:
         return fit_speed(decode, prefill, f"{LIVE_RUN_PREFIX}{ref}", left_out)
     except ForwardSpeedError as err:

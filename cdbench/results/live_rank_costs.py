@@ -6,8 +6,9 @@ live run's rank processes measured:
 
 - ``all_gather_s``: the median grammar all_gather of a poll (``live.json``'s ``ranks.all_gather_s``);
 - ``rank_jitter``: the spread of one spec's compile time among the ranks (``ranks.compile_sigma``);
-- ``rank_fill_jitter``: the spread of one step's mask fill among the ranks, from every rank's own step
-  records (``rank_steps.parquet``, :func:`~cdbench.harness.live.rank_steps.fill_sigma`).
+- ``rank_fill_offset``, ``rank_fill_jitter``: the other ranks' mask fill of a step against rank 0's (whose
+  fills the grammar profile keeps), from every rank's own step records (``rank_steps.parquet``,
+  :func:`~cdbench.harness.live.rank_steps.fill_spread`).
 
 The live run must be tensor-parallel with as many ranks as the configuration's (a data-parallel run's ranks
 do not agree: there is nothing to price).
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from cdbench.harness.live.rank_steps import RANK_STEPS_FILE, fill_sigma
+from cdbench.harness.live.rank_steps import RANK_STEPS_FILE, fill_spread
 from cdbench.results.errors import ResultsError
 
 
@@ -60,10 +61,11 @@ def live_rank_costs(ref: str) -> LiveRankCosts:
     if records is None:
         raise ResultsError(f"{ref} kept no {RANK_STEPS_FILE}: its ranks' own steps were not recorded")
     steps = pd.read_parquet(io.BytesIO(records))
-    sigma = fill_sigma(steps)
+    spread = fill_spread(steps)
     values = model_parameters(info)
     values.pop("ranks")
-    values["rank_fill_jitter"] = sigma if sigma is not None else 0.0
+    values["rank_fill_offset"] = spread.offset if spread else 0.0
+    values["rank_fill_jitter"] = spread.sigma if spread else 0.0
     filled = int((steps[steps["fill_s"] > 0].groupby("step").size() == info.ranks).sum())
     return LiveRankCosts(run.ref, info.ranks, values, filled)
 

@@ -223,22 +223,23 @@ def test_the_shipped_campaign_files_parse():
             validate_config(RunConfig, tree, f"{path.name}: {run.run_id}")
 
 
-def test_the_tp2_copies_campaign_pack_holds_every_planned_run():
-    """campaigns/ranks_tp2_copies.yaml: its committed pack holds every run the file plans, the copies that price
-    the ranks have the ranks' own records (the two packed under-capacity copies predate them), and the arms priced
-    from those records wait for the copy that has them."""
+def test_the_ranks_campaign_pack_holds_every_live_copy_and_the_records_its_arms_price_from():
+    """campaigns/ranks_vs_model.yaml: its committed pack holds every live copy the file plans (the model arms
+    are rerun from them), the tensor-parallel copies the arms price the ranks from (live-b) keep every rank's
+    own records, and every arm priced from live-b waits for it."""
     from cdbench.results.pack import Pack
 
     repo = Path(__file__).resolve().parents[2]
-    spec = load_campaign(repo / "campaigns/ranks_tp2_copies.yaml")
+    spec = load_campaign(repo / "campaigns/ranks_vs_model.yaml")
     runs = {r.run_id: r for r in plan_runs(spec)}
-    pack = Pack(repo / "reports/fidelity/live_vs_model/ranks_tp2_copies.pack")
-    assert sorted(pack.run_ids) == sorted(runs)
+    pack = Pack(repo / "reports/fidelity/live_vs_model/ranks_vs_model.pack")
     live = sorted(rid for rid, r in runs.items() if spec.arms[r.arm].mode == "live")
-    records = {rid: pack.open(rid).read_file("rank_steps.parquet") is not None for rid in live}
-    assert records == {"saturated/default-tp2-live-a": True, "saturated/default-tp2-live-b": True,
-                       "under/default-tp2-live-a": False, "under/default-tp2-live-b": False,
-                       "under/default-tp2-live-c": True}
-    for arm in ("fill", "probe", "speed"):
-        assert "under/default-tp2-live-c" in runs[f"under/default-tp2-{arm}"].depends
-    assert "saturated/default-tp2-live-b" in runs["saturated/default-tp2-speed-sat"].depends
+    assert sorted(pack.run_ids) == live and len(live) == 24
+    for rid in live:
+        if "-tp2-live-b" in rid:
+            assert pack.open(rid).read_file("rank_steps.parquet") is not None, rid
+        if rid.endswith("-live-a"):
+            assert pack.open(rid).read_file("grammar_profile.json") is not None, rid
+    for rid, run in runs.items():
+        if run.arm in ("model-tp", "speed-tp", "speed-dp"):
+            assert rid.replace(rid.rsplit("-", 1)[1], "live-b") in run.depends, rid

@@ -153,8 +153,7 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
     assert "--grid 'huge': choose from default, chunks, few_rows, tiny" in result.output
 
 
-TP2_PACK = "reports/fidelity/live_vs_model/ranks_2gpu_tp2_40req.pack"
-DP2_PACK = "reports/fidelity/live_vs_model/ranks_2gpu_dp2_40req.pack"
+RANKS_PACK = "reports/fidelity/live_vs_model/ranks_vs_model.pack"
 
 
 def test_refit_with_the_measured_all_reduce_and_held_out_shapes(tmp_path: Path) -> None:
@@ -168,7 +167,7 @@ def test_refit_with_the_measured_all_reduce_and_held_out_shapes(tmp_path: Path) 
     from cdbench.results.pack import open_run
 
     shipped = ForwardCalibration.load(shipped_calibration_path("qwen3-8b", "h200", 2))
-    runs = [f"{TP2_PACK}::{w}-tp2-live-{c}" for w in ("default", "json") for c in "ab"]
+    runs = [f"{RANKS_PACK}::under/{w}-tp2-live-{c}" for w in ("default", "json") for c in "bc"]
     assert shipped.all_reduce_runs == runs
     out = tmp_path / "tp2.json"
     args = ["calibrate", "--model", "qwen3-8b", "--gpu-name", "h200", "--out", str(out), "--measurements",
@@ -188,7 +187,7 @@ def test_refit_with_the_measured_all_reduce_and_held_out_shapes(tmp_path: Path) 
     assert "Held out (fitted on the other shapes, 98 shapes in turn)" in result.output
     assert "| decode_layer_s |" in result.output and "held-out error |" in result.output
     # a run without the ranks' all-reduce, and a one-GPU fit given one, are refused in one line
-    result = CliRunner().invoke(app, [*args, "--all-reduce", str(REPO / f"{DP2_PACK}::json-dp2-live-a")])
+    result = CliRunner().invoke(app, [*args, "--all-reduce", str(REPO / f"{RANKS_PACK}::under/json-dp2-live-a")])
     assert result.exit_code == 2 and "fewer than two sizes" in result.output
     result = CliRunner().invoke(app, ["calibrate", "--model", "qwen3-8b", "--gpu-name", "h200", "--out", str(out),
                                       "--measurements", str(REPO / "reports/calibration/qwen3-8b__h200.csv"),

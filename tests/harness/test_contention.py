@@ -43,13 +43,12 @@ def test_stretch_is_monotone_in_busy_compiles_and_fill_threads(host, compiles, t
 def test_a_compile_never_runs_shorter_beside_more_running_compiles(cores, starts):
     """The same compile, submitted after more others (threads enough for all), took as long or longer,
     and never less than alone. (Its end need not: with fewer threads it may wait and start when fewer run.)"""
-    rng = np.random.default_rng(0)
     durations = []
     for n in range(len(starts) + 1):
         pools = CompilePools(1, 16, host=HostCores(cores))
         for t in sorted(starts)[:n]:
-            pools.submit_one(t, 0.5, rng)
-        begin, end, _ = pools.submit_one(1.0, 0.5, rng)
+            pools.submit_one(t, 0.5)
+        begin, end, _ = pools.submit_one(1.0, 0.5)
         assert begin == 1.0
         durations.append(end - begin)
     assert durations[0] == pytest.approx(0.5 * max(1.0, 2 / cores))
@@ -159,3 +158,14 @@ def test_idle_strides_change_with_the_stretch(monkeypatch, case):
     one_by_one = run()
     for column in ("compile_end_s", "grammar_ready_s", "first_token_s", "finish_s"):
         np.testing.assert_allclose(strided.requests[column], one_by_one.requests[column], rtol=1e-9)
+
+
+def test_the_given_compile_time_is_rank_zeros_and_the_other_ranks_spread_about_it():
+    """The time a profile gives is one rank's draw: rank 0 takes it as it is, each other rank that time
+    times the ratio of two draws of the per-rank spread (sigma * sqrt(2)); one rank alone has no spread."""
+    pools = CompilePools(2, 10_000, jitter=0.2)
+    rng = np.random.default_rng(0)
+    ends = np.array([pools.submit(0.0, 1.0, rng)[1] for _ in range(4000)])
+    assert (ends[:, 0] == 1.0).all()
+    assert np.log(ends[:, 1]).std() == pytest.approx(0.2 * np.sqrt(2), rel=0.05)
+    assert CompilePools(1, 4, jitter=0.2).submit_one(0.0, 1.0)[1] == 1.0

@@ -83,6 +83,20 @@ def test_decode_and_prefill_forwards_apart_fit_apart(tmp_path):
     assert speed.decode == pytest.approx(1.05, abs=1e-3) and speed.prefill == pytest.approx(0.97, abs=2e-3)
 
 
+def test_a_data_parallel_run_fits_each_ranks_steps_against_its_own_requests(tmp_path):
+    """A data-parallel run keeps every rank's steps in one log (rank by rank, not in time order) and its
+    requests with their rank: each prefill step is matched with its own rank's admissions, so every one of
+    them is priced, as in a one-rank run of the same steps."""
+    ranks = [_live_tables(1.05, 0.97, seed=seed) for seed in (0, 1)]
+    steps = pd.concat([s.assign(rank=r) for r, (s, _) in enumerate(ranks)], ignore_index=True)
+    requests = pd.concat([q.assign(rank=r) for r, (_, q) in enumerate(ranks)], ignore_index=True)
+    speed = validate_run_config(_model_config(_live_run(tmp_path / "dp", steps, requests))).costs.forward_speed
+    alone = [validate_run_config(_model_config(_live_run(tmp_path / f"rank{r}", *t))).costs.forward_speed
+             for r, t in enumerate(ranks)]
+    assert speed.prefill_steps == sum(a.prefill_steps for a in alone) and speed.left_out_steps == 2
+    assert speed.decode == pytest.approx(1.05, abs=1e-3) and speed.prefill == pytest.approx(0.97, abs=2e-3)
+
+
 def test_a_packed_live_run_fits_the_same_and_the_resolved_config_reruns_without_it(tmp_path):
     run = _live_run(tmp_path / "runs" / "live-a", *_live_tables(1.04, 1.04))
     packed = pack_runs({"live-a": run}, tmp_path / "runs.pack")

@@ -44,8 +44,9 @@ class RanksInfo:
     compile_skew_s : per compiled request, the latest rank's compile end minus the earliest's (tp).
     compile_sigma : the spread of one spec's compile time among the ranks, as a lognormal sigma (tp): the
         model's ``rank_jitter``.
-    fill_sigma : the spread of one step's mask fill among the ranks, as a lognormal sigma (tp,
-        :func:`~.rank_steps.fill_sigma`): the model's ``rank_fill_jitter``.
+    fill_offset, fill_sigma : the other ranks' mask fill of a step against rank 0's, as a lognormal of the
+        ratio: its mean log and spread (tp, :func:`~.rank_steps.fill_spread`): the model's
+        ``rank_fill_offset`` and ``rank_fill_jitter``.
     all_reduce_s : the forward's all-reduce of ``tokens`` rows of the hidden size (tp, timed alone at start).
     requests, steps, busy_s : per rank: requests run, steps, summed step durations.
     """
@@ -60,6 +61,7 @@ class RanksInfo:
     compile_skew_s: Spread | None = None
     compile_sigma: float | None = None
     fill_sigma: float | None = None
+    fill_offset: float | None = None
     all_reduce_s: dict[int, float] = field(default_factory=dict)
     requests: list[int] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)

@@ -13,13 +13,14 @@ kept here, one row a rank and busy step:
 
 A data-parallel rank runs its own batches and waits for no one: its rows are its step log's, ``wait_s`` and
 ``agree_s`` 0. :func:`step_skew` reads a tensor-parallel run's records as the skew each step paid, the slowest
-rank's own time minus the ranks' median; :func:`fill_sigma` the spread of one step's fill among the ranks,
-the model's ``rank_fill_jitter``.
+rank's own time minus the ranks' median; :func:`fill_spread` how the other ranks' fill of a step compares
+with rank 0's, the model's ``rank_fill_offset`` and ``rank_fill_jitter``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -81,31 +82,44 @@ def step_skew(rank_steps: pd.DataFrame) -> pd.DataFrame:
         "fill_skew_s": fill.to_numpy()[picked, slowest] - fill.median(axis=1).to_numpy()})
 
 
-def fill_sigma(rank_steps: pd.DataFrame) -> float | None:
-    """The lognormal sigma of one step's mask fill among the ranks, from a tensor-parallel run's records:
-    the spread of each rank's log fill about the step's mean log fill, unbiased for the rank count, each
-    step weighted by its mean fill (the long fills are the ones whose spread the steps wait for; a step of a
-    few microseconds of fill has a wide relative spread that no step pays). ``None`` without a step that
-    every rank filled.
+@dataclass(frozen=True)
+class FillSpread:
+    """How the other ranks' mask fill of a step compares with rank 0's, as a lognormal of the ratio
+    (another rank's fill over rank 0's): ``offset`` its mean log (a rank whose host fills faster or slower
+    throughout the run), ``sigma`` the step-to-step spread about it. Rank 0's is the fill a run's grammar
+    profile keeps, so a model run pricing the step's wait for the slowest rank multiplies that fill by
+    ``max(1, ratio)`` over the other ranks (model and hybrid mode's ``rank_fill_offset``, ``rank_fill_jitter``)."""
+
+    offset: float
+    sigma: float
+
+
+def fill_spread(rank_steps: pd.DataFrame) -> FillSpread | None:
+    """The other ranks' fill of a step against rank 0's (:class:`FillSpread`), from a tensor-parallel run's
+    records; each step weighted by its ranks' mean fill (the long fills are the ones the steps wait for; a step of a
+    few microseconds of fill has a wide relative spread that no step pays; the mean of all ranks, as rank 0's
+    alone would lean the offset towards rank 0's longer draws). ``None`` without a step that every rank filled.
 
     >>> rng = np.random.default_rng(0)
     >>> base = rng.lognormal(-6, 1, 2000)
-    >>> fills = base * rng.lognormal(0, 0.3, (2, 2000))
     >>> recs = pd.DataFrame({"rank": np.repeat([0, 1], 2000), "step": np.tile(np.arange(2000), 2),
-    ...                      "fill_s": fills.ravel()})
-    >>> round(fill_sigma(recs), 1)
-    0.3
+    ...                      "fill_s": np.concatenate([base, base * rng.lognormal(-0.2, 0.3, 2000)])})
+    >>> spread = fill_spread(recs)
+    >>> round(spread.offset, 1), round(spread.sigma, 1)
+    (-0.2, 0.3)
     """
     fills = rank_steps.pivot(index="step", columns="rank", values="fill_s").to_numpy().T
-    ranks = fills.shape[0]
+    if fills.shape[0] < 2:
+        return None
     with np.errstate(divide="ignore", invalid="ignore"):
         logs = np.log(fills)
     filled = np.isfinite(logs).all(axis=0)
-    if ranks < 2 or not filled.any():
+    if not filled.any():
         return None
-    logs, weight = logs[:, filled], fills[:, filled].mean(axis=0)
-    deviations = ((logs - logs.mean(axis=0)) ** 2).sum(axis=0) / (ranks - 1)
-    return float(np.sqrt((weight * deviations).sum() / weight.sum()))
+    ratios = (logs[1:, filled] - logs[0, filled]).ravel()
+    weight = np.tile(fills[:, filled].mean(axis=0), fills.shape[0] - 1)
+    offset = float((weight * ratios).sum() / weight.sum())
+    return FillSpread(offset, float(np.sqrt((weight * (ratios - offset) ** 2).sum() / weight.sum())))
 
 
-__all__ = ["RANK_STEPS_FILE", "RANK_STEP_COLUMNS", "fill_sigma", "rank_step_frame", "step_skew"]
+__all__ = ["RANK_STEPS_FILE", "RANK_STEP_COLUMNS", "FillSpread", "fill_spread", "rank_step_frame", "step_skew"]

@@ -55,7 +55,7 @@ from cdbench.harness.kv_cache import kv_description
 from cdbench.harness.live.forward import TensorParallel
 from cdbench.harness.live.rank_info import Parallel, RanksInfo, Spread
 from cdbench.harness.live.rank_procs import deliver, run_rank_processes
-from cdbench.harness.live.rank_steps import fill_sigma, rank_step_frame, step_skew
+from cdbench.harness.live.rank_steps import fill_spread, rank_step_frame, step_skew
 from cdbench.harness.live.step import LiveInfo, LiveStep, LiveTimes
 from cdbench.harness.metrics import SLO, LogHistogram, Summary, summarize
 from cdbench.harness.policies import SchedulerConfig
@@ -396,13 +396,14 @@ def _info(job: RankJob, outputs: Sequence[_RankOutput]) -> RanksInfo:
     missed = np.asarray(outputs[0].requests["cache"] == "miss")
     with np.errstate(invalid="ignore"):
         compile_skew = (ends.max(axis=0) - ends.min(axis=0))[missed]
+    fills = fill_spread(own)
     return RanksInfo(
         "tp", job.ranks, devices,
         all_gather_s=Spread.of(np.concatenate([o.all_gather_s for o in outputs])),
         step_agree_s=Spread.of(np.concatenate([o.step_agree_s for o in outputs])),
         step_skew_s=Spread.of(skew), step_lag_s=Spread.of(step_skew(own)["skew_s"]),
         compile_skew_s=Spread.of(compile_skew), compile_sigma=compile_sigma((ends - starts)[:, missed]),
-        fill_sigma=fill_sigma(own),
+        fill_sigma=fills.sigma if fills else None, fill_offset=fills.offset if fills else None,
         all_reduce_s=outputs[0].all_reduce_s, **per_rank)
 
 
@@ -425,16 +426,16 @@ def compile_sigma(seconds: np.ndarray) -> float | None:
 
 def model_parameters(info: RanksInfo) -> dict[str, float]:
     """The model's prices of a tensor-parallel run's ranks, from what it measured: ``all_gather_s`` (the
-    median exchange), ``rank_jitter`` (the compile spread's sigma) and ``rank_fill_jitter`` (the spread of a
-    step's mask fill among the ranks, :func:`~.rank_steps.fill_sigma`; runs from before the ranks' own
-    records have none)."""
+    median exchange), ``rank_jitter`` (the compile spread's sigma), ``rank_fill_offset`` and
+    ``rank_fill_jitter`` (the other ranks' fill of a step against rank 0's, :func:`~.rank_steps.fill_spread`;
+    runs from before the ranks' own records, or before the offset was kept, have none)."""
     if info.parallel != "tp" or info.all_gather_s is None:
         raise ValueError("the ranks' prices come from a tensor-parallel run (it measured the agreement)")
     out = {"ranks": float(info.ranks), "all_gather_s": info.all_gather_s.p50}
     if info.compile_sigma is not None:
         out["rank_jitter"] = info.compile_sigma
-    if info.fill_sigma is not None:
-        out["rank_fill_jitter"] = info.fill_sigma
+    if info.fill_sigma is not None and info.fill_offset is not None:
+        out["rank_fill_jitter"], out["rank_fill_offset"] = info.fill_sigma, info.fill_offset
     return out
 
 
