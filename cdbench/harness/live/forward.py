@@ -288,6 +288,7 @@ class LiveForward:
         self.mtp_layers = [layer(True, full_index + j) for j in range(spec.mtp_layers)] if mtp else []
         self.mtp_fc = weight(2 * h, h) if mtp else None  # [embedded token; hidden state] -> hidden
         self.mtp_norms = (ones(h), ones(h)) if mtp else None
+        self._warmup_stream: torch.cuda.Stream | None = None  # the captures' warm-up stream (_capture)
         inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, d, 2, device=self.device, dtype=torch.float32) / d))
         self._inv_freq = inv_freq
 
@@ -583,7 +584,11 @@ class LiveForward:
 
     def _capture(self, run: Callable[[], torch.Tensor], warmup: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """``run`` captured as a CUDA graph after ``warmup`` real runs, and the tensor its replays write."""
-        stream = torch.cuda.Stream(self.device)
+        # one side stream for every capture: cuBLAS keeps a workspace for each stream it ran on, so a new stream a
+        # capture would add one a capture (up to torch's pool of streams) that no memory profile sees
+        if self._warmup_stream is None:
+            self._warmup_stream = torch.cuda.Stream(self.device)
+        stream = self._warmup_stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(warmup):  # on a side stream, as torch's graph capture asks
