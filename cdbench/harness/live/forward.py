@@ -613,7 +613,11 @@ def kept_linear_state(cache: KVCache, decode: DecodeInputs | None = None,
     index = torch.tensor(slots, dtype=torch.int64, device=cache.state[0].device)
     if decode is not None:
         index = torch.cat([decode.slots.to(index.device), index])
-    saved = [(t, t[index].clone()) for t in [*cache.state, *cache.conv]]
+    # each slot once: a row's drafts and a graph's padding rows share a slot, and a slot's state is large (a
+    # request's heads x key_dim x value_dim a layer), so a copy a query token would take far more memory than
+    # the states it saves. (Indexing copies: no clone.)
+    index = torch.unique(index)
+    saved = [(t, t[index]) for t in [*cache.state, *cache.conv]]
     try:
         yield
     finally:

@@ -80,6 +80,7 @@ from cdbench.harness.live.forward import (
     PrefillChunk,
     StepGraph,
     TensorParallel,
+    kept_linear_state,
 )
 from cdbench.harness.live.paged import (
     BLOCK_SIZE,
@@ -211,7 +212,10 @@ def profile_memory(forward: LiveForward, step: LargestStep, max_len: int, reques
     chunks = [PrefillChunk(int(row), cached, new) for row, (cached, new) in zip(table[step.rows:].tolist(),
                                                                                  step.chunks, strict=True)]
     start = readings.start()
-    forward.step(paged.cache, decode, chunks)
+    # as a capture runs it (the run captures a step with prefill chunks for its own shape): the states of the
+    # step's requests kept aside meanwhile
+    with kept_linear_state(paged.cache, decode, chunks):
+        forward.step(paged.cache, decode, chunks)
     if draft is not None:
         forward.draft(paged.cache, draft, mtp_drafts)
     apply_bitmask(logits, mask)
