@@ -602,12 +602,13 @@ class LiveForward:
 
 @contextmanager
 def kept_linear_state(cache: KVCache, decode: DecodeInputs | None = None,
-                      prefill: Sequence[PrefillChunk] = ()) -> Iterator[None]:
+                      prefill: Sequence[PrefillChunk] = ()) -> Iterator[list[torch.Tensor]]:
     """Within the block, steps may move the linear-attention states and convolution inputs of these rows' and
     chunks' slots; on leaving, they are what they were (a full-attention layer's cache needs no such care: a
-    replay rewrites the positions a warm-up wrote)."""
+    replay rewrites the positions a warm-up wrote). Yields the copies kept aside (a row a slot, per layer the
+    states then the convolution inputs)."""
     if not cache.state:
-        yield
+        yield []
         return
     slots = [chunk.slot for chunk in prefill]
     index = torch.tensor(slots, dtype=torch.int64, device=cache.state[0].device)
@@ -619,7 +620,7 @@ def kept_linear_state(cache: KVCache, decode: DecodeInputs | None = None,
     index = torch.unique(index)
     saved = [(t, t[index]) for t in [*cache.state, *cache.conv]]
     try:
-        yield
+        yield [kept for _, kept in saved]
     finally:
         for t, kept in saved:
             t[index] = kept
