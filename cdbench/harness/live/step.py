@@ -386,6 +386,7 @@ class LiveStep:
         self.logits = torch.randn((max_rows, vocab_size), generator=gen, device=self.device).to(logits_dtype)
         self.mask_host = torch.ones((max_rows, words), dtype=torch.int32, pin_memory=self.cuda)
         self.mask = self.mask_host.to(self.device)
+        self._compile_sampling()  # before the sizing: the loaded kernels are in use too
         self.kv_sizing: KVSizing | None = None
         if kv_tokens is None:
             step = largest_step(max_tokens, max_len, requests, max_rows,
@@ -428,18 +429,22 @@ class LiveStep:
                             requests=requests, max_len=self.max_len, block_size=block_size, dtype=self.forward.dtype,
                             extra_layers=spec.mtp_layers if self.mtp_drafts else 0)
 
-    def _warm_up(self) -> None:
-        """Compile every kernel variant a run can meet before it starts, as an engine does at start-up:
-        the apply and sampling kernels at every row count up to ``max_rows`` (their column block, apply
-        mode and Triton's specialization of integer arguments all follow the row count, and a variant
-        first met mid-run compiles on the step's clock: 0.4 s, seen on a fresh GPU host); a prefill
-        and a mixed step cover the eager forward and the decode-attention kernel outside a graph.
-        (Decode graphs are captured on first use, off the step's clock.) On a CPU device, where the
+    def _compile_sampling(self) -> None:
+        """Compile every variant of the apply and sampling kernels a run can meet before it starts, as an
+        engine does at start-up: one at every row count up to ``max_rows`` (their column block, apply mode
+        and Triton's specialization of integer arguments all follow the row count, and a variant first met
+        mid-run compiles on the step's clock: 0.4 s, seen on a fresh GPU host). On a CPU device, where the
         kernels run torch's reference code, a few row counts do."""
         rows = range(1, self.max_rows + 1) if self.cuda else [n for n in (1, 2, 16) if n <= self.max_rows]
         for n in rows:
             apply_bitmask(self.logits[:n], self.mask[:n])
             masked_argmax(self.logits[:n], self.mask[:n])
+
+    def _warm_up(self) -> None:
+        """Compile the forward's kernels a run can meet before it starts (the apply and sampling kernels
+        are, :meth:`_compile_sampling`): a prefill and a mixed step cover the eager forward and the
+        decode-attention kernel outside a graph. (Decode graphs are captured on first use, off the step's
+        clock.)"""
         pool = self.paged.pool
         length = min(64, self.max_len - 1, pool.blocks // 3 * pool.block_size)
         if self.cache.slots >= 3 and length >= 2:

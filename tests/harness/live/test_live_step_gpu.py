@@ -140,7 +140,7 @@ def test_the_default_pool_takes_its_share_and_the_largest_step_and_every_graph_f
     assert sizing.activation_peak_bytes > 0 and sizing.graph_bytes > 0 and sizing.state_bytes > 0
     assert live.kv_tokens == sizing.tokens and live.info().kv_sizing == sizing
     # the pool took the share the sizing gave it: in use now is what was before, the pages and the linear state
-    # (and what the warm-up keeps: library workspaces, compiled kernels' buffers)
+    # (and what the profile and the warm-up keep: library workspaces of the streams they ran on, loaded kernels)
     pool = sizing.tokens * sizing.token_bytes + sizing.state_bytes
     room = int(total * sizing.memory_fraction) - sizing.in_use_bytes - sizing.activation_peak_bytes - sizing.graph_bytes
     assert room - sizing.token_bytes * live.kv_block_size < pool <= room
