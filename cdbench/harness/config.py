@@ -122,8 +122,9 @@ class CostConfig(ForwardConfig, SpecCostSettings):
     live_gpu: bool = Field(False, description="hybrid mode: run each step's forward, mask copy, apply and "
                            "sampling on this machine's GPU and use the measured times (needs CUDA)")
     live_kv_tokens: int | None = Field(None, ge=1, description="live mode and live_gpu: KV-cache capacity in "
-                                       "tokens (default: live mode fills the GPU memory the weights leave; "
-                                       "live_gpu 2^18)")
+                                       "tokens (default: live mode sizes it as an engine does, the policy's "
+                                       "kv_memory_fraction of the GPU's memory less the weights, a profiled "
+                                       "largest step's activation peak and the CUDA graphs; live_gpu 2^18)")
     fixed_gpu: FixedGpuCosts | None = None
     grammar_profile: str | None = None
     allow_mismatched_profile: bool = Field(False, description="model mode: use a grammar profile measured with "
@@ -168,12 +169,16 @@ class CostConfig(ForwardConfig, SpecCostSettings):
         return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.mask_dtype]
 
     def live_step(self, vocab_size: int, max_len: int, graph_sizes: Sequence[int] = (), block_size: int = 16,
-                  max_requests: int | None = None, mtp_drafts: int = 0) -> LiveStep:
+                  max_requests: int | None = None, mtp_drafts: int = 0, memory_fraction: float = 0.9,
+                  max_tokens: int = 8192, spec_tokens: int = 0) -> LiveStep:
         """``live`` mode's step runner: the configured model's forward on this machine's GPU, decode
         steps replaying graphs captured at ``graph_sizes`` (the policy's ``cuda_graph_sizes``), a paged
         KV cache of ``block_size`` tokens a block for ``max_requests`` running requests (the policy's
         ``kv_block_size`` and ``max_running_requests``), the model's MTP head drafting ``mtp_drafts``
-        tokens after each step with decode rows (0: none)."""
+        tokens after each step with decode rows (0: none). Without ``live_kv_tokens`` the cache is sized
+        from ``memory_fraction`` of the GPU's memory (the policy's ``kv_memory_fraction``) after a profile of
+        the largest step of ``max_tokens`` tokens and ``spec_tokens`` drafts a row (the policy's
+        ``max_batched_tokens``, the run's speculative tokens)."""
         import torch
 
         from cdbench.harness.live.step import LiveStep
@@ -184,7 +189,8 @@ class CostConfig(ForwardConfig, SpecCostSettings):
         dtype = self.logits_dtype()
         return LiveStep(resolve_model(self.model), vocab_size, max_len, "cuda", self.live_kv_tokens,
                         logits_dtype=dtype, graph_sizes=graph_sizes, block_size=block_size,
-                        max_requests=max_requests, mtp_drafts=mtp_drafts)
+                        max_requests=max_requests, mtp_drafts=mtp_drafts, memory_fraction=memory_fraction,
+                        max_tokens=max_tokens, spec_tokens=spec_tokens)
 
     def grammar_costs(self, backend: str, seed: int, options: Mapping[str, Any] | None = None,
                       requests: Sequence[Request] | Callable[[], Iterable[Request]] | None = None,

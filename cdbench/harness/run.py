@@ -251,7 +251,8 @@ def run(config: RunConfig, progress: Progress | None = None, records: RecordSink
         live = config.costs.live_step(vocab.size, max_context(workload.requests, spec_decode.k),
                                       scheduler.cuda_graph_sizes, scheduler.kv_block_size,
                                       scheduler.max_running_requests,
-                                      spec_decode.k if spec_decode.drafter == "mtp" else 0)
+                                      spec_decode.k if spec_decode.drafter == "mtp" else 0,
+                                      scheduler.kv_memory_fraction, scheduler.max_batched_tokens, spec_decode.k)
     if config.mode in ("hybrid", "live"):
         if progress is not None:
             progress(f"loading {config.backend.name}", 0.0)
@@ -310,7 +311,8 @@ def _simulate_ranked(config: RunConfig, workload: Workload, vocab_size: int, sch
                         max_context(workload.requests, spec_decode.k), "cuda", config.costs.live_kv_tokens,
                         logits_dtype=str(config.costs.logits_dtype()).removeprefix("torch."),
                         graph_sizes=tuple(scheduler.cuda_graph_sizes), block_size=scheduler.kv_block_size,
-                        max_requests=scheduler.max_running_requests)
+                        max_requests=scheduler.max_running_requests, memory_fraction=scheduler.kv_memory_fraction,
+                        max_tokens=scheduler.max_batched_tokens, spec_tokens=spec_decode.k)
     if progress is not None:
         progress(f"running {scheduler.ranks} {scheduler.parallel.upper()} ranks", 0.0)
     job = RankJob(scheduler.parallel, tuple(workload.requests), scheduler, executors, gpu, live, config.seed,

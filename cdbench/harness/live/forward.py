@@ -288,6 +288,7 @@ class LiveForward:
         self.mtp_layers = [layer(True, full_index + j) for j in range(spec.mtp_layers)] if mtp else []
         self.mtp_fc = weight(2 * h, h) if mtp else None  # [embedded token; hidden state] -> hidden
         self.mtp_norms = (ones(h), ones(h)) if mtp else None
+        self._warmup_stream: torch.cuda.Stream | None = None  # the captures' warm-up stream (_capture)
         inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, d, 2, device=self.device, dtype=torch.float32) / d))
         self._inv_freq = inv_freq
 
@@ -583,7 +584,11 @@ class LiveForward:
 
     def _capture(self, run: Callable[[], torch.Tensor], warmup: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """``run`` captured as a CUDA graph after ``warmup`` real runs, and the tensor its replays write."""
-        stream = torch.cuda.Stream(self.device)
+        # one side stream for every capture: cuBLAS keeps a workspace for each stream it ran on, so a new stream a
+        # capture would add one a capture (up to torch's pool of streams) that no memory profile sees
+        if self._warmup_stream is None:
+            self._warmup_stream = torch.cuda.Stream(self.device)
+        stream = self._warmup_stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(warmup):  # on a side stream, as torch's graph capture asks
@@ -597,20 +602,25 @@ class LiveForward:
 
 @contextmanager
 def kept_linear_state(cache: KVCache, decode: DecodeInputs | None = None,
-                      prefill: Sequence[PrefillChunk] = ()) -> Iterator[None]:
+                      prefill: Sequence[PrefillChunk] = ()) -> Iterator[list[torch.Tensor]]:
     """Within the block, steps may move the linear-attention states and convolution inputs of these rows' and
     chunks' slots; on leaving, they are what they were (a full-attention layer's cache needs no such care: a
-    replay rewrites the positions a warm-up wrote)."""
+    replay rewrites the positions a warm-up wrote). Yields the copies kept aside (a row a slot, per layer the
+    states then the convolution inputs)."""
     if not cache.state:
-        yield
+        yield []
         return
     slots = [chunk.slot for chunk in prefill]
     index = torch.tensor(slots, dtype=torch.int64, device=cache.state[0].device)
     if decode is not None:
         index = torch.cat([decode.slots.to(index.device), index])
-    saved = [(t, t[index].clone()) for t in [*cache.state, *cache.conv]]
+    # each slot once: a row's drafts and a graph's padding rows share a slot, and a slot's state is large (a
+    # request's heads x key_dim x value_dim a layer), so a copy a query token would take far more memory than
+    # the states it saves. (Indexing copies: no clone.)
+    index = torch.unique(index)
+    saved = [(t, t[index]) for t in [*cache.state, *cache.conv]]
     try:
-        yield
+        yield [kept for _, kept in saved]
     finally:
         for t, kept in saved:
             t[index] = kept

@@ -20,6 +20,13 @@ grid: every request holding the blocks of a given length, the blocks of
 different requests interleaved as an engine's are after a while), and
 :class:`PagedRequests` grows requests block by block and frees them at their
 end (``live`` mode).
+
+:func:`size_kv_pool` sizes a pool from the GPU's memory as the engines size
+their caches (``live`` mode's default): a fraction of the device's memory
+(vLLM ``gpu_memory_utilization``, SGLang ``mem_fraction_static``) less what is
+in use once the weights and fixed buffers are built, the activation peak of a
+profiled largest step and the CUDA graphs' memory; the linear-attention state
+of every request row comes out of it first, the rest is pages.
 """
 
 from __future__ import annotations
@@ -97,6 +104,46 @@ class KVCache:
         its pages into ``[kv_heads, length, head_dim]`` (a prefill chunk's attention over its cached prefix)."""
         blocks = self.block_table[slot, :blocks_for(length, self.block_size)]
         return tuple(c[blocks].transpose(0, 1).flatten(1, 2)[:, :length] for c in (self.k[layer], self.v[layer]))
+
+
+@dataclass(frozen=True)
+class KVSizing:
+    """How a live KV pool was sized from the GPU's memory (:func:`size_kv_pool`; ``live.json``). Bytes."""
+
+    memory_fraction: float     # of the device's memory, for everything the run holds (the policy's kv_memory_fraction)
+    total_bytes: int           # the device's memory
+    in_use_bytes: int          # in use before the pool: weights, fixed buffers, the CUDA context
+    activation_peak_bytes: int  # the profiled largest step's peak above what it started from
+    graph_bytes: int           # the CUDA graphs' memory pools, as measured when capturing (0 without graphs)
+    state_bytes: int           # the linear-attention state of every request row (0 unless hybrid)
+    token_bytes: int           # page bytes of one token: the full-attention layers' and an MTP head's
+    tokens: int                # the pool's capacity (whole blocks)
+
+
+def size_kv_pool(spec: ModelSpec, *, total_bytes: int, memory_fraction: float, in_use_bytes: int,
+                 activation_peak_bytes: int, graph_bytes: int, requests: int, max_len: int,
+                 block_size: int = BLOCK_SIZE, dtype: torch.dtype = torch.bfloat16, extra_layers: int = 0) -> KVSizing:
+    """The pool of ``spec``'s cache that ``memory_fraction`` of ``total_bytes`` leaves once ``in_use_bytes``, the
+    activation peak and the graphs are taken, and the linear-attention state of ``requests`` rows (pages of
+    ``extra_layers`` more full-attention layers a token: an MTP head's), in whole blocks; ``KVCapacityError``
+    naming the numbers when it holds no context of ``max_len`` tokens."""
+    if not 0 < memory_fraction <= 1:
+        raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction}")
+    state = requests * KVCache.bytes_per_slot(spec, dtype)
+    per_token = KVCache.bytes_per_token(spec, dtype, extra_layers)
+    room = int(total_bytes * memory_fraction) - in_use_bytes - activation_peak_bytes - graph_bytes - state
+    tokens = max(0, room) // per_token // block_size * block_size
+    if tokens < max_len:
+        gib = 2**30
+        raise KVCapacityError(
+            f"{spec.name}: a KV pool of {tokens} tokens holds no context of {max_len}: {memory_fraction:g} of "
+            f"{total_bytes / gib:.2f} GiB less {in_use_bytes / gib:.2f} GiB in use (weights, buffers), a "
+            f"{activation_peak_bytes / gib:.2f} GiB activation peak, {graph_bytes / gib:.2f} GiB of CUDA graphs "
+            f"and {state / gib:.2f} GiB of linear-attention state for {requests} requests leaves "
+            f"{room / gib:.2f} GiB at {per_token} bytes a token (raise kv_memory_fraction, lower "
+            "max_running_requests or max_batched_tokens, or set costs.live_kv_tokens)")
+    return KVSizing(memory_fraction, total_bytes, in_use_bytes, activation_peak_bytes, graph_bytes, state, per_token,
+                    tokens)
 
 
 class BlockAllocator:

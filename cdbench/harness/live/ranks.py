@@ -92,6 +92,9 @@ class LiveSpec:
     graph_sizes: tuple[int, ...] = ()
     block_size: int = 16  # the paged KV cache's (the policy's kv_block_size)
     max_requests: int | None = None  # rows of its block table (default max_rows)
+    memory_fraction: float = 0.9  # without kv_tokens: the policy's kv_memory_fraction (LiveStep's sizing)
+    max_tokens: int = 8192  # the policy's max_batched_tokens: the profiled largest step's
+    spec_tokens: int = 0  # drafts a decode row verifies: the profiled largest step's
 
 
 @dataclass(frozen=True)
@@ -243,7 +246,8 @@ def _simulate_rank(rank: int, job: RankJob, executor: GrammarExecutor, peer: Pee
         live = (AgreeingLiveStep if peer is not None else LiveStep)(
             spec.model, spec.vocab_size, spec.max_len, spec.device, spec.kv_tokens, max_rows=spec.max_rows,
             logits_dtype=getattr(torch, spec.logits_dtype), graph_sizes=spec.graph_sizes, tp=tp,
-            block_size=spec.block_size, max_requests=spec.max_requests, **kwargs)
+            block_size=spec.block_size, max_requests=spec.max_requests, memory_fraction=spec.memory_fraction,
+            max_tokens=spec.max_tokens, spec_tokens=spec.spec_tokens, **kwargs)
         if tp is not None:
             all_reduce = _time_all_reduce(spec.model.hidden_size, live.device, tp)
     timeline = Timeline(max_steps=job.trace_steps) if job.trace_steps and rank == 0 else None

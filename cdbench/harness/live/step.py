@@ -41,6 +41,24 @@ decode attention reads a length and the block table from device tensors, so a
 captured graph serves every length). Drafts of speculative decoding are
 verified as extra query tokens of their row.
 
+The pool is sized as an engine sizes its cache (vLLM's
+``Worker.determine_available_memory``): before it is allocated, the largest
+step the run can form (:func:`largest_step`: the policy's token budget as
+decode rows of every request row with their drafts and prefill chunks of the
+rest, the MTP head's drafting over those rows, the bitmask apply and sampling
+over every sampled row) runs eagerly on a small temporary pool, and its peak
+of allocated memory is read (:func:`profile_memory`); the decode and drafting
+graphs the run can capture are measured from two captures each (the smallest
+and the largest capture size its batches pad to, the sizes between taken on
+the line through them: every capture keeps a private memory pool of its own,
+which grows with its token count). The pool takes the policy's
+``kv_memory_fraction`` of the device's memory (vLLM ``gpu_memory_utilization``
+0.9, SGLang ``mem_fraction_static`` 0.88) less the memory in use after the
+weights and fixed buffers, that peak and those graphs
+(:func:`~cdbench.harness.live.paged.size_kv_pool`); ``live.json`` records how
+(:class:`~cdbench.harness.live.paged.KVSizing`). An explicit ``kv_tokens``
+skips the profile.
+
 On a CPU device (tests, at tiny shapes) the same calls run synchronously and
 the wall clock times each part.
 """
@@ -50,7 +68,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -62,13 +80,16 @@ from cdbench.harness.live.forward import (
     PrefillChunk,
     StepGraph,
     TensorParallel,
+    kept_linear_state,
 )
 from cdbench.harness.live.paged import (
     BLOCK_SIZE,
-    KVCache,
     KVCapacityError,
     KVPool,
+    KVSizing,
     PagedRequests,
+    blocks_for,
+    size_kv_pool,
 )
 from cdbench.harness.policies import graph_size
 
@@ -76,7 +97,177 @@ if TYPE_CHECKING:
     from cdbench.harness.live.rank_info import RanksInfo
 from cdbench.kernels import apply_bitmask, masked_argmax
 
-KV_MEMORY_SHARE = 0.85  # of the GPU memory left after the weights, for the KV cache (the rest: activations, graphs)
+# vLLM's CacheConfig default of gpu_memory_utilization (the vllm policies' kv_memory_fraction; SGLang's
+# mem_fraction_static is 0.88 on one GPU): the share of the device's memory a run holds, KV pool included
+GPU_MEMORY_UTILIZATION = 0.9
+# vLLM's max_num_batched_tokens and SGLang's chunked_prefill_size defaults (the policies' max_batched_tokens)
+MAX_BATCHED_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class LargestStep:
+    """The largest step a run can form: ``rows`` decode rows of ``1 + drafts`` query tokens each, then prefill
+    chunks ``(cached, new)``."""
+
+    rows: int
+    drafts: int
+    chunks: tuple[tuple[int, int], ...]
+
+    @property
+    def tokens(self) -> int:
+        return self.rows * (1 + self.drafts) + sum(new for _, new in self.chunks)
+
+
+def largest_step(max_tokens: int, max_len: int, requests: int, max_rows: int, drafts: int = 0) -> LargestStep:
+    """The largest step under a token budget of ``max_tokens`` (decode tokens and drafts first: a mixed batch
+    gives prefill what they leave), contexts up to ``max_len``, ``requests`` rows of the block table and
+    ``max_rows`` sampled rows: as many decode rows as both allow beside a chunk request per ``max_len`` tokens
+    of prefill, the rest of the budget as chunks (the last one after a cached prefix that fills its context, so
+    its attention reads pages too). The most tokens and the most sampled rows together: every activation and
+    the logits at their largest.
+
+    >>> largest_step(8192, 4096, 256, 1024, drafts=2)
+    LargestStep(rows=254, drafts=2, chunks=((0, 4096), (762, 3334)))
+    """
+    per_row = 1 + drafts
+    rows = min(requests, max_rows // per_row)
+    while rows > 0:
+        chunks = -(-max(0, max_tokens - rows * per_row) // max_len)
+        if rows + chunks <= requests and rows * per_row + chunks <= max_rows:
+            break
+        rows -= 1
+    left = max(0, max_tokens - rows * per_row)
+    n = min(-(-left // max_len), requests - rows, max_rows - rows * per_row)
+    left = min(left, n * max_len)
+    sizes = [max_len] * (n - 1) + [left - (n - 1) * max_len] if n else []
+    return LargestStep(rows, drafts, tuple((max_len - new if i == n - 1 else 0, new) for i, new in enumerate(sizes)))
+
+
+class MemoryReadings(Protocol):
+    """The device's memory as the profile reads it (:class:`CudaMemory`; a CPU test injects its own)."""
+
+    def start(self) -> int:
+        """Restart the peak; the bytes allocated now."""
+
+    def peak(self) -> int:
+        """The most bytes allocated since :meth:`start`."""
+
+    def reserved(self) -> int:
+        """The bytes the allocator holds (its free cached blocks given back first)."""
+
+
+class CudaMemory:
+    """:class:`MemoryReadings` of a CUDA device: the caching allocator's counters, the device synchronized."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def start(self) -> int:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return torch.cuda.memory_allocated(self.device)
+
+    def peak(self) -> int:
+        torch.cuda.synchronize(self.device)
+        return torch.cuda.max_memory_allocated(self.device)
+
+    def reserved(self) -> int:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        return torch.cuda.memory_reserved(self.device)
+
+
+@dataclass(frozen=True)
+class ProfiledMemory:
+    """What :func:`profile_memory` read: the largest step it ran, its activation peak and the graphs' memory."""
+
+    step: LargestStep
+    peak_bytes: int
+    graph_bytes: int
+
+
+def profile_memory(forward: LiveForward, step: LargestStep, max_len: int, requests: int, block_size: int,
+                   mtp_drafts: int, logits: torch.Tensor, mask: torch.Tensor, readings: MemoryReadings,
+                   graph_sizes: Sequence[int] = ()) -> ProfiledMemory:
+    """Run ``step`` eagerly on a temporary pool of its blocks (``requests`` rows of the block table, contexts up to
+    ``max_len`` and ``mtp_drafts`` more), the MTP head's ``mtp_drafts`` passes over its decode rows, and the
+    bitmask apply and sampling over all of ``logits`` and ``mask``; return the peak of allocated memory above its
+    start and, on a GPU with ``graph_sizes``, the memory of the decode and drafting graphs the run can capture
+    (:func:`_graph_bytes`). The pool is gone on return."""
+    per_row = 1 + step.drafts
+    head_layers = forward.spec.mtp_layers if mtp_drafts else 0
+    # a decode row after one cached token: its verified tokens, then the head's drafts past them
+    lengths = [1 + per_row + mtp_drafts] * step.rows + [cached + new for cached, new in step.chunks]
+    blocks = sum(blocks_for(n, block_size) for n in lengths)
+    paged = PagedRequests(KVPool(forward.spec, blocks * block_size, forward.device, forward.dtype, block_size,
+                                 head_layers), requests, max_len + mtp_drafts)
+    table = paged.rows(np.arange(len(lengths)), np.array(lengths))
+    paged.flush()
+    decode = draft = None
+    if step.rows:
+        decode = forward.decode_inputs(np.tile(np.arange(1, 1 + per_row), step.rows).tolist(),
+                                       np.repeat(table[:step.rows], per_row).tolist(), per_row=True)
+        if mtp_drafts:
+            draft = forward.draft_inputs([1 + per_row] * step.rows, table[:step.rows].tolist())
+    chunks = [PrefillChunk(int(row), cached, new) for row, (cached, new) in zip(table[step.rows:].tolist(),
+                                                                                 step.chunks, strict=True)]
+    start = readings.start()
+    # as a capture runs it (the run captures a step with prefill chunks for its own shape): the states of the
+    # step's requests kept aside meanwhile
+    with kept_linear_state(paged.cache, decode, chunks):
+        forward.step(paged.cache, decode, chunks)
+    if draft is not None:
+        forward.draft(paged.cache, draft, mtp_drafts)
+    apply_bitmask(logits, mask)
+    masked_argmax(logits, mask)
+    peak = readings.peak() - start
+    graphs = 0
+    if forward.device.type == "cuda" and graph_sizes:
+        most = min(requests, logits.shape[0] // per_row)  # decode rows of a step without prefill
+        graphs = _graph_bytes(forward, paged, graph_sizes, most * per_row, most if mtp_drafts else 0, mtp_drafts,
+                              readings)
+    return ProfiledMemory(step, peak, graphs)
+
+
+def _graph_bytes(forward: LiveForward, paged: PagedRequests, graph_sizes: Sequence[int], most_tokens: int,
+                 most_drafting: int, passes: int, readings: MemoryReadings) -> int:
+    """The memory of every decode graph a run of at most ``most_tokens`` decode tokens captures (and drafting
+    graph of at most ``most_drafting`` requests, ``passes`` each): each keeps its own memory pool. A first
+    capture, thrown away, sets up what every capture shares and keeps (the warm-up stream's library
+    workspaces: counted once); then the smallest and the largest size a batch pads to are captured and
+    measured, and the sizes between priced on the line through them (a pool grows with its tokens)."""
+    cache = paged.cache
+    # row 0 of the table holds the first decode row's blocks (or a chunk's): padding rows write and read there
+
+    def decode(size: int) -> StepGraph:
+        return forward.capture(cache, forward.decode_inputs([0] * size, [0] * size, per_row=True))
+
+    def drafting(size: int) -> StepGraph:
+        return forward.capture_draft(cache, forward.draft_inputs([0] * size, [0] * size), passes)
+
+    def measured(capture: Callable[[int], StepGraph], size: int) -> int:
+        before = readings.reserved()
+        graph = capture(size)
+        after = readings.reserved()
+        del graph
+        return after - before
+
+    def padded_to(most: int) -> list[int]:
+        top = graph_size(graph_sizes, most)
+        return [s for s in graph_sizes if top is None or s <= top]
+
+    before = readings.reserved()
+    decode(graph_sizes[0])  # thrown away at once
+    total = readings.reserved() - before
+    for capture, most in ((decode, most_tokens), (drafting, most_drafting)):
+        sizes = padded_to(most) if most else []
+        if not sizes:
+            continue
+        lo, hi = sizes[0], sizes[-1]
+        low = measured(capture, lo)
+        slope = max(0.0, (measured(capture, hi) - low) / (hi - lo)) if hi > lo else 0.0
+        total += sum(int(low + slope * (s - lo)) for s in sizes)
+    return total
 
 
 def _nothing() -> None:
@@ -140,6 +331,7 @@ class LiveInfo:
     steps: int
     graphs_captured: list[int]
     ranks: RanksInfo | None = None  # a run of several rank processes: what they measured (rank 0's info above)
+    kv_sizing: KVSizing | None = None  # how the pool was sized from the GPU's memory (None: kv_tokens was given)
 
 
 class LiveStep:
@@ -151,9 +343,8 @@ class LiveStep:
     vocab_size : the run's vocabulary (bitmask and sampling width).
     max_len : the longest context a row can reach (prompt, output, drafts).
     device : ``cuda`` on a GPU host; ``cpu`` runs the same steps synchronously (tests).
-    kv_tokens : KV-cache capacity in tokens (default: :data:`KV_MEMORY_SHARE` of the GPU
-        memory left after the weights and the linear-attention state of ``max_requests``;
-        required on a CPU device).
+    kv_tokens : KV-cache capacity in tokens (default: sized from the GPU's memory with a profile of the
+        largest step, the module doc; required on a CPU device).
     max_rows : the most rows (and mask rows) one step samples.
     block_size : tokens a block of the paged cache (the policy's ``kv_block_size``).
     max_requests : rows of the block table, the most requests running at once (at most and by default
@@ -164,6 +355,10 @@ class LiveStep:
     tp : this rank's tensor-parallel group: the forward is its shard (:mod:`.forward`).
     balance_decode : decode attention launches its rows longest first (:class:`LiveForward`);
         settable between steps (:attr:`balance_decode`).
+    memory_fraction : the share of the device's memory the run holds, KV pool included (the policy's
+        ``kv_memory_fraction``; default vLLM's ``gpu_memory_utilization``), when ``kv_tokens`` is not given.
+    max_tokens : the most tokens one step runs (the policy's ``max_batched_tokens``): the profiled step's.
+    spec_tokens : drafts a decode row verifies at most (default ``mtp_drafts``): the profiled step's.
     """
 
     def __init__(self, spec: ModelSpec, vocab_size: int, max_len: int, device: str = "cuda",
@@ -171,36 +366,39 @@ class LiveStep:
                  logits_dtype: torch.dtype = torch.bfloat16, seed: int = 0,
                  graph_sizes: Sequence[int] = (), tp: TensorParallel | None = None,
                  balance_decode: bool = True, block_size: int = BLOCK_SIZE, max_requests: int | None = None,
-                 mtp_drafts: int = 0) -> None:
+                 mtp_drafts: int = 0, memory_fraction: float = GPU_MEMORY_UTILIZATION,
+                 max_tokens: int = MAX_BATCHED_TOKENS, spec_tokens: int | None = None) -> None:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.mtp_drafts = mtp_drafts
+        if kv_tokens is None and not self.cuda:
+            raise ValueError("kv_tokens is required on a CPU device")
         self.forward = LiveForward(spec, self.device, dtype=dtype, seed=seed, tp=tp, balance_decode=balance_decode,
                                    mtp=mtp_drafts > 0)
         spec = self.forward.spec  # a tensor-parallel rank's cache holds its shard's KV heads
         head_layers = spec.mtp_layers if mtp_drafts else 0
         requests = max_rows if max_requests is None else min(max_requests, max_rows)
+        self.max_len, self.max_rows = max_len, max_rows
+        self.graph_sizes = tuple(graph_sizes)
+        # the fixed buffers come before the pool: its sizing counts them in use
+        words = (vocab_size + 31) // 32
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.logits = torch.randn((max_rows, vocab_size), generator=gen, device=self.device).to(logits_dtype)
+        self.mask_host = torch.ones((max_rows, words), dtype=torch.int32, pin_memory=self.cuda)
+        self.mask = self.mask_host.to(self.device)
+        self._compile_sampling()  # before the sizing: the loaded kernels are in use too
+        self.kv_sizing: KVSizing | None = None
         if kv_tokens is None:
-            if not self.cuda:
-                raise ValueError("kv_tokens is required on a CPU device")
-            free, _ = torch.cuda.mem_get_info(self.device)
-            # the pages take what the linear layers' fixed state of every request (hybrid models) leaves
-            left = int(free * KV_MEMORY_SHARE) - requests * KVCache.bytes_per_slot(spec, dtype)
-            kv_tokens = max(0, left) // KVCache.bytes_per_token(spec, dtype, head_layers)
-        self.max_len = max_len
+            step = largest_step(max_tokens, max_len, requests, max_rows,
+                                mtp_drafts if spec_tokens is None else spec_tokens)
+            self.kv_sizing = self._size_pool(step, memory_fraction, requests, block_size)
+            kv_tokens = self.kv_sizing.tokens
         if kv_tokens < max_len:
             raise KVCapacityError(f"a KV cache of {kv_tokens} tokens holds no context of {max_len} tokens")
         # a drafting request's blocks also hold the head's drafts past its verified tokens
         self.paged = PagedRequests(KVPool(spec, kv_tokens // block_size * block_size, self.device, dtype,
                                           block_size, head_layers), requests, max_len + mtp_drafts)
         self.cache = self.paged.cache
-        self.max_rows = max_rows
-        words = (vocab_size + 31) // 32
-        gen = torch.Generator(device=self.device).manual_seed(seed)
-        self.logits = torch.randn((max_rows, vocab_size), generator=gen, device=self.device).to(logits_dtype)
-        self.mask_host = torch.ones((max_rows, words), dtype=torch.int32, pin_memory=self.cuda)
-        self.mask = self.mask_host.to(self.device)
-        self.graph_sizes = tuple(graph_sizes)
         self._graphs: dict[int, StepGraph] = {}
         self._graph_sets = {balance_decode: self._graphs}  # the graphs of each balance_decode setting
         self._draft_graphs: dict[tuple[bool, int], StepGraph] = {}  # per (balance_decode, padded requests)
@@ -214,18 +412,39 @@ class LiveStep:
         self.steps = 0
         self._warm_up()
 
-    def _warm_up(self) -> None:
-        """Compile every kernel variant a run can meet before it starts, as an engine does at start-up:
-        the apply and sampling kernels at every row count up to ``max_rows`` (their column block, apply
-        mode and Triton's specialization of integer arguments all follow the row count, and a variant
-        first met mid-run compiles on the step's clock: 0.4 s, seen on a fresh GPU host); a prefill
-        and a mixed step cover the eager forward and the decode-attention kernel outside a graph.
-        (Decode graphs are captured on first use, off the step's clock.) On a CPU device, where the
+    def _size_pool(self, step: LargestStep, memory_fraction: float, requests: int, block_size: int) -> KVSizing:
+        """The pool an engine would give this run (the module doc): ``memory_fraction`` of the device's memory
+        less what is in use now (weights, fixed buffers, the CUDA context; the allocator's free cached blocks
+        given back first), the activation peak of ``step`` and the graphs' memory, read by
+        :func:`profile_memory`."""
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        profiled = profile_memory(self.forward, step, self.max_len, requests, block_size, self.mtp_drafts,
+                                  self.logits, self.mask, CudaMemory(self.device), self.graph_sizes)
+        torch.cuda.empty_cache()  # the temporary pool and the profile's activations go back to the device
+        spec = self.forward.spec
+        return size_kv_pool(spec, total_bytes=total, memory_fraction=memory_fraction, in_use_bytes=total - free,
+                            activation_peak_bytes=profiled.peak_bytes, graph_bytes=profiled.graph_bytes,
+                            requests=requests, max_len=self.max_len, block_size=block_size, dtype=self.forward.dtype,
+                            extra_layers=spec.mtp_layers if self.mtp_drafts else 0)
+
+    def _compile_sampling(self) -> None:
+        """Compile every variant of the apply and sampling kernels a run can meet before it starts, as an
+        engine does at start-up: one at every row count up to ``max_rows`` (their column block, apply mode
+        and Triton's specialization of integer arguments all follow the row count, and a variant first met
+        mid-run compiles on the step's clock: 0.4 s, seen on a fresh GPU host). On a CPU device, where the
         kernels run torch's reference code, a few row counts do."""
         rows = range(1, self.max_rows + 1) if self.cuda else [n for n in (1, 2, 16) if n <= self.max_rows]
         for n in rows:
             apply_bitmask(self.logits[:n], self.mask[:n])
             masked_argmax(self.logits[:n], self.mask[:n])
+
+    def _warm_up(self) -> None:
+        """Compile the forward's kernels a run can meet before it starts (the apply and sampling kernels
+        are, :meth:`_compile_sampling`): a prefill and a mixed step cover the eager forward and the
+        decode-attention kernel outside a graph. (Decode graphs are captured on first use, off the step's
+        clock.)"""
         pool = self.paged.pool
         length = min(64, self.max_len - 1, pool.blocks // 3 * pool.block_size)
         if self.cache.slots >= 3 and length >= 2:
@@ -254,7 +473,7 @@ class LiveStep:
         device = torch.cuda.get_device_name(self.device) if self.cuda else "cpu"
         pool = self.paged.pool
         return LiveInfo(device, torch.__version__, self.forward.spec.name, pool.tokens, pool.block_size,
-                        self.cache.slots, self.max_len, self.steps, sorted(self._graphs))
+                        self.cache.slots, self.max_len, self.steps, sorted(self._graphs), kv_sizing=self.kv_sizing)
 
     @property
     def kv_tokens(self) -> int:

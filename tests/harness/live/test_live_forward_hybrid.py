@@ -72,6 +72,23 @@ def test_kept_linear_state_puts_back_the_steps_slots() -> None:
         torch.testing.assert_close(b, a, rtol=0, atol=0)
 
 
+def test_kept_linear_state_keeps_a_slot_once_however_many_rows_share_it() -> None:
+    """A verification row's drafts and a graph's padding rows share their request's slot: one copy a slot (a
+    slot's state is a request's heads x key_dim x value_dim a layer), and each comes back."""
+    spec = HYBRID
+    fwd = LiveForward(spec, "cpu", dtype=torch.float32, seed=3)
+    cache = KVCache.allocate(spec, 3, 16, "cpu", torch.float32)
+    fwd.step(cache, prefill=[PrefillChunk(s, 0, 5) for s in range(3)])
+    before = [t.clone() for t in [*cache.state, *cache.conv]]
+    # slot 1 verifies two drafts (three rows), slot 0 pads three more rows; slot 2's chunk
+    decode = fwd.decode_inputs([5, 6, 7, 0, 0, 0], [1, 1, 1, 0, 0, 0], per_row=True)
+    with kept_linear_state(cache, decode, [PrefillChunk(2, 5, 3)]) as kept:
+        assert len(kept) == 2 * spec.n_linear_layers and all(copy.shape[0] == 3 for copy in kept)
+        fwd.step(cache, fwd.decode_inputs([5, 5], [0, 1]), [PrefillChunk(2, 5, 3)])
+    for a, b in zip(before, [*cache.state, *cache.conv]):
+        torch.testing.assert_close(b, a, rtol=0, atol=0)
+
+
 def test_hybrid_cache_layout() -> None:
     pool = KVPool(HYBRID, 64, "cpu", torch.float32)
     cache = pool.cache(4, 16)

@@ -15,7 +15,15 @@ from cdbench.harness.config import RunConfig
 from cdbench.harness.costs.gpu import FixedGpuCosts
 from cdbench.harness.costs.hardware import ModelSpec
 from cdbench.harness.executors.hybrid import HybridExecutor
-from cdbench.harness.live.step import KVCapacityError, LiveShape, LiveStep
+from cdbench.harness.live.forward import LiveForward
+from cdbench.harness.live.paged import KVCache, size_kv_pool
+from cdbench.harness.live.step import (
+    KVCapacityError,
+    LiveShape,
+    LiveStep,
+    largest_step,
+    profile_memory,
+)
 from cdbench.harness.policies import policy
 from cdbench.harness.run import max_context, simulate
 from cdbench.workloads.request import Request
@@ -202,9 +210,10 @@ def test_a_live_run_dying_mid_way_leaves_its_finished_requests_to_cdbench_report
 
     # live mode on the CPU: the tiny model stands in for the GPU forward, and the 60th step fails as a GPU can
     monkeypatch.setattr(CostConfig, "live_step", lambda self, vocab_size, max_len, graph_sizes, block_size,
-                        max_requests, mtp_drafts: LiveStep(TINY, vocab_size, max_len, device="cpu",
-                                                           kv_tokens=8 * max_len, max_rows=64,
-                                                           logits_dtype=torch.float32, block_size=block_size))
+                        max_requests, mtp_drafts, *sizing: LiveStep(TINY, vocab_size, max_len, device="cpu",
+                                                                    kv_tokens=8 * max_len, max_rows=64,
+                                                                    logits_dtype=torch.float32,
+                                                                    block_size=block_size))
     end = LiveStep.end
 
     def failing(self, *args, **kwargs):
@@ -239,3 +248,128 @@ def test_balance_decode_is_the_forwards_and_each_setting_replays_its_own_graphs(
     assert live.forward.balance_decode and live.info().graphs_captured == [4]
     assert not LiveStep(TINY, 64, max_len=100, device="cpu", kv_tokens=300, max_rows=8,
                         balance_decode=False).forward.balance_decode
+
+
+# ---- the pool sized as an engine sizes it -----------------------------------------------------------------------
+
+# a hybrid with an MTP head: every 2nd layer full attention, the others Gated DeltaNet (a fixed state a request)
+HEAD = TINY.model_copy(update={
+    "name": "tiny-hybrid-mtp", "n_layers": 4, "full_attention_interval": 2, "mtp_layers": 1,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4})
+GIB = 2**30
+
+
+def _sized(spec=TINY, **change):
+    args = dict(total_bytes=80 * GIB, memory_fraction=0.9, in_use_bytes=20 * GIB, activation_peak_bytes=3 * GIB,
+                graph_bytes=GIB, requests=256, max_len=4096, block_size=16)
+    args.update(change)
+    return size_kv_pool(spec, **args)
+
+
+def test_the_pool_takes_the_fraction_less_what_is_in_use_the_peak_and_the_graphs() -> None:
+    sized = _sized()
+    per_token = KVCache.bytes_per_token(TINY)
+    assert sized.token_bytes == per_token and sized.state_bytes == 0
+    assert sized.tokens == int(80 * GIB * 0.9 - 24 * GIB) // per_token // 16 * 16
+    assert sized.tokens % 16 == 0 and (sized.memory_fraction, sized.activation_peak_bytes) == (0.9, 3 * GIB)
+
+
+def test_the_pool_grows_with_the_fraction_and_shrinks_with_the_peak_and_the_graphs() -> None:
+    by_fraction = [_sized(memory_fraction=f).tokens for f in (0.5, 0.7, 0.88, 0.9, 1.0)]
+    assert by_fraction == sorted(by_fraction) and len(set(by_fraction)) == len(by_fraction)
+    by_peak = [_sized(activation_peak_bytes=p * GIB).tokens for p in (0, 1, 5, 20)]
+    assert by_peak == sorted(by_peak, reverse=True) and len(set(by_peak)) == len(by_peak)
+    by_graphs = [_sized(graph_bytes=g * GIB).tokens for g in (0, 2, 8)]
+    assert by_graphs == sorted(by_graphs, reverse=True) and len(set(by_graphs)) == len(by_graphs)
+
+
+def test_the_heads_pages_and_the_linear_state_come_out_of_the_pool() -> None:
+    plain, with_head = _sized(HEAD), _sized(HEAD, extra_layers=1)
+    full = HEAD.n_full_attention_layers
+    assert with_head.token_bytes * full == plain.token_bytes * (full + 1)  # the head's layer paged beside the model's
+    room = int(80 * GIB * 0.9) - 24 * GIB
+    state = 256 * KVCache.bytes_per_slot(HEAD)
+    assert state > 0 and plain.state_bytes == with_head.state_bytes == state
+    assert plain.tokens == (room - state) // plain.token_bytes // 16 * 16
+    assert with_head.tokens == (room - state) // with_head.token_bytes // 16 * 16 < plain.tokens
+    assert _sized(HEAD, requests=64).tokens > plain.tokens  # fewer request rows, less state
+
+
+def test_a_pool_that_holds_no_context_is_refused_naming_the_numbers() -> None:
+    with pytest.raises(KVCapacityError, match=r"tiny: a KV pool of 0 tokens holds no context of 4096: 0.3 of "
+                                              r"80.00 GiB less 20.00 GiB in use .*3.00 GiB activation peak, "
+                                              r"1.00 GiB of CUDA graphs"):
+        _sized(memory_fraction=0.3)
+    just = _sized(activation_peak_bytes=int(80 * GIB * 0.9) - 21 * GIB - 4096 * KVCache.bytes_per_token(TINY))
+    assert just.tokens == 4096  # room for one context, in whole blocks
+    with pytest.raises(KVCapacityError, match="a KV pool of 4080 tokens holds no context of 4096"):
+        _sized(activation_peak_bytes=just.activation_peak_bytes + 1)  # a byte less: a block less
+    with pytest.raises(ValueError, match="memory_fraction must be in"):
+        _sized(memory_fraction=1.5)
+
+
+@pytest.mark.parametrize(("max_tokens", "max_len", "requests", "max_rows", "drafts"),
+                         [(8192, 4096, 256, 1024, 2), (8192, 100_000, 256, 1024, 0), (8192, 300, 4, 1024, 0),
+                          (100, 300, 256, 1024, 2), (2048, 512, 1024, 1024, 3), (64, 40, 8, 8, 1)])
+def test_the_largest_step_fills_the_budget_within_the_rows_and_the_contexts(max_tokens, max_len, requests, max_rows,
+                                                                          drafts) -> None:
+    step = largest_step(max_tokens, max_len, requests, max_rows, drafts)
+    per_row, chunks = 1 + drafts, len(step.chunks)
+    assert step.rows + chunks <= requests and step.rows * per_row + chunks <= max_rows
+    assert all(0 < new and cached + new <= max_len for cached, new in step.chunks)
+    assert all(cached == 0 for cached, _ in step.chunks[:-1])
+    if step.chunks:
+        assert sum(step.chunks[-1]) == max_len  # the last chunk's attention reads a cached prefix
+    # the budget filled, unless the rows or the contexts leave less; then every row of the table takes part
+    assert step.tokens == max_tokens or step.rows * per_row >= max_tokens or step.rows + chunks == requests
+    assert step.rows == min(requests, max_rows // per_row) or chunks  # as many decode rows as can sample
+
+
+def test_the_profile_runs_the_largest_step_the_heads_drafts_and_the_sampling_on_a_temporary_pool(monkeypatch):
+    """The profile's path on the CPU at tiny shapes: only the memory readings are injected."""
+    import cdbench.harness.live.step as step_module
+
+    forward = LiveForward(HEAD, "cpu", dtype=torch.bfloat16, mtp=True)
+    step = largest_step(max_tokens=48, max_len=40, requests=6, max_rows=16, drafts=2)
+    assert step.rows == 5 and step.chunks == ((7, 33),)
+    ran = []
+
+    class Readings:
+        def start(self) -> int:
+            ran.append("start")
+            return 1000
+
+        def peak(self) -> int:
+            ran.append("peak")
+            return 5000
+
+        def reserved(self) -> int:
+            raise AssertionError("no graphs on a CPU")
+
+    def spy(name, run):
+        def called(*args, **kwargs):
+            ran.append((name, args, kwargs))
+            return run(*args, **kwargs)
+        return called
+
+    monkeypatch.setattr(forward, "step", spy("step", forward.step))
+    monkeypatch.setattr(forward, "draft", spy("draft", forward.draft))
+    monkeypatch.setattr(step_module, "apply_bitmask", spy("apply", step_module.apply_bitmask))
+    logits, mask = torch.randn(16, 64), torch.ones((16, 2), dtype=torch.int32)
+    profiled = profile_memory(forward, step, 40, 6, 4, 2, logits, mask, Readings(), graph_sizes=(1, 2, 4))
+    assert (profiled.step, profiled.peak_bytes, profiled.graph_bytes) == (step, 4000, 0)
+    assert [r if isinstance(r, str) else r[0] for r in ran] == ["start", "step", "draft", "apply", "peak"]
+    (_, (cache, decode, chunks), _), (_, (_, draft, passes), _), (_, (rows, _), _) = ran[1:4]
+    assert len(decode.tokens) == 5 * 3 and [(c.cached, c.new) for c in chunks] == [(7, 33)]
+    assert len(draft.slots) == 5 and passes == 2 and len(rows) == 16
+    assert cache.state and len(cache.k) == HEAD.n_full_attention_layers + 1  # linear state, the head's pages
+    # the temporary pool held the step's blocks only: 5 rows of 1 + 3 + 2 tokens, one context of 40
+    assert cache.k[0].shape[0] == 5 * 2 + 10
+
+
+def test_a_live_step_with_its_kv_tokens_given_records_no_sizing() -> None:
+    live = LiveStep(TINY, 64, max_len=100, device="cpu", kv_tokens=300, max_rows=8)
+    assert live.kv_sizing is None and live.info().kv_sizing is None
+    with pytest.raises(ValueError, match="kv_tokens is required on a CPU device"):
+        LiveStep(TINY, 64, max_len=100, device="cpu", max_rows=8)

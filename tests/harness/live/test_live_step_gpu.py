@@ -107,3 +107,68 @@ def test_start_up_compiles_every_mask_and_sampling_kernel_variant_a_run_can_meet
         masked_argmax(live.logits[:rows], live.mask[:rows])
     torch.cuda.synchronize()
     assert variants() == compiled
+
+
+# the seed's family at a small size: Gated DeltaNet and full-attention layers, MoE FFNs, an MTP head
+HYBRID_MTP = ModelSpec(name="small-hybrid-mtp", params_total=2e7, params_active=1e7, n_layers=4, hidden_size=512,
+                       n_heads=8, n_kv_heads=2, head_dim=64, vocab_size=4096, n_experts=16, experts_per_token=4,
+                       moe_intermediate_size=256, shared_expert_intermediate_size=256, qk_norm=True,
+                       full_attention_interval=2, attention_output_gate=True, linear_num_key_heads=2,
+                       linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
+                       linear_conv_kernel_dim=4, mtp_layers=1)
+MIB = 2**20
+
+
+def _graph_pools() -> int:
+    """Bytes in the CUDA graphs' private memory pools (the allocator's segments outside its default pool)."""
+    return sum(s["total_size"] for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) != (0, 0))
+
+
+def test_the_default_pool_takes_its_share_and_the_largest_step_and_every_graph_fit_beside_it() -> None:
+    import numpy as np
+
+    from cdbench.harness.live.step import GPU_MEMORY_UTILIZATION, LiveStep, largest_step
+
+    sizes, max_len, requests, max_rows, max_tokens, k = (1, 2, 4, 8, 16, 32), 1024, 32, 128, 2048, 2
+    live = LiveStep(HYBRID_MTP, 4096, max_len, max_rows=max_rows, graph_sizes=sizes, max_requests=requests,
+                    mtp_drafts=k, max_tokens=max_tokens)
+    sizing = live.kv_sizing
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    assert (sizing.memory_fraction, sizing.total_bytes) == (GPU_MEMORY_UTILIZATION, total)
+    assert sizing.activation_peak_bytes > 0 and sizing.graph_bytes > 0 and sizing.state_bytes > 0
+    assert live.kv_tokens == sizing.tokens and live.info().kv_sizing == sizing
+    # the pool took the share the sizing gave it: in use now is what was before, the pages and the linear state
+    # (and what the profile and the warm-up keep: library workspaces of the streams they ran on, loaded kernels)
+    pool = sizing.tokens * sizing.token_bytes + sizing.state_bytes
+    room = int(total * sizing.memory_fraction) - sizing.in_use_bytes - sizing.activation_peak_bytes - sizing.graph_bytes
+    assert room - sizing.token_bytes * live.kv_block_size < pool <= room
+    assert 0 <= (total - free) - (sizing.in_use_bytes + pool) < 256 * MIB, (total - free, sizing)
+
+    # the largest step through the run's own path (a captured mixed step, the head's drafting graph)
+    step = largest_step(max_tokens, max_len, requests, max_rows, k)
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    live.begin(np.full(step.rows, max_len - 2 * k - 1), np.full(step.rows, k),
+               np.array([new for _, new in step.chunks]), np.array([cached for cached, _ in step.chunks]),
+               sync=True, host_s=0.0)
+    live.end(mask_rows=max_rows, sample_rows=max_rows, host_s=0.0, sync=True)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - start
+    assert peak <= sizing.activation_peak_bytes * 1.1 + 64 * MIB, (peak, sizing)
+    # every decode and drafting graph the run can capture, one decode-only step a size
+    for rows in range(1, min(requests, max_rows // (1 + k)) + 1):
+        live.begin(np.full(rows, 100), np.full(rows, k), np.zeros(0, np.int64), np.zeros(0, np.int64),
+                   sync=True, host_s=0.0)
+        live.end(mask_rows=rows * (1 + k), sample_rows=rows * (1 + k), host_s=0.0, sync=True)
+    for rows in sizes:  # drafts 0: every decode size
+        live.begin(np.full(rows, 100), np.zeros(rows, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64),
+                   sync=True, host_s=0.0)
+        live.end(mask_rows=rows, sample_rows=rows, host_s=0.0, sync=True)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    assert live.info().graphs_captured == list(sizes)
+    assert _graph_pools() <= sizing.graph_bytes * 1.2, (_graph_pools(), sizing)
+    free, _ = torch.cuda.mem_get_info()
+    assert total - free <= total * sizing.memory_fraction, (total - free, sizing)
