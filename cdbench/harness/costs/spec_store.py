@@ -47,9 +47,10 @@ rolled back, refused texts kept: 2); bumped when that changes, so entries measur
 SEQUENCE_METHOD = 2
 """How a run's compile sequence is measured (2: each spec's median over repeated sequences, each on a fresh
 engine); bumped when that changes."""
-BATCH_METHOD = 2
-"""How a run's texts are walked in batch (2: every text of the run in arrival order, ``width`` walks
-advancing together, each position's median over repeats, each repeat on freshly compiled grammars);
+BATCH_METHOD = 3
+"""How a run's texts are walked in batch (3: every text of the run in arrival order, ``width`` walks
+advancing together, each position's median over repeats, each repeat on freshly compiled grammars, each
+spec compiled between the steps where its first walk joins; 2 compiled them all before the walk);
 bumped when that changes."""
 ENGINE_DISTRIBUTIONS = {"xgrammar": "xgrammar", "llguidance": "llguidance", "outlines": "outlines-core"}
 """The package whose version names each built-in engine backend's version."""

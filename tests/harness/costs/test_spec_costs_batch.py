@@ -78,6 +78,36 @@ def test_walks_advance_width_at_a_time_in_arrival_order_and_a_finished_walks_slo
     assert result.tokens.rollback_us == [None] * len(order)
 
 
+def test_each_spec_compiles_between_the_steps_where_the_run_meets_it(vocab):
+    backend = create_backend("xgrammar", vocab)
+    specs = (ConstraintSpec("regex", "[ab]+"), ConstraintSpec("regex", "[cd]+"), ConstraintSpec("regex", "[0-9]+"))
+    # spec 1 has no walk: it compiles where the run meets it, just before spec 2, whose walk joins late
+    walks = ((0, _text(vocab, "ab" * 6)), (0, _text(vocab, "ab")), (2, _text(vocab, "42")))
+    events = []
+    compile, matcher = backend.compile, backend.matcher
+
+    class Logged:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def fill_mask(self, mask, row):
+            events.append("fill")
+            return self.inner.fill_mask(mask, row)
+
+        def accept(self, token):
+            return self.inner.accept(token)
+
+    backend.compile = lambda spec: events.append(("compile", specs.index(spec))) or compile(spec)
+    backend.matcher = lambda grammar: Logged(matcher(grammar))
+    result = walk_in_batch("xgrammar", backend, BatchWalkTask("t", "w", specs, walks, width=2))
+    assert result.status == "ok" and set(result.tokens.instance) == {0, 1, 2}
+    compiles = [i for i, e in enumerate(events) if e != "fill"]
+    assert [events[i] for i in compiles] == [("compile", 0), ("compile", 1), ("compile", 2)]
+    # spec 0 before the first step; specs 1 and 2 together once walk 1 ends and walk 2 takes its row
+    assert compiles[0] == 0 and compiles[2] == compiles[1] + 1
+    assert events[:compiles[1]].count("fill") == 2 * len(walks[1][1])
+
+
 def test_a_refused_token_ends_its_walk_and_a_spec_that_does_not_compile_is_skipped(vocab):
     backend = create_backend("xgrammar", vocab)
     specs = (ConstraintSpec("regex", "[ab]+"), ConstraintSpec("json_schema", {"$ref": "#/definitions/missing"}))
