@@ -47,10 +47,9 @@ rolled back, refused texts kept: 2); bumped when that changes, so entries measur
 SEQUENCE_METHOD = 2
 """How a run's compile sequence is measured (2: each spec's median over repeated sequences, each on a fresh
 engine); bumped when that changes."""
-BATCH_METHOD = 3
-"""How a run's texts are walked in batch (3: every text of the run in arrival order, ``width`` walks
-advancing together, each position's median over repeats, each repeat on freshly compiled grammars, each
-spec compiled between the steps where its first walk joins; 2 compiled them all before the walk);
+BATCH_METHOD = 2
+"""How a run's texts are walked in batch (2: every text of the run in arrival order, ``width`` walks
+advancing together, each position's median over repeats, each repeat on freshly compiled grammars);
 bumped when that changes."""
 ENGINE_DISTRIBUTIONS = {"xgrammar": "xgrammar", "llguidance": "llguidance", "outlines": "outlines-core"}
 """The package whose version names each built-in engine backend's version."""
@@ -148,12 +147,15 @@ class SequenceEntry(_StoreEntry):
 
 
 def batch_digest(backend: str, version: str, vocab: str, options: Mapping[str, Any], specs: Sequence[ConstraintSpec],
-                 walks: Sequence[tuple[int, tuple[int, ...]]], width: int, gap_s: float = 0.0) -> str:
+                 walks: Sequence[tuple[int, tuple[int, ...]]], width: int, gap_s: float = 0.0,
+                 compiles: str = "before") -> str:
     """The store key of the fills of ``walks`` (spec index, tokens) walked ``width`` at a time, each step's
-    accepts ``gap_s`` after its fills (keyed only where not 0, so walks without a gap keep their keys)."""
+    accepts ``gap_s`` after its fills, the specs compiled ``compiles`` the walk (``before``, or ``between``
+    its steps; each keyed only where not the default, so walks measured before either existed keep their
+    keys)."""
     return _digest({**_run_key("batch_method", BATCH_METHOD, backend, version, vocab, options, specs),
                     "walks": [[s, list(tokens)] for s, tokens in walks], "width": width,
-                    **({"gap_s": gap_s} if gap_s else {})})
+                    **({"gap_s": gap_s} if gap_s else {}), **({"compiles": compiles} if compiles != "before" else {})})
 
 
 class BatchFillEntry(_StoreEntry):
