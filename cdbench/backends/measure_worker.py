@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -79,7 +80,8 @@ class BatchWalkTask:
     structured request in arrival order, walking ``tokens`` under ``specs[s]``; up to ``width`` walks
     advance together, one fill each per step, a finished walk's slot taken by the next (see
     :func:`walk_in_batch`). ``gap_s``: seconds each step sleeps between its fills and its accepts, as an
-    engine's loop waits for the step's forward there (0: none)."""
+    engine's loop waits for the step's forward there (0: none). ``compiles``: the specs are compiled
+    ``before`` the walk, or ``between`` its steps, each where its first walk joins."""
 
     corpus: str
     item_id: str
@@ -88,6 +90,7 @@ class BatchWalkTask:
     width: int
     repeats: int = 1
     gap_s: float = 0.0
+    compiles: Literal["before", "between"] = "before"
     kind: str = "batch"
     instance_failure: str = ""
 
@@ -379,16 +382,32 @@ def profile_item(
     return result
 
 
+def _compile_specs(backend: GrammarBackend, specs: Sequence[ConstraintSpec], grammars: dict[int, Any], start: int,
+                   stop: int) -> int:
+    """Compile ``specs[start:stop]`` into ``grammars`` by index (untimed: the compile sequence times them; one
+    that does not compile is left out); returns how far the specs are compiled."""
+    for at in range(start, stop):
+        try:
+            grammars[at] = backend.compile(specs[at])
+        except CompileError:
+            pass
+    return max(start, stop)
+
+
 def walk_in_batch(backend_name: str, backend: GrammarBackend, task: BatchWalkTask) -> ItemResult:
     """Time every fill and accept of ``task``'s walks, interleaved as a batch interleaves them.
 
     An engine fills the rows of a step one grammar after another into one mask it keeps, then, once
     the step's tokens are sampled, accepts each row's token one grammar after another, so each
     grammar meets caches its neighbours have just used; walked alone, a grammar finds them warm.
-    Each of ``task.repeats`` rounds starts from an empty engine cache and compiles the specs in
-    order (untimed: the compile sequence times them), so that no round meets grammars an earlier
-    round already walked (a grammar keeps what its fills computed); then the walks advance
-    together, ``task.width`` at a time in arrival order, a finished walk's row taken by the next.
+    Each of ``task.repeats`` rounds starts from an empty engine cache and compiles its own grammars
+    (untimed: the compile sequence times them), so that no round meets grammars an earlier round
+    already walked (a grammar keeps what its fills computed); the walks advance together,
+    ``task.width`` at a time in arrival order, a finished walk's row taken by the next. The specs
+    are compiled in order, all before the walk (``task.compiles`` ``before``) or as the walks meet
+    them (``between``: a walk joining compiles every spec up to its own not compiled yet, between the
+    steps of the walks in flight, as a run compiles a spec when its request arrives; a compile evicts
+    what the walks in flight kept in cache, and their later fills pay for it).
     A walk stops at a token its grammar refuses (as the request would abort); walks of a spec
     that does not compile are skipped. ``tokens.instance`` is the walk's index and
     ``tokens.position`` the answer position of the fill (``fill_us``) and of the accept of the token
@@ -403,21 +422,20 @@ def walk_in_batch(backend_name: str, backend: GrammarBackend, task: BatchWalkTas
     try:
         for _ in range(task.repeats):
             backend.clear_engine_cache()
-            grammars: dict[int, Any] = {}
-            for index, spec in enumerate(task.specs):
-                try:
-                    grammars[index] = backend.compile(spec)
-                except CompileError:
-                    continue
-            waiting = deque((i, grammars[s], tokens) for i, (s, tokens) in enumerate(task.walks)
-                            if s in grammars and tokens)
+            grammars: dict[int, Any] = {}  # spec index -> its grammar (absent: it did not compile)
+            compiled = 0  # the specs before this index are compiled (or failed to)
+            if task.compiles == "before":
+                compiled = _compile_specs(backend, task.specs, grammars, 0, len(task.specs))
+            waiting = deque((i, s, tokens) for i, (s, tokens) in enumerate(task.walks) if tokens)
             gc.collect()
             gc.disable()  # a collection pause inside a timed fill would be charged to the engine
             active: list[list[Any]] = []  # [walk index, matcher, tokens, position]
             while waiting or active:
                 while waiting and len(active) < task.width:
-                    index, grammar, tokens = waiting.popleft()
-                    active.append([index, backend.matcher(grammar), tokens, 0])
+                    index, s, tokens = waiting.popleft()
+                    compiled = _compile_specs(backend, task.specs, grammars, compiled, s + 1)
+                    if s in grammars:
+                        active.append([index, backend.matcher(grammars[s]), tokens, 0])
                 for row, walk in enumerate(active):
                     t0 = clock()
                     walk[1].fill_mask(mask, row)

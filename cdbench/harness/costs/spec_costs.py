@@ -119,7 +119,10 @@ class SpecCostSettings(BaseModel):
     together (:func:`measure_batch_fills`; ``None``: price every fill from the
     spec's walk alone). ``measure_accept_gap_s``: seconds a batch walk's step
     sleeps between its fills and its accepts, as an engine's loop waits for the
-    step's forward there (0, the default: none). ``spec_host_scale``: ``probe:<file>``
+    step's forward there (0, the default: none). ``measure_batch_compiles``: a batch
+    walk compiles the run's specs ``before`` it walks (the default), or ``between``
+    its steps, each where the run meets it, so that later fills meet the caches
+    the compiles leave (``reports/spec_costs/out_of_sample.md``). ``spec_host_scale``: ``probe:<file>``
     (``cdbench host --probe-specs``) prices the run for the probe's host, the specs
     measured on the probed host scaled by the probe's compile and fill scales instead of
     the score ratio (resolved into a :class:`~.spec_probe.SpecHostScale` when the run's
@@ -138,6 +141,7 @@ class SpecCostSettings(BaseModel):
     measure_repeats: int = Field(3, ge=1)
     measure_batch_rows: int | None = Field(16, ge=1)
     measure_accept_gap_s: float = Field(0.0, ge=0)
+    measure_batch_compiles: Literal["before", "between"] = "before"
     spec_host_scale: SpecHostScale | str | None = None
     spec_probe_compile: Literal["auto", "median", "by_size"] = "auto"
 
@@ -682,7 +686,9 @@ def measure_batch_fills(specs: Sequence[ConstraintSpec], walks: Sequence[tuple[i
     if progress is not None:
         progress(f"walking the run's {len(walks)} texts {width} at a time, {settings.measure_repeats} times "
                  "(fills and accepts interleaved as in the run's steps)", 0.0)
-    task = BatchWalkTask("spec-batch", "walks", tuple(specs), tuple(walks), width, settings.measure_repeats, gap_s=gap)
+    compiles = settings.measure_batch_compiles
+    task = BatchWalkTask("spec-batch", "walks", tuple(specs), tuple(walks), width, settings.measure_repeats, gap_s=gap,
+                         compiles=compiles)
     with WorkerPool(pool_settings) as pool:
         result = next(iter(pool.run([(backend, task)])))
     fill_s: list[list[float | None] | None] = [None] * len(walks)
@@ -697,7 +703,7 @@ def measure_batch_fills(specs: Sequence[ConstraintSpec], walks: Sequence[tuple[i
     if progress is not None:
         progress("walked in batch", 1.0)
     entry = BatchFillEntry(
-        digest=batch_digest(backend, version, vocab, options, specs, walks, width, gap), backend=backend,
+        digest=batch_digest(backend, version, vocab, options, specs, walks, width, gap, compiles), backend=backend,
         backend_version=version, vocab=vocab, host=this_host(store.root), width=width,
         fill_s=fill_s, accept_s=accept_s,
         measured=f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}"
@@ -720,8 +726,8 @@ def _in_batch(specs: list[_RunSpec], requests: RequestSource, backend: str, vers
         return "alone", "alone"
     width = settings.measure_batch_rows
     run_specs = [s.spec for s in specs]
-    gap = settings.measure_accept_gap_s
-    entries = store.batch_fills(batch_digest(backend, version, vocab, options, run_specs, walks, width, gap))
+    gap, compiles = settings.measure_accept_gap_s, settings.measure_batch_compiles
+    entries = store.batch_fills(batch_digest(backend, version, vocab, options, run_specs, walks, width, gap, compiles))
     new = None
     if not any(e.accept_s for e in entries) and settings.spec_costs == "measure":
         new = measure_batch_fills(run_specs, walks, backend, options, vocab, settings, progress)
@@ -737,6 +743,7 @@ def _in_batch(specs: list[_RunSpec], requests: RequestSource, backend: str, vers
         walked = entry is not None and _attach(specs, walks, seconds, entry.host, target, field, probe)
         out.append("alone" if not walked else f"{width} at a time" + (f", accepts {gap * 1e3:g} ms after the fills"
                                                                      if gap and field == "batch_accepts" else "")
+                   + (", specs compiled between its steps" if compiles == "between" else "")
                    + (", measured now" if entry is new else ""))
     return out[0], out[1]
 

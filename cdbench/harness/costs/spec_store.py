@@ -147,12 +147,15 @@ class SequenceEntry(_StoreEntry):
 
 
 def batch_digest(backend: str, version: str, vocab: str, options: Mapping[str, Any], specs: Sequence[ConstraintSpec],
-                 walks: Sequence[tuple[int, tuple[int, ...]]], width: int, gap_s: float = 0.0) -> str:
+                 walks: Sequence[tuple[int, tuple[int, ...]]], width: int, gap_s: float = 0.0,
+                 compiles: str = "before") -> str:
     """The store key of the fills of ``walks`` (spec index, tokens) walked ``width`` at a time, each step's
-    accepts ``gap_s`` after its fills (keyed only where not 0, so walks without a gap keep their keys)."""
+    accepts ``gap_s`` after its fills, the specs compiled ``compiles`` the walk (``before``, or ``between``
+    its steps; each keyed only where not the default, so walks measured before either existed keep their
+    keys)."""
     return _digest({**_run_key("batch_method", BATCH_METHOD, backend, version, vocab, options, specs),
                     "walks": [[s, list(tokens)] for s, tokens in walks], "width": width,
-                    **({"gap_s": gap_s} if gap_s else {})})
+                    **({"gap_s": gap_s} if gap_s else {}), **({"compiles": compiles} if compiles != "before" else {})})
 
 
 class BatchFillEntry(_StoreEntry):

@@ -78,6 +78,45 @@ def test_walks_advance_width_at_a_time_in_arrival_order_and_a_finished_walks_slo
     assert result.tokens.rollback_us == [None] * len(order)
 
 
+def test_each_spec_compiles_between_the_steps_where_the_run_meets_it(vocab):
+    backend = create_backend("xgrammar", vocab)
+    specs = (ConstraintSpec("regex", "[ab]+"), ConstraintSpec("regex", "[cd]+"), ConstraintSpec("regex", "[0-9]+"))
+    # spec 1 has no walk: it compiles where the run meets it, just before spec 2, whose walk joins late
+    walks = ((0, _text(vocab, "ab" * 6)), (0, _text(vocab, "ab")), (2, _text(vocab, "42")))
+    events = []
+    compile, matcher = backend.compile, backend.matcher
+
+    class Logged:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def fill_mask(self, mask, row):
+            events.append("fill")
+            return self.inner.fill_mask(mask, row)
+
+        def accept(self, token):
+            return self.inner.accept(token)
+
+    backend.compile = lambda spec: events.append(("compile", specs.index(spec))) or compile(spec)
+    backend.matcher = lambda grammar: Logged(matcher(grammar))
+    result = walk_in_batch("xgrammar", backend, BatchWalkTask("t", "w", specs, walks, width=2, compiles="between"))
+    assert result.status == "ok" and set(result.tokens.instance) == {0, 1, 2}
+    compiles = [i for i, e in enumerate(events) if e != "fill"]
+    assert [events[i] for i in compiles] == [("compile", 0), ("compile", 1), ("compile", 2)]
+    # spec 0 before the first step; specs 1 and 2 together once walk 1 ends and walk 2 takes its row
+    assert compiles[0] == 0 and compiles[2] == compiles[1] + 1
+    assert events[:compiles[1]].count("fill") == 2 * len(walks[1][1])
+    fills_between = len(result.tokens.fill_us)
+    events.clear()
+    result = walk_in_batch("xgrammar", backend, BatchWalkTask("t", "w", specs, walks, width=2))
+    # by default every spec compiles before the walk's first step; the walk itself is the same
+    assert events[:3] == [("compile", 0), ("compile", 1), ("compile", 2)] and "fill" not in events[:3]
+    assert len(result.tokens.fill_us) == fills_between
+    key = ("xgrammar", backend_version("xgrammar"), VOCAB, {}, list(specs), list(walks), 2, 0.0)
+    assert batch_digest(*key) == batch_digest(*key, "before")  # walks measured before the option keep their keys
+    assert batch_digest(*key, "between") != batch_digest(*key)
+
+
 def test_a_refused_token_ends_its_walk_and_a_spec_that_does_not_compile_is_skipped(vocab):
     backend = create_backend("xgrammar", vocab)
     specs = (ConstraintSpec("regex", "[ab]+"), ConstraintSpec("json_schema", {"$ref": "#/definitions/missing"}))
@@ -162,6 +201,11 @@ def test_a_run_walks_its_texts_in_batch_once_and_the_next_run_reuses_the_walk(tm
     third, coverage = price_specs(base, "xgrammar", {}, VOCAB, requests, settings)
     assert (coverage.fill_order, coverage.accept_order) == ("2 at a time, measured now",) * 2
     assert store.batch_fills(path.parent.name)[0].format_version == 2
+    # the specs compiled between the walk's steps: another measurement, stored apart, named in the coverage
+    between = settings.model_copy(update={"measure_batch_compiles": "between"})
+    _, coverage = price_specs(base, "xgrammar", {}, VOCAB, requests, between)
+    assert coverage.fill_order == "2 at a time, specs compiled between its steps, measured now"
+    assert len(list((tmp_path / "batch_fills").glob("*/*/*.json"))) == 2
 
 
 def _walks_of(vocab) -> tuple[ConstraintSpec, list[tuple[int, ...]], list[Request], list[tuple[int, tuple[int, ...]]]]:
