@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cdbench.harness.live.rank_steps import RANK_STEPS_FILE, fill_sigma, step_skew
+from cdbench.harness.live.rank_steps import RANK_STEPS_FILE, fill_spread, step_skew
 from cdbench.results.pack import open_run
 
 QUANTILES = (0.5, 0.9, 0.99)
@@ -53,7 +53,8 @@ def summarize(ref: str) -> list[dict]:
         slowest = skew["slowest"].value_counts(normalize=True).sort_index()
         print(f"{ref}: {len(skew)} steps of {own['rank'].nunique()} ranks; slowest rank's share of steps "
               + ", ".join(f"rank {r} {share:.0%}" for r, share in slowest.items())
-              + f"; fill sigma (the model's rank_fill_jitter) {fill_sigma(own)}")
+              + "; the other ranks' fill over rank 0's (the model's rank_fill_offset, rank_fill_jitter) "
+              + f"{fill_spread(own)}")
     else:
         print(f"{ref}: {parallel} run, {own['rank'].nunique()} ranks (no agreement: each rank's own steps)")
     for rank, part in own.groupby("rank"):
