@@ -59,12 +59,12 @@ TRITON = RecordingStub.install("triton")
 
 import torch
 import xgrammar as xgr
-from torch.overrides import TorchFunctionMode
 from step_grid import (  # this folder's shared grid helpers
     load_requests,
     model_dir,
     write_rows,
 )
+from torch.overrides import TorchFunctionMode
 from transformers import AutoTokenizer
 
 FIELDS = ["vllm", "xgrammar", "vocab", "batch", "step", "total_s", "grammar_s", "cpu_detour_s"]
