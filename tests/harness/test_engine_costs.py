@@ -26,7 +26,8 @@ SOURCES = {
              # update_from_output's accept path less the grammar's own accept, which model mode charges from the profile
              "accept_row_s": ("vllm", "xgrammar.accept_wrapper_row_s"),
              "fill_step_s": ("vllm", "xgrammar.fill_step_s"), "fill_row_s": ("vllm", "xgrammar.fill_row_s"),
-             "mask_alloc_byte_s": None, "ipc_s": ("vllm", "ipc_s"), "ipc_byte_s": ("vllm", "ipc_byte_s")},
+             "mask_alloc_byte_s": None, "ipc_s": ("vllm", "ipc_s"), "ipc_byte_s": ("vllm", "ipc_byte_s"),
+             "sample_prep_s": None, "sample_prep_row_s": None},
     # batch forming and result processing from the scheduler's decode steps (torchvision stubbed); accept_row_s is
     # the processor's extra per structured row less the grammar's own accept (as vLLM's)
     "sglang": {"schedule_s": ("sglang", "xgrammar.schedule_s"), "schedule_row_s": ("sglang", "xgrammar.schedule_row_s"),
@@ -36,16 +37,21 @@ SOURCES = {
                "fill_step_s": ("sglang", "xgrammar.fill_step_s"),
                "fill_row_s": ("sglang", "xgrammar.fill_row_s"),
                "mask_alloc_byte_s": ("sglang", "xgrammar.mask_alloc_byte_s"),
-               "ipc_s": ("vllm", "ipc_s"), "ipc_byte_s": ("vllm", "ipc_byte_s")},
+               "ipc_s": ("vllm", "ipc_s"), "ipc_byte_s": ("vllm", "ipc_byte_s"),
+               "sample_prep_s": None, "sample_prep_row_s": None},
     # an engine-version preset: every host cost from its own version's measurement
     "vllm-0.10": {field: ("vllm-0.10", f"xgrammar.{field}") for field in (
         "schedule_s", "schedule_row_s", "process_step_s", "process_row_s", "fill_step_s", "fill_row_s")}
     | {"accept_row_s": ("vllm-0.10", "xgrammar.accept_wrapper_row_s"), "mask_alloc_byte_s": None,
-       "ipc_s": ("vllm-0.10", "ipc_s"), "ipc_byte_s": ("vllm-0.10", "ipc_byte_s")},
+       "ipc_s": ("vllm-0.10", "ipc_s"), "ipc_byte_s": ("vllm-0.10", "ipc_byte_s"),
+       "sample_prep_s": None, "sample_prep_row_s": None},
 }
-# V0: its logits-processor path per step and row measured; no V1 accept path; its scheduler unmeasured (V1's costs)
+# V0: its logits-processor path and its sampler's host work per step and row measured; no V1 accept path; its
+# scheduler unmeasured (V1's costs)
 SOURCES["vllm-0.6"] = SOURCES["vllm"] | {"fill_step_s": ("vllm-0.6", "xgrammar.fill_step_s"),
-                                         "fill_row_s": ("vllm-0.6", "xgrammar.fill_row_s"), "accept_row_s": None}
+                                         "fill_row_s": ("vllm-0.6", "xgrammar.fill_row_s"), "accept_row_s": None,
+                                         "sample_prep_s": ("vllm-0.6", "sample_prep_s"),
+                                         "sample_prep_row_s": ("vllm-0.6", "sample_prep_row_s")}
 #: fitted.json key -> the engine and the version its entries must name
 ENGINES = {"vllm": ("vllm", "vllm 0.32"), "sglang": ("sglang", "sglang 0.5"), "vllm-0.10": ("vllm", "vllm 0.10.1"),
            "vllm-0.6": ("vllm", "vllm 0.6.6")}

@@ -49,3 +49,12 @@ def test_without_overlap_a_pageable_copy_runs_after_the_forward():
     pinned = _decode_step(4, overlap=False)
     assert pinned == pytest.approx(SCHEDULE_S + FORWARD_S + 4 * APPLY_S, abs=1e-9)
     assert _decode_step(4, overlap=False, pinned_mask=False) - pinned == pytest.approx(4 * COPY_S, abs=1e-9)
+
+
+def test_without_overlap_the_samplers_host_work_waits_behind_a_pageable_copy():
+    # the sampler's host work (sample_prep_s) follows the copy: after the forward when the copy waited for it,
+    # beside it when the copy was pinned (steps priced alone and as decode runs alike)
+    prep = {"sample_prep_s": 2e-4, "sample_prep_row_s": 1e-5}
+    for pinned, extra in ((False, 2e-4 + 4 * 1e-5), (True, 0.0)):
+        base = _decode_step(4, overlap=False, pinned_mask=pinned)
+        assert _decode_step(4, overlap=False, pinned_mask=pinned, **prep) - base == pytest.approx(extra, abs=1e-9)

@@ -55,6 +55,39 @@ def test_a_blocking_per_row_copy_pays_each_later_rows_wrapper_after_the_forward(
         _decode_step(4, mask_apply="per_row", pinned_mask=True), abs=1e-9)
 
 
+PREP = {"sample_prep_s": 2e-4, "sample_prep_row_s": 1e-5}  # V0's sampler's host work up to its GPU sync
+
+
+def test_a_blocking_per_row_copy_leaves_the_samplers_host_work_after_the_forward():
+    # the host waited out the forward at the first row's copy: the sampler's preparation then runs with the GPU idle
+    blocking = _decode_step(4, mask_apply="per_row", pinned_mask=False)
+    assert _decode_step(4, mask_apply="per_row", pinned_mask=False, **PREP) - blocking == pytest.approx(
+        2e-4 + 4 * 1e-5, abs=1e-9)
+
+
+def test_a_non_blocking_per_row_copy_leaves_the_samplers_host_work_beside_the_forward():
+    assert _decode_step(4, mask_apply="per_row", pinned_mask=True, **PREP) == pytest.approx(
+        _decode_step(4, mask_apply="per_row", pinned_mask=True), abs=1e-9)
+    # until it outlasts the forward: the fills and it, then the rows' copies and applies on the GPU
+    long = {"sample_prep_s": 0.012, "sample_prep_row_s": 0.0}
+    assert _decode_step(4, mask_apply="per_row", pinned_mask=True, **long) == pytest.approx(
+        4 * FILL_S + 0.012 + 4 * (COPY_S + APPLY_S), abs=1e-9)
+
+
+def test_the_samplers_host_work_runs_beside_the_forward_without_masks():
+    # V0's loop without grammar rows: the host prepares the sampler while the forward runs
+    result = sim([req(i, 0.0, out=3, spec=None) for i in range(4)], "vllm", gpu=GPU, grammar=GRAMMAR, overlap=False,
+                 mask_apply="per_row", pinned_mask=False, **PREP)
+    decode = result.steps[result.steps["kind"] == "decode"]
+    assert len(decode) and decode["duration_s"].to_numpy() == pytest.approx(FORWARD_S, abs=1e-9)
+
+
+def test_the_samplers_host_work_is_v0s_loop_without_overlap():
+    with pytest.raises(ValueError, match="sample_prep_s"):
+        policy("vllm", overlap=True, **PREP)
+    assert policy("vllm-0.6").sample_prep_s > 0 and policy("vllm").sample_prep_s == 0.0
+
+
 @pytest.mark.parametrize("overrides", [{"overlap": True}, {"overlap": False, "fill_beside_forward": False}])
 def test_per_row_is_v0s_loop_without_overlap_after_the_forwards_launch(overrides):
     with pytest.raises(ValueError, match="mask_apply 'per_row'"):
@@ -69,3 +102,7 @@ def test_live_mode_refuses_the_per_row_apply():
     with pytest.raises(ValueError, match="live mode runs the batched copy and apply"):
         RunConfig.model_validate(tree)
     assert RunConfig.model_validate({**tree, "mode": "model"}).scheduler_config().mask_apply == "per_row"
+    # a live step runs its own sampler: V0's priced one is refused there
+    prep = {"mode": "live", "policy": {"name": "vllm"}, "scheduler": {"overlap": False, **PREP}}
+    with pytest.raises(ValueError, match="runs its own"):
+        RunConfig.model_validate(prep)

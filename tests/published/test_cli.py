@@ -24,7 +24,7 @@ def test_run_prints_the_table_and_writes_results_table_and_plot(tmp_path):
                                       "vllm-12563", "--scale", "small", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "vllm-26866-structured-cost" in result.output and "-32.8 %" in result.output
-    assert "vllm-12563 (missed): V0's sampler host work" in result.output
+    assert "vllm-12563 (missed): what a GPU adds to V0's sampler" in result.output
     frame = pd.read_csv(out / "results.csv")
     assert frame["id"].tolist() == ["vllm-26866-structured-cost", "vllm-12563"]
     assert set(frame["verdict"]) <= {"reproduced", "missed", "not reproducible"}
