@@ -85,7 +85,12 @@ from cdbench.harness.kv_cache import (
 )
 from cdbench.harness.metrics import LogHistogram
 from cdbench.harness.policies import SchedulerConfig
-from cdbench.harness.readiness import blocking_poll, check, idle_repeats
+from cdbench.harness.readiness import (
+    blocking_poll,
+    blocking_poll_one_rank,
+    check,
+    idle_repeats,
+)
 from cdbench.harness.records import (
     ABORT_REASONS,
     CACHE_RESULTS,
@@ -536,6 +541,8 @@ class Scheduler:
         """SGLang's blocking poll of the grammar queue at ``t0`` and the ranks' agreement on it, whose
         ready grammars are released and failed requests abort; returns (poll seconds, all_gather seconds)."""
         cfg = self.cfg
+        if cfg.ranks == 1 and len(self.grammar_queue) <= _FEW_QUEUED:
+            return self._poll_few(t0)
         queued = np.array(self.grammar_queue, np.int64)
         poll_s, seen = blocking_poll(self.done_at[queued], t0, cfg)
         sync_s = cfg.all_gather_s if cfg.ranks > 1 else 0.0
@@ -563,6 +570,39 @@ class Scheduler:
                     keep.append(rid)
             self.grammar_queue = keep
         return poll_s, sync_s
+
+    def _poll_few(self, t0: float) -> tuple[float, float]:
+        """:meth:`_poll` of a queue of a few requests on one rank, in Python scalars (the same values)."""
+        cfg, queue, wait_ct = self.cfg, self.grammar_queue, self.wait_ct
+        ready_at = self._ready_at  # (one rank: its compile's end)
+        poll_s, seen = blocking_poll_one_rank([ready_at[rid] for rid in queue], t0, cfg)
+        limit = cfg.max_poll_iterations
+        release = []
+        for rid, was_seen in zip(queue, seen):
+            if not was_seen:
+                wait_ct[rid, 0] += 1
+                if limit is not None and wait_ct[rid, 0] >= limit:
+                    release.append((rid, False))
+            elif limit is not None and wait_ct[rid, 0] >= limit:
+                release.append((rid, False))
+            else:
+                release.append((rid, True))
+        if release:
+            t_release = t0 + poll_s + 0.0
+            outcome = dict(release)
+            keep = []
+            for rid in queue:
+                is_ready = outcome.get(rid)
+                if is_ready is None:
+                    keep.append(rid)
+                elif is_ready:
+                    if self._release(rid, t_release):
+                        self.waiting.append(rid)  # rejoins at the tail
+                else:
+                    self.cache.timed_out(int(self.rec.spec_key[rid]))
+                    self._abort(rid, "grammar_timeout", t_release)
+            self.grammar_queue = keep
+        return poll_s, 0.0
 
     def _agree_for_real(self, queued: np.ndarray, seen: np.ndarray, gave_up: np.ndarray
                         ) -> tuple[np.ndarray, np.ndarray, float]:
@@ -942,6 +982,7 @@ def _enter(rec: RequestTable, at: slice | np.ndarray, chunk: list[Request], last
     return float(arrivals[-1])
 
 
+_FEW_QUEUED = 8  # a one-rank poll of at most this many queued requests runs in Python scalars (_poll_few)
 _MIN_RUN = 1  # identical decode steps worth taking at once (_decode_run)
 _RUN = 64  # the most taken at once (more are the next run's): steps priced past the next event are priced in vain
 

@@ -421,6 +421,22 @@ class _Slots:
             self.free[self.slot[item]] = item
 
 
+def _seeded(entropy: list[int]) -> np.random.Generator:
+    """``numpy.random.default_rng(entropy)``, the same stream: the integers (not negative) given as the
+    32-bit words numpy splits them into, lowest first, which spares its per-integer conversion (a new
+    cost spec seeds a generator as its first request arrives)."""
+    words = []
+    for n in entropy:
+        if n < 0:
+            return np.random.default_rng(entropy)  # (numpy's own refusal)
+        words.append(n & 0xFFFFFFFF)
+        n >>= 32
+        while n:
+            words.append(n & 0xFFFFFFFF)
+            n >>= 32
+    return np.random.default_rng(np.array(words, np.uint32))
+
+
 def _grown(array: np.ndarray | None, length: int) -> np.ndarray | None:
     """``array`` with room for ``length`` values along its first axis (doubled when short)."""
     if array is None or len(array) >= length:
@@ -724,7 +740,7 @@ class ProfileTables(CostTables):
     def _rng(self, cost_spec: tuple) -> np.random.Generator:
         """The generator of ``cost_spec``'s pools, from the start of its stream."""
         kind, seeded, _ = cost_spec
-        return np.random.default_rng([self.seed, 0x6772, KIND_CODES[kind], int(seeded, 16) if seeded is not None else 0])
+        return _seeded([self.seed, 0x6772, KIND_CODES[kind], int(seeded, 16) if seeded is not None else 0])
 
     def _write_fill(self, slot: int, cost_spec: tuple) -> None:
         """The fills of ``cost_spec`` into row ``slot``, left out when its row was drawn (:meth:`_write_row`)."""
@@ -739,7 +755,7 @@ class ProfileTables(CostTables):
         if spiky and self.spike is None:  # the first spec with outliers: the others add none
             self.spike = np.zeros(len(self.fill))
         if self.spike is not None:
-            spikes_rng = np.random.default_rng([self.seed, 0x7370, KIND_CODES[kind], int(seeded, 16)]) if spiky else None
+            spikes_rng = _seeded([self.seed, 0x7370, KIND_CODES[kind], int(seeded, 16)]) if spiky else None
             self.spike[at] = _spikes(spec, spikes_rng) if spiky else 0.0
         if own:
             self.fill[at] = _row(_cycle(np.asarray(spec.fill_residual), u), 1.0)
