@@ -165,6 +165,7 @@ def test_decode_runs_taken_at_once_are_the_steps_one_by_one(name, monkeypatch):
     taken = _counting_runs(monkeypatch)
     at_once = _run(config, requests)
     monkeypatch.setattr(scheduler_module, "_MIN_RUN", 1 << 30)  # no run is long enough: every step alone
+    monkeypatch.setattr(scheduler_module, "_FEW_QUEUED", 0)  # and every poll through arrays
     one_by_one = _run(config, requests)
     pd.testing.assert_frame_equal(at_once.requests, one_by_one.requests)
     pd.testing.assert_frame_equal(at_once.steps, one_by_one.steps)
@@ -199,10 +200,14 @@ def test_forwards_priced_at_once_are_each_priced_alone(model):
     together, alone = costs.gpu_costs(1000), costs.gpu_costs(1000)  # (each its own memo of priced steps)
     context = np.arange(0, 400_000, 997)
     for rows in (1, 3, 8, 47, 300):
-        each = [alone.forward_s(np.zeros(0), np.zeros(0), rows, c) for c in context.tolist()]
+        each = [alone.forward.step_s(0.0, 0.0, rows, c, 0) for c in context.tolist()]
         assert together.forward.decode_step_s(rows, context).tolist() == each
         assert together.decode_forward_s(rows, context[::2]).tolist() == each[::2]  # half of them remembered
         assert together.decode_forward_s(rows, context).tolist() == each
+        assert [alone.forward_s(np.zeros(0), np.zeros(0), rows, c) for c in context.tolist()] == each  # (paged)
+        run = 4_000 + rows * np.arange(64)  # a run's contexts, over a page's end
+        assert together.decode_forward_s(rows, run).tolist() == [alone.forward.step_s(0.0, 0.0, rows, c, 0)
+                                                                 for c in run.tolist()]
     fixed = FixedGpuCosts(forward_base_s=0.003, decode_row_s=1e-5, kv_token_s=3e-9)
     assert fixed.decode_forward_s(5, context).tolist() == \
         [fixed.forward_s(np.zeros(0), np.zeros(0), 5, c) for c in context.tolist()]
