@@ -111,6 +111,7 @@ if TYPE_CHECKING:
 # cheapest sum (ndarray.sum adds a Python-level wrapper).
 _any = np.count_nonzero
 _sum = np.add.reduce
+_min = np.minimum.reduce
 
 _ABORT = {name: i for i, name in enumerate(ABORT_REASONS)}
 _CACHE = {name: i for i, name in enumerate(CACHE_RESULTS)}
@@ -684,7 +685,7 @@ class Scheduler:
         tl = self.timeline
         if tl is not None and tl.recording:
             return None
-        steps = min(int(batch.gen_left.min()), _RUN)  # up to a row's last token
+        steps = min(int(_min(batch.gen_left)), _RUN)  # up to a row's last token
         if steps < _MIN_RUN:
             return None
         cached = int(_sum(batch.cached))

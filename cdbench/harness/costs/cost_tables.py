@@ -222,13 +222,21 @@ class SpecIndex:
         return None if key is None else self.profile.specs[key]
 
 
-def _row(pool: np.ndarray, mean: float | None = None) -> np.ndarray:
+def _row(pool: np.ndarray, mean: float | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """A pool of SPAN draws, scaled to ``mean`` if given (so that a few draws from a heavy tail do not set
-    a spec's cost), extended by its first DRAFT_WINDOW (reads wrap around the span)."""
-    drawn = float(pool.mean())
-    if mean is not None and drawn > 0:
-        pool = pool * (mean / drawn)
-    return np.concatenate((pool, pool[:DRAFT_WINDOW]))
+    a spec's cost), extended by its first DRAFT_WINDOW (reads wrap around the span); written into ``out``
+    (a row of :data:`ROW`) where given."""
+    if out is None:
+        out = np.empty(ROW, pool.dtype)
+    if mean is not None:
+        drawn = float(np.add.reduce(pool)) / SPAN  # (ndarray.mean's own sum and division)
+        if drawn > 0:
+            np.multiply(pool, mean / drawn, out=out[:SPAN])
+            pool = out
+    if pool is not out:
+        out[:SPAN] = pool
+    out[SPAN:] = out[:DRAFT_WINDOW]
+    return out
 
 
 def _cycle(values: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -681,6 +689,8 @@ class ProfileTables(CostTables):
             self._chain_slots.drop(chain)
 
     def _grow_rows(self, rows: int) -> None:
+        if len(self.fill) >= rows * ROW:  # (every pool grows with the fills)
+            return
         for name in ("fill", "fill_csum", "accept", "rollback", "forced", "spike"):
             setattr(self, name, _grown(getattr(self, name), rows * ROW))
 
@@ -729,7 +739,7 @@ class ProfileTables(CostTables):
             accept_scale = spec.accept_s / accept.p50
         if spec is not None and spec.rollback_s is not None and rollback is not None and rollback.p50 > 0:
             rollback_scale = spec.rollback_s / rollback.p50
-        self.accept[at] = _row(accept.quantile_of_uniform(u[0]), accept.mean * accept_scale)
+        _row(accept.quantile_of_uniform(u[0]), accept.mean * accept_scale, self.accept[at])
         if self.rollback is not None:
             self.rollback[at] = np.nan if rollback is None else \
                 _row(rollback.quantile_of_uniform(u[1]), rollback.mean * rollback_scale)
@@ -758,8 +768,8 @@ class ProfileTables(CostTables):
             spikes_rng = _seeded([self.seed, 0x7370, KIND_CODES[kind], int(seeded, 16)]) if spiky else None
             self.spike[at] = _spikes(spec, spikes_rng) if spiky else 0.0
         if own:
-            self.fill[at] = _row(_cycle(np.asarray(spec.fill_residual), u), 1.0)
+            _row(_cycle(np.asarray(spec.fill_residual), u), 1.0, self.fill[at])
         else:
-            self.fill[at] = _row(fill_dist.quantile_of_uniform(u), fill_dist.mean)
+            _row(fill_dist.quantile_of_uniform(u), fill_dist.mean, self.fill[at])
         if self.fill_csum is not None:
             self.fill_csum[at] = _csum(self.fill[at])[:ROW]

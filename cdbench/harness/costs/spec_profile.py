@@ -213,7 +213,7 @@ class InstanceProfile(BaseModel):
 
 def _at(by_position: list[float | None], width: int) -> np.ndarray:
     out = np.full(width, np.nan)
-    values = np.array([np.nan if v is None else v for v in by_position[:width]], np.float64)
+    values = np.array(by_position[:width], np.float64)  # (None: NaN)
     out[:len(values)] = values
     return out
 
