@@ -228,6 +228,8 @@ class Scheduler:
         # whether runs of identical decode steps may be taken at once (_decode_run): not where a step's draws,
         # rows' tokens or KV bookkeeping vary in ways the run does not follow
         kv = self.kv
+        # ... and through SGLang's polls of one rank that see no compile done (the same seconds each, a count each)
+        self._blind_polls = config.readiness == "blocking_poll" and config.ranks == 1
         self._runs = (live is None and isinstance(gpu, RooflineGpuCosts | FixedGpuCosts)  # (priced, not measured)
                       and not config.spec_tokens and not config.jump_forward
                       and config.mask_apply == "batched" and not self.pricer.fill_jitter
@@ -680,7 +682,10 @@ class Scheduler:
         """
         batch = self.batch
         n = len(batch)
-        if not n or self.grammar_queue or self.waiting or _any(batch.prefill_left) or _any(batch.think_left):
+        if not n or self.waiting or _any(batch.prefill_left) or _any(batch.think_left):
+            return None
+        queue = self.grammar_queue
+        if queue and not self._blind_polls:
             return None
         tl = self.timeline
         if tl is not None and tl.recording:
@@ -702,6 +707,8 @@ class Scheduler:
         else:
             stretch = 1.0
             until = self.queue.peek_time()
+        if queue and not self._polls_blind(t + (self.cfg.schedule_s + self._carry_cpu_s) * stretch):
+            return None  # (the iteration's poll, after its scheduling, sees a compile done)
         rid = batch.rid
         structured = self.rec.structured[rid]
         run = self.executor.decode_run(rid, structured, batch.gen_left, steps)
@@ -722,16 +729,33 @@ class Scheduler:
         # the loop's batch forming as the iteration prices it; the first step also pays the work done at events
         schedule = np.full(steps, cfg.schedule_s * stretch)
         schedule[0] = (cfg.schedule_s + self._carry_cpu_s) * stretch
+        poll_s = 0.0
+        if queue:  # each step's poll sees no compile done (the first's, seen above), or the run stops before it
+            polled_at = schedule.copy()  # (a step polls after its scheduling, before the rows' share of it)
+            poll_s = cfg.poll_interval_s
+            if cfg.max_poll_iterations is not None:  # nor does any request give up
+                steps = min(steps, cfg.max_poll_iterations - 1 - max(int(self.wait_ct[q, 0]) for q in queue))
+                if steps < _MIN_RUN:
+                    return None
+                at, context, schedule, polled_at = at[:steps], context[:steps], schedule[:steps], polled_at[:steps]
+                if kv is not None:
+                    used = used[:steps]
         if cfg.schedule_row_s:
             schedule += cfg.schedule_row_s * n * stretch
         has_grammar = bool(_any(structured))
-        cost = self.pricer.price_decode_run(n, schedule, self._carry_process_s, run.fill_s[:steps],
-                                            run.process_s[:steps], context, not cfg.overlap, has_grammar, stretch)
+        cost = self.pricer.price_decode_run(n, schedule + poll_s if queue else schedule, self._carry_process_s,
+                                            run.fill_s[:steps], run.process_s[:steps], context, not cfg.overlap,
+                                            has_grammar, stretch)
         starts = np.empty(steps + 1)
         starts[0] = t
         starts[1:] = cost.duration
         np.cumsum(starts, out=starts)  # (sequential adds: each start as the loop adds it)
         k = 1 + int(np.searchsorted(starts[1:steps], until))  # steps that start before the next event
+        if queue:  # up to the step whose poll would see a compile done (the first's does not)
+            polled_at += starts[:steps]
+            k = min(k, self._polls_blind_until(polled_at[:k]))
+            for queued in queue:  # (each poll a count of its requests not seen)
+                self.wait_ct[queued, 0] += k
         starts = starts[:k + 1]
         after = cost.after_token  # (step_time's fields are arrays, or one value for every step)
         t_token = starts[1:] - (after[:k] if isinstance(after, np.ndarray) else after)
@@ -765,12 +789,27 @@ class Scheduler:
         c = cost
         self.steps.rows.extend(zip(
             starts[:k].tolist(), c.duration[:k].tolist(), repeat(_KIND_DECODE), repeat(n), repeat(n), repeat(0),
-            repeat(grammar_rows), repeat(c.mask_rows), repeat(n), schedule[:k].tolist(), repeat(0.0), repeat(0.0),
+            repeat(grammar_rows), repeat(c.mask_rows), repeat(n), schedule[:k].tolist(), repeat(poll_s), repeat(0.0),
             repeat(0.0), c.forward_s[:k].tolist(), c.fill_s[:k].tolist(), repeat(c.copy_s), repeat(c.apply_s),
             repeat(c.sample_s), c.process_s[:k].tolist(), c.exposed[:k].tolist(),
             c.hidden[:k].tolist(), repeat(c.transfer_s), repeat(c.launch_s), repeat(n),
             context[:k].tolist(), repeat(stretch), kv_used, evicted))
         return float(starts[k]), k
+
+    def _polls_blind(self, t0: float) -> bool:
+        """Whether the poll at ``t0`` sees none of the queued compiles done (:meth:`_poll_few`)."""
+        seen = blocking_poll_one_rank([self._ready_at[rid] for rid in self.grammar_queue], t0, self.cfg)[1]
+        return not any(seen)
+
+    def _polls_blind_until(self, polled_at: np.ndarray) -> int:
+        """How many of the polls at times ``polled_at`` (ascending) see none of the queued compiles done: the
+        readiness check of :func:`~cdbench.harness.readiness.blocking_poll`, over the polls at once."""
+        cfg = self.cfg
+        nap = cfg.poll_interval_s / cfg.poll_naps
+        done = np.array([self._ready_at[rid] for rid in self.grammar_queue])
+        first_seen = np.ceil((done[None, :] - polled_at[:, None]) / nap - 1e-9)
+        seen = (first_seen <= cfg.poll_naps - 1).any(axis=1)  # (the maximum with 0 changes no sighting)
+        return int(np.searchsorted(seen, True))  # (sighted from one poll on, by every later one)
 
     def _count_compiles(self, t: float) -> None:
         """Count the compiles running at ``t`` and the stretch of the loop's CPU work they make."""
