@@ -127,6 +127,10 @@ DECODE_RUNS = {  # (overrides of the default run, workload)
     "JSON corpus, reasoning": ({}, WORKLOADS["JSON corpus, reasoning"]),
     "zipf, drafts": ({}, WORKLOADS["zipf, drafts"]),
     "fixed costs (the CI run)": (yaml.safe_load(open("cdbench/configs/ci.yaml")), {}),
+    # compiles of 50 ms polled every 2 ms, given up after 12 polls that did not see them: runs through the
+    # polls that see nothing, stopped before the one that sees a compile done or gives up on one
+    "fixed costs, polls given up": (dict(yaml.safe_load(open("cdbench/configs/ci.yaml")),
+                                         scheduler={"poll_interval_s": 0.002, "max_poll_iterations": 12}), {}),
 }
 
 
@@ -134,19 +138,23 @@ def overrides_of(name: str) -> dict:
     return DECODE_RUNS[name][0]
 
 
-def _counting_runs(monkeypatch) -> list[int]:
-    """The steps of each decode run taken (appended as they are)."""
+def _counting_runs(monkeypatch) -> tuple[list[int], list[int]]:
+    """The steps of each decode run taken, and of each taken while compiles were polled (appended as they are)."""
     taken: list[int] = []
+    polled: list[int] = []
     run = Scheduler._decode_run
 
     def counted(self, t):
+        queued = bool(self.grammar_queue)
         out = run(self, t)
         if out is not None:
             taken.append(out[1])
+            if queued:
+                polled.append(out[1])
         return out
 
     monkeypatch.setattr(Scheduler, "_decode_run", counted)
-    return taken
+    return taken, polled
 
 
 def _decode_run_config(name: str) -> RunConfig:
@@ -162,7 +170,7 @@ def test_decode_runs_taken_at_once_are_the_steps_one_by_one(name, monkeypatch):
     monkeypatch.setattr(LogHistogram, "BUFFER", 100)  # binned (and summed) a few rows at a time: within runs too
     monkeypatch.setattr(tallies, "ROWS", 50)
     requests = generate(config.workload, load_vocab(config.vocab), progress=False).requests
-    taken = _counting_runs(monkeypatch)
+    taken, polled = _counting_runs(monkeypatch)
     at_once = _run(config, requests)
     monkeypatch.setattr(scheduler_module, "_MIN_RUN", 1 << 30)  # no run is long enough: every step alone
     monkeypatch.setattr(scheduler_module, "_FEW_QUEUED", 0)  # and every poll through arrays
@@ -177,6 +185,10 @@ def test_decode_runs_taken_at_once_are_the_steps_one_by_one(name, monkeypatch):
         assert taken
         if not overrides_of(name):  # the default run at its rate: mostly plain decode, mostly in runs
             assert sum(taken) > 0.5 * len(one_by_one.steps) and max(taken) > 8
+    if name in ("default", "fixed costs (the CI run)", "fixed costs, polls given up"):  # (SGLang's polls)
+        assert sum(polled) > 0.1 * ((one_by_one.steps["poll_s"] > 0) & (one_by_one.steps["kind"] == "decode")).sum()
+    if name == "fixed costs, polls given up":
+        assert (at_once.requests["abort_reason"] == "grammar_timeout").any()
 
 
 def test_decode_runs_of_a_replayed_trace_are_the_steps_one_by_one(tmp_path, monkeypatch):
@@ -184,7 +196,7 @@ def test_decode_runs_of_a_replayed_trace_are_the_steps_one_by_one(tmp_path, monk
     vocab = load_vocab(config.vocab)
     write_trace(generate(config.workload, vocab, progress=False), tmp_path / "t.jsonl")
     requests = replay(config.workload.model_copy(update={"trace": str(tmp_path / "t.jsonl")}), vocab).requests
-    taken = _counting_runs(monkeypatch)
+    taken, polled = _counting_runs(monkeypatch)
     at_once = _run(config, requests)
     monkeypatch.setattr(scheduler_module, "_MIN_RUN", 1 << 30)
     one_by_one = _run(config, requests)
