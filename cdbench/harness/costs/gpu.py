@@ -111,15 +111,20 @@ class RooflineGpuCosts:
     lengths around the one asked for in one array (the forward model prices each
     value of an array as it prices it alone), and the pages are remembered per
     row count, up to :attr:`DECODE_MEMO` values (then started afresh, so memory
-    stays bounded however long the run).
+    stays bounded however long the run). A step with prefill chunks is remembered
+    by its tokens, their attention pairs, its decode rows and context and its chunk
+    count, up to :attr:`PREFILL_MEMO` of them: a prompt alone in its step (SGLang's
+    batches without decode rows) is priced once a prompt length.
     """
 
     DECODE_MEMO = 1 << 20
     DECODE_PAGE = 1 << 8
+    PREFILL_MEMO = 1 << 16
 
     def __init__(self, forward: ForwardCostModel, mask: MaskCost) -> None:
         self.forward, self.mask = forward, mask
         self._pages: dict[tuple[int, int], np.ndarray] = {}  # (rows, context // DECODE_PAGE) -> forwards
+        self._prefill: dict[tuple, float] = {}  # (prefill tokens, their pairs, decode rows, context, chunks) -> forward
         self._copy: dict[tuple[int, bool], float] = {}
         self._apply: dict[int, float] = {}
         self._sample: dict[int, float] = {}
@@ -133,7 +138,14 @@ class RooflineGpuCosts:
             return float(self._page(decode_rows, int(decode_kv_tokens) // page)[decode_kv_tokens % page])
         tokens = float(_sum(prefill_chunks))
         pairs = float(attention_pairs(prefill_chunks, prefill_cached).sum())
-        return self.forward.step_s(tokens, pairs, decode_rows, decode_kv_tokens, len(prefill_chunks))
+        key = (tokens, pairs, decode_rows, decode_kv_tokens, len(prefill_chunks))
+        value = self._prefill.get(key)
+        if value is None:
+            if len(self._prefill) >= self.PREFILL_MEMO:
+                self._prefill.clear()
+            value = self._prefill[key] = self.forward.step_s(tokens, pairs, decode_rows, decode_kv_tokens,
+                                                             len(prefill_chunks))
+        return value
 
     def _page(self, rows: int, page: int) -> np.ndarray:
         """The forwards of decode steps of ``rows`` rows at the context lengths of page ``page``."""
