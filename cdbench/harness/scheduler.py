@@ -727,7 +727,8 @@ class Scheduler:
             used = context + n
         cfg = self.cfg
         # the loop's batch forming as the iteration prices it; the first step also pays the work done at events
-        schedule = np.full(steps, cfg.schedule_s * stretch)
+        schedule = np.empty(steps)
+        schedule.fill(cfg.schedule_s * stretch)  # (np.full's own Python costs more, per run)
         schedule[0] = (cfg.schedule_s + self._carry_cpu_s) * stretch
         poll_s = 0.0
         if queue:  # each step's poll sees no compile done (the first's, seen above), or the run stops before it
@@ -749,8 +750,8 @@ class Scheduler:
         starts = np.empty(steps + 1)
         starts[0] = t
         starts[1:] = cost.duration
-        np.cumsum(starts, out=starts)  # (sequential adds: each start as the loop adds it)
-        k = 1 + int(np.searchsorted(starts[1:steps], until))  # steps that start before the next event
+        np.add.accumulate(starts, out=starts)  # (np.cumsum's sequential adds: each start as the loop adds it)
+        k = 1 + int(starts[1:steps].searchsorted(until))  # steps that start before the next event
         if queue:  # up to the step whose poll would see a compile done (the first's does not)
             polled_at += starts[:steps]
             k = min(k, self._polls_blind_until(polled_at[:k]))
@@ -766,11 +767,15 @@ class Scheduler:
         batch.gen_left -= k
         batch.cached += k
         batch.last_tok[:] = t_token[-1]
-        self.tallies.add([rid, np.full(n, k, np.int64)], n * k)
+        tokens = np.empty(n, np.int64)
+        tokens.fill(k)
+        self.tallies.add([rid, tokens], n * k)
         fill = run.fill_s[:k]
         grammar_rows = fill.shape[1]
         if grammar_rows:
-            self.fill_hist.add_steps(fill.ravel(), grammar_rows, np.ones(k * grammar_rows, np.int64))
+            ones = np.empty(k * grammar_rows, np.int64)
+            ones.fill(1)
+            self.fill_hist.add_steps(fill.ravel(), grammar_rows, ones)
         if kv is None:
             kv_used, evicted = repeat(0), repeat(0)
         else:
