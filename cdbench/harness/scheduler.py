@@ -43,7 +43,8 @@ Per-request Python runs only at events (arrival, release, admission, finish, abo
 token is a numpy operation over the running batch, which is kept as a struct of arrays.
 
 Between events most iterations are the same decode step again: every row decodes one token, nothing
-waits or compiles, and only the rows' positions and context move. Such a run of steps is taken at once
+waits (and any compile polled is not seen done), and only the rows' positions and context move. Such a
+run of steps is taken at once
 (:meth:`Scheduler._decode_run`: the executor's fills, the pricing and the records of each step as arrays
 over the steps), up to the step where a row emits its last token, and never past the next event; the
 steps are the ones the iterations above give, value for value. Every other iteration runs the phases.
@@ -671,8 +672,10 @@ class Scheduler:
         """From ``t``, the iterations that are identical decode steps of the running batch, taken at once:
         ``(time of the iteration after them, how many)``, or ``None`` (the iteration at ``t`` runs alone).
 
-        Such a run is every row decoding one token a step, nothing waiting or compiling in the grammar queue,
-        no thinking rows. It ends with the first step where a row emits its last token (those rows then leave,
+        Such a run is every row decoding one token a step, nothing waiting, no thinking rows, and nothing in
+        the grammar queue or (SGLang, one rank) only compiles that each step's poll does not see done: each
+        step then pays the poll's interval and counts a poll of its requests, and the run stops before the
+        step whose poll would see one done or give up on one. It ends with the first step where a row emits its last token (those rows then leave,
         as after any step), and stops before one where anything else could happen: a grammar that ends or
         refuses a token (the executor's :meth:`GrammarExecutor.decode_run`), the KV cache's blocks running
         out, the next event (an arrival), or the host's count of running compiles changing. Between those,
