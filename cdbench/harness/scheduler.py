@@ -545,7 +545,7 @@ class Scheduler:
         """SGLang's blocking poll of the grammar queue at ``t0`` and the ranks' agreement on it, whose
         ready grammars are released and failed requests abort; returns (poll seconds, all_gather seconds)."""
         cfg = self.cfg
-        if cfg.ranks == 1 and len(self.grammar_queue) <= _FEW_QUEUED:
+        if cfg.ranks == 1 and self._ranks is None and len(self.grammar_queue) <= _FEW_QUEUED:  # (no peers to agree)
             return self._poll_few(t0)
         queued = np.array(self.grammar_queue, np.int64)
         poll_s, seen = blocking_poll(self.done_at[queued], t0, cfg)
@@ -688,7 +688,7 @@ class Scheduler:
         if not n or self.waiting or _any(batch.prefill_left) or _any(batch.think_left):
             return None
         queue = self.grammar_queue
-        if queue and not self._blind_polls:
+        if queue and (not self._blind_polls or self._ranks is not None):  # (a poll agreed with peers is not priced)
             return None
         tl = self.timeline
         if tl is not None and tl.recording:
