@@ -45,6 +45,32 @@ def blocking_poll(done_at: np.ndarray, t0: float, cfg: SchedulerConfig) -> tuple
     return float(per_rank.max()), seen
 
 
+def blocking_poll_one_rank(done_at: Sequence[float], t0: float, cfg: SchedulerConfig) -> tuple[float, list[bool]]:
+    """:func:`blocking_poll` of one rank's few compiles (ends ``done_at``) in Python floats: the same
+    values bit for bit (a poll of a queue of one or two costs mostly numpy's calls).
+
+    >>> from cdbench.harness.policies import policy
+    >>> cfg = policy("sglang", poll_interval_s=0.004, poll_naps=4)
+    >>> blocking_poll_one_rank([0.0015, 0.0025], 0.0, cfg)
+    (0.003, [True, True])
+    """
+    nap = cfg.poll_interval_s / cfg.poll_naps
+    last = cfg.poll_naps - 1
+    seen, exit_check = [], None
+    for done in done_at:
+        x = (done - t0) / nap - 1e-9
+        # numpy's ceil, then its maximum with 0.0 (which gives 0.0, not the ceil's -0.0, for x in (-1, 0])
+        first = (float(math.ceil(x)) if x < math.inf else x) if x > 0.0 else 0.0
+        was_seen = first <= last
+        seen.append(was_seen)
+        value = first if was_seen else 0.0
+        if exit_check is None or value > exit_check:
+            exit_check = value
+    if not cfg.poll_early_exit or not all(seen):
+        return cfg.poll_interval_s, seen
+    return exit_check * nap, seen
+
+
 def check(ready_at: float, t: float, timeout_s: float) -> tuple[bool, float]:
     """vLLM's readiness check at ``t`` of a grammar ready at ``ready_at``: (ready, seconds it cost).
 

@@ -43,7 +43,8 @@ Per-request Python runs only at events (arrival, release, admission, finish, abo
 token is a numpy operation over the running batch, which is kept as a struct of arrays.
 
 Between events most iterations are the same decode step again: every row decodes one token, nothing
-waits or compiles, and only the rows' positions and context move. Such a run of steps is taken at once
+waits (and any compile polled is not seen done), and only the rows' positions and context move. Such a
+run of steps is taken at once
 (:meth:`Scheduler._decode_run`: the executor's fills, the pricing and the records of each step as arrays
 over the steps), up to the step where a row emits its last token, and never past the next event; the
 steps are the ones the iterations above give, value for value. Every other iteration runs the phases.
@@ -85,7 +86,12 @@ from cdbench.harness.kv_cache import (
 )
 from cdbench.harness.metrics import LogHistogram
 from cdbench.harness.policies import SchedulerConfig
-from cdbench.harness.readiness import blocking_poll, check, idle_repeats
+from cdbench.harness.readiness import (
+    blocking_poll,
+    blocking_poll_one_rank,
+    check,
+    idle_repeats,
+)
 from cdbench.harness.records import (
     ABORT_REASONS,
     CACHE_RESULTS,
@@ -106,6 +112,7 @@ if TYPE_CHECKING:
 # cheapest sum (ndarray.sum adds a Python-level wrapper).
 _any = np.count_nonzero
 _sum = np.add.reduce
+_min = np.minimum.reduce
 
 _ABORT = {name: i for i, name in enumerate(ABORT_REASONS)}
 _CACHE = {name: i for i, name in enumerate(CACHE_RESULTS)}
@@ -222,6 +229,8 @@ class Scheduler:
         # whether runs of identical decode steps may be taken at once (_decode_run): not where a step's draws,
         # rows' tokens or KV bookkeeping vary in ways the run does not follow
         kv = self.kv
+        # ... and through SGLang's polls of one rank that see no compile done (the same seconds each, a count each)
+        self._blind_polls = config.readiness == "blocking_poll" and config.ranks == 1
         self._runs = (live is None and isinstance(gpu, RooflineGpuCosts | FixedGpuCosts)  # (priced, not measured)
                       and not config.spec_tokens and not config.jump_forward
                       and config.mask_apply == "batched" and not self.pricer.fill_spread
@@ -536,6 +545,8 @@ class Scheduler:
         """SGLang's blocking poll of the grammar queue at ``t0`` and the ranks' agreement on it, whose
         ready grammars are released and failed requests abort; returns (poll seconds, all_gather seconds)."""
         cfg = self.cfg
+        if cfg.ranks == 1 and self._ranks is None and len(self.grammar_queue) <= _FEW_QUEUED:  # (no peers to agree)
+            return self._poll_few(t0)
         queued = np.array(self.grammar_queue, np.int64)
         poll_s, seen = blocking_poll(self.done_at[queued], t0, cfg)
         sync_s = cfg.all_gather_s if cfg.ranks > 1 else 0.0
@@ -563,6 +574,39 @@ class Scheduler:
                     keep.append(rid)
             self.grammar_queue = keep
         return poll_s, sync_s
+
+    def _poll_few(self, t0: float) -> tuple[float, float]:
+        """:meth:`_poll` of a queue of a few requests on one rank, in Python scalars (the same values)."""
+        cfg, queue, wait_ct = self.cfg, self.grammar_queue, self.wait_ct
+        ready_at = self._ready_at  # (one rank: its compile's end)
+        poll_s, seen = blocking_poll_one_rank([ready_at[rid] for rid in queue], t0, cfg)
+        limit = cfg.max_poll_iterations
+        release = []
+        for rid, was_seen in zip(queue, seen):
+            if not was_seen:
+                wait_ct[rid, 0] += 1
+                if limit is not None and wait_ct[rid, 0] >= limit:
+                    release.append((rid, False))
+            elif limit is not None and wait_ct[rid, 0] >= limit:
+                release.append((rid, False))
+            else:
+                release.append((rid, True))
+        if release:
+            t_release = t0 + poll_s + 0.0
+            outcome = dict(release)
+            keep = []
+            for rid in queue:
+                is_ready = outcome.get(rid)
+                if is_ready is None:
+                    keep.append(rid)
+                elif is_ready:
+                    if self._release(rid, t_release):
+                        self.waiting.append(rid)  # rejoins at the tail
+                else:
+                    self.cache.timed_out(int(self.rec.spec_key[rid]))
+                    self._abort(rid, "grammar_timeout", t_release)
+            self.grammar_queue = keep
+        return poll_s, 0.0
 
     def _agree_for_real(self, queued: np.ndarray, seen: np.ndarray, gave_up: np.ndarray
                         ) -> tuple[np.ndarray, np.ndarray, float]:
@@ -628,8 +672,10 @@ class Scheduler:
         """From ``t``, the iterations that are identical decode steps of the running batch, taken at once:
         ``(time of the iteration after them, how many)``, or ``None`` (the iteration at ``t`` runs alone).
 
-        Such a run is every row decoding one token a step, nothing waiting or compiling in the grammar queue,
-        no thinking rows. It ends with the first step where a row emits its last token (those rows then leave,
+        Such a run is every row decoding one token a step, nothing waiting, no thinking rows, and nothing in
+        the grammar queue or (SGLang, one rank) only compiles that each step's poll does not see done: each
+        step then pays the poll's interval and counts a poll of its requests, and the run stops before the
+        step whose poll would see one done or give up on one. It ends with the first step where a row emits its last token (those rows then leave,
         as after any step), and stops before one where anything else could happen: a grammar that ends or
         refuses a token (the executor's :meth:`GrammarExecutor.decode_run`), the KV cache's blocks running
         out, the next event (an arrival), or the host's count of running compiles changing. Between those,
@@ -639,12 +685,15 @@ class Scheduler:
         """
         batch = self.batch
         n = len(batch)
-        if not n or self.grammar_queue or self.waiting or _any(batch.prefill_left) or _any(batch.think_left):
+        if not n or self.waiting or _any(batch.prefill_left) or _any(batch.think_left):
+            return None
+        queue = self.grammar_queue
+        if queue and (not self._blind_polls or self._ranks is not None):  # (a poll agreed with peers is not priced)
             return None
         tl = self.timeline
         if tl is not None and tl.recording:
             return None
-        steps = min(int(batch.gen_left.min()), _RUN)  # up to a row's last token
+        steps = min(int(_min(batch.gen_left)), _RUN)  # up to a row's last token
         if steps < _MIN_RUN:
             return None
         cached = int(_sum(batch.cached))
@@ -661,6 +710,8 @@ class Scheduler:
         else:
             stretch = 1.0
             until = self.queue.peek_time()
+        if queue and not self._polls_blind(t + (self.cfg.schedule_s + self._carry_cpu_s) * stretch):
+            return None  # (the iteration's poll, after its scheduling, sees a compile done)
         rid = batch.rid
         structured = self.rec.structured[rid]
         run = self.executor.decode_run(rid, structured, batch.gen_left, steps)
@@ -679,18 +730,36 @@ class Scheduler:
             used = context + n
         cfg = self.cfg
         # the loop's batch forming as the iteration prices it; the first step also pays the work done at events
-        schedule = np.full(steps, cfg.schedule_s * stretch)
+        schedule = np.empty(steps)
+        schedule.fill(cfg.schedule_s * stretch)  # (np.full's own Python costs more, per run)
         schedule[0] = (cfg.schedule_s + self._carry_cpu_s) * stretch
+        poll_s = 0.0
+        if queue:  # each step's poll sees no compile done (the first's, seen above), or the run stops before it
+            polled_at = schedule.copy()  # (a step polls after its scheduling, before the rows' share of it)
+            poll_s = cfg.poll_interval_s
+            if cfg.max_poll_iterations is not None:  # nor does any request give up
+                steps = min(steps, cfg.max_poll_iterations - 1 - max(int(self.wait_ct[q, 0]) for q in queue))
+                if steps < _MIN_RUN:
+                    return None
+                at, context, schedule, polled_at = at[:steps], context[:steps], schedule[:steps], polled_at[:steps]
+                if kv is not None:
+                    used = used[:steps]
         if cfg.schedule_row_s:
             schedule += cfg.schedule_row_s * n * stretch
         has_grammar = bool(_any(structured))
-        cost = self.pricer.price_decode_run(n, schedule, self._carry_process_s, run.fill_s[:steps],
-                                            run.process_s[:steps], context, not cfg.overlap, has_grammar, stretch)
+        cost = self.pricer.price_decode_run(n, schedule + poll_s if queue else schedule, self._carry_process_s,
+                                            run.fill_s[:steps], run.process_s[:steps], context, not cfg.overlap,
+                                            has_grammar, stretch)
         starts = np.empty(steps + 1)
         starts[0] = t
         starts[1:] = cost.duration
-        np.cumsum(starts, out=starts)  # (sequential adds: each start as the loop adds it)
-        k = 1 + int(np.searchsorted(starts[1:steps], until))  # steps that start before the next event
+        np.add.accumulate(starts, out=starts)  # (np.cumsum's sequential adds: each start as the loop adds it)
+        k = 1 + int(starts[1:steps].searchsorted(until))  # steps that start before the next event
+        if queue:  # up to the step whose poll would see a compile done (the first's does not)
+            polled_at += starts[:steps]
+            k = min(k, self._polls_blind_until(polled_at[:k]))
+            for queued in queue:  # (each poll a count of its requests not seen)
+                self.wait_ct[queued, 0] += k
         starts = starts[:k + 1]
         after = cost.after_token  # (step_time's fields are arrays, or one value for every step)
         t_token = starts[1:] - (after[:k] if isinstance(after, np.ndarray) else after)
@@ -701,11 +770,15 @@ class Scheduler:
         batch.gen_left -= k
         batch.cached += k
         batch.last_tok[:] = t_token[-1]
-        self.tallies.add([rid, np.full(n, k, np.int64)], n * k)
+        tokens = np.empty(n, np.int64)
+        tokens.fill(k)
+        self.tallies.add([rid, tokens], n * k)
         fill = run.fill_s[:k]
         grammar_rows = fill.shape[1]
         if grammar_rows:
-            self.fill_hist.add_steps(fill.ravel(), grammar_rows, np.ones(k * grammar_rows, np.int64))
+            ones = np.empty(k * grammar_rows, np.int64)
+            ones.fill(1)
+            self.fill_hist.add_steps(fill.ravel(), grammar_rows, ones)
         if kv is None:
             kv_used, evicted = repeat(0), repeat(0)
         else:
@@ -724,12 +797,27 @@ class Scheduler:
         c = cost
         self.steps.rows.extend(zip(
             starts[:k].tolist(), c.duration[:k].tolist(), repeat(_KIND_DECODE), repeat(n), repeat(n), repeat(0),
-            repeat(grammar_rows), repeat(c.mask_rows), repeat(n), schedule[:k].tolist(), repeat(0.0), repeat(0.0),
+            repeat(grammar_rows), repeat(c.mask_rows), repeat(n), schedule[:k].tolist(), repeat(poll_s), repeat(0.0),
             repeat(0.0), c.forward_s[:k].tolist(), c.fill_s[:k].tolist(), repeat(c.copy_s), repeat(c.apply_s),
             repeat(c.sample_s), c.process_s[:k].tolist(), c.exposed[:k].tolist(),
             c.hidden[:k].tolist(), repeat(c.transfer_s), repeat(c.launch_s), repeat(n),
             context[:k].tolist(), repeat(stretch), kv_used, evicted))
         return float(starts[k]), k
+
+    def _polls_blind(self, t0: float) -> bool:
+        """Whether the poll at ``t0`` sees none of the queued compiles done (:meth:`_poll_few`)."""
+        seen = blocking_poll_one_rank([self._ready_at[rid] for rid in self.grammar_queue], t0, self.cfg)[1]
+        return not any(seen)
+
+    def _polls_blind_until(self, polled_at: np.ndarray) -> int:
+        """How many of the polls at times ``polled_at`` (ascending) see none of the queued compiles done: the
+        readiness check of :func:`~cdbench.harness.readiness.blocking_poll`, over the polls at once."""
+        cfg = self.cfg
+        nap = cfg.poll_interval_s / cfg.poll_naps
+        done = np.array([self._ready_at[rid] for rid in self.grammar_queue])
+        first_seen = np.ceil((done[None, :] - polled_at[:, None]) / nap - 1e-9)
+        seen = (first_seen <= cfg.poll_naps - 1).any(axis=1)  # (the maximum with 0 changes no sighting)
+        return int(np.searchsorted(seen, True))  # (sighted from one poll on, by every later one)
 
     def _count_compiles(self, t: float) -> None:
         """Count the compiles running at ``t`` and the stretch of the loop's CPU work they make."""
@@ -942,6 +1030,7 @@ def _enter(rec: RequestTable, at: slice | np.ndarray, chunk: list[Request], last
     return float(arrivals[-1])
 
 
+_FEW_QUEUED = 8  # a one-rank poll of at most this many queued requests runs in Python scalars (_poll_few)
 _MIN_RUN = 1  # identical decode steps worth taking at once (_decode_run)
 _RUN = 64  # the most taken at once (more are the next run's): steps priced past the next event are priced in vain
 

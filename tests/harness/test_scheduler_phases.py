@@ -13,7 +13,7 @@ import pytest
 from cdbench.harness.admission import BatchFormer
 from cdbench.harness.batch import RunningBatch
 from cdbench.harness.policies import policy
-from cdbench.harness.readiness import blocking_poll
+from cdbench.harness.readiness import blocking_poll, blocking_poll_one_rank
 from cdbench.harness.records import DraftPositionCounts, RequestTable
 from cdbench.harness.tallies import ROWS, StepTallies
 
@@ -33,6 +33,26 @@ def test_blocking_poll_leaves_at_the_check_that_sees_every_rank_done(early_exit,
     assert poll_s == pytest.approx(0.004)  # a rank that never saw one waits the whole interval
     poll_s, _ = blocking_poll(np.array([[0.0015, 0.0025]]), 0.0, cfg)
     assert poll_s == pytest.approx(expected_s)
+
+
+@pytest.mark.parametrize("early_exit", [True, False])
+def test_a_one_rank_poll_in_python_scalars_is_the_poll_of_arrays_bit_for_bit(early_exit):
+    """The scheduler polls a queue of a few requests on one rank in Python scalars: the same seconds and sightings,
+    for compiles done before the poll (just before: numpy's ceil gives -0.0 there), during it, after it, never."""
+    cfg = policy("sglang", poll_interval_s=0.005, poll_naps=10, poll_early_exit=early_exit)
+    rng = np.random.default_rng(3)
+    for trial in range(3000):
+        q = int(rng.integers(1, 9))
+        t0 = float(rng.random() * 100)
+        done = t0 + rng.choice([-1.0, 1.0], q) * rng.random(q) * rng.choice([1e-4, 1e-3, 1e-2], q)
+        if trial % 7 == 0:
+            done[0] = t0 - 0.0005 * rng.random()
+        if trial % 11 == 0:
+            done[-1] = math.inf
+        poll_s, seen = blocking_poll(done[:, None], t0, cfg)
+        scalar_s, scalar_seen = blocking_poll_one_rank(done.tolist(), t0, cfg)
+        assert np.float64(scalar_s).tobytes() == np.float64(poll_s).tobytes()
+        assert scalar_seen == seen[:, 0].tolist()
 
 
 def test_tallies_sum_every_step_across_flushes():

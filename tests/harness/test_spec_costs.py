@@ -339,3 +339,34 @@ def test_a_run_without_drafts_or_jump_forward_draws_only_the_pools_it_reads_and_
             assert getattr(full.tables, name)[base:base + ROW].tolist() == getattr(t, name)[base:base + ROW].tolist()
         curve = int(t.curve_end[rid]) - out
         assert full.tables.curve[curve:curve + out].tolist() == t.curve[curve:curve + out].tolist()
+
+
+@pytest.mark.parametrize("drafts, jump_forward", [(True, True), (False, False)])
+def test_a_cost_specs_fills_drawn_when_first_read_are_those_drawn_with_its_other_pools(drafts, jump_forward) -> None:
+    """Requests replaying their texts read no cost spec's fills: a row drawn for them leaves its fills (prefix sums,
+    outliers) out, skipping their draws in its stream, and draws them once a request that reads them arrives. Every
+    pool is then the values drawn at once."""
+    requests = [Request(i, 0.0, 50, 64, SPEC, spec_id) for i, spec_id in enumerate(["corp/spiky", "corp/slow"])]
+    spiky = _spiky_profile()
+    for profile in (spiky, _profile()):
+        at_once, late = (ModelExecutor(ProfileGrammarCosts(profile, 3)) for _ in range(2))
+        for ex in (at_once, late):
+            ex.prepare(requests, SpecKeys.of(requests), jump_forward=jump_forward, drafts=drafts)
+        t, t_late = at_once.tables, late.tables
+        cost_specs = {t._spec_of[rid] for rid in range(2)} - {None}
+        assert cost_specs
+        for cost_spec in cost_specs:
+            for tables, fill in ((t, True), (t_late, False)):
+                tables._grow_rows(2)
+                tables._write_row(1, cost_spec, fill)
+            assert t_late._unfilled == {1}
+            row = slice(ROW, 2 * ROW)
+            for name in ("accept", "rollback", "forced"):
+                if getattr(t, name) is not None:
+                    assert getattr(t_late, name)[row].tobytes() == getattr(t, name)[row].tobytes()
+            t_late._write_fill(1, cost_spec)
+            assert not t_late._unfilled
+            for name in ("fill", "fill_csum", "spike"):
+                if getattr(t, name) is not None:
+                    assert getattr(t_late, name)[row].tobytes() == getattr(t, name)[row].tobytes()
+        assert profile is not spiky or t_late.spike is not None  # (its outliers drawn late too)

@@ -127,6 +127,10 @@ DECODE_RUNS = {  # (overrides of the default run, workload)
     "JSON corpus, reasoning": ({}, WORKLOADS["JSON corpus, reasoning"]),
     "zipf, drafts": ({}, WORKLOADS["zipf, drafts"]),
     "fixed costs (the CI run)": (yaml.safe_load(open("cdbench/configs/ci.yaml")), {}),
+    # compiles of 50 ms polled every 2 ms, given up after 12 polls that did not see them: runs through the
+    # polls that see nothing, stopped before the one that sees a compile done or gives up on one
+    "fixed costs, polls given up": (dict(yaml.safe_load(open("cdbench/configs/ci.yaml")),
+                                         scheduler={"poll_interval_s": 0.002, "max_poll_iterations": 12}), {}),
 }
 
 
@@ -134,19 +138,23 @@ def overrides_of(name: str) -> dict:
     return DECODE_RUNS[name][0]
 
 
-def _counting_runs(monkeypatch) -> list[int]:
-    """The steps of each decode run taken (appended as they are)."""
+def _counting_runs(monkeypatch) -> tuple[list[int], list[int]]:
+    """The steps of each decode run taken, and of each taken while compiles were polled (appended as they are)."""
     taken: list[int] = []
+    polled: list[int] = []
     run = Scheduler._decode_run
 
     def counted(self, t):
+        queued = bool(self.grammar_queue)
         out = run(self, t)
         if out is not None:
             taken.append(out[1])
+            if queued:
+                polled.append(out[1])
         return out
 
     monkeypatch.setattr(Scheduler, "_decode_run", counted)
-    return taken
+    return taken, polled
 
 
 def _decode_run_config(name: str) -> RunConfig:
@@ -162,9 +170,10 @@ def test_decode_runs_taken_at_once_are_the_steps_one_by_one(name, monkeypatch):
     monkeypatch.setattr(LogHistogram, "BUFFER", 100)  # binned (and summed) a few rows at a time: within runs too
     monkeypatch.setattr(tallies, "ROWS", 50)
     requests = generate(config.workload, load_vocab(config.vocab), progress=False).requests
-    taken = _counting_runs(monkeypatch)
+    taken, polled = _counting_runs(monkeypatch)
     at_once = _run(config, requests)
     monkeypatch.setattr(scheduler_module, "_MIN_RUN", 1 << 30)  # no run is long enough: every step alone
+    monkeypatch.setattr(scheduler_module, "_FEW_QUEUED", 0)  # and every poll through arrays
     one_by_one = _run(config, requests)
     pd.testing.assert_frame_equal(at_once.requests, one_by_one.requests)
     pd.testing.assert_frame_equal(at_once.steps, one_by_one.steps)
@@ -176,6 +185,10 @@ def test_decode_runs_taken_at_once_are_the_steps_one_by_one(name, monkeypatch):
         assert taken
         if not overrides_of(name):  # the default run at its rate: mostly plain decode, mostly in runs
             assert sum(taken) > 0.5 * len(one_by_one.steps) and max(taken) > 8
+    if name in ("default", "fixed costs (the CI run)", "fixed costs, polls given up"):  # (SGLang's polls)
+        assert sum(polled) > 0.1 * ((one_by_one.steps["poll_s"] > 0) & (one_by_one.steps["kind"] == "decode")).sum()
+    if name == "fixed costs, polls given up":
+        assert (at_once.requests["abort_reason"] == "grammar_timeout").any()
 
 
 def test_decode_runs_of_a_replayed_trace_are_the_steps_one_by_one(tmp_path, monkeypatch):
@@ -183,7 +196,7 @@ def test_decode_runs_of_a_replayed_trace_are_the_steps_one_by_one(tmp_path, monk
     vocab = load_vocab(config.vocab)
     write_trace(generate(config.workload, vocab, progress=False), tmp_path / "t.jsonl")
     requests = replay(config.workload.model_copy(update={"trace": str(tmp_path / "t.jsonl")}), vocab).requests
-    taken = _counting_runs(monkeypatch)
+    taken, polled = _counting_runs(monkeypatch)
     at_once = _run(config, requests)
     monkeypatch.setattr(scheduler_module, "_MIN_RUN", 1 << 30)
     one_by_one = _run(config, requests)
@@ -199,10 +212,14 @@ def test_forwards_priced_at_once_are_each_priced_alone(model):
     together, alone = costs.gpu_costs(1000), costs.gpu_costs(1000)  # (each its own memo of priced steps)
     context = np.arange(0, 400_000, 997)
     for rows in (1, 3, 8, 47, 300):
-        each = [alone.forward_s(np.zeros(0), np.zeros(0), rows, c) for c in context.tolist()]
+        each = [alone.forward.step_s(0.0, 0.0, rows, c, 0) for c in context.tolist()]
         assert together.forward.decode_step_s(rows, context).tolist() == each
         assert together.decode_forward_s(rows, context[::2]).tolist() == each[::2]  # half of them remembered
         assert together.decode_forward_s(rows, context).tolist() == each
+        assert [alone.forward_s(np.zeros(0), np.zeros(0), rows, c) for c in context.tolist()] == each  # (paged)
+        run = 4_000 + rows * np.arange(64)  # a run's contexts, over a page's end
+        assert together.decode_forward_s(rows, run).tolist() == [alone.forward.step_s(0.0, 0.0, rows, c, 0)
+                                                                 for c in run.tolist()]
     fixed = FixedGpuCosts(forward_base_s=0.003, decode_row_s=1e-5, kv_token_s=3e-9)
     assert fixed.decode_forward_s(5, context).tolist() == \
         [fixed.forward_s(np.zeros(0), np.zeros(0), 5, c) for c in context.tolist()]

@@ -222,13 +222,21 @@ class SpecIndex:
         return None if key is None else self.profile.specs[key]
 
 
-def _row(pool: np.ndarray, mean: float | None = None) -> np.ndarray:
+def _row(pool: np.ndarray, mean: float | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """A pool of SPAN draws, scaled to ``mean`` if given (so that a few draws from a heavy tail do not set
-    a spec's cost), extended by its first DRAFT_WINDOW (reads wrap around the span)."""
-    drawn = float(pool.mean())
-    if mean is not None and drawn > 0:
-        pool = pool * (mean / drawn)
-    return np.concatenate((pool, pool[:DRAFT_WINDOW]))
+    a spec's cost), extended by its first DRAFT_WINDOW (reads wrap around the span); written into ``out``
+    (a row of :data:`ROW`) where given."""
+    if out is None:
+        out = np.empty(ROW, pool.dtype)
+    if mean is not None:
+        drawn = float(np.add.reduce(pool)) / SPAN  # (ndarray.mean's own sum and division)
+        if drawn > 0:
+            np.multiply(pool, mean / drawn, out=out[:SPAN])
+            pool = out
+    if pool is not out:
+        out[:SPAN] = pool
+    out[SPAN:] = out[:DRAFT_WINDOW]
+    return out
 
 
 def _cycle(values: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -421,6 +429,22 @@ class _Slots:
             self.free[self.slot[item]] = item
 
 
+def _seeded(entropy: list[int]) -> np.random.Generator:
+    """``numpy.random.default_rng(entropy)``, the same stream: the integers (not negative) given as the
+    32-bit words numpy splits them into, lowest first, which spares its per-integer conversion (a new
+    cost spec seeds a generator as its first request arrives)."""
+    words = []
+    for n in entropy:
+        if n < 0:
+            return np.random.default_rng(entropy)  # (numpy's own refusal)
+        words.append(n & 0xFFFFFFFF)
+        n >>= 32
+        while n:
+            words.append(n & 0xFFFFFFFF)
+            n >>= 32
+    return np.random.default_rng(np.array(words, np.uint32))
+
+
 def _grown(array: np.ndarray | None, length: int) -> np.ndarray | None:
     """``array`` with room for ``length`` values along its first axis (doubled when short)."""
     if array is None or len(array) >= length:
@@ -469,6 +493,7 @@ class ProfileTables(CostTables):
         self._out_len = np.zeros(capacity, np.int64)
         self._curve_at = np.zeros(capacity, np.int64)  # an acquired slot's curve slot
         self._rows = _Slots(reserved=1)  # slot 0: the row of ones replayed texts read
+        self._unfilled: set[int] = set()  # rows whose fills are not drawn (read by replayed texts only, so far)
         self._curves = _Slots()
         self._chain_slots = _Slots(reserved=1)  # slot 0: chain 0
         self._curve_slots: dict[int, Hashable] = {}  # acquired request -> its curve's item
@@ -622,11 +647,13 @@ class ProfileTables(CostTables):
         if cost_spec is None:
             return
         slot, new = self._rows.take(cost_spec)
+        text = self._text_of[rid]
         if new:
             self._grow_rows(self._rows.size)
-            self._write_row(slot, cost_spec)
+            self._write_row(slot, cost_spec, text is None)
+        elif text is None and slot in self._unfilled:
+            self._write_fill(slot, cost_spec)
         self.base[rid] = slot * ROW
-        text = self._text_of[rid]
         item = ("spec", cost_spec) if text is None else ("text", text)
         curve, new = self._curves.take(item)
         if new:
@@ -662,6 +689,8 @@ class ProfileTables(CostTables):
             self._chain_slots.drop(chain)
 
     def _grow_rows(self, rows: int) -> None:
+        if len(self.fill) >= rows * ROW:  # (every pool grows with the fills)
+            return
         for name in ("fill", "fill_csum", "accept", "rollback", "forced", "spike"):
             setattr(self, name, _grown(getattr(self, name), rows * ROW))
 
@@ -676,7 +705,7 @@ class ProfileTables(CostTables):
     def _spec_curve(self, cost_spec: tuple) -> np.ndarray:
         kind, _, spec, own = self._recipe(cost_spec)
         if own:
-            return spec.fill_by_position_s(np.arange(self.width))
+            return spec.fill_by_position_s(np.arange(self.width), self._bins)
         kp = self.profile.kind(kind)
         curve = kp.fill_curve if self._kind(kind)[1] and len(kp.fill_curve) == N_POSITION_BINS else None
         return kp.fill_s.mean * np.asarray(curve)[self._bins] if curve is not None else np.ones(self.width)
@@ -686,35 +715,61 @@ class ProfileTables(CostTables):
         source = self.index.spec(name) if name is not None else self.profile.kind(kind)
         return _survival(source.draft_tried, source.draft_valid)
 
-    def _write_row(self, slot: int, cost_spec: tuple) -> None:
-        """Draw ``cost_spec``'s pools into row ``slot`` (the same values whichever slot)."""
-        kind, seeded, spec, own = self._recipe(cost_spec)
-        fill_dist, relative, accept, rollback = self._kind(kind)
+    def _write_row(self, slot: int, cost_spec: tuple, fill: bool) -> None:
+        """Draw ``cost_spec``'s pools into row ``slot`` (the same values whichever slot), its fills (and their
+        prefix sums and outliers) only if ``fill``: a request replaying its text reads the row of ones instead,
+        so a cost spec whose requests all replay texts never reads them (:meth:`_write_fill`, once one does)."""
+        kind, _, spec, _ = self._recipe(cost_spec)
+        _, _, accept, rollback = self._kind(kind)
         kp = self.profile.kind(kind)
-        rng = np.random.default_rng([self.seed, 0x6772, KIND_CODES[kind], int(seeded, 16) if seeded is not None else 0])
-        u = rng.random((self._uniforms, SPAN))  # (one stream: the first rows are the same however many)
+        rng = self._rng(cost_spec)
         at = slice(slot * ROW, (slot + 1) * ROW)
-        spiky = own and spec.fill_outlier_rate > 0 and len(spec.fill_outliers_s) > 0
-        if spiky and self.spike is None:  # the first spec with outliers: the others add none
-            self.spike = np.zeros(len(self.fill))
-        if self.spike is not None:
-            spikes_rng = np.random.default_rng([self.seed, 0x7370, KIND_CODES[kind], int(seeded, 16)]) if spiky else None
-            self.spike[at] = _spikes(spec, spikes_rng) if spiky else 0.0
-        if own:
-            self.fill[at] = _row(_cycle(np.asarray(spec.fill_residual), u[0]), 1.0)
-        else:
-            self.fill[at] = _row(fill_dist.quantile_of_uniform(u[0]), fill_dist.mean)
-        if self.fill_csum is not None:
-            self.fill_csum[at] = _csum(self.fill[at])[:ROW]
+        # (one stream: the first rows of uniforms are the same however many; the fills' are the first)
+        if fill:
+            self._unfilled.discard(slot)
+            u = rng.random((self._uniforms, SPAN))
+            self._fill_row(at, cost_spec, u[0])
+            u = u[1:]
+        else:  # the fills' uniforms skipped: each is one 64-bit draw of the stream
+            self._unfilled.add(slot)
+            rng.bit_generator.advance(SPAN)
+            u = rng.random((self._uniforms - 1, SPAN))
         accept_scale = rollback_scale = 1.0
         if spec is not None and spec.accept_s is not None and accept.p50 > 0:
             accept_scale = spec.accept_s / accept.p50
         if spec is not None and spec.rollback_s is not None and rollback is not None and rollback.p50 > 0:
             rollback_scale = spec.rollback_s / rollback.p50
-        self.accept[at] = _row(accept.quantile_of_uniform(u[1]), accept.mean * accept_scale)
+        _row(accept.quantile_of_uniform(u[0]), accept.mean * accept_scale, self.accept[at])
         if self.rollback is not None:
             self.rollback[at] = np.nan if rollback is None else \
-                _row(rollback.quantile_of_uniform(u[2]), rollback.mean * rollback_scale)
+                _row(rollback.quantile_of_uniform(u[1]), rollback.mean * rollback_scale)
         if self.forced is not None:
             jumps = rng.geometric(1.0 / max(kp.jump_forward_mean_tokens, 1.0), SPAN)
-            self.forced[at] = _row(np.where(u[3] < kp.jump_forward_fraction, jumps, 0))
+            self.forced[at] = _row(np.where(u[2] < kp.jump_forward_fraction, jumps, 0))
+
+    def _rng(self, cost_spec: tuple) -> np.random.Generator:
+        """The generator of ``cost_spec``'s pools, from the start of its stream."""
+        kind, seeded, _ = cost_spec
+        return _seeded([self.seed, 0x6772, KIND_CODES[kind], int(seeded, 16) if seeded is not None else 0])
+
+    def _write_fill(self, slot: int, cost_spec: tuple) -> None:
+        """The fills of ``cost_spec`` into row ``slot``, left out when its row was drawn (:meth:`_write_row`)."""
+        self._unfilled.discard(slot)
+        self._fill_row(slice(slot * ROW, (slot + 1) * ROW), cost_spec, self._rng(cost_spec).random(SPAN))
+
+    def _fill_row(self, at: slice, cost_spec: tuple, u: np.ndarray) -> None:
+        """``cost_spec``'s fills (from its stream's first uniforms ``u``), their prefix sums and outliers at ``at``."""
+        kind, seeded, spec, own = self._recipe(cost_spec)
+        fill_dist = self._kind(kind)[0]
+        spiky = own and spec.fill_outlier_rate > 0 and len(spec.fill_outliers_s) > 0
+        if spiky and self.spike is None:  # the first spec with outliers: the others add none
+            self.spike = np.zeros(len(self.fill))
+        if self.spike is not None:
+            spikes_rng = _seeded([self.seed, 0x7370, KIND_CODES[kind], int(seeded, 16)]) if spiky else None
+            self.spike[at] = _spikes(spec, spikes_rng) if spiky else 0.0
+        if own:
+            _row(_cycle(np.asarray(spec.fill_residual), u), 1.0, self.fill[at])
+        else:
+            _row(fill_dist.quantile_of_uniform(u), fill_dist.mean, self.fill[at])
+        if self.fill_csum is not None:
+            self.fill_csum[at] = _csum(self.fill[at])[:ROW]

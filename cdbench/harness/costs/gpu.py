@@ -106,46 +106,71 @@ class RooflineGpuCosts:
     Mask and sampling times depend only on a row count; they are memoized per
     count, since the loop asks for the same few counts again and again. A
     decode-only step's forward depends only on its rows and context tokens,
-    which repeat too (most steps of a long run meet a pair seen before): it is
-    memoized per pair, up to :attr:`DECODE_MEMO` pairs (then started afresh, so
-    memory stays bounded however long the run).
+    which repeat too (most steps of a long run meet a pair seen before, or one near
+    it): it is priced a page at a time, the :attr:`DECODE_PAGE` consecutive context
+    lengths around the one asked for in one array (the forward model prices each
+    value of an array as it prices it alone), and the pages are remembered per
+    row count, up to :attr:`DECODE_MEMO` values (then started afresh, so memory
+    stays bounded however long the run). A step with prefill chunks is remembered
+    by its tokens, their attention pairs, its decode rows and context and its chunk
+    count, up to :attr:`PREFILL_MEMO` of them: a prompt alone in its step (SGLang's
+    batches without decode rows) is priced once a prompt length.
     """
 
-    DECODE_MEMO = 1 << 16
+    DECODE_MEMO = 1 << 20
+    DECODE_PAGE = 1 << 8
+    PREFILL_MEMO = 1 << 16
 
     def __init__(self, forward: ForwardCostModel, mask: MaskCost) -> None:
         self.forward, self.mask = forward, mask
-        self._decode: dict[tuple[int, int], float] = {}
+        self._pages: dict[tuple[int, int], np.ndarray] = {}  # (rows, context // DECODE_PAGE) -> forwards
+        self._prefill: dict[tuple, float] = {}  # (prefill tokens, their pairs, decode rows, context, chunks) -> forward
         self._copy: dict[tuple[int, bool], float] = {}
         self._apply: dict[int, float] = {}
         self._sample: dict[int, float] = {}
         self.mask_row_bytes = bitmask_bytes(1, mask.vocab_size)
 
     def forward_s(self, prefill_chunks, prefill_cached, decode_rows, decode_kv_tokens) -> float:
-        if not len(prefill_chunks):
-            key = (decode_rows, decode_kv_tokens)
-            value = self._decode.get(key)
-            if value is None:
-                if len(self._decode) >= self.DECODE_MEMO:
-                    self._decode.clear()
-                value = self._decode[key] = self.forward.step_s(0.0, 0.0, decode_rows, decode_kv_tokens, 0)
-            return value
+        if not len(prefill_chunks) and isinstance(decode_kv_tokens, int | np.integer):
+            if decode_rows <= 0:
+                return 0.0
+            page = self.DECODE_PAGE
+            return float(self._page(decode_rows, int(decode_kv_tokens) // page)[decode_kv_tokens % page])
         tokens = float(_sum(prefill_chunks))
         pairs = float(attention_pairs(prefill_chunks, prefill_cached).sum())
-        return self.forward.step_s(tokens, pairs, decode_rows, decode_kv_tokens, len(prefill_chunks))
+        key = (tokens, pairs, decode_rows, decode_kv_tokens, len(prefill_chunks))
+        value = self._prefill.get(key)
+        if value is None:
+            if len(self._prefill) >= self.PREFILL_MEMO:
+                self._prefill.clear()
+            value = self._prefill[key] = self.forward.step_s(tokens, pairs, decode_rows, decode_kv_tokens,
+                                                             len(prefill_chunks))
+        return value
+
+    def _page(self, rows: int, page: int) -> np.ndarray:
+        """The forwards of decode steps of ``rows`` rows at the context lengths of page ``page``."""
+        values = self._pages.get((rows, page))
+        if values is None:
+            size = self.DECODE_PAGE
+            if (len(self._pages) + 1) * size > self.DECODE_MEMO:
+                self._pages.clear()
+            values = self._pages[(rows, page)] = self.forward.decode_step_s(rows, np.arange(page * size,
+                                                                                            (page + 1) * size))
+        return values
 
     def decode_forward_s(self, decode_rows: int, decode_kv_tokens: np.ndarray) -> np.ndarray:
-        memo = self._decode  # (forward_s's: the same values, priced one at a time or together)
-        keys = decode_kv_tokens.tolist()
-        values = [memo.get((decode_rows, kv)) for kv in keys]
-        if None in values:
-            missing = [i for i, value in enumerate(values) if value is None]
-            if len(memo) + len(missing) > self.DECODE_MEMO:
-                memo.clear()
-            priced = self.forward.decode_step_s(decode_rows, decode_kv_tokens[missing]).tolist()
-            for i, value in zip(missing, priced):
-                values[i] = memo[(decode_rows, keys[i])] = value
-        return np.array(values)
+        if decode_rows <= 0 or not len(decode_kv_tokens):
+            return np.zeros(len(decode_kv_tokens))
+        size = self.DECODE_PAGE
+        first, last = int(np.minimum.reduce(decode_kv_tokens)) // size, int(np.maximum.reduce(decode_kv_tokens)) // size
+        if first == last:  # (a run's contexts grow step by step: mostly within one page)
+            return self._page(decode_rows, first)[decode_kv_tokens - first * size]
+        pages = decode_kv_tokens // size
+        out = np.empty(len(decode_kv_tokens))
+        for page in np.unique(pages).tolist():
+            on = pages == page
+            out[on] = self._page(decode_rows, page)[decode_kv_tokens[on] - page * size]
+        return out
 
     def draft_s(self, rows: int, drafts: int, kv_tokens: int) -> float:
         return self.forward.mtp_draft_s(rows, drafts, kv_tokens)

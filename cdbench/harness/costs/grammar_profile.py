@@ -181,9 +181,11 @@ class Distribution(BaseModel):
         ``numpy.interp`` searches the quantile points for each draw, and on random draws most of its time
         goes to mispredicted branches (model mode draws a few thousand values per cost spec as requests
         arrive). Here :data:`QUANTILE_BUCKETS` equal buckets of [0, 1) each know the last point at or
-        below their start, so a draw's point is that one or the next (one comparison); the few draws in a
-        bucket holding more than one point (the dense tail) are searched. The interpolation is then
-        ``numpy.interp``'s own arithmetic: ``slope * (u - x[j]) + y[j]``, with its slopes.
+        below their start and the next point, so a draw's point is one of the two (one comparison, and one
+        gather each of the slope, point and value tables laid out two entries a bucket); the few draws at
+        or past the first bucket holding more than one point (the dense tail) are searched. The
+        interpolation is then ``numpy.interp``'s own arithmetic: ``slope * (u - x[j]) + y[j]``, with its
+        slopes.
 
         >>> d = Distribution.from_samples(np.random.default_rng(0).lognormal(size=10_000))
         >>> u = np.random.default_rng(1).random(4096)
@@ -198,17 +200,27 @@ class Distribution(BaseModel):
             last = np.searchsorted(x, starts[:-1], "right") - 1  # each bucket's last point at or below its start
             inside = np.searchsorted(x, starts[1:], "left") - 1 - last  # points inside each bucket, after its start
             with np.errstate(divide="ignore", invalid="ignore"):
-                slopes = (y[1:] - y[:-1]) / (x[1:] - x[:-1])
-            self._buckets = (last, inside > 1, np.append(x, np.inf), np.append(slopes, 0.0))
-        x, y = self._arrays()
-        last, dense, x_next, slopes = self._buckets
-        bucket = (u * QUANTILE_BUCKETS).astype(np.intp)
-        j = last[bucket]
-        j += x_next[j + 1] <= u
-        searched = dense[bucket]
-        if searched.any():
-            j[searched] = np.searchsorted(x, u[searched], "right") - 1
-        return slopes[j] * (u - x[j]) + y[j]
+                slopes = np.append((y[1:] - y[:-1]) / (x[1:] - x[:-1]), 0.0)
+            dense = np.flatnonzero(inside > 1)
+            # bucket b's points at 2b and 2b + 1 (past the last point: never taken, its next point is inf)
+            two = np.minimum(np.stack((last, last + 1), axis=1).ravel(), len(x) - 1)
+            self._buckets = (np.append(x, np.inf)[last + 1], slopes[two], x[two], y[two], slopes,
+                             float(starts[dense[0]]) if len(dense) else 2.0)
+        next_x, slope, x_at, y_at, slopes, dense_from = self._buckets
+        k = (u * QUANTILE_BUCKETS).astype(np.intp)
+        below = next_x.take(k) <= u  # the draw is past the bucket's next point
+        k += k
+        k += below
+        out = u - x_at.take(k)
+        out *= slope.take(k)
+        out += y_at.take(k)
+        if u.max(initial=0.0) >= dense_from:
+            tail = np.flatnonzero(u >= dense_from)
+            x, y = self._arrays()
+            u_tail = u[tail]
+            j = np.searchsorted(x, u_tail, "right") - 1
+            out[tail] = slopes[j] * (u_tail - x[j]) + y[j]
+        return out
 
 
 class KindProfile(BaseModel):

@@ -176,11 +176,12 @@ empty list: none measured, or a profile written before outliers were kept).
         """Mean fill seconds per position bin (outliers apart)."""
         return self.fill_scale_s * np.asarray(self.fill_curve, np.float64)
 
-    def fill_by_position_s(self, positions: np.ndarray) -> np.ndarray:
+    def fill_by_position_s(self, positions: np.ndarray, bins: np.ndarray | None = None) -> np.ndarray:
         """Mean fill seconds at each answer position (outliers apart): the head where it has the
-        position, else the position's bin."""
+        position, else the position's bin (``bins``: the positions' :func:`position_bins`, where the caller
+        keeps them)."""
         p = np.asarray(positions, np.int64)
-        out = self.fill_by_bin_s()[position_bins(p)]
+        out = self.fill_by_bin_s()[position_bins(p) if bins is None else bins]
         head = self.fill_scale_s * np.asarray(self.fill_head, np.float64)
         inside = p < len(head)
         out[inside] = head[p[inside]]
@@ -212,7 +213,7 @@ class InstanceProfile(BaseModel):
 
 def _at(by_position: list[float | None], width: int) -> np.ndarray:
     out = np.full(width, np.nan)
-    values = np.array([np.nan if v is None else v for v in by_position[:width]], np.float64)
+    values = np.array(by_position[:width], np.float64)  # (None: NaN)
     out[:len(values)] = values
     return out
 

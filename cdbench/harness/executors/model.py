@@ -40,6 +40,7 @@ from cdbench.workloads.request import Request
 # cheapest sum (ndarray.sum adds a Python-level wrapper).
 _any = np.count_nonzero
 _sum = np.add.reduce
+_min = np.minimum.reduce
 _SPAN_MASK = SPAN - 1
 
 
@@ -169,6 +170,7 @@ class ModelExecutor(GrammarExecutor):
         self.costs, self.alpha = costs, alpha
         self._runs = np.zeros(0, np.int64)  # pooled draws of accepted-draft run lengths
         self._runs_at = 0
+        self._step_col = np.arange(64)[:, None]  # a decode run's step numbers, as a column
 
     def _accepted(self, rng: np.random.Generator, drafts: np.ndarray) -> np.ndarray:
         """:func:`accepted_drafts`, drawn from a block of geometric draws made ahead (cheaper per step)."""
@@ -233,10 +235,10 @@ class ModelExecutor(GrammarExecutor):
                 steps = min(steps, max(int((g_left[ends] - 1 - end[ends]).min()), 0))
         if t.reject_left is not None:
             at_step = g_left - t.reject_left[g_rid]
-            at_step = at_step[at_step >= 0]
-            if len(at_step):
-                steps = min(steps, int(at_step.min()))
-        left = g_left - np.arange(steps)[:, None]
+            steps = min(steps, int(_min(np.where(at_step >= 0, at_step, steps))))
+        if len(self._step_col) < steps:
+            self._step_col = np.arange(max(steps, 2 * len(self._step_col)))[:, None]
+        left = g_left - self._step_col[:steps]
         base = t.base[g_rid]
         at = ((t.off_end[g_rid] - left) & _SPAN_MASK) + base
         fat = at if t.fill_base is None else at + (t.fill_base[g_rid] - base)

@@ -181,21 +181,44 @@ def test_bad_spec_file_names_file_and_field(tmp_path) -> None:
 
 
 def test_a_decode_steps_forward_is_the_cost_models_own_remembered_or_not(monkeypatch) -> None:
-    """The GPU costs remember a decode-only step's forward per (rows, context) pair: the same seconds as the
-    forward model's, the model asked once per pair, and the memory started afresh when full."""
+    """The GPU costs remember a decode-only step's forward a page of context lengths at a time per row count:
+    the same seconds as the forward model's, the model asked once per page, and the memory started afresh
+    when full."""
     from cdbench.harness.costs.gpu import RooflineGpuCosts
     from cdbench.harness.costs.mask import MaskCost
 
     forward = ForwardCostModel("llama-3.1-8b", "h200")
     gpu = RooflineGpuCosts(forward, MaskCost.for_gpu("h200", 1000))
     none = np.zeros(0, np.int64)
-    pairs = [(rows, kv) for rows in (1, 2, 8) for kv in (100, 5_000)]
+    page = RooflineGpuCosts.DECODE_PAGE
+    pairs = [(rows, kv) for rows in (1, 2, 8) for kv in (100, 5_000, 5_000 + page)]
     for rows, kv in pairs * 2:
         assert gpu.forward_s(none, none, rows, kv) == forward.step_s(0.0, 0.0, rows, kv, 0)
     calls = []
-    monkeypatch.setattr(forward, "step_s", lambda *args: calls.append(args) or 1.0)
-    gpu.forward_s(none, none, 1, 100)
-    assert calls == []  # remembered
-    monkeypatch.setattr(RooflineGpuCosts, "DECODE_MEMO", len(pairs))
-    gpu.forward_s(none, none, 3, 7)
-    assert len(calls) == 1 and len(gpu._decode) == 1  # full: started afresh
+    monkeypatch.setattr(forward, "decode_step_s", lambda rows, kv: calls.append(kv) or np.ones(len(kv)))
+    assert gpu.forward_s(none, none, 1, 101) == forward.step_s(0.0, 0.0, 1, 101, 0)
+    assert calls == []  # its page remembered
+    monkeypatch.setattr(RooflineGpuCosts, "DECODE_MEMO", len(pairs) * page)
+    assert gpu.forward_s(none, none, 3, 7) == 1.0
+    assert len(calls) == 1 and calls[0].tolist() == list(range(page)) and len(gpu._pages) == 1  # full: afresh
+
+
+def test_a_prefill_steps_forward_is_the_cost_models_own_remembered_or_not(monkeypatch) -> None:
+    """A step with prefill chunks is remembered by its tokens, attention pairs, decode rows, context and chunks."""
+    from cdbench.harness.costs.forward import attention_pairs
+    from cdbench.harness.costs.gpu import RooflineGpuCosts
+    from cdbench.harness.costs.mask import MaskCost
+
+    forward = ForwardCostModel("qwen3-30b-a3b", "h200")
+    gpu = RooflineGpuCosts(forward, MaskCost.for_gpu("h200", 1000))
+    steps = [(np.array([512]), np.array([0]), 0, 0), (np.array([512]), np.array([64]), 0, 0),
+             (np.array([512, 40]), np.array([0, 0]), 3, 900), (np.array([512]), np.array([0]), 3, 900)]
+    expected = [forward.step_s(float(c.sum()), float(attention_pairs(c, cached).sum()), rows, kv, len(c))
+                for c, cached, rows, kv in steps]
+    for _ in range(2):
+        assert [gpu.forward_s(*step) for step in steps] == expected
+    assert len(gpu._prefill) == len(steps)
+    monkeypatch.setattr(forward, "step_s", lambda *args: 1.0)
+    assert gpu.forward_s(*steps[0]) == expected[0]  # remembered
+    monkeypatch.setattr(RooflineGpuCosts, "PREFILL_MEMO", len(steps))
+    assert gpu.forward_s(np.array([7]), np.array([0]), 0, 0) == 1.0 and len(gpu._prefill) == 1  # full: afresh
