@@ -138,10 +138,8 @@ def fit_v0_processor(steps: pd.DataFrame) -> dict:
     v = f"vllm {med.vllm.iloc[0]}, xgrammar {med.xgrammar.iloc[0]}"
     fn = ("LogitsProcessor._apply_logits_processors + XGrammarLogitsProcessor.__call__ per row, less the grammar's "
           "own calls (is_terminated, accept_token, fill_next_token_bitmask)")
-    (a, b), r2 = lstsq(med, "wrapper_s", ["batch"])
-    fit = "total_s - grammar_s - cpu_detour_s ~ a + b*rows"
-    return {"xgrammar.fill_step_s": param(a, "vllm", v, fn, f"{fit}: a", r2, len(med)),
-            "xgrammar.fill_row_s": param(b, "vllm", v, fn, f"{fit}: b", r2, len(med))}
+    return _step_and_row(med, "wrapper_s", ("xgrammar.fill_step_s", "xgrammar.fill_row_s"), v, fn,
+                         "total_s - grammar_s - cpu_detour_s ~ a + b*rows")
 
 
 def fit_v0_sampler(steps: pd.DataFrame) -> dict:
@@ -153,10 +151,16 @@ def fit_v0_sampler(steps: pd.DataFrame) -> dict:
     v = f"vllm {med.vllm.iloc[0]}"
     fn = ("Sampler.forward up to its GPU-to-host sync (SamplingTensors.from_sampling_metadata, from_lists, "
           "_apply_min_tokens_penalty, _sample_with_torch's grouping), less the calls that launch GPU work")
-    (a, b), r2 = lstsq(med, "host_s", ["batch"])
-    fit = "greedy presync_s - presync_device_s ~ a + b*rows"
-    return {"sample_prep_s": param(a, "vllm", v, fn, f"{fit}: a", r2, len(med)),
-            "sample_prep_row_s": param(b, "vllm", v, fn, f"{fit}: b", r2, len(med))}
+    return _step_and_row(med, "host_s", ("sample_prep_s", "sample_prep_row_s"), v, fn,
+                         "greedy presync_s - presync_device_s ~ a + b*rows")
+
+
+def _step_and_row(med: pd.DataFrame, column: str, names: tuple[str, str], version: str, function: str,
+                  fit: str) -> dict:
+    """A V0 cost per step (``a``) and per row (``b``) of the batch sizes' medians of ``column``."""
+    (a, b), r2 = lstsq(med, column, ["batch"])
+    return {names[0]: param(a, "vllm", version, function, f"{fit}: a", r2, len(med)),
+            names[1]: param(b, "vllm", version, function, f"{fit}: b", r2, len(med))}
 
 
 def fit_sglang(steps: pd.DataFrame) -> dict:
