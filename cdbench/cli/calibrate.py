@@ -79,8 +79,8 @@ def calibrate(
     idle_s: Annotated[float, typer.Option(
         "--idle-s", min=0.0, help="launch each repetition after this long with the GPU idle, timed from its launch "
         "(0: back to back). Back to back, a compute-bound step holds the GPU at its power cap and its clocks drop, "
-        "which a serving loop's steps, between host work and lighter decode steps, do not (one GPU only; a probe "
-        "times as its calibration did)")] = 0.0,
+        "which a serving loop's steps, between host work and lighter decode steps, do not (with --tp, on every "
+        "rank; a probe times as its calibration did)")] = 0.0,
 ) -> None:
     """Fit the forward cost model to live forward steps: every shape's fit error is printed.
 
@@ -164,7 +164,8 @@ def _probe(model: str, gpu_name: str, calibration: Path | None, device: str, out
         smoke = not device.startswith("cuda")  # a CPU probe (tests) times a few repetitions only
         per_row = cal.decode_attention == "per_row"
         if tp > 1:  # as --tp measured: each rank the same number of repetitions, in step
-            rows = measure_grid_tp(spec, picked, tp, device, min_reps=3 if smoke else 20, per_row=per_row)
+            rows = measure_grid_tp(spec, picked, tp, device, min_reps=3 if smoke else 20, per_row=per_row,
+                                   idle_s=cal.idle_s)
         else:
             rows = measure_grid(spec, picked, device, min_reps=3 if smoke else 10, min_time_s=0.0 if smoke else 0.25,
                                 per_row=per_row, linear_kernels=linear_kernels, idle_s=cal.idle_s)
@@ -198,11 +199,9 @@ def _measure(spec, grid: str, device: str, decode_attention: str, tp: int,
         typer.echo(f"  {row.label:<32} {row.median_s * 1e3:9.3f} ms  ({row.reps} reps{', graph' if row.graph else ''})")
 
     typer.echo(f"measuring {spec.name} on {device}: {len(shapes)} shapes" + (f", {tp} tensor-parallel ranks" if tp > 1 else ""))
-    if tp > 1 and idle_s:
-        raise ValueError("--idle-s times one GPU's steps; tensor-parallel ranks run in step (leave it out with --tp)")
     if tp > 1:
         rows = measure_grid_tp(spec, shapes, tp, device, min_reps=3 if grid == "tiny" else 20,
-                               per_row=decode_attention == "per_row")
+                               per_row=decode_attention == "per_row", idle_s=idle_s)
         for row in rows:
             show(row)
         return rows

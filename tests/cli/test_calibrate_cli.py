@@ -105,8 +105,13 @@ def test_an_idle_gap_before_each_repetition_is_recorded_and_kept_by_its_probe(tm
     other = CliRunner().invoke(app, [*args, "--probe", str(tmp_path / "q.json"), "--calibration", str(out),
                                      "--idle-s", "0.5"])
     assert other.exit_code == 2 and "was measured with 0.002 s before each repetition" in other.output
-    tp = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "tp.json"), "--idle-s", "0.002", "--tp", "2"])
-    assert tp.exit_code == 2 and "--idle-s times one GPU's steps" in tp.output
+    # two tensor-parallel ranks, each repetition after the gap on both: recorded so, and probed so
+    tp_out = tmp_path / "tp.json"
+    tp = CliRunner().invoke(app, [*args, "--out", str(tp_out), "--idle-s", "0.002", "--tp", "2"])
+    assert tp.exit_code == 0, tp.output
+    tp_rows = read_measurements(tp_out.with_suffix(".csv"))
+    assert {(r.tp, r.idle_s) for r in tp_rows} == {(2, 0.002)} and all(r.reps == 3 for r in tp_rows)
+    assert ForwardCalibration.load(tp_out).idle_s == 0.002
     # a CSV without the column reads as back to back; one fit never mixes the two
     old = REPO / "reports/calibration/qwen3-30b-a3b__h200.csv"  # measured before the column
     assert "idle_s" not in old.read_text().splitlines()[0]

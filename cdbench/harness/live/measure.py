@@ -185,8 +185,8 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
     mtp = any(s.drafts for s in shapes)
     forward = LiveForward(spec, device, dtype=dtype, tp=tp, linear_kernels=linear_kernels, mtp=mtp)
     ranks = forward.tp.size if forward.tp is not None else 1
-    if ranks > 1:
-        min_time_s, idle_s = 0.0, 0.0
+    if ranks > 1:  # every rank the same number of repetitions: they run in step
+        min_time_s = 0.0
     pool = KVPool(forward.spec, pool_tokens(shapes, cache_len, block_size), device, dtype, block_size,
                   extra_layers=forward.spec.mtp_layers if mtp else 0)
     cuda = forward.device.type == "cuda"
@@ -276,22 +276,24 @@ def time_repetitions(run: Callable[[], object], cuda: bool, min_reps: int, min_t
 
 
 def measure_grid_tp(spec: ModelSpec, shapes: Sequence[StepShape], ranks: int, device: str = "cuda", *,
-                    min_reps: int = 20, per_row: bool = False, timeout_s: float = 1800.0) -> list[ForwardMeasurement]:
+                    min_reps: int = 20, per_row: bool = False, timeout_s: float = 1800.0,
+                    idle_s: float = 0.0) -> list[ForwardMeasurement]:
     """Time every shape on ``ranks`` tensor-parallel ranks, one process (and GPU) each, joined by NCCL
     (gloo on the CPU): rank 0's times of its sharded steps, all-reduces included, as the live mode's
-    tensor-parallel ranks run them."""
+    tensor-parallel ranks run them; ``idle_s``: each repetition after that long idle on every rank (the
+    step's all-reduces bring the ranks together again, as a live step's do)."""
     from cdbench.harness.live.rank_procs import run_rank_processes
 
     if device == "cuda" and torch.cuda.device_count() < ranks:
         raise ValueError(f"{ranks} tensor-parallel ranks each need a GPU; this machine has "
                          f"{torch.cuda.device_count()}")
     outputs = run_rank_processes(_measure_rank, ranks, (spec, list(shapes), ranks, device, min_reps, per_row,
-                                                        timeout_s), timeout_s, name="cdbench-calibrate")
+                                                        timeout_s, idle_s), timeout_s, name="cdbench-calibrate")
     return outputs[0]
 
 
 def _measure_rank(rank: int, folder: Path, spec: ModelSpec, shapes: list[StepShape], ranks: int, device: str,
-                  min_reps: int, per_row: bool, timeout_s: float) -> None:
+                  min_reps: int, per_row: bool, timeout_s: float, idle_s: float) -> None:
     """One rank of :func:`measure_grid_tp`: join the group, time the grid, hand back the rows."""
     import datetime
 
@@ -306,7 +308,7 @@ def _measure_rank(rank: int, folder: Path, spec: ModelSpec, shapes: list[StepSha
                             world_size=ranks, timeout=datetime.timedelta(seconds=timeout_s))
     try:
         rows = measure_grid(spec, shapes, f"cuda:{rank}" if cuda else device, min_reps=min_reps, per_row=per_row,
-                            tp=TensorParallel(ranks, rank, None))
+                            tp=TensorParallel(ranks, rank, None), idle_s=idle_s)
     finally:
         dist.destroy_process_group()
     deliver(folder, rank, rows)
