@@ -169,8 +169,8 @@ class CostConfig(ForwardConfig, SpecCostSettings):
         return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.mask_dtype]
 
     def live_step(self, vocab_size: int, max_len: int, graph_sizes: Sequence[int] = (), block_size: int = 16,
-                  max_requests: int | None = None, mtp_drafts: int = 0, memory_fraction: float = 0.9,
-                  max_tokens: int = 8192, spec_tokens: int = 0) -> LiveStep:
+                  max_requests: int | None = None, mtp_drafts: int = 0, *, memory_fraction: float,
+                  max_tokens: int, spec_tokens: int) -> LiveStep:
         """``live`` mode's step runner: the configured model's forward on this machine's GPU, decode
         steps replaying graphs captured at ``graph_sizes`` (the policy's ``cuda_graph_sizes``), a paged
         KV cache of ``block_size`` tokens a block for ``max_requests`` running requests (the policy's

@@ -31,11 +31,8 @@ def blocking_poll(done_at: np.ndarray, t0: float, cfg: SchedulerConfig) -> tuple
            [ True]]))
     """
     nap = cfg.poll_interval_s / cfg.poll_naps
-    last = cfg.poll_naps - 1
-    # index of the first readiness check (every nap) that sees each compile done, per rank
-    with np.errstate(invalid="ignore"):
-        first_seen = np.maximum(np.ceil((done_at - t0) / nap - 1e-9), 0.0)
-    seen = first_seen <= last
+    first_seen = first_checks(done_at, t0, cfg)
+    seen = first_seen <= cfg.poll_naps - 1
     if cfg.poll_early_exit:
         all_seen = seen.all(axis=0)
         exit_check = np.where(seen, first_seen, 0.0).max(axis=0)
@@ -43,6 +40,14 @@ def blocking_poll(done_at: np.ndarray, t0: float, cfg: SchedulerConfig) -> tuple
     else:
         per_rank = np.full(cfg.ranks, cfg.poll_interval_s)
     return float(per_rank.max()), seen
+
+
+def first_checks(done_at: np.ndarray, t0: float | np.ndarray, cfg: SchedulerConfig) -> np.ndarray:
+    """The index of the first readiness check of a poll from ``t0`` (one every ``poll_interval_s / poll_naps``)
+    that sees each compile ending at ``done_at`` done (0 for one done before the poll; ``t0`` may be an array of
+    polls, broadcast against ``done_at``)."""
+    with np.errstate(invalid="ignore"):
+        return np.maximum(np.ceil((done_at - t0) / (cfg.poll_interval_s / cfg.poll_naps) - 1e-9), 0.0)
 
 
 def blocking_poll_one_rank(done_at: Sequence[float], t0: float, cfg: SchedulerConfig) -> tuple[float, list[bool]]:

@@ -252,7 +252,8 @@ def run(config: RunConfig, progress: Progress | None = None, records: RecordSink
                                       scheduler.cuda_graph_sizes, scheduler.kv_block_size,
                                       scheduler.max_running_requests,
                                       spec_decode.k if spec_decode.drafter == "mtp" else 0,
-                                      scheduler.kv_memory_fraction, scheduler.max_batched_tokens, spec_decode.k)
+                                      memory_fraction=scheduler.kv_memory_fraction,
+                                      max_tokens=scheduler.max_batched_tokens, spec_tokens=spec_decode.k)
     if config.mode in ("hybrid", "live"):
         if progress is not None:
             progress(f"loading {config.backend.name}", 0.0)

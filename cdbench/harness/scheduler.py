@@ -90,6 +90,7 @@ from cdbench.harness.readiness import (
     blocking_poll,
     blocking_poll_one_rank,
     check,
+    first_checks,
     idle_repeats,
 )
 from cdbench.harness.records import (
@@ -560,19 +561,8 @@ class Scheduler:
             ready = seen.all(axis=1) & ~failed
         else:
             ready, failed, sync_s = self._agree_for_real(queued, seen, gave_up)
-        t_release = t0 + poll_s + sync_s
         if _any(ready) or _any(failed):
-            keep = []
-            for rid, is_ready, has_failed in zip(queued.tolist(), ready.tolist(), failed.tolist()):
-                if is_ready:
-                    if self._release(rid, t_release):
-                        self.waiting.append(rid)  # rejoins at the tail
-                elif has_failed:
-                    self.cache.timed_out(int(self.rec.spec_key[rid]))
-                    self._abort(rid, "grammar_timeout", t_release)
-                else:
-                    keep.append(rid)
-            self.grammar_queue = keep
+            self._settle_poll(queued.tolist(), ready.tolist(), failed.tolist(), t0 + poll_s + sync_s)
         return poll_s, sync_s
 
     def _poll_few(self, t0: float) -> tuple[float, float]:
@@ -581,32 +571,31 @@ class Scheduler:
         ready_at = self._ready_at  # (one rank: its compile's end)
         poll_s, seen = blocking_poll_one_rank([ready_at[rid] for rid in queue], t0, cfg)
         limit = cfg.max_poll_iterations
-        release = []
+        ready, failed = [], []
         for rid, was_seen in zip(queue, seen):
             if not was_seen:
                 wait_ct[rid, 0] += 1
-                if limit is not None and wait_ct[rid, 0] >= limit:
-                    release.append((rid, False))
-            elif limit is not None and wait_ct[rid, 0] >= limit:
-                release.append((rid, False))
-            else:
-                release.append((rid, True))
-        if release:
-            t_release = t0 + poll_s + 0.0
-            outcome = dict(release)
-            keep = []
-            for rid in queue:
-                is_ready = outcome.get(rid)
-                if is_ready is None:
-                    keep.append(rid)
-                elif is_ready:
-                    if self._release(rid, t_release):
-                        self.waiting.append(rid)  # rejoins at the tail
-                else:
-                    self.cache.timed_out(int(self.rec.spec_key[rid]))
-                    self._abort(rid, "grammar_timeout", t_release)
-            self.grammar_queue = keep
+            gave_up = limit is not None and wait_ct[rid, 0] >= limit
+            ready.append(was_seen and not gave_up)
+            failed.append(gave_up)
+        if any(ready) or any(failed):
+            self._settle_poll(queue, ready, failed, t0 + poll_s)
         return poll_s, 0.0
+
+    def _settle_poll(self, queued: list[int], ready: list[bool], failed: list[bool], t: float) -> None:
+        """After a poll of the grammar queue ``queued``: the ``ready`` requests released at ``t`` (rejoining the
+        waiting line at its tail), the ``failed`` ones aborted (their grammar timed out), the rest kept queued."""
+        keep = []
+        for rid, is_ready, has_failed in zip(queued, ready, failed):
+            if is_ready:
+                if self._release(rid, t):
+                    self.waiting.append(rid)  # rejoins at the tail
+            elif has_failed:
+                self.cache.timed_out(int(self.rec.spec_key[rid]))
+                self._abort(rid, "grammar_timeout", t)
+            else:
+                keep.append(rid)
+        self.grammar_queue = keep
 
     def _agree_for_real(self, queued: np.ndarray, seen: np.ndarray, gave_up: np.ndarray
                         ) -> tuple[np.ndarray, np.ndarray, float]:
@@ -675,8 +664,9 @@ class Scheduler:
         Such a run is every row decoding one token a step, nothing waiting, no thinking rows, and nothing in
         the grammar queue or (SGLang, one rank) only compiles that each step's poll does not see done: each
         step then pays the poll's interval and counts a poll of its requests, and the run stops before the
-        step whose poll would see one done or give up on one. It ends with the first step where a row emits its last token (those rows then leave,
-        as after any step), and stops before one where anything else could happen: a grammar that ends or
+        step whose poll would see one done or give up on one. It ends with the first step where a row emits
+        its last token (those rows then leave, as after any step), and stops before one where anything else
+        could happen: a grammar that ends or
         refuses a token (the executor's :meth:`GrammarExecutor.decode_run`), the KV cache's blocks running
         out, the next event (an arrival), or the host's count of running compiles changing. Between those,
         each step's costs follow from the rows' positions and context, so the steps are priced as arrays
@@ -813,10 +803,8 @@ class Scheduler:
         """How many of the polls at times ``polled_at`` (ascending) see none of the queued compiles done: the
         readiness check of :func:`~cdbench.harness.readiness.blocking_poll`, over the polls at once."""
         cfg = self.cfg
-        nap = cfg.poll_interval_s / cfg.poll_naps
         done = np.array([self._ready_at[rid] for rid in self.grammar_queue])
-        first_seen = np.ceil((done[None, :] - polled_at[:, None]) / nap - 1e-9)
-        seen = (first_seen <= cfg.poll_naps - 1).any(axis=1)  # (the maximum with 0 changes no sighting)
+        seen = (first_checks(done[None, :], polled_at[:, None], cfg) <= cfg.poll_naps - 1).any(axis=1)
         return int(np.searchsorted(seen, True))  # (sighted from one poll on, by every later one)
 
     def _count_compiles(self, t: float) -> None:

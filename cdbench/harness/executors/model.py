@@ -238,20 +238,32 @@ class ModelExecutor(GrammarExecutor):
             steps = min(steps, int(_min(np.where(at_step >= 0, at_step, steps))))
         if len(self._step_col) < steps:
             self._step_col = np.arange(max(steps, 2 * len(self._step_col)))[:, None]
-        left = g_left - self._step_col[:steps]
+        _, fat, ci, accept_one = self._positions(g_rid, g_left - self._step_col[:steps])
+        # (a row-wise reduction of a C-ordered array sums each row as the reduction of that row alone)
+        return DecodeRun(steps, self._fills(fat, ci), _sum(accept_one, axis=1))
+
+    def _positions(self, g_rid: np.ndarray, left: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Grammar rows ``g_rid`` with ``left`` tokens left (a value a row, or one a step and row): their
+        indexes in the accept (and rollback, forced) pools and in the fill pools, on their curves, and the
+        accept of one token there."""
+        t = self.tables
         base = t.base[g_rid]
-        at = ((t.off_end[g_rid] - left) & _SPAN_MASK) + base
-        fat = at if t.fill_base is None else at + (t.fill_base[g_rid] - base)
+        at = ((t.off_end[g_rid] - left) & _SPAN_MASK) + base  # the rows' pool indexes
+        fat = at if t.fill_base is None else at + (t.fill_base[g_rid] - base)  # in the fill pools
         ci = t.curve_end[g_rid] - left
         accept_one = t.accept[at]
-        if t.accept_curve is not None:
+        if t.accept_curve is not None:  # texts whose accepts were timed as the run walks them: those
             timed = t.accept_curve[ci]
             accept_one = np.where(np.isnan(timed), accept_one, timed)
+        return at, fat, ci, accept_one
+
+    def _fills(self, fat: np.ndarray, ci: np.ndarray) -> np.ndarray:
+        """One token's fill at fill-pool indexes ``fat`` and curve indexes ``ci``, its outlier added."""
+        t = self.tables
         fill = t.fill[fat] * t.curve[ci]
         if t.spike is not None:
             fill += t.spike[fat]
-        # (a row-wise reduction of a C-ordered array sums each row as the reduction of that row alone)
-        return DecodeRun(steps, fill, _sum(accept_one, axis=1))
+        return fill
 
     def step(self, rows: StepRows, rng: np.random.Generator) -> StepWork:
         n = len(rows.rid)
@@ -279,22 +291,13 @@ class ModelExecutor(GrammarExecutor):
             g = slice(None) if everyone else grammar.nonzero()[0]
             g_rid = rows.rid[g]
             g_left = gen_left[g]  # a grammar row is past thinking: its answer position is output_len - gen_left
-            base = t.base[g_rid]
-            at = ((t.off_end[g_rid] - g_left) & _SPAN_MASK) + base  # the rows' pool indexes
-            fat = at if t.fill_base is None else at + (t.fill_base[g_rid] - base)  # in the fill pools
-            ci = t.curve_end[g_rid] - g_left
-            accept_one = t.accept[at]
-            if t.accept_curve is not None:  # texts whose accepts were timed as the run walks them: those
-                timed = t.accept_curve[ci]
-                accept_one = np.where(np.isnan(timed), accept_one, timed)
+            at, fat, ci, accept_one = self._positions(g_rid, g_left)
             g_drafts = drafts[g]
             n_drafts = int(_sum(g_drafts)) if spec else 0
             if n_drafts >= DRAFT_WINDOW and int(g_drafts.max()) >= DRAFT_WINDOW:
                 raise ValueError(f"model mode reads at most {DRAFT_WINDOW - 1} drafts per row")
             if not n_drafts:
-                row_fill = t.fill[fat] * t.curve[ci]
-                if t.spike is not None:
-                    row_fill += t.spike[fat]
+                row_fill = self._fills(fat, ci)
                 per_row = constant_ints(1, ng)
             else:
                 g_accepted = accepted[g]

@@ -56,7 +56,7 @@ from cdbench.harness.live.forward import TensorParallel
 from cdbench.harness.live.rank_info import Parallel, RanksInfo, Spread
 from cdbench.harness.live.rank_procs import deliver, run_rank_processes
 from cdbench.harness.live.rank_steps import fill_spread, rank_step_frame, step_skew
-from cdbench.harness.live.step import LiveInfo, LiveStep, LiveTimes
+from cdbench.harness.live.step import GPU_MEMORY_UTILIZATION, MAX_BATCHED_TOKENS, LiveInfo, LiveStep, LiveTimes
 from cdbench.harness.metrics import SLO, LogHistogram, Summary, summarize
 from cdbench.harness.policies import SchedulerConfig
 from cdbench.harness.records import DraftPositionCounts
@@ -92,8 +92,8 @@ class LiveSpec:
     graph_sizes: tuple[int, ...] = ()
     block_size: int = 16  # the paged KV cache's (the policy's kv_block_size)
     max_requests: int | None = None  # rows of its block table (default max_rows)
-    memory_fraction: float = 0.9  # without kv_tokens: the policy's kv_memory_fraction (LiveStep's sizing)
-    max_tokens: int = 8192  # the policy's max_batched_tokens: the profiled largest step's
+    memory_fraction: float = GPU_MEMORY_UTILIZATION  # without kv_tokens: the policy's kv_memory_fraction
+    max_tokens: int = MAX_BATCHED_TOKENS  # the policy's max_batched_tokens: the profiled largest step's
     spec_tokens: int = 0  # drafts a decode row verifies: the profiled largest step's
 
 

@@ -91,17 +91,17 @@ from cdbench.harness.live.paged import (
     blocks_for,
     size_kv_pool,
 )
-from cdbench.harness.policies import graph_size
+from cdbench.harness.policies import SchedulerConfig, graph_size
 
 if TYPE_CHECKING:
     from cdbench.harness.live.rank_info import RanksInfo
 from cdbench.kernels import apply_bitmask, masked_argmax
 
-# vLLM's CacheConfig default of gpu_memory_utilization (the vllm policies' kv_memory_fraction; SGLang's
-# mem_fraction_static is 0.88 on one GPU): the share of the device's memory a run holds, KV pool included
-GPU_MEMORY_UTILIZATION = 0.9
-# vLLM's max_num_batched_tokens and SGLang's chunked_prefill_size defaults (the policies' max_batched_tokens)
-MAX_BATCHED_TOKENS = 8192
+# a live step's defaults outside a run are the scheduler's: the share of the device's memory a run holds, KV pool
+# included (kv_memory_fraction: vLLM's gpu_memory_utilization; SGLang's mem_fraction_static is 0.88 on one GPU),
+# and the token budget of a step (max_batched_tokens: vLLM's max_num_batched_tokens, SGLang's chunked_prefill_size)
+GPU_MEMORY_UTILIZATION: float = SchedulerConfig.model_fields["kv_memory_fraction"].default
+MAX_BATCHED_TOKENS: int = SchedulerConfig.model_fields["max_batched_tokens"].default
 
 
 @dataclass(frozen=True)
