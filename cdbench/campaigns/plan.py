@@ -158,7 +158,8 @@ def run_config(spec: CampaignSpec, base: Mapping[str, Any], run: PlannedRun, loo
     def resolve_all(overrides: Mapping[str, Any], scope: str) -> dict[str, Any]:
         arm_runs = {(dep, copy): run_id(spec, dep, run.cell, run.seed, copy)
                     for dep, copy in spec.run_dependencies(run.arm)}
-        return {key: resolve(value, {**variables, "seed": run.seed}, arm_runs, lookup, f"{where}: {scope}.{key}")
+        return {key: resolve(value, {**variables, "seed": run.seed, "copy": run.copy}, arm_runs, lookup,
+                             f"{where}: {scope}.{key}")
                 for key, value in overrides.items()}
 
     tree = apply_overrides(base, resolve_all(spec.set, "set"))

@@ -1,7 +1,8 @@
 """A campaign's report: each comparison, cell by cell, with ``cdbench fidelity``'s bars and noise floor.
 
-For every comparison, cell and seed, the comparison's runs (each arm's first copy) are judged against the
-reference arm's first copy, beside the noise arm's copies (:func:`cdbench.reports.fidelity.evaluate_fidelity`);
+For every comparison, cell and seed, the comparison's runs (an arm's one run, or the median of its copies'
+figures with their range) are judged against the reference arm's first copy, beside the noise arm's copies
+(:func:`cdbench.reports.fidelity.evaluate_fidelity`);
 each judgement is written as ``<report>/<comparison>/<cell>[/seed<S>]/fidelity.md`` with its CDF plots, and
 all of them as one frame (``campaign.csv``) and one page (``campaign.md``: per comparison, the cells passing,
 the figures within their bar, and a table of the checked figures' signed errors).
@@ -26,6 +27,7 @@ from cdbench.reports.fidelity import (
     check_same_workload,
     evaluate_fidelity,
     fidelity_frame,
+    spread_text,
     write_fidelity,
 )
 from cdbench.results.run_folder import ResultsError, SavedRun
@@ -81,15 +83,21 @@ def evaluate_campaign(spec: CampaignSpec, open_run: RunOpener, report_dir: Path)
             key = {**{axis: _scalar(value) for axis, value in cell.values}, "seed": seed,
                    "comparison": comparison.name}
             try:
-                runs = {arm: open_run(run_id(spec, arm, cell, seed)) for arm in (comparison.reference, *comparison.runs)}
+                runs = {arm: open_run(run_id(spec, arm, cell, seed))
+                        for arm in (comparison.reference, *comparison.runs)}
+                copies = {arm: [runs[arm], *(open_run(run_id(spec, arm, cell, seed, copy))
+                                             for copy in range(2, spec.arms[arm].copies + 1))]
+                          for arm in comparison.runs if spec.arms[arm].copies > 1}
                 noise = _noise_runs(spec, comparison, cell, seed, open_run)
-                check_same_workload(runs)
+                check_same_workload({**runs, **{f"{arm}-{i}": run for arm, arm_copies in copies.items()
+                                                for i, run in enumerate(arm_copies[1:], 2)}})
                 if noise:
                     check_same_workload(noise)
             except (ResultsError, FidelityError) as err:
                 rows.append({**key, "run": "", "metric": "", "verdict": str(err)})
                 continue
-            result = evaluate_fidelity({label: run.summary for label, run in runs.items()},
+            result = evaluate_fidelity({label: [c.summary for c in copies[label]] if label in copies else run.summary
+                                        for label, run in runs.items()},
                                        [run.summary for run in noise.values()] or None, tolerances,
                                        tuple(noise) if noise else None)
             # the CDFs draw the other noise copies only beside runs of their own workload
@@ -132,7 +140,8 @@ def _cell_text(row: pd.Series) -> str:
     text = f"{row['error_pct']:+.1f}"
     if pd.notna(row["noise_pct"]) and row["noise_pct"] > row["tolerance_pct"]:
         text += f" (n {row['noise_pct']:.1f})"
-    return text if row["verdict"] == "within" else f"**{text}** ✗"
+    text = text if row["verdict"] == "within" else f"**{text}** ✗"
+    return text + spread_text(row.get("spread_min_pct"), row.get("spread_max_pct"))
 
 
 def _table(spec: CampaignSpec, part: pd.DataFrame, checked: list[str]) -> list[str]:
@@ -175,7 +184,8 @@ def write_campaign_report(spec: CampaignSpec, frame: pd.DataFrame, runs: pd.Data
         lines += [spec.description.strip(), ""]
     lines += ["Written by `cdbench campaign report`; every figure is read from the campaign's runs. Signed relative "
               "error of each run against the reference, in percent; `(n X)`: the noise floor X % when it exceeds "
-              "the tolerance; bold ✗: beyond the bar (max of tolerance and noise).", ""]
+              "the tolerance; bold ✗: beyond the bar (max of tolerance and noise); an arm of several copies is "
+              "judged by the median of its copies' figures, `[low..high]` the range of the copies' errors.", ""]
     finished = int(runs["request_throughput"].notna().sum()) if "request_throughput" in runs else 0
     lines += [f"Runs: {finished} of {len(runs)} planned runs found (one row each in `runs.csv`).", ""]
     counts = verdicts(spec, frame)

@@ -24,9 +24,9 @@ from cdbench.reports.gate import GateError, check_tolerance_names
 from cdbench.results.config_files import read_yaml_mapping, validate_config
 
 REFERENCE = re.compile(r"\$\{([A-Za-z_][\w-]*)(?:@([a-z]))?(?:\.([\w.]+))?\}")
-"""``${name}`` (a cell variable, or ``seed``) or ``${arm.field}`` of that arm's first copy in the same cell and
-seed (``${arm@b.field}``: its copy b): ``folder``, ``live.<path>`` (a value of its ``live.json``) or a
-``summary.json`` key (a dotted path descends into a mapping)."""
+"""``${name}`` (a cell variable, ``seed``, or ``copy``: the run's copy number 1, 2, ...) or ``${arm.field}`` of
+that arm's first copy in the same cell and seed (``${arm@b.field}``: its copy b): ``folder``, ``live.<path>`` (a
+value of its ``live.json``) or a ``summary.json`` key (a dotted path descends into a mapping)."""
 
 NAME = r"^[A-Za-z0-9][\w.-]*$"
 
@@ -49,7 +49,8 @@ class Arm(BaseModel):
     mode: Literal["model", "hybrid", "live"]
     set: dict[str, Any] = Field(default_factory=dict, description="dotted config path -> value; strings may hold "
                                 "${...} references, and a string starting with '=' is arithmetic")
-    copies: int = Field(1, ge=1, le=26, description="same-config, same-seed runs (the noise floor)")
+    copies: int = Field(1, ge=1, le=26, description="same-config, same-seed runs (the noise floor); a model "
+                        "arm's copies differ only where its set uses ${copy} (its own draws: seed: '=${seed}+${copy}-1')")
     seed_offset: int = Field(0, description="this arm's workload seed is the campaign seed plus this")
     over: list[str] | None = Field(None, description="the cell axes this arm varies with (default: all); an arm "
                                    "over fewer axes runs once for all the cells that share them")
@@ -67,7 +68,8 @@ class Comparison(BaseModel):
 
     name: str = Field(pattern=NAME)
     reference: str = Field(description="the arm whose first copy is the reference")
-    runs: list[str] = Field(min_length=1, description="arms whose first copy is judged")
+    runs: list[str] = Field(min_length=1, description="arms judged: an arm's one copy, or the median of its copies' "
+                            "figures (their range reported beside it)")
     noise: str | None = Field(None, description="the arm whose copies give the noise floor (first copy first)")
     bar: str | dict[str, float] = Field("acceptance", description="a named bar (acceptance, shipped) or metric -> %")
     title: str = ""
@@ -148,7 +150,7 @@ class CampaignSpec(BaseModel):
     @model_validator(mode="after")
     def _references(self) -> CampaignSpec:
         axes = self.axes
-        variables = {axis for axis in axes if "." not in axis} | {"seed", "campaign_folder"}
+        variables = {axis for axis in axes if "." not in axis} | {"seed", "copy", "campaign_folder"}
         for name, arm in self.arms.items():
             for axis in [*(arm.over or []), *arm.only]:
                 if axis not in axes:
@@ -161,7 +163,7 @@ class CampaignSpec(BaseModel):
                                          "have copies (${arm@b.folder})")
                     if field is None and ref not in variables:
                         raise ValueError(f"arm {name}: set.{key} uses ${{{ref}}}, which is neither a cell variable "
-                                         f"nor seed (variables: {', '.join(sorted(variables))})")
+                                         f"nor seed or copy (variables: {', '.join(sorted(variables))})")
                     if field is not None and ref not in self.arms:
                         raise ValueError(f"arm {name}: set.{key} refers to arm {ref!r}, which is not an arm")
                     if field is not None and copy > self.arms[ref].copies:

@@ -10,6 +10,11 @@ when ``|error| <= max(tolerance, noise)``. The first noise run is usually the
 reference itself, so the floor is measured against what the runs are judged
 against. Metrics without a tolerance are reported only.
 
+A checked run may come as several copies (``model`` runs of one workload with
+other draws of the model's own randomness): it is judged by the median of its
+copies' figures, metric by metric, and the range of the copies' errors is
+reported beside it, so one lucky or unlucky draw neither passes nor fails it.
+
 Examples
 --------
 >>> result = evaluate_fidelity({"hybrid": {"median_ttft_ms": 20.0}, "model": {"median_ttft_ms": 21.5}},
@@ -26,6 +31,11 @@ Examples
 ...                           noise=({"median_ttft_ms": 20.0}, {"median_ttft_ms": 21.0}, {"median_ttft_ms": 18.0}))
 >>> three.cells[0].noise_pct  # the largest of 5 % and 10 % against the first noise run
 10.0
+>>> drawn = evaluate_fidelity({"live": {"median_ttft_ms": 20.0}, "model": [
+...     {"median_ttft_ms": 19.0}, {"median_ttft_ms": 20.5}, {"median_ttft_ms": 23.0}]},
+...                            tolerances={"median_ttft_ms": 5.0})
+>>> drawn.cells[0].error_pct, drawn.cells[0].spread_pct, drawn.cells[0].verdict.value
+(2.5, (-5.0, 15.0), 'within')
 """
 
 from __future__ import annotations
@@ -97,6 +107,8 @@ class FidelityCell:
     noise_pct: float | None  # largest |relative error| of a noise run against the first noise run
     tolerance_pct: float | None
     verdict: FidelityVerdict
+    copies: int = 1  # runs whose median is ``value``
+    spread_pct: tuple[float, float] | None = None  # the copies' smallest and largest error (copies > 1)
 
     @property
     def allowed_pct(self) -> float | None:
@@ -145,15 +157,28 @@ def relative_error_pct(reference: float | None, value: float | None) -> float | 
     return (value - reference) / abs(reference) * 100.0
 
 
+Copies = Sequence[Mapping[str, object]]
+"""Several runs of one checked label, judged by their median (:func:`evaluate_fidelity`)."""
+
+
+def _median_of_copies(copies: Copies) -> dict[str, float]:
+    """Per metric, the median of the copies' values (a metric some copy lacks is left out)."""
+    values = [numeric_metrics(summary) for summary in copies]
+    shared = set(values[0]).intersection(*values[1:])
+    return {metric: float(np.median([v[metric] for v in values])) for metric in shared}
+
+
 def evaluate_fidelity(
-    summaries: Mapping[str, Mapping[str, object]],
+    summaries: Mapping[str, Mapping[str, object] | Copies],
     noise: Sequence[Mapping[str, object]] | None = None,
     tolerances: Mapping[str, float] | None = None,
     noise_labels: Sequence[str] | None = None,
 ) -> FidelityResult:
     """Relative error of every run after the first against the first, per metric.
 
-    ``summaries``: label → ``summary.json`` mapping, the reference first. ``noise``: the summaries of two or
+    ``summaries``: label → ``summary.json`` mapping, the reference first; a checked label may map to a
+    sequence of copies' summaries instead, judged by their per-metric median (each cell's ``spread_pct``: the
+    copies' smallest and largest error). ``noise``: the summaries of two or
     more same-seed runs; per metric, the largest |relative error| of any of them against the first is the
     noise floor, and a metric some noise run cannot be compared on (missing, or 0 in the first) has none.
     ``noise_labels``: their names, one per summary, in the same order. ``tolerances``: metric → percent; a
@@ -167,12 +192,20 @@ def evaluate_fidelity(
     if noise_labels is not None and (noise is None or len(noise_labels) != len(noise)):
         raise FidelityError(f"{len(noise_labels)} noise labels for {0 if noise is None else len(noise)} noise runs")
     tolerances = dict(tolerances or {})
-    numeric = {label: numeric_metrics(summary) for label, summary in summaries.items()}
+    labels = list(summaries)
+    copies = {label: [numeric_metrics(s) for s in value] for label, value in summaries.items()
+              if not isinstance(value, Mapping)}
+    if labels[0] in copies:
+        raise FidelityError(f"the reference {labels[0]!r} is one run, not {len(copies[labels[0]])} copies")
+    for label, runs in copies.items():
+        if not runs:
+            raise FidelityError(f"{label!r} has no copies")
+    numeric = {label: _median_of_copies(value) if label in copies else numeric_metrics(value)  # type: ignore[arg-type]
+               for label, value in summaries.items()}
     known = set(FIDELITY_METRICS).union(*numeric.values())
     check_tolerance_names(tolerances, known, "--tolerance")
     metrics = (*FIDELITY_METRICS, *sorted(set(tolerances) - set(FIDELITY_METRICS)))
     noise_values = tuple(numeric_metrics(s) for s in noise) if noise is not None else None
-    labels = list(summaries)
     reference = labels[0]
     cells = []
     for metric in metrics:
@@ -194,7 +227,12 @@ def evaluate_fidelity(
             else:
                 verdict = (FidelityVerdict.WITHIN if abs(error) <= max(tol, noise_pct or 0.0)
                            else FidelityVerdict.BEYOND)
-            cells.append(FidelityCell(metric, label, ref, value, error, noise_pct, tol, verdict))
+            spread = None
+            if label in copies and len(copies[label]) > 1:
+                errors = [relative_error_pct(ref, run.get(metric)) for run in copies[label]]
+                spread = None if None in errors else (min(errors), max(errors))  # type: ignore[type-var]
+            cells.append(FidelityCell(metric, label, ref, value, error, noise_pct, tol, verdict,
+                                      len(copies.get(label, [None])), spread))
     return FidelityResult(reference, tuple(labels[1:]), metrics, tuple(cells),
                           None if noise_labels is None else tuple(noise_labels))
 
@@ -254,9 +292,23 @@ def fidelity_frame(result: FidelityResult) -> pd.DataFrame:
     rows = [{"metric": c.metric, "run": c.run, "reference": c.reference, "value": c.value,
              "error_pct": c.error_pct, "abs_error_pct": None if c.error_pct is None else abs(c.error_pct),
              "noise_pct": c.noise_pct, "tolerance_pct": c.tolerance_pct, "allowed_pct": c.allowed_pct,
-             "verdict": c.verdict.value} for c in result.cells]
+             "verdict": c.verdict.value, "copies": c.copies,
+             "spread_min_pct": c.spread_pct[0] if c.spread_pct else None,
+             "spread_max_pct": c.spread_pct[1] if c.spread_pct else None} for c in result.cells]
     return pd.DataFrame(rows, columns=["metric", "run", "reference", "value", "error_pct", "abs_error_pct",
-                                       "noise_pct", "tolerance_pct", "allowed_pct", "verdict"])
+                                       "noise_pct", "tolerance_pct", "allowed_pct", "verdict", "copies",
+                                       "spread_min_pct", "spread_max_pct"])
+
+
+def spread_text(low: float | None, high: float | None) -> str:
+    """A checked run's copies' range of errors, as the tables write it beside their median's error.
+
+    >>> spread_text(-4.5, 13.25), spread_text(None, None)
+    (' [-4.5..+13.2]', '')
+    """
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return ""
+    return f" [{low:+.1f}..{high:+.1f}]"
 
 
 def _bar(cell: FidelityCell) -> str:
@@ -277,6 +329,8 @@ def _rows(result: FidelityResult, mark: tuple[str, str]) -> list[list[str]]:
             error = _pct(cell.error_pct)
             if cell.tolerance_pct is not None and cell.verdict is not FidelityVerdict.WITHIN:
                 error = f"{mark[0]}{error}{mark[1]}"
+            if cell.spread_pct:
+                error += spread_text(*cell.spread_pct)
             row += [format_value(cell.value), error]
         row += [_pct(cells[0].noise_pct, signed=False), _bar(cells[0])]
         rows.append(row)
@@ -327,6 +381,13 @@ def _noise_text(labels: tuple[str, ...] | None) -> str:
     return f"the largest |relative error| of {others} against `{labels[0]}` (same seed)"
 
 
+def _copies_lines(result: FidelityResult) -> list[str]:
+    """Which checked runs are medians of copies, for ``fidelity.md``."""
+    copies = {c.run: c.copies for c in result.cells if c.copies > 1}
+    return [f"`{run}`: the median of {n} copies' figures (its CDFs draw the first); [low..high]: the copies' "
+            "smallest and largest error." for run, n in copies.items()]
+
+
 def write_fidelity(runs: Mapping[str, SavedRun], result: FidelityResult, out_dir: Path,
                    noise_runs: Mapping[str, SavedRun] | None = None) -> Path:
     """Write ``fidelity.md``, ``fidelity.csv`` and overlaid CDFs (``plots/``) into ``out_dir``; returns the md path.
@@ -340,7 +401,8 @@ def write_fidelity(runs: Mapping[str, SavedRun], result: FidelityResult, out_dir
     lines = ["# cdbench fidelity", "",
              "Runs: " + ", ".join(f"`{label}` ({run.ref})" for label, run in runs.items()),
              f"Reference: `{result.reference}`; error = (run - reference) / |reference|.",
-             f"Noise floor: {noise}. A checked figure passes when |error| <= max(tolerance, noise).", "",
+             f"Noise floor: {noise}. A checked figure passes when |error| <= max(tolerance, noise).",
+             *_copies_lines(result), "",
              fidelity_markdown(result), "", f"Verdict: {verdict_line(result)}.", "",
              *figure_sections(figures, out_dir), *summary_only_lines({**runs, **(noise_runs or {})})]
     md = out_dir / "fidelity.md"

@@ -3,6 +3,9 @@
 import json
 import shutil
 
+import pandas as pd
+import pytest
+import yaml
 from typer.testing import CliRunner
 
 from cdbench.cli.app import app
@@ -17,7 +20,7 @@ seeds: [3]
 cells: {policy.name: [sglang]}
 arms:
   model-a: {mode: model, copies: 2}
-  model-b: {mode: model, copies: 2, set: {scheduler.overlap: false}}
+  model-b: {mode: model, copies: 2, set: {scheduler.overlap: false, seed: "=${seed}+${copy}-1"}}
 comparisons:
   - {name: b-vs-a, reference: model-a, runs: [model-b], noise: model-a}
 runner: {jobs: 2}
@@ -43,8 +46,22 @@ def test_run_resume_report_pack_and_report_from_the_pack(tmp_path):
     md = (out / "report" / "campaign.md").read_text()
     assert "## b-vs-a: model-b against model-a" in md and "| policy | run | median_ttft_ms" in md
     assert "Cells passing: " in md and "figures within their bar: " in md
-    assert (out / "report" / "b-vs-a" / "policy=sglang" / "fidelity.md").is_file()
-    # model mode is deterministic: the copies agree exactly, so the noise floor is 0
+    fidelity_md = (out / "report" / "b-vs-a" / "policy=sglang" / "fidelity.md").read_text()
+    assert "`model-b`: the median of 2 copies' figures" in fidelity_md
+    # model-b's copies: one workload (seed 3), the model's own draws from seeds 3 and 4
+    configs = [yaml.safe_load((out / f"policy=sglang/seed3/model-b-{c}/config.yaml").read_text()) for c in (1, 2)]
+    assert [c["seed"] for c in configs] == [3, 4] and {c["workload"]["seed"] for c in configs} == {3}
+    frame = pd.read_csv(out / "report" / "campaign.csv")
+    ttft = frame[(frame["run"] == "model-b") & (frame["metric"] == "median_ttft_ms")].iloc[0]
+    summaries = [json.loads((out / f"policy=sglang/seed3/{arm}/summary.json").read_text())["median_ttft_ms"]
+                 for arm in ("model-a-1", "model-b-1", "model-b-2")]
+    errors = sorted((v - summaries[0]) / summaries[0] * 100 for v in summaries[1:])
+    assert ttft["copies"] == 2 and ttft["spread_min_pct"] == pytest.approx(errors[0])
+    assert ttft["spread_max_pct"] == pytest.approx(errors[1])
+    assert ttft["error_pct"] == pytest.approx((sum(summaries[1:]) / 2 - summaries[0]) / summaries[0] * 100)
+    assert f"[{errors[0]:+.1f}..{errors[1]:+.1f}]" in md
+    # model mode is deterministic: model-a's copies agree exactly, so the noise floor is 0
+    assert ttft["noise_pct"] == 0
     csv = (out / "report" / "campaign.csv").read_text()
     assert ",model-b," in csv and ",median_ttft_ms," in csv
     runs_csv = (out / "report" / "runs.csv").read_text().splitlines()

@@ -242,4 +242,6 @@ def test_the_ranks_campaign_pack_holds_every_live_copy_and_the_records_its_arms_
             assert pack.open(rid).read_file("grammar_profile.json") is not None, rid
     for rid, run in runs.items():
         if run.arm in ("model-tp", "speed-tp", "speed-dp"):
-            assert rid.replace(rid.rsplit("-", 1)[1], "live-b") in run.depends, rid
+            cell, arm_copy = rid.rsplit("-", 2)[0], rid.rsplit("-", 2)[1:]
+            assert f"{cell}-live-b" in run.depends, rid
+            assert arm_copy[0] in ("model", "speed") and len(arm_copy[1]) == 1

@@ -99,6 +99,31 @@ def test_a_metric_one_noise_run_lacks_has_no_floor():
     assert result.cell("p99_ttft_ms", "m").noise_pct == 0.0
 
 
+def test_a_run_of_several_copies_is_judged_by_their_median_with_their_range():
+    copies = [{**REF, "median_ttft_ms": v, "p99_ttft_ms": p} for v, p in ((18.0, 100.0), (23.0, 130.0), (21.0, 99.0))]
+    result = evaluate_fidelity({"live": REF, "model": copies, "one": {**REF, "median_ttft_ms": 22.0}},
+                               tolerances={"median_ttft_ms": 5, "p99_ttft_ms": 10})
+    median = result.cell("median_ttft_ms", "model")
+    assert median.value == 21.0 and median.error_pct == pytest.approx(5.0) and median.copies == 3
+    assert median.spread_pct == pytest.approx((-10.0, 15.0)) and median.verdict is FidelityVerdict.WITHIN
+    # one draw at +30 % does not fail the median (+0 %), and the range says it happened
+    p99 = result.cell("p99_ttft_ms", "model")
+    assert p99.error_pct == 0.0 and p99.spread_pct == pytest.approx((-1.0, 30.0))
+    assert p99.verdict is FidelityVerdict.WITHIN
+    assert result.cell("median_ttft_ms", "one").copies == 1 and result.cell("median_ttft_ms", "one").spread_pct is None
+    assert "+5.0% [-10.0..+15.0]" in fidelity_markdown(result)
+    # a metric one copy lacks has no range and no median: a checked one fails
+    lacking = evaluate_fidelity({"live": REF, "model": [REF, {"median_ttft_ms": 20.0}]}, tolerances={"p99_ttft_ms": 10})
+    assert lacking.cell("p99_ttft_ms", "model").verdict is FidelityVerdict.NO_DATA
+
+
+def test_copies_are_refused_for_the_reference_and_when_empty():
+    with pytest.raises(FidelityError, match="the reference 'live' is one run, not 2 copies"):
+        evaluate_fidelity({"live": [REF, REF], "model": REF})
+    with pytest.raises(FidelityError, match="'model' has no copies"):
+        evaluate_fidelity({"live": REF, "model": []})
+
+
 def test_a_bad_noise_set_is_refused():
     with pytest.raises(FidelityError, match="at least two same-seed runs, got 1"):
         evaluate_fidelity({"a": REF, "b": REF}, noise=(REF,))
