@@ -272,9 +272,9 @@ def fit_table(cal: ForwardCalibration, roofline: np.ndarray, held: np.ndarray | 
         *(f"| {name} | {getattr(cal, name):.4g} |" for name in (
             "compute_efficiency", "memory_efficiency", "attention_efficiency", "kv_memory_efficiency",
             "linear_sharpness", "step_overhead_s", "token_layer_s", "row_layer_s", "attention_rows",
-            "attention_sharpness", "multi_token_s", "chunk_layer_s", "mixed_row_layer_s")),
-        *(f"| {name} | {getattr(cal, name):.4g} |" for name in (
-            "decode_layer_s", "all_reduce_s", "all_reduce_token_s") if cal.tp > 1),
+            "attention_sharpness", "multi_token_read", "chunk_attention_rows", "chunk_layer_s",
+            "mixed_row_layer_s", "decode_layer_s")),
+        *(f"| {name} | {getattr(cal, name):.4g} |" for name in ("all_reduce_s", "all_reduce_token_s") if cal.tp > 1),
         *([f"| chunk_routing_skew | {cal.chunk_routing_skew:.4g} |"] if cal.chunk_routing_skew is not None else []),
         *([f"| mtp_pass_s | {cal.mtp_draft.pass_s:.4g} |", f"| mtp_roof_scale | {cal.mtp_draft.roof_scale:.4g} |"]
           if cal.mtp_draft is not None else []),

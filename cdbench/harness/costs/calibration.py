@@ -187,22 +187,45 @@ class ForwardCalibration(BaseModel):
 
     The step time is
     ``step_overhead_s
-    + smoothmax(linear FLOPs / (peak·compute_efficiency), weight bytes / (peak bandwidth·memory_efficiency))
-    + prefill pairs' FLOPs / (peak·attention_efficiency)
+    + smoothmax(linear FLOPs / (peak·compute_efficiency),
+                weight bytes / (peak bandwidth·memory_efficiency)·(1 + multi_token_read if 2+ tokens))
+    + prefill pairs' FLOPs / (peak·attention_efficiency)·max(q, chunk_attention_rows) / q
     + max(decode attention FLOPs at that rate, KV bytes / (peak bandwidth·kv_memory_efficiency))
       · smoothmax(rows, attention_rows) / rows
     + n_layers·(tokens·token_layer_s + decode rows·row_layer_s + prefill chunks·chunk_layer_s
-                + decode rows beside prefill chunks·mixed_row_layer_s)
-    + multi_token_s (a step of two or more tokens)``,
+                + decode rows beside prefill chunks·mixed_row_layer_s + decode_layer_s if decode rows)``,
     with ``smoothmax(a, b) = (a^p + b^p)^(1/p)``, ``p = linear_sharpness``
     (the linear layers move from the bandwidth roof to the compute roof
     gradually, not at a corner); the decode-attention smooth maximum uses
     ``attention_sharpness``: a batch of fewer than ``attention_rows`` rows
     leaves part of the GPU idle, so its attention takes as long as
-    ``attention_rows`` rows of the same context would. A step of one token runs
-    the linear layers as matrix-vector products and any larger step as matrix
-    products, different kernels with a different fixed cost: ``multi_token_s``
-    is the difference, fitted (0 in calibrations made before it existed).
+    ``attention_rows`` rows of the same context would.
+
+    A step of one token runs the linear layers as matrix-vector kernels, which
+    stream the weights at close to the copy rate; a step of two or more runs
+    matrix kernels, whose tiles are sized for many tokens and read the same
+    weights slower. ``multi_token_read`` is that: the weight read of a step of
+    two or more tokens takes ``1 + multi_token_read`` times the one-token
+    read. The cost is a share of the weight-read floor, so it scales with the
+    bytes a rank reads (half at TP=2; a MoE's grows with the experts its tokens
+    touch until all are), and the smooth maximum hides it as a larger step
+    turns compute-bound: large at two tokens, gone in a long prefill. It
+    replaces ``multi_token_s``, a constant added to every step of two or more
+    tokens (fits made before, which keep it and price it so: 0 since): fitted
+    to prefill and mixed steps as much as to decode, the constant came out
+    several times the measured one-to-two-row step (qwen3-8b on the H200:
+    0.52 ms against 0.07-0.11 ms).
+
+    A prefill chunk's attention (flash attention) runs one thread block per
+    query tile and head, so a chunk of few tokens runs too few blocks to fill
+    the GPU, each streaming the whole cached prefix: its query rows (new tokens
+    times the rank's query heads, ``q`` above) below ``chunk_attention_rows``
+    take as long as that many rows would over the same keys. Fitted where a
+    measured step has a chunk after a cached prefix (0 otherwise); a
+    short chunk after a long prefix is where it shows (qwen3-8b on the H200:
+    64 new tokens after 2,048 cached took 1.4 ms more than the same chunk
+    alone, the pairs' FLOPs at the fitted rate 0.3 ms).
+
     Each prefill chunk's attention runs its own kernels in every layer:
     ``chunk_layer_s``, fitted where the measurements hold steps of several
     chunks (0 otherwise). Decode rows in a step with prefill chunks cost more
@@ -212,15 +235,18 @@ class ForwardCalibration(BaseModel):
     The fixed cost of a step is one constant:
     measurements of one model at its one depth cannot tell a per-layer fixed
     cost from a per-step one, so it is fitted as ``step_overhead_s``.
+    A step with decode rows pays ``n_layers·decode_layer_s`` for their
+    attention's own kernels (what a prefill step beside a few decode rows
+    shows: one decode row beside a prompt chunk adds 1.1-1.3 ms on qwen3-8b,
+    reports/calibration/README.md), fitted where the measurements hold both
+    prefill-only steps and steps with decode rows (otherwise it is the step
+    overhead again).
     A calibration of ``tp`` > 1 is fitted to one rank's sharded steps, their
     all-reduces included; it prices only runs of that many ranks. Its
     ``2·n_layers`` all-reduces a step each cost
     ``max(all_reduce_s, tokens·all_reduce_token_s)`` (latency-bound small
-    messages, bandwidth-bound large ones), and a step with decode rows pays
-    ``n_layers·decode_layer_s`` for their attention's own kernels (what a
-    prefill step beside a few decode rows shows: reports/calibration/README.md);
-    the three are fitted for ``tp`` > 1 only, so one-GPU fits stay what their
-    commands reproduce; ``all_reduce_token_s`` is held at a measured value when
+    messages, bandwidth-bound large ones), both fitted for ``tp`` > 1 only;
+    ``all_reduce_token_s`` is held at a measured value when
     one is given (``all_reduce_runs``: the per-row slope of live TP runs'
     all-reduce, where it is bandwidth-bound). A fit without ``all_reduce_s`` (None: one GPU, or a
     ``tp`` > 1 fit made before it existed) prices the GPU spec's all-reduces, as
@@ -248,13 +274,17 @@ class ForwardCalibration(BaseModel):
     row_layer_s: float = Field(ge=0, description="per decode row and layer (per-row attention work)")
     attention_rows: float = Field(ge=0, description="decode rows below which attention leaves the GPU idle")
     attention_sharpness: float = Field(ge=1)
-    multi_token_s: float = Field(0.0, ge=0, description="added to a step of two or more tokens (matrix kernels "
-                                 "instead of the one-token matrix-vector ones)")
+    multi_token_s: float = Field(0.0, ge=0, description="added to a step of two or more tokens: fits made before "
+                                 "multi_token_read (0 since)")
+    multi_token_read: float = Field(0.0, ge=0, description="a step of two or more tokens reads the weights in "
+                                    "1 + this times the one-token read (matrix kernels instead of matrix-vector)")
+    chunk_attention_rows: float = Field(0.0, ge=0, description="query rows (a prefill chunk's tokens x the rank's "
+                                        "query heads) below which its attention leaves the GPU partly idle")
     chunk_layer_s: float = Field(0.0, ge=0, description="per prefill chunk and layer (its attention's own kernels)")
     mixed_row_layer_s: float = Field(0.0, ge=0, description="per decode row and layer in a step with prefill "
                                      "chunks (beyond row_layer_s)")
     decode_layer_s: float = Field(0.0, ge=0, description="per layer in a step with decode rows (their attention's "
-                                  "own kernels); fitted for tp > 1")
+                                  "own kernels)")
     all_reduce_s: float | None = Field(None, ge=0, description="latency of one all-reduce (tp > 1; None: the GPU "
                                        "spec's latency and bandwidth)")
     all_reduce_token_s: float = Field(0.0, ge=0, description="one all-reduce's time per token of the step once "

@@ -35,33 +35,39 @@ from cdbench.harness.costs.hardware import GPUSpec, ModelSpec
 _REFINE_POWER = 8
 # Parameter vector: four efficiencies, the sharpness, then the fixed and per-token costs in
 # microseconds and nanoseconds so every entry is of order one for the solver.
-# Then the decode-attention occupancy (rows, sharpness), the several-token step's cost in microseconds,
-# the two several-chunk terms, solved only when a measured step has several chunks: the per-chunk
-# cost in microseconds and the mixed step's per-row cost in nanoseconds; and the three tensor-parallel
-# terms, solved only for tp > 1: the decode part's per-layer cost and the all-reduce latency in
-# microseconds, the all-reduce's per-token time in nanoseconds. Last, solved only for a MoE: a prefill
-# chunk's routing skew (1 otherwise: uniform routing). Terms not solved stay 0.
-_LOWER = np.array([0.05, 0.05, 0.05, 0.05, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0])
-_UPPER = np.array([1.5, 1.5, 1.5, 1.5, 64.0, 1e5, 1e4, 1e5, 1024.0, 64.0, 1e4, 1e3, 1e5, 1e3, 500.0, 1e3, 64.0])
+# Then the decode-attention occupancy (rows, sharpness) and the several-token steps' slower weight read
+# in per cent; the two several-chunk terms, solved only when a measured step has several chunks: the
+# per-chunk cost in microseconds and the mixed step's per-row cost in nanoseconds; the decode rows'
+# per-layer cost in microseconds, solved where prefill-only steps and steps with decode rows were both
+# measured; the two all-reduce terms, solved only for tp > 1: the latency in microseconds, the per-token
+# time in nanoseconds; solved only for a MoE: a prefill chunk's routing skew (1 otherwise: uniform
+# routing); last, the prefill chunks' attention occupancy in thousands of query rows, solved where a
+# measured chunk follows a cached prefix. Terms not solved stay 0.
+_LOWER = np.array([0.05, 0.05, 0.05, 0.05, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0])
+_UPPER = np.array([1.5, 1.5, 1.5, 1.5, 64.0, 1e5, 1e4, 1e5, 1024.0, 64.0, 100.0, 1e3, 1e5, 1e3, 500.0, 1e3, 64.0,
+                   1e3])
 _STARTS = (
-    np.array([0.6, 0.8, 0.5, 0.7, 4.0, 200.0, 10.0, 100.0, 8.0, 4.0, 100.0, 10.0, 100.0, 10.0, 20.0, 30.0, 2.0]),
-    np.array([0.8, 0.9, 0.3, 0.5, 2.0, 1000.0, 1.0, 10.0, 32.0, 2.0, 0.0, 1.0, 10.0, 30.0, 40.0, 20.0, 4.0]),
-    np.array([0.4, 0.6, 0.8, 0.9, 8.0, 50.0, 50.0, 500.0, 2.0, 8.0, 400.0, 30.0, 500.0, 1.0, 10.0, 50.0, 8.0]),
+    np.array([0.6, 0.8, 0.5, 0.7, 4.0, 200.0, 10.0, 100.0, 8.0, 4.0, 5.0, 10.0, 100.0, 10.0, 20.0, 30.0, 2.0, 8.0]),
+    np.array([0.8, 0.9, 0.3, 0.5, 2.0, 1000.0, 1.0, 10.0, 32.0, 2.0, 0.0, 1.0, 10.0, 30.0, 40.0, 20.0, 4.0, 16.0]),
+    np.array([0.4, 0.6, 0.8, 0.9, 8.0, 50.0, 50.0, 500.0, 2.0, 8.0, 20.0, 30.0, 500.0, 1.0, 10.0, 50.0, 8.0, 2.0]),
 )
 _BASE_TERMS = 11
 _SEVERAL_CHUNK_TERMS = (11, 12)
-_TP_TERMS = (13, 14, 15)
+_DECODE_LAYER_TERMS = (13,)
+_TP_TERMS = (14, 15)
 _MOE_TERM = 16
+_CHUNK_OCCUPANCY_TERM = 17
 
 
 def _params(x: np.ndarray, tp: int = 1, moe: bool = False) -> ForwardParams:
     return ForwardParams(compute_efficiency=x[0], memory_efficiency=x[1], attention_efficiency=x[2],
                          kv_memory_efficiency=x[3], linear_sharpness=x[4], step_overhead_s=x[5] * 1e-6,
                          token_layer_s=x[6] * 1e-9, row_layer_s=x[7] * 1e-9, attention_rows=x[8],
-                         attention_sharpness=x[9], multi_token_s=x[10] * 1e-6, chunk_layer_s=x[11] * 1e-6,
+                         attention_sharpness=x[9], multi_token_read=x[10] * 1e-2, chunk_layer_s=x[11] * 1e-6,
                          mixed_row_layer_s=x[12] * 1e-9, decode_layer_s=x[13] * 1e-6,
                          all_reduce_s=x[14] * 1e-6 if tp > 1 else None,
-                         all_reduce_token_s=x[15] * 1e-9, chunk_routing_skew=x[16] if moe else 1.0)
+                         all_reduce_token_s=x[15] * 1e-9, chunk_routing_skew=x[16] if moe else 1.0,
+                         chunk_attention_rows=x[17] * 1e3)
 
 
 def peak_times(forward: ForwardCostModel, rows: Sequence[ForwardMeasurement]) -> PeakTimes:
@@ -114,13 +120,18 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
     measured = np.asarray([r.median_s for r in rows])
 
     # with one chunk a step, the per-chunk and mixed per-row costs are not told apart from the rest: they stay 0,
-    # out of the solved vector (so fits of such measurements are what they were before these terms); the
-    # tensor-parallel terms are solved for tp > 1 only (one-GPU fits stay what their commands reproduce)
+    # out of the solved vector; so do the decode rows' per-layer cost without both prefill-only steps and steps
+    # with decode rows (it would be the step overhead again) and the chunks' attention occupancy without a chunk
+    # after a cached prefix (the only attention long enough to show it); the all-reduce terms for tp > 1 only
     free = list(range(_BASE_TERMS))
     if max(r.prefill_chunks for r in rows) >= 2:
         free += _SEVERAL_CHUNK_TERMS
+    if any(r.decode_rows for r in rows) and any(r.prefill_chunks and not r.decode_rows for r in rows):
+        free += _DECODE_LAYER_TERMS
     if tp > 1:
         free += _TP_TERMS if all_reduce_token_s is None else _TP_TERMS[:-1]
+    if any(r.prefill_chunks and r.prefill_cached for r in rows):
+        free.append(_CHUNK_OCCUPANCY_TERM)
     fixed = np.zeros(len(_LOWER))
     if all_reduce_token_s is not None:
         fixed[_TP_TERMS[-1]] = all_reduce_token_s * 1e9
@@ -166,7 +177,8 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
         linear_sharpness=params.linear_sharpness, step_overhead_s=params.step_overhead_s,
         token_layer_s=params.token_layer_s, row_layer_s=params.row_layer_s,
         attention_rows=params.attention_rows, attention_sharpness=params.attention_sharpness,
-        multi_token_s=params.multi_token_s, chunk_layer_s=params.chunk_layer_s,
+        multi_token_read=params.multi_token_read, chunk_attention_rows=params.chunk_attention_rows,
+        chunk_layer_s=params.chunk_layer_s,
         mixed_row_layer_s=params.mixed_row_layer_s, decode_layer_s=params.decode_layer_s,
         all_reduce_s=params.all_reduce_s, all_reduce_token_s=params.all_reduce_token_s,
         chunk_routing_skew=params.chunk_routing_skew if moe else None,

@@ -102,8 +102,9 @@ class StepCost:
 
     The linear parts are each at its own roof; the step pays their smooth
     maximum (a hard maximum for the uncalibrated roofline). ``overhead_s`` is the
-    fixed per-step cost, ``per_token_s`` the fitted per-token and
-    per-row cost with the step-of-several-tokens cost (0 without a calibration).
+    fixed per-step cost, ``per_token_s`` the fitted per-token, per-row and
+    per-layer costs (0 without a calibration). A step of several tokens reads
+    its weights at the matrix kernels' rate: in ``linear_memory_s``.
     """
 
     linear_compute_s: float
@@ -149,6 +150,8 @@ class ForwardParams:
     all_reduce_s: float | None = None
     all_reduce_token_s: float = 0.0
     chunk_routing_skew: float = 1.0
+    multi_token_read: float = 0.0
+    chunk_attention_rows: float = 0.0
 
     @classmethod
     def roofline(cls, gpu: GPUSpec, step_overhead_s: float) -> ForwardParams:
@@ -161,7 +164,8 @@ class ForwardParams:
                    cal.kv_memory_efficiency, cal.linear_sharpness, cal.step_overhead_s, cal.token_layer_s,
                    cal.row_layer_s, cal.attention_rows, cal.attention_sharpness, cal.multi_token_s,
                    cal.chunk_layer_s, cal.mixed_row_layer_s, cal.decode_layer_s, cal.all_reduce_s,
-                   cal.all_reduce_token_s, cal.chunk_routing_skew or 1.0)
+                   cal.all_reduce_token_s, cal.chunk_routing_skew or 1.0, cal.multi_token_read,
+                   cal.chunk_attention_rows)
 
 
 @dataclass(frozen=True)
@@ -170,7 +174,7 @@ class PeakTimes:
 
     linear_flops_s: object
     weight_bytes_s: object
-    prefill_attention_s: object
+    prefill_attention_s: object  # the full-attention layers' query-key pairs
     decode_attention_flops_s: object
     kv_bytes_s: object
     communication_s: object
@@ -179,6 +183,7 @@ class PeakTimes:
     prefill_chunks: object = 0
     all_reduces: int = 0  # per step: two a layer with tensor parallelism, none on one GPU
     expert_bytes_s: object = 0.0  # the routed experts every token routed uniformly touches (weight_bytes_s: the rest)
+    prefill_state_s: object = 0.0  # a hybrid's linear-attention layers over the prefill chunks
 
 
 def smooth_max(a, b, sharpness: float):
@@ -251,6 +256,7 @@ class ForwardCostModel:
         self.moe_imbalance = moe_imbalance
         self._dense_weight_s = always_read * m.bytes_per_weight / tp / byte_rate
         heads_per_rank = -(-m.n_heads // tp)
+        self._heads_per_rank = heads_per_rank
         v_dim = m.v_head_dim or m.head_dim
         full = m.n_full_attention_layers
         self._attn_s_per_pair = 2.0 * heads_per_rank * (m.head_dim + v_dim) * full / flops_rate
@@ -288,8 +294,9 @@ class ForwardCostModel:
         prefill_attention_s = self._attn_s_per_pair * prefill_context_tokens
         decode_attention_flops_s = self._attn_s_per_pair * decode_kv_tokens
         kv_bytes_s = self._kv_read_s_per_token * decode_kv_tokens
+        prefill_state_s = 0.0
         if self._hybrid:  # the linear layers' recurrence, and their state read and written once per row or chunk
-            prefill_attention_s = prefill_attention_s + self._chunked_s_per_token * prefill_tokens
+            prefill_state_s = self._chunked_s_per_token * prefill_tokens
             decode_attention_flops_s = decode_attention_flops_s + self._recurrent_s_per_row * decode_rows
             kv_bytes_s = kv_bytes_s + self._state_s_per_visit * (decode_rows + prefill_chunks)
         return PeakTimes(
@@ -304,6 +311,7 @@ class ForwardCostModel:
             prefill_chunks=prefill_chunks,
             all_reduces=self._all_reduces,
             expert_bytes_s=self._expert_s * experts_touched,
+            prefill_state_s=prefill_state_s,
         )
 
     def _parts(self, peak: PeakTimes, params: ForwardParams):
@@ -314,7 +322,18 @@ class ForwardCostModel:
             skewed = self._expert_s * self._experts_touched(peak, params.chunk_routing_skew)
             experts = skewed if share == 1.0 else share * skewed + (1.0 - share) * experts
         lm = (peak.weight_bytes_s + experts) / params.memory_efficiency
-        pa = peak.prefill_attention_s / params.attention_efficiency
+        if params.multi_token_read:
+            # one token runs the linear layers as matrix-vector kernels, which stream the weights near the copy
+            # rate; two or more run matrix kernels, which read them slower (ForwardCalibration.multi_token_read)
+            lm = lm * np.where(peak.tokens >= 2, 1.0 + params.multi_token_read, 1.0)
+        pa = peak.prefill_attention_s
+        if params.chunk_attention_rows:
+            # a short chunk's attention runs too few blocks to fill the GPU: it takes as long as
+            # chunk_attention_rows query rows would over the same keys (ForwardCalibration)
+            rows = np.maximum((peak.tokens - peak.decode_rows) / np.maximum(peak.prefill_chunks, 1), 1e-9)
+            rows = rows * self._heads_per_rank
+            pa = pa * np.maximum(rows, params.chunk_attention_rows) / rows
+        pa = (pa + peak.prefill_state_s) / params.attention_efficiency
         da = np.maximum(peak.decode_attention_flops_s / params.attention_efficiency,
                         peak.kv_bytes_s / params.kv_memory_efficiency)
         if params.attention_rows > 0:
@@ -329,7 +348,7 @@ class ForwardCostModel:
             # (reports/calibration/README.md)
             per_token = per_token + n_layers * params.mixed_row_layer_s * (peak.prefill_chunks > 0) * peak.decode_rows
         if params.multi_token_s:
-            # one token runs the linear layers as matrix-vector kernels; two or more switch to matrix kernels
+            # fits made before multi_token_read: a constant for any step of two or more tokens
             per_token = per_token + np.where(peak.tokens >= 2, params.multi_token_s, 0.0)
         if params.decode_layer_s:
             # the decode rows' attention runs its own kernels in every layer, beside any prefill chunk's

@@ -28,14 +28,7 @@ def test_shipped_for_both_models_on_both_gpus() -> None:
     assert names >= {f"{m}__{g}.json" for m in ("llama-3.1-8b", "qwen3-8b") for g in ("h100-sxm", "h200")}
 
 
-# The TP=2 fit of the paged forward's grid misses the 10 % max (10.6 %: short chunks over a long cached context
-# against short whole prompts, reports/calibration/README.md "Remeasured on the paged forward"); strict, so the
-# test says so the day a fit meets it.
-_OVER_THE_BAR = {"qwen3-8b__h200__tp2": "the TP=2 paged-forward fit's max error is 10.6 %"}
-
-
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=_OVER_THE_BAR[p.stem]))
-                                  if p.stem in _OVER_THE_BAR else p for p in SHIPPED], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 def test_shipped_fit_meets_the_bar_on_its_measurements(path: Path) -> None:
     cal = ForwardCalibration.load(path)
     rows = read_measurements(REPO / cal.measurements)
@@ -126,40 +119,125 @@ def test_the_decode_attention_path_is_recorded_and_never_mixed(tmp_path: Path) -
         fit_calibration(dense[:5] + per_row[5:], "qwen3-8b", "h200", measurements="x", command="test")
 
 
-def test_a_step_of_several_tokens_pays_the_matrix_kernels_fixed_cost() -> None:
-    shipped = ForwardCalibration.load(shipped_calibration_path("qwen3-8b", "h100-sxm"))
-    assert shipped.multi_token_s > 0
-    without = shipped.model_copy(update={"multi_token_s": 0.0})
-    fitted, plain = (ForwardCostModel("qwen3-8b", "h100-sxm", forward_calibration=c) for c in (shipped, without))
-    one = dict(decode_rows=1, decode_kv_tokens=700)
+def test_a_step_of_several_tokens_reads_the_weights_at_the_matrix_kernels_rate() -> None:
+    shipped = ForwardCalibration.load(shipped_calibration_path("qwen3-8b", "h200"))
+    assert shipped.multi_token_read > 0 and shipped.multi_token_s == 0
+    without = shipped.model_copy(update={"multi_token_read": 0.0})
+    fitted, plain = (ForwardCostModel("qwen3-8b", "h200", forward_calibration=c) for c in (shipped, without))
+    one, two = dict(decode_rows=1, decode_kv_tokens=700), dict(decode_rows=2, decode_kv_tokens=1400)
     assert fitted.step_s(**one) == plain.step_s(**one)
-    for shape in (dict(decode_rows=2, decode_kv_tokens=1400), dict(prefill_tokens=64, prefill_context_tokens=2080)):
-        assert fitted.step_s(**shape) - plain.step_s(**shape) == pytest.approx(shipped.multi_token_s, rel=1e-9)
-    arrays = fitted.step_s_array([0, 0, 64], [0, 0, 2080], [1, 2, 0], [700, 1400, 0])
-    assert arrays.tolist() == pytest.approx([fitted.step_s(**one), fitted.step_s(decode_rows=2, decode_kv_tokens=1400),
-                                             fitted.step_s(prefill_tokens=64, prefill_context_tokens=2080)])
-    # calibrations written before the term existed load as without it
-    older = shipped.model_dump(exclude={"multi_token_s"})
-    assert ForwardCalibration.model_validate(older).multi_token_s == 0.0
+    # two tokens read the weights in 1 + multi_token_read times one token's read, and pay nearly all of it
+    read = plain.breakdown(**two).linear_memory_s
+    assert read == plain.breakdown(**one).linear_memory_s > 0
+    assert fitted.breakdown(**two).linear_memory_s == pytest.approx(read * (1 + shipped.multi_token_read), rel=1e-12)
+    assert fitted.step_s(**two) - plain.step_s(**two) == pytest.approx(shipped.multi_token_read * read, rel=0.02)
+    # a long prefill runs at the compute roof, which hides the slower read
+    long = dict(prefill_tokens=8192, prefill_context_tokens=float(attention_pairs(8192, 0)), prefill_chunks=1)
+    assert 0 < fitted.step_s(**long) - plain.step_s(**long) < 0.05 * shipped.multi_token_read * read
+    arrays = fitted.step_s_array([0, 0, 8192], [0, 0, long["prefill_context_tokens"]], [1, 2, 0], [700, 1400, 0],
+                                 [0, 0, 1])
+    assert arrays.tolist() == pytest.approx([fitted.step_s(**one), fitted.step_s(**two), fitted.step_s(**long)],
+                                            rel=1e-12)
+    # a fit made before the term added a constant to every step of two or more tokens, and is priced so
+    older = ForwardCostModel("qwen3-8b", "h200", forward_calibration=without.model_copy(
+        update={"multi_token_s": 3e-4}))
+    assert older.step_s(**one) == plain.step_s(**one)
+    for shape in (two, long):
+        assert older.step_s(**shape) - plain.step_s(**shape) == pytest.approx(3e-4, rel=1e-9)
+    # calibrations written before either term existed load as without them
+    bare = ForwardCalibration.model_validate(shipped.model_dump(exclude={"multi_token_s", "multi_token_read"}))
+    assert bare.multi_token_s == bare.multi_token_read == 0.0
 
 
-def test_the_fit_recovers_a_known_several_token_cost() -> None:
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_shipped_fit_prices_one_and_two_decode_rows_alike(path: Path) -> None:
+    """One- and two-row decode steps (what each data-parallel rank runs under light load) are priced with the same
+    bias within 2 points: the step to matrix kernels is priced as measured (a constant for every step of two or
+    more tokens, fitted to prefill steps too, had qwen3-8b on the H200 at -3.6 % for one row, +4.3 % for two)."""
+    cal = ForwardCalibration.load(path)
+
+    def bias(rows: int) -> float:
+        errors = [s.error for s in cal.fit if not s.is_draft and "+" not in s.shape
+                  and s.shape.startswith(f"decode {rows}x") and int(s.shape.split("x")[1]) <= 2048]
+        assert len(errors) == 4
+        return float(np.mean(errors))
+
+    assert abs(bias(2) - bias(1)) < 0.02
+
+
+def test_the_fit_recovers_a_known_several_token_read_and_chunk_occupancy() -> None:
     import dataclasses
 
-    truth = ForwardCalibration.load(shipped_calibration_path("qwen3-8b", "h100-sxm")).model_copy(
-        update={"multi_token_s": 3e-4})
-    model = ForwardCostModel("qwen3-8b", "h100-sxm", forward_calibration=truth)
+    truth = ForwardCalibration.load(shipped_calibration_path("qwen3-8b", "h200")).model_copy(
+        update={"multi_token_read": 0.08, "chunk_attention_rows": 6000.0})
+    model = ForwardCostModel("qwen3-8b", "h200", forward_calibration=truth)
     rows = read_measurements(REPO / truth.measurements)
     exact = [dataclasses.replace(r, median_s=model.step_s(r.prefill_tokens, r.prefill_pairs, r.decode_rows,
-                                                          r.decode_kv_tokens)) for r in rows]
-    cal = fit_calibration(exact, "qwen3-8b", "h100-sxm", measurements="x", command="test")
+                                                          r.decode_kv_tokens, r.prefill_chunks)) for r in rows]
+    cal = fit_calibration(exact, "qwen3-8b", "h200", measurements="x", command="test")
     assert cal.max_abs_error < 0.005
-    assert cal.multi_token_s == pytest.approx(3e-4, rel=0.1)
+    assert cal.multi_token_read == pytest.approx(0.08, rel=0.1)
+    assert cal.chunk_attention_rows == pytest.approx(6000.0, rel=0.1)
+    assert cal.multi_token_s == 0  # no longer fitted
+    # without a chunk after a cached prefix the occupancy is not fitted
+    fresh = fit_calibration([r for r in exact if not r.prefill_cached], "qwen3-8b", "h200", measurements="x",
+                            command="test")
+    assert fresh.chunk_attention_rows == 0
+
+
+def test_a_short_chunk_after_a_long_prefix_attends_at_the_gpus_partial_occupancy() -> None:
+    shipped = ForwardCalibration.load(shipped_calibration_path("qwen3-8b", "h200"))
+    rows_needed = shipped.chunk_attention_rows
+    assert 64 * 32 < rows_needed < 1024 * 32  # between a 64-token chunk's query rows and a 1,024-token one's
+    fitted = ForwardCostModel("qwen3-8b", "h200", forward_calibration=shipped)
+    plain = ForwardCostModel("qwen3-8b", "h200", forward_calibration=shipped.model_copy(
+        update={"chunk_attention_rows": 0.0}))
+    short = dict(prefill_tokens=64, prefill_context_tokens=float(attention_pairs(64, 2048)), prefill_chunks=1)
+    pairs_s = plain.breakdown(**short).prefill_attention_s
+    assert fitted.breakdown(**short).prefill_attention_s == pytest.approx(pairs_s * rows_needed / (64 * 32), rel=1e-12)
+    assert fitted.step_s(**short) - plain.step_s(**short) == pytest.approx(
+        pairs_s * (rows_needed / (64 * 32) - 1), rel=1e-9)
+    # the same tokens in two chunks: each chunk has half the rows
+    two = dict(short, prefill_context_tokens=2 * float(attention_pairs(32, 2048)), prefill_chunks=2)
+    assert fitted.breakdown(**two).prefill_attention_s == pytest.approx(
+        plain.breakdown(**two).prefill_attention_s * rows_needed / (32 * 32), rel=1e-12)
+    # a long chunk fills the GPU, and a decode-only step has no chunk
+    long = dict(prefill_tokens=1024, prefill_context_tokens=float(attention_pairs(1024, 2048)), prefill_chunks=1)
+    decode = dict(decode_rows=8, decode_kv_tokens=8000)
+    assert fitted.step_s(**long) == plain.step_s(**long) and fitted.step_s(**decode) == plain.step_s(**decode)
+    # beside decode rows the chunk's rows are its own tokens' (the decode rows attend apart)
+    mixed = dict(short, **decode)
+    assert fitted.step_s(**mixed) - plain.step_s(**mixed) == pytest.approx(
+        fitted.step_s(**short) - plain.step_s(**short), rel=1e-9)
+    assert fitted.step_s_array([64, 1024], [short["prefill_context_tokens"], long["prefill_context_tokens"]], [0, 0],
+                               [0, 0], [1, 1]).tolist() == pytest.approx([fitted.step_s(**short),
+                                                                          fitted.step_s(**long)], rel=1e-12)
+    # at TP=2 a rank runs half the query heads, so the same chunk has half the rows
+    tp2 = _tp2()
+    half = ForwardCostModel("qwen3-8b", "h200", tp=2, forward_calibration=tp2)
+    half_plain = ForwardCostModel("qwen3-8b", "h200", tp=2, forward_calibration=tp2.model_copy(
+        update={"chunk_attention_rows": 0.0}))
+    assert half.breakdown(**short).prefill_attention_s == pytest.approx(
+        half_plain.breakdown(**short).prefill_attention_s * tp2.chunk_attention_rows / (64 * 16), rel=1e-12)
+    # a hybrid's linear-attention layers run no flash attention: only its full-attention pairs are scaled
+    hybrid = ForwardCostModel("qwen3.5-35b-a3b", "h200", forward_calibration="none")
+    params = hybrid.params
+    peak = hybrid.peak_times(64, float(attention_pairs(64, 2048)), 0, 0, 1)
+    assert peak.prefill_state_s > 0
+    import dataclasses
+
+    _, _, scaled, _, _, _ = hybrid._parts(peak, dataclasses.replace(params, chunk_attention_rows=64 * 16 * 3))
+    _, _, alone, _, _, _ = hybrid._parts(peak, params)
+    assert scaled - alone == pytest.approx(2 * peak.prefill_attention_s / params.attention_efficiency, rel=1e-12)
+    # calibrations written before the term existed load as without it
+    assert ForwardCalibration.model_validate(shipped.model_dump(exclude={"chunk_attention_rows"})
+                                             ).chunk_attention_rows == 0.0
 
 
 def test_each_prefill_chunk_pays_its_own_kernels_in_every_layer() -> None:
     shipped = ForwardCalibration.load(shipped_calibration_path("qwen3-8b", "h100-sxm"))
-    priced = shipped.model_copy(update={"chunk_layer_s": 2e-5})
+    # shorter chunks also attend at a lower occupancy: held apart here (its own test)
+    priced = shipped.model_copy(update={"chunk_layer_s": 2e-5, "chunk_attention_rows": 0.0})
     forward = ForwardCostModel("qwen3-8b", "h100-sxm", forward_calibration=priced)
     layers = forward.model.n_layers
     shape = dict(prefill_tokens=1024, prefill_context_tokens=40_000, decode_rows=8, decode_kv_tokens=8000)
@@ -291,10 +369,11 @@ def test_a_step_with_decode_rows_pays_their_attention_kernels_in_every_layer() -
         [with_term.step_s(decode_rows=4, decode_kv_tokens=4096), with_term.step_s(**prefill)])
 
 
-def test_the_tp_fit_prices_small_decode_steps_closer_with_the_decode_term() -> None:
-    """The few-row decode steps (what a TP=2 run under capacity decodes) are priced with less bias by the
-    shipped fit than by a fit of the same measurements without the decode rows' per-layer term."""
-    cal = _tp2()
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_fit_prices_small_decode_steps_closer_with_the_decode_term(tp: int) -> None:
+    """The few-row decode steps (what a TP=2 run or a data-parallel rank under capacity decodes) are priced with
+    less bias by the shipped fit than by a fit of the same measurements without the decode rows' per-layer term."""
+    cal = ForwardCalibration.load(shipped_calibration_path("qwen3-8b", "h200", tp))
 
     def small_bias(fit: ForwardCalibration) -> float:
         small = [s.error for s in fit.fit if s.shape.startswith("decode") and "+" not in s.shape
@@ -305,10 +384,10 @@ def test_the_tp_fit_prices_small_decode_steps_closer_with_the_decode_term() -> N
     rows = read_measurements(REPO / cal.measurements)
     import cdbench.harness.costs.calibration_fit as fitting
 
-    with pytest.MonkeyPatch.context() as patch:  # the tensor-parallel terms solved but the decode rows' one (0)
-        patch.setattr(fitting, "_TP_TERMS", fitting._TP_TERMS[1:])
-        without = fit_calibration(rows, "qwen3-8b", "h200", measurements="x", command="t",
-                                  all_reduce_token_s=cal.all_reduce_token_s)
+    options = dict(all_reduce_token_s=cal.all_reduce_token_s) if tp > 1 else {}
+    with pytest.MonkeyPatch.context() as patch:  # every term solved but the decode rows' one (0)
+        patch.setattr(fitting, "_DECODE_LAYER_TERMS", ())
+        without = fit_calibration(rows, "qwen3-8b", "h200", measurements="x", command="t", **options)
     assert without.decode_layer_s == 0 and cal.decode_layer_s > 0
     assert small_bias(cal) < small_bias(without)
 
@@ -332,10 +411,13 @@ def test_the_tp_fit_recovers_known_collective_and_decode_terms() -> None:
     assert free.max_abs_error < 0.02 and free.all_reduce_s is not None and not free.all_reduce_runs
 
 
-def test_one_gpu_fits_solve_no_tensor_parallel_term() -> None:
+def test_one_gpu_fits_solve_no_all_reduce_term_and_the_decode_term_only_beside_prefill_steps() -> None:
     rows = read_measurements(REPO / "reports/calibration/qwen3-8b__h200.csv")
     cal = fit_calibration(rows[:60], "qwen3-8b", "h200", measurements="x", command="test")
-    assert cal.all_reduce_s is None and cal.decode_layer_s == 0 and cal.all_reduce_token_s == 0
+    assert cal.all_reduce_s is None and cal.all_reduce_token_s == 0 and cal.decode_layer_s > 0
+    # decode steps alone: the decode rows' per-layer cost is the step overhead again, not solved
+    assert {r.kind for r in rows[:50]} == {"decode"}
+    assert fit_calibration(rows[:50], "qwen3-8b", "h200", measurements="x", command="test").decode_layer_s == 0
     with pytest.raises(CalibrationError, match="measured all-reduce prices tensor-parallel steps"):
         fit_calibration(rows, "qwen3-8b", "h200", measurements="x", command="test", all_reduce_token_s=3e-8)
 

@@ -20,7 +20,9 @@ REPO = Path(__file__).resolve().parents[3]
 
 def moe_model(**terms) -> ForwardCostModel:
     cal = ForwardCalibration.load(shipped_calibration_path("qwen3-30b-a3b", "h200"))
-    return ForwardCostModel("qwen3-30b-a3b", "h200", forward_calibration=cal.model_copy(update=terms))
+    # the weights' read at the one-token rate for every step (a several-token step's slower read: tested apart)
+    return ForwardCostModel("qwen3-30b-a3b", "h200", forward_calibration=cal.model_copy(
+        update={"multi_token_read": 0.0} | terms))
 
 
 def test_a_prefill_chunk_routes_its_tokens_over_a_share_of_the_experts() -> None:
@@ -63,7 +65,7 @@ def test_a_hybrid_skews_only_the_layers_after_full_attention() -> None:
 
     def hybrid(skew: float) -> ForwardCostModel:
         return ForwardCostModel("qwen3.5-35b-a3b", "h200", forward_calibration=cal.model_copy(
-            update={"chunk_routing_skew": skew}))
+            update={"chunk_routing_skew": skew, "multi_token_read": 0.0}))
 
     skewed, uniform = hybrid(4.0), hybrid(1.0)
     e, k, skew, n = 256, 8, 4.0, 64
