@@ -57,7 +57,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice, repeat
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -114,6 +114,7 @@ if TYPE_CHECKING:
 _any = np.count_nonzero
 _sum = np.add.reduce
 _min = np.minimum.reduce
+_max = np.maximum.reduce
 
 _ABORT = {name: i for i, name in enumerate(ABORT_REASONS)}
 _CACHE = {name: i for i, name in enumerate(CACHE_RESULTS)}
@@ -232,6 +233,9 @@ class Scheduler:
         kv = self.kv
         # ... and through SGLang's polls of one rank that see no compile done (the same seconds each, a count each)
         self._blind_polls = config.readiness == "blocking_poll" and config.ranks == 1
+        # ... and on past a row's last token (its leaving issues nothing in an open loop; a pinned bitmask's copy
+        # waits for nothing, so a step's parts depend on the rows through their counts only)
+        self._past_finish = max_concurrency is None and config.pinned_mask
         self._runs = (live is None and isinstance(gpu, RooflineGpuCosts | FixedGpuCosts)  # (priced, not measured)
                       and not config.spec_tokens and not config.jump_forward
                       and config.mask_apply == "batched" and not self.pricer.fill_spread
@@ -664,14 +668,16 @@ class Scheduler:
         Such a run is every row decoding one token a step, nothing waiting, no thinking rows, and nothing in
         the grammar queue or (SGLang, one rank) only compiles that each step's poll does not see done: each
         step then pays the poll's interval and counts a poll of its requests, and the run stops before the
-        step whose poll would see one done or give up on one. It ends with the first step where a row emits
-        its last token (those rows then leave, as after any step), and stops before one where anything else
-        could happen: a grammar that ends or
-        refuses a token (the executor's :meth:`GrammarExecutor.decode_run`), the KV cache's blocks running
-        out, the next event (an arrival), or the host's count of running compiles changing. Between those,
-        each step's costs follow from the rows' positions and context, so the steps are priced as arrays
-        (:meth:`StepPricer.price_decode_run`) and their records written as the steps one by one write them:
-        the step log's rows, the histograms (binned at the same steps), the counters.
+        step whose poll would see one done or give up on one. Where a row emits its last token, it leaves
+        after that step, as after any step, and the rows left go on in the same run (a segment of fewer
+        rows: an open loop issues nothing then, and with the bitmask in pinned memory a step's parts
+        depend on its rows only through their counts); the run stops before a step where anything else
+        could happen: a grammar that ends or refuses a token (the executor's
+        :meth:`GrammarExecutor.decode_run`), the KV cache's blocks running out, the next event (an arrival),
+        the host's count of running compiles changing, or no grammar row left (or the first one back).
+        Between those, each step's costs follow from the rows' positions and context, so the steps are
+        priced as arrays (:meth:`StepPricer.price_decode_run`) and their records written as the steps one by
+        one write them: the step log's rows, the histograms (binned at the same steps), the counters.
         """
         batch = self.batch
         n = len(batch)
@@ -683,13 +689,22 @@ class Scheduler:
         tl = self.timeline
         if tl is not None and tl.recording:
             return None
-        steps = min(int(_min(batch.gen_left)), _RUN)  # up to a row's last token
+        gen_left = batch.gen_left
+        first = int(_min(gen_left))  # the steps up to a row's last token
+        steps = min(first, _RUN)
         if steps < _MIN_RUN:
             return None
         cached = int(_sum(batch.cached))
         kv = self.kv
         if kv is not None and kv.policy == "sglang":  # (blocks of one token) a step needs one free token a row
             steps = min(steps, (kv.blocks - cached) // n)
+            if steps < _MIN_RUN:
+                return None
+        cfg = self.cfg
+        limit = _RUN
+        if queue and cfg.max_poll_iterations is not None:  # nor does any request give up
+            limit = cfg.max_poll_iterations - 1 - max(int(self.wait_ct[q, 0]) for q in queue)
+            steps = min(steps, limit)
             if steps < _MIN_RUN:
                 return None
         if self._host is not None:  # (as the iteration would count them first)
@@ -700,25 +715,28 @@ class Scheduler:
         else:
             stretch = 1.0
             until = self.queue.peek_time()
-        if queue and not self._polls_blind(t + (self.cfg.schedule_s + self._carry_cpu_s) * stretch):
+        if queue and not self._polls_blind(t + (cfg.schedule_s + self._carry_cpu_s) * stretch):
             return None  # (the iteration's poll, after its scheduling, sees a compile done)
         rid = batch.rid
         structured = self.rec.structured[rid]
-        run = self.executor.decode_run(rid, structured, batch.gen_left, steps)
+        # past the first row's last token the others go on, up to the last one's
+        horizon = min(int(_max(gen_left)), _RUN, limit) if steps == first and self._past_finish else steps
+        run = self.executor.decode_run(rid, structured, gen_left, horizon)
         if run is None or run.steps < _MIN_RUN:
             return None
-        steps = run.steps
-        at = np.arange(steps)
-        context = cached + n * at  # the rows' context at each step: one token more a row a step
-        if kv is not None and kv.policy == "vllm":  # each row allocates the blocks of its next token
-            used = _sum((batch.cached + kv.block + at[:, None]) // kv.block, axis=1)
-            fits = int(np.searchsorted(used > kv.blocks, True))  # (used grows step by step)
-            if fits < _MIN_RUN:
-                return None
-            steps, at, context, used = fits, at[:fits], context[:fits], used[:fits] * kv.block
-        elif kv is not None:
-            used = context + n
-        cfg = self.cfg
+        has_grammar = bool(_any(structured))
+        segments = self._segments(min(run.steps, horizon), first, cached, structured, has_grammar)
+        if segments is None:
+            return None
+        steps = segments[-1].stop
+        one = len(segments) == 1
+        if one:
+            lengths, rows, n_step, context = [steps], [n], n, segments[0].context
+        else:
+            lengths = [seg.stop - seg.start for seg in segments]
+            rows = [len(seg.alive) if seg.alive is not None else n for seg in segments]
+            n_step = np.repeat(rows, lengths)
+            context = np.concatenate([seg.context for seg in segments])
         # the loop's batch forming as the iteration prices it; the first step also pays the work done at events
         schedule = np.empty(steps)
         schedule.fill(cfg.schedule_s * stretch)  # (np.full's own Python costs more, per run)
@@ -727,18 +745,27 @@ class Scheduler:
         if queue:  # each step's poll sees no compile done (the first's, seen above), or the run stops before it
             polled_at = schedule.copy()  # (a step polls after its scheduling, before the rows' share of it)
             poll_s = cfg.poll_interval_s
-            if cfg.max_poll_iterations is not None:  # nor does any request give up
-                steps = min(steps, cfg.max_poll_iterations - 1 - max(int(self.wait_ct[q, 0]) for q in queue))
-                if steps < _MIN_RUN:
-                    return None
-                at, context, schedule, polled_at = at[:steps], context[:steps], schedule[:steps], polled_at[:steps]
-                if kv is not None:
-                    used = used[:steps]
         if cfg.schedule_row_s:
-            schedule += cfg.schedule_row_s * n * stretch
-        has_grammar = bool(_any(structured))
-        cost = self.pricer.price_decode_run(n, schedule + poll_s if queue else schedule, self._carry_process_s,
-                                            run.fill_s[:steps], run.process_s[:steps], context, not cfg.overlap,
+            schedule += cfg.schedule_row_s * n_step * stretch
+        fill, accept = run.fill_s, run.accept_s
+        grammar_rows = fill.shape[1]
+        # (a row-wise reduction of a C-ordered array sums each row as the reduction of that row alone)
+        if one:
+            fill_sum = _sum(fill[:steps], axis=1) if grammar_rows else None
+            process = _sum(accept[:steps], axis=1)
+            g_rows = [grammar_rows]
+        else:  # each segment's grammar rows, summed as a run of those rows alone sums them
+            fill_sum = np.empty(steps) if grammar_rows else None
+            process = np.empty(steps)
+            g_rows = []
+            for seg in segments:
+                at, cols = slice(seg.start, seg.stop), seg.cols
+                if grammar_rows:
+                    _sum(fill[at] if cols is None else fill[at].take(cols, axis=1), axis=1, out=fill_sum[at])
+                _sum(accept[at] if cols is None else accept[at].take(cols, axis=1), axis=1, out=process[at])
+                g_rows.append(grammar_rows if cols is None else len(cols))
+        cost = self.pricer.price_decode_run(rows, g_rows, lengths, schedule + poll_s if queue else schedule,
+                                            self._carry_process_s, fill_sum, process, context, not cfg.overlap,
                                             has_grammar, stretch)
         starts = np.empty(steps + 1)
         starts[0] = t
@@ -753,46 +780,113 @@ class Scheduler:
         starts = starts[:k + 1]
         after = cost.after_token  # (step_time's fields are arrays, or one value for every step)
         t_token = starts[1:] - (after[:k] if isinstance(after, np.ndarray) else after)
-        itl = np.empty(k * n)
-        itl[:n] = t_token[0] - batch.last_tok
-        itl[n:] = (t_token[1:] - t_token[:-1]).repeat(n)
-        self.itl.add_steps(itl, n)
-        batch.gen_left -= k
-        batch.cached += k
-        batch.last_tok[:] = t_token[-1]
-        tokens = np.empty(n, np.int64)
-        tokens.fill(k)
-        self.tallies.add([rid, tokens], n * k)
-        fill = run.fill_s[:k]
-        grammar_rows = fill.shape[1]
-        if grammar_rows:
-            ones = np.empty(k * grammar_rows, np.int64)
-            ones.fill(1)
-            self.fill_hist.add_steps(fill.ravel(), grammar_rows, ones)
+        # (the counters: each row's tokens up to its last or the run's end; read before the batch moves on)
+        self.tallies.add([rid, np.minimum(gen_left, k)], n * k if one else int(_sum(n_step[:k])))
+        for seg in segments:  # the segments' steps taken: the batch moves on, rows leave after their last token
+            if seg.start >= k:
+                break
+            stop = min(seg.stop, k)
+            at = slice(seg.start, stop)
+            self._decode_segment(t_token, seg.start, stop, fill[at] if seg.cols is None else fill[at].take(seg.cols,
+                                                                                                          axis=1))
         if kv is None:
             kv_used, evicted = repeat(0), repeat(0)
         else:
-            kv_used, evicted = used[:k].tolist(), repeat(0)
+            if kv.policy == "sglang":
+                used = context[:k] + (n_step if one else n_step[:k])
+            else:
+                used = segments[0].used[:k] if one else np.concatenate([seg.used for seg in segments])[:k]
+            kv_used, evicted = used.tolist(), repeat(0)
             kv.free = kv.blocks - int(used[k - 1]) // kv.block
             kv.settled, kv.evicted = True, 0
             if kv.policy == "sglang":
                 for _ in range(k):  # (decayed step by step, as the steps round it)
                     kv.ratio = max(kv.ratio - SGLANG_NEW_TOKEN_RATIO_DECAY, SGLANG_MIN_NEW_TOKEN_RATIO)
-        done = batch.gen_left <= 0
-        if _any(done):  # (the run's last step) rows that emitted their last token leave
-            self._leave(slice(None), rid, done, None, float(t_token[-1]))
         carry = cost.carry_out
         self._carry_process_s = float(carry[k - 1]) if isinstance(carry, np.ndarray) else carry
         self._carry_cpu_s = 0.0
         c = cost
         self.steps.rows.extend(zip(
-            starts[:k].tolist(), c.duration[:k].tolist(), repeat(_KIND_DECODE), repeat(n), repeat(n), repeat(0),
-            repeat(grammar_rows), repeat(c.mask_rows), repeat(n), schedule[:k].tolist(), repeat(poll_s), repeat(0.0),
-            repeat(0.0), c.forward_s[:k].tolist(), c.fill_s[:k].tolist(), repeat(c.copy_s), repeat(c.apply_s),
-            repeat(c.sample_s), c.process_s[:k].tolist(), c.exposed[:k].tolist(),
-            c.hidden[:k].tolist(), repeat(c.transfer_s), repeat(c.launch_s), repeat(n),
-            context[:k].tolist(), repeat(stretch), kv_used, evicted))
+            starts[:k].tolist(), c.duration[:k].tolist(), repeat(_KIND_DECODE), _steps(c.dec_tokens, k),
+            _steps(c.dec_tokens, k), repeat(0), _steps(c.grammar_rows, k), _steps(c.mask_rows, k),
+            _steps(c.dec_tokens, k), schedule[:k].tolist(), repeat(poll_s), repeat(0.0), repeat(0.0),
+            c.forward_s[:k].tolist(), c.fill_s[:k].tolist(), _steps(c.copy_s, k), _steps(c.apply_s, k),
+            _steps(c.sample_s, k), c.process_s[:k].tolist(), c.exposed[:k].tolist(), c.hidden[:k].tolist(),
+            _steps(c.transfer_s, k), _steps(c.launch_s, k), _steps(c.dec_tokens, k), context[:k].tolist(),
+            repeat(stretch), kv_used, evicted))
         return float(starts[k]), k
+
+    def _segments(self, steps: int, first: int, cached: int, structured: np.ndarray,
+                  has_grammar: bool) -> list[_Segment] | None:
+        """A decode run's first ``steps`` steps as segments, each of the rows left after the last token of those
+        before (``first``: the steps up to the first row's; ``cached``: the batch's context), cut before a step
+        where the KV cache's blocks run out or no grammar row is left; ``None`` where the first is cut short."""
+        batch, kv = self.batch, self.kv
+        gen_left = batch.gen_left
+        n = len(batch)
+        if steps > first:  # (a row of g tokens left emits its last at step g - 1: the rows after are fewer)
+            stops = sorted(set(gen_left[gen_left < steps].tolist()))
+            if stops[-1] != steps:
+                stops.append(steps)
+        else:
+            stops = [steps]
+        segments = []
+        start = 0
+        for stop in stops:
+            if start:
+                alive = (gen_left > start).nonzero()[0]
+                rows = len(alive)
+                if bool(_any(structured[alive])) != has_grammar:
+                    break
+                base = int(_sum(cached_of := batch.cached[alive]))
+                cols = (gen_left[structured] > start).nonzero()[0]
+                if kv is not None and kv.policy == "sglang":  # one free token a row a step
+                    stop = min(stop, (kv.blocks - base) // rows)
+                    if stop <= start:
+                        break
+            else:
+                alive = cols = None
+                rows, base, cached_of = n, cached, batch.cached
+            at = np.arange(start, stop)
+            used = None
+            if kv is not None and kv.policy == "vllm":  # each row allocates the blocks of its next token
+                used = _sum((cached_of + kv.block + at[:, None]) // kv.block, axis=1)
+                fits = int(np.searchsorted(used > kv.blocks, True))  # (used grows step by step)
+                if not start and fits < _MIN_RUN:
+                    return None
+                if fits < len(at):
+                    stop, at, used = start + fits, at[:fits], used[:fits]
+                used *= kv.block
+                if stop <= start:
+                    break
+            segments.append(_Segment(start, stop, alive, base + rows * at, cols, used))
+            if stop != stops[len(segments) - 1]:  # (cut short: the run ends here)
+                break
+            start = stop
+        return segments
+
+    def _decode_segment(self, t_token: np.ndarray, start: int, stop: int, fill: np.ndarray) -> None:
+        """Steps ``start`` to ``stop`` of a decode run, each row a token at ``t_token`` (``fill``: its grammar rows'
+        fills): the ITL and fill histograms, the batch's tokens, context and last token, and the rows that
+        emitted their last leave."""
+        batch = self.batch
+        n = len(batch)
+        k = stop - start
+        itl = np.empty(k * n)
+        itl[:n] = t_token[start] - batch.last_tok
+        itl[n:] = (t_token[start + 1:stop] - t_token[start:stop - 1]).repeat(n)
+        self.itl.add_steps(itl, n)
+        batch.gen_left -= k
+        batch.cached += k
+        batch.last_tok[:] = t_token[stop - 1]
+        grammar_rows = fill.shape[1]
+        if grammar_rows:
+            ones = np.empty(k * grammar_rows, np.int64)
+            ones.fill(1)
+            self.fill_hist.add_steps(fill.ravel(), grammar_rows, ones)
+        done = batch.gen_left <= 0
+        if _any(done):  # (the segment's last step) rows that emitted their last token leave
+            self._leave(slice(None), batch.rid, done, None, float(t_token[stop - 1]))
 
     def _polls_blind(self, t0: float) -> bool:
         """Whether the poll at ``t0`` sees none of the queued compiles done (:meth:`_poll_few`)."""
@@ -1016,6 +1110,24 @@ def _enter(rec: RequestTable, at: slice | np.ndarray, chunk: list[Request], last
                          f"issued before it ({before} s): a workload not held must give its requests by arrival "
                          "time")
     return float(arrivals[-1])
+
+
+class _Segment(NamedTuple):
+    """Steps ``start`` to ``stop`` of a decode run (:meth:`Scheduler._decode_run`): the batch's first rows still
+    in it (``alive``: their indexes; ``None``: all), their context a step, their grammar rows among the run's
+    (``cols``; ``None``: all), and the KV cache's tokens in use a step (vLLM's blocks; else ``None``)."""
+
+    start: int
+    stop: int
+    alive: np.ndarray | None
+    context: np.ndarray
+    cols: np.ndarray | None
+    used: np.ndarray | None
+
+
+def _steps(value, k: int) -> Iterable:
+    """A step log column of a decode run's first ``k`` steps: one value a step, or one for every step."""
+    return value[:k].tolist() if isinstance(value, np.ndarray) else repeat(value)
 
 
 _FEW_QUEUED = 8  # a one-rank poll of at most this many queued requests runs in Python scalars (_poll_few)
