@@ -236,6 +236,8 @@ class Scheduler:
         # ... and on past a row's last token (its leaving issues nothing in an open loop; a pinned bitmask's copy
         # waits for nothing, so a step's parts depend on the rows through their counts only)
         self._past_finish = max_concurrency is None and config.pinned_mask
+        self._step_s = 0.0  # the last step taken in a run: how long the next run's steps may take, roughly
+        self._step_col = np.arange(_RUN)[:, None]  # a run's step numbers, as a column
         self._runs = (live is None and isinstance(gpu, RooflineGpuCosts | FixedGpuCosts)  # (priced, not measured)
                       and not config.spec_tokens and not config.jump_forward
                       and config.mask_apply == "batched" and not self.pricer.fill_spread
@@ -719,24 +721,49 @@ class Scheduler:
             return None  # (the iteration's poll, after its scheduling, sees a compile done)
         rid = batch.rid
         structured = self.rec.structured[rid]
-        # past the first row's last token the others go on, up to the last one's
-        horizon = min(int(_max(gen_left)), _RUN, limit) if steps == first and self._past_finish else steps
+        horizon = steps
+        if steps == first and self._past_finish:  # past the first row's last token the others go on, up to the
+            horizon = min(int(_max(gen_left)), _RUN, limit)  # last one's, or about as far as the next event
+            if until - t < horizon * self._step_s:  # (steps priced past it are priced in vain: the guess only
+                horizon = min(horizon, max(first, int((until - t) / self._step_s * 1.25) + 1))  # bounds the work)
         run = self.executor.decode_run(rid, structured, gen_left, horizon)
         if run is None or run.steps < _MIN_RUN:
             return None
         has_grammar = bool(_any(structured))
-        segments = self._segments(min(run.steps, horizon), first, cached, structured, has_grammar)
-        if segments is None:
-            return None
-        steps = segments[-1].stop
-        one = len(segments) == 1
-        if one:
-            lengths, rows, n_step, context = [steps], [n], n, segments[0].context
-        else:
-            lengths = [seg.stop - seg.start for seg in segments]
-            rows = [len(seg.alive) if seg.alive is not None else n for seg in segments]
-            n_step = np.repeat(rows, lengths)
-            context = np.concatenate([seg.context for seg in segments])
+        steps = min(run.steps, horizon)
+        fill, accept = run.fill_s, run.accept_s
+        grammar_rows = fill.shape[1]
+        if steps > first:  # rows leave within the run: its segments
+            seg = self._segments(steps, cached, structured, has_grammar)
+            if seg is None:
+                return None
+            steps = seg.steps
+        if steps <= first:  # (the whole batch throughout)
+            seg = None
+            n_step = g_step = None
+            context = cached + n * self._step_col[:steps, 0]  # the rows' context: one token more a row a step
+            if kv is not None and kv.policy == "vllm":  # each row allocates the blocks of its next token
+                used = _sum((batch.cached + kv.block + self._step_col[:steps]) // kv.block, axis=1)
+                fits = int(np.searchsorted(used > kv.blocks, True))  # (used grows step by step)
+                if fits < _MIN_RUN:
+                    return None
+                steps, context, used = fits, context[:fits], used[:fits] * kv.block
+            elif kv is not None:
+                used = context + n
+            # (a row-wise reduction of a C-ordered array sums each row as the reduction of that row alone)
+            fill_sum = _sum(fill[:steps], axis=1) if grammar_rows else None
+            process = _sum(accept[:steps], axis=1)
+            rows, g_rows, lengths = n, grammar_rows, (steps,)
+        else:  # each segment's grammar rows summed as a run of those rows alone sums them
+            n_step, g_step, context, used = seg.n_step, seg.g_step, seg.context, seg.used
+            fill_sum = np.empty(steps) if grammar_rows else None
+            process = np.empty(steps)
+            for a, b in zip(seg.starts, seg.stops):
+                cols = None if g_step[a] == grammar_rows else seg.g_alive[a].nonzero()[0]
+                if grammar_rows:
+                    _sum(fill[a:b] if cols is None else fill[a:b].take(cols, axis=1), axis=1, out=fill_sum[a:b])
+                _sum(accept[a:b] if cols is None else accept[a:b].take(cols, axis=1), axis=1, out=process[a:b])
+            rows, g_rows, lengths = n_step, g_step, [b - a for a, b in zip(seg.starts, seg.stops)]
         # the loop's batch forming as the iteration prices it; the first step also pays the work done at events
         schedule = np.empty(steps)
         schedule.fill(cfg.schedule_s * stretch)  # (np.full's own Python costs more, per run)
@@ -746,24 +773,7 @@ class Scheduler:
             polled_at = schedule.copy()  # (a step polls after its scheduling, before the rows' share of it)
             poll_s = cfg.poll_interval_s
         if cfg.schedule_row_s:
-            schedule += cfg.schedule_row_s * n_step * stretch
-        fill, accept = run.fill_s, run.accept_s
-        grammar_rows = fill.shape[1]
-        # (a row-wise reduction of a C-ordered array sums each row as the reduction of that row alone)
-        if one:
-            fill_sum = _sum(fill[:steps], axis=1) if grammar_rows else None
-            process = _sum(accept[:steps], axis=1)
-            g_rows = [grammar_rows]
-        else:  # each segment's grammar rows, summed as a run of those rows alone sums them
-            fill_sum = np.empty(steps) if grammar_rows else None
-            process = np.empty(steps)
-            g_rows = []
-            for seg in segments:
-                at, cols = slice(seg.start, seg.stop), seg.cols
-                if grammar_rows:
-                    _sum(fill[at] if cols is None else fill[at].take(cols, axis=1), axis=1, out=fill_sum[at])
-                _sum(accept[at] if cols is None else accept[at].take(cols, axis=1), axis=1, out=process[at])
-                g_rows.append(grammar_rows if cols is None else len(cols))
+            schedule += cfg.schedule_row_s * rows * stretch
         cost = self.pricer.price_decode_run(rows, g_rows, lengths, schedule + poll_s if queue else schedule,
                                             self._carry_process_s, fill_sum, process, context, not cfg.overlap,
                                             has_grammar, stretch)
@@ -780,23 +790,51 @@ class Scheduler:
         starts = starts[:k + 1]
         after = cost.after_token  # (step_time's fields are arrays, or one value for every step)
         t_token = starts[1:] - (after[:k] if isinstance(after, np.ndarray) else after)
-        # (the counters: each row's tokens up to its last or the run's end; read before the batch moves on)
-        self.tallies.add([rid, np.minimum(gen_left, k)], n * k if one else int(_sum(n_step[:k])))
-        for seg in segments:  # the segments' steps taken: the batch moves on, rows leave after their last token
-            if seg.start >= k:
-                break
-            stop = min(seg.stop, k)
-            at = slice(seg.start, stop)
-            self._decode_segment(t_token, seg.start, stop, fill[at] if seg.cols is None else fill[at].take(seg.cols,
-                                                                                                          axis=1))
+        if seg is None or k <= first:
+            itl = np.empty(k * n)
+            itl[:n] = t_token[0] - batch.last_tok
+            itl[n:] = (t_token[1:] - t_token[:-1]).repeat(n)
+            self.itl.add_steps(itl, n)
+            batch.gen_left -= k
+            batch.cached += k
+            batch.last_tok[:] = t_token[-1]
+            tokens = np.empty(n, np.int64)
+            tokens.fill(k)
+            self.tallies.add([rid, tokens], n * k)
+            if grammar_rows:
+                ones = np.empty(k * grammar_rows, np.int64)
+                ones.fill(1)
+                self.fill_hist.add_steps(fill[:k].ravel(), grammar_rows, ones)
+            done = batch.gen_left <= 0
+            if _any(done):  # (the run's last step) rows that emitted their last token leave
+                self._leave(slice(None), rid, done, None, float(t_token[-1]))
+        else:  # each row's tokens up to its last or the run's end; rows leave after their last token's step
+            n_step, g_step = n_step[:k], g_step[:k]
+            itl = np.empty(int(_sum(n_step)))
+            itl[:n] = t_token[0] - batch.last_tok
+            itl[n:] = (t_token[1:] - t_token[:-1]).repeat(n_step[1:])
+            self.itl.add_steps(itl, n_step)
+            tokens = np.minimum(gen_left, k)
+            self.tallies.add([rid, tokens], len(itl))
+            if grammar_rows:
+                values = fill[:k][seg.g_alive[:k]]  # (step by step, each step's rows in order)
+                ones = np.empty(len(values), np.int64)
+                ones.fill(1)
+                self.fill_hist.add_steps(values, g_step, ones)
+            left = gen_left <= k
+            leaving = rid[left]
+            last = tokens[left] - 1  # (the step of each one's last token)
+            batch.gen_left -= tokens
+            batch.cached += tokens
+            batch.last_tok[:] = t_token[tokens - 1]
+            self.rec.finish_s[leaving] = t_token[last]
+            for i in last.argsort(kind="stable").tolist():  # (in the order the steps one by one end them)
+                self._finished(int(leaving[i]), float(t_token[last[i]]))
+            batch.keep((~left).nonzero()[0])
         if kv is None:
             kv_used, evicted = repeat(0), repeat(0)
         else:
-            if kv.policy == "sglang":
-                used = context[:k] + (n_step if one else n_step[:k])
-            else:
-                used = segments[0].used[:k] if one else np.concatenate([seg.used for seg in segments])[:k]
-            kv_used, evicted = used.tolist(), repeat(0)
+            kv_used, evicted = used[:k].tolist(), repeat(0)
             kv.free = kv.blocks - int(used[k - 1]) // kv.block
             kv.settled, kv.evicted = True, 0
             if kv.policy == "sglang":
@@ -806,6 +844,7 @@ class Scheduler:
         self._carry_process_s = float(carry[k - 1]) if isinstance(carry, np.ndarray) else carry
         self._carry_cpu_s = 0.0
         c = cost
+        self._step_s = float(c.duration[k - 1])
         self.steps.rows.extend(zip(
             starts[:k].tolist(), c.duration[:k].tolist(), repeat(_KIND_DECODE), _steps(c.dec_tokens, k),
             _steps(c.dec_tokens, k), repeat(0), _steps(c.grammar_rows, k), _steps(c.mask_rows, k),
@@ -816,77 +855,41 @@ class Scheduler:
             repeat(stretch), kv_used, evicted))
         return float(starts[k]), k
 
-    def _segments(self, steps: int, first: int, cached: int, structured: np.ndarray,
-                  has_grammar: bool) -> list[_Segment] | None:
-        """A decode run's first ``steps`` steps as segments, each of the rows left after the last token of those
-        before (``first``: the steps up to the first row's; ``cached``: the batch's context), cut before a step
-        where the KV cache's blocks run out or no grammar row is left; ``None`` where the first is cut short."""
+    def _segments(self, steps: int, cached: int, structured: np.ndarray, has_grammar: bool) -> _Segments | None:
+        """A decode run's first ``steps`` steps, rows leaving after their last token's step, cut before a step
+        where the KV cache's blocks run out or no grammar row is left; ``None`` where it is cut before its first
+        step."""
         batch, kv = self.batch, self.kv
         gen_left = batch.gen_left
-        n = len(batch)
-        if steps > first:  # (a row of g tokens left emits its last at step g - 1: the rows after are fewer)
-            stops = sorted(set(gen_left[gen_left < steps].tolist()))
-            if stops[-1] != steps:
-                stops.append(steps)
-        else:
-            stops = [steps]
-        segments = []
-        start = 0
-        for stop in stops:
-            if start:
-                alive = (gen_left > start).nonzero()[0]
-                rows = len(alive)
-                if bool(_any(structured[alive])) != has_grammar:
-                    break
-                base = int(_sum(cached_of := batch.cached[alive]))
-                cols = (gen_left[structured] > start).nonzero()[0]
-                if kv is not None and kv.policy == "sglang":  # one free token a row a step
-                    stop = min(stop, (kv.blocks - base) // rows)
-                    if stop <= start:
-                        break
-            else:
-                alive = cols = None
-                rows, base, cached_of = n, cached, batch.cached
-            at = np.arange(start, stop)
-            used = None
-            if kv is not None and kv.policy == "vllm":  # each row allocates the blocks of its next token
-                used = _sum((cached_of + kv.block + at[:, None]) // kv.block, axis=1)
-                fits = int(np.searchsorted(used > kv.blocks, True))  # (used grows step by step)
-                if not start and fits < _MIN_RUN:
-                    return None
-                if fits < len(at):
-                    stop, at, used = start + fits, at[:fits], used[:fits]
-                used *= kv.block
-                if stop <= start:
-                    break
-            segments.append(_Segment(start, stop, alive, base + rows * at, cols, used))
-            if stop != stops[len(segments) - 1]:  # (cut short: the run ends here)
-                break
-            start = stop
-        return segments
-
-    def _decode_segment(self, t_token: np.ndarray, start: int, stop: int, fill: np.ndarray) -> None:
-        """Steps ``start`` to ``stop`` of a decode run, each row a token at ``t_token`` (``fill``: its grammar rows'
-        fills): the ITL and fill histograms, the batch's tokens, context and last token, and the rows that
-        emitted their last leave."""
-        batch = self.batch
-        n = len(batch)
-        k = stop - start
-        itl = np.empty(k * n)
-        itl[:n] = t_token[start] - batch.last_tok
-        itl[n:] = (t_token[start + 1:stop] - t_token[start:stop - 1]).repeat(n)
-        self.itl.add_steps(itl, n)
-        batch.gen_left -= k
-        batch.cached += k
-        batch.last_tok[:] = t_token[stop - 1]
-        grammar_rows = fill.shape[1]
-        if grammar_rows:
-            ones = np.empty(k * grammar_rows, np.int64)
-            ones.fill(1)
-            self.fill_hist.add_steps(fill.ravel(), grammar_rows, ones)
-        done = batch.gen_left <= 0
-        if _any(done):  # (the segment's last step) rows that emitted their last token leave
-            self._leave(slice(None), batch.rid, done, None, float(t_token[stop - 1]))
+        col = self._step_col[:steps]
+        alive = gen_left > col  # (steps, rows): a row of g tokens left emits its last at step g - 1
+        n_step = np.count_nonzero(alive, axis=1)
+        g_alive = alive if len(structured) == _any(structured) else alive.compress(structured, axis=1)
+        g_step = np.count_nonzero(g_alive, axis=1)
+        cut = [steps]
+        if has_grammar and not g_step[-1]:  # (the grammar rows leave first)
+            cut.append(int(np.searchsorted(-g_step, 0)))
+        context = _sum(np.where(alive, batch.cached + col, 0), axis=1)
+        used = None
+        if kv is not None and kv.policy == "sglang":  # one free token a row a step
+            used = context + n_step
+            over = used > kv.blocks
+            if _any(over):
+                cut.append(int(over.argmax()))
+        elif kv is not None:  # each row allocates the blocks of its next token
+            used = _sum(np.where(alive, (batch.cached + kv.block + col) // kv.block, 0), axis=1)
+            over = used > kv.blocks
+            if _any(over):
+                cut.append(int(over.argmax()))
+            used *= kv.block
+        steps = min(cut)
+        if steps < _MIN_RUN:
+            return None
+        stops = sorted(set(gen_left[gen_left < steps].tolist()))
+        if not stops or stops[-1] != steps:
+            stops.append(steps)
+        return _Segments(steps, [0, *stops[:-1]], stops, n_step[:steps], g_step[:steps], g_alive, context[:steps],
+                         None if used is None else used[:steps])
 
     def _polls_blind(self, t0: float) -> bool:
         """Whether the poll at ``t0`` sees none of the queued compiles done (:meth:`_poll_few`)."""
@@ -998,8 +1001,7 @@ class Scheduler:
         finished = s_rid[done]
         self.rec.finish_s[finished] = t_token
         for rid in finished.tolist():
-            self.executor.finish(rid)
-            self._end(rid, t_token)
+            self._finished(rid, t_token)
         left = done if rejected is None else done | rejected  # per sampled row
         if isinstance(s_rows, slice):  # the sampled rows are the whole batch, in order
             gone = left
@@ -1007,6 +1009,12 @@ class Scheduler:
             gone = np.zeros(len(batch), bool)
             gone[s_rows[left]] = True
         batch.keep((~gone).nonzero()[0])
+
+    def _finished(self, rid: int, t: float) -> None:
+        """Request ``rid`` finished at ``t`` (its finish time written): its grammar's state and what is kept of
+        its spec go."""
+        self.executor.finish(rid)
+        self._end(rid, t)
 
     def _record(self, t: float, plan: StepPlan, work: StepWork, cost: StepCost, sync: bool, has_grammar: bool,
                 carry: float, stretch: float) -> None:
@@ -1112,16 +1120,18 @@ def _enter(rec: RequestTable, at: slice | np.ndarray, chunk: list[Request], last
     return float(arrivals[-1])
 
 
-class _Segment(NamedTuple):
-    """Steps ``start`` to ``stop`` of a decode run (:meth:`Scheduler._decode_run`): the batch's first rows still
-    in it (``alive``: their indexes; ``None``: all), their context a step, their grammar rows among the run's
-    (``cols``; ``None``: all), and the KV cache's tokens in use a step (vLLM's blocks; else ``None``)."""
+class _Segments(NamedTuple):
+    """A decode run's ``steps`` steps as segments (``starts[i]`` to ``stops[i]``), rows leaving between them
+    (:meth:`Scheduler._decode_run`): per step its rows, grammar rows, the grammar rows still in it (as the
+    run's columns: ``g_alive[j]``), the rows' context and the KV cache's tokens in use (``None``: no cache)."""
 
-    start: int
-    stop: int
-    alive: np.ndarray | None
+    steps: int
+    starts: list[int]
+    stops: list[int]
+    n_step: np.ndarray
+    g_step: np.ndarray
+    g_alive: np.ndarray
     context: np.ndarray
-    cols: np.ndarray | None
     used: np.ndarray | None
 
 
