@@ -56,7 +56,7 @@ import gc
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import islice, repeat
+from itertools import islice
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -832,9 +832,9 @@ class Scheduler:
                 self._finished(int(leaving[i]), float(t_token[last[i]]))
             batch.keep((~left).nonzero()[0])
         if kv is None:
-            kv_used, evicted = repeat(0), repeat(0)
+            kv_used = 0
         else:
-            kv_used, evicted = used[:k].tolist(), repeat(0)
+            kv_used = used[:k]
             kv.free = kv.blocks - int(used[k - 1]) // kv.block
             kv.settled, kv.evicted = True, 0
             if kv.policy == "sglang":
@@ -845,14 +845,12 @@ class Scheduler:
         self._carry_cpu_s = 0.0
         c = cost
         self._step_s = float(c.duration[k - 1])
-        self.steps.rows.extend(zip(
-            starts[:k].tolist(), c.duration[:k].tolist(), repeat(_KIND_DECODE), _steps(c.dec_tokens, k),
-            _steps(c.dec_tokens, k), repeat(0), _steps(c.grammar_rows, k), _steps(c.mask_rows, k),
-            _steps(c.dec_tokens, k), schedule[:k].tolist(), repeat(poll_s), repeat(0.0), repeat(0.0),
-            c.forward_s[:k].tolist(), c.fill_s[:k].tolist(), _steps(c.copy_s, k), _steps(c.apply_s, k),
-            _steps(c.sample_s, k), c.process_s[:k].tolist(), c.exposed[:k].tolist(), c.hidden[:k].tolist(),
-            _steps(c.transfer_s, k), _steps(c.launch_s, k), _steps(c.dec_tokens, k), context[:k].tolist(),
-            repeat(stretch), kv_used, evicted))
+        self.steps.add_block(k, (
+            starts[:k], c.duration[:k], _KIND_DECODE, _steps(c.dec_tokens, k), _steps(c.dec_tokens, k), 0,
+            _steps(c.grammar_rows, k), _steps(c.mask_rows, k), _steps(c.dec_tokens, k), schedule[:k], poll_s, 0.0, 0.0,
+            c.forward_s[:k], c.fill_s[:k], _steps(c.copy_s, k), _steps(c.apply_s, k), _steps(c.sample_s, k),
+            c.process_s[:k], c.exposed[:k], c.hidden[:k], _steps(c.transfer_s, k), _steps(c.launch_s, k),
+            _steps(c.dec_tokens, k), context[:k], stretch, kv_used, 0))
         return float(starts[k]), k
 
     def _segments(self, steps: int, cached: int, structured: np.ndarray, has_grammar: bool) -> _Segments | None:
@@ -863,9 +861,9 @@ class Scheduler:
         gen_left = batch.gen_left
         col = self._step_col[:steps]
         alive = gen_left > col  # (steps, rows): a row of g tokens left emits its last at step g - 1
-        n_step = np.count_nonzero(alive, axis=1)
+        n_step = _sum(alive, axis=1)  # (booleans summed as integers)
         g_alive = alive if len(structured) == _any(structured) else alive.compress(structured, axis=1)
-        g_step = np.count_nonzero(g_alive, axis=1)
+        g_step = _sum(g_alive, axis=1)
         cut = [steps]
         if has_grammar and not g_step[-1]:  # (the grammar rows leave first)
             cut.append(int(np.searchsorted(-g_step, 0)))
@@ -1135,9 +1133,9 @@ class _Segments(NamedTuple):
     used: np.ndarray | None
 
 
-def _steps(value, k: int) -> Iterable:
+def _steps(value, k: int):
     """A step log column of a decode run's first ``k`` steps: one value a step, or one for every step."""
-    return value[:k].tolist() if isinstance(value, np.ndarray) else repeat(value)
+    return value[:k] if isinstance(value, np.ndarray) else value
 
 
 _FEW_QUEUED = 8  # a one-rank poll of at most this many queued requests runs in Python scalars (_poll_few)
