@@ -284,8 +284,8 @@ class StepLog:
         np.add.at(edges, starts + lengths, -1)
         in_block = np.cumsum(edges[:-1]) > 0
         columns = {}
-        for i, name in enumerate(STEP_COLUMNS):
-            values = [columns_of[i] for _, _, columns_of in self._blocks]
+        by_column = zip(*(columns_of for _, _, columns_of in self._blocks))
+        for name, values in zip(STEP_COLUMNS, by_column):
             block = _block_column(values, lengths, name == "kind")
             if not len(rows):
                 columns[name] = block
@@ -306,17 +306,18 @@ class StepLog:
         return frame
 
 
-def _block_column(values: list, lengths: np.ndarray, text: bool) -> np.ndarray:
+def _block_column(values: Sequence, lengths: np.ndarray, text: bool) -> np.ndarray:
     """One column of blocks of ``lengths`` rows, each block's ``values`` an array or one value for all its rows."""
     if text:
         return np.repeat(np.array(values, object), lengths)
-    arrays = [isinstance(v, np.ndarray) for v in values]
+    arrays = [type(v) is np.ndarray for v in values]
     if all(arrays):
         return np.concatenate(values)
     one = np.array([0 if is_array else v for v, is_array in zip(values, arrays)])
     if not any(arrays):
         return np.repeat(one, lengths)
-    out = np.repeat(one.astype(np.result_type(one, *(v for v in values if isinstance(v, np.ndarray)))), lengths)
+    dtype = np.result_type(one.dtype, *{v.dtype for v, is_array in zip(values, arrays) if is_array})
+    out = np.repeat(one.astype(dtype), lengths)
     start = 0
     for v, is_array, k in zip(values, arrays, lengths.tolist()):
         if is_array:
