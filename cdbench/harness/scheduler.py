@@ -46,8 +46,9 @@ Between events most iterations are the same decode step again: every row decodes
 waits (and any compile polled is not seen done), and only the rows' positions and context move. Such a
 run of steps is taken at once
 (:meth:`Scheduler._decode_run`: the executor's fills, the pricing and the records of each step as arrays
-over the steps), up to the step where a row emits its last token, and never past the next event; the
-steps are the ones the iterations above give, value for value. Every other iteration runs the phases.
+over the steps), on past the steps where rows emit their last token (they leave, the others decode on),
+and never past the next event; the steps are the ones the iterations above give, value for value. Every
+other iteration runs the phases.
 """
 
 from __future__ import annotations
@@ -676,7 +677,7 @@ class Scheduler:
         depend on its rows only through their counts); the run stops before a step where anything else
         could happen: a grammar that ends or refuses a token (the executor's
         :meth:`GrammarExecutor.decode_run`), the KV cache's blocks running out, the next event (an arrival),
-        the host's count of running compiles changing, or no grammar row left (or the first one back).
+        the host's count of running compiles changing, or no grammar row left.
         Between those, each step's costs follow from the rows' positions and context, so the steps are
         priced as arrays (:meth:`StepPricer.price_decode_run`) and their records written as the steps one by
         one write them: the step log's rows, the histograms (binned at the same steps), the counters.
