@@ -692,6 +692,17 @@ class Scheduler:
         tl = self.timeline
         if tl is not None and tl.recording:
             return None
+        cfg = self.cfg
+        if self._host is not None:  # (as the iteration would count them first)
+            if t >= self._counted_until or self.pools.assigned != self._counted_assigned:
+                self._count_compiles(t)
+            stretch = self._stretch
+            until = min(self.queue.peek_time(), self._counted_until)
+        else:
+            stretch = 1.0
+            until = self.queue.peek_time()
+        if queue and not self._polls_blind(t + (cfg.schedule_s + self._carry_cpu_s) * stretch):
+            return None  # (the iteration's poll, after its scheduling, sees a compile done)
         gen_left = batch.gen_left
         first = int(_min(gen_left))  # the steps up to a row's last token
         steps = min(first, _RUN)
@@ -703,23 +714,12 @@ class Scheduler:
             steps = min(steps, (kv.blocks - cached) // n)
             if steps < _MIN_RUN:
                 return None
-        cfg = self.cfg
         limit = _RUN
         if queue and cfg.max_poll_iterations is not None:  # nor does any request give up
             limit = cfg.max_poll_iterations - 1 - max(int(self.wait_ct[q, 0]) for q in queue)
             steps = min(steps, limit)
             if steps < _MIN_RUN:
                 return None
-        if self._host is not None:  # (as the iteration would count them first)
-            if t >= self._counted_until or self.pools.assigned != self._counted_assigned:
-                self._count_compiles(t)
-            stretch = self._stretch
-            until = min(self.queue.peek_time(), self._counted_until)
-        else:
-            stretch = 1.0
-            until = self.queue.peek_time()
-        if queue and not self._polls_blind(t + (cfg.schedule_s + self._carry_cpu_s) * stretch):
-            return None  # (the iteration's poll, after its scheduling, sees a compile done)
         rid = batch.rid
         structured = self.rec.structured[rid]
         horizon = steps
