@@ -177,6 +177,18 @@ def _runs_past_finishes(monkeypatch) -> list[int]:
     return past
 
 
+def _at_once_as_one_by_one(config: RunConfig, requests, monkeypatch):
+    """``config``'s run of ``requests`` with decode runs taken at once, checked to be the run of its steps one by
+    one (no run long enough); the latter."""
+    at_once = _run(config, requests)
+    monkeypatch.setattr(scheduler_module, "_MIN_RUN", 1 << 30)
+    one_by_one = _run(config, requests)
+    pd.testing.assert_frame_equal(at_once.requests, one_by_one.requests)
+    pd.testing.assert_frame_equal(at_once.steps, one_by_one.steps)
+    assert at_once.summary == one_by_one.summary
+    return one_by_one
+
+
 def _decode_run_config(name: str) -> RunConfig:
     overrides, workload = DECODE_RUNS[name]
     data = {**DEFAULT, "mode": "model", **overrides}
@@ -231,12 +243,7 @@ def test_decode_runs_past_a_finish_are_the_steps_one_by_one(name, scheduler, mon
                 if i % 3 == 0 else r  # (longer: the grammar rows often leave first)
                 for i, r in enumerate(generate(config.workload, load_vocab(config.vocab), progress=False).requests)]
     past = _runs_past_finishes(monkeypatch)
-    at_once = _run(config, requests)
-    monkeypatch.setattr(scheduler_module, "_MIN_RUN", 1 << 30)
-    one_by_one = _run(config, requests)
-    pd.testing.assert_frame_equal(at_once.requests, one_by_one.requests)
-    pd.testing.assert_frame_equal(at_once.steps, one_by_one.steps)
-    assert at_once.summary == one_by_one.summary
+    _at_once_as_one_by_one(config, requests, monkeypatch)
     assert past and (any(past) if name == "sglang" else not any(past))
 
 
@@ -322,12 +329,7 @@ def test_decode_runs_of_a_replayed_trace_are_the_steps_one_by_one(tmp_path, monk
     write_trace(generate(config.workload, vocab, progress=False), tmp_path / "t.jsonl")
     requests = replay(config.workload.model_copy(update={"trace": str(tmp_path / "t.jsonl")}), vocab).requests
     taken, polled = _counting_runs(monkeypatch)
-    at_once = _run(config, requests)
-    monkeypatch.setattr(scheduler_module, "_MIN_RUN", 1 << 30)
-    one_by_one = _run(config, requests)
-    pd.testing.assert_frame_equal(at_once.requests, one_by_one.requests)
-    pd.testing.assert_frame_equal(at_once.steps, one_by_one.steps)
-    assert at_once.summary == one_by_one.summary
+    one_by_one = _at_once_as_one_by_one(config, requests, monkeypatch)
     assert sum(taken) > 0.5 * len(one_by_one.steps)
 
 
