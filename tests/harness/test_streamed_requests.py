@@ -247,9 +247,10 @@ def test_decode_runs_past_a_finish_are_the_steps_one_by_one(name, scheduler, mon
     assert past and (any(past) if name == "sglang" else not any(past))
 
 
-def test_accept_rows_drawn_as_requests_enter_are_those_drawn_as_they_arrive(monkeypatch):
-    """New cost specs' accept rows drawn together as their requests enter (entered a few at a time, slots
-    reused) give the run whose rows are each drawn as its request arrives."""
+def test_accept_rows_and_curves_drawn_as_requests_enter_are_those_drawn_as_they_arrive(monkeypatch):
+    """New cost specs' accept rows and replayed texts' curves drawn together as their requests enter (entered a
+    few at a time, slots reused, the curves' width growing meanwhile) give the run whose rows and curves are
+    each drawn as its request arrives."""
     config = RunConfig.model_validate({**DEFAULT, "mode": "model", "workload": WORKLOADS["default"]})
     streamed = generate(config.workload, load_vocab(config.vocab), progress=False, held=False)
     requests = list(streamed.iter_requests())
@@ -259,8 +260,13 @@ def test_accept_rows_drawn_as_requests_enter_are_those_drawn_as_they_arrive(monk
     draw_ahead = cost_tables.ProfileTables._draw_ahead
     monkeypatch.setattr(cost_tables.ProfileTables, "_draw_ahead",
                         lambda self, specs: (drawn.append(len(specs)), draw_ahead(self, specs))[1])
+    written, write_curve = [], cost_tables.ProfileTables._write_curve
+    monkeypatch.setattr(cost_tables.ProfileTables, "_write_curve", lambda self, slot, item: (
+        written.append(item[0] == "text" and self._drawn_curves.get(item[1], (0,))[0] == self.width),
+        write_curve(self, slot, item))[1])
     ahead = _run(config, requests, count=len(requests))
     assert sum(drawn) == len(requests)
+    assert sum(written) > 0.5 * len(requests)  # (most curves taken as drawn ahead)
     monkeypatch.setattr(cost_tables, "_DRAWN_AHEAD", 0)  # none drawn ahead
     alone = _run(config, requests, count=len(requests))
     pd.testing.assert_frame_equal(ahead.requests, alone.requests)
