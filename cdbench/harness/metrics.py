@@ -72,13 +72,20 @@ class LogHistogram:
         if self._buffered >= self.BUFFER:
             self._flush()
 
-    def add_steps(self, values: np.ndarray, per_step: int, weights: np.ndarray | None = None) -> None:
-        """:meth:`add` of consecutive steps' values at once, ``per_step`` a step in step order: binned where
-        the steps added one by one are (what is binned together is summed together, so the sums do not
-        change)."""
+    def add_steps(self, values: np.ndarray, per_step: int | np.ndarray, weights: np.ndarray | None = None) -> None:
+        """:meth:`add` of consecutive steps' values at once, ``per_step`` a step (or each step's count) in step
+        order: binned where the steps added one by one are (what is binned together is summed together, so
+        the sums do not change)."""
         at = 0
-        while per_step and len(values) - at + self._buffered >= self.BUFFER:
-            end = at + -(-(self.BUFFER - self._buffered) // per_step) * per_step  # the step that fills the buffer
+        ends = None if isinstance(per_step, int) else np.add.accumulate(per_step)  # (each step's end)
+        while per_step is not None and len(values) - at + self._buffered >= self.BUFFER:
+            need = at + self.BUFFER - self._buffered  # the step that fills the buffer ends at or past it
+            if ends is None:
+                if not per_step:
+                    break
+                end = at + -(-(need - at) // per_step) * per_step
+            else:
+                end = int(ends[ends.searchsorted(need)])
             self.add(values[at:end], None if weights is None else weights[at:end])
             at = end
         if at < len(values):

@@ -248,24 +248,82 @@ class RequestTable:
 
 
 class StepLog:
-    """Per-iteration rows, appended as tuples in :data:`STEP_COLUMNS` order; :meth:`take` hands out and
-    drops those appended since it was last called (a run streaming its steps to disk)."""
+    """Per-iteration rows, appended as tuples in :data:`STEP_COLUMNS` order, and blocks of consecutive rows
+    as columns (:meth:`add_block`: a run of steps taken at once); :meth:`take` hands out and drops those
+    appended since it was last called (a run streaming its steps to disk)."""
 
     def __init__(self) -> None:
         self.rows: list[tuple] = []
+        self._blocks: list[tuple[int, int, tuple]] = []  # (rows appended before it, its rows, its columns)
         self.taken = 0  # rows handed out by take()
+
+    def add_block(self, k: int, columns: tuple) -> None:
+        """``k`` rows after those appended so far, as :data:`STEP_COLUMNS` in order: each an array of ``k``
+        values or one value for every row (the arrays must not change until they are taken)."""
+        self._blocks.append((len(self.rows), k, columns))
+
+    def __len__(self) -> int:
+        return len(self.rows) + sum(k for _, k, _ in self._blocks)
 
     def to_frame(self) -> pd.DataFrame:
         frame = pd.DataFrame.from_records(self.rows, columns=list(STEP_COLUMNS))
+        if self._blocks:
+            frame = self._with_blocks(frame)
         frame["kind"] = pd.Categorical(frame["kind"], categories=list(STEP_KINDS))
         return frame
+
+    def _with_blocks(self, rows: pd.DataFrame) -> pd.DataFrame:
+        """The frame of the rows and the blocks in the order they were appended, each column of the type the
+        rows as tuples would give it (integers, or floats where any value is one)."""
+        at = np.array([before for before, _, _ in self._blocks], np.int64)
+        lengths = np.array([k for _, k, _ in self._blocks], np.int64)
+        total = len(rows) + int(lengths.sum())
+        starts = at + np.cumsum(lengths) - lengths  # (each block after the rows and blocks before it)
+        edges = np.zeros(total + 1, np.int64)
+        np.add.at(edges, starts, 1)
+        np.add.at(edges, starts + lengths, -1)
+        in_block = np.cumsum(edges[:-1]) > 0
+        columns = {}
+        by_column = zip(*(columns_of for _, _, columns_of in self._blocks))
+        for name, values in zip(STEP_COLUMNS, by_column):
+            block = _block_column(values, lengths, name == "kind")
+            if not len(rows):
+                columns[name] = block
+                continue
+            of_rows = rows[name].to_numpy()
+            out = np.empty(total, object if name == "kind" else np.result_type(of_rows.dtype, block.dtype))
+            out[~in_block] = of_rows
+            out[in_block] = block
+            columns[name] = out
+        return pd.DataFrame(columns)
 
     def take(self) -> pd.DataFrame:
         """The rows appended since the last call, no longer kept here."""
         frame = self.to_frame()
-        self.taken += len(self.rows)
+        self.taken += len(frame)
         self.rows = []
+        self._blocks = []
         return frame
+
+
+def _block_column(values: Sequence, lengths: np.ndarray, text: bool) -> np.ndarray:
+    """One column of blocks of ``lengths`` rows, each block's ``values`` an array or one value for all its rows."""
+    if text:
+        return np.repeat(np.array(values, object), lengths)
+    arrays = [type(v) is np.ndarray for v in values]
+    if all(arrays):
+        return np.concatenate(values)
+    one = np.array([0 if is_array else v for v, is_array in zip(values, arrays)])
+    if not any(arrays):
+        return np.repeat(one, lengths)
+    dtype = np.result_type(one.dtype, *{v.dtype for v, is_array in zip(values, arrays) if is_array})
+    out = np.repeat(one.astype(dtype), lengths)
+    start = 0
+    for v, is_array, k in zip(values, arrays, lengths.tolist()):
+        if is_array:
+            out[start:start + k] = v
+        start += k
+    return out
 
 
 class DraftPositionCounts:

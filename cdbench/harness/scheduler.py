@@ -46,8 +46,9 @@ Between events most iterations are the same decode step again: every row decodes
 waits (and any compile polled is not seen done), and only the rows' positions and context move. Such a
 run of steps is taken at once
 (:meth:`Scheduler._decode_run`: the executor's fills, the pricing and the records of each step as arrays
-over the steps), up to the step where a row emits its last token, and never past the next event; the
-steps are the ones the iterations above give, value for value. Every other iteration runs the phases.
+over the steps), on past the steps where rows emit their last token (they leave, the others decode on),
+and never past the next event; the steps are the ones the iterations above give, value for value. Every
+other iteration runs the phases.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ import gc
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import islice, repeat
-from typing import TYPE_CHECKING
+from itertools import islice
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -114,6 +115,7 @@ if TYPE_CHECKING:
 _any = np.count_nonzero
 _sum = np.add.reduce
 _min = np.minimum.reduce
+_max = np.maximum.reduce
 
 _ABORT = {name: i for i, name in enumerate(ABORT_REASONS)}
 _CACHE = {name: i for i, name in enumerate(CACHE_RESULTS)}
@@ -232,6 +234,11 @@ class Scheduler:
         kv = self.kv
         # ... and through SGLang's polls of one rank that see no compile done (the same seconds each, a count each)
         self._blind_polls = config.readiness == "blocking_poll" and config.ranks == 1
+        # ... and on past a row's last token (its leaving issues nothing in an open loop; a pinned bitmask's copy
+        # waits for nothing, so a step's parts depend on the rows through their counts only)
+        self._past_finish = max_concurrency is None and config.pinned_mask
+        self._step_s = 0.0  # the last step taken in a run: how long the next run's steps may take, roughly
+        self._step_col = np.arange(_RUN)[:, None]  # a run's step numbers, as a column
         self._runs = (live is None and isinstance(gpu, RooflineGpuCosts | FixedGpuCosts)  # (priced, not measured)
                       and not config.spec_tokens and not config.jump_forward
                       and config.mask_apply == "batched" and not self.pricer.fill_spread
@@ -664,14 +671,16 @@ class Scheduler:
         Such a run is every row decoding one token a step, nothing waiting, no thinking rows, and nothing in
         the grammar queue or (SGLang, one rank) only compiles that each step's poll does not see done: each
         step then pays the poll's interval and counts a poll of its requests, and the run stops before the
-        step whose poll would see one done or give up on one. It ends with the first step where a row emits
-        its last token (those rows then leave, as after any step), and stops before one where anything else
-        could happen: a grammar that ends or
-        refuses a token (the executor's :meth:`GrammarExecutor.decode_run`), the KV cache's blocks running
-        out, the next event (an arrival), or the host's count of running compiles changing. Between those,
-        each step's costs follow from the rows' positions and context, so the steps are priced as arrays
-        (:meth:`StepPricer.price_decode_run`) and their records written as the steps one by one write them:
-        the step log's rows, the histograms (binned at the same steps), the counters.
+        step whose poll would see one done or give up on one. Where a row emits its last token, it leaves
+        after that step, as after any step, and the rows left go on in the same run (a segment of fewer
+        rows: an open loop issues nothing then, and with the bitmask in pinned memory a step's parts
+        depend on its rows only through their counts); the run stops before a step where anything else
+        could happen: a grammar that ends or refuses a token (the executor's
+        :meth:`GrammarExecutor.decode_run`), the KV cache's blocks running out, the next event (an arrival),
+        the host's count of running compiles changing, or no grammar row left.
+        Between those, each step's costs follow from the rows' positions and context, so the steps are
+        priced as arrays (:meth:`StepPricer.price_decode_run`) and their records written as the steps one by
+        one write them: the step log's rows, the histograms (binned at the same steps), the counters.
         """
         batch = self.batch
         n = len(batch)
@@ -683,15 +692,7 @@ class Scheduler:
         tl = self.timeline
         if tl is not None and tl.recording:
             return None
-        steps = min(int(_min(batch.gen_left)), _RUN)  # up to a row's last token
-        if steps < _MIN_RUN:
-            return None
-        cached = int(_sum(batch.cached))
-        kv = self.kv
-        if kv is not None and kv.policy == "sglang":  # (blocks of one token) a step needs one free token a row
-            steps = min(steps, (kv.blocks - cached) // n)
-            if steps < _MIN_RUN:
-                return None
+        cfg = self.cfg
         if self._host is not None:  # (as the iteration would count them first)
             if t >= self._counted_until or self.pools.assigned != self._counted_assigned:
                 self._count_compiles(t)
@@ -700,25 +701,70 @@ class Scheduler:
         else:
             stretch = 1.0
             until = self.queue.peek_time()
-        if queue and not self._polls_blind(t + (self.cfg.schedule_s + self._carry_cpu_s) * stretch):
+        if queue and not self._polls_blind(t + (cfg.schedule_s + self._carry_cpu_s) * stretch):
             return None  # (the iteration's poll, after its scheduling, sees a compile done)
+        gen_left = batch.gen_left
+        first = int(_min(gen_left))  # the steps up to a row's last token
+        steps = min(first, _RUN)
+        if steps < _MIN_RUN:
+            return None
+        cached = int(_sum(batch.cached))
+        kv = self.kv
+        if kv is not None and kv.policy == "sglang":  # (blocks of one token) a step needs one free token a row
+            steps = min(steps, (kv.blocks - cached) // n)
+            if steps < _MIN_RUN:
+                return None
+        limit = _RUN
+        if queue and cfg.max_poll_iterations is not None:  # nor does any request give up
+            limit = cfg.max_poll_iterations - 1 - max(int(self.wait_ct[q, 0]) for q in queue)
+            steps = min(steps, limit)
+            if steps < _MIN_RUN:
+                return None
         rid = batch.rid
         structured = self.rec.structured[rid]
-        run = self.executor.decode_run(rid, structured, batch.gen_left, steps)
+        horizon = steps
+        if steps == first and self._past_finish:  # past the first row's last token the others go on, up to the
+            horizon = min(int(_max(gen_left)), _RUN, limit)  # last one's, or about as far as the next event
+            if until - t < horizon * self._step_s:  # (steps priced past it are priced in vain: the guess only
+                horizon = min(horizon, max(first, int((until - t) / self._step_s * 1.25) + 1))  # bounds the work)
+        run = self.executor.decode_run(rid, structured, gen_left, horizon)
         if run is None or run.steps < _MIN_RUN:
             return None
-        steps = run.steps
-        at = np.arange(steps)
-        context = cached + n * at  # the rows' context at each step: one token more a row a step
-        if kv is not None and kv.policy == "vllm":  # each row allocates the blocks of its next token
-            used = _sum((batch.cached + kv.block + at[:, None]) // kv.block, axis=1)
-            fits = int(np.searchsorted(used > kv.blocks, True))  # (used grows step by step)
-            if fits < _MIN_RUN:
+        has_grammar = bool(_any(structured))
+        steps = min(run.steps, horizon)
+        fill, accept = run.fill_s, run.accept_s
+        grammar_rows = fill.shape[1]
+        if steps > first:  # rows leave within the run: its segments
+            seg = self._segments(steps, cached, structured, has_grammar)
+            if seg is None:
                 return None
-            steps, at, context, used = fits, at[:fits], context[:fits], used[:fits] * kv.block
-        elif kv is not None:
-            used = context + n
-        cfg = self.cfg
+            steps = seg.steps
+        if steps <= first:  # (the whole batch throughout)
+            seg = None
+            n_step = g_step = None
+            context = cached + n * self._step_col[:steps, 0]  # the rows' context: one token more a row a step
+            if kv is not None and kv.policy == "vllm":  # each row allocates the blocks of its next token
+                used = _sum((batch.cached + kv.block + self._step_col[:steps]) // kv.block, axis=1)
+                fits = int(np.searchsorted(used > kv.blocks, True))  # (used grows step by step)
+                if fits < _MIN_RUN:
+                    return None
+                steps, context, used = fits, context[:fits], used[:fits] * kv.block
+            elif kv is not None:
+                used = context + n
+            # (a row-wise reduction of a C-ordered array sums each row as the reduction of that row alone)
+            fill_sum = _sum(fill[:steps], axis=1) if grammar_rows else None
+            process = _sum(accept[:steps], axis=1)
+            rows, g_rows, lengths = n, grammar_rows, (steps,)
+        else:  # each segment's grammar rows summed as a run of those rows alone sums them
+            n_step, g_step, context, used = seg.n_step, seg.g_step, seg.context, seg.used
+            fill_sum = np.empty(steps) if grammar_rows else None
+            process = np.empty(steps)
+            for a, b in zip(seg.starts, seg.stops):
+                cols = None if g_step[a] == grammar_rows else seg.g_alive[a].nonzero()[0]
+                if grammar_rows:
+                    _sum(fill[a:b] if cols is None else fill[a:b].take(cols, axis=1), axis=1, out=fill_sum[a:b])
+                _sum(accept[a:b] if cols is None else accept[a:b].take(cols, axis=1), axis=1, out=process[a:b])
+            rows, g_rows, lengths = n_step, g_step, [b - a for a, b in zip(seg.starts, seg.stops)]
         # the loop's batch forming as the iteration prices it; the first step also pays the work done at events
         schedule = np.empty(steps)
         schedule.fill(cfg.schedule_s * stretch)  # (np.full's own Python costs more, per run)
@@ -727,18 +773,10 @@ class Scheduler:
         if queue:  # each step's poll sees no compile done (the first's, seen above), or the run stops before it
             polled_at = schedule.copy()  # (a step polls after its scheduling, before the rows' share of it)
             poll_s = cfg.poll_interval_s
-            if cfg.max_poll_iterations is not None:  # nor does any request give up
-                steps = min(steps, cfg.max_poll_iterations - 1 - max(int(self.wait_ct[q, 0]) for q in queue))
-                if steps < _MIN_RUN:
-                    return None
-                at, context, schedule, polled_at = at[:steps], context[:steps], schedule[:steps], polled_at[:steps]
-                if kv is not None:
-                    used = used[:steps]
         if cfg.schedule_row_s:
-            schedule += cfg.schedule_row_s * n * stretch
-        has_grammar = bool(_any(structured))
-        cost = self.pricer.price_decode_run(n, schedule + poll_s if queue else schedule, self._carry_process_s,
-                                            run.fill_s[:steps], run.process_s[:steps], context, not cfg.overlap,
+            schedule += cfg.schedule_row_s * rows * stretch
+        cost = self.pricer.price_decode_run(rows, g_rows, lengths, schedule + poll_s if queue else schedule,
+                                            self._carry_process_s, fill_sum, process, context, not cfg.overlap,
                                             has_grammar, stretch)
         starts = np.empty(steps + 1)
         starts[0] = t
@@ -753,46 +791,104 @@ class Scheduler:
         starts = starts[:k + 1]
         after = cost.after_token  # (step_time's fields are arrays, or one value for every step)
         t_token = starts[1:] - (after[:k] if isinstance(after, np.ndarray) else after)
-        itl = np.empty(k * n)
-        itl[:n] = t_token[0] - batch.last_tok
-        itl[n:] = (t_token[1:] - t_token[:-1]).repeat(n)
-        self.itl.add_steps(itl, n)
-        batch.gen_left -= k
-        batch.cached += k
-        batch.last_tok[:] = t_token[-1]
-        tokens = np.empty(n, np.int64)
-        tokens.fill(k)
-        self.tallies.add([rid, tokens], n * k)
-        fill = run.fill_s[:k]
-        grammar_rows = fill.shape[1]
-        if grammar_rows:
-            ones = np.empty(k * grammar_rows, np.int64)
-            ones.fill(1)
-            self.fill_hist.add_steps(fill.ravel(), grammar_rows, ones)
+        if seg is None or k <= first:
+            itl = np.empty(k * n)
+            itl[:n] = t_token[0] - batch.last_tok
+            itl[n:] = (t_token[1:] - t_token[:-1]).repeat(n)
+            self.itl.add_steps(itl, n)
+            batch.gen_left -= k
+            batch.cached += k
+            batch.last_tok[:] = t_token[-1]
+            tokens = np.empty(n, np.int64)
+            tokens.fill(k)
+            self.tallies.add([rid, tokens], n * k)
+            if grammar_rows:
+                ones = np.empty(k * grammar_rows, np.int64)
+                ones.fill(1)
+                self.fill_hist.add_steps(fill[:k].ravel(), grammar_rows, ones)
+            done = batch.gen_left <= 0
+            if _any(done):  # (the run's last step) rows that emitted their last token leave
+                self._leave(slice(None), rid, done, None, float(t_token[-1]))
+        else:  # each row's tokens up to its last or the run's end; rows leave after their last token's step
+            n_step, g_step = n_step[:k], g_step[:k]
+            itl = np.empty(int(_sum(n_step)))
+            itl[:n] = t_token[0] - batch.last_tok
+            itl[n:] = (t_token[1:] - t_token[:-1]).repeat(n_step[1:])
+            self.itl.add_steps(itl, n_step)
+            tokens = np.minimum(gen_left, k)
+            self.tallies.add([rid, tokens], len(itl))
+            if grammar_rows:
+                values = fill[:k][seg.g_alive[:k]]  # (step by step, each step's rows in order)
+                ones = np.empty(len(values), np.int64)
+                ones.fill(1)
+                self.fill_hist.add_steps(values, g_step, ones)
+            left = gen_left <= k
+            leaving = rid[left]
+            last = tokens[left] - 1  # (the step of each one's last token)
+            batch.gen_left -= tokens
+            batch.cached += tokens
+            batch.last_tok[:] = t_token[tokens - 1]
+            self.rec.finish_s[leaving] = t_token[last]
+            for i in last.argsort(kind="stable").tolist():  # (in the order the steps one by one end them)
+                self._finished(int(leaving[i]), float(t_token[last[i]]))
+            batch.keep((~left).nonzero()[0])
         if kv is None:
-            kv_used, evicted = repeat(0), repeat(0)
+            kv_used = 0
         else:
-            kv_used, evicted = used[:k].tolist(), repeat(0)
+            kv_used = used[:k]
             kv.free = kv.blocks - int(used[k - 1]) // kv.block
             kv.settled, kv.evicted = True, 0
             if kv.policy == "sglang":
                 for _ in range(k):  # (decayed step by step, as the steps round it)
                     kv.ratio = max(kv.ratio - SGLANG_NEW_TOKEN_RATIO_DECAY, SGLANG_MIN_NEW_TOKEN_RATIO)
-        done = batch.gen_left <= 0
-        if _any(done):  # (the run's last step) rows that emitted their last token leave
-            self._leave(slice(None), rid, done, None, float(t_token[-1]))
         carry = cost.carry_out
         self._carry_process_s = float(carry[k - 1]) if isinstance(carry, np.ndarray) else carry
         self._carry_cpu_s = 0.0
         c = cost
-        self.steps.rows.extend(zip(
-            starts[:k].tolist(), c.duration[:k].tolist(), repeat(_KIND_DECODE), repeat(n), repeat(n), repeat(0),
-            repeat(grammar_rows), repeat(c.mask_rows), repeat(n), schedule[:k].tolist(), repeat(poll_s), repeat(0.0),
-            repeat(0.0), c.forward_s[:k].tolist(), c.fill_s[:k].tolist(), repeat(c.copy_s), repeat(c.apply_s),
-            repeat(c.sample_s), c.process_s[:k].tolist(), c.exposed[:k].tolist(),
-            c.hidden[:k].tolist(), repeat(c.transfer_s), repeat(c.launch_s), repeat(n),
-            context[:k].tolist(), repeat(stretch), kv_used, evicted))
+        self._step_s = float(c.duration[k - 1])
+        self.steps.add_block(k, (
+            starts[:k], c.duration[:k], _KIND_DECODE, _steps(c.dec_tokens, k), _steps(c.dec_tokens, k), 0,
+            _steps(c.grammar_rows, k), _steps(c.mask_rows, k), _steps(c.dec_tokens, k), schedule[:k], poll_s, 0.0, 0.0,
+            c.forward_s[:k], c.fill_s[:k], _steps(c.copy_s, k), _steps(c.apply_s, k), _steps(c.sample_s, k),
+            c.process_s[:k], c.exposed[:k], c.hidden[:k], _steps(c.transfer_s, k), _steps(c.launch_s, k),
+            _steps(c.dec_tokens, k), context[:k], stretch, kv_used, 0))
         return float(starts[k]), k
+
+    def _segments(self, steps: int, cached: int, structured: np.ndarray, has_grammar: bool) -> _Segments | None:
+        """A decode run's first ``steps`` steps, rows leaving after their last token's step, cut before a step
+        where the KV cache's blocks run out or no grammar row is left; ``None`` where it is cut before its first
+        step."""
+        batch, kv = self.batch, self.kv
+        gen_left = batch.gen_left
+        col = self._step_col[:steps]
+        alive = gen_left > col  # (steps, rows): a row of g tokens left emits its last at step g - 1
+        n_step = _sum(alive, axis=1)  # (booleans summed as integers)
+        g_alive = alive if len(structured) == _any(structured) else alive.compress(structured, axis=1)
+        g_step = _sum(g_alive, axis=1)
+        cut = [steps]
+        if has_grammar and not g_step[-1]:  # (the grammar rows leave first)
+            cut.append(int(np.searchsorted(-g_step, 0)))
+        context = _sum(np.where(alive, batch.cached + col, 0), axis=1)
+        used = None
+        if kv is not None and kv.policy == "sglang":  # one free token a row a step
+            used = context + n_step
+            over = used > kv.blocks
+            if _any(over):
+                cut.append(int(over.argmax()))
+        elif kv is not None:  # each row allocates the blocks of its next token
+            used = _sum(np.where(alive, (batch.cached + kv.block + col) // kv.block, 0), axis=1)
+            over = used > kv.blocks
+            if _any(over):
+                cut.append(int(over.argmax()))
+            used *= kv.block
+        steps = min(cut)
+        if steps < _MIN_RUN:
+            return None
+        stops = sorted(set(gen_left[gen_left < steps].tolist()))
+        if not stops or stops[-1] != steps:
+            stops.append(steps)
+        return _Segments(steps, [0, *stops[:-1]], stops, n_step[:steps], g_step[:steps], g_alive, context[:steps],
+                         None if used is None else used[:steps])
 
     def _polls_blind(self, t0: float) -> bool:
         """Whether the poll at ``t0`` sees none of the queued compiles done (:meth:`_poll_few`)."""
@@ -904,8 +1000,7 @@ class Scheduler:
         finished = s_rid[done]
         self.rec.finish_s[finished] = t_token
         for rid in finished.tolist():
-            self.executor.finish(rid)
-            self._end(rid, t_token)
+            self._finished(rid, t_token)
         left = done if rejected is None else done | rejected  # per sampled row
         if isinstance(s_rows, slice):  # the sampled rows are the whole batch, in order
             gone = left
@@ -913,6 +1008,12 @@ class Scheduler:
             gone = np.zeros(len(batch), bool)
             gone[s_rows[left]] = True
         batch.keep((~gone).nonzero()[0])
+
+    def _finished(self, rid: int, t: float) -> None:
+        """Request ``rid`` finished at ``t`` (its finish time written): its grammar's state and what is kept of
+        its spec go."""
+        self.executor.finish(rid)
+        self._end(rid, t)
 
     def _record(self, t: float, plan: StepPlan, work: StepWork, cost: StepCost, sync: bool, has_grammar: bool,
                 carry: float, stretch: float) -> None:
@@ -1016,6 +1117,26 @@ def _enter(rec: RequestTable, at: slice | np.ndarray, chunk: list[Request], last
                          f"issued before it ({before} s): a workload not held must give its requests by arrival "
                          "time")
     return float(arrivals[-1])
+
+
+class _Segments(NamedTuple):
+    """A decode run's ``steps`` steps as segments (``starts[i]`` to ``stops[i]``), rows leaving between them
+    (:meth:`Scheduler._decode_run`): per step its rows, grammar rows, the grammar rows still in it (as the
+    run's columns: ``g_alive[j]``), the rows' context and the KV cache's tokens in use (``None``: no cache)."""
+
+    steps: int
+    starts: list[int]
+    stops: list[int]
+    n_step: np.ndarray
+    g_step: np.ndarray
+    g_alive: np.ndarray
+    context: np.ndarray
+    used: np.ndarray | None
+
+
+def _steps(value, k: int):
+    """A step log column of a decode run's first ``k`` steps: one value a step, or one for every step."""
+    return value[:k] if isinstance(value, np.ndarray) else value
 
 
 _FEW_QUEUED = 8  # a one-rank poll of at most this many queued requests runs in Python scalars (_poll_few)

@@ -15,7 +15,7 @@ launch is what its wall time holds beyond the parts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from cdbench.harness.live.step import LiveStep
 
 _sum = np.add.reduce  # (the cheapest sum on small arrays: see scheduler.py)
+_PARTS = 1 << 12  # decode steps' parts remembered (_decode_parts)
 
 
 class StepCost(NamedTuple):
@@ -79,6 +80,7 @@ class StepPricer:
         self.row_bytes = gpu.mask_row_bytes  # the engines' per-byte host costs (mask allocation, IPC)
         self.per_row = cfg.mask_apply == "per_row"
         self.sample_prep = bool(cfg.sample_prep_s or cfg.sample_prep_row_s)  # (V0's sampler: the presets' others 0)
+        self._parts: dict[tuple[int, int, float], tuple[float, ...]] = {}  # _decode_parts, remembered
 
     def price(self, plan: StepPlan, work: StepWork, cached: np.ndarray, n_filter: int, sync: bool,
               has_grammar: bool, carry: float, stretch: float, compiles: int, live: LiveStep | None) -> StepCost:
@@ -151,31 +153,43 @@ class StepPricer:
         return StepCost(duration, after_token, exposed, hidden, carry_out, forward_s, fill_s, copy_s, apply_s,
                         sample_s, process_s, transfer_s, launch_s, grammar_rows, mask_rows, dec_tokens, kv)
 
-    def price_decode_run(self, n_rows: int, pre: np.ndarray, carry: float, fill_s: np.ndarray,
-                         process_s: np.ndarray, kv: np.ndarray, sync: bool, has_grammar: bool,
-                         stretch: float) -> StepCost:
-        """:meth:`price` of a run of decode steps of the same ``n_rows`` rows, at once: each field an array, one
-        value a step, or one value for every step. Given, per step, the loop's time before it ``pre``, the
-        grammar's fill seconds per row ``fill_s`` (steps, grammar rows: one mask row each), processing
-        ``process_s`` and the rows' context ``kv``; ``carry``: the processing carried into the first step.
-        Every row samples one token a step: no drafts, prefill, thinking rows, live step, per-row apply or
-        ranks' fill spread."""
+    def price_decode_run(self, rows: int | np.ndarray, grammar_rows: int | np.ndarray, lengths: Sequence[int],
+                         pre: np.ndarray, carry: float, fill_s: np.ndarray | None, process_s: np.ndarray,
+                         kv: np.ndarray, sync: bool, has_grammar: bool, stretch: float) -> StepCost:
+        """:meth:`price` of a run of decode steps at once: each field an array, one value a step, or one value
+        for every step. The steps are segments of ``lengths[i]`` steps, each of the same rows: ``rows`` of them
+        (one value for every step, or one a step), ``grammar_rows`` of them building a mask (one mask row
+        each). Given, per step, the loop's time before it ``pre``, the grammar rows' fill seconds summed
+        ``fill_s`` (``None``: no grammar row), their processing ``process_s`` and the rows' context ``kv``;
+        ``carry``: the processing carried into the first step. Every row samples one token a step: no drafts,
+        prefill, thinking rows, live step, per-row apply or ranks' fill spread; more than one segment only with
+        the bitmask in pinned memory (no copy waits for the forward)."""
         cfg, gpu = self.cfg, self.gpu
-        grammar_rows = mask_rows = fill_s.shape[1]
-        host_fill_s, transfer_s, engine_process_s = self._host(0, grammar_rows, mask_rows, n_rows, stretch)
-        fill = _sum(fill_s, axis=1) * stretch if grammar_rows else np.zeros(len(fill_s))
+        if len(lengths) == 1:
+            host_fill_s, transfer_s, engine_process_s, copy_s, apply_s, sample_s, launch_s, prep_s = \
+                self._decode_parts(rows, grammar_rows, stretch)
+            fw_tokens, fw_kv = padded_decode(cfg.cuda_graph_sizes, rows, kv)
+            forward_s = gpu.decode_forward_s(fw_tokens, fw_kv)
+        else:
+            if not cfg.pinned_mask:
+                raise ValueError("decode steps of rows leaving between them are priced at once only with the "
+                                 "bitmask in pinned memory")
+            parts, forward_s = [], np.empty(len(kv))
+            at = 0
+            for length in lengths:  # (a segment's parts: one value for each of its steps)
+                n = int(rows[at])
+                parts.append(self._decode_parts(n, int(grammar_rows[at]), stretch))
+                fw_tokens, fw_kv = padded_decode(cfg.cuda_graph_sizes, n, kv[at:at + length])
+                forward_s[at:at + length] = gpu.decode_forward_s(fw_tokens, fw_kv)
+                at += length
+            host_fill_s, transfer_s, engine_process_s, copy_s, apply_s, sample_s, launch_s, prep_s = \
+                np.array(parts).repeat(lengths, axis=0).T
+        fill = fill_s * stretch if fill_s is not None else np.zeros(len(kv))
         fill += host_fill_s
-        fw_tokens, fw_kv = padded_decode(cfg.cuda_graph_sizes, n_rows, kv)
-        forward_s = gpu.decode_forward_s(fw_tokens, fw_kv)
-        copy_s = gpu.copy_s(mask_rows, cfg.pinned_mask) if mask_rows else 0.0
-        apply_s = gpu.apply_s(mask_rows) if mask_rows else 0.0
-        sample_s = gpu.sample_s(n_rows)
         process = process_s * stretch + engine_process_s
-        launch_s = self._launch(0, n_rows, stretch)
         waiting_copy_s = 0.0 if cfg.pinned_mask else copy_s
         host_path, prep_after = fill, 0.0  # the host's work beside the forward, and after it
         if self.sample_prep:  # (as price's)
-            prep_s = (cfg.sample_prep_s + cfg.sample_prep_row_s * n_rows) * stretch
             prep_after = prep_s if waiting_copy_s else 0.0
             host_path = fill + (prep_s - prep_after)
         # each step carries the one before's processing in (step_time's carry_out: none without overlap)
@@ -187,7 +201,25 @@ class StepPricer:
             sample_s, process, launch_s, cfg.fill_beside_forward, after_forward_s=prep_after,
             waiting_copy_s=waiting_copy_s, loop_waits=cfg.mask_transfer == "none", maximum=np.maximum)
         return StepCost(duration, after_token, exposed, hidden, carry_out, forward_s, fill, copy_s, apply_s,
-                        sample_s, process, transfer_s, launch_s, grammar_rows, mask_rows, n_rows, kv)
+                        sample_s, process, transfer_s, launch_s, grammar_rows, grammar_rows, rows, kv)
+
+    def _decode_parts(self, n_rows: int, mask_rows: int, stretch: float) -> tuple[float, ...]:
+        """A decode step's parts that depend on its ``n_rows`` rows and ``mask_rows`` grammar rows (one mask row
+        each): the host's fill wrapper, transfer and processing, the mask's copy and apply, the sampling,
+        the launch and the sampler's host work (remembered: a run asks for the same few again and again)."""
+        key = (n_rows, mask_rows, stretch)
+        parts = self._parts.get(key)
+        if parts is None:
+            cfg, gpu = self.cfg, self.gpu
+            host_fill_s, transfer_s, engine_process_s = self._host(0, mask_rows, mask_rows, n_rows, stretch)
+            copy_s = gpu.copy_s(mask_rows, cfg.pinned_mask) if mask_rows else 0.0
+            apply_s = gpu.apply_s(mask_rows) if mask_rows else 0.0
+            prep_s = (cfg.sample_prep_s + cfg.sample_prep_row_s * n_rows) * stretch if self.sample_prep else 0.0
+            if len(self._parts) >= _PARTS:  # (bounded: a long run under contention meets many stretches)
+                self._parts.clear()
+            parts = self._parts[key] = (host_fill_s, transfer_s, engine_process_s, copy_s, apply_s,
+                                        gpu.sample_s(n_rows), self._launch(0, n_rows, stretch), prep_s)
+        return parts
 
     def _host(self, n_filter: int, grammar_rows: int, mask_rows: int, n_sample: int,
               stretch: float) -> tuple[float, float, float]:

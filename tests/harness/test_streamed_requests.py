@@ -6,6 +6,8 @@ the requests in flight, not by the run's length.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -16,10 +18,12 @@ from cdbench.backends.vocab import load_vocab
 from cdbench.harness import scheduler as scheduler_module
 from cdbench.harness import tallies
 from cdbench.harness.config import RunConfig
+from cdbench.harness.costs import cost_tables
 from cdbench.harness.costs.gpu import FixedGpuCosts
 from cdbench.harness.executors.model import FixedGrammarCosts, ModelExecutor
 from cdbench.harness.metrics import LogHistogram
 from cdbench.harness.policies import policy
+from cdbench.harness.records import STEP_COLUMNS, StepLog
 from cdbench.harness.run import simulate
 from cdbench.harness.scheduler import Scheduler
 from cdbench.workloads.generator import generate
@@ -157,6 +161,34 @@ def _counting_runs(monkeypatch) -> tuple[list[int], list[int]]:
     return taken, polled
 
 
+def _runs_past_finishes(monkeypatch) -> list[int]:
+    """For each decode run taken, its steps after its first row's last token (appended as they are)."""
+    past: list[int] = []
+    run = Scheduler._decode_run
+
+    def counted(self, t):
+        first = int(self.batch.gen_left.min()) if len(self.batch) else 0
+        out = run(self, t)
+        if out is not None:
+            past.append(max(out[1] - first, 0))
+        return out
+
+    monkeypatch.setattr(Scheduler, "_decode_run", counted)
+    return past
+
+
+def _at_once_as_one_by_one(config: RunConfig, requests, monkeypatch):
+    """``config``'s run of ``requests`` with decode runs taken at once, checked to be the run of its steps one by
+    one (no run long enough); the latter."""
+    at_once = _run(config, requests)
+    monkeypatch.setattr(scheduler_module, "_MIN_RUN", 1 << 30)
+    one_by_one = _run(config, requests)
+    pd.testing.assert_frame_equal(at_once.requests, one_by_one.requests)
+    pd.testing.assert_frame_equal(at_once.steps, one_by_one.steps)
+    assert at_once.summary == one_by_one.summary
+    return one_by_one
+
+
 def _decode_run_config(name: str) -> RunConfig:
     overrides, workload = DECODE_RUNS[name]
     data = {**DEFAULT, "mode": "model", **overrides}
@@ -171,6 +203,7 @@ def test_decode_runs_taken_at_once_are_the_steps_one_by_one(name, monkeypatch):
     monkeypatch.setattr(tallies, "ROWS", 50)
     requests = generate(config.workload, load_vocab(config.vocab), progress=False).requests
     taken, polled = _counting_runs(monkeypatch)
+    past = _runs_past_finishes(monkeypatch)
     at_once = _run(config, requests)
     monkeypatch.setattr(scheduler_module, "_MIN_RUN", 1 << 30)  # no run is long enough: every step alone
     monkeypatch.setattr(scheduler_module, "_FEW_QUEUED", 0)  # and every poll through arrays
@@ -189,6 +222,111 @@ def test_decode_runs_taken_at_once_are_the_steps_one_by_one(name, monkeypatch):
         assert sum(polled) > 0.1 * ((one_by_one.steps["poll_s"] > 0) & (one_by_one.steps["kind"] == "decode")).sum()
     if name == "fixed costs, polls given up":
         assert (at_once.requests["abort_reason"] == "grammar_timeout").any()
+    if name in ("default", "sglang, KV cache short, 2 host CPUs"):  # runs go on past rows' last tokens
+        assert sum(past) > 0.1 * sum(taken)
+    if name == "closed loop":  # (a finish issues the next request: the run ends there)
+        assert not any(past)
+
+
+@pytest.mark.parametrize("name, scheduler", [("sglang", {}), ("sglang", {"schedule_s": 0.03}), ("vllm-0.10", {})])
+def test_decode_runs_past_a_finish_are_the_steps_one_by_one(name, scheduler, monkeypatch):
+    """A third of the default workload's requests unconstrained (and longer): runs go on past rows' last
+    tokens, the batch and its grammar rows shrinking (and stop where no grammar row is left: a step without
+    one is timed otherwise, as a loop slower than the forward shows), where the bitmask is pinned (SGLang);
+    not where its copy waits for the forward (vLLM 0.10's pageable bitmask). Either way, the steps one by one."""
+    config = RunConfig.model_validate({**DEFAULT, "mode": "model", "policy": {"name": name}, "scheduler": scheduler,
+                                       "workload": dict(WORKLOADS["default"], arrival={"process": "poisson",
+                                                                                      "rate": 5.0})})
+    monkeypatch.setattr(LogHistogram, "BUFFER", 100)
+    monkeypatch.setattr(tallies, "ROWS", 50)
+    requests = [dataclasses.replace(r, spec=None, spec_id=None, output_tokens=None, output_len=r.output_len + 100)
+                if i % 3 == 0 else r  # (longer: the grammar rows often leave first)
+                for i, r in enumerate(generate(config.workload, load_vocab(config.vocab), progress=False).requests)]
+    past = _runs_past_finishes(monkeypatch)
+    _at_once_as_one_by_one(config, requests, monkeypatch)
+    assert past and (any(past) if name == "sglang" else not any(past))
+
+
+def test_accept_rows_and_curves_drawn_as_requests_enter_are_those_drawn_as_they_arrive(monkeypatch):
+    """New cost specs' accept rows and replayed texts' curves drawn together as their requests enter (entered a
+    few at a time, slots reused, the curves' width growing meanwhile) give the run whose rows and curves are
+    each drawn as its request arrives."""
+    config = RunConfig.model_validate({**DEFAULT, "mode": "model", "workload": WORKLOADS["default"]})
+    streamed = generate(config.workload, load_vocab(config.vocab), progress=False, held=False)
+    requests = list(streamed.iter_requests())
+    monkeypatch.setattr(scheduler_module, "_SLOTS", 8)
+    monkeypatch.setattr(scheduler_module, "_AHEAD", 5)
+    drawn = []
+    draw_ahead = cost_tables.ProfileTables._draw_ahead
+    monkeypatch.setattr(cost_tables.ProfileTables, "_draw_ahead",
+                        lambda self, specs: (drawn.append(len(specs)), draw_ahead(self, specs))[1])
+    written, write_curve = [], cost_tables.ProfileTables._write_curve
+    monkeypatch.setattr(cost_tables.ProfileTables, "_write_curve", lambda self, slot, item: (
+        written.append(item[0] == "text" and self._drawn_curves.get(item[1], (0,))[0] == self.width),
+        write_curve(self, slot, item))[1])
+    ahead = _run(config, requests, count=len(requests))
+    assert sum(drawn) == len(requests)
+    assert sum(written) > 0.5 * len(requests)  # (most curves taken as drawn ahead)
+    monkeypatch.setattr(cost_tables, "_DRAWN_AHEAD", 0)  # none drawn ahead
+    alone = _run(config, requests, count=len(requests))
+    pd.testing.assert_frame_equal(ahead.requests, alone.requests)
+    pd.testing.assert_frame_equal(ahead.steps, alone.steps)
+    assert ahead.summary == alone.summary
+    pools = np.random.default_rng(4).lognormal(-11.0, 1.5, size=(5, cost_tables.SPAN))
+    pools[2] = 0.0  # (a row whose mean is 0 is not scaled)
+    means = np.array([1e-5, 3e-6, 1e-5, 0.0, 2.5e-4])
+    rows = cost_tables._rows(pools, means)
+    for pool, mean, row in zip(pools, means.tolist(), rows):
+        assert row.tolist() == cost_tables._row(pool, mean).tolist()
+
+
+def test_a_step_logs_blocks_are_its_rows_appended_one_by_one():
+    """Blocks of columns (arrays, or one value for the block) among rows appended as tuples: the frame of the
+    rows appended one by one, in order and of the same column types (a column of integers in the blocks
+    and floats in the rows is floats)."""
+    rng = np.random.default_rng(1)
+
+    def block(k: int, ints: bool) -> tuple:
+        return tuple(("decode" if name == "kind" else rng.integers(0, 9, k) if ints and i % 2 else
+                      int(rng.integers(0, 9)) if ints else rng.random(k) if i % 3 else float(rng.random()))
+                     for i, name in enumerate(STEP_COLUMNS))
+
+    def row(kind: str) -> tuple:
+        return tuple(kind if name == "kind" else float(rng.random()) if i % 5 == 1 else int(rng.integers(0, 9))
+                     for i, name in enumerate(STEP_COLUMNS))
+
+    parts = [row("prefill"), block(3, True), block(1, False), row("idle"), row("mixed"), block(4, False),
+             block(2, True)]
+    for first in (0, 1):  # (blocks alone, and after rows)
+        log, tuples = StepLog(), StepLog()
+        for part in parts[first:]:
+            if isinstance(part[0], np.ndarray) or isinstance(part[1], np.ndarray) or part[2] == "decode":
+                k = max(len(v) for v in part if isinstance(v, np.ndarray))
+                log.add_block(k, part)
+                tuples.rows.extend(zip(*(v.tolist() if isinstance(v, np.ndarray) else [v] * k for v in part)))
+            else:
+                log.rows.append(part)
+                tuples.rows.append(part)
+        assert len(log) == len(tuples.rows)
+        pd.testing.assert_frame_equal(log.take(), tuples.to_frame())
+        assert len(log) == 0 and log.taken == len(tuples.rows)
+
+
+def test_steps_of_varying_rows_are_binned_where_the_steps_one_by_one_are(monkeypatch):
+    monkeypatch.setattr(LogHistogram, "BUFFER", 7)
+    rng = np.random.default_rng(2)
+    counts = rng.integers(1, 6, 40)
+    values = rng.lognormal(-6.0, 2.0, int(counts.sum()))
+    together, alone = LogHistogram(), LogHistogram()
+    together.add_steps(values, counts)
+    at = 0
+    for k in counts.tolist():
+        alone.add(values[at:at + k])
+        at += k
+    together._flush()
+    alone._flush()
+    assert (together.counts == alone.counts).all()
+    assert (together.total, together.sq_total, together.weight) == (alone.total, alone.sq_total, alone.weight)
 
 
 def test_decode_runs_of_a_replayed_trace_are_the_steps_one_by_one(tmp_path, monkeypatch):
@@ -197,12 +335,7 @@ def test_decode_runs_of_a_replayed_trace_are_the_steps_one_by_one(tmp_path, monk
     write_trace(generate(config.workload, vocab, progress=False), tmp_path / "t.jsonl")
     requests = replay(config.workload.model_copy(update={"trace": str(tmp_path / "t.jsonl")}), vocab).requests
     taken, polled = _counting_runs(monkeypatch)
-    at_once = _run(config, requests)
-    monkeypatch.setattr(scheduler_module, "_MIN_RUN", 1 << 30)
-    one_by_one = _run(config, requests)
-    pd.testing.assert_frame_equal(at_once.requests, one_by_one.requests)
-    pd.testing.assert_frame_equal(at_once.steps, one_by_one.steps)
-    assert at_once.summary == one_by_one.summary
+    one_by_one = _at_once_as_one_by_one(config, requests, monkeypatch)
     assert sum(taken) > 0.5 * len(one_by_one.steps)
 
 

@@ -35,6 +35,7 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -239,6 +240,29 @@ def _row(pool: np.ndarray, mean: float | None = None, out: np.ndarray | None = N
     return out
 
 
+def _rows(pools: np.ndarray, means: np.ndarray) -> np.ndarray:
+    """:func:`_row` of each row of ``pools`` (SPAN draws each) scaled to its ``means``, at once: each value as
+    :func:`_row` gives it (a row-wise sum of a C-ordered array sums each row as the sum of that row alone)."""
+    drawn = np.add.reduce(pools, axis=1) / SPAN
+    scale = np.ones(len(pools))
+    np.divide(means, drawn, out=scale, where=drawn > 0)
+    out = np.empty((len(pools), ROW))
+    np.multiply(pools, scale[:, None], out=out[:, :SPAN])
+    out[:, SPAN:] = out[:, :DRAFT_WINDOW]
+    return out
+
+
+def _scatter(out: np.ndarray, rows: Sequence[int], values: list[list], scale: np.ndarray | None = None) -> None:
+    """Each of ``values`` (floats, ``None`` as NaN), times its ``scale`` if given, into the start of its row
+    ``rows[i]`` of ``out``: one conversion and one write for all of them."""
+    lengths = np.array([len(v) for v in values], np.int64)
+    flat = np.array(list(chain.from_iterable(values)), np.float64)
+    if scale is not None:
+        flat = np.repeat(scale, lengths) * flat
+    out[np.repeat(np.asarray(rows, np.int64), lengths), np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths,
+                                                                                      lengths)] = flat
+
+
 def _cycle(values: np.ndarray, u: np.ndarray) -> np.ndarray:
     """SPAN draws of equally likely ``values``: one random order of them (by ``u``) repeated, so that a
     request's consecutive positions hold each value as often as their count allows (any ``len(values)`` of
@@ -348,6 +372,7 @@ def has_draft_chains(profile: GrammarProfile, index: SpecIndex, requests: Iterab
 
 _KEYS_REMEMBERED = 1 << 12
 """Spec keys whose cost spec, chain and refusals the tables remember (past it they are computed again)."""
+_DRAWN_AHEAD = 1 << 10  # requests entering at once whose new accept rows and curves are drawn together
 
 
 class _Draws:
@@ -494,6 +519,8 @@ class ProfileTables(CostTables):
         self._curve_at = np.zeros(capacity, np.int64)  # an acquired slot's curve slot
         self._rows = _Slots(reserved=1)  # slot 0: the row of ones replayed texts read
         self._unfilled: set[int] = set()  # rows whose fills are not drawn (read by replayed texts only, so far)
+        self._drawn: dict[tuple, np.ndarray] = {}  # cost spec -> its accept row, drawn as its request entered
+        self._drawn_curves: dict[str, tuple[int, np.ndarray]] = {}  # replayed text -> (width, its curve), the same
         self._curves = _Slots()
         self._chain_slots = _Slots(reserved=1)  # slot 0: chain 0
         self._curve_slots: dict[int, Hashable] = {}  # acquired request -> its curve's item
@@ -584,6 +611,77 @@ class ProfileTables(CostTables):
         if refused.any():
             refused &= (self._refusals.at(ids) < rate) & (at < out_len)
         self._set(rids, think, np.where(refused, out_len - at, -1), end)
+        if n <= _DRAWN_AHEAD:
+            rows = rids.tolist()
+            if self._uniforms == 2:
+                self._draw_ahead([spec_of[rid] for rid in rows])
+            if replays:
+                self._curves_ahead([text_of[rid] for rid in rows])
+
+    def _curves_ahead(self, texts: list[str | None]) -> None:
+        """The curves of the entering requests' replayed ``texts`` that no slot holds, written together at the
+        current width: their measured fills, their spec's curve in the gaps, each value as :meth:`_write_curve`
+        writes it alone; for their first requests to take as they arrive, if the width is still the same.
+        Not for texts whose accepts were timed (their accept curves are written as they arrive)."""
+        if len(self._drawn_curves) > _DRAWN_AHEAD:  # (texts of requests that never arrived, or held meanwhile)
+            self._drawn_curves.clear()
+        held, drawn, instances = self._curves.slot, self._drawn_curves, self.profile.instances
+        todo = [text for text in dict.fromkeys(texts) if text is not None and ("text", text) not in held
+                and text not in drawn and not instances[text].accept_s]
+        if not todo:
+            return
+        width = self.width
+        curves = np.full((len(todo), width), np.nan)
+        _scatter(curves, range(len(todo)), [instances[text].fill_s[:width] for text in todo])
+        gaps = np.empty((len(todo), width))
+        own: list[tuple[int, SpecProfile]] = []  # (row, spec) of the gaps priced by the spec's own curve
+        for i, text in enumerate(todo):
+            cost_spec = self._text_gaps[text]
+            _, _, spec, is_own = self._recipe(cost_spec)
+            if is_own and len(spec.fill_curve) == N_POSITION_BINS:
+                own.append((i, spec))
+            else:
+                gaps[i] = self._spec_curve(cost_spec)
+        if own:  # (SpecProfile.fill_by_position_s of each: its bins' fills, its head's where it has them)
+            rows = [i for i, _ in own]
+            scale = np.array([spec.fill_scale_s for _, spec in own])
+            by_bin = scale[:, None] * np.array([spec.fill_curve for _, spec in own], np.float64)
+            gaps[rows] = by_bin[:, self._bins]
+            _scatter(gaps, rows, [spec.fill_head[:width] for _, spec in own], scale)
+        np.copyto(curves, gaps, where=np.isnan(curves))
+        for text, curve in zip(todo, curves):
+            drawn[text] = (width, curve)
+
+    def _draw_ahead(self, cost_specs: list[tuple | None]) -> None:
+        """The accept rows of the entering requests' ``cost_specs`` that no slot holds, drawn together (their
+        quantiles and their scaling as arrays over the rows: each value as drawn alone), for their first
+        requests to take as they arrive (:meth:`_write_row`). Only where a cost spec's pools are its fills and
+        accepts (no draft or forced-token pools)."""
+        if len(self._drawn) > _DRAWN_AHEAD:  # (rows of requests that never arrived, or whose spec was held)
+            self._drawn.clear()
+        held, drawn = self._rows.slot, self._drawn
+        by_kind: dict[str, list[tuple]] = {}
+        for cost_spec in dict.fromkeys(cost_specs):  # (in order, once each)
+            if cost_spec is not None and cost_spec not in held and cost_spec not in drawn:
+                by_kind.setdefault(cost_spec[0], []).append(cost_spec)
+        for kind, specs in by_kind.items():
+            accept = self._kind(kind)[2]
+            u = np.empty((len(specs), SPAN))
+            means = np.empty(len(specs))
+            for i, cost_spec in enumerate(specs):  # (the accepts' uniforms follow the fills' in the stream)
+                rng = self._rng(cost_spec)
+                rng.bit_generator.advance(SPAN)
+                rng.random(out=u[i])
+                means[i] = accept.mean * self._accept_scale(cost_spec, accept)
+            pools = accept.quantile_of_uniform(u.ravel()).reshape(u.shape)
+            for cost_spec, row in zip(specs, _rows(pools, means)):
+                drawn[cost_spec] = row
+
+    def _accept_scale(self, cost_spec: tuple, accept) -> float:
+        """How much ``cost_spec``'s accepts are scaled from its kind's ``accept`` distribution."""
+        spec = self._recipe(cost_spec)[2]
+        return spec.accept_s / accept.p50 if spec is not None and spec.accept_s is not None and accept.p50 > 0 \
+            else 1.0
 
     def _set(self, rids: np.ndarray, think: np.ndarray, reject: np.ndarray, end: np.ndarray) -> None:
         """Slots' thinking accepts, refused positions and walk ends, each column made when first not neutral."""
@@ -634,8 +732,12 @@ class ProfileTables(CostTables):
         if what == "spec":
             self.curve[at] = self._spec_curve(which)
         else:
-            measured = self.profile.instances[which].fill_at(self.width)
-            self.curve[at] = np.where(np.isnan(measured), self._spec_curve(self._text_gaps[which]), measured)
+            drawn = self._drawn_curves.pop(which, None)
+            if drawn is not None and drawn[0] == self.width:  # (written as its request entered)
+                self.curve[at] = drawn[1]
+            else:
+                measured = self.profile.instances[which].fill_at(self.width)
+                self.curve[at] = np.where(np.isnan(measured), self._spec_curve(self._text_gaps[which]), measured)
         timed = what == "text" and bool(self.profile.instances[which].accept_s)
         if timed and self.accept_curve is None:
             self.accept_curve = np.full(len(self.curve), np.nan)
@@ -651,8 +753,11 @@ class ProfileTables(CostTables):
         if new:
             self._grow_rows(self._rows.size)
             self._write_row(slot, cost_spec, text is None)
-        elif text is None and slot in self._unfilled:
-            self._write_fill(slot, cost_spec)
+        else:
+            if self._drawn:  # (held since its request entered)
+                self._drawn.pop(cost_spec, None)
+            if text is None and slot in self._unfilled:
+                self._write_fill(slot, cost_spec)
         self.base[rid] = slot * ROW
         item = ("spec", cost_spec) if text is None else ("text", text)
         curve, new = self._curves.take(item)
@@ -661,6 +766,8 @@ class ProfileTables(CostTables):
             if self.accept_curve is not None:
                 self.accept_curve = _grown(self.accept_curve, len(self.curve))
             self._write_curve(curve, item)
+        elif text is not None and self._drawn_curves:  # (held since its request entered)
+            self._drawn_curves.pop(text, None)
         self._curve_slots[rid] = item
         self._curve_at[rid] = curve
         self.curve_end[rid] = curve * self.width + self._out_len[rid]
@@ -719,11 +826,19 @@ class ProfileTables(CostTables):
         """Draw ``cost_spec``'s pools into row ``slot`` (the same values whichever slot), its fills (and their
         prefix sums and outliers) only if ``fill``: a request replaying its text reads the row of ones instead,
         so a cost spec whose requests all replay texts never reads them (:meth:`_write_fill`, once one does)."""
+        at = slice(slot * ROW, (slot + 1) * ROW)
+        drawn = self._drawn.pop(cost_spec, None)
+        if drawn is not None:  # (its accepts drawn as its request entered: the fills, if read, from the start)
+            self.accept[at] = drawn
+            if fill:
+                self._write_fill(slot, cost_spec)
+            else:
+                self._unfilled.add(slot)
+            return
         kind, _, spec, _ = self._recipe(cost_spec)
         _, _, accept, rollback = self._kind(kind)
         kp = self.profile.kind(kind)
         rng = self._rng(cost_spec)
-        at = slice(slot * ROW, (slot + 1) * ROW)
         # (one stream: the first rows of uniforms are the same however many; the fills' are the first)
         if fill:
             self._unfilled.discard(slot)
@@ -734,9 +849,7 @@ class ProfileTables(CostTables):
             self._unfilled.add(slot)
             rng.bit_generator.advance(SPAN)
             u = rng.random((self._uniforms - 1, SPAN))
-        accept_scale = rollback_scale = 1.0
-        if spec is not None and spec.accept_s is not None and accept.p50 > 0:
-            accept_scale = spec.accept_s / accept.p50
+        accept_scale, rollback_scale = self._accept_scale(cost_spec, accept), 1.0
         if spec is not None and spec.rollback_s is not None and rollback is not None and rollback.p50 > 0:
             rollback_scale = spec.rollback_s / rollback.p50
         _row(accept.quantile_of_uniform(u[0]), accept.mean * accept_scale, self.accept[at])

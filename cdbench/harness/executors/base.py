@@ -126,13 +126,13 @@ class StepWork:
 @dataclass(slots=True)
 class DecodeRun:
     """The grammar side of ``steps`` identical decode steps taken at once (:meth:`GrammarExecutor.decode_run`):
-    each step's fill seconds per grammar row (``fill_s[j]``, one mask row each) and its ``process_s``, as
-    the steps one by one give them. ``steps`` may be fewer than asked: a row's grammar ends or refuses its
-    token at the next one."""
+    each step's fill seconds and accept seconds per grammar row (``fill_s[j]``, one mask row each; ``accept_s[j]``,
+    summed over the step's rows its ``process_s``), as the steps one by one give them. ``steps`` may be fewer
+    than asked: a row's grammar ends or refuses its token at the next one."""
 
     steps: int
     fill_s: np.ndarray
-    process_s: np.ndarray
+    accept_s: np.ndarray
 
 
 @dataclass(slots=True)
@@ -297,7 +297,7 @@ class GrammarExecutor(ABC):
 
     def decode_run(self, rid: np.ndarray, grammar: np.ndarray, gen_left: np.ndarray, steps: int) -> DecodeRun | None:
         """Up to ``steps`` decode steps of rows ``rid`` (``grammar``: their grammar is active; ``gen_left``: their
-        tokens left, each at least ``steps``) without drafts, thinking or forced tokens, taken at once: what
+        tokens left; past a row's last token, what is given for it is a placeholder) without drafts, thinking or forced tokens, taken at once: what
         :meth:`step` gives for each, or ``None`` where the executor cannot take them at once (then it is
         asked step by step). A run stops before a step where a row's grammar ends or refuses its token."""
         return None

@@ -217,13 +217,15 @@ class ModelExecutor(GrammarExecutor):
     def decode_run(self, rid: np.ndarray, grammar: np.ndarray, gen_left: np.ndarray, steps: int) -> DecodeRun | None:
         """:meth:`step`'s fills and processing for ``steps`` decode steps at once, as (steps, rows) arrays: a
         row's positions advance one a step, so its pool and curve indexes are its first step's less the
-        step's number. Not with jump-forward (its forced tokens vary the tokens a step) nor a parallel fill."""
+        step's number. Not with jump-forward (its forced tokens vary the tokens a step) nor a parallel fill. A
+        row whose last token comes before ``steps`` is read at that token's position past it (placeholders,
+        for the caller to leave out)."""
         pool = self.parallel_fill
         ng = _any(grammar)
         if self.jump_forward or (pool is not None and ng > pool.threshold):
             return None
         if not ng:
-            return DecodeRun(steps, np.zeros((steps, 0)), np.zeros(steps))
+            return DecodeRun(steps, np.zeros((steps, 0)), np.zeros((steps, 0)))
         t = self.tables
         g_rid, g_left = (rid, gen_left) if ng == len(rid) else (rid[grammar], gen_left[grammar])
         # one token a step: a walk ends at step j where gen_left - j - 1 reaches its end length, a token is
@@ -233,14 +235,16 @@ class ModelExecutor(GrammarExecutor):
             ends = end > 0
             if _any(ends):
                 steps = min(steps, max(int((g_left[ends] - 1 - end[ends]).min()), 0))
-        if t.reject_left is not None:
-            at_step = g_left - t.reject_left[g_rid]
-            steps = min(steps, int(_min(np.where(at_step >= 0, at_step, steps))))
+        if t.reject_left is not None:  # (-1: never refused)
+            refused_at = t.reject_left[g_rid]
+            at_step = g_left - refused_at
+            steps = min(steps, int(_min(np.where((at_step >= 0) & (refused_at > 0), at_step, steps))))
         if len(self._step_col) < steps:
             self._step_col = np.arange(max(steps, 2 * len(self._step_col)))[:, None]
-        _, fat, ci, accept_one = self._positions(g_rid, g_left - self._step_col[:steps])
-        # (a row-wise reduction of a C-ordered array sums each row as the reduction of that row alone)
-        return DecodeRun(steps, self._fills(fat, ci), _sum(accept_one, axis=1))
+        left = g_left - self._step_col[:steps]
+        np.maximum(left, 1, out=left)  # (past a row's last token: its last position again)
+        _, fat, ci, accept_one = self._positions(g_rid, left)
+        return DecodeRun(steps, self._fills(fat, ci), accept_one)
 
     def _positions(self, g_rid: np.ndarray, left: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Grammar rows ``g_rid`` with ``left`` tokens left (a value a row, or one a step and row): their
