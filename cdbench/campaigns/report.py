@@ -56,16 +56,19 @@ def _judgements(spec: CampaignSpec, comparison: Comparison) -> list[tuple[Cell, 
     return list(seen.values())
 
 
+def _copies(spec: CampaignSpec, arm: str, cell: Cell, seed: int, open_run: RunOpener) -> list[SavedRun]:
+    """Every copy of ``arm``'s run in this cell and seed, the first first."""
+    return [open_run(run_id(spec, arm, cell, seed, copy)) for copy in range(1, spec.arms[arm].copies + 1)]
+
+
 def _noise_runs(spec: CampaignSpec, comparison: Comparison, cell: Cell, seed: int,
                 open_run: RunOpener) -> dict[str, SavedRun]:
     if comparison.noise is None:
         return {}
     arm = comparison.noise
+    first, *others = _copies(spec, arm, cell, seed, open_run)
     label = comparison.reference if arm == comparison.reference else f"{arm}-1"
-    runs = {label: open_run(run_id(spec, arm, cell, seed, 1))}
-    for copy in range(2, spec.arms[arm].copies + 1):
-        runs[f"{arm}-{copy}"] = open_run(run_id(spec, arm, cell, seed, copy))
-    return runs
+    return {label: first, **{f"{arm}-{copy}": run for copy, run in enumerate(others, 2)}}
 
 
 def _folder(spec: CampaignSpec, comparison: Comparison, cell: Cell, seed: int) -> Path:
@@ -83,11 +86,10 @@ def evaluate_campaign(spec: CampaignSpec, open_run: RunOpener, report_dir: Path)
             key = {**{axis: _scalar(value) for axis, value in cell.values}, "seed": seed,
                    "comparison": comparison.name}
             try:
-                runs = {arm: open_run(run_id(spec, arm, cell, seed))
+                copies = {arm: _copies(spec, arm, cell, seed, open_run) for arm in comparison.runs
+                          if spec.arms[arm].copies > 1}
+                runs = {arm: copies[arm][0] if arm in copies else open_run(run_id(spec, arm, cell, seed))
                         for arm in (comparison.reference, *comparison.runs)}
-                copies = {arm: [runs[arm], *(open_run(run_id(spec, arm, cell, seed, copy))
-                                             for copy in range(2, spec.arms[arm].copies + 1))]
-                          for arm in comparison.runs if spec.arms[arm].copies > 1}
                 noise = _noise_runs(spec, comparison, cell, seed, open_run)
                 check_same_workload({**runs, **{f"{arm}-{i}": run for arm, arm_copies in copies.items()
                                                 for i, run in enumerate(arm_copies[1:], 2)}})

@@ -161,9 +161,8 @@ Copies = Sequence[Mapping[str, object]]
 """Several runs of one checked label, judged by their median (:func:`evaluate_fidelity`)."""
 
 
-def _median_of_copies(copies: Copies) -> dict[str, float]:
-    """Per metric, the median of the copies' values (a metric some copy lacks is left out)."""
-    values = [numeric_metrics(summary) for summary in copies]
+def _median_of_copies(values: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Per metric, the median of the copies' numeric values (a metric some copy lacks is left out)."""
     shared = set(values[0]).intersection(*values[1:])
     return {metric: float(np.median([v[metric] for v in values])) for metric in shared}
 
@@ -200,7 +199,8 @@ def evaluate_fidelity(
     for label, runs in copies.items():
         if not runs:
             raise FidelityError(f"{label!r} has no copies")
-    numeric = {label: _median_of_copies(value) if label in copies else numeric_metrics(value)  # type: ignore[arg-type]
+    numeric = {label: _median_of_copies(copies[label]) if label in copies
+               else numeric_metrics(value)  # type: ignore[arg-type]
                for label, value in summaries.items()}
     known = set(FIDELITY_METRICS).union(*numeric.values())
     check_tolerance_names(tolerances, known, "--tolerance")
@@ -232,7 +232,7 @@ def evaluate_fidelity(
                 errors = [relative_error_pct(ref, run.get(metric)) for run in copies[label]]
                 spread = None if None in errors else (min(errors), max(errors))  # type: ignore[type-var]
             cells.append(FidelityCell(metric, label, ref, value, error, noise_pct, tol, verdict,
-                                      len(copies.get(label, [None])), spread))
+                                      len(copies[label]) if label in copies else 1, spread))
     return FidelityResult(reference, tuple(labels[1:]), metrics, tuple(cells),
                           None if noise_labels is None else tuple(noise_labels))
 
