@@ -235,7 +235,7 @@ class ForwardCalibration(BaseModel):
     prices nothing. ``multi_token_read`` is at most 0.5: a matrix kernel over a
     few rows reads each weight once, as the matrix-vector kernel does, and
     loses part of its rate, not a multiple (the dense fits, where a second
-    token reads no more weights, give 0.002-0.064). Held at 0 so far: the
+    token reads no more weights, give 0.002-0.053). Held at 0 so far: the
     MoE's 0.78, which priced its one-token read above the datasheet bandwidth
     so that two tokens could read 1.8x slower, and the hybrid's 131,578 rows,
     beyond its grid's largest chunk (131,072).
