@@ -122,6 +122,10 @@ class SchedulerConfig(BaseModel):
     rank_fill_offset: float = Field(
         0.0, description="tp ranks: mean log of another rank's mask fill of a step over rank 0's (a rank whose host "
         "fills faster, < 0, or slower throughout; live.json's ranks.fill_offset)")
+    rank_fill_ratios: tuple[tuple[float, float], ...] | None = Field(
+        None, description="tp ranks: the steps of a measured tp run as (rank 0's fill s, the slowest rank's fill over "
+        "rank 0's); a step waits for its fill times the ratio of one of the measured steps whose rank-0 fill is "
+        "nearest its own (replaces rank_fill_offset and rank_fill_jitter; costs.rank_costs=live-run: sets it)")
     # measured: the median grammar all_gather_object (gloo, two rank processes) of two TP=2 live runs on 2 H200s,
     # 0.676 and 0.820 ms (reports/fidelity/live_vs_model.md, "Multi-GPU"; campaigns/ranks_vs_model.yaml)
     all_gather_s: float = Field(7.5e-4, ge=0, description="cost of one all_gather_object of (ready, failed) when ranks > 1")

@@ -241,7 +241,7 @@ class Scheduler:
         self._step_col = np.arange(_RUN)[:, None]  # a run's step numbers, as a column
         self._runs = (live is None and isinstance(gpu, RooflineGpuCosts | FixedGpuCosts)  # (priced, not measured)
                       and not config.spec_tokens and not config.jump_forward
-                      and config.mask_apply == "batched" and not self.pricer.fill_spread
+                      and config.mask_apply == "batched" and not self.pricer.fill_waits
                       and (kv is None or (kv.max_seqs is None
                                           and (kv.policy == "vllm" or (kv.policy == "sglang" and kv.block == 1)))))
 

@@ -4,7 +4,7 @@ The fourth phase of the scheduler's iteration (:mod:`cdbench.harness.scheduler`,
 states the rules). Given the rows a step runs (:class:`~cdbench.harness.admission.StepPlan`) and the
 grammar's work on them (:class:`~cdbench.harness.executors.base.StepWork`), :class:`StepPricer`
 prices the mask building (the fills, or a parallel fill's wall time, under tensor-parallel ranks the
-slowest of the ranks' fills (``rank_fill_jitter``); token filters of thinking rows; the engine's wrapper
+slowest of the ranks' fills (``rank_fill_ratios``, or ``rank_fill_jitter``); token filters of thinking rows; the engine's wrapper
 around the fills and its mask allocation), the bitmask's transfer to another
 process, the engine's result processing and the launch, each stretched by host contention; the
 GPU's forward (a decode step at the next captured graph size), mask copy, apply and sampling; and
@@ -64,6 +64,12 @@ class StepCost(NamedTuple):
     kv: int
 
 
+# the measured steps a priced step's rank fill ratio is drawn among: the nearest in rank 0's fill (8: each of
+# three TP=2 live copies' records priced from another's, reports/fidelity/live_vs_model.md, "Under capacity
+# with 150 requests")
+FILL_NEIGHBOURS = 8
+
+
 class StepPricer:
     """Prices steps under ``cfg`` on ``gpu``; ``host``: the host's cores where contention can
     happen (``None``: never); ``settle``: the grammar's work deferred past a live step's sampling;
@@ -73,8 +79,12 @@ class StepPricer:
                  settle: Callable[[], Settlement | None], seed: int = 0) -> None:
         self.cfg, self.gpu, self.host, self.settle = cfg, gpu, host, settle
         # each tp rank fills its own masks and the step waits for the slowest (live mode measures it)
-        waits = cfg.ranks > 1 and cfg.parallel == "tp" and (cfg.rank_fill_jitter > 0 or cfg.rank_fill_offset != 0)
+        tp = cfg.ranks > 1 and cfg.parallel == "tp"
+        ratios = cfg.rank_fill_ratios if tp else None
+        self.fill_table = (np.log([f for f, _ in ratios]), np.array([r for _, r in ratios])) if ratios else None
+        waits = tp and not ratios and (cfg.rank_fill_jitter > 0 or cfg.rank_fill_offset != 0)
         self.fill_spread = (cfg.rank_fill_offset, cfg.rank_fill_jitter) if waits else None
+        self.fill_waits = self.fill_table is not None or self.fill_spread is not None
         self.rng_ranks = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(2,)))
         self.mtp = cfg.spec_drafter == "mtp"  # the model's MTP head drafts: its passes join the forward
         self.row_bytes = gpu.mask_row_bytes  # the engines' per-byte host costs (mask allocation, IPC)
@@ -82,6 +92,16 @@ class StepPricer:
         self.sample_prep = bool(cfg.sample_prep_s or cfg.sample_prep_row_s)  # (V0's sampler: the presets' others 0)
         self._parts: dict[tuple[int, int, float], tuple[float, ...]] = {}  # _decode_parts, remembered
 
+    def _measured_fill_ratio(self, fill_s: float) -> float:
+        """The slowest rank's fill over rank 0's in one of the measured steps (``rank_fill_ratios``) whose rank-0
+        fill is nearest ``fill_s`` (in log), drawn uniformly among the nearest :data:`FILL_NEIGHBOURS`."""
+        log_own, ratio = self.fill_table
+        k = min(FILL_NEIGHBOURS, len(log_own))
+        log_fill = np.log(fill_s)
+        at = int(np.searchsorted(log_own, log_fill))
+        low, high = max(at - k, 0), min(at + k, len(log_own))
+        nearest = low + np.argsort(np.abs(log_own[low:high] - log_fill), kind="stable")[:k]
+        return float(ratio[nearest[int(self.rng_ranks.integers(k))]])
     def price(self, plan: StepPlan, work: StepWork, cached: np.ndarray, n_filter: int, sync: bool,
               has_grammar: bool, carry: float, stretch: float, compiles: int, live: LiveStep | None) -> StepCost:
         """The time of the step ``plan`` runs, given the grammar's ``work`` on it, the batch's
@@ -104,7 +124,9 @@ class StepPricer:
             else:
                 fill_s = work.fill_wall_s
             mask_rows += int(_sum(row_masks))
-            if self.fill_spread and live is None:  # the slowest rank's fill, priced against rank 0's
+            if self.fill_table is not None and live is None:  # the slowest rank's, as in measured steps like it
+                fill_s *= self._measured_fill_ratio(fill_s)
+            elif self.fill_spread and live is None:  # the slowest rank's fill, priced against rank 0's
                 others = self.rng_ranks.lognormal(*self.fill_spread, cfg.ranks - 1).max()
                 fill_s *= max(1.0, float(others))
         host_fill_s, transfer_s, engine_process_s = self._host(n_filter, grammar_rows, mask_rows, n_sample, stretch)

@@ -6,9 +6,11 @@ live run's rank processes measured:
 
 - ``all_gather_s``: the median grammar all_gather of a poll (``live.json``'s ``ranks.all_gather_s``);
 - ``rank_jitter``: the spread of one spec's compile time among the ranks (``ranks.compile_sigma``);
-- ``rank_fill_offset``, ``rank_fill_jitter``: the other ranks' mask fill of a step against rank 0's (whose
-  fills the grammar profile keeps), from every rank's own step records (``rank_steps.parquet``,
-  :func:`~cdbench.harness.live.rank_steps.fill_spread`).
+- ``rank_fill_ratios``: each step's slowest rank's mask fill over rank 0's (whose fills the grammar profile
+  keeps) beside rank 0's fill, from every rank's own step records (``rank_steps.parquet``,
+  :func:`~cdbench.harness.live.rank_steps.fill_ratios`): what a priced step waits for, read from the
+  measured steps of about its fill; ``rank_fill_offset``, ``rank_fill_jitter``: the same as one lognormal
+  (:func:`~cdbench.harness.live.rank_steps.fill_spread`), kept in the configuration as a summary.
 
 The live run must be tensor-parallel with as many ranks as the configuration's (a data-parallel run's ranks
 do not agree: there is nothing to price).
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from cdbench.harness.live.rank_steps import RANK_STEPS_FILE, fill_spread
+from cdbench.harness.live.rank_steps import RANK_STEPS_FILE, fill_ratios, fill_spread
 from cdbench.results.errors import ResultsError
 
 
@@ -32,7 +34,7 @@ class LiveRankCosts:
 
     source: str
     ranks: int
-    values: dict[str, float]
+    values: dict[str, float | tuple[tuple[float, float], ...]]
     steps: int
 
 
@@ -66,6 +68,7 @@ def live_rank_costs(ref: str) -> LiveRankCosts:
     values.pop("ranks")
     values["rank_fill_offset"] = spread.offset if spread else 0.0
     values["rank_fill_jitter"] = spread.sigma if spread else 0.0
+    values["rank_fill_ratios"] = tuple((float(f"{f:.4g}"), float(f"{r:.4g}")) for f, r in fill_ratios(steps)) or None
     filled = int((steps[steps["fill_s"] > 0].groupby("step").size() == info.ranks).sum())
     return LiveRankCosts(run.ref, info.ranks, values, filled)
 

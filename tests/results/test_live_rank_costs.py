@@ -64,6 +64,12 @@ def test_the_ranks_prices_come_from_live_json_and_the_records(tmp_path):
     assert costs.values["rank_fill_jitter"] == pytest.approx(SIGMA * np.sqrt(2), rel=0.15)
     assert costs.values["rank_fill_offset"] == pytest.approx(0.0, abs=0.06)
     assert costs.ranks == 2 and costs.steps == 540  # every tenth step had no fill
+    ratios = costs.values["rank_fill_ratios"]  # each filled step: rank 0's fill, the slowest's over it
+    records = _records()
+    fills = records.pivot(index="step", columns="rank", values="fill_s")
+    fills = fills[(fills > 0).all(axis=1)]
+    assert len(ratios) == 540 and [f for f, _ in ratios] == sorted(f for f, _ in ratios)
+    assert sorted(r for _, r in ratios) == pytest.approx(sorted(fills.max(axis=1) / fills[0]), rel=1e-3)
     packed = pack_runs({"live-a": run}, tmp_path / "runs.pack", exact=True)
     assert live_rank_costs(f"{packed}::live-a").values == costs.values
 
@@ -75,6 +81,7 @@ def test_a_model_config_takes_the_live_runs_prices(tmp_path):
     sched = validate_run_config(tree).scheduler_config()
     assert sched.all_gather_s == 6.5e-4 and sched.rank_jitter == 0.12 and sched.schedule_s == 1e-4
     assert sched.rank_fill_jitter == pytest.approx(SIGMA * np.sqrt(2), rel=0.15)
+    assert len(sched.rank_fill_ratios) == 540 and min(r for _, r in sched.rank_fill_ratios) == 1.0
 
 
 @pytest.mark.parametrize("make,tree,message", [

@@ -14,7 +14,8 @@ kept here, one row a rank and busy step:
 A data-parallel rank runs its own batches and waits for no one: its rows are its step log's, ``wait_s`` and
 ``agree_s`` 0. :func:`step_skew` reads a tensor-parallel run's records as the skew each step paid, the slowest
 rank's own time minus the ranks' median; :func:`fill_spread` how the other ranks' fill of a step compares
-with rank 0's, the model's ``rank_fill_offset`` and ``rank_fill_jitter``.
+with rank 0's, the model's ``rank_fill_offset`` and ``rank_fill_jitter``; :func:`fill_ratios` each step's
+slowest fill over rank 0's beside rank 0's fill, the model's ``rank_fill_ratios``.
 """
 
 from __future__ import annotations
@@ -122,4 +123,30 @@ def fill_spread(rank_steps: pd.DataFrame) -> FillSpread | None:
     return FillSpread(offset, float(np.sqrt((weight * (ratios - offset) ** 2).sum() / weight.sum())))
 
 
-__all__ = ["RANK_STEPS_FILE", "RANK_STEP_COLUMNS", "FillSpread", "fill_spread", "rank_step_frame", "step_skew"]
+def fill_ratios(rank_steps: pd.DataFrame) -> tuple[tuple[float, float], ...]:
+    """Each step of a tensor-parallel run's records that every rank filled, as (rank 0's fill, the slowest
+    rank's fill over rank 0's), in order of rank 0's fill: what a model run's step waits for given the fill its
+    grammar profile (rank 0's) prices, read from steps of about the same fill
+    (:class:`~cdbench.harness.step_cost.StepPricer`). Unlike :func:`fill_spread`'s one lognormal, it keeps
+    that the ratio depends on the fill: rank 0's longest fills are long partly by rank 0's own draw, so
+    another rank rarely takes longer there (three TP=2 copies on two H200s, ``reports/fidelity/
+    live_vs_model.md``, "Under capacity with 150 requests"), and a ratio drawn regardless of the fill
+    lengthens exactly the steps that make the tail.
+
+    >>> recs = pd.DataFrame({"rank": [0, 1, 0, 1, 0, 1], "step": [0, 0, 1, 1, 2, 2],
+    ...                      "fill_s": [0.004, 0.006, 0.150, 0.120, 0.0, 0.001]})
+    >>> fill_ratios(recs)
+    ((0.004, 1.5), (0.15, 1.0))
+    """
+    fills = rank_steps.pivot(index="step", columns="rank", values="fill_s")
+    fills = fills[(fills > 0).all(axis=1)]
+    if fills.shape[1] < 2 or fills.empty:
+        return ()
+    own = fills[0].to_numpy()
+    ratio = fills.max(axis=1).to_numpy() / own
+    order = np.argsort(own, kind="stable")
+    return tuple((float(f), float(r)) for f, r in zip(own[order], ratio[order], strict=True))
+
+
+__all__ = ["RANK_STEPS_FILE", "RANK_STEP_COLUMNS", "FillSpread", "fill_ratios", "fill_spread", "rank_step_frame",
+           "step_skew"]
