@@ -226,20 +226,6 @@ class ForwardCalibration(BaseModel):
     64 new tokens after 2,048 cached took 1.4 ms more than the same chunk
     alone, the pairs' FLOPs at the fitted rate 0.3 ms).
 
-    The fit keeps these two terms only where they mean what they say
-    (:func:`~.calibration_fit.unphysical_terms`, the same for every fit); a term
-    that fails is held at 0 and the rest solved again.
-    ``chunk_attention_rows`` is a threshold, pinned only by measured chunks on
-    both sides of it: above every chunk's query rows it scales all chunks'
-    pairs alike (a free scale on prefill attention), below every chunk it
-    prices nothing. ``multi_token_read`` is at most 0.5: a matrix kernel over a
-    few rows reads each weight once, as the matrix-vector kernel does, and
-    loses part of its rate, not a multiple (the dense fits, where a second
-    token reads no more weights, give 0.002-0.053). Held at 0 so far: the
-    MoE's 0.78, which priced its one-token read above the datasheet bandwidth
-    so that two tokens could read 1.8x slower, and the hybrid's 131,578 rows,
-    beyond its grid's largest chunk (131,072).
-
     Each prefill chunk's attention runs its own kernels in every layer:
     ``chunk_layer_s``, fitted where the measurements hold steps of several
     chunks (0 otherwise). Decode rows in a step with prefill chunks cost more

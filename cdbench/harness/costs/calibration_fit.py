@@ -57,10 +57,6 @@ _DECODE_LAYER_TERMS = (13,)
 _TP_TERMS = (14, 15)
 _MOE_TERM = 16
 _CHUNK_OCCUPANCY_TERM = 17
-_SLOW_READ_TERM = 10
-# the physical bound on multi_token_read (ForwardCalibration): a matrix kernel over a few rows reads each weight
-# once, as the matrix-vector kernel does, and loses at most a third of its rate
-MAX_MULTI_TOKEN_READ = 0.5
 
 
 def _params(x: np.ndarray, tp: int = 1, moe: bool = False) -> ForwardParams:
@@ -72,26 +68,6 @@ def _params(x: np.ndarray, tp: int = 1, moe: bool = False) -> ForwardParams:
                          all_reduce_s=x[14] * 1e-6 if tp > 1 else None,
                          all_reduce_token_s=x[15] * 1e-9, chunk_routing_skew=x[16] if moe else 1.0,
                          chunk_attention_rows=x[17] * 1e3)
-
-
-def unphysical_terms(x: np.ndarray, free: Sequence[int], rows: Sequence[ForwardMeasurement],
-                     forward: ForwardCostModel) -> list[int]:
-    """The terms among ``free`` whose solved value in ``x`` the fit may not keep (ForwardCalibration: the rule).
-
-    ``chunk_attention_rows`` is a threshold: it is identified only where measured chunks lie on both sides of it
-    (some with fewer query rows, some with more); above every chunk it scales every chunk's attention pairs
-    alike (a free scale), below every chunk it prices nothing. ``multi_token_read`` must be at most
-    :data:`MAX_MULTI_TOKEN_READ`.
-    """
-    dropped = []
-    if _CHUNK_OCCUPANCY_TERM in free:
-        heads = -(-forward.model.n_heads // forward.tp)
-        chunk_rows = [r.prefill_new * heads for r in rows if r.prefill_chunks]
-        if not min(chunk_rows) < x[_CHUNK_OCCUPANCY_TERM] * 1e3 < max(chunk_rows):
-            dropped.append(_CHUNK_OCCUPANCY_TERM)
-    if _SLOW_READ_TERM in free and x[_SLOW_READ_TERM] * 1e-2 > MAX_MULTI_TOKEN_READ:
-        dropped.append(_SLOW_READ_TERM)
-    return dropped
 
 
 def peak_times(forward: ForwardCostModel, rows: Sequence[ForwardMeasurement]) -> PeakTimes:
@@ -185,23 +161,14 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
             best = refined
         return full(best)
 
-    def solve_steps(free: list[int]) -> np.ndarray:
-        best = solve(free, moe=False)
-        if moe:
-            # the routing skew starts also from the fit without it (skew 1: the same prices), so the fit with it
-            # never ends at a higher least-squares cost than the one without
-            uniform = best.copy()
-            uniform[_MOE_TERM] = 1.0
-            best = solve([*free, _MOE_TERM], moe=True, extra_starts=[uniform])
-        return best
-
+    best = solve(free, moe=False)
     moe = forward.model.is_moe
-    best = solve_steps(free)
-    # a term the measurements cannot pin, or whose value has no physical reading, is held at 0 and the rest
-    # solved again without it (ForwardCalibration: the rule), until every solved term has one
-    while dropped := unphysical_terms(best, free, rows, forward):
-        free = [term for term in free if term not in dropped]
-        best = solve_steps(free)
+    if moe:
+        # the routing skew starts also from the fit without it (skew 1: the same prices), so the fit with it
+        # never ends at a higher least-squares cost than the one without
+        uniform = best.copy()
+        uniform[_MOE_TERM] = 1.0
+        best = solve([*free, _MOE_TERM], moe=True, extra_starts=[uniform])
     params = _params(best, tp, moe)
     cal = ForwardCalibration(
         model=forward.model.name, gpu=forward.gpu.name, gpu_device=devices.pop(),
