@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One device call of a host of four GPUs: a campaign's live runs in lanes, in parallel, each lane its own GPUs
+# and cores (benchmarks/campaign_lane.py writes each lane's campaign); the wheels the GPU image lacks in .whl/.
+# Everything comes back as one $OUT/res_PHASE.tgz (the device returns few files). As run on 2026-11-28
+# (reports/fidelity/live_vs_model.md): DL=500 for rk1 and rk2, DL=360 for fam.
+# usage: DL=SECONDS benchmarks/gpu_campaign_lanes.sh PHASE   (rk1 | rk2 | fam)
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 CDBENCH_CACHE_DIR=/tmp/cdb_cache PYTHONUNBUFFERED=1 \
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TRITON_CACHE_DIR=/tmp/triton_cache
+P=$1; R=/tmp/res_$P; mkdir -p $R/logs /tmp/lanes
+{ nvidia-smi --query-gpu=index,name,clocks.max.sm,memory.total --format=csv; nproc; git log -1 --format=%H 2>/dev/null;
+  python3 -c "import torch, xgrammar; print(torch.__version__, xgrammar.__version__)"; } > $R/logs/device.txt 2>&1
+DL=${DL:-470}
+lane() {  # name campaign filters gpus cores [warm-up model]
+  local name=$1 camp=$2 filt=$3 gpus=$4 cores=$5 warm=${6:-}
+  python3 benchmarks/campaign_lane.py $camp "$filt" /tmp/lanes/$name.yaml > $R/logs/$name.log 2>&1
+  if [ -n "$warm" ]; then
+    CUDA_VISIBLE_DEVICES=$gpus taskset -c $cores timeout 150 python3 -m cdbench run --mode live --set costs.model=$warm \
+      --set costs.gpu=h200 --set workload.num_requests=24 --set workload.arrival.rate=8 --set trace_steps=0 \
+      --out /tmp/warm_$name >> $R/logs/$name.log 2>&1
+  fi
+  CUDA_VISIBLE_DEVICES=$gpus taskset -c $cores timeout $((DL + 60)) python3 -m cdbench campaign run /tmp/lanes/$name.yaml \
+    --out $R/$name --deadline-s $DL >> $R/logs/$name.log 2>&1
+  echo "lane $name exit $? at $(date +%T)" >> $R/logs/$name.log
+}
+date +%T > $R/logs/start.txt
+case $P in
+  rk1) lane tpdef campaigns/ranks_under_vs_model.yaml "scheduler.parallel=tp,workload=default" 0,1 0-15 &
+       lane dpdef campaigns/ranks_under_vs_model.yaml "scheduler.parallel=dp,workload=default" 2,3 16-31 & ;;
+  rk2) lane tpjson campaigns/ranks_under_vs_model.yaml "scheduler.parallel=tp,workload=json" 0,1 0-15 &
+       lane dpjson campaigns/ranks_under_vs_model.yaml "scheduler.parallel=dp,workload=json" 2,3 16-31 & ;;
+  fam) lane moeu campaigns/model_family_vs_model.yaml "costs.model=qwen3-30b-a3b,load=under" 0 0-7 &
+       lane moes campaigns/model_family_vs_model.yaml "costs.model=qwen3-30b-a3b,load=sat" 1 8-15 &
+       lane hybu campaigns/model_family_vs_model.yaml "costs.model=qwen3.5-35b-a3b,load=under" 2 16-23 qwen3.5-35b-a3b &
+       lane hybs campaigns/model_family_vs_model.yaml "costs.model=qwen3.5-35b-a3b,load=sat" 3 24-31 qwen3.5-35b-a3b & ;;
+esac
+wait
+find $R -name "*.jsonl.gz" -path "*trace*" -size +4M -delete
+tar czf $OUT/res_$P.tgz -C /tmp res_$P
+ls -la $OUT; for f in $R/logs/*.log; do echo "== $f"; tail -5 $f; done
