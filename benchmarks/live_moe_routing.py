@@ -7,8 +7,9 @@ on the CPU with the first few layers; the count per layer does not depend on the
 
     python benchmarks/live_moe_routing.py --model qwen3-30b-a3b --layers 4 --device cpu
 
-Found (qwen3-30b-a3b, 4 layers, CPU; reports/calibration/README.md): decode rows touch what uniform
-routing does, a prefill chunk far fewer experts, fewer the deeper the layer; qwen3.5-35b-a3b (4 layers):
+Found (qwen3-30b-a3b, 4 layers, CPU; reports/calibration/README.md): decode rows over contexts nobody
+wrote (a calibration step's) touch what uniform routing does, decode rows whose contexts a prefill wrote (a
+live request's) and a prefill chunk far fewer experts, fewer the deeper the layer; qwen3.5-35b-a3b (4 layers):
 a chunk routes about uniformly after the Gated DeltaNet layers, to fewer experts after the full-attention one.
 """
 
@@ -57,19 +58,25 @@ def main() -> None:
     forward = live.LiveForward(spec, args.device)
     e, k = spec.n_experts, spec.experts_per_token
     print(f"{spec.name}, first {spec.n_layers} layers, {e} experts, {k} per token: distinct experts per MoE layer")
-    print("| tokens | uniform routing | prefill chunk | decode rows |")
-    print("|---:|---:|---|---|")
+    print("| tokens | uniform routing | prefill chunk | decode rows | decode rows, contexts prefilled |")
+    print("|---:|---:|---|---|---|")
     for n in args.tokens:
         # each request's context in whole blocks of 16
         cache = KVPool(spec, (n + 1) * (DECODE_CACHED + 16), args.device).cache(n + 1, DECODE_CACHED + 1)
-        prefill, decode = [], []
+        prefill, decode, prefilled = [], [], []
         with torch.inference_mode():
             with counting_routes(prefill):
                 forward.step(cache, prefill=[live.PrefillChunk(0, 0, n)])
+            # as a calibration step's rows: contexts nobody wrote
             with counting_routes(decode):
                 forward.step(cache, decode=forward.decode_inputs([DECODE_CACHED] * n, slots=range(1, n + 1)))
+            for slot in range(1, n + 1):  # as a live request's: its prompt's prefill wrote it
+                forward.step(cache, prefill=[live.PrefillChunk(slot, 0, DECODE_CACHED)])
+            with counting_routes(prefilled):
+                forward.step(cache, decode=forward.decode_inputs([DECODE_CACHED] * n, slots=range(1, n + 1)))
         uniform = e * (1 - (1 - k / e) ** n)
-        print(f"| {n} | {uniform:.1f} | {', '.join(map(str, prefill))} | {', '.join(map(str, decode))} |", flush=True)
+        counts = " | ".join(", ".join(map(str, c)) for c in (prefill, decode, prefilled))
+        print(f"| {n} | {uniform:.1f} | {counts} |", flush=True)
 
 
 if __name__ == "__main__":
