@@ -5,7 +5,8 @@ Reads ``reports/engine_costs/{vllm,sglang}_steps.csv.gz`` (``measure_vllm.py``,
 older engine versions' ``<engine>-<version>_steps.csv.gz`` (``VERSIONS``), the grammar's own accepts
 (``*_grammar_accepts.csv.gz``, ``measure_grammar_accept.py``), vLLM V0's logits-processor path
 (``vllm-0.6.6_v0_processor.csv.gz``, ``measure_vllm_v0_processor.py``) and its sampler
-(``vllm-0.6.6_v0_sampler.csv.gz``, the same script's ``--part sampler``); takes the median of each case (engine, backend, vocabulary, batch,
+(``vllm-0.6.6_v0_sampler.csv.gz``, the same script's ``--part sampler``) and what their GPU launches cost the host
+(``vllm-0.6.6_v0_gpu_launch.csv.gz``, ``benchmarks/gpu_launch_costs.py`` on a GPU); takes the median of each case (engine, backend, vocabulary, batch,
 structured share: the steps of one case repeat the same work, and the machine is shared, so
 medians rather than means), fits each cost by least squares on those medians, and writes
 ``reports/engine_costs/fitted.json``: one entry per parameter with its value, the engine,
