@@ -260,10 +260,11 @@ class RunConfig(BaseModel):
         if self.mode == "live" and self.scheduler_config().mask_apply != "batched":
             raise ValueError("scheduler.mask_apply 'per_row' is priced in model and hybrid mode; live mode runs "
                              "the batched copy and apply")
-        if (self.mode == "live" or self.costs.live_gpu) and (self.scheduler_config().sample_prep_s
-                                                              or self.scheduler_config().sample_prep_row_s):
-            raise ValueError("scheduler.sample_prep_s / sample_prep_row_s price V0's sampler; a measured step (live "
-                             "mode, costs.live_gpu) runs its own: set them to 0")
+        if (self.mode == "live" or self.costs.live_gpu) and (self.scheduler_config().sampler_host
+                                                              or self.scheduler_config().row_launch_s):
+            raise ValueError("scheduler.sample_prep_s / sample_prep_row_s / sample_launch_s / sample_launch_row_s / "
+                             "row_launch_s price V0's sampler and row launches; a measured step (live mode, "
+                             "costs.live_gpu) runs its own: set them to 0")
         if self.mode != "model" and self.scheduler_config().accept_parallel:
             raise ValueError(f"scheduler.accept_parallel is priced in model mode; {self.mode} mode accepts row by "
                              "row on this host")

@@ -154,6 +154,15 @@ class SchedulerConfig(BaseModel):
         "made the host wait out the forward, then after it (without overlap; in the step's duration and CPU, no "
         "step-log column of its own)")
     sample_prep_row_s: float = Field(0.0, ge=0, description="sample_prep_s's CPU per sampled row")
+    sample_launch_s: float = Field(
+        0.0, ge=0, description="host seconds per step of the sampler's calls before its GPU sync that launch GPU work "
+        "(V0's Sampler on a GPU: its sampling tensors' pinned staging and copies, the logits' kernels), which a CPU "
+        "measurement cannot time; paid where sample_prep_s is")
+    sample_launch_row_s: float = Field(0.0, ge=0, description="sample_launch_s's host seconds per sampled row")
+    row_launch_s: float = Field(
+        0.0, ge=0, description="mask_apply per_row: host seconds per mask row of its launches after its copy (V0: "
+        "xgrammar's apply kernel through Triton's launcher, the row's write-back into the logits), with its row: "
+        "after the forward behind a blocking copy, beside it otherwise")
     mask_transfer: Literal["none", "ipc"] = Field(
         "none", description="none: the sampling worker shares the scheduler's process; ipc: the bitmask is serialized to it"
     )
@@ -238,6 +247,11 @@ class SchedulerConfig(BaseModel):
         50e-6, gt=0, description="shortest iteration while requests wait but nothing can run (the loop spins)"
     )
 
+    @property
+    def sampler_host(self) -> bool:
+        """Whether V0's sampler host work up to its GPU sync is priced (its CPU work or its launches)."""
+        return bool(self.sample_prep_s or self.sample_prep_row_s or self.sample_launch_s or self.sample_launch_row_s)
+
     @model_validator(mode="after")
     def _check(self) -> SchedulerConfig:
         if self.rank_compile_scale is not None and len(self.rank_compile_scale) != self.ranks:
@@ -248,9 +262,12 @@ class SchedulerConfig(BaseModel):
         if self.mask_apply == "per_row" and (self.overlap or not self.fill_beside_forward):
             raise ValueError("mask_apply 'per_row' is V0's logits processors, run after the forward's launch in a "
                              "loop without overlap: set overlap=false and fill_beside_forward=true")
-        if (self.sample_prep_s or self.sample_prep_row_s) and (self.overlap or not self.fill_beside_forward):
-            raise ValueError("sample_prep_s / sample_prep_row_s price V0's sampler after the forward's launch in a loop "
-                             "without overlap: set overlap=false and fill_beside_forward=true")
+        if self.sampler_host and (self.overlap or not self.fill_beside_forward):
+            raise ValueError("sample_prep_s / sample_prep_row_s / sample_launch_s / sample_launch_row_s price V0's "
+                             "sampler after the forward's launch in a loop without overlap: set overlap=false and "
+                             "fill_beside_forward=true")
+        if self.row_launch_s and self.mask_apply != "per_row":
+            raise ValueError("row_launch_s prices V0's per-row launches: set mask_apply='per_row'")
         if self.accept_parallel and self.fill_parallel_threshold is None:
             raise ValueError("accept_parallel spreads the accepts over the parallel fill pool: set fill_parallel_threshold")
         if self.readiness == "blocking_poll" and self.grammar_wait != "grammar_queue":
@@ -430,6 +447,12 @@ def _vllm_0_6(cpus: int) -> dict:
         # launch GPU work (fitted.json "vllm-0.6": measure_vllm_v0_processor.py --part sampler, then fit.py)
         sample_prep_s=5.491e-05,
         sample_prep_row_s=2.213e-06,
+        # what those calls that launch GPU work, and each row's apply kernel and write-back, cost the host on a GPU
+        # (fitted.json "vllm-0.6": benchmarks/gpu_launch_costs.py on an H200, idle rows of
+        # reports/engine_costs/vllm-0.6.6_v0_gpu_launch.csv.gz, then fit.py)
+        sample_launch_s=0.0001858,
+        sample_launch_row_s=8.989e-07,
+        row_launch_s=7.654e-05,
     )
 
 
@@ -438,7 +461,8 @@ PRESETS = {"sglang": _sglang, "vllm": _vllm, "vllm-0.10": _vllm_0_10, "vllm-0.6"
 #: the engines' own host costs, measured from their code (``reports/engine_costs/``), and the step's launch
 #: (measured from live mode, ``reports/live/launch_h100.csv``); zero them to see the grammar and GPU costs alone
 HOST_COST_FIELDS = ("schedule_s", "schedule_row_s", "process_step_s", "process_row_s", "accept_row_s", "fill_step_s",
-                    "fill_row_s", "mask_alloc_byte_s", "sample_prep_s", "sample_prep_row_s", "ipc_s", "ipc_byte_s",
+                    "fill_row_s", "mask_alloc_byte_s", "sample_prep_s", "sample_prep_row_s", "sample_launch_s",
+                    "sample_launch_row_s", "row_launch_s", "ipc_s", "ipc_byte_s",
                     "launch_s", "launch_prefill_s", "launch_row_s")
 
 

@@ -89,7 +89,10 @@ class StepPricer:
         self.mtp = cfg.spec_drafter == "mtp"  # the model's MTP head drafts: its passes join the forward
         self.row_bytes = gpu.mask_row_bytes  # the engines' per-byte host costs (mask allocation, IPC)
         self.per_row = cfg.mask_apply == "per_row"
-        self.sample_prep = bool(cfg.sample_prep_s or cfg.sample_prep_row_s)  # (V0's sampler: the presets' others 0)
+        self.sample_prep = cfg.sampler_host  # (V0's sampler: the presets' others 0)
+        # its CPU work and, on a GPU, its calls that launch GPU work, both up to its sync: per step and sampled row
+        self.prep_step_s = cfg.sample_prep_s + cfg.sample_launch_s
+        self.prep_row_s = cfg.sample_prep_row_s + cfg.sample_launch_row_s
         self._parts: dict[tuple[int, int, float], tuple[float, ...]] = {}  # _decode_parts, remembered
 
     def _measured_fill_ratio(self, fill_s: float) -> float:
@@ -161,7 +164,7 @@ class StepPricer:
         sample_s = self.gpu.sample_s(sample_rows)
         process_s = work.process_s * stretch + engine_process_s
         launch_s = self._launch(pf_tokens, n_sample, stretch)
-        prep_s = (cfg.sample_prep_s + cfg.sample_prep_row_s * n_sample) * stretch if self.sample_prep else 0.0
+        prep_s = (self.prep_step_s + self.prep_row_s * n_sample) * stretch if self.sample_prep else 0.0
         if self.per_row and mask_rows:
             return self._per_row(plan.pre, carry, forward_s, fill_s, host_fill_s, row_fill, stretch, transfer_s,
                                  sample_s, process_s, launch_s, prep_s, grammar_rows, mask_rows, dec_tokens, kv)
@@ -236,7 +239,7 @@ class StepPricer:
             host_fill_s, transfer_s, engine_process_s = self._host(0, mask_rows, mask_rows, n_rows, stretch)
             copy_s = gpu.copy_s(mask_rows, cfg.pinned_mask) if mask_rows else 0.0
             apply_s = gpu.apply_s(mask_rows) if mask_rows else 0.0
-            prep_s = (cfg.sample_prep_s + cfg.sample_prep_row_s * n_rows) * stretch if self.sample_prep else 0.0
+            prep_s = (self.prep_step_s + self.prep_row_s * n_rows) * stretch if self.sample_prep else 0.0
             if len(self._parts) >= _PARTS:  # (bounded: a long run under contention meets many stretches)
                 self._parts.clear()
             parts = self._parts[key] = (host_fill_s, transfer_s, engine_process_s, copy_s, apply_s,
@@ -276,20 +279,23 @@ class StepPricer:
         following rows' fills between them; each row's apply runs on the GPU while the host fills the
         next row, so only the last one's is exposed. The engine's wrapper per row (``fill_row_s``: V0's
         logits-processor loop and processor call around the grammar) runs with its row, so after a
-        blocking copy only the first row's is beside the forward. The sampler's host work up to its GPU sync
-        (``prep_s``) follows the last row: beside the forward after non-blocking copies, after it (the GPU
-        idle) after blocking ones."""
+        blocking copy only the first row's is beside the forward; each row's launches after its copy
+        (``row_launch_s``: the apply kernel's, the row's write-back's) follow that copy, so after a blocking one
+        all of them are after the forward. The sampler's host work up to its GPU sync (``prep_s``, its launches
+        included) follows the last row: beside the forward after non-blocking copies, after it (the GPU idle)
+        after blocking ones; the sampling kernels' GPU time is priced after it, not under its launches."""
         one_apply = self.gpu.apply_s(1)
+        launches = mask_rows * self.cfg.row_launch_s * stretch
         if self.cfg.pinned_mask:  # queued behind the forward on its stream: the GPU runs them after it
             copy_s = mask_rows * self.gpu.copy_s(1, True)
             apply_s = mask_rows * one_apply
-            beside, after, gpu_after = fill_s + transfer_s + prep_s, 0.0, copy_s + apply_s
+            beside, after, gpu_after = fill_s + transfer_s + launches + prep_s, 0.0, copy_s + apply_s
         else:
             copy_s = mask_rows * self.gpu.copy_s(1, False)
             apply_s = one_apply
             later_wrappers = self.cfg.fill_row_s * max(grammar_rows - 1, 0) * stretch  # (with their rows, after)
             first = (float(row_fill[0]) * stretch if grammar_rows else 0.0) + host_fill_s - later_wrappers
-            beside, after, gpu_after = first, fill_s - first + copy_s + transfer_s + prep_s, apply_s
+            beside, after, gpu_after = first, fill_s - first + copy_s + transfer_s + launches + prep_s, apply_s
         duration, after_token, exposed, hidden, carry_out = step_time(
             True, True, pre, carry, forward_s, beside, 0.0, gpu_after, sample_s, process_s, launch_s,
             after_forward_s=after)

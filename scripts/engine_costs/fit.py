@@ -5,7 +5,8 @@ Reads ``reports/engine_costs/{vllm,sglang}_steps.csv.gz`` (``measure_vllm.py``,
 older engine versions' ``<engine>-<version>_steps.csv.gz`` (``VERSIONS``), the grammar's own accepts
 (``*_grammar_accepts.csv.gz``, ``measure_grammar_accept.py``), vLLM V0's logits-processor path
 (``vllm-0.6.6_v0_processor.csv.gz``, ``measure_vllm_v0_processor.py``) and its sampler
-(``vllm-0.6.6_v0_sampler.csv.gz``, the same script's ``--part sampler``); takes the median of each case (engine, backend, vocabulary, batch,
+(``vllm-0.6.6_v0_sampler.csv.gz``, the same script's ``--part sampler``) and what their GPU launches cost the host
+(``vllm-0.6.6_v0_gpu_launch.csv.gz``, ``benchmarks/gpu_launch_costs.py`` on a GPU); takes the median of each case (engine, backend, vocabulary, batch,
 structured share: the steps of one case repeat the same work, and the machine is shared, so
 medians rather than means), fits each cost by least squares on those medians, and writes
 ``reports/engine_costs/fitted.json``: one entry per parameter with its value, the engine,
@@ -18,6 +19,7 @@ pins them.
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -155,6 +157,33 @@ def fit_v0_sampler(steps: pd.DataFrame) -> dict:
                          "greedy presync_s - presync_device_s ~ a + b*rows")
 
 
+def fit_v0_launches(path: Path) -> dict:
+    """What the GPU-launching calls of V0's sampler (to its sync) and of its per-row processor path cost the host on
+    a GPU (``benchmarks/gpu_launch_costs.py``'s CSV, its first line the device and versions), mode ``idle``: where
+    they are exposed, after the forward behind a blocking copy. The sampler: its 16 device calls and its 7 pinned
+    stagings less the pageable staging the CPU fit holds, per step and sampled row; a row: apply and write-back."""
+    with gzip.open(path, "rt") as f:
+        head = f.readline()
+    calls = pd.read_csv(path, comment="#")
+    calls = calls[calls["mode"] == "idle"].set_index(["part", "rows", "name"])["host_us"] * 1e-6
+    v = f"vllm 0.6.6.post1's calls replayed, {head.lstrip('# ').strip()}"
+    sampler = calls["sampler"].unstack("name")
+    stages = sampler.filter(like="stage_").drop(columns="ref_stage_pageable")
+    steps = pd.DataFrame({"batch": sampler.index, "launch_s": (
+        sampler.drop(columns=[*stages, "ref_stage_pageable"]).sum(axis=1)
+        + stages.sub(sampler["ref_stage_pageable"], axis=0).sum(axis=1)).to_numpy()})
+    fn = ("Sampler.forward to its sync on a GPU: from_lists' 7 pinned torch.tensor (less a pageable one) and 9 .to, "
+          "logits.to(float), div_, softmax, log_softmax, sample_indices.long(), the gather, argmax")
+    out = _step_and_row(steps, "launch_s", ("sample_launch_s", "sample_launch_row_s"), v, fn,
+                        "sum of the calls' median host time ~ a + b*rows")
+    rows = calls["processor"].unstack("name")
+    fn = "XGrammarLogitsProcessor.__call__'s xgr.apply_token_bitmask_inplace + _apply_logits_processors' logits[i] = row"
+    out["row_launch_s"] = param(float((rows["apply_bitmask"] + rows["write_back"]).mean()), "vllm", v, fn,
+                                "apply_bitmask + write_back, median host time a row, mean over the batches", None,
+                                len(rows))
+    return out
+
+
 def _step_and_row(med: pd.DataFrame, column: str, names: tuple[str, str], version: str, function: str,
                   fit: str) -> dict:
     """A V0 cost per step (``a``) and per row (``b``) of the batch sizes' medians of ``column``."""
@@ -218,7 +247,8 @@ def fit_all(folder: Path = ROOT) -> dict:
     for key, (name, total_key) in GRAMMAR_ACCEPTS.items():
         fitted[key].update(fit_accept_wrapper(fitted[key], pd.read_csv(folder / name), total_key))
     fitted["vllm-0.6"] = {**fit_v0_processor(pd.read_csv(folder / "vllm-0.6.6_v0_processor.csv.gz")),
-                          **fit_v0_sampler(pd.read_csv(folder / "vllm-0.6.6_v0_sampler.csv.gz"))}
+                          **fit_v0_sampler(pd.read_csv(folder / "vllm-0.6.6_v0_sampler.csv.gz")),
+                          **fit_v0_launches(folder / "vllm-0.6.6_v0_gpu_launch.csv.gz")}
     return fitted
 
 

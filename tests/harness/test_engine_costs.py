@@ -46,12 +46,15 @@ SOURCES = {
        "ipc_s": ("vllm-0.10", "ipc_s"), "ipc_byte_s": ("vllm-0.10", "ipc_byte_s"),
        "sample_prep_s": None, "sample_prep_row_s": None},
 }
-# V0: its logits-processor path and its sampler's host work per step and row measured; no V1 accept path; its
-# scheduler unmeasured (V1's costs)
+#: what V0's sampler and per-row path launch on a GPU (benchmarks/gpu_launch_costs.py): V0's preset alone
+LAUNCHES = ("sample_launch_s", "sample_launch_row_s", "row_launch_s")
+for _preset in ("vllm", "sglang", "vllm-0.10"):
+    SOURCES[_preset] |= dict.fromkeys(LAUNCHES)
+# V0: its logits-processor path and its sampler's host work per step and row measured, their GPU launches too
+# (benchmarks/gpu_launch_costs.py); no V1 accept path; its scheduler unmeasured (V1's costs)
 SOURCES["vllm-0.6"] = SOURCES["vllm"] | {"fill_step_s": ("vllm-0.6", "xgrammar.fill_step_s"),
-                                         "fill_row_s": ("vllm-0.6", "xgrammar.fill_row_s"), "accept_row_s": None,
-                                         "sample_prep_s": ("vllm-0.6", "sample_prep_s"),
-                                         "sample_prep_row_s": ("vllm-0.6", "sample_prep_row_s")}
+                                         "fill_row_s": ("vllm-0.6", "xgrammar.fill_row_s"), "accept_row_s": None} | {
+    field: ("vllm-0.6", field) for field in ("sample_prep_s", "sample_prep_row_s", *LAUNCHES)}
 #: fitted.json key -> the engine and the version its entries must name
 ENGINES = {"vllm": ("vllm", "vllm 0.32"), "sglang": ("sglang", "sglang 0.5"), "vllm-0.10": ("vllm", "vllm 0.10.1"),
            "vllm-0.6": ("vllm", "vllm 0.6.6")}
@@ -230,3 +233,19 @@ def test_a_launch_per_row_grows_with_the_sampled_rows():
     steps = steps[steps["kind"] != "idle"]
     assert (steps["launch_s"].to_numpy() == pytest.approx(0.002 + 1e-4 * steps["rows"].to_numpy(), abs=1e-12))
     assert steps["rows"].nunique() > 1
+
+
+def test_v0s_launches_are_a_gpu_measurement_of_its_calls():
+    # the sampler's 16 calls that launch GPU work and its 7 pinned stagings, the row's apply and write-back, timed on
+    # a GPU with vLLM 0.6.6's xgrammar (benchmarks/gpu_launch_costs.py); the fit reads the idle GPU's rows
+    path = FITTED.parent / "vllm-0.6.6_v0_gpu_launch.csv.gz"
+    head = pd.read_csv(path, nrows=0).columns[0]
+    assert "NVIDIA" in head and "xgrammar=0.1.6" in head
+    calls = pd.read_csv(path, comment="#")
+    idle = calls[(calls["part"] == "sampler") & (calls["mode"] == "idle")]
+    for _, step in idle.groupby("rows"):
+        assert len(step[~step["name"].str.contains("stage_")]) == 16 and step["n"].min() >= 100
+    rows = calls[(calls["part"] == "processor") & (calls["mode"] == "idle")].pivot(index="rows", columns="name",
+                                                                                    values="host_us")
+    assert policy("vllm-0.6").row_launch_s == pytest.approx(1e-6 * (rows.apply_bitmask + rows.write_back).mean(),
+                                                            rel=1e-3)

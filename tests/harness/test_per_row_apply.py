@@ -103,6 +103,37 @@ def test_live_mode_refuses_the_per_row_apply():
         RunConfig.model_validate(tree)
     assert RunConfig.model_validate({**tree, "mode": "model"}).scheduler_config().mask_apply == "per_row"
     # a live step runs its own sampler: V0's priced one is refused there
-    prep = {"mode": "live", "policy": {"name": "vllm"}, "scheduler": {"overlap": False, **PREP}}
-    with pytest.raises(ValueError, match="runs its own"):
-        RunConfig.model_validate(prep)
+    for priced in (PREP, LAUNCH, {"mask_apply": "per_row", "row_launch_s": 1e-5}):
+        prep = {"mode": "hybrid", "costs": {"live_gpu": True}, "policy": {"name": "vllm"},
+                "scheduler": {"overlap": False, **priced}}
+        with pytest.raises(ValueError, match="runs its own"):
+            RunConfig.model_validate(prep)
+
+
+LAUNCH = {"sample_launch_s": 1e-4, "sample_launch_row_s": 5e-6}  # the sampler's launches on a GPU (gpu_launch_costs)
+
+
+def test_the_samplers_launches_are_paid_with_its_host_work():
+    # after the forward behind a blocking copy, beside it (hidden here) behind a non-blocking one
+    blocking = _decode_step(4, mask_apply="per_row", pinned_mask=False)
+    assert _decode_step(4, mask_apply="per_row", pinned_mask=False, **LAUNCH) - blocking == pytest.approx(
+        1e-4 + 4 * 5e-6, abs=1e-9)
+    assert _decode_step(4, mask_apply="per_row", pinned_mask=True, **LAUNCH) == pytest.approx(
+        _decode_step(4, mask_apply="per_row", pinned_mask=True), abs=1e-9)
+    with pytest.raises(ValueError, match="sample_launch_s"):
+        policy("vllm", overlap=True, **LAUNCH)
+
+
+def test_each_rows_launches_follow_its_copy():
+    # a blocking copy: every row's apply and write-back launches after the forward, the first row's too
+    row = 4e-5
+    blocking = _decode_step(4, mask_apply="per_row", pinned_mask=False)
+    assert _decode_step(4, mask_apply="per_row", pinned_mask=False, row_launch_s=row) - blocking == pytest.approx(
+        4 * row, abs=1e-9)
+    # a non-blocking one: beside the forward, until the host path outlasts it
+    assert _decode_step(4, mask_apply="per_row", pinned_mask=True, row_launch_s=row) == pytest.approx(
+        _decode_step(4, mask_apply="per_row", pinned_mask=True), abs=1e-9)
+    assert _decode_step(4, mask_apply="per_row", pinned_mask=True, row_launch_s=0.003) == pytest.approx(
+        4 * FILL_S + 4 * 0.003 + 4 * (COPY_S + APPLY_S), abs=1e-9)
+    with pytest.raises(ValueError, match="row_launch_s"):
+        policy("vllm", row_launch_s=row)

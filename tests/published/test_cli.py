@@ -21,12 +21,12 @@ def test_list_names_every_entry():
 def test_run_prints_the_table_and_writes_results_table_and_plot(tmp_path):
     out = tmp_path / "pub"
     result = CliRunner().invoke(app, ["published", "run", "--entry", "vllm-26866-structured-cost", "--entry",
-                                      "vllm-12563", "--scale", "small", "--out", str(out)])
+                                      "vllm-24300", "--scale", "small", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "vllm-26866-structured-cost" in result.output and "-32.8 %" in result.output
-    assert "vllm-12563 (missed): what a GPU adds to V0's sampler" in result.output
+    assert "vllm-24300 (missed): the pace of the published run" in result.output
     frame = pd.read_csv(out / "results.csv")
-    assert frame["id"].tolist() == ["vllm-26866-structured-cost", "vllm-12563"]
+    assert frame["id"].tolist() == ["vllm-26866-structured-cost", "vllm-24300"]
     assert set(frame["verdict"]) <= {"reproduced", "missed", "not reproducible"}
     assert (out / "effects.png").stat().st_size > 10_000
     assert (out / "table.md").read_text().count("\n") == 4
@@ -45,3 +45,11 @@ def test_the_markdown_table_has_a_row_an_entry_with_its_ratio():
     row = markdown_table([result]).splitlines()[2]
     assert row.startswith("| vllm-26866-structured-cost | request_throughput | -32.8 % |")
     assert f"| {result.ratio:.2f} | {result.verdict} |" in row
+
+
+def test_v0s_entries_are_reproduced_with_its_gpu_launches_priced():
+    # vLLM V0's blocking per-row copy and its grammar's cost: reproduced once the launches a GPU adds to V0's sampler
+    # and per-row path (the vllm-0.6 preset's sample_launch_s, row_launch_s) are priced; missed without them
+    reg = load_registry()
+    for name in ("vllm-12563", "vllm-10835"):
+        assert run_entry(reg, reg.entry(name), "small").verdict == "reproduced", name
