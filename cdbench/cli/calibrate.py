@@ -81,6 +81,10 @@ def calibrate(
         "(0: back to back). Back to back, a compute-bound step holds the GPU at its power cap and its clocks drop, "
         "which a serving loop's steps, between host work and lighter decode steps, do not (with --tp, on every "
         "rank; a probe times as its calibration did)")] = 0.0,
+    write_contexts: Annotated[bool, typer.Option(
+        "--write-contexts", help="before timing a shape, write its decode rows' contexts and its chunks' cached "
+        "prefixes with prefill steps, as a live request's prefill has (one GPU; a MoE routes rows over written "
+        "contexts to fewer experts); otherwise they are unwritten")] = False,
 ) -> None:
     """Fit the forward cost model to live forward steps: every shape's fit error is printed.
 
@@ -107,7 +111,7 @@ def calibrate(
         if measurements is None:
             target = shipped_calibration_path(spec.name, gpu.name, tp) if str(out) == "auto" else out
             csv_path = measure_out or target.with_suffix(".csv")
-            rows = _measure(spec, grid, device, decode_attention, tp, linear_kernels, idle_s)
+            rows = _measure(spec, grid, device, decode_attention, tp, linear_kernels, idle_s, write_contexts)
             write_measurements(rows, csv_path)
             typer.echo(f"measurements: {csv_path}")
             if all(r.mtp_drafts for r in rows):
@@ -168,7 +172,8 @@ def _probe(model: str, gpu_name: str, calibration: Path | None, device: str, out
                                    idle_s=cal.idle_s)
         else:
             rows = measure_grid(spec, picked, device, min_reps=3 if smoke else 10, min_time_s=0.0 if smoke else 0.25,
-                                per_row=per_row, linear_kernels=linear_kernels, idle_s=cal.idle_s)
+                                per_row=per_row, linear_kernels=linear_kernels, idle_s=cal.idle_s,
+                                write_contexts=cal.contexts_written)  # (a probe times as its calibration did)
         result = ForwardProbe.of(cal, str(path), rows, out)
     except (CalibrationError, ForwardSpeedError, UnknownSpecError, SpecFileError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -182,13 +187,15 @@ def _probe(model: str, gpu_name: str, calibration: Path | None, device: str, out
 
 
 def _measure(spec, grid: str, device: str, decode_attention: str, tp: int,
-             linear_kernels: str = "auto", idle_s: float = 0.0) -> list[ForwardMeasurement]:
+             linear_kernels: str = "auto", idle_s: float = 0.0, write_contexts: bool = False) -> list[ForwardMeasurement]:
     # Imported here: measuring needs torch on a GPU, fitting stored measurements does not.
     from cdbench.harness.live.measure import grid_shapes, measure_grid, measure_grid_tp
 
     shapes = grid_shapes(grid, spec, tp)
     if decode_attention not in ("per_row", "dense"):
         raise ValueError(f"--decode-attention {decode_attention!r}: choose per_row or dense")
+    if write_contexts and tp > 1:
+        raise ValueError("--write-contexts is built for one GPU: the ranks' grid writes no contexts")
     if device.startswith("cuda"):
         import torch
 
@@ -210,7 +217,7 @@ def _measure(spec, grid: str, device: str, decode_attention: str, tp: int,
         typer.echo(f"  ({drafts} of them the MTP head's draft shapes)")
     return measure_grid(spec, shapes, device, progress=show, min_reps=3 if grid == "tiny" else 10,
                         min_time_s=0.0 if grid == "tiny" else 0.25, per_row=decode_attention == "per_row",
-                        linear_kernels=linear_kernels, idle_s=idle_s)
+                        linear_kernels=linear_kernels, idle_s=idle_s, write_contexts=write_contexts)
 
 
 def measured_all_reduce(runs: list[str]) -> float:

@@ -56,6 +56,7 @@ class ForwardMeasurement:
     tp: int = 1                      # tensor-parallel ranks the step ran on (this row: rank 0's shard)
     idle_s: float = 0.0              # each repetition launched after this long with the GPU idle (0: back to back)
     mtp_drafts: int = 0              # > 0: the MTP head's passes, not a step (kind draft)
+    contexts_written: bool = False   # the rows' and chunks' cached contexts written by a prefill before timing
 
     @property
     def label(self) -> str:
@@ -97,8 +98,8 @@ def shape_label(decode_rows: int, decode_kv: int, prefill_chunks: int, prefill_n
 
 
 _FIELDS = [f.name for f in fields(ForwardMeasurement)]
-# absent from files measured before they existed (dense, one GPU, back to back, no draft shapes then)
-_OPTIONAL = {"decode_attention", "tp", "idle_s", "mtp_drafts"}
+# absent from files measured before they existed (dense, one GPU, back to back, no draft shapes, contexts unwritten)
+_OPTIONAL = {"decode_attention", "tp", "idle_s", "mtp_drafts", "contexts_written"}
 
 
 def write_measurements(rows: list[ForwardMeasurement], path: Path) -> None:
@@ -300,6 +301,9 @@ class ForwardCalibration(BaseModel):
         "dense", description="how the measured decode rows attended: dense (masked, over the longest row) or "
         "per_row (each row its own length, the decode-attention kernel live mode runs)")
     tp: int = Field(1, ge=1, description="tensor-parallel ranks of the measured steps (1: one GPU)")
+    contexts_written: bool = Field(False, description="the measured decode rows' and chunks' cached contexts were "
+                                   "written by a prefill before timing, as a live request's are (a MoE routes rows "
+                                   "over written contexts to fewer experts); False: unwritten (zeros)")
     idle_s: float = Field(0.0, ge=0, description="each measured repetition was launched after this long with the "
                           "GPU idle (0: back to back); a probe of this calibration times its shapes the same way")
     measurements: str = Field(description="the measurement CSV, relative to the repository")

@@ -114,6 +114,9 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
     idles = {r.idle_s for r in everything}
     if len(idles) != 1:
         raise CalibrationError(f"measurements mix idle gaps before their repetitions: {sorted(idles)} s")
+    written = {r.contexts_written for r in everything}
+    if len(written) != 1:
+        raise CalibrationError("measurements mix written and unwritten contexts")
     if all_reduce_token_s is not None and tp == 1:
         raise CalibrationError("a measured all-reduce prices tensor-parallel steps; these measurements are of one GPU")
     peak = peak_times(forward, rows)
@@ -183,7 +186,7 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
         all_reduce_s=params.all_reduce_s, all_reduce_token_s=params.all_reduce_token_s,
         chunk_routing_skew=params.chunk_routing_skew if moe else None,
         all_reduce_runs=list(all_reduce_runs), measurements=measurements, command=command, torch_version=rows[0].torch_version,
-        decode_attention=attention.pop(), tp=tp, idle_s=idles.pop(), fit=[],
+        decode_attention=attention.pop(), tp=tp, idle_s=idles.pop(), contexts_written=written.pop(), fit=[],
     )
     if drafts:
         steps_only = ForwardCostModel(forward.model, forward.gpu, tp=tp, forward_calibration=cal)

@@ -42,7 +42,7 @@ from cdbench.harness.live.forward import (
     PrefillChunk,
     TensorParallel,
 )
-from cdbench.harness.live.paged import BLOCK_SIZE, KVPool, blocks_for
+from cdbench.harness.live.paged import BLOCK_SIZE, KVCache, KVPool, blocks_for
 from cdbench.harness.live.step import spin
 
 DECODE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -163,6 +163,7 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
                  dtype: torch.dtype = torch.bfloat16, min_reps: int = 10, min_time_s: float = 0.25,
                  per_row: bool = False, cache_len: int | None = None, idle_s: float = 0.0,
                  tp: TensorParallel | None = None, linear_kernels: str = "auto", block_size: int = BLOCK_SIZE,
+                 write_contexts: bool = False,
                  progress: Callable[[ForwardMeasurement], None] | None = None) -> list[ForwardMeasurement]:
     """Build ``spec``'s live forward on ``device`` and time every shape (see the module doc).
 
@@ -177,7 +178,11 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
     shard, and every rank times exactly ``min_reps`` repetitions (``min_time_s`` ignored), since a rank
     that stopped early would leave the others waiting in their all-reduces. ``linear_kernels``: a hybrid
     model's Gated DeltaNet kernels (:class:`~.forward.LiveForward`). Draft shapes time the MTP head's
-    passes (the module doc): their rows are of kind ``draft`` with ``mtp_drafts`` set.
+    passes (the module doc): their rows are of kind ``draft`` with ``mtp_drafts`` set. ``write_contexts``:
+    before a step shape is timed, prefill steps write its decode rows' contexts and its chunks' cached
+    prefixes (:func:`write_contexts`), as a live request's prefill has; otherwise they are unwritten (zeros),
+    which changes no dense step's time but routes a MoE's decode rows to as many experts as uniform routing
+    (``reports/calibration/README.md``).
     """
     longest = max(s.max_len for s in shapes)
     if cache_len is not None and cache_len < longest:
@@ -204,6 +209,8 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
                 def run(cache=cache, draft=draft, passes=shape.drafts):
                     return forward.draft(cache, draft, passes)
         else:
+            if write_contexts:
+                written(forward, cache, shape)
             decode = forward.decode_inputs([shape.kv] * shape.rows, per_row=per_row) if shape.rows else None
             prefill = [PrefillChunk(shape.rows + i, shape.cached, shape.new) for i in range(shape.chunks)]
             if graph:
@@ -222,12 +229,33 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
             decode_rows=shape.rows, decode_kv=shape.kv, prefill_chunks=shape.chunks, prefill_new=shape.new,
             prefill_cached=shape.cached, graph=graph, reps=len(times), median_s=statistics.median(times),
             p10_s=q[0], p90_s=q[-1], tp=ranks, idle_s=idle_s, mtp_drafts=shape.drafts,
+            contexts_written=write_contexts and not shape.drafts,
             # the head's passes always attend through the per-row kernel
             decode_attention="per_row" if per_row or shape.drafts else "dense")
         rows.append(row)
         if progress is not None:
             progress(row)
     return rows
+
+
+# tokens a context-writing prefill step takes at most (the grid's longest prefill)
+_WRITE_STEP_TOKENS = 8192
+
+
+def written(forward: LiveForward, cache: KVCache, shape: StepShape) -> None:
+    """Write ``shape``'s contexts as live requests' prefills leave them: each decode row's ``kv`` tokens and
+    each prefill chunk's ``cached`` prefix, in prefill steps of at most :data:`_WRITE_STEP_TOKENS` tokens."""
+    chunks = [PrefillChunk(slot, 0, shape.kv) for slot in range(shape.rows) if shape.kv]
+    chunks += [PrefillChunk(shape.rows + i, 0, shape.cached) for i in range(shape.chunks) if shape.cached]
+    batch: list[PrefillChunk] = []
+    with torch.inference_mode():
+        for chunk in chunks:
+            if batch and sum(c.new for c in batch) + chunk.new > _WRITE_STEP_TOKENS:
+                forward.step(cache, prefill=batch)
+                batch = []
+            batch.append(chunk)
+        if batch:
+            forward.step(cache, prefill=batch)
 
 
 def time_repetitions(run: Callable[[], object], cuda: bool, min_reps: int, min_time_s: float,

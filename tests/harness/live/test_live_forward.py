@@ -262,3 +262,49 @@ def test_a_live_run_drafting_with_the_head_finishes_its_requests() -> None:
     assert result.summary.completed == 4 and result.summary.drafted_tokens > 0
     decode = result.steps[result.steps["decode_rows"] > 0]
     assert (decode["forward_s"] > 0).all()
+
+
+def test_measuring_with_written_contexts_writes_what_a_prefill_leaves_before_timing(monkeypatch) -> None:
+    """--write-contexts: each decode row's context and each chunk's cached prefix are written by prefill steps
+    before the shape is timed, and the rows say so (a calibration of them records it)."""
+    from cdbench.harness.live import measure
+    from cdbench.harness.live.measure import StepShape, measure_grid
+
+    spec = tiny(qk_norm=False)
+    writes: list[list[tuple[int, int, int]]] = []
+    step = LiveForward.step
+
+    def recorded(self, cache, decode=None, prefill=(), *args, **kwargs):
+        if decode is None and prefill:
+            writes.append([(c.slot, c.cached, c.new) for c in prefill])
+        return step(self, cache, decode, prefill, *args, **kwargs)
+
+    monkeypatch.setattr(LiveForward, "step", recorded)
+    monkeypatch.setattr(measure, "_WRITE_STEP_TOKENS", 16)
+    shapes = [StepShape(rows=3, kv=8), StepShape(rows=1, kv=4, chunks=1, new=4, cached=8)]
+    rows = measure_grid(spec, shapes, device="cpu", min_reps=1, min_time_s=0.0, write_contexts=True)
+    # the first shape's three rows in steps of at most 16 tokens; the second's row and its chunk's prefix
+    assert writes[0] == [(0, 0, 8), (1, 0, 8)] and writes[1] == [(2, 0, 8)]
+    assert [(0, 0, 4), (1, 0, 8)] in writes
+    assert all(r.contexts_written for r in rows)
+    writes.clear()
+    plain = measure_grid(spec, shapes[:1], device="cpu", min_reps=1, min_time_s=0.0)
+    assert not plain[0].contexts_written and writes == []
+
+
+def test_written_contexts_survive_the_measurement_file_and_a_fit_refuses_to_mix_them(tmp_path) -> None:
+    import dataclasses
+
+    from cdbench.harness.costs.calibration import CalibrationError, read_measurements, write_measurements
+    from cdbench.harness.costs.calibration_fit import fit_calibration
+    from cdbench.harness.costs.hardware import resolve_gpu
+
+    repo = __import__("pathlib").Path(__file__).resolve().parents[3]
+    rows = read_measurements(repo / "reports" / "calibration" / "qwen3-8b__h200.csv")
+    assert not any(r.contexts_written for r in rows)  # measured before the column: unwritten
+    written = [dataclasses.replace(r, contexts_written=True) for r in rows]
+    write_measurements(written, tmp_path / "m.csv")
+    assert read_measurements(tmp_path / "m.csv") == written
+    spec, gpu = resolve_model("qwen3-8b"), resolve_gpu("h200")
+    with pytest.raises(CalibrationError, match="mix written and unwritten contexts"):
+        fit_calibration(written[:40] + rows[40:], spec, gpu, measurements="m.csv", command="test")
