@@ -16,6 +16,7 @@ from cdbench.harness.costs.forward import ForwardCostModel, attention_pairs
 from cdbench.harness.costs.mask import MaskCost, bitmask_bytes
 
 _sum = np.add.reduce  # the direct ufunc reduction: cheaper than ndarray.sum per call
+_JOINED_PAGES = 8  # a decode run's forwards spanning fewer pages are gathered from them joined (pages between priced)
 
 
 class GpuCosts(Protocol):
@@ -165,6 +166,9 @@ class RooflineGpuCosts:
         first, last = int(np.minimum.reduce(decode_kv_tokens)) // size, int(np.maximum.reduce(decode_kv_tokens)) // size
         if first == last:  # (a run's contexts grow step by step: mostly within one page)
             return self._page(decode_rows, first)[decode_kv_tokens - first * size]
+        if last - first < _JOINED_PAGES:  # (a few pages: gathered from them joined)
+            joined = np.concatenate([self._page(decode_rows, page) for page in range(first, last + 1)])
+            return joined[decode_kv_tokens - first * size]
         pages = decode_kv_tokens // size
         out = np.empty(len(decode_kv_tokens))
         for page in np.unique(pages).tolist():

@@ -237,8 +237,10 @@ class ModelExecutor(GrammarExecutor):
                 steps = min(steps, max(int((g_left[ends] - 1 - end[ends]).min()), 0))
         if t.reject_left is not None:  # (-1: never refused)
             refused_at = t.reject_left[g_rid]
-            at_step = g_left - refused_at
-            steps = min(steps, int(_min(np.where((at_step >= 0) & (refused_at > 0), at_step, steps))))
+            refusing = refused_at > 0
+            if _any(refusing):  # (most rows are never refused)
+                at_step = g_left - refused_at
+                steps = min(steps, int(_min(np.where((at_step >= 0) & refusing, at_step, steps))))
         if len(self._step_col) < steps:
             self._step_col = np.arange(max(steps, 2 * len(self._step_col)))[:, None]
         left = g_left - self._step_col[:steps]
