@@ -126,6 +126,7 @@ class RooflineGpuCosts:
         self.forward, self.mask = forward, mask
         self._pages: dict[tuple[int, int], np.ndarray] = {}  # (rows, context // DECODE_PAGE) -> forwards
         self._prefill: dict[tuple, float] = {}  # (prefill tokens, their pairs, decode rows, context, chunks) -> forward
+        self._prefill_one: dict[tuple, float] = {}  # (one chunk's tokens, its cached tokens, decode rows, context) -> the same
         self._copy: dict[tuple[int, bool], float] = {}
         self._apply: dict[int, float] = {}
         self._sample: dict[int, float] = {}
@@ -137,6 +138,12 @@ class RooflineGpuCosts:
                 return 0.0
             page = self.DECODE_PAGE
             return float(self._page(decode_rows, int(decode_kv_tokens) // page)[decode_kv_tokens % page])
+        one = None
+        if len(prefill_chunks) == 1:  # (a prompt alone: remembered by its chunk and context, its pairs unsummed)
+            one = (int(prefill_chunks[0]), int(prefill_cached[0]), decode_rows, decode_kv_tokens)
+            value = self._prefill_one.get(one)
+            if value is not None:
+                return value
         tokens = float(_sum(prefill_chunks))
         pairs = float(attention_pairs(prefill_chunks, prefill_cached).sum())
         key = (tokens, pairs, decode_rows, decode_kv_tokens, len(prefill_chunks))
@@ -146,6 +153,10 @@ class RooflineGpuCosts:
                 self._prefill.clear()
             value = self._prefill[key] = self.forward.step_s(tokens, pairs, decode_rows, decode_kv_tokens,
                                                              len(prefill_chunks))
+        if one is not None:
+            if len(self._prefill_one) >= self.PREFILL_MEMO:
+                self._prefill_one.clear()
+            self._prefill_one[one] = value
         return value
 
     def _page(self, rows: int, page: int) -> np.ndarray:
