@@ -256,6 +256,7 @@ def test_accept_rows_and_curves_drawn_as_requests_enter_are_those_drawn_as_they_
     requests = list(streamed.iter_requests())
     monkeypatch.setattr(scheduler_module, "_SLOTS", 8)
     monkeypatch.setattr(scheduler_module, "_AHEAD", 5)
+    monkeypatch.setattr(cost_tables, "_DRAWN_TOGETHER", 2)  # (an entering chunk's rows drawn in groups)
     drawn = []
     draw_ahead = cost_tables.ProfileTables._draw_ahead
     monkeypatch.setattr(cost_tables.ProfileTables, "_draw_ahead",
@@ -278,6 +279,47 @@ def test_accept_rows_and_curves_drawn_as_requests_enter_are_those_drawn_as_they_
     rows = cost_tables._rows(pools, means)
     for pool, mean, row in zip(pools, means.tolist(), rows):
         assert row.tolist() == cost_tables._row(pool, mean).tolist()
+
+
+def test_streams_seeded_together_are_those_numpy_seeds_one_by_one():
+    """The cost specs' streams seeded as arrays (numpy's SeedSequence hashing and PCG64's seeding) and advanced
+    past the fills' uniforms: numpy's own generator of each entropy, advanced the same, draw for draw."""
+    rng = np.random.default_rng(7)
+    for length in (1, 3, 4, 5, 8):
+        words = rng.integers(0, 2**32, size=(20, length), dtype=np.uint64).astype(np.uint32)
+        for jump, skip in ((cost_tables._lcg_jump(0), 0), (cost_tables._SKIP_FILLS, cost_tables.SPAN)):
+            bits = np.random.Generator(np.random.PCG64(0))
+            for row, (state, inc) in zip(words, cost_tables._stream_states(words, jump)):
+                own = np.random.default_rng(row)
+                own.bit_generator.advance(skip)
+                bits.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc},
+                                            "has_uint32": 0, "uinteger": 0}
+                assert bits.random(5).tolist() == own.random(5).tolist()
+    entropy = [3, 0x6772, 2, 0x1234_5678_9ABC_DEF0_1122]  # (an integer of three words)
+    assert cost_tables._words(entropy) == [3, 0x6772, 2, 0xDEF0_1122, 0x5678_9ABC, 0x1234]
+    assert cost_tables._seeded(entropy).random(3).tolist() == np.random.default_rng(entropy).random(3).tolist()
+
+
+def test_segments_forwards_priced_together_are_each_segment_priced_alone():
+    """A decode run's segments (rows leaving between them) priced at once: each step's forward as
+    padded_decode pads its segment's rows, whether the segments share a padded size or not."""
+    from cdbench.harness.policies import padded_decode
+    from cdbench.harness.step_cost import StepPricer
+
+    config = RunConfig.model_validate({**DEFAULT, "mode": "model"})
+    gpu = config.costs.gpu_costs(1000)
+    sizes = policy("sglang").cuda_graph_sizes
+    pricer = StepPricer(policy("sglang"), gpu, None, lambda: None)
+    for segments in ([(4, 3), (3, 5)], [(9, 2), (5, 4), (3, 1), (2, 6), (1, 3)], [(7, 1), (6, 2)]):
+        rows = np.array([n for n, length in segments for _ in range(length)])
+        lengths = [length for _, length in segments]
+        kv = 1_000 + np.cumsum(rows)  # (over a page's end)
+        steps = len(rows)
+        cost = pricer.price_decode_run(rows, rows, lengths, np.full(steps, 1e-4), 0.0, np.full(steps, 1e-5),
+                                       np.full(steps, 2e-5), kv, False, True, 1.0)
+        alone = [gpu.forward_s(np.zeros(0), np.zeros(0), *padded_decode(sizes, n, c))
+                 for n, c in zip(rows.tolist(), kv.tolist())]
+        assert cost.forward_s.tolist() == alone
 
 
 def test_a_step_logs_blocks_are_its_rows_appended_one_by_one():
