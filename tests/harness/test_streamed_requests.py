@@ -281,6 +281,28 @@ def test_accept_rows_and_curves_drawn_as_requests_enter_are_those_drawn_as_they_
         assert row.tolist() == cost_tables._row(pool, mean).tolist()
 
 
+@pytest.mark.parametrize("name", ["default", "vllm, KV cache short", "JSON corpus, reasoning", "zipf, drafts",
+                                  "fixed costs (the CI run)"])
+def test_a_lone_rows_step_in_scalars_is_the_step_of_arrays(name, monkeypatch):
+    """A step of one row sampling one token (a prompt's first, run alone) worked out in Python scalars gives the
+    run whose every step is worked out as arrays: refusals, walks that end, reasoning and drafts around it."""
+    from cdbench.harness.executors import model as model_module
+
+    config = _decode_run_config(name)
+    requests = generate(config.workload, load_vocab(config.vocab), progress=False).requests
+    lone, step = [], ModelExecutor._lone_step
+    monkeypatch.setattr(ModelExecutor, "_lone_step", lambda self, *args: (lone.append(args), step(self, *args))[1])
+    scalars = _run(config, requests)
+    monkeypatch.setattr(model_module, "_LONE", 0)  # no step taken in scalars
+    arrays = _run(config, requests)
+    pd.testing.assert_frame_equal(scalars.requests, arrays.requests)
+    pd.testing.assert_frame_equal(scalars.steps, arrays.steps)
+    assert scalars.summary == arrays.summary
+    assert lone  # (vLLM mixes prompts with decode rows: few run alone)
+    if name == "default":  # (SGLang runs each prompt alone)
+        assert len(lone) > 0.5 * len(requests) and any(grammar for _, _, grammar in lone)
+
+
 def test_streams_seeded_together_are_those_numpy_seeds_one_by_one():
     """The cost specs' streams seeded as arrays (numpy's SeedSequence hashing and PCG64's seeding) and advanced
     past the fills' uniforms: numpy's own generator of each entropy, advanced the same, draw for draw."""

@@ -42,6 +42,11 @@ _any = np.count_nonzero
 _sum = np.add.reduce
 _min = np.minimum.reduce
 _SPAN_MASK = SPAN - 1
+_LONE = 1  # a step of this many rows is worked out in Python scalars (ModelExecutor._lone_step; 0: none is)
+_ZERO = np.zeros(1, np.int64)  # (a lone row's drafts accepted: read only)
+_ZERO.flags.writeable = False
+_TRUE = np.ones(1, bool)  # (a lone row ended or refused: read only)
+_TRUE.flags.writeable = False
 
 
 
@@ -248,6 +253,40 @@ class ModelExecutor(GrammarExecutor):
         _, fat, ci, accept_one = self._positions(g_rid, left)
         return DecodeRun(steps, self._fills(fat, ci), accept_one)
 
+    def _lone_step(self, rid: int, left: int, grammar: bool) -> StepWork:
+        """:meth:`step` of one row sampling one token, without drafts or thinking (a prompt's first token, run
+        alone): the same values, in Python scalars (its arrays of one value cost more than the arithmetic)."""
+        produced = min(1, left)
+        accepted, none = _ZERO, constant_ints(0, 1)
+        if not grammar:
+            return StepWork(NO_FILL, constant_ints(0, 0), np.array([produced]), accepted, none, none, None, 0.0)
+        t = self.tables
+        base = int(t.base[rid])
+        at = ((int(t.off_end[rid]) - left) & _SPAN_MASK) + base  # (as _positions)
+        fat = at if t.fill_base is None else at + (int(t.fill_base[rid]) - base)
+        ci = int(t.curve_end[rid]) - left
+        accept_one = float(t.accept[at])
+        if t.accept_curve is not None:
+            timed = float(t.accept_curve[ci])
+            if timed == timed:  # (not NaN)
+                accept_one = timed
+        fill = float(t.fill[fat]) * float(t.curve[ci])  # (as _fills)
+        if t.spike is not None:
+            fill += float(t.spike[fat])
+        ended = rejected = None
+        if t.end_left is not None:
+            end = int(t.end_left[rid])
+            if end > 0 and left - produced <= end:
+                produced = left - end
+                accepted = np.array([min(0, produced - 1)])
+                ended = _TRUE
+        if t.reject_left is not None:
+            refuse = int(t.reject_left[rid])
+            if left >= refuse > left - produced:
+                rejected = _TRUE
+        return StepWork(np.array([fill]), constant_ints(1, 1), np.array([produced]), accepted, none, none, rejected,
+                        0.0 + accept_one, ended)
+
     def _positions(self, g_rid: np.ndarray, left: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Grammar rows ``g_rid`` with ``left`` tokens left (a value a row, or one a step and row): their
         indexes in the accept (and rollback, forced) pools and in the fill pools, on their curves, and the
@@ -274,6 +313,9 @@ class ModelExecutor(GrammarExecutor):
     def step(self, rows: StepRows, rng: np.random.Generator) -> StepWork:
         n = len(rows.rid)
         grammar, drafts, gen_left = rows.grammar, rows.drafts, rows.gen_left
+        if n == _LONE and not drafts[0] and not rows.think_left[0] and not self.jump_forward and (
+                self.parallel_fill is None or self.parallel_fill.threshold >= 1):
+            return self._lone_step(int(rows.rid[0]), int(gen_left[0]), bool(grammar[0]))
         spec = _any(drafts)
         if spec:
             accepted = self._accepted(rng, drafts)
