@@ -734,30 +734,32 @@ class ProfileTables(CostTables):
         if len(self._drawn) > _DRAWN_AHEAD:  # (rows of requests that never arrived, or whose spec was held)
             self._drawn.clear()
         held, drawn = self._rows.slot, self._drawn
+        new = [cost_spec for cost_spec in dict.fromkeys(cost_specs)  # (in order, once each)
+               if cost_spec is not None and cost_spec not in held and cost_spec not in drawn]
+        # each stream seeded as _rng seeds it, past the fills' uniforms (the accepts' follow them): all the new
+        # specs' streams at once, a call for each length of their seeding words
+        states: dict[tuple, tuple[int, int]] = {}
+        by_length: dict[int, list[tuple]] = {}
+        entropies = {}
+        for cost_spec in new:
+            words = entropies[cost_spec] = self._entropy(cost_spec)
+            if words is None:  # (numpy's own seeding refuses it)
+                self._rng(cost_spec)
+            by_length.setdefault(len(words), []).append(cost_spec)
+        for specs in by_length.values():
+            states.update(zip(specs, _stream_states(np.array([entropies[c] for c in specs], np.uint32), _SKIP_FILLS)))
         by_kind: dict[str, list[tuple]] = {}
-        for cost_spec in dict.fromkeys(cost_specs):  # (in order, once each)
-            if cost_spec is not None and cost_spec not in held and cost_spec not in drawn:
-                by_kind.setdefault(cost_spec[0], []).append(cost_spec)
+        for cost_spec in new:
+            by_kind.setdefault(cost_spec[0], []).append(cost_spec)
         bits = self._bits
         for kind, specs in by_kind.items():
             accept = self._kind(kind)[2]
             means = np.array([accept.mean * self._accept_scale(cost_spec, accept) for cost_spec in specs])
-            # each stream seeded as _rng seeds it, past the fills' uniforms: the accepts' follow them
-            states: dict[int, tuple[int, int]] = {}
-            by_length: dict[int, list[int]] = {}
-            entropies = [self._entropy(cost_spec) for cost_spec in specs]
-            for i, words in enumerate(entropies):
-                if words is None:  # (numpy's own seeding refuses it)
-                    self._rng(specs[i])
-                by_length.setdefault(len(words), []).append(i)
-            for rows in by_length.values():
-                states.update(zip(rows, _stream_states(np.array([entropies[i] for i in rows], np.uint32),
-                                                       _SKIP_FILLS)))
             for at in range(0, len(specs), _DRAWN_TOGETHER):  # (a few rows at a time: their arrays stay in cache)
                 group = specs[at:at + _DRAWN_TOGETHER]
                 u = np.empty((len(group), SPAN))
-                for i in range(len(group)):
-                    state, inc = states[at + i]
+                for i, cost_spec in enumerate(group):
+                    state, inc = states[cost_spec]
                     bits.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc},
                                                 "has_uint32": 0, "uinteger": 0}
                     bits.random(out=u[i])
