@@ -126,7 +126,7 @@ class RooflineGpuCosts:
         self.forward, self.mask = forward, mask
         self._pages: dict[tuple[int, int], np.ndarray] = {}  # (rows, context // DECODE_PAGE) -> forwards
         self._prefill: dict[tuple, float] = {}  # (prefill tokens, their pairs, decode rows, context, chunks) -> forward
-        self._prefill_one: dict[tuple, float] = {}  # (one chunk's tokens, its cached tokens, decode rows, context) -> the same
+        self._prefill_one: dict[tuple, float] = {}  # (a lone chunk's tokens, its cached ones, decode rows, context)
         self._copy: dict[tuple[int, bool], float] = {}
         self._apply: dict[int, float] = {}
         self._sample: dict[int, float] = {}
