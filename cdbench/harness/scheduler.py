@@ -840,7 +840,7 @@ class Scheduler:
             kv.settled, kv.evicted = True, 0
             if kv.policy == "sglang":
                 ratio = kv.ratio
-                for _ in range(k):  # (decayed step by step, as the steps round it; at its floor it stays)
+                for _ in range(k):  # (decayed step by step, as the steps round it)
                     if ratio == SGLANG_MIN_NEW_TOKEN_RATIO:
                         break
                     ratio = max(ratio - SGLANG_NEW_TOKEN_RATIO_DECAY, SGLANG_MIN_NEW_TOKEN_RATIO)

@@ -256,7 +256,7 @@ def test_accept_rows_and_curves_drawn_as_requests_enter_are_those_drawn_as_they_
     requests = list(streamed.iter_requests())
     monkeypatch.setattr(scheduler_module, "_SLOTS", 8)
     monkeypatch.setattr(scheduler_module, "_AHEAD", 5)
-    monkeypatch.setattr(cost_tables, "_DRAWN_TOGETHER", 2)  # (an entering chunk's rows drawn in groups)
+    monkeypatch.setattr(cost_tables, "_DRAWN_TOGETHER", 2)
     drawn = []
     draw_ahead = cost_tables.ProfileTables._draw_ahead
     monkeypatch.setattr(cost_tables.ProfileTables, "_draw_ahead",
@@ -284,8 +284,7 @@ def test_accept_rows_and_curves_drawn_as_requests_enter_are_those_drawn_as_they_
 @pytest.mark.parametrize("name", ["default", "vllm, KV cache short", "JSON corpus, reasoning", "zipf, drafts",
                                   "fixed costs (the CI run)"])
 def test_a_lone_rows_step_in_scalars_is_the_step_of_arrays(name, monkeypatch):
-    """A step of one row sampling one token (a prompt's first, run alone) worked out in Python scalars gives the
-    run whose every step is worked out as arrays: refusals, walks that end, reasoning and drafts around it."""
+    """A lone row's step in Python scalars (a prompt's first token, run alone) gives the run of arrays."""
     from cdbench.harness.executors import model as model_module
 
     config = _decode_run_config(name)
@@ -298,14 +297,13 @@ def test_a_lone_rows_step_in_scalars_is_the_step_of_arrays(name, monkeypatch):
     pd.testing.assert_frame_equal(scalars.requests, arrays.requests)
     pd.testing.assert_frame_equal(scalars.steps, arrays.steps)
     assert scalars.summary == arrays.summary
-    assert lone  # (vLLM mixes prompts with decode rows: few run alone)
+    assert lone
     if name == "default":  # (SGLang runs each prompt alone)
         assert len(lone) > 0.5 * len(requests) and any(grammar for _, _, grammar in lone)
 
 
 def test_streams_seeded_together_are_those_numpy_seeds_one_by_one():
-    """The cost specs' streams seeded as arrays (numpy's SeedSequence hashing and PCG64's seeding) and advanced
-    past the fills' uniforms: numpy's own generator of each entropy, advanced the same, draw for draw."""
+    """Streams seeded as arrays (and advanced past the fills' uniforms) are numpy's own, draw for draw."""
     rng = np.random.default_rng(7)
     for length in (1, 3, 4, 5, 8):
         words = rng.integers(0, 2**32, size=(20, length), dtype=np.uint64).astype(np.uint32)
@@ -323,8 +321,7 @@ def test_streams_seeded_together_are_those_numpy_seeds_one_by_one():
 
 
 def test_segments_forwards_priced_together_are_each_segment_priced_alone():
-    """A decode run's segments (rows leaving between them) priced at once: each step's forward as
-    padded_decode pads its segment's rows, whether the segments share a padded size or not."""
+    """A run's segments priced at once: each step's forward as padded_decode pads its segment's rows."""
     from cdbench.harness.policies import padded_decode
     from cdbench.harness.step_cost import StepPricer
 

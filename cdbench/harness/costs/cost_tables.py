@@ -373,7 +373,7 @@ def has_draft_chains(profile: GrammarProfile, index: SpecIndex, requests: Iterab
 _KEYS_REMEMBERED = 1 << 12
 """Spec keys whose cost spec, chain and refusals the tables remember (past it they are computed again)."""
 _DRAWN_AHEAD = 1 << 10  # requests entering at once whose new accept rows and curves are drawn together
-_DRAWN_TOGETHER = 16  # accept rows whose uniforms and quantiles are drawn as one array (256 KB of uniforms)
+_DRAWN_TOGETHER = 16  # accept rows drawn as one array (in cache)
 
 
 class _Draws:
@@ -456,8 +456,7 @@ class _Slots:
 
 
 def _words(entropy: list[int]) -> list[int] | None:
-    """The 32-bit words numpy's ``SeedSequence`` splits the integers ``entropy`` into, lowest first (``None``
-    where one is negative: numpy refuses it)."""
+    """The 32-bit words numpy splits the integers ``entropy`` into, lowest first (``None``: one is negative)."""
     words = []
     for n in entropy:
         if n < 0:
@@ -477,7 +476,7 @@ def _seeded(entropy: list[int]) -> np.random.Generator:
     return np.random.default_rng(entropy if words is None else np.array(words, np.uint32))
 
 
-# numpy's SeedSequence (pool of 4 words, its hash and mix constants) and PCG64's 128-bit LCG
+# numpy's SeedSequence (pool, hash and mix constants) and PCG64's LCG
 _POOL = 4
 _INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
 _MIX_L, _MIX_R = 0xCA01F9DD, 0x4973F715
@@ -500,13 +499,12 @@ _SKIP_FILLS = _lcg_jump(SPAN)  # past a stream's first SPAN draws (the fills' un
 
 
 def _stream_states(words: np.ndarray, jump: tuple[int, int] = (1, 0)) -> list[tuple[int, int]]:
-    """PCG64's ``(state, inc)`` of ``numpy.random.default_rng(words[i])`` for each row of ``words`` (32-bit
-    words, as :func:`_words` gives them), each advanced by ``jump`` (:func:`_lcg_jump`): numpy's
-    ``SeedSequence`` hashing and PCG64's seeding as arrays over the rows (entering requests seed their
-    cost specs' streams together; one at a time, numpy's seeding is most of a stream's cost)."""
+    """PCG64's ``(state, inc)`` of ``numpy.random.default_rng(words[i])`` for each row of 32-bit ``words``,
+    advanced by ``jump`` (:func:`_lcg_jump`): numpy's seeding as arrays over the rows (one at a time, it is
+    most of a stream's cost)."""
     w = words.astype(np.uint64)
     n, length = w.shape
-    hash_const = _INIT_A  # (the same sequence for every row: it does not depend on the words)
+    hash_const = _INIT_A  # (the same for every row)
 
     def hashmix(value: np.ndarray) -> np.ndarray:
         nonlocal hash_const
@@ -516,7 +514,7 @@ def _stream_states(words: np.ndarray, jump: tuple[int, int] = (1, 0)) -> list[tu
         return value ^ (value >> 16)
 
     def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        out = (_MIX_L * x - _MIX_R * y) & _M32  # (wraps modulo 2**64, then kept modulo 2**32)
+        out = (_MIX_L * x - _MIX_R * y) & _M32  # (modulo 2**64, then 2**32)
         return out ^ (out >> 16)
 
     pool = [hashmix(w[:, i] if i < length else np.zeros(n, np.uint64)) for i in range(_POOL)]
@@ -527,7 +525,7 @@ def _stream_states(words: np.ndarray, jump: tuple[int, int] = (1, 0)) -> list[tu
     for src in range(_POOL, length):
         for dst in range(_POOL):
             pool[dst] = mix(pool[dst], hashmix(w[:, src]))
-    hash_b, state = _INIT_B, []  # generate_state(4, uint64): 8 words, paired low word first
+    hash_b, state = _INIT_B, []  # generate_state(4, uint64): 8 words, low first
     for i in range(2 * _POOL):
         value = pool[i % _POOL] ^ hash_b
         hash_b = hash_b * _MULT_B & _M32
@@ -538,7 +536,7 @@ def _stream_states(words: np.ndarray, jump: tuple[int, int] = (1, 0)) -> list[tu
     out = []
     for hi_s, lo_s, hi_q, lo_q in zip(*seeds):
         inc = ((hi_q << 64 | lo_q) << 1 | 1) & _M128
-        s = ((inc + (hi_s << 64 | lo_s)) * _PCG_MULT + inc) & _M128  # (srandom: two steps from 0, the seed added)
+        s = ((inc + (hi_s << 64 | lo_s)) * _PCG_MULT + inc) & _M128  # (srandom: two steps, the seed added)
         out.append(((a * s + c * inc) & _M128, inc))
     return out
 
@@ -593,7 +591,7 @@ class ProfileTables(CostTables):
         self._rows = _Slots(reserved=1)  # slot 0: the row of ones replayed texts read
         self._unfilled: set[int] = set()  # rows whose fills are not drawn (read by replayed texts only, so far)
         self._drawn: dict[tuple, np.ndarray] = {}  # cost spec -> its accept row, drawn as its request entered
-        self._bits = np.random.Generator(np.random.PCG64(0))  # (set to each stream's state in turn: _draw_ahead)
+        self._bits = np.random.Generator(np.random.PCG64(0))  # (given each stream's state: _draw_ahead)
         self._drawn_curves: dict[str, tuple[int, np.ndarray]] = {}  # replayed text -> (width, its curve), the same
         self._curves = _Slots()
         self._chain_slots = _Slots(reserved=1)  # slot 0: chain 0
@@ -736,8 +734,7 @@ class ProfileTables(CostTables):
         held, drawn = self._rows.slot, self._drawn
         new = [cost_spec for cost_spec in dict.fromkeys(cost_specs)  # (in order, once each)
                if cost_spec is not None and cost_spec not in held and cost_spec not in drawn]
-        # each stream seeded as _rng seeds it, past the fills' uniforms (the accepts' follow them): all the new
-        # specs' streams at once, a call for each length of their seeding words
+        # the streams as _rng seeds them, past the fills' uniforms: a call for each length of seeding words
         states: dict[tuple, tuple[int, int]] = {}
         by_length: dict[int, list[tuple]] = {}
         entropies = {}
@@ -956,7 +953,7 @@ class ProfileTables(CostTables):
         return _seeded([self.seed, 0x6772, KIND_CODES[kind], int(seeded, 16) if seeded is not None else 0])
 
     def _entropy(self, cost_spec: tuple) -> list[int] | None:
-        """The 32-bit words seeding :meth:`_rng`'s stream (``None``: a negative seed, which numpy refuses)."""
+        """The 32-bit words seeding :meth:`_rng`'s stream (``None``: a negative seed)."""
         kind, seeded, _ = cost_spec
         return _words([self.seed, 0x6772, KIND_CODES[kind], int(seeded, 16) if seeded is not None else 0])
 

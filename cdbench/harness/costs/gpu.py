@@ -16,7 +16,7 @@ from cdbench.harness.costs.forward import ForwardCostModel, attention_pairs
 from cdbench.harness.costs.mask import MaskCost, bitmask_bytes
 
 _sum = np.add.reduce  # the direct ufunc reduction: cheaper than ndarray.sum per call
-_JOINED_PAGES = 8  # a decode run's forwards spanning fewer pages are gathered from them joined (pages between priced)
+_JOINED_PAGES = 8  # a run's forwards over fewer pages are gathered from them joined
 
 
 class GpuCosts(Protocol):
@@ -139,7 +139,7 @@ class RooflineGpuCosts:
             page = self.DECODE_PAGE
             return float(self._page(decode_rows, int(decode_kv_tokens) // page)[decode_kv_tokens % page])
         one = None
-        if len(prefill_chunks) == 1:  # (a prompt alone: remembered by its chunk and context, its pairs unsummed)
+        if len(prefill_chunks) == 1:  # (a prompt alone: by its chunk, no pairs summed)
             one = (int(prefill_chunks[0]), int(prefill_cached[0]), decode_rows, decode_kv_tokens)
             value = self._prefill_one.get(one)
             if value is not None:

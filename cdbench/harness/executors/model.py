@@ -42,11 +42,9 @@ _any = np.count_nonzero
 _sum = np.add.reduce
 _min = np.minimum.reduce
 _SPAN_MASK = SPAN - 1
-_LONE = 1  # a step of this many rows is worked out in Python scalars (ModelExecutor._lone_step; 0: none is)
-_ZERO = np.zeros(1, np.int64)  # (a lone row's drafts accepted: read only)
-_ZERO.flags.writeable = False
-_TRUE = np.ones(1, bool)  # (a lone row ended or refused: read only)
-_TRUE.flags.writeable = False
+_LONE = 1  # a step of this many rows is taken in scalars (_lone_step; 0: none)
+_ZERO, _TRUE = np.zeros(1, np.int64), np.ones(1, bool)  # (a lone row's read-only results)
+_ZERO.flags.writeable = _TRUE.flags.writeable = False
 
 
 
@@ -254,8 +252,7 @@ class ModelExecutor(GrammarExecutor):
         return DecodeRun(steps, self._fills(fat, ci), accept_one)
 
     def _lone_step(self, rid: int, left: int, grammar: bool) -> StepWork:
-        """:meth:`step` of one row sampling one token, without drafts or thinking (a prompt's first token, run
-        alone): the same values, in Python scalars (its arrays of one value cost more than the arithmetic)."""
+        """:meth:`step` of one row without drafts or thinking (a prompt's first token), in Python scalars."""
         produced = min(1, left)
         accepted, none = _ZERO, constant_ints(0, 1)
         if not grammar:
