@@ -275,7 +275,7 @@ class BatchFormer:
             # whole batch, in order, so slices (views) instead of gathers
             s_rows = slice(None)
         elif n_first:
-            s_rows = np.concatenate((dec_rows, first_rows))
+            s_rows = np.concatenate((dec_rows, first_rows)) if n_dec else first_rows
         else:
             s_rows = dec_rows
         if drafts is None:

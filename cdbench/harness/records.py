@@ -316,13 +316,10 @@ def _block_column(values: Sequence, lengths: np.ndarray, text: bool) -> np.ndarr
     one = np.array([0 if is_array else v for v, is_array in zip(values, arrays)])
     if not any(arrays):
         return np.repeat(one, lengths)
-    dtype = np.result_type(one.dtype, *{v.dtype for v, is_array in zip(values, arrays) if is_array})
+    given = [v for v, is_array in zip(values, arrays) if is_array]
+    dtype = np.result_type(one.dtype, *{v.dtype for v in given})
     out = np.repeat(one.astype(dtype), lengths)
-    start = 0
-    for v, is_array, k in zip(values, arrays, lengths.tolist()):
-        if is_array:
-            out[start:start + k] = v
-        start += k
+    out[np.repeat(np.array(arrays), lengths)] = np.concatenate(given)  # (one write, not one a block)
     return out
 
 

@@ -839,8 +839,12 @@ class Scheduler:
             kv.free = kv.blocks - int(used[k - 1]) // kv.block
             kv.settled, kv.evicted = True, 0
             if kv.policy == "sglang":
+                ratio = kv.ratio
                 for _ in range(k):  # (decayed step by step, as the steps round it)
-                    kv.ratio = max(kv.ratio - SGLANG_NEW_TOKEN_RATIO_DECAY, SGLANG_MIN_NEW_TOKEN_RATIO)
+                    if ratio == SGLANG_MIN_NEW_TOKEN_RATIO:
+                        break
+                    ratio = max(ratio - SGLANG_NEW_TOKEN_RATIO_DECAY, SGLANG_MIN_NEW_TOKEN_RATIO)
+                kv.ratio = ratio
         carry = cost.carry_out
         self._carry_process_s = float(carry[k - 1]) if isinstance(carry, np.ndarray) else carry
         self._carry_cpu_s = 0.0

@@ -24,7 +24,7 @@ from cdbench.harness.admission import StepPlan
 from cdbench.harness.contention import HostCores
 from cdbench.harness.costs.gpu import GpuCosts
 from cdbench.harness.executors.base import Settlement, StepWork
-from cdbench.harness.policies import SchedulerConfig, padded_decode
+from cdbench.harness.policies import SchedulerConfig, graph_size, padded_decode
 from cdbench.harness.step_time import step_time
 
 if TYPE_CHECKING:
@@ -199,14 +199,24 @@ class StepPricer:
             if not cfg.pinned_mask:
                 raise ValueError("decode steps of rows leaving between them are priced at once only with the "
                                  "bitmask in pinned memory")
-            parts, forward_s = [], np.empty(len(kv))
+            parts, padded = [], []
             at = 0
             for length in lengths:  # (a segment's parts: one value for each of its steps)
                 n = int(rows[at])
                 parts.append(self._decode_parts(n, int(grammar_rows[at]), stretch))
-                fw_tokens, fw_kv = padded_decode(cfg.cuda_graph_sizes, n, kv[at:at + length])
-                forward_s[at:at + length] = gpu.decode_forward_s(fw_tokens, fw_kv)
+                padded.append(graph_size(cfg.cuda_graph_sizes, n) or n)
                 at += length
+            # each step's forward as padded_decode pads it, priced together for the segments of one padded size
+            pad = np.array(padded).repeat(lengths)
+            fw_kv = kv + (pad - rows)
+            sizes = set(padded)
+            if len(sizes) == 1:
+                forward_s = gpu.decode_forward_s(padded[0], fw_kv)
+            else:
+                forward_s = np.empty(len(kv))
+                for size in sizes:
+                    on = pad == size
+                    forward_s[on] = gpu.decode_forward_s(size, fw_kv[on])
             host_fill_s, transfer_s, engine_process_s, copy_s, apply_s, sample_s, launch_s, prep_s = \
                 np.array(parts).repeat(lengths, axis=0).T
         fill = fill_s * stretch if fill_s is not None else np.zeros(len(kv))

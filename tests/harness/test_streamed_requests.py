@@ -256,6 +256,7 @@ def test_accept_rows_and_curves_drawn_as_requests_enter_are_those_drawn_as_they_
     requests = list(streamed.iter_requests())
     monkeypatch.setattr(scheduler_module, "_SLOTS", 8)
     monkeypatch.setattr(scheduler_module, "_AHEAD", 5)
+    monkeypatch.setattr(cost_tables, "_DRAWN_TOGETHER", 2)
     drawn = []
     draw_ahead = cost_tables.ProfileTables._draw_ahead
     monkeypatch.setattr(cost_tables.ProfileTables, "_draw_ahead",
@@ -278,6 +279,66 @@ def test_accept_rows_and_curves_drawn_as_requests_enter_are_those_drawn_as_they_
     rows = cost_tables._rows(pools, means)
     for pool, mean, row in zip(pools, means.tolist(), rows):
         assert row.tolist() == cost_tables._row(pool, mean).tolist()
+
+
+@pytest.mark.parametrize("name", ["default", "vllm, KV cache short", "JSON corpus, reasoning", "zipf, drafts",
+                                  "fixed costs (the CI run)"])
+def test_a_lone_rows_step_in_scalars_is_the_step_of_arrays(name, monkeypatch):
+    """A lone row's step in Python scalars (a prompt's first token, run alone) gives the run of arrays."""
+    from cdbench.harness.executors import model as model_module
+
+    config = _decode_run_config(name)
+    requests = generate(config.workload, load_vocab(config.vocab), progress=False).requests
+    lone, step = [], ModelExecutor._lone_step
+    monkeypatch.setattr(ModelExecutor, "_lone_step", lambda self, *args: (lone.append(args), step(self, *args))[1])
+    scalars = _run(config, requests)
+    monkeypatch.setattr(model_module, "_LONE", 0)  # no step taken in scalars
+    arrays = _run(config, requests)
+    pd.testing.assert_frame_equal(scalars.requests, arrays.requests)
+    pd.testing.assert_frame_equal(scalars.steps, arrays.steps)
+    assert scalars.summary == arrays.summary
+    assert lone
+    if name == "default":  # (SGLang runs each prompt alone)
+        assert len(lone) > 0.5 * len(requests) and any(grammar for _, _, grammar in lone)
+
+
+def test_streams_seeded_together_are_those_numpy_seeds_one_by_one():
+    """Streams seeded as arrays (and advanced past the fills' uniforms) are numpy's own, draw for draw."""
+    rng = np.random.default_rng(7)
+    for length in (1, 3, 4, 5, 8):
+        words = rng.integers(0, 2**32, size=(20, length), dtype=np.uint64).astype(np.uint32)
+        for jump, skip in ((cost_tables._lcg_jump(0), 0), (cost_tables._SKIP_FILLS, cost_tables.SPAN)):
+            bits = np.random.Generator(np.random.PCG64(0))
+            for row, (state, inc) in zip(words, cost_tables._stream_states(words, jump)):
+                own = np.random.default_rng(row)
+                own.bit_generator.advance(skip)
+                bits.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc},
+                                            "has_uint32": 0, "uinteger": 0}
+                assert bits.random(5).tolist() == own.random(5).tolist()
+    entropy = [3, 0x6772, 2, 0x1234_5678_9ABC_DEF0_1122]  # (an integer of three words)
+    assert cost_tables._words(entropy) == [3, 0x6772, 2, 0xDEF0_1122, 0x5678_9ABC, 0x1234]
+    assert cost_tables._seeded(entropy).random(3).tolist() == np.random.default_rng(entropy).random(3).tolist()
+
+
+def test_segments_forwards_priced_together_are_each_segment_priced_alone():
+    """A run's segments priced at once: each step's forward as padded_decode pads its segment's rows."""
+    from cdbench.harness.policies import padded_decode
+    from cdbench.harness.step_cost import StepPricer
+
+    config = RunConfig.model_validate({**DEFAULT, "mode": "model"})
+    gpu = config.costs.gpu_costs(1000)
+    sizes = policy("sglang").cuda_graph_sizes
+    pricer = StepPricer(policy("sglang"), gpu, None, lambda: None)
+    for segments in ([(4, 3), (3, 5)], [(9, 2), (5, 4), (3, 1), (2, 6), (1, 3)], [(7, 1), (6, 2)]):
+        rows = np.array([n for n, length in segments for _ in range(length)])
+        lengths = [length for _, length in segments]
+        kv = 1_000 + np.cumsum(rows)  # (over a page's end)
+        steps = len(rows)
+        cost = pricer.price_decode_run(rows, rows, lengths, np.full(steps, 1e-4), 0.0, np.full(steps, 1e-5),
+                                       np.full(steps, 2e-5), kv, False, True, 1.0)
+        alone = [gpu.forward_s(np.zeros(0), np.zeros(0), *padded_decode(sizes, n, c))
+                 for n, c in zip(rows.tolist(), kv.tolist())]
+        assert cost.forward_s.tolist() == alone
 
 
 def test_a_step_logs_blocks_are_its_rows_appended_one_by_one():

@@ -373,6 +373,7 @@ def has_draft_chains(profile: GrammarProfile, index: SpecIndex, requests: Iterab
 _KEYS_REMEMBERED = 1 << 12
 """Spec keys whose cost spec, chain and refusals the tables remember (past it they are computed again)."""
 _DRAWN_AHEAD = 1 << 10  # requests entering at once whose new accept rows and curves are drawn together
+_DRAWN_TOGETHER = 16  # accept rows drawn as one array (in cache)
 
 
 class _Draws:
@@ -454,20 +455,90 @@ class _Slots:
             self.free[self.slot[item]] = item
 
 
-def _seeded(entropy: list[int]) -> np.random.Generator:
-    """``numpy.random.default_rng(entropy)``, the same stream: the integers (not negative) given as the
-    32-bit words numpy splits them into, lowest first, which spares its per-integer conversion (a new
-    cost spec seeds a generator as its first request arrives)."""
+def _words(entropy: list[int]) -> list[int] | None:
+    """The 32-bit words numpy splits the integers ``entropy`` into, lowest first (``None``: one is negative)."""
     words = []
     for n in entropy:
         if n < 0:
-            return np.random.default_rng(entropy)  # (numpy's own refusal)
+            return None
         words.append(n & 0xFFFFFFFF)
         n >>= 32
         while n:
             words.append(n & 0xFFFFFFFF)
             n >>= 32
-    return np.random.default_rng(np.array(words, np.uint32))
+    return words
+
+
+def _seeded(entropy: list[int]) -> np.random.Generator:
+    """``numpy.random.default_rng(entropy)``, the same stream: the integers (not negative) given as the
+    32-bit words numpy splits them into, which spares its per-integer conversion."""
+    words = _words(entropy)
+    return np.random.default_rng(entropy if words is None else np.array(words, np.uint32))
+
+
+# numpy's SeedSequence (pool, hash and mix constants) and PCG64's LCG
+_POOL = 4
+_INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
+_MIX_L, _MIX_R = 0xCA01F9DD, 0x4973F715
+_M32, _M128 = 0xFFFFFFFF, (1 << 128) - 1
+_PCG_MULT = 0x2360ED051FC65DA44385DF649FCCF645
+
+
+def _lcg_jump(steps: int) -> tuple[int, int]:
+    """``(a, c)``: ``steps`` steps of PCG64's LCG take ``state`` to ``a * state + c * inc`` (mod 2**128)."""
+    acc_mult, acc_plus, mult, plus = 1, 0, _PCG_MULT, 1
+    while steps:
+        if steps & 1:
+            acc_mult, acc_plus = acc_mult * mult & _M128, (acc_plus * mult + plus) & _M128
+        plus, mult = (mult + 1) * plus & _M128, mult * mult & _M128
+        steps >>= 1
+    return acc_mult, acc_plus
+
+
+_SKIP_FILLS = _lcg_jump(SPAN)  # past a stream's first SPAN draws (the fills' uniforms)
+
+
+def _stream_states(words: np.ndarray, jump: tuple[int, int] = (1, 0)) -> list[tuple[int, int]]:
+    """PCG64's ``(state, inc)`` of ``numpy.random.default_rng(words[i])`` for each row of 32-bit ``words``,
+    advanced by ``jump`` (:func:`_lcg_jump`): numpy's seeding as arrays over the rows (one at a time, it is
+    most of a stream's cost)."""
+    w = words.astype(np.uint64)
+    n, length = w.shape
+    hash_const = _INIT_A  # (the same for every row)
+
+    def hashmix(value: np.ndarray) -> np.ndarray:
+        nonlocal hash_const
+        value = value ^ hash_const
+        hash_const = hash_const * _MULT_A & _M32
+        value = value * hash_const & _M32
+        return value ^ (value >> 16)
+
+    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        out = (_MIX_L * x - _MIX_R * y) & _M32  # (modulo 2**64, then 2**32)
+        return out ^ (out >> 16)
+
+    pool = [hashmix(w[:, i] if i < length else np.zeros(n, np.uint64)) for i in range(_POOL)]
+    for src in range(_POOL):
+        for dst in range(_POOL):
+            if src != dst:
+                pool[dst] = mix(pool[dst], hashmix(pool[src]))
+    for src in range(_POOL, length):
+        for dst in range(_POOL):
+            pool[dst] = mix(pool[dst], hashmix(w[:, src]))
+    hash_b, state = _INIT_B, []  # generate_state(4, uint64): 8 words, low first
+    for i in range(2 * _POOL):
+        value = pool[i % _POOL] ^ hash_b
+        hash_b = hash_b * _MULT_B & _M32
+        value = value * hash_b & _M32
+        state.append(value ^ (value >> 16))
+    seeds = [(state[2 * i] | (state[2 * i + 1] << np.uint64(32))).tolist() for i in range(_POOL)]
+    a, c = jump
+    out = []
+    for hi_s, lo_s, hi_q, lo_q in zip(*seeds):
+        inc = ((hi_q << 64 | lo_q) << 1 | 1) & _M128
+        s = ((inc + (hi_s << 64 | lo_s)) * _PCG_MULT + inc) & _M128  # (srandom: two steps, the seed added)
+        out.append(((a * s + c * inc) & _M128, inc))
+    return out
 
 
 def _grown(array: np.ndarray | None, length: int) -> np.ndarray | None:
@@ -520,6 +591,7 @@ class ProfileTables(CostTables):
         self._rows = _Slots(reserved=1)  # slot 0: the row of ones replayed texts read
         self._unfilled: set[int] = set()  # rows whose fills are not drawn (read by replayed texts only, so far)
         self._drawn: dict[tuple, np.ndarray] = {}  # cost spec -> its accept row, drawn as its request entered
+        self._bits = np.random.Generator(np.random.PCG64(0))  # (given each stream's state: _draw_ahead)
         self._drawn_curves: dict[str, tuple[int, np.ndarray]] = {}  # replayed text -> (width, its curve), the same
         self._curves = _Slots()
         self._chain_slots = _Slots(reserved=1)  # slot 0: chain 0
@@ -660,22 +732,37 @@ class ProfileTables(CostTables):
         if len(self._drawn) > _DRAWN_AHEAD:  # (rows of requests that never arrived, or whose spec was held)
             self._drawn.clear()
         held, drawn = self._rows.slot, self._drawn
+        new = [cost_spec for cost_spec in dict.fromkeys(cost_specs)  # (in order, once each)
+               if cost_spec is not None and cost_spec not in held and cost_spec not in drawn]
+        # the streams as _rng seeds them, past the fills' uniforms: a call for each length of seeding words
+        states: dict[tuple, tuple[int, int]] = {}
+        by_length: dict[int, list[tuple]] = {}
+        entropies = {}
+        for cost_spec in new:
+            words = entropies[cost_spec] = self._entropy(cost_spec)
+            if words is None:  # (numpy's own seeding refuses it)
+                self._rng(cost_spec)
+            by_length.setdefault(len(words), []).append(cost_spec)
+        for specs in by_length.values():
+            states.update(zip(specs, _stream_states(np.array([entropies[c] for c in specs], np.uint32), _SKIP_FILLS)))
         by_kind: dict[str, list[tuple]] = {}
-        for cost_spec in dict.fromkeys(cost_specs):  # (in order, once each)
-            if cost_spec is not None and cost_spec not in held and cost_spec not in drawn:
-                by_kind.setdefault(cost_spec[0], []).append(cost_spec)
+        for cost_spec in new:
+            by_kind.setdefault(cost_spec[0], []).append(cost_spec)
+        bits = self._bits
         for kind, specs in by_kind.items():
             accept = self._kind(kind)[2]
-            u = np.empty((len(specs), SPAN))
-            means = np.empty(len(specs))
-            for i, cost_spec in enumerate(specs):  # (the accepts' uniforms follow the fills' in the stream)
-                rng = self._rng(cost_spec)
-                rng.bit_generator.advance(SPAN)
-                rng.random(out=u[i])
-                means[i] = accept.mean * self._accept_scale(cost_spec, accept)
-            pools = accept.quantile_of_uniform(u.ravel()).reshape(u.shape)
-            for cost_spec, row in zip(specs, _rows(pools, means)):
-                drawn[cost_spec] = row
+            means = np.array([accept.mean * self._accept_scale(cost_spec, accept) for cost_spec in specs])
+            for at in range(0, len(specs), _DRAWN_TOGETHER):  # (a few rows at a time: their arrays stay in cache)
+                group = specs[at:at + _DRAWN_TOGETHER]
+                u = np.empty((len(group), SPAN))
+                for i, cost_spec in enumerate(group):
+                    state, inc = states[cost_spec]
+                    bits.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc},
+                                                "has_uint32": 0, "uinteger": 0}
+                    bits.random(out=u[i])
+                pools = accept.quantile_of_uniform(u.ravel()).reshape(u.shape)
+                for cost_spec, row in zip(group, _rows(pools, means[at:at + len(group)])):
+                    drawn[cost_spec] = row
 
     def _accept_scale(self, cost_spec: tuple, accept) -> float:
         """How much ``cost_spec``'s accepts are scaled from its kind's ``accept`` distribution."""
@@ -864,6 +951,11 @@ class ProfileTables(CostTables):
         """The generator of ``cost_spec``'s pools, from the start of its stream."""
         kind, seeded, _ = cost_spec
         return _seeded([self.seed, 0x6772, KIND_CODES[kind], int(seeded, 16) if seeded is not None else 0])
+
+    def _entropy(self, cost_spec: tuple) -> list[int] | None:
+        """The 32-bit words seeding :meth:`_rng`'s stream (``None``: a negative seed)."""
+        kind, seeded, _ = cost_spec
+        return _words([self.seed, 0x6772, KIND_CODES[kind], int(seeded, 16) if seeded is not None else 0])
 
     def _write_fill(self, slot: int, cost_spec: tuple) -> None:
         """The fills of ``cost_spec`` into row ``slot``, left out when its row was drawn (:meth:`_write_row`)."""

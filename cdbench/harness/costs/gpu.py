@@ -16,6 +16,7 @@ from cdbench.harness.costs.forward import ForwardCostModel, attention_pairs
 from cdbench.harness.costs.mask import MaskCost, bitmask_bytes
 
 _sum = np.add.reduce  # the direct ufunc reduction: cheaper than ndarray.sum per call
+_JOINED_PAGES = 8  # a run's forwards over fewer pages are gathered from them joined
 
 
 class GpuCosts(Protocol):
@@ -125,6 +126,7 @@ class RooflineGpuCosts:
         self.forward, self.mask = forward, mask
         self._pages: dict[tuple[int, int], np.ndarray] = {}  # (rows, context // DECODE_PAGE) -> forwards
         self._prefill: dict[tuple, float] = {}  # (prefill tokens, their pairs, decode rows, context, chunks) -> forward
+        self._prefill_one: dict[tuple, float] = {}  # (a lone chunk's tokens, its cached ones, decode rows, context)
         self._copy: dict[tuple[int, bool], float] = {}
         self._apply: dict[int, float] = {}
         self._sample: dict[int, float] = {}
@@ -136,6 +138,12 @@ class RooflineGpuCosts:
                 return 0.0
             page = self.DECODE_PAGE
             return float(self._page(decode_rows, int(decode_kv_tokens) // page)[decode_kv_tokens % page])
+        one = None
+        if len(prefill_chunks) == 1:  # (a prompt alone: by its chunk, no pairs summed)
+            one = (int(prefill_chunks[0]), int(prefill_cached[0]), decode_rows, decode_kv_tokens)
+            value = self._prefill_one.get(one)
+            if value is not None:
+                return value
         tokens = float(_sum(prefill_chunks))
         pairs = float(attention_pairs(prefill_chunks, prefill_cached).sum())
         key = (tokens, pairs, decode_rows, decode_kv_tokens, len(prefill_chunks))
@@ -145,6 +153,10 @@ class RooflineGpuCosts:
                 self._prefill.clear()
             value = self._prefill[key] = self.forward.step_s(tokens, pairs, decode_rows, decode_kv_tokens,
                                                              len(prefill_chunks))
+        if one is not None:
+            if len(self._prefill_one) >= self.PREFILL_MEMO:
+                self._prefill_one.clear()
+            self._prefill_one[one] = value
         return value
 
     def _page(self, rows: int, page: int) -> np.ndarray:
@@ -165,6 +177,9 @@ class RooflineGpuCosts:
         first, last = int(np.minimum.reduce(decode_kv_tokens)) // size, int(np.maximum.reduce(decode_kv_tokens)) // size
         if first == last:  # (a run's contexts grow step by step: mostly within one page)
             return self._page(decode_rows, first)[decode_kv_tokens - first * size]
+        if last - first < _JOINED_PAGES:  # (a few pages: gathered from them joined)
+            joined = np.concatenate([self._page(decode_rows, page) for page in range(first, last + 1)])
+            return joined[decode_kv_tokens - first * size]
         pages = decode_kv_tokens // size
         out = np.empty(len(decode_kv_tokens))
         for page in np.unique(pages).tolist():

@@ -214,8 +214,8 @@ class Distribution(BaseModel):
         out = u - x_at.take(k)
         out *= slope.take(k)
         out += y_at.take(k)
-        if u.max(initial=0.0) >= dense_from:
-            tail = np.flatnonzero(u >= dense_from)
+        tail = np.flatnonzero(u >= dense_from)  # (most of a few thousand draws have some there)
+        if len(tail):
             x, y = self._arrays()
             u_tail = u[tail]
             j = np.searchsorted(x, u_tail, "right") - 1

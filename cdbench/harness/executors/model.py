@@ -42,6 +42,9 @@ _any = np.count_nonzero
 _sum = np.add.reduce
 _min = np.minimum.reduce
 _SPAN_MASK = SPAN - 1
+_LONE = 1  # a step of this many rows is taken in scalars (_lone_step; 0: none)
+_ZERO, _TRUE = np.zeros(1, np.int64), np.ones(1, bool)  # (a lone row's read-only results)
+_ZERO.flags.writeable = _TRUE.flags.writeable = False
 
 
 
@@ -237,14 +240,49 @@ class ModelExecutor(GrammarExecutor):
                 steps = min(steps, max(int((g_left[ends] - 1 - end[ends]).min()), 0))
         if t.reject_left is not None:  # (-1: never refused)
             refused_at = t.reject_left[g_rid]
-            at_step = g_left - refused_at
-            steps = min(steps, int(_min(np.where((at_step >= 0) & (refused_at > 0), at_step, steps))))
+            refusing = refused_at > 0
+            if _any(refusing):  # (most rows are never refused)
+                at_step = g_left - refused_at
+                steps = min(steps, int(_min(np.where((at_step >= 0) & refusing, at_step, steps))))
         if len(self._step_col) < steps:
             self._step_col = np.arange(max(steps, 2 * len(self._step_col)))[:, None]
         left = g_left - self._step_col[:steps]
         np.maximum(left, 1, out=left)  # (past a row's last token: its last position again)
         _, fat, ci, accept_one = self._positions(g_rid, left)
         return DecodeRun(steps, self._fills(fat, ci), accept_one)
+
+    def _lone_step(self, rid: int, left: int, grammar: bool) -> StepWork:
+        """:meth:`step` of one row without drafts or thinking (a prompt's first token), in Python scalars."""
+        produced = min(1, left)
+        accepted, none = _ZERO, constant_ints(0, 1)
+        if not grammar:
+            return StepWork(NO_FILL, constant_ints(0, 0), np.array([produced]), accepted, none, none, None, 0.0)
+        t = self.tables
+        base = int(t.base[rid])
+        at = ((int(t.off_end[rid]) - left) & _SPAN_MASK) + base  # (as _positions)
+        fat = at if t.fill_base is None else at + (int(t.fill_base[rid]) - base)
+        ci = int(t.curve_end[rid]) - left
+        accept_one = float(t.accept[at])
+        if t.accept_curve is not None:
+            timed = float(t.accept_curve[ci])
+            if timed == timed:  # (not NaN)
+                accept_one = timed
+        fill = float(t.fill[fat]) * float(t.curve[ci])  # (as _fills)
+        if t.spike is not None:
+            fill += float(t.spike[fat])
+        ended = rejected = None
+        if t.end_left is not None:
+            end = int(t.end_left[rid])
+            if end > 0 and left - produced <= end:
+                produced = left - end
+                accepted = np.array([min(0, produced - 1)])
+                ended = _TRUE
+        if t.reject_left is not None:
+            refuse = int(t.reject_left[rid])
+            if left >= refuse > left - produced:
+                rejected = _TRUE
+        return StepWork(np.array([fill]), constant_ints(1, 1), np.array([produced]), accepted, none, none, rejected,
+                        0.0 + accept_one, ended)
 
     def _positions(self, g_rid: np.ndarray, left: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Grammar rows ``g_rid`` with ``left`` tokens left (a value a row, or one a step and row): their
@@ -272,6 +310,9 @@ class ModelExecutor(GrammarExecutor):
     def step(self, rows: StepRows, rng: np.random.Generator) -> StepWork:
         n = len(rows.rid)
         grammar, drafts, gen_left = rows.grammar, rows.drafts, rows.gen_left
+        if n == _LONE and not drafts[0] and not rows.think_left[0] and not self.jump_forward and (
+                self.parallel_fill is None or self.parallel_fill.threshold >= 1):
+            return self._lone_step(int(rows.rid[0]), int(gen_left[0]), bool(grammar[0]))
         spec = _any(drafts)
         if spec:
             accepted = self._accepted(rng, drafts)

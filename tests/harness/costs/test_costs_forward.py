@@ -204,7 +204,8 @@ def test_a_decode_steps_forward_is_the_cost_models_own_remembered_or_not(monkeyp
 
 
 def test_a_prefill_steps_forward_is_the_cost_models_own_remembered_or_not(monkeypatch) -> None:
-    """A step with prefill chunks is remembered by its tokens, attention pairs, decode rows, context and chunks."""
+    """A step with prefill chunks is remembered by its tokens, attention pairs, decode rows, context and chunks
+    (and a lone chunk by its tokens, cached tokens, decode rows and context)."""
     from cdbench.harness.costs.forward import attention_pairs
     from cdbench.harness.costs.gpu import RooflineGpuCosts
     from cdbench.harness.costs.mask import MaskCost
@@ -218,7 +219,11 @@ def test_a_prefill_steps_forward_is_the_cost_models_own_remembered_or_not(monkey
     for _ in range(2):
         assert [gpu.forward_s(*step) for step in steps] == expected
     assert len(gpu._prefill) == len(steps)
+    assert len(gpu._prefill_one) == 3  # (a prompt alone: by its chunk and cached tokens too)
     monkeypatch.setattr(forward, "step_s", lambda *args: 1.0)
     assert gpu.forward_s(*steps[0]) == expected[0]  # remembered
     monkeypatch.setattr(RooflineGpuCosts, "PREFILL_MEMO", len(steps))
     assert gpu.forward_s(np.array([7]), np.array([0]), 0, 0) == 1.0 and len(gpu._prefill) == 1  # full: afresh
+    assert len(gpu._prefill_one) == len(steps)  # (not full yet)
+    assert [gpu.forward_s(*step) for step in steps] == [expected[0], expected[1], 1.0, expected[3]]  # (lone ones)
+    assert gpu.forward_s(np.array([9]), np.array([0]), 0, 0) == 1.0 and len(gpu._prefill_one) == 1  # full: afresh
