@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 from dataclasses import replace
 from pathlib import Path
 
@@ -112,9 +113,15 @@ def test_an_idle_gap_before_each_repetition_is_recorded_and_kept_by_its_probe(tm
     tp_rows = read_measurements(tp_out.with_suffix(".csv"))
     assert {(r.tp, r.idle_s) for r in tp_rows} == {(2, 0.002)} and all(r.reps == 3 for r in tp_rows)
     assert ForwardCalibration.load(tp_out).idle_s == 0.002
-    # a CSV without the column reads as back to back; one fit never mixes the two
-    old = REPO / "reports/calibration/qwen3-30b-a3b__h200.csv"  # measured before the column
-    assert "idle_s" not in old.read_text().splitlines()[0]
+    # a CSV without the column (as measured before it) reads as back to back; one fit never mixes the two
+    old = tmp_path / "before_the_column.csv"
+    with (REPO / "reports/calibration/qwen3-30b-a3b__h200.csv").open(newline="") as src, \
+            old.open("w", newline="") as dst:
+        reader = csv.DictReader(src)
+        kept = [name for name in reader.fieldnames if name != "idle_s"]
+        writer = csv.DictWriter(dst, fieldnames=kept, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(reader)
     back_to_back = read_measurements(old)
     assert {r.idle_s for r in back_to_back} == {0.0}
     mixed = tmp_path / "mixed.csv"
