@@ -186,8 +186,8 @@ def _probe(model: str, gpu_name: str, calibration: Path | None, device: str, out
     typer.echo(f"probe: {out}  (--set costs.forward_speed={PROBE_PREFIX}{out})")
 
 
-def _measure(spec, grid: str, device: str, decode_attention: str, tp: int,
-             linear_kernels: str = "auto", idle_s: float = 0.0, write_contexts: bool = False) -> list[ForwardMeasurement]:
+def _measure(spec, grid: str, device: str, decode_attention: str, tp: int, linear_kernels: str = "auto",
+             idle_s: float = 0.0, write_contexts: bool = False) -> list[ForwardMeasurement]:
     # Imported here: measuring needs torch on a GPU, fitting stored measurements does not.
     from cdbench.harness.live.measure import grid_shapes, measure_grid, measure_grid_tp
 

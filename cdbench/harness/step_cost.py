@@ -4,8 +4,8 @@ The fourth phase of the scheduler's iteration (:mod:`cdbench.harness.scheduler`,
 states the rules). Given the rows a step runs (:class:`~cdbench.harness.admission.StepPlan`) and the
 grammar's work on them (:class:`~cdbench.harness.executors.base.StepWork`), :class:`StepPricer`
 prices the mask building (the fills, or a parallel fill's wall time, under tensor-parallel ranks the
-slowest of the ranks' fills (``rank_fill_ratios``, or ``rank_fill_jitter``); token filters of thinking rows; the engine's wrapper
-around the fills and its mask allocation), the bitmask's transfer to another
+slowest of the ranks' fills (``rank_fill_ratios``, or ``rank_fill_jitter``); token filters of thinking
+rows; the engine's wrapper around the fills and its mask allocation), the bitmask's transfer to another
 process, the engine's result processing and the launch, each stretched by host contention; the
 GPU's forward (a decode step at the next captured graph size), mask copy, apply and sampling; and
 combines them by the overlap rules (:func:`~cdbench.harness.step_time.step_time`). A ``live`` step

@@ -177,7 +177,8 @@ def fit_v0_launches(path: Path) -> dict:
     out = _step_and_row(steps, "launch_s", ("sample_launch_s", "sample_launch_row_s"), v, fn,
                         "sum of the calls' median host time ~ a + b*rows")
     rows = calls["processor"].unstack("name")
-    fn = "XGrammarLogitsProcessor.__call__'s xgr.apply_token_bitmask_inplace + _apply_logits_processors' logits[i] = row"
+    fn = ("XGrammarLogitsProcessor.__call__'s xgr.apply_token_bitmask_inplace"
+          " + _apply_logits_processors' logits[i] = row")
     out["row_launch_s"] = param(float((rows["apply_bitmask"] + rows["write_back"]).mean()), "vllm", v, fn,
                                 "apply_bitmask + write_back, median host time a row, mean over the batches", None,
                                 len(rows))
