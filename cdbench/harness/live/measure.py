@@ -180,7 +180,7 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
     model's Gated DeltaNet kernels (:class:`~.forward.LiveForward`). Draft shapes time the MTP head's
     passes (the module doc): their rows are of kind ``draft`` with ``mtp_drafts`` set. ``write_contexts``:
     before a step shape is timed, prefill steps write its decode rows' contexts and its chunks' cached
-    prefixes (:func:`write_contexts`), as a live request's prefill has; otherwise they are unwritten (zeros),
+    prefixes (:func:`prefill_contexts`), as a live request's prefill has; otherwise they are unwritten (zeros),
     which changes no dense step's time but routes a MoE's decode rows to as many experts as uniform routing
     (``reports/calibration/README.md``).
     """
@@ -210,7 +210,7 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
                     return forward.draft(cache, draft, passes)
         else:
             if write_contexts:
-                written(forward, cache, shape)
+                prefill_contexts(forward, cache, shape)
             decode = forward.decode_inputs([shape.kv] * shape.rows, per_row=per_row) if shape.rows else None
             prefill = [PrefillChunk(shape.rows + i, shape.cached, shape.new) for i in range(shape.chunks)]
             if graph:
@@ -242,20 +242,21 @@ def measure_grid(spec: ModelSpec, shapes: Sequence[StepShape], device: str = "cu
 _WRITE_STEP_TOKENS = 8192
 
 
-def written(forward: LiveForward, cache: KVCache, shape: StepShape) -> None:
+def prefill_contexts(forward: LiveForward, cache: KVCache, shape: StepShape) -> None:
     """Write ``shape``'s contexts as live requests' prefills leave them: each decode row's ``kv`` tokens and
     each prefill chunk's ``cached`` prefix, in prefill steps of at most :data:`_WRITE_STEP_TOKENS` tokens."""
     chunks = [PrefillChunk(slot, 0, shape.kv) for slot in range(shape.rows) if shape.kv]
     chunks += [PrefillChunk(shape.rows + i, 0, shape.cached) for i in range(shape.chunks) if shape.cached]
     batch: list[PrefillChunk] = []
-    with torch.inference_mode():
-        for chunk in chunks:
-            if batch and sum(c.new for c in batch) + chunk.new > _WRITE_STEP_TOKENS:
-                forward.step(cache, prefill=batch)
-                batch = []
-            batch.append(chunk)
-        if batch:
+    tokens = 0
+    for chunk in chunks:
+        if batch and tokens + chunk.new > _WRITE_STEP_TOKENS:
             forward.step(cache, prefill=batch)
+            batch, tokens = [], 0
+        batch.append(chunk)
+        tokens += chunk.new
+    if batch:
+        forward.step(cache, prefill=batch)
 
 
 def time_repetitions(run: Callable[[], object], cuda: bool, min_reps: int, min_time_s: float,
