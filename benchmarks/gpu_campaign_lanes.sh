@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# One device call of a host of four GPUs: a campaign's live runs in lanes, in parallel, each lane its own GPUs
+# One device call of a host of four GPUs (famm, famh: two): a campaign's live runs in lanes, in parallel, each lane its own GPUs
 # and cores (benchmarks/campaign_lane.py writes each lane's campaign); the wheels the GPU image lacks in .whl/.
 # Everything comes back as one $OUT/res_PHASE.tgz (the device returns few files). As run on 2026-11-28
 # (reports/fidelity/live_vs_model.md): DL=500 for rk1 and rk2, DL=360 for fam.
-# usage: DL=SECONDS benchmarks/gpu_campaign_lanes.sh PHASE   (rk1 | rk2 | fam)
+# usage: DL=SECONDS benchmarks/gpu_campaign_lanes.sh PHASE   (rk1 | rk2 | fam | famm | famh)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 CDBENCH_CACHE_DIR=/tmp/cdb_cache PYTHONUNBUFFERED=1 \
@@ -34,6 +34,11 @@ case $P in
        lane moes campaigns/model_family_vs_model.yaml "costs.model=qwen3-30b-a3b,load=sat" 1 8-15 &
        lane hybu campaigns/model_family_vs_model.yaml "costs.model=qwen3.5-35b-a3b,load=under" 2 16-23 qwen3.5-35b-a3b &
        lane hybs campaigns/model_family_vs_model.yaml "costs.model=qwen3.5-35b-a3b,load=sat" 3 24-31 qwen3.5-35b-a3b & ;;
+  # the same lanes on a host of two GPUs (32 cores), one model a call
+  famm) lane moeu campaigns/model_family_vs_model.yaml "costs.model=qwen3-30b-a3b,load=under" 0 0-15 &
+        lane moes campaigns/model_family_vs_model.yaml "costs.model=qwen3-30b-a3b,load=sat" 1 16-31 & ;;
+  famh) lane hybu campaigns/model_family_vs_model.yaml "costs.model=qwen3.5-35b-a3b,load=under" 0 0-15 qwen3.5-35b-a3b &
+        lane hybs campaigns/model_family_vs_model.yaml "costs.model=qwen3.5-35b-a3b,load=sat" 1 16-31 qwen3.5-35b-a3b & ;;
 esac
 wait
 find $R -name "*.jsonl.gz" -path "*trace*" -size +4M -delete

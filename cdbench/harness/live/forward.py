@@ -79,7 +79,8 @@ from cdbench.kernels.rotary_kv import rotary_kv_write
 
 ROPE_THETA = 500_000.0  # rotary base; the value only changes the numbers, not the time
 NORM_EPS = 1e-6
-SPREAD = 7919  # a prime stride through the vocabulary (spread_tokens)
+SPREAD = 7919  # a prime stride through the vocabulary (request_tokens)
+SLOT_SPREAD = 104_729  # another prime: each table row's token sequence starts elsewhere (request_tokens)
 LINEAR_CHUNK = 64  # the chunked gated delta rule's chunk (flash-linear-attention's)
 
 
@@ -142,14 +143,16 @@ def shard(spec: ModelSpec, size: int) -> ModelSpec:
                                    "intermediate_size": width // size})
 
 
-def spread_tokens(n: int, vocab_size: int) -> list[int]:
-    """``n`` distinct-looking token ids, the same every call: the ids a step feeds when it is given none.
+def request_tokens(slots: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The token id at each ``positions`` of the request in table row ``slots``: the ids a step feeds when
+    it is given none, computed on the device (a captured graph derives them from its refilled inputs).
 
-    A MoE routes on its tokens' hidden states, so a step of one repeated token would send every
-    token to the same ``k`` experts and read a fraction of the weights a real batch reads; spread
-    ids route (through the random router) about uniformly, as the models are trained to.
+    Each request its own sequence, as an engine feeds each row its own sampled token and each prompt its
+    own text: with one sequence for every request (or one id per batch row, every step) the requests'
+    contexts would be alike, their hidden states would converge and a MoE would route every row to the
+    same few experts, reading a fraction of the weights a real batch reads.
     """
-    return [(i * SPREAD + 1) % vocab_size for i in range(n)]
+    return ((slots + 1) * SLOT_SPREAD + positions * SPREAD + 1) % vocab_size
 
 
 @dataclass(frozen=True)
@@ -166,7 +169,7 @@ class PrefillChunk:
 class DecodeInputs:
     """The static tensors of a decode batch: a captured graph reads them, so refill them in place."""
 
-    tokens: torch.Tensor     # [rows] int64: the token each row feeds
+    tokens: torch.Tensor | None  # [rows] int64: the token each row feeds; None: its request's (request_tokens)
     positions: torch.Tensor  # [rows] int64: its position in its request (= the row's cached length)
     slots: torch.Tensor      # [rows] int64: the row's request (its row of the block table and linear state)
     attend: int              # keys each row's attention covers (the longest row's positions + 1)
@@ -178,7 +181,7 @@ class DecodeInputs:
 class DraftInputs:
     """The static tensors of an MTP head's drafting: one row a drafting request; refill them in place."""
 
-    tokens: torch.Tensor     # [rows] int64: the request's last token, the first pass's input
+    tokens: torch.Tensor | None  # [rows] int64: the first pass's input token; None: its request's (request_tokens)
     hidden: torch.Tensor     # [rows, hidden]: its last hidden state, the first pass's other input
     slots: torch.Tensor      # [rows] int64: its row of the block table
     positions: torch.Tensor  # [rows] int64: the first draft's position
@@ -305,18 +308,16 @@ class LiveForward:
         """
         rows = len(positions)
         slots = range(rows) if slots is None else slots
-        tokens = spread_tokens(rows, self.spec.vocab_size) if tokens is None else tokens
+        token_ids = None if tokens is None else torch.tensor(list(tokens), device=self.device, dtype=torch.int64)
         pos = torch.tensor(list(positions), device=self.device, dtype=torch.int64)
+        slot_ids = torch.tensor(list(slots), device=self.device, dtype=torch.int64)
         if per_row:
-            return DecodeInputs(torch.tensor(list(tokens), device=self.device, dtype=torch.int64), pos,
-                                torch.tensor(list(slots), device=self.device, dtype=torch.int64),
-                                0, None, pos + 1)
+            return DecodeInputs(token_ids, pos, slot_ids, 0, None, pos + 1)
         attend = int(max(positions)) + 1 if rows else 0
         mask = None
         if rows and min(positions) != max(positions):
             mask = (torch.arange(attend, device=self.device)[None, :] <= pos[:, None])[:, None, None, :]
-        return DecodeInputs(torch.tensor(list(tokens), device=self.device, dtype=torch.int64), pos,
-                            torch.tensor(list(slots), device=self.device, dtype=torch.int64), attend, mask)
+        return DecodeInputs(token_ids, pos, slot_ids, attend, mask)
 
     # ---- the step -----------------------------------------------------------------------------------------
 
@@ -325,30 +326,30 @@ class LiveForward:
              prefill: Sequence[PrefillChunk] = (), prefill_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Run one step; returns the sampled tokens' logits, ``[rows + chunks, vocab]`` (decode rows first).
 
-        ``prefill_tokens`` holds the chunks' token ids back to back (:func:`spread_tokens` when omitted).
+        ``prefill_tokens`` holds the chunks' token ids back to back (each request's own,
+        :func:`request_tokens`, when omitted; so are the decode rows' when ``decode.tokens`` is ``None``).
         """
-        rows = 0 if decode is None else int(decode.tokens.shape[0])
+        rows = 0 if decode is None else int(decode.positions.shape[0])
         n_prefill = sum(c.new for c in prefill)
         if rows + n_prefill == 0:
             raise ValueError("a step needs at least one decode row or prefill token")
-        if prefill_tokens is None:
-            # spread_tokens computed on the device: a host list copied in would break a CUDA graph's capture
-            prefill_tokens = (torch.arange(n_prefill, device=self.device) * SPREAD + 1) % self.spec.vocab_size
-        parts_tok, parts_pos, parts_slot = [], [], []
+        parts_pos, parts_slot = [], []
         if rows:
-            parts_tok.append(decode.tokens)
             parts_pos.append(decode.positions)
             parts_slot.append(decode.slots)
         if n_prefill:
-            parts_tok.append(prefill_tokens)
             parts_pos += [torch.arange(c.cached, c.cached + c.new, device=self.device) for c in prefill]
             parts_slot += [torch.full((c.new,), c.slot, device=self.device, dtype=torch.int64) for c in prefill]
-        tokens = torch.cat(parts_tok) if len(parts_tok) > 1 else parts_tok[0]
         positions = torch.cat(parts_pos) if len(parts_pos) > 1 else parts_pos[0]
+        token_slots = torch.cat(parts_slot) if len(parts_slot) > 1 else parts_slot[0]
+        tokens = request_tokens(token_slots, positions, self.spec.vocab_size)
+        if rows and decode.tokens is not None:
+            tokens[:rows] = decode.tokens
+        if n_prefill and prefill_tokens is not None:
+            tokens[rows:] = prefill_tokens
         cos, sin = self._rope(positions)
         # every token's page and offset, once for all layers (the fused rotary kernel writes k and v there)
-        where = cache.where(torch.cat(parts_slot) if len(parts_slot) > 1 else parts_slot[0], positions) \
-            if cache.k else None
+        where = cache.where(token_slots, positions) if cache.k else None
 
         # the per-row decode kernel's launch order, sorted once for every layer
         order = lpt_order(decode.lengths) if rows and decode.lengths is not None and self.balance_decode else None
@@ -523,12 +524,13 @@ class LiveForward:
 
     def draft_inputs(self, positions: Sequence[int], slots: Sequence[int]) -> DraftInputs:
         """Static drafting tensors for requests in table rows ``slots`` whose first draft goes at ``positions``
-        (a token and a hidden state of fixed values: only their shapes matter to the passes' time)."""
+        (the first token each request's own, :func:`request_tokens` at the draft's position, derived in the pass
+        so that a captured graph follows its refilled slots; a hidden state of fixed values: its shape is what
+        matters to the passes' time)."""
         rows = len(positions)
         gen = torch.Generator(device=self.device).manual_seed(rows)
         hidden = (torch.randn((rows, self.spec.hidden_size), generator=gen, device=self.device) * 0.02).to(self.dtype)
-        return DraftInputs(torch.tensor(spread_tokens(rows, self.spec.vocab_size), device=self.device),
-                           hidden, torch.tensor(list(slots), device=self.device, dtype=torch.int64),
+        return DraftInputs(None, hidden, torch.tensor(list(slots), device=self.device, dtype=torch.int64),
                            torch.tensor(list(positions), device=self.device, dtype=torch.int64))
 
     @torch.inference_mode()
@@ -540,7 +542,9 @@ class LiveForward:
         if not self.mtp_layers:
             raise ValueError("this forward has no MTP head (build it with mtp=True)")
         h = self.spec.hidden_size
-        tokens, hidden = draft.tokens, draft.hidden
+        hidden = draft.hidden
+        tokens = request_tokens(draft.slots, draft.positions, self.spec.vocab_size) if draft.tokens is None \
+            else draft.tokens
         rows = int(tokens.shape[0])
         enorm, hnorm = self.mtp_norms
         logits = None

@@ -15,6 +15,7 @@ from cdbench.harness.live.forward import (
     PrefillChunk,
     check_supported,
     intermediate_size,
+    request_tokens,
 )
 from cdbench.harness.live.paged import KVCache, KVPool
 from cdbench.harness.live.step import LiveStep
@@ -151,7 +152,7 @@ def test_each_drafting_pass_is_a_decode_step_of_the_heads_layer() -> None:
     n_full = spec.n_full_attention_layers
     ref_cache = KVCache([fresh.k[n_full]], [fresh.v[n_full]], fresh.block_table, fresh.block_size)
     inputs = fwd.draft_inputs(positions, slots)
-    tokens, hidden = inputs.tokens, inputs.hidden
+    tokens, hidden = request_tokens(inputs.slots, inputs.positions, spec.vocab_size), inputs.hidden
     enorm, hnorm = fwd.mtp_norms
     for j in range(passes):
         x = torch.cat([F.rms_norm(F.embedding(tokens, fwd.embed), (64,), enorm, NORM_EPS),

@@ -116,19 +116,55 @@ def test_bf16_hybrid_step_is_finite() -> None:
     assert logits.shape == (2, HYBRID.vocab_size) and torch.isfinite(logits.float()).all()
 
 
-def test_default_tokens_spread_over_the_experts() -> None:
+def test_default_tokens_are_each_requests_own() -> None:
     import torch.nn.functional as F
 
     from cdbench.harness.live.experts import route
-    from cdbench.harness.live.forward import spread_tokens
+    from cdbench.harness.live.forward import request_tokens
 
     spec = MOE.model_copy(update={"n_experts": 16, "vocab_size": 500})
     fwd = LiveForward(spec, "cpu", dtype=torch.float32)
-    ids = torch.tensor(spread_tokens(64, spec.vocab_size))
-    assert len(set(ids.tolist())) == 64 and spread_tokens(3, 500) == spread_tokens(3, 500)
+    # 64 requests' tokens at one position: distinct, the same every call, and spread over the experts
+    ids = request_tokens(torch.arange(64), torch.full((64,), 7), spec.vocab_size)
+    assert len(set(ids.tolist())) == 64
+    assert torch.equal(ids, request_tokens(torch.arange(64), torch.full((64,), 7), spec.vocab_size))
     _, experts = route(F.embedding(ids, fwd.embed), fwd.layers[0].moe.router, spec.experts_per_token)
     assert len(set(experts.flatten().tolist())) >= 14  # a repeated token would touch 2
-    assert fwd.decode_inputs([3, 3]).tokens.tolist() == spread_tokens(2, spec.vocab_size)
+    # one request's sequence moves on with its position, and no two requests share their prompt
+    first, second = (request_tokens(torch.full((40,), s), torch.arange(40), spec.vocab_size) for s in (0, 1))
+    assert len(set(first.tolist())) > 30 and not torch.equal(first, second)
+
+
+def test_steps_without_tokens_feed_each_requests_own() -> None:
+    from cdbench.harness.live.forward import request_tokens
+
+    def run(explicit: bool) -> torch.Tensor:
+        fwd = LiveForward(MOE, "cpu", dtype=torch.float32, seed=3)
+        cache = KVCache.allocate(MOE, 3, 16, "cpu", torch.float32)
+        # two prompts in one step, the second after 4 cached tokens; then decode rows of both
+        chunks = [PrefillChunk(0, 0, 9), PrefillChunk(2, 4, 5)]
+        given = torch.cat([request_tokens(torch.full((9,), 0), torch.arange(9), MOE.vocab_size),
+                           request_tokens(torch.full((5,), 2), torch.arange(4, 9), MOE.vocab_size)])
+        prefill = fwd.step(cache, prefill=chunks, prefill_tokens=given if explicit else None)
+        ids = request_tokens(torch.tensor([2, 0]), torch.tensor([9, 9]), MOE.vocab_size).tolist()
+        decode = fwd.step(cache, fwd.decode_inputs([9, 9], [2, 0], tokens=ids if explicit else None))
+        return torch.cat([prefill, decode])
+
+    implied, given = run(False), run(True)
+    torch.testing.assert_close(implied, given)
+    # and the two requests' decode rows are not fed alike (one id per batch row would be)
+    assert not torch.allclose(implied[-1], implied[-2])
+
+
+def test_requests_prefilled_alike_keep_their_own_contexts() -> None:
+    # same-length prompts in different table rows write different keys (one shared prompt would write the same),
+    # so their decode rows' hidden states, and with them a MoE's experts, do not converge
+    fwd = LiveForward(MOE, "cpu", dtype=torch.float32)
+    cache = KVCache.allocate(MOE, 2, 16, "cpu", torch.float32)
+    for slot in (0, 1):
+        fwd.step(cache, prefill=[PrefillChunk(slot, 0, 12)])
+    keys = [cache.pages(MOE.n_layers - 1, slot, 12)[0] for slot in (0, 1)]
+    assert not torch.allclose(keys[0], keys[1])
 
 
 def test_linear_kernel_choice() -> None:
@@ -137,16 +173,6 @@ def test_linear_kernel_choice() -> None:
         LiveForward(HYBRID, "cpu", linear_kernels="fla")
     with pytest.raises(ValueError, match="auto, torch or fla"):
         LiveForward(HYBRID, "cpu", linear_kernels="triton")
-
-
-def test_prefill_without_tokens_feeds_the_spread_ids() -> None:
-    from cdbench.harness.live.forward import spread_tokens
-
-    fwd = LiveForward(MOE, "cpu", dtype=torch.float32)
-    given = fwd.step(KVCache.allocate(MOE, 1, 16, "cpu", torch.float32), prefill=[PrefillChunk(0, 0, 9)],
-                     prefill_tokens=torch.tensor(spread_tokens(9, MOE.vocab_size)))
-    implied = fwd.step(KVCache.allocate(MOE, 1, 16, "cpu", torch.float32), prefill=[PrefillChunk(0, 0, 9)])
-    torch.testing.assert_close(implied, given)
 
 
 def test_moe_kernel_choice_runs_the_same_experts() -> None:

@@ -361,7 +361,7 @@ def test_the_profile_runs_the_largest_step_the_heads_drafts_and_the_sampling_on_
     assert (profiled.step, profiled.peak_bytes, profiled.graph_bytes) == (step, 4000, 0)
     assert [r if isinstance(r, str) else r[0] for r in ran] == ["start", "step", "draft", "apply", "peak"]
     (_, (cache, decode, chunks), _), (_, (_, draft, passes), _), (_, (rows, _), _) = ran[1:4]
-    assert len(decode.tokens) == 5 * 3 and [(c.cached, c.new) for c in chunks] == [(7, 33)]
+    assert len(decode.positions) == 5 * 3 and [(c.cached, c.new) for c in chunks] == [(7, 33)]
     assert len(draft.slots) == 5 and passes == 2 and len(rows) == 16
     assert cache.state and len(cache.k) == HEAD.n_full_attention_layers + 1  # linear state, the head's pages
     # the temporary pool held the step's blocks only: 5 rows of 1 + 3 + 2 tokens, one context of 40

@@ -25,14 +25,16 @@ def test_per_row_graph_replays_any_lengths() -> None:
     fwd = LiveForward(SMALL, "cuda")
     cache = KVCache.allocate(SMALL, 4, 512, "cuda")
     fwd.step(cache, prefill=[PrefillChunk(s, 0, 400) for s in range(4)])
-    inputs = fwd.decode_inputs([0] * 4, [0, 1, 2, 3], per_row=True)
+    inputs = fwd.decode_inputs([0] * 4, [0] * 4, per_row=True)
     graph = fwd.capture(cache, inputs)
-    for lengths in ([10, 200, 399, 1], [300, 300, 5, 77]):
+    # refilled lengths and rows: the graph feeds each row its request's token there (as the eager step does)
+    for lengths, slots in (([10, 200, 399, 1], [0, 1, 2, 3]), ([300, 300, 5, 77], [3, 1, 0, 2])):
         positions = torch.tensor(lengths, device="cuda")
         inputs.positions.copy_(positions)
         inputs.lengths.copy_(positions + 1)
+        inputs.slots.copy_(torch.tensor(slots, device="cuda"))
         replayed = graph.replay().clone()
-        eager = fwd.step(cache, fwd.decode_inputs(lengths, [0, 1, 2, 3], per_row=True))
+        eager = fwd.step(cache, fwd.decode_inputs(lengths, slots, per_row=True))
         torch.testing.assert_close(replayed, eager, rtol=2e-2, atol=2e-2)
 
 
