@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cdbench.cli.support import console, progress_bar, user_errors
+from cdbench.cli.support import SetOpt, console, parse_set_options, progress_bar, user_errors
 
 app = typer.Typer(help="Published A/B results on structured outputs, each predicted by cdbench "
                   "(reports/published/README.md).", no_args_is_help=True)
@@ -67,3 +67,42 @@ def run_published(
     if out is not None:
         for path in write_results(results, out):
             console.print(f"wrote {path}", highlight=False)
+
+
+@app.command("sweep")
+def sweep_published(
+    key: Annotated[str, typer.Argument(help="Config path to sweep in both arms, e.g. costs.fixed_grammar.fill_time_s.")],
+    values: Annotated[list[str], typer.Argument(help="Its values (parsed as YAML).")],
+    entry: Annotated[list[str], typer.Option("--entry", "-e", help="Entry id or shell pattern, e.g. 'vllm-26866-*' "
+                                             "(repeatable).")],
+    sets: SetOpt = [],  # noqa: B006 (typer's list option)
+    scale: Annotated[str, typer.Option("--scale", help="full or small (as run).")] = "full",
+    csv: Annotated[Path | None, typer.Option("--csv", help="Write every entry's result at every value here.")] = None,
+    registry: RegistryOpt = None,
+) -> None:
+    """Run the entries with KEY set to each value in both arms (over --set values): whether one value of an input
+    the source leaves unstated reproduces them together. Prints a Markdown table, a row a value.
+
+    Example: cdbench published sweep costs.gpu a100-80gb h100-sxm h200 --entry vllm-24300
+    """
+    import yaml
+
+    from cdbench.published.registry import RegistryError, load_registry
+    from cdbench.published.report import sweep_frame, sweep_markdown
+    from cdbench.published.runner import sweep_registry
+
+    with user_errors():
+        if scale not in ("full", "small"):
+            raise RegistryError(f"--scale {scale!r}: choose full or small")
+        reg = load_registry(registry)
+        fixed = parse_set_options(sets)
+        parsed = [yaml.safe_load(v) for v in values]
+        with progress_bar(transient=True) as bar:
+            task = bar.add_task("values", total=len(parsed))
+            points = sweep_registry(reg, entry, key, parsed, fixed, scale,  # type: ignore[arg-type]
+                                    progress=lambda v: bar.update(task, description=f"{key}={v}", advance=1))
+    console.print(sweep_markdown(points, key), highlight=False, soft_wrap=True, markup=False)
+    if csv is not None:
+        csv.parent.mkdir(parents=True, exist_ok=True)
+        sweep_frame(points, key).to_csv(csv, index=False, float_format="%.6g")
+        console.print(f"wrote {csv}", highlight=False)

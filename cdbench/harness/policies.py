@@ -193,6 +193,12 @@ class SchedulerConfig(BaseModel):
         "chunks of fill_chunk (llguidance's LLExecutor.consume_token_par; no engine preset does: vLLM and SGLang "
         "accept row by row); False: one accept after another (model mode)")
     pinned_mask: bool = Field(True, description="bitmask in pinned host memory (non-blocking copy)")
+    mask_copy_rows: Literal["mask", "batch"] = Field(
+        "mask", description="rows of the bitmask copied to the GPU in a step with mask rows: mask (those rows "
+        "alone) or batch (every sampled row of the step: vLLM V1's apply_grammar_bitmask of 0.10 / 0.11 scatters "
+        "the structured rows into an array of every logits row, -1 elsewhere, and copies all of it; the apply "
+        "still covers the mask rows, by index). The bitmask crossing to another process (mask_transfer ipc) is "
+        "the compact one either way (model and hybrid mode, mask_apply batched)")
     fill_beside_forward: bool = Field(
         True, description="without overlap, the mask fill and copy run while the forward runs (vLLM V1 since its "
         "async-scheduling rework); False: they run before it, on the step's critical path (vLLM V1 before it; V0's "
@@ -266,6 +272,8 @@ class SchedulerConfig(BaseModel):
             raise ValueError("sample_prep_s / sample_prep_row_s / sample_launch_s / sample_launch_row_s price V0's "
                              "sampler after the forward's launch in a loop without overlap: set overlap=false and "
                              "fill_beside_forward=true")
+        if self.mask_copy_rows == "batch" and self.mask_apply == "per_row":
+            raise ValueError("mask_copy_rows 'batch' is V1's one bitmask of the batch: per_row copies a row at a time")
         if self.row_launch_s and self.mask_apply != "per_row":
             raise ValueError("row_launch_s prices V0's per-row launches: set mask_apply='per_row'")
         if self.accept_parallel and self.fill_parallel_threshold is None:
@@ -399,8 +407,13 @@ def _vllm_0_10(cpus: int) -> dict:
         overlap=False,
         # GPUModelRunner.apply_grammar_bitmask copies the batch's bitmask to the GPU from a NumPy array (pageable
         # memory) with non_blocking=True, which CUDA runs after the forward queued before it, the host waiting
-        # (vLLM pins it since 0.24: PIN_MEMORY in vllm/v1/structured_output/utils.py)
+        # (vLLM pins it since 0.24: PIN_MEMORY in vllm/v1/structured_output/utils.py). That array is np.full over
+        # every logits row (-1: all allowed) with the structured rows scattered in, so once any row is structured
+        # the copy's bytes follow the batch (0.10.1's GPUModelRunner.apply_grammar_bitmask; the same code in
+        # vllm/v1/structured_output/utils.py of #26866's October 2025). The host's np.full and scatter run on the
+        # worker side, which no CPU measurement ran (reports/engine_costs): not priced
         pinned_mask=False,
+        mask_copy_rows="batch",
         # host costs of vllm 0.10.1.1 with xgrammar 0.1.21 (reports/engine_costs/fitted.json, "vllm-0.10" entries;
         # scripts/engine_costs/measure_vllm.py in its environment, then fit.py). process_step_s: the fit's intercept
         # is 0 (update_from_output grows with the rows from 32 rows up); accept_row_s without xgrammar's own accept,

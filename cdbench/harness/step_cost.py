@@ -7,7 +7,8 @@ prices the mask building (the fills, or a parallel fill's wall time, under tenso
 slowest of the ranks' fills (``rank_fill_ratios``, or ``rank_fill_jitter``); token filters of thinking
 rows; the engine's wrapper around the fills and its mask allocation), the bitmask's transfer to another
 process, the engine's result processing and the launch, each stretched by host contention; the
-GPU's forward (a decode step at the next captured graph size), mask copy, apply and sampling; and
+GPU's forward (a decode step at the next captured graph size), mask copy (of the mask rows, or of every
+sampled row: ``mask_copy_rows``), apply and sampling; and
 combines them by the overlap rules (:func:`~cdbench.harness.step_time.step_time`). A ``live`` step
 (:mod:`cdbench.harness.live.step`) measures the GPU parts and the whole step instead, and the
 launch is what its wall time holds beyond the parts.
@@ -89,6 +90,7 @@ class StepPricer:
         self.mtp = cfg.spec_drafter == "mtp"  # the model's MTP head drafts: its passes join the forward
         self.row_bytes = gpu.mask_row_bytes  # the engines' per-byte host costs (mask allocation, IPC)
         self.per_row = cfg.mask_apply == "per_row"
+        self.batch_copy = cfg.mask_copy_rows == "batch"  # the copied bitmask holds every sampled row
         self.sample_prep = cfg.sampler_host  # (V0's sampler: the presets' others 0)
         # its CPU work and, on a GPU, its calls that launch GPU work, both up to its sync: per step and sampled row
         self.prep_step_s = cfg.sample_prep_s + cfg.sample_launch_s
@@ -159,7 +161,7 @@ class StepPricer:
         forward_s = self.gpu.forward_s(pf_chunks, cached[plan.pf_sel] if pf_tokens else pf_chunks, fw_tokens, fw_kv)
         if self.mtp and n_drafts:  # the head drafts the next step's k tokens for each decoding row
             forward_s += self.gpu.draft_s(n_dec, cfg.spec_tokens, kv)
-        copy_s = self.gpu.copy_s(mask_rows, cfg.pinned_mask) if mask_rows else 0.0
+        copy_s = self.gpu.copy_s(sample_rows if self.batch_copy else mask_rows, cfg.pinned_mask) if mask_rows else 0.0
         apply_s = self.gpu.apply_s(mask_rows) if mask_rows else 0.0
         sample_s = self.gpu.sample_s(sample_rows)
         process_s = work.process_s * stretch + engine_process_s
@@ -247,7 +249,7 @@ class StepPricer:
         if parts is None:
             cfg, gpu = self.cfg, self.gpu
             host_fill_s, transfer_s, engine_process_s = self._host(0, mask_rows, mask_rows, n_rows, stretch)
-            copy_s = gpu.copy_s(mask_rows, cfg.pinned_mask) if mask_rows else 0.0
+            copy_s = gpu.copy_s(n_rows if self.batch_copy else mask_rows, cfg.pinned_mask) if mask_rows else 0.0
             apply_s = gpu.apply_s(mask_rows) if mask_rows else 0.0
             prep_s = (self.prep_step_s + self.prep_row_s * n_rows) * stretch if self.sample_prep else 0.0
             if len(self._parts) >= _PARTS:  # (bounded: a long run under contention meets many stretches)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 from rich.table import Table
 
-from cdbench.published.runner import EntryResult
+from cdbench.published.runner import EntryResult, SweepPoint
 
 _COLORS = {"reproduced": "tab:green", "missed": "tab:red", "not reproducible": "tab:gray"}
 
@@ -96,3 +96,23 @@ def write_results(results: Sequence[EntryResult], out: Path) -> list[Path]:
     paths[1].write_text(markdown_table(results), encoding="utf-8")
     plot_effects(results, paths[2])
     return paths
+
+
+def sweep_frame(points: Sequence[SweepPoint], key: str) -> pd.DataFrame:
+    """One row an entry and swept value: the value, then the entry's result (:func:`results_frame`'s columns)."""
+    return pd.DataFrame([{key: p.value, **r.row()} for p in points for r in p.results])
+
+
+def sweep_markdown(points: Sequence[SweepPoint], key: str) -> str:
+    """The sweep as Markdown: a row a value, a column an entry (cdbench's effect, bold where reproduced), the
+    published effects in the first row, and how many entries each value reproduces."""
+    if not points:
+        return ""
+    ids = [r.id for r in points[0].results]
+    lines = [f"| {key} | " + " | ".join(ids) + " | reproduced |", "|---|" + "---:|" * (len(ids) + 1),
+             "| published | " + " | ".join(_pct(r.published_effect) for r in points[0].results) + " | |"]
+    for p in points:
+        cells = [f"**{_pct(r.predicted_effect)}**" if r.verdict == "reproduced" else _pct(r.predicted_effect)
+                 for r in p.results]
+        lines.append(f"| {p.value} | " + " | ".join(cells) + f" | {p.reproduced} of {len(cells)} |")
+    return "\n".join(lines) + "\n"

@@ -11,8 +11,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from fnmatch import fnmatchcase
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -52,14 +53,17 @@ def _substitute(value: Any, variables: dict[str, str]) -> Any:
     return value
 
 
-def arm_config(registry: Registry, entry: Entry, arm: Literal["base", "treatment"], scale: Scale = "full"):
+def arm_config(registry: Registry, entry: Entry, arm: Literal["base", "treatment"], scale: Scale = "full",
+               extra: Mapping[str, Any] | None = None):
     """The :class:`~cdbench.harness.config.RunConfig` of one arm of ``entry`` (``small``: at most
-    ``entry.small_requests`` requests). A configuration that does not validate is a
-    :class:`RegistryError` naming the entry, the arm and the key."""
+    ``entry.small_requests`` requests), with ``extra`` dotted overrides set over the arm's (a sweep's). A
+    configuration that does not validate is a :class:`RegistryError` naming the entry, the arm and the key."""
     from cdbench.harness.config import RunConfig
 
     overrides = getattr(entry.arms, arm)
     tree = apply_overrides({"mode": "model", **entry.config}, overrides)
+    if extra:
+        tree = apply_overrides(tree, extra)
     tree = _substitute(tree, {"registry_folder": str(registry.folder)})
     if scale == "small":
         workload = tree.setdefault("workload", {})
@@ -110,17 +114,26 @@ def _reason(entry: Entry, judged: Verdict) -> str:
     return entry.lacks or "no mechanism named yet"
 
 
-def run_entry(registry: Registry, entry: Entry, scale: Scale = "full") -> EntryResult:
-    """Run both arms of ``entry`` and compare their effect on its metric with the published one."""
+def run_entry(registry: Registry, entry: Entry, scale: Scale = "full", extra: Mapping[str, Any] | None = None,
+              runs: dict[str, Any] | None = None) -> EntryResult:
+    """Run both arms of ``entry`` (with ``extra`` overrides: :func:`arm_config`) and compare their effect on its
+    metric with the published one. ``runs``: summaries by configuration, shared between calls, so that an arm
+    configured as one already run is not run again (model mode's virtual time makes it the same run)."""
     from cdbench.harness.run import run
 
     metric = entry.published.metric
     values = []
     requests = 0
     for arm in ("base", "treatment"):
-        config = arm_config(registry, entry, arm, scale)
+        config = arm_config(registry, entry, arm, scale, extra)
         requests = config.workload.num_requests or 0
-        values.append(float(getattr(run(config).summary, metric)))
+        key = config.model_dump_json()
+        summary = runs.get(key) if runs is not None else None
+        if summary is None:
+            summary = run(config).summary
+            if runs is not None:
+                runs[key] = summary
+        values.append(float(getattr(summary, metric)))
     predicted = values[1] / values[0] - 1.0 if values[0] else math.nan
     published = entry.published.effect
     judged = verdict(published, predicted, entry.reproducible, registry.rel_tolerance, registry.null_tolerance)
@@ -142,3 +155,42 @@ def run_registry(registry: Registry, entry_ids: list[str] | None = None, scale: 
         if done is not None:
             done()
     return results
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """The entries' results with the swept key set to ``value``."""
+
+    value: Any
+    results: list[EntryResult]
+
+    @property
+    def reproduced(self) -> int:
+        """How many of the entries are reproduced at this value."""
+        return sum(r.verdict == "reproduced" for r in self.results)
+
+
+def match_entries(registry: Registry, patterns: Sequence[str]) -> list[Entry]:
+    """The entries whose id matches any of ``patterns`` (an id, or a shell pattern such as ``vllm-26866-*``), in
+    registry order; a pattern that matches none is a :class:`RegistryError`."""
+    for pattern in patterns:
+        if not any(fnmatchcase(e.id, pattern) for e in registry.entries):
+            registry.entry(pattern)  # (raises, listing the known ids)
+    return [e for e in registry.entries if any(fnmatchcase(e.id, p) for p in patterns)]
+
+
+def sweep_registry(registry: Registry, patterns: Sequence[str], key: str, values: Sequence[Any],
+                   fixed: Mapping[str, Any] | None = None, scale: Scale = "full",
+                   progress: Callable[[str], None] | None = None) -> list[SweepPoint]:
+    """Every entry matching ``patterns`` (:func:`match_entries`) run with the dotted ``key`` set to each of
+    ``values`` in both arms, over the arms' own overrides and ``fixed`` ones: a sensitivity sweep over one input
+    the sources leave unstated. ``progress`` is called with each value (as text) before its runs."""
+    entries = match_entries(registry, patterns)
+    runs: dict[str, Any] = {}
+    points = []
+    for value in values:
+        if progress is not None:
+            progress(str(value))
+        extra = {**(fixed or {}), key: value}
+        points.append(SweepPoint(value, [run_entry(registry, e, scale, extra, runs) for e in entries]))
+    return points

@@ -53,3 +53,17 @@ def test_v0s_entries_are_reproduced_with_its_gpu_launches_priced():
     reg = load_registry()
     for name in ("vllm-12563", "vllm-10835"):
         assert run_entry(reg, reg.entry(name), "small").verdict == "reproduced", name
+
+
+def test_sweep_prints_a_row_a_value_beside_the_published_effects_and_writes_the_csv(tmp_path):
+    csv = tmp_path / "sweep.csv"
+    result = CliRunner().invoke(app, ["published", "sweep", "workload.prompt_len.value", "100", "600", "--entry",
+                                      "vllm-24300", "--scale", "small", "--csv", str(csv)])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("|")]
+    assert lines[0] == "| workload.prompt_len.value | vllm-24300 | reproduced |"
+    assert lines[2].startswith("| published | +31.5 % |")
+    assert [line.split(" | ")[0] for line in lines[3:]] == ["| 100", "| 600"]
+    frame = pd.read_csv(csv)
+    assert frame["workload.prompt_len.value"].tolist() == [100, 600]
+    assert frame["predicted_effect"].nunique() == 2

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from cdbench.published.registry import RegistryError, load_registry, parse_registry
-from cdbench.published.runner import arm_config, run_entry, verdict
+from cdbench.published.runner import arm_config, match_entries, run_entry, sweep_registry, verdict
 
 REGISTRY = load_registry()
 
@@ -64,3 +64,39 @@ def test_an_arm_that_does_not_validate_names_the_entry_and_the_arm():
     }]})
     with pytest.raises(RegistryError, match=r"entry 'x', arm treatment: scheduler.overlapp: Extra inputs"):
         arm_config(reg, reg.entries[0], "treatment")
+
+
+# one schema's grammar costs as constants, so that its fill time alone is swept (the other costs: any values)
+FIXED_GRAMMAR = {"costs.fixed_grammar.accept_time_s": 4e-6, "costs.fixed_grammar.compile_time_s": 2e-3,
+                 "costs.fixed_grammar.rollback_time_s": 0.0}
+
+
+def test_a_sweep_sets_its_key_in_both_arms_of_every_matched_entry():
+    points = sweep_registry(REGISTRY, ["vllm-26866-bitmask-*"], "costs.fixed_grammar.fill_time_s", [5e-6, 2e-4],
+                            FIXED_GRAMMAR, "small")
+    assert [p.value for p in points] == [5e-6, 2e-4]
+    short, long = (p.results[0] for p in points)
+    assert short.id == long.id == "vllm-26866-bitmask-beside-forward"
+    # a longer fill hides more beside the forward, so moving it there gains more
+    assert long.predicted_effect > short.predicted_effect + 0.05
+    assert points[0].reproduced == (short.verdict == "reproduced")
+
+
+def test_a_sweep_runs_an_arm_configured_as_one_already_run_once(monkeypatch):
+    import cdbench.harness.run as harness_run
+
+    calls = []
+    real = harness_run.run
+    monkeypatch.setattr(harness_run, "run", lambda config: calls.append(config) or real(config))
+    # both entries' base arms are main without structured requests
+    sweep_registry(REGISTRY, ["vllm-26866-structured-cost", "vllm-26866-mixed-main"], "workload.seed", [1],
+                   scale="small")
+    assert len(calls) == 3
+
+
+def test_entries_are_matched_by_id_or_pattern_in_registry_order():
+    ids = [e.id for e in match_entries(REGISTRY, ["vllm-26866-mixed-*", "vllm-24300"])]
+    assert ids == ["vllm-24300", "vllm-26866-mixed-main", "vllm-26866-mixed-beside-forward",
+                   "vllm-26866-mixed-async"]
+    with pytest.raises(RegistryError, match="nope"):
+        match_entries(REGISTRY, ["nope-*"])
