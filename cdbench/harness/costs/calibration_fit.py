@@ -114,7 +114,7 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
     idles = {r.idle_s for r in everything}
     if len(idles) != 1:
         raise CalibrationError(f"measurements mix idle gaps before their repetitions: {sorted(idles)} s")
-    written = {r.contexts_written for r in everything}
+    written = {r.contexts_written for r in rows}  # (a draft shape's passes write their own keys: never a prefill's)
     if len(written) != 1:
         raise CalibrationError("measurements mix written and unwritten contexts")
     if all_reduce_token_s is not None and tp == 1:

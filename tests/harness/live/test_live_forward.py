@@ -309,3 +309,9 @@ def test_written_contexts_survive_the_measurement_file_and_a_fit_refuses_to_mix_
     spec, gpu = resolve_model("qwen3-8b"), resolve_gpu("h200")
     with pytest.raises(CalibrationError, match="mix written and unwritten contexts"):
         fit_calibration(written[:40] + rows[40:], spec, gpu, measurements="m.csv", command="test")
+    # an MTP head's draft shapes write their own keys (never a prefill's contexts): they mix with written steps
+    hybrid = read_measurements(repo / "reports" / "calibration" / "qwen3.5-35b-a3b__h200.csv")
+    steps_written = [r if r.mtp_drafts else dataclasses.replace(r, contexts_written=True) for r in hybrid]
+    assert any(r.mtp_drafts for r in steps_written)
+    cal = fit_calibration(steps_written, resolve_model("qwen3.5-35b-a3b"), gpu, measurements="m.csv", command="test")
+    assert cal.contexts_written
