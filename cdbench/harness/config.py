@@ -147,9 +147,19 @@ class CostConfig(ForwardConfig, SpecCostSettings):
             raise ValueError("expected 'preset' or 'live-run:<run folder or PACK::RUN>'")
         return value
 
-    def gpu_costs(self, vocab_size: int) -> GpuCosts:
+    def logits_width(self) -> int:
+        """The width of a logits row, and so of the bitmask the GPU copies and applies and of the rows it
+        samples: the model's vocabulary, not the tokenizer's. Engines size their bitmask to the model config's
+        ``vocab_size`` (vLLM's ``StructuredOutputManager`` allocates ``allocate_token_bitmask(max_num_seqs,
+        model_config.get_vocab_size())``; the model runner scatters it into an array as wide as the logits),
+        padding tokens the tokenizer lacks as disallowed; the grammar's fill walks the tokenizer's tokens and
+        stays priced by the backend."""
+        return resolve_model(self.model).vocab_size
+
+    def gpu_costs(self) -> GpuCosts:
         if self.fixed_gpu is not None:
             return self.fixed_gpu
+        vocab_size = self.logits_width()
         if self.live_gpu:
             import torch
 
@@ -168,7 +178,7 @@ class CostConfig(ForwardConfig, SpecCostSettings):
 
         return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.mask_dtype]
 
-    def live_step(self, vocab_size: int, max_len: int, graph_sizes: Sequence[int] = (), block_size: int = 16,
+    def live_step(self, max_len: int, graph_sizes: Sequence[int] = (), block_size: int = 16,
                   max_requests: int | None = None, mtp_drafts: int = 0, *, memory_fraction: float,
                   max_tokens: int, spec_tokens: int) -> LiveStep:
         """``live`` mode's step runner: the configured model's forward on this machine's GPU, decode
@@ -187,7 +197,7 @@ class CostConfig(ForwardConfig, SpecCostSettings):
             raise ValueError("mode 'live' runs every step on a CUDA GPU; this machine has none "
                              "(hybrid mode runs the same grammar work with the GPU modelled)")
         dtype = self.logits_dtype()
-        return LiveStep(resolve_model(self.model), vocab_size, max_len, "cuda", self.live_kv_tokens,
+        return LiveStep(resolve_model(self.model), self.logits_width(), max_len, "cuda", self.live_kv_tokens,
                         logits_dtype=dtype, graph_sizes=graph_sizes, block_size=block_size,
                         max_requests=max_requests, mtp_drafts=mtp_drafts, memory_fraction=memory_fraction,
                         max_tokens=max_tokens, spec_tokens=spec_tokens)

@@ -243,12 +243,12 @@ def run(config: RunConfig, progress: Progress | None = None, records: RecordSink
     workload = generate(config.workload, vocab, progress=False,  # the caller owns the progress display
                         on_progress=(lambda f: progress("generating the workload", f)) if progress else None,
                         held=not streamed)
-    gpu = config.costs.gpu_costs(vocab.size)
+    gpu = config.costs.gpu_costs()
     live = None
     if config.mode == "live" and not ranked:
         if progress is not None:
             progress(f"building {config.costs.model} on the GPU", 0.0)
-        live = config.costs.live_step(vocab.size, max_context(workload.requests, spec_decode.k),
+        live = config.costs.live_step(max_context(workload.requests, spec_decode.k),
                                       scheduler.cuda_graph_sizes, scheduler.kv_block_size,
                                       scheduler.max_running_requests,
                                       spec_decode.k if spec_decode.drafter == "mtp" else 0,
@@ -275,7 +275,7 @@ def run(config: RunConfig, progress: Progress | None = None, records: RecordSink
         executor = ModelExecutor(costs, spec_decode.alpha)
         executors = partial(ModelExecutor, costs, spec_decode.alpha)
     if ranked:
-        result = _simulate_ranked(config, workload, vocab.size, scheduler, gpu, executors, progress)
+        result = _simulate_ranked(config, workload, scheduler, gpu, executors, progress)
     else:
         result = simulate(workload.iter_requests() if streamed else workload.requests, scheduler, executor, gpu,
                           count=config.workload.num_requests if streamed else None, seed=config.seed,
@@ -293,7 +293,7 @@ def run(config: RunConfig, progress: Progress | None = None, records: RecordSink
     return result
 
 
-def _simulate_ranked(config: RunConfig, workload: Workload, vocab_size: int, scheduler: SchedulerConfig,
+def _simulate_ranked(config: RunConfig, workload: Workload, scheduler: SchedulerConfig,
                      gpu: GpuCosts, executors: Callable[[], GrammarExecutor], progress: Progress | None) -> RunResult:
     """A run of several ranks (:mod:`cdbench.harness.live.ranks`), each building its grammar executor from
     ``executors``: live mode's as processes, one a GPU."""
@@ -308,7 +308,7 @@ def _simulate_ranked(config: RunConfig, workload: Workload, vocab_size: int, sch
         if not torch.cuda.is_available():
             raise ValueError("mode 'live' runs every step on a CUDA GPU; this machine has none "
                              "(hybrid mode runs the same grammar work with the GPU modelled)")
-        live = LiveSpec(resolve_model(config.costs.model), vocab_size,
+        live = LiveSpec(resolve_model(config.costs.model), config.costs.logits_width(),
                         max_context(workload.requests, spec_decode.k), "cuda", config.costs.live_kv_tokens,
                         logits_dtype=str(config.costs.logits_dtype()).removeprefix("torch."),
                         graph_sizes=tuple(scheduler.cuda_graph_sizes), block_size=scheduler.kv_block_size,

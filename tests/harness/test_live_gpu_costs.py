@@ -56,4 +56,4 @@ def test_config_refuses_live_gpu_in_model_mode() -> None:
         RunConfig.model_validate({"mode": "model", "costs": {"live_gpu": True}})
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="needs a CUDA device"):
-            RunConfig.model_validate({"costs": {"live_gpu": True}}).costs.gpu_costs(1000)
+            RunConfig.model_validate({"costs": {"live_gpu": True}}).costs.gpu_costs()

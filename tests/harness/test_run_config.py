@@ -57,13 +57,34 @@ def test_wrong_keys_and_values_name_the_path(tree, where):
     assert where in str(info.value)
 
 
+@pytest.mark.parametrize("model", ["qwen3-8b", "llama-3.1-8b", "qwen3.5-35b-a3b"])
+def test_the_gpu_bitmask_is_as_wide_as_the_models_logits_whatever_the_tokenizer(model):
+    """Engines size the bitmask to the model config's vocabulary (vLLM: allocate_token_bitmask(max_num_seqs,
+    model_config.get_vocab_size())), so its copy, apply and sampling are priced at the model's width, not at
+    the run's tokenizer's (Qwen3.6's 248,077 here, whatever the model)."""
+    from cdbench.harness.costs.hardware import resolve_model
+    from cdbench.harness.costs.mask import MaskCost, bitmask_bytes
+
+    width = resolve_model(model).vocab_size
+    gpus = [RunConfig.model_validate({"vocab": vocab, "costs": {"model": model, "gpu": "h100-sxm"}}).costs.gpu_costs()
+            for vocab in ("qwen3.6", "cl100k")]
+    tokenizer_wide = MaskCost.for_gpu("h100-sxm", 248_077)
+    model_wide = MaskCost.for_gpu("h100-sxm", width)
+    for gpu in gpus:
+        assert gpu.mask.vocab_size == width and gpu.mask_row_bytes == bitmask_bytes(1, width)
+        assert gpu.copy_s(800, False) == pytest.approx(float(model_wide.copy_s(800, pinned=False)))
+        assert gpu.sample_s(800) == pytest.approx(float(model_wide.sample_s(800)))
+    if width != 248_077:
+        assert gpus[0].copy_s(800, False) != pytest.approx(float(tokenizer_wide.copy_s(800, pinned=False)))
+
+
 def test_cost_sections_build_the_cost_sources(tmp_path):
     fixed = RunConfig.model_validate({"costs": {"fixed_gpu": {"forward_base_s": 0.02},
                                                 "fixed_grammar": {"fill_time_s": 1e-5}}})
-    assert isinstance(fixed.costs.gpu_costs(1000), FixedGpuCosts)
+    assert isinstance(fixed.costs.gpu_costs(), FixedGpuCosts)
     assert isinstance(fixed.costs.grammar_costs("xgrammar", 0), FixedGrammarCosts)
     roofline = RunConfig.model_validate({"costs": {"model": "llama-3.1-8b", "gpu": "h200"}})
-    gpu = roofline.costs.gpu_costs(100_000)
+    gpu = roofline.costs.gpu_costs()
     assert isinstance(gpu, RooflineGpuCosts) and gpu.forward_s(np.zeros(0), np.zeros(0), 8, 8000) > 0
     profile = GrammarProfile.from_measurements(
         "mine", "cl100k", [CompileMeasurement("s", "regex", "ok", 0.01)],

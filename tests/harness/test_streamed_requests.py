@@ -49,7 +49,7 @@ def _run(config: RunConfig, requests, count: int | None = None):
     costs = config.costs.grammar_costs(config.backend.name, config.seed, config.backend.options, requests=source,
                                        vocab=config.vocab)
     return simulate(requests if count is None else iter(requests), scheduler, ModelExecutor(costs, spec_decode.alpha),
-                    config.costs.gpu_costs(load_vocab(config.vocab).size), seed=config.seed,
+                    config.costs.gpu_costs(), seed=config.seed,
                     max_concurrency=config.workload.max_concurrency, slo=config.slo, trace_steps=0, count=count)
 
 
@@ -326,7 +326,7 @@ def test_segments_forwards_priced_together_are_each_segment_priced_alone():
     from cdbench.harness.step_cost import StepPricer
 
     config = RunConfig.model_validate({**DEFAULT, "mode": "model"})
-    gpu = config.costs.gpu_costs(1000)
+    gpu = config.costs.gpu_costs()
     sizes = policy("sglang").cuda_graph_sizes
     pricer = StepPricer(policy("sglang"), gpu, None, lambda: None)
     for segments in ([(4, 3), (3, 5)], [(9, 2), (5, 4), (3, 1), (2, 6), (1, 3)], [(7, 1), (6, 2)]):
@@ -403,7 +403,7 @@ def test_decode_runs_of_a_replayed_trace_are_the_steps_one_by_one(tmp_path, monk
 @pytest.mark.parametrize("model", ["qwen3-8b", "qwen3-30b-a3b", "qwen3.5-35b-a3b"])
 def test_forwards_priced_at_once_are_each_priced_alone(model):
     costs = RunConfig.model_validate({"costs": {"model": model, "gpu": "h100-sxm"}}).costs
-    together, alone = costs.gpu_costs(1000), costs.gpu_costs(1000)  # (each its own memo of priced steps)
+    together, alone = costs.gpu_costs(), costs.gpu_costs()  # (each its own memo of priced steps)
     context = np.arange(0, 400_000, 997)
     for rows in (1, 3, 8, 47, 300):
         each = [alone.forward.step_s(0.0, 0.0, rows, c, 0) for c in context.tolist()]

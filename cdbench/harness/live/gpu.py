@@ -14,7 +14,7 @@ CUDA events:
   calibration (an eager step's time would be the host's launch pace);
 - the bitmask's host-to-device copy (pinned or pageable), the project's apply
   kernel (:func:`cdbench.kernels.apply_bitmask`) and its fused masked sampler
-  (:func:`cdbench.kernels.masked_argmax`) over logits of the run's vocabulary:
+  (:func:`cdbench.kernels.masked_argmax`) over logits of the model's vocabulary:
   measured once per row count (the median of :data:`REPEATS` after a warm-up
   that keeps kernel compilation out) and reused.
 
@@ -52,7 +52,7 @@ class LiveGpuCosts:
     Parameters
     ----------
     spec : the model whose live forward runs.
-    vocab_size : the run's vocabulary (mask and sampling width).
+    vocab_size : the logits' width (mask and sampling): the model's vocabulary in a run (CostConfig.logits_width).
     device : a torch device; ``cuda`` to measure a GPU.
     kv_tokens : KV-cache capacity in tokens (paged, every layer its own memory).
     max_rows : the most mask or sample rows of a step.

@@ -340,7 +340,7 @@ class LiveStep:
     Parameters
     ----------
     spec : the model whose forward runs (a GQA architecture: dense, MoE or hybrid).
-    vocab_size : the run's vocabulary (bitmask and sampling width).
+    vocab_size : the logits' width (bitmask and sampling): the model's vocabulary in a run (CostConfig.logits_width).
     max_len : the longest context a row can reach (prompt, output, drafts).
     device : ``cuda`` on a GPU host; ``cpu`` runs the same steps synchronously (tests).
     kv_tokens : KV-cache capacity in tokens (default: sized from the GPU's memory with a profile of the
