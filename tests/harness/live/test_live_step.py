@@ -209,8 +209,8 @@ def test_a_live_run_dying_mid_way_leaves_its_finished_requests_to_cdbench_report
     from cdbench.results.stopped_run import STOPPED_SUMMARY_FILE
 
     # live mode on the CPU: the tiny model stands in for the GPU forward, and the 60th step fails as a GPU can
-    monkeypatch.setattr(CostConfig, "live_step", lambda self, vocab_size, max_len, graph_sizes, block_size,
-                        max_requests, mtp_drafts, **sizing: LiveStep(TINY, vocab_size, max_len, device="cpu",
+    monkeypatch.setattr(CostConfig, "live_step", lambda self, max_len, graph_sizes, block_size,
+                        max_requests, mtp_drafts, **sizing: LiveStep(TINY, self.logits_width(), max_len, device="cpu",
                                                                     kv_tokens=8 * max_len, max_rows=64,
                                                                     logits_dtype=torch.float32,
                                                                     block_size=block_size))
