@@ -2,7 +2,7 @@
 # One device call of a host of four GPUs (famm, famh: two): a campaign's live runs in lanes, in parallel, each lane its own GPUs
 # and cores (benchmarks/campaign_lane.py writes each lane's campaign); the wheels the GPU image lacks in .whl/.
 # Everything comes back as one $OUT/res_PHASE.tgz (the device returns few files). As run on 2026-11-28
-# (reports/fidelity/live_vs_model.md): DL=500 for rk1 and rk2, DL=360 for fam.
+# (reports/fidelity/live_vs_model.md): DL=500 for rk1 and rk2, DL=360 for fam; later DL=330 for famm, DL=380 for famh.
 # usage: DL=SECONDS benchmarks/gpu_campaign_lanes.sh PHASE   (rk1 | rk2 | fam | famm | famh)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
