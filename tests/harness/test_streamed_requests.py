@@ -249,11 +249,18 @@ def test_decode_runs_past_a_finish_are_the_steps_one_by_one(name, scheduler, mon
 
 def test_accept_rows_and_curves_drawn_as_requests_enter_are_those_drawn_as_they_arrive(monkeypatch):
     """New cost specs' accept rows and replayed texts' curves drawn together as their requests enter (entered a
-    few at a time, slots reused, the curves' width growing meanwhile) give the run whose rows and curves are
-    each drawn as its request arrives."""
+    few at a time, slots reused, the curves' width growing meanwhile; the curves only as far as their answers
+    read them, a text taken again by a longer answer written whole) give the run whose rows and curves are
+    each drawn as its request arrives (at the whole width)."""
     config = RunConfig.model_validate({**DEFAULT, "mode": "model", "workload": WORKLOADS["default"]})
     streamed = generate(config.workload, load_vocab(config.vocab), progress=False, held=False)
     requests = list(streamed.iter_requests())
+    for i in range(0, len(requests) - 1, 3):  # the next request replays the same text, reading 40 positions further
+        r = requests[i]
+        if r.output_tokens is not None:
+            requests[i + 1] = dataclasses.replace(requests[i + 1], spec=r.spec, spec_id=r.spec_id,
+                                                  output_tokens=r.output_tokens, output_len=r.output_len + 40,
+                                                  instance_index=r.instance_index, random_walk=None)
     monkeypatch.setattr(scheduler_module, "_SLOTS", 8)
     monkeypatch.setattr(scheduler_module, "_AHEAD", 5)
     monkeypatch.setattr(cost_tables, "_DRAWN_TOGETHER", 2)
@@ -262,12 +269,16 @@ def test_accept_rows_and_curves_drawn_as_requests_enter_are_those_drawn_as_they_
     monkeypatch.setattr(cost_tables.ProfileTables, "_draw_ahead",
                         lambda self, specs: (drawn.append(len(specs)), draw_ahead(self, specs))[1])
     written, write_curve = [], cost_tables.ProfileTables._write_curve
-    monkeypatch.setattr(cost_tables.ProfileTables, "_write_curve", lambda self, slot, item: (
+    monkeypatch.setattr(cost_tables.ProfileTables, "_write_curve", lambda self, slot, item, reach: (
         written.append(item[0] == "text" and self._drawn_curves.get(item[1], (0,))[0] == self.width),
-        write_curve(self, slot, item))[1])
+        retaken.append(self._curves.refs.get(item, 0) > 1),  # (its slot held: written again, longer)
+        write_curve(self, slot, item, reach), narrow.append(self._curve_len[slot] < self.width))[1])
+    retaken = []
+    narrow: list[bool] = []
     ahead = _run(config, requests, count=len(requests))
     assert sum(drawn) == len(requests)
     assert sum(written) > 0.5 * len(requests)  # (most curves taken as drawn ahead)
+    assert sum(narrow) > 0.5 * len(requests) and sum(retaken) > 10  # (most of them narrower than the width)
     monkeypatch.setattr(cost_tables, "_DRAWN_AHEAD", 0)  # none drawn ahead
     alone = _run(config, requests, count=len(requests))
     pd.testing.assert_frame_equal(ahead.requests, alone.requests)
