@@ -652,7 +652,9 @@ class Scheduler:
                 poll_s, sync_s = self._poll(t + schedule_s)
             else:
                 check_s = self._check_grammar_queue(t + schedule_s)
-        plan = self.former.form(t, stretch, schedule_s, poll_s, sync_s, check_s)
+        plan = self.former.form_lone(t, stretch, schedule_s, poll_s, sync_s, check_s) if self.waiting else None
+        if plan is None:
+            plan = self.former.form(t, stretch, schedule_s, poll_s, sync_s, check_s)
         if not plan.runs:
             return self._idle_iteration(t, plan.pre, plan.schedule_s, plan.poll_s, plan.sync_s, plan.check_s)
         carry = self._carry_process_s

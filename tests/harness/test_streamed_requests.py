@@ -313,6 +313,32 @@ def test_a_lone_rows_step_in_scalars_is_the_step_of_arrays(name, monkeypatch):
         assert len(lone) > 0.5 * len(requests) and any(grammar for _, _, grammar in lone)
 
 
+@pytest.mark.parametrize("name", ["default", "closed loop", "sglang, KV cache short, 2 host CPUs",
+                                  "JSON corpus, reasoning", "fixed costs (the CI run)"])
+def test_a_lone_prompts_batch_formed_in_fewer_calls_is_forms_batch(name, monkeypatch):
+    """The batch of one waiting prompt alone (SGLang's batches without decode rows), formed in fewer calls
+    (:meth:`BatchFormer.form_lone`), gives the run whose batches are all formed by :meth:`BatchFormer.form`:
+    with a KV cache short enough to refuse admissions, retract and recompute too."""
+    from cdbench.harness.admission import BatchFormer
+
+    config = _decode_run_config(name)
+    requests = generate(config.workload, load_vocab(config.vocab), progress=False).requests
+    formed, form_lone = [], BatchFormer.form_lone
+    monkeypatch.setattr(BatchFormer, "form_lone",
+                        lambda self, *args: (lambda plan: (formed.append(plan is not None), plan)[1])(
+                            form_lone(self, *args)))
+    lone = _run(config, requests)
+    monkeypatch.setattr(BatchFormer, "form_lone", lambda self, *args: None)  # every batch formed by form
+    whole = _run(config, requests)
+    pd.testing.assert_frame_equal(lone.requests, whole.requests)
+    pd.testing.assert_frame_equal(lone.steps, whole.steps)
+    assert lone.summary == whole.summary
+    if name.startswith("sglang, KV cache short"):  # (at its rate, prompts mostly wait several at a time)
+        assert any(formed) and (whole.requests["preemptions"] > 0).any()
+    elif name != "JSON corpus, reasoning":  # (mixed batches)
+        assert sum(formed) > 0.5 * len(requests)
+
+
 def test_streams_seeded_together_are_those_numpy_seeds_one_by_one():
     """Streams seeded as arrays (and advanced past the fills' uniforms) are numpy's own, draw for draw."""
     rng = np.random.default_rng(7)
