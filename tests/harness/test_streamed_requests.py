@@ -317,8 +317,9 @@ def test_a_lone_rows_step_in_scalars_is_the_step_of_arrays(name, monkeypatch):
                                   "JSON corpus, reasoning", "fixed costs (the CI run)"])
 def test_a_lone_prompts_batch_formed_in_fewer_calls_is_forms_batch(name, monkeypatch):
     """The batch of one waiting prompt alone (SGLang's batches without decode rows), formed in fewer calls
-    (:meth:`BatchFormer.form_lone`), gives the run whose batches are all formed by :meth:`BatchFormer.form`:
-    with a KV cache short enough to refuse admissions, retract and recompute too."""
+    (:meth:`BatchFormer.form_lone`) and its step taken in Python scalars (:meth:`Scheduler._lone_prompt`), gives
+    the run whose batches are all formed by :meth:`BatchFormer.form` and stepped as arrays: with a KV cache short
+    enough to refuse admissions, retract and recompute too."""
     from cdbench.harness.admission import BatchFormer
 
     config = _decode_run_config(name)
