@@ -828,17 +828,18 @@ class ProfileTables(CostTables):
         at = slice(slot * self.width, (slot + 1) * self.width)
         what, which = item
         self._curve_len[slot] = self.width
+        timed = False
         if what == "spec":
             self.curve[at] = self._spec_curve(which)
         else:
             drawn = self._drawn_curves.pop(which, None)
-            if drawn is not None and drawn[0] == self.width and len(drawn[1]) >= reach:  # (written as it entered)
-                self.curve[at.start:at.start + len(drawn[1])] = drawn[1]
+            if drawn is not None and drawn[0] == self.width and len(drawn[1]) >= reach:  # (written as it entered:
+                self.curve[at.start:at.start + len(drawn[1])] = drawn[1]  # its accepts were not timed)
                 self._curve_len[slot] = len(drawn[1])
             else:
                 measured = self.profile.instances[which].fill_at(self.width)
                 self.curve[at] = np.where(np.isnan(measured), self._spec_curve(self._text_gaps[which]), measured)
-        timed = what == "text" and bool(self.profile.instances[which].accept_s)
+                timed = bool(self.profile.instances[which].accept_s)
         if timed and self.accept_curve is None:
             self.accept_curve = np.full(len(self.curve), np.nan)
         if self.accept_curve is not None:
