@@ -186,6 +186,46 @@ class BatchFormer:
         return self._place(t, timing, dec_rows, all_decode, drafts, n_drafts, pf_rows, pf_chunks, new_ids,
                            new_chunks, new_whole)
 
+    def form_lone(self, t: float, stretch: float, schedule_s: float, poll_s: float, sync_s: float,
+                  check_s: float) -> StepPlan | None:
+        """:meth:`form` where it forms a batch of the one waiting request's whole prompt alone (batches not
+        mixed, no prefill in flight: the decode rows wait), in fewer calls: the same plan, admission and KV
+        blocks. ``None`` where it would form another (then :meth:`form` forms it; a refused admission, asked
+        again there, is refused the same)."""
+        cfg, batch, kv, waiting = self.cfg, self.batch, self.kv, self.waiting
+        n_rows = len(batch)
+        if (len(waiting) != 1 or cfg.mixed_batches or cfg.spec_tokens or n_rows >= cfg.max_running_requests
+                or (kv is not None and kv.max_seqs is not None) or _any(batch.prefill_left)):
+            return None
+        rid = waiting[0]
+        rec = self.rec
+        if rec.structured[rid] and math.isnan(rec.grammar_ready_s[rid]):  # (checked first: vLLM)
+            return None
+        prompt = int(self._prefill[rid])
+        if prompt > cfg.max_batched_tokens:
+            return None
+        if kv is not None:
+            kv.settled = False  # (as form's admission: its free blocks counted again, SGLang's estimate)
+            kv.evicted = 0
+            kv.start_admission()
+            if not kv.admit(rid, prompt, True, t + schedule_s + poll_s + sync_s + check_s):
+                return None
+        waiting.popleft()
+        if cfg.schedule_row_s:
+            schedule_s += cfg.schedule_row_s * (n_rows + 1) * stretch
+        pre = schedule_s + poll_s + sync_s + check_s
+        at = t + pre
+        if kv is not None and kv.recomputing:  # a preempted request keeps its first admission time (np.fmin's)
+            first = float(rec.admitted_s[rid])
+            at = first if first <= at else at
+        rec.admitted_s[rid] = at
+        ids = np.array((rid,), np.int64)
+        batch.append(ids)
+        rows = np.arange(n_rows, n_rows + 1)
+        return StepPlan(schedule_s, poll_s, sync_s, check_s, pre, True, _NO_ROWS, _NO_ROWS, None, 0, rows,
+                        np.array((prompt,), np.int64), slice(n_rows, None), prompt, rows, rows, ids,
+                        constant_ints(0, 1), False)
+
     def _make_room(self, t: float, dec_rows: np.ndarray, all_decode: bool, drafts: np.ndarray | None,
                    pf_rows: np.ndarray, pf_chunks: np.ndarray, admit: bool,
                    dec_tokens: int | None = None) -> np.ndarray | None:

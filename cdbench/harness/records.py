@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 ABORT_REASONS = ("", "compile_error", "grammar_timeout", "cached_invalid", "grammar_rejected", "kv_capacity")
 CACHE_RESULTS = ("", "miss", "hit", "inflight")  # "" for an unconstrained request
 STEP_KINDS = ("idle", "decode", "prefill", "mixed")
+_KIND_CODES = {kind: code for code, kind in enumerate(STEP_KINDS)}  # (a step log's categorical kinds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,34 +267,48 @@ class StepLog:
         return len(self.rows) + sum(k for _, k, _ in self._blocks)
 
     def to_frame(self) -> pd.DataFrame:
-        frame = pd.DataFrame.from_records(self.rows, columns=list(STEP_COLUMNS))
         if self._blocks:
-            frame = self._with_blocks(frame)
+            return self._with_blocks()
+        frame = pd.DataFrame.from_records(self.rows, columns=list(STEP_COLUMNS))
         frame["kind"] = pd.Categorical(frame["kind"], categories=list(STEP_KINDS))
         return frame
 
-    def _with_blocks(self, rows: pd.DataFrame) -> pd.DataFrame:
+    def _with_blocks(self) -> pd.DataFrame:
         """The frame of the rows and the blocks in the order they were appended, each column of the type the
-        rows as tuples would give it (integers, or floats where any value is one)."""
-        at = np.array([before for before, _, _ in self._blocks], np.int64)
-        lengths = np.array([k for _, k, _ in self._blocks], np.int64)
-        total = len(rows) + int(lengths.sum())
-        starts = at + np.cumsum(lengths) - lengths  # (each block after the rows and blocks before it)
-        edges = np.zeros(total + 1, np.int64)
-        np.add.at(edges, starts, 1)
-        np.add.at(edges, starts + lengths, -1)
-        in_block = np.cumsum(edges[:-1]) > 0
+        rows as tuples would give it (integers, or floats where any value is one): the rows' columns converted
+        as numpy converts a sequence of Python numbers (as pandas' records do), ``kind`` made from its codes."""
+        rows, blocks = self.rows, self._blocks
+        n_blocks = len(blocks)
+        at = np.fromiter((before for before, _, _ in blocks), np.int64, n_blocks)
+        lengths = np.fromiter((k for _, k, _ in blocks), np.int64, n_blocks)
+        ends = np.cumsum(lengths)
+        total = len(rows) + int(ends[-1])
+        # row i follows the blocks appended before it (those with at <= i) and the rows before it
+        row_at = np.arange(len(rows))
+        row_at += np.concatenate(([0], ends))[at.searchsorted(row_at, "right")]
+        in_block = np.ones(total, bool)
+        in_block[row_at] = False
+        block_at = in_block.nonzero()[0]
+        by_row = list(zip(*rows)) if rows else None
         columns = {}
-        by_column = zip(*(columns_of for _, _, columns_of in self._blocks))
-        for name, values in zip(STEP_COLUMNS, by_column):
-            block = _block_column(values, lengths, name == "kind")
-            if not len(rows):
+        for i, (name, values) in enumerate(zip(STEP_COLUMNS, zip(*(columns_of for _, _, columns_of in blocks)))):
+            if name == "kind":  # (as the rows' kinds made categorical: a kind not among them is missing)
+                codes = np.repeat(np.array([_KIND_CODES.get(v, -1) for v in values], np.int8), lengths)
+                if by_row is not None:
+                    out = np.empty(total, np.int8)
+                    out[row_at] = [_KIND_CODES.get(v, -1) for v in by_row[i]]
+                    out[block_at] = codes
+                    codes = out
+                columns[name] = pd.Categorical.from_codes(codes, categories=list(STEP_KINDS))
+                continue
+            block = _block_column(values, lengths)
+            if by_row is None:
                 columns[name] = block
                 continue
-            of_rows = rows[name].to_numpy()
-            out = np.empty(total, object if name == "kind" else np.result_type(of_rows.dtype, block.dtype))
-            out[~in_block] = of_rows
-            out[in_block] = block
+            of_rows = np.array(by_row[i])
+            out = np.empty(total, np.result_type(of_rows.dtype, block.dtype))
+            out[row_at] = of_rows
+            out[block_at] = block
             columns[name] = out
         return pd.DataFrame(columns)
 
@@ -306,10 +321,9 @@ class StepLog:
         return frame
 
 
-def _block_column(values: Sequence, lengths: np.ndarray, text: bool) -> np.ndarray:
-    """One column of blocks of ``lengths`` rows, each block's ``values`` an array or one value for all its rows."""
-    if text:
-        return np.repeat(np.array(values, object), lengths)
+def _block_column(values: Sequence, lengths: np.ndarray) -> np.ndarray:
+    """One numeric column of blocks of ``lengths`` rows, each block's ``values`` an array or one value for all its
+    rows."""
     arrays = [type(v) is np.ndarray for v in values]
     if all(arrays):
         return np.concatenate(values)

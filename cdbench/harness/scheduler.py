@@ -239,6 +239,8 @@ class Scheduler:
         self._past_finish = max_concurrency is None and config.pinned_mask
         self._step_s = 0.0  # the last step taken in a run: how long the next run's steps may take, roughly
         self._step_col = np.arange(_RUN)[:, None]  # a run's step numbers, as a column
+        # whether a prompt run alone takes its step in Python scalars (_lone_prompt): not with drafts or live steps
+        self._lone_prompts = live is None and not config.spec_tokens
         self._runs = (live is None and isinstance(gpu, RooflineGpuCosts | FixedGpuCosts)  # (priced, not measured)
                       and not config.spec_tokens and not config.jump_forward
                       and config.mask_apply == "batched" and not self.pricer.fill_waits
@@ -652,7 +654,11 @@ class Scheduler:
                 poll_s, sync_s = self._poll(t + schedule_s)
             else:
                 check_s = self._check_grammar_queue(t + schedule_s)
-        plan = self.former.form(t, stretch, schedule_s, poll_s, sync_s, check_s)
+        plan = self.former.form_lone(t, stretch, schedule_s, poll_s, sync_s, check_s) if self.waiting else None
+        if plan is None:
+            plan = self.former.form(t, stretch, schedule_s, poll_s, sync_s, check_s)
+        elif self._lone_prompts and not self.batch.think_left[-1]:  # (the prompt's row is the batch's last)
+            return self._lone_prompt(t, plan, stretch)
         if not plan.runs:
             return self._idle_iteration(t, plan.pre, plan.schedule_s, plan.poll_s, plan.sync_s, plan.check_s)
         carry = self._carry_process_s
@@ -662,6 +668,43 @@ class Scheduler:
         self._carry_process_s = cost.carry_out
         self._apply(plan, work, t + cost.duration - cost.after_token, think_left, any_thinking)
         self._record(t, plan, work, cost, sync, has_grammar, carry, stretch)
+        return cost.duration
+
+    def _lone_prompt(self, t: float, plan: StepPlan, stretch: float) -> float:
+        """The rest of :meth:`_iterate` for a batch of one prompt alone, whole, not thinking
+        (:meth:`BatchFormer.form_lone`): :meth:`_start_step` and :meth:`_apply` in Python scalars (the same
+        values), the step priced and logged as any. Its duration."""
+        cfg, batch, rec = self.cfg, self.batch, self.rec
+        row = len(batch) - 1
+        rid = int(plan.s_rid[0])
+        grammar = bool(rec.structured[rid])
+        sync = not cfg.overlap
+        carry = self._carry_process_s
+        work = self.executor.step_one(rid, int(batch.gen_left[row]), grammar, self.rng_step)
+        cost = self.pricer.price(plan, work, batch.cached, 0, sync, grammar, carry, stretch, self._compiles, None)
+        self._carry_process_s = cost.carry_out
+        t_token = t + cost.duration - cost.after_token
+        produced = work.produced
+        chunk, emitted = plan.pf_tokens, int(produced[0])
+        batch.prefill_left[row] -= chunk
+        batch.cached[row] += chunk
+        batch.gen_left[row] -= emitted
+        batch.cached[row] += emitted
+        batch.last_tok[row] = t_token
+        kv = self.kv
+        if kv is not None and kv.recomputing:  # (a recomputed request's first token stays the first: np.fmin's)
+            first = float(rec.first_token_s[rid])
+            rec.first_token_s[rid] = first if first <= t_token else t_token
+        else:
+            rec.first_token_s[rid] = t_token
+        self.tallies.add([plan.s_rid, produced, work.jumped] if cfg.jump_forward else [plan.s_rid, produced], 1)
+        done = batch.gen_left[row] <= 0
+        if work.ended is not None:
+            done = done or bool(work.ended[0])
+        rejected = work.rejected if cfg.abort_on_reject else None
+        if rejected is not None or done:
+            self._leave(plan.s_rows, plan.s_rid, np.array((done,)), rejected, t_token)
+        self._record(t, plan, work, cost, sync, grammar, carry, stretch)
         return cost.duration
 
     def _decode_run(self, t: float) -> tuple[float, int] | None:

@@ -202,23 +202,27 @@ class StepPricer:
                 raise ValueError("decode steps of rows leaving between them are priced at once only with the "
                                  "bitmask in pinned memory")
             parts, padded = [], []
+            spans: list[list[int]] = []  # [padded size, first step, end] of consecutive segments of one padded size
             at = 0
             for length in lengths:  # (a segment's parts: one value for each of its steps)
                 n = int(rows[at])
                 parts.append(self._decode_parts(n, int(grammar_rows[at]), stretch))
-                padded.append(graph_size(cfg.cuda_graph_sizes, n) or n)
+                size = graph_size(cfg.cuda_graph_sizes, n) or n
+                padded.append(size)
+                if spans and spans[-1][0] == size:
+                    spans[-1][2] = at + length
+                else:
+                    spans.append([size, at, at + length])
                 at += length
-            # each step's forward as padded_decode pads it, priced together for the segments of one padded size
-            pad = np.array(padded).repeat(lengths)
-            fw_kv = kv + (pad - rows)
-            sizes = set(padded)
-            if len(sizes) == 1:
+            # each step's forward as padded_decode pads it, priced together for the steps of one padded size in a row
+            # (the rows only leave: a size's segments follow one another)
+            fw_kv = kv + (np.array(padded).repeat(lengths) - rows)
+            if len(spans) == 1:
                 forward_s = gpu.decode_forward_s(padded[0], fw_kv)
             else:
                 forward_s = np.empty(len(kv))
-                for size in sizes:
-                    on = pad == size
-                    forward_s[on] = gpu.decode_forward_s(size, fw_kv[on])
+                for size, a, b in spans:
+                    forward_s[a:b] = gpu.decode_forward_s(size, fw_kv[a:b])
             host_fill_s, transfer_s, engine_process_s, copy_s, apply_s, sample_s, launch_s, prep_s = \
                 np.array(parts).repeat(lengths, axis=0).T
         fill = fill_s * stretch if fill_s is not None else np.zeros(len(kv))

@@ -104,7 +104,10 @@ class RecordSpill:
         self.parts += 1
         name = f"part-{self.parts:06d}.parquet"
         hidden = folder / f".{name}"  # readers of the folder skip hidden files
-        rows.to_parquet(hidden, index=False)
+        # (read back once, by _join: dictionaries only where they keep a categorical's categories, no statistics;
+        # the joined tables are written with the defaults)
+        categorical = [name for name, dtype in rows.dtypes.items() if isinstance(dtype, pd.CategoricalDtype)]
+        rows.to_parquet(hidden, index=False, use_dictionary=categorical, write_statistics=False)
         hidden.replace(folder / name)
 
     def finished(self, requests: pd.DataFrame) -> None:

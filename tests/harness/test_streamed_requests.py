@@ -249,11 +249,18 @@ def test_decode_runs_past_a_finish_are_the_steps_one_by_one(name, scheduler, mon
 
 def test_accept_rows_and_curves_drawn_as_requests_enter_are_those_drawn_as_they_arrive(monkeypatch):
     """New cost specs' accept rows and replayed texts' curves drawn together as their requests enter (entered a
-    few at a time, slots reused, the curves' width growing meanwhile) give the run whose rows and curves are
-    each drawn as its request arrives."""
+    few at a time, slots reused, the curves' width growing meanwhile; the curves only as far as their answers
+    read them, a text taken again by a longer answer written whole) give the run whose rows and curves are
+    each drawn as its request arrives (at the whole width)."""
     config = RunConfig.model_validate({**DEFAULT, "mode": "model", "workload": WORKLOADS["default"]})
     streamed = generate(config.workload, load_vocab(config.vocab), progress=False, held=False)
     requests = list(streamed.iter_requests())
+    for i in range(0, len(requests) - 1, 3):  # the next request replays the same text, reading 40 positions further
+        r = requests[i]
+        if r.output_tokens is not None:
+            requests[i + 1] = dataclasses.replace(requests[i + 1], spec=r.spec, spec_id=r.spec_id,
+                                                  output_tokens=r.output_tokens, output_len=r.output_len + 40,
+                                                  instance_index=r.instance_index, random_walk=None)
     monkeypatch.setattr(scheduler_module, "_SLOTS", 8)
     monkeypatch.setattr(scheduler_module, "_AHEAD", 5)
     monkeypatch.setattr(cost_tables, "_DRAWN_TOGETHER", 2)
@@ -262,12 +269,16 @@ def test_accept_rows_and_curves_drawn_as_requests_enter_are_those_drawn_as_they_
     monkeypatch.setattr(cost_tables.ProfileTables, "_draw_ahead",
                         lambda self, specs: (drawn.append(len(specs)), draw_ahead(self, specs))[1])
     written, write_curve = [], cost_tables.ProfileTables._write_curve
-    monkeypatch.setattr(cost_tables.ProfileTables, "_write_curve", lambda self, slot, item: (
+    monkeypatch.setattr(cost_tables.ProfileTables, "_write_curve", lambda self, slot, item, reach: (
         written.append(item[0] == "text" and self._drawn_curves.get(item[1], (0,))[0] == self.width),
-        write_curve(self, slot, item))[1])
+        retaken.append(self._curves.refs.get(item, 0) > 1),  # (its slot held: written again, longer)
+        write_curve(self, slot, item, reach), narrow.append(self._curve_len[slot] < self.width))[1])
+    retaken = []
+    narrow: list[bool] = []
     ahead = _run(config, requests, count=len(requests))
     assert sum(drawn) == len(requests)
     assert sum(written) > 0.5 * len(requests)  # (most curves taken as drawn ahead)
+    assert sum(narrow) > 0.5 * len(requests) and sum(retaken) > 10  # (most of them narrower than the width)
     monkeypatch.setattr(cost_tables, "_DRAWN_AHEAD", 0)  # none drawn ahead
     alone = _run(config, requests, count=len(requests))
     pd.testing.assert_frame_equal(ahead.requests, alone.requests)
@@ -300,6 +311,33 @@ def test_a_lone_rows_step_in_scalars_is_the_step_of_arrays(name, monkeypatch):
     assert lone
     if name == "default":  # (SGLang runs each prompt alone)
         assert len(lone) > 0.5 * len(requests) and any(grammar for _, _, grammar in lone)
+
+
+@pytest.mark.parametrize("name", ["default", "closed loop", "sglang, KV cache short, 2 host CPUs",
+                                  "JSON corpus, reasoning", "fixed costs (the CI run)"])
+def test_a_lone_prompts_batch_formed_in_fewer_calls_is_forms_batch(name, monkeypatch):
+    """The batch of one waiting prompt alone (SGLang's batches without decode rows), formed in fewer calls
+    (:meth:`BatchFormer.form_lone`) and its step taken in Python scalars (:meth:`Scheduler._lone_prompt`), gives
+    the run whose batches are all formed by :meth:`BatchFormer.form` and stepped as arrays: with a KV cache short
+    enough to refuse admissions, retract and recompute too."""
+    from cdbench.harness.admission import BatchFormer
+
+    config = _decode_run_config(name)
+    requests = generate(config.workload, load_vocab(config.vocab), progress=False).requests
+    formed, form_lone = [], BatchFormer.form_lone
+    monkeypatch.setattr(BatchFormer, "form_lone",
+                        lambda self, *args: (lambda plan: (formed.append(plan is not None), plan)[1])(
+                            form_lone(self, *args)))
+    lone = _run(config, requests)
+    monkeypatch.setattr(BatchFormer, "form_lone", lambda self, *args: None)  # every batch formed by form
+    whole = _run(config, requests)
+    pd.testing.assert_frame_equal(lone.requests, whole.requests)
+    pd.testing.assert_frame_equal(lone.steps, whole.steps)
+    assert lone.summary == whole.summary
+    if name.startswith("sglang, KV cache short"):  # (at its rate, prompts mostly wait several at a time)
+        assert any(formed) and (whole.requests["preemptions"] > 0).any()
+    elif name != "JSON corpus, reasoning":  # (mixed batches)
+        assert sum(formed) > 0.5 * len(requests)
 
 
 def test_streams_seeded_together_are_those_numpy_seeds_one_by_one():

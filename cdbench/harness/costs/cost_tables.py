@@ -593,6 +593,9 @@ class ProfileTables(CostTables):
         self._drawn: dict[tuple, np.ndarray] = {}  # cost spec -> its accept row, drawn as its request entered
         self._bits = np.random.Generator(np.random.PCG64(0))  # (given each stream's state: _draw_ahead)
         self._drawn_curves: dict[str, tuple[int, np.ndarray]] = {}  # replayed text -> (width, its curve), the same
+        # curve slot -> the positions written from its start: the whole width, or as far as the answers read that
+        # took it written ahead (a request reads its curve below its answer's length: the rest may be stale)
+        self._curve_len: dict[int, int] = {}
         self._curves = _Slots()
         self._chain_slots = _Slots(reserved=1)  # slot 0: chain 0
         self._curve_slots: dict[int, Hashable] = {}  # acquired request -> its curve's item
@@ -688,21 +691,27 @@ class ProfileTables(CostTables):
             if self._uniforms == 2:
                 self._draw_ahead([spec_of[rid] for rid in rows])
             if replays:
-                self._curves_ahead([text_of[rid] for rid in rows])
+                self._curves_ahead([text_of[rid] for rid in rows], out_len)
 
-    def _curves_ahead(self, texts: list[str | None]) -> None:
-        """The curves of the entering requests' replayed ``texts`` that no slot holds, written together at the
-        current width: their measured fills, their spec's curve in the gaps, each value as :meth:`_write_curve`
-        writes it alone; for their first requests to take as they arrive, if the width is still the same.
-        Not for texts whose accepts were timed (their accept curves are written as they arrive)."""
+    def _curves_ahead(self, texts: list[str | None], out_len: np.ndarray) -> None:
+        """The curves of the entering requests' replayed ``texts`` (answers of ``out_len`` tokens) that no slot
+        holds, written together at the current width as far as those answers read them (their length + 1): their
+        measured fills, their spec's curve in the gaps, each value as :meth:`_write_curve` writes it alone; for
+        their first requests to take as they arrive, if the width is still the same. Not for texts whose accepts
+        were timed (their accept curves are written as they arrive)."""
         if len(self._drawn_curves) > _DRAWN_AHEAD:  # (texts of requests that never arrived, or held meanwhile)
             self._drawn_curves.clear()
         held, drawn, instances = self._curves.slot, self._drawn_curves, self.profile.instances
-        todo = [text for text in dict.fromkeys(texts) if text is not None and ("text", text) not in held
-                and text not in drawn and not instances[text].accept_s]
+        reach: dict[str, int] = {}  # each text's positions read: the longest of its answers entering, + 1
+        for text, length in zip(texts, out_len.tolist()):
+            if text is not None and reach.get(text, 0) <= length:
+                reach[text] = length + 1
+        todo = [text for text in reach if ("text", text) not in held and text not in drawn
+                and not instances[text].accept_s]
         if not todo:
             return
-        width = self.width
+        lengths = [reach[text] for text in todo]
+        width = max(lengths)  # (the positions past it are not read by the requests taking these curves)
         curves = np.full((len(todo), width), np.nan)
         _scatter(curves, range(len(todo)), [instances[text].fill_s[:width] for text in todo])
         gaps = np.empty((len(todo), width))
@@ -713,16 +722,16 @@ class ProfileTables(CostTables):
             if is_own and len(spec.fill_curve) == N_POSITION_BINS:
                 own.append((i, spec))
             else:
-                gaps[i] = self._spec_curve(cost_spec)
+                gaps[i] = self._spec_curve(cost_spec)[:width]
         if own:  # (SpecProfile.fill_by_position_s of each: its bins' fills, its head's where it has them)
             rows = [i for i, _ in own]
             scale = np.array([spec.fill_scale_s for _, spec in own])
             by_bin = scale[:, None] * np.array([spec.fill_curve for _, spec in own], np.float64)
-            gaps[rows] = by_bin[:, self._bins]
+            gaps[rows] = by_bin[:, self._bins[:width]]
             _scatter(gaps, rows, [spec.fill_head[:width] for _, spec in own], scale)
         np.copyto(curves, gaps, where=np.isnan(curves))
-        for text, curve in zip(todo, curves):
-            drawn[text] = (width, curve)
+        for text, curve, length in zip(todo, curves, lengths):
+            drawn[text] = (self.width, curve[:length])
 
     def _draw_ahead(self, cost_specs: list[tuple | None]) -> None:
         """The accept rows of the entering requests' ``cost_specs`` that no slot holds, drawn together (their
@@ -808,24 +817,29 @@ class ProfileTables(CostTables):
         if self.accept_curve is not None:
             self.accept_curve = np.full(len(self.curve), np.nan)
         for item, slot in self._curves.slot.items():
-            self._write_curve(slot, item)
+            self._write_curve(slot, item, width)
         if self._curve_slots:
             rids = np.fromiter(self._curve_slots, np.int64, len(self._curve_slots))
             self.curve_end[rids] = self._curve_at[rids] * width + self._out_len[rids]
 
-    def _write_curve(self, slot: int, item: tuple) -> None:
+    def _write_curve(self, slot: int, item: tuple, reach: int) -> None:
+        """``item``'s curve into curve slot ``slot``: the whole width, or as written ahead if that reaches
+        ``reach`` positions."""
         at = slice(slot * self.width, (slot + 1) * self.width)
         what, which = item
+        self._curve_len[slot] = self.width
+        timed = False
         if what == "spec":
             self.curve[at] = self._spec_curve(which)
         else:
             drawn = self._drawn_curves.pop(which, None)
-            if drawn is not None and drawn[0] == self.width:  # (written as its request entered)
-                self.curve[at] = drawn[1]
+            if drawn is not None and drawn[0] == self.width and len(drawn[1]) >= reach:  # (written as it entered:
+                self.curve[at.start:at.start + len(drawn[1])] = drawn[1]  # its accepts were not timed)
+                self._curve_len[slot] = len(drawn[1])
             else:
                 measured = self.profile.instances[which].fill_at(self.width)
                 self.curve[at] = np.where(np.isnan(measured), self._spec_curve(self._text_gaps[which]), measured)
-        timed = what == "text" and bool(self.profile.instances[which].accept_s)
+                timed = bool(self.profile.instances[which].accept_s)
         if timed and self.accept_curve is None:
             self.accept_curve = np.full(len(self.curve), np.nan)
         if self.accept_curve is not None:
@@ -848,13 +862,17 @@ class ProfileTables(CostTables):
         self.base[rid] = slot * ROW
         item = ("spec", cost_spec) if text is None else ("text", text)
         curve, new = self._curves.take(item)
+        reach = int(self._out_len[rid]) + 1  # (the positions its answer reads, and one)
         if new:
             self.curve = _grown(self.curve, self._curves.size * self.width)
             if self.accept_curve is not None:
                 self.accept_curve = _grown(self.accept_curve, len(self.curve))
-            self._write_curve(curve, item)
-        elif text is not None and self._drawn_curves:  # (held since its request entered)
-            self._drawn_curves.pop(text, None)
+            self._write_curve(curve, item, reach)
+        else:
+            if text is not None and self._drawn_curves:  # (held since its request entered)
+                self._drawn_curves.pop(text, None)
+            if self._curve_len[curve] < reach:  # written ahead for a shorter answer: written whole
+                self._write_curve(curve, item, reach)
         self._curve_slots[rid] = item
         self._curve_at[rid] = curve
         self.curve_end[rid] = curve * self.width + self._out_len[rid]

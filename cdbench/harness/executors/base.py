@@ -295,6 +295,12 @@ class GrammarExecutor(ABC):
     def step(self, rows: StepRows, rng: np.random.Generator) -> StepWork:
         """Build masks, verify drafts, emit tokens and advance grammars for one step."""
 
+    def step_one(self, rid: int, gen_left: int, grammar: bool, rng: np.random.Generator) -> StepWork:
+        """:meth:`step` of one row (request ``rid``, ``gen_left`` tokens left, ``grammar``: its grammar active)
+        without drafts or thinking: a prompt's first token, run alone."""
+        return self.step(StepRows(np.array((rid,), np.int64), np.array((grammar,)), constant_ints(0, 1),
+                                  np.array((gen_left,), np.int64), constant_ints(0, 1)), rng)
+
     def decode_run(self, rid: np.ndarray, grammar: np.ndarray, gen_left: np.ndarray, steps: int) -> DecodeRun | None:
         """Up to ``steps`` decode steps of rows ``rid`` (``grammar``: their grammar is active; ``gen_left``: their
         tokens left; past a row's last token, what is given for it is a placeholder) without drafts, thinking or forced tokens, taken at once: what

@@ -251,6 +251,11 @@ class ModelExecutor(GrammarExecutor):
         _, fat, ci, accept_one = self._positions(g_rid, left)
         return DecodeRun(steps, self._fills(fat, ci), accept_one)
 
+    def step_one(self, rid: int, gen_left: int, grammar: bool, rng: np.random.Generator) -> StepWork:
+        if _LONE == 1 and not self.jump_forward and (self.parallel_fill is None or self.parallel_fill.threshold >= 1):
+            return self._lone_step(rid, gen_left, grammar)  # (as step takes it)
+        return super().step_one(rid, gen_left, grammar, rng)
+
     def _lone_step(self, rid: int, left: int, grammar: bool) -> StepWork:
         """:meth:`step` of one row without drafts or thinking (a prompt's first token), in Python scalars."""
         produced = min(1, left)
