@@ -71,7 +71,8 @@ def run_published(
 
 @app.command("sweep")
 def sweep_published(
-    key: Annotated[str, typer.Argument(help="Config path to sweep in both arms, e.g. costs.fixed_grammar.fill_time_s.")],
+    key: Annotated[str, typer.Argument(help="Config path to sweep in both arms, "
+                                           "e.g. costs.fixed_grammar.fill_time_s.")],
     values: Annotated[list[str], typer.Argument(help="Its values (parsed as YAML).")],
     entry: Annotated[list[str], typer.Option("--entry", "-e", help="Entry id or shell pattern, e.g. 'vllm-26866-*' "
                                              "(repeatable).")],
