@@ -14,6 +14,15 @@ app = typer.Typer(help="Published A/B results on structured outputs, each predic
 
 RegistryOpt = Annotated[Path | None, typer.Option(
     "--registry", help="Registry YAML (default: the shipped cdbench/published/registry.yaml).")]
+ScaleOpt = Annotated[str, typer.Option("--scale", help="full (the source's request counts) or small "
+                                       "(each entry's small_requests, for a quick check).")]
+
+
+def _check_scale(scale: str) -> None:
+    from cdbench.published.registry import RegistryError
+
+    if scale not in ("full", "small"):
+        raise RegistryError(f"--scale {scale!r}: choose full or small")
 
 
 @app.command("list")
@@ -32,8 +41,7 @@ def list_entries(registry: RegistryOpt = None) -> None:
 @app.command("run")
 def run_published(
     entry: Annotated[list[str] | None, typer.Option("--entry", "-e", help="Entry id to run (repeatable; default: all).")] = None,
-    scale: Annotated[str, typer.Option("--scale", help="full (the source's request counts) or small "
-                                       "(each entry's small_requests, for a quick check).")] = "full",
+    scale: ScaleOpt = "full",
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder for results.csv, table.md and "
                                              "effects.png.")] = None,
     registry: RegistryOpt = None,
@@ -42,13 +50,12 @@ def run_published(
 
     Example: cdbench published run --entry vllm-24300 --scale small
     """
-    from cdbench.published.registry import RegistryError, load_registry
+    from cdbench.published.registry import load_registry
     from cdbench.published.report import rich_table, write_results
     from cdbench.published.runner import run_registry
 
     with user_errors():
-        if scale not in ("full", "small"):
-            raise RegistryError(f"--scale {scale!r}: choose full or small")
+        _check_scale(scale)
         reg = load_registry(registry)
         ids = list(entry) if entry else None
         count = len(ids) if ids else len(reg.entries)
@@ -77,7 +84,7 @@ def sweep_published(
     entry: Annotated[list[str], typer.Option("--entry", "-e", help="Entry id or shell pattern, e.g. 'vllm-26866-*' "
                                              "(repeatable).")],
     sets: SetOpt = [],  # noqa: B006 (typer's list option)
-    scale: Annotated[str, typer.Option("--scale", help="full or small (as run).")] = "full",
+    scale: ScaleOpt = "full",
     csv: Annotated[Path | None, typer.Option("--csv", help="Write every entry's result at every value here.")] = None,
     registry: RegistryOpt = None,
 ) -> None:
@@ -88,13 +95,12 @@ def sweep_published(
     """
     import yaml
 
-    from cdbench.published.registry import RegistryError, load_registry
+    from cdbench.published.registry import load_registry
     from cdbench.published.report import sweep_frame, sweep_markdown
     from cdbench.published.runner import sweep_registry
 
     with user_errors():
-        if scale not in ("full", "small"):
-            raise RegistryError(f"--scale {scale!r}: choose full or small")
+        _check_scale(scale)
         reg = load_registry(registry)
         fixed = parse_set_options(sets)
         parsed = [yaml.safe_load(v) for v in values]
