@@ -25,7 +25,7 @@ from cdbench.harness.admission import StepPlan
 from cdbench.harness.contention import HostCores
 from cdbench.harness.costs.gpu import GpuCosts
 from cdbench.harness.executors.base import Settlement, StepWork
-from cdbench.harness.policies import SchedulerConfig, graph_size, padded_decode
+from cdbench.harness.policies import SchedulerConfig, padded_decode
 from cdbench.harness.step_time import step_time
 
 if TYPE_CHECKING:
@@ -201,22 +201,23 @@ class StepPricer:
             if not cfg.pinned_mask:
                 raise ValueError("decode steps of rows leaving between them are priced at once only with the "
                                  "bitmask in pinned memory")
-            parts, padded = [], []
-            spans: list[list[int]] = []  # [padded size, first step, end] of consecutive segments of one padded size
+            parts, padded, pad_keys = [], [], []  # each segment's priced rows and its padding tokens' keys
+            spans: list[list[int]] = []  # [priced rows, first step, end] of consecutive segments of as many
             at = 0
             for length in lengths:  # (a segment's parts: one value for each of its steps)
                 n = int(rows[at])
                 parts.append(self._decode_parts(n, int(grammar_rows[at]), stretch))
-                size = graph_size(cfg.cuda_graph_sizes, n) or n
+                size, keys = padded_decode(cfg.cuda_graph_sizes, n, 0)
                 padded.append(size)
+                pad_keys.append(keys)
                 if spans and spans[-1][0] == size:
                     spans[-1][2] = at + length
                 else:
                     spans.append([size, at, at + length])
                 at += length
-            # each step's forward as padded_decode pads it, priced together for the steps of one padded size in a row
+            # each step's forward as padded_decode prices it, together for the steps of one priced size in a row
             # (the rows only leave: a size's segments follow one another)
-            fw_kv = kv + (np.array(padded).repeat(lengths) - rows)
+            fw_kv = kv + np.array(pad_keys).repeat(lengths)
             if len(spans) == 1:
                 forward_s = gpu.decode_forward_s(padded[0], fw_kv)
             else:

@@ -4,8 +4,9 @@
 the live run's steps against the forward model of the run being configured (its model, GPU, TP and
 calibration; the live run's must be the same): each step's measured forward over the model's price of its
 shape (:func:`step_ratios`), decode-only steps padded to the live run's CUDA-graph sizes as it replayed
-them, steps with prefill chunks priced with the prompts they admitted (:func:`prefill_prompts`); the fit's
-rule is :mod:`cdbench.harness.costs.forward_speed`'s.
+them, steps with prefill chunks priced with the prompts they admitted (:func:`prefill_prompts`), and in a run
+drafting with the model's MTP head the head's passes added where a step verified drafts (the live step's
+forward holds them); the fit's rule is :mod:`cdbench.harness.costs.forward_speed`'s.
 """
 
 from __future__ import annotations
@@ -62,16 +63,28 @@ def prefill_prompts(steps: pd.DataFrame, requests: pd.DataFrame) -> dict[int, np
     return {int(i): np.asarray(p, np.int64) for i, p in prompts.items() if sum(p) == tokens[i]}
 
 
+def _drafting_s(steps: pd.DataFrame, forward: ForwardCostModel, mtp_drafts: int) -> np.ndarray:
+    """The MTP head's ``mtp_drafts`` passes over each step's decode rows where the step verified drafts (the
+    head drafts inside the step after verifying, as model mode prices it); 0 without an MTP drafter."""
+    if not mtp_drafts or steps.empty:
+        return np.zeros(len(steps))
+    rows, context = steps["decode_rows"].to_numpy(), steps["context_tokens"].to_numpy()
+    drafted = steps["decode_tokens"].to_numpy() > rows
+    return np.array([forward.mtp_draft_s(int(r), mtp_drafts, int(c)) if d else 0.0
+                     for r, c, d in zip(rows, context, drafted, strict=True)])
+
+
 def step_ratios(steps: pd.DataFrame, requests: pd.DataFrame, forward: ForwardCostModel,
-                graph_sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray, int]:
+                graph_sizes: Sequence[int], mtp_drafts: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
     """``(decode ratios, prefill ratios, steps with prefill chunks left out)``: each forward step's measured
-    ``forward_s`` over ``forward``'s price of its shape (module doc)."""
+    ``forward_s`` over ``forward``'s price of its shape (module doc), with the MTP head's ``mtp_drafts``
+    passes where the run drafted with it."""
     ran = steps[(steps["kind"] != "idle") & (steps["forward_s"] > 0)]
     decode = ran[(ran["prefill_tokens"] == 0) & (ran["decode_tokens"] > 0)]
     tokens, context = decode["decode_tokens"].to_numpy(), decode["context_tokens"].to_numpy()
     padded = np.array([padded_decode(graph_sizes, int(n), int(c)) for n, c in zip(tokens, context)],
                       np.int64).reshape(-1, 2)
-    decode_price = forward.step_s_array(0, 0, padded[:, 0], padded[:, 1])
+    decode_price = forward.step_s_array(0, 0, padded[:, 0], padded[:, 1]) + _drafting_s(decode, forward, mtp_drafts)
     decode_ratios = decode["forward_s"].to_numpy() / decode_price
     with_prefill = ran[ran["prefill_tokens"] > 0]
     prompts = prefill_prompts(steps, requests)
@@ -79,7 +92,8 @@ def step_ratios(steps: pd.DataFrame, requests: pd.DataFrame, forward: ForwardCos
     chunks = [prompts[i] for i in known.index]
     prefill_price = forward.step_s_array(
         known["prefill_tokens"].to_numpy(), [attention_pairs(p, 0).sum() for p in chunks],
-        known["decode_tokens"].to_numpy(), known["context_tokens"].to_numpy(), [len(p) for p in chunks])
+        known["decode_tokens"].to_numpy(), known["context_tokens"].to_numpy(), [len(p) for p in chunks]
+    ) + _drafting_s(known, forward, mtp_drafts)
     prefill_ratios = known["forward_s"].to_numpy() / prefill_price if len(known) else np.zeros(0)
     return decode_ratios, prefill_ratios, len(with_prefill) - len(known)
 
@@ -113,9 +127,11 @@ def live_forward_speed(ref: str, costs: CostConfig) -> ForwardSpeed:
                            f"{target[1]} at tp={target[2]}: its forward speed does not carry over")
     forward = costs.model_copy(update={"forward_speed": 1.0}).build()
     sizes = live.scheduler_config().cuda_graph_sizes
+    spec = live.workload.spec_decode
+    mtp_drafts = spec.k if spec.drafter == "mtp" else 0
     decode, prefill, left_out = [], [], 0
     for steps, requests in _rank_logs(run.steps, run.requests):
-        d, p, n = step_ratios(steps, requests, forward, sizes)
+        d, p, n = step_ratios(steps, requests, forward, sizes, mtp_drafts)
         decode.append(d)
         prefill.append(p)
         left_out += n

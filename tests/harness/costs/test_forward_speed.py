@@ -112,3 +112,25 @@ def test_a_model_run_at_a_speed_is_deterministic():
     # a slower forward lengthens the tokens' gaps (a request's mean TPOT over 30 short answers need not follow:
     # the schedule changes with the step times)
     assert first.summary.mean_itl_ms > _model_run(1.0)[1].summary.mean_itl_ms
+
+
+def test_the_mtp_heads_passes_are_part_of_the_step_a_speed_is_read_from():
+    """A run drafting with the model's MTP head: its steps' forwards hold the head's passes, so the ratios add
+    them to the price (without them a host at the calibration's speed would read as slower); decode steps of
+    any row count, padded to a graph or not, come back at exactly the speed they ran at."""
+    tree = {"mode": "model", "vocab": "cl100k", "seed": 5, "policy": {"name": "sglang"},
+            "costs": {"model": "qwen3.5-35b-a3b", "gpu": "h200", "fixed_grammar": {}, "forward_speed": 1.05},
+            "workload": {"num_requests": 30, "kinds": ["regex"], "arrival": {"process": "poisson", "rate": 40.0},
+                         "prompt_len": {"dist": "uniform", "low": 64, "high": 600},
+                         "output_len": {"dist": "uniform", "low": 8, "high": 60},
+                         "spec_decode": {"k": 2, "alpha": 0.7, "drafter": "mtp"}}}
+    config = RunConfig.model_validate(tree)
+    result = run(config)
+    at_one = config.costs.model_copy(update={"forward_speed": 1.0}).build()
+    sizes = config.scheduler_config().cuda_graph_sizes
+    decode, prefill, _ = step_ratios(result.steps, result.requests, at_one, sizes, mtp_drafts=2)
+    assert len(decode) > 20 and len(set(result.steps["decode_tokens"])) > 5
+    assert decode == pytest.approx(np.full(len(decode), 1.05), rel=1e-12)
+    assert prefill == pytest.approx(np.full(len(prefill), 1.05), rel=1e-12)
+    without_head, _, _ = step_ratios(result.steps, result.requests, at_one, sizes)
+    assert np.median(without_head) > 1.1
