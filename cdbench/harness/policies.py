@@ -200,6 +200,10 @@ class SchedulerConfig(BaseModel):
         "chunks of fill_chunk (llguidance's LLExecutor.consume_token_par; no engine preset does: vLLM and SGLang "
         "accept row by row); False: one accept after another (model mode)")
     pinned_mask: bool = Field(True, description="bitmask in pinned host memory (non-blocking copy)")
+    pageable_staged_bytes: int | None = Field(
+        None, ge=0, description="mask_apply batched, pinned_mask false: a non-blocking copy from pageable memory of at "
+        "most this many bytes is staged by the CUDA driver at once, so its host goes on and only the GPU copies after "
+        "the forward; a larger one holds its host until the forward is done (None: every one holds it)")
     mask_copy_rows: Literal["mask", "batch"] = Field(
         "mask", description="rows of the bitmask copied to the GPU in a step with mask rows: mask (those rows "
         "alone) or batch (every sampled row of the step: vLLM V1's apply_grammar_bitmask of 0.10 / 0.11 scatters "
@@ -426,6 +430,10 @@ def _vllm_0_10(cpus: int) -> dict:
         # forward's launch, are those steps timed on this CPU (measure_vllm_bitmask_build.py, fit.py: per byte of
         # the array and per byte scattered in)
         pinned_mask=False,
+        # torch's .to(device, non_blocking=True) from pageable memory behind 20 ms of queued GPU work, on an H100 host
+        # (torch 2.11, CUDA 13.0, driver 580): up to 1.99 MiB the host returned in 0.3 ms, from 2.17 MiB it waited out
+        # the queue (reports/engine_costs/README.md, "The pageable copy on a GPU host"): the driver's 2 MiB staging
+        pageable_staged_bytes=2 * 1024 * 1024,
         mask_copy_rows="batch",
         mask_build_byte_s=6.112e-11,
         mask_scatter_byte_s=1.361e-10,

@@ -172,14 +172,16 @@ class StepPricer:
         if self.per_row and mask_rows:
             return self._per_row(plan.pre, carry, forward_s, fill_s, host_fill_s, row_fill, stretch, transfer_s,
                                  sample_s, process_s, launch_s, prep_s, grammar_rows, mask_rows, dec_tokens, kv)
-        waiting_copy_s = 0.0 if cfg.pinned_mask else copy_s  # from pageable memory: it waits for the forward
+        waiting_copy_s = 0.0 if cfg.pinned_mask else copy_s  # from pageable memory: the GPU copies after the forward
+        holds = bool(mask_rows) and self._copy_holds_host(copied)  # ... and its host waits for that
         # the sampler's host work follows the mask's copy: beside the forward, or after it when the copy waited
-        prep_after = prep_s if waiting_copy_s else 0.0
+        prep_after = prep_s if holds else 0.0
         duration, after_token, exposed, hidden, carry_out = step_time(
             sync, has_grammar, plan.pre, carry, forward_s, fill_s + prep_s - prep_after,
             copy_s - waiting_copy_s + transfer_s, apply_s, sample_s, process_s, launch_s, cfg.fill_beside_forward,
-            after_forward_s=prep_after, waiting_copy_s=waiting_copy_s, loop_waits=cfg.mask_transfer == "none",
-            build_s=build_s, tail_beside_next=cfg.sample_beside_schedule)
+            after_forward_s=prep_after, waiting_copy_s=waiting_copy_s,
+            loop_waits=holds and cfg.mask_transfer == "none", build_s=build_s,
+            tail_beside_next=cfg.sample_beside_schedule)
         return StepCost(duration, after_token, exposed, hidden, carry_out, forward_s, fill_s + build_s, copy_s, apply_s,
                         sample_s, process_s, transfer_s, launch_s, grammar_rows, mask_rows, dec_tokens, kv)
 
@@ -232,9 +234,12 @@ class StepPricer:
         fill += host_fill_s
         process = process_s * stretch + engine_process_s
         waiting_copy_s = 0.0 if cfg.pinned_mask else copy_s
+        # (a pageable copy: one segment, so one count of rows for every step)
+        holds = not cfg.pinned_mask and bool(grammar_rows) and self._copy_holds_host(
+            int(rows if self.batch_copy else grammar_rows))
         host_path, prep_after = fill, 0.0  # the host's work beside the forward, and after it
         if self.sample_prep:  # (as price's)
-            prep_after = prep_s if waiting_copy_s else 0.0
+            prep_after = prep_s if holds else 0.0
             host_path = fill + (prep_s - prep_after)
         # each step carries the one before's processing in (step_time's carry_out: none without overlap)
         carried = np.empty(len(fill))
@@ -243,7 +248,7 @@ class StepPricer:
         duration, after_token, exposed, hidden, carry_out = step_time(
             sync, has_grammar, pre, carried, forward_s, host_path, copy_s - waiting_copy_s + transfer_s, apply_s,
             sample_s, process, launch_s, cfg.fill_beside_forward, after_forward_s=prep_after,
-            waiting_copy_s=waiting_copy_s, loop_waits=cfg.mask_transfer == "none", build_s=build_s,
+            waiting_copy_s=waiting_copy_s, loop_waits=holds and cfg.mask_transfer == "none", build_s=build_s,
             tail_beside_next=cfg.sample_beside_schedule, maximum=np.maximum)
         return StepCost(duration, after_token, exposed, hidden, carry_out, forward_s, fill + build_s, copy_s, apply_s,
                         sample_s, process, transfer_s, launch_s, grammar_rows, grammar_rows, rows, kv)
@@ -268,6 +273,14 @@ class StepPricer:
             parts = self._parts[key] = (host_fill_s, transfer_s, engine_process_s, copy_s, apply_s,
                                         gpu.sample_s(n_rows), self._launch(0, n_rows, stretch), prep_s, build_s)
         return parts
+
+    def _copy_holds_host(self, copied_rows: int) -> bool:
+        """Whether a bitmask copy of ``copied_rows`` rows holds its host until the forward is done: from pageable
+        memory and larger than what the driver stages at once (``pageable_staged_bytes``)."""
+        cfg = self.cfg
+        if cfg.pinned_mask:
+            return False
+        return cfg.pageable_staged_bytes is None or copied_rows * self.row_bytes > cfg.pageable_staged_bytes
 
     def _build(self, copied_rows: int, mask_rows: int, stretch: float) -> float:
         """The model runner's host work on the bitmask after the forward's launch (stretched): the array of the

@@ -4,13 +4,15 @@ scheduler loop when the worker shares its process. ``mask_copy_rows="batch"``: t
 sampled row of the step once any row is structured, the apply still the structured rows. The model runner
 builds that array after the forward's launch (``mask_build_byte_s``, ``mask_scatter_byte_s``: beside the
 forward wherever the fill runs), and with overlap the loop that waited on the copy schedules the next step while
-the GPU applies and samples (``sample_beside_schedule``)."""
+the GPU applies and samples (``sample_beside_schedule``). A pageable copy no larger than the driver stages at
+once (``pageable_staged_bytes``) leaves its host free: only the GPU copies after the forward."""
 
 from __future__ import annotations
 
 import pytest
 from scheduler_helpers import req, sim
 
+from cdbench.harness import scheduler as scheduler_module
 from cdbench.harness.costs.gpu import FixedGpuCosts
 from cdbench.harness.executors.model import FixedGrammarCosts
 from cdbench.harness.policies import policy
@@ -177,3 +179,27 @@ def test_the_vllm_0_10_preset_builds_the_runners_array_and_samples_beside_the_ne
     cfg = policy("vllm-0.10")
     assert cfg.mask_build_byte_s > 0 and cfg.mask_scatter_byte_s > 0 and cfg.sample_beside_schedule
     assert not any(policy(name).sample_beside_schedule for name in ("vllm", "vllm-0.6", "sglang"))
+
+
+@pytest.mark.parametrize("alone", [False, True])
+@pytest.mark.parametrize("staged_rows, holds", [(4, False), (3, True)])
+def test_a_pageable_copy_the_driver_stages_leaves_the_loop_free(staged_rows, holds, alone, monkeypatch):
+    # 4 structured rows of ROW_BYTES: staged up to 4 rows' bytes, so the loop schedules on beside the forward (as a
+    # pinned copy's, the copy after the forward on the GPU); above it the loop waits the forward out. Steps priced
+    # in a decode run and (alone) one by one
+    if alone:
+        monkeypatch.setattr(scheduler_module, "_MIN_RUN", 1 << 30)
+    gpu = FixedGpuCosts(forward_base_s=FORWARD_S, copy_row_s=COPY_S, apply_row_s=APPLY_S, row_bytes=ROW_BYTES)
+    requests = [req(i, 0.0, out=4) for i in range(4)]
+
+    def step(**overrides) -> float:
+        steps = sim(requests, "vllm", gpu=gpu, grammar=GRAMMAR, **{**HOST, "pinned_mask": False, **overrides}).steps
+        decode = steps[(steps["kind"] == "decode") & (steps["grammar_rows"] == 4)]
+        return float(decode["duration_s"].iloc[1])
+
+    staged = {"pageable_staged_bytes": staged_rows * ROW_BYTES}
+    waits = SCHEDULE_S + FORWARD_S + 4 * (COPY_S + APPLY_S)
+    assert step(overlap=True, **staged) == pytest.approx(waits if holds else waits - SCHEDULE_S, abs=1e-9)
+    # without overlap the loop waits for the tokens either way: staged or not, the same step
+    assert step(overlap=False, **staged) == pytest.approx(step(overlap=False), abs=1e-12)
+    assert policy("vllm-0.10").pageable_staged_bytes == 2 * 1024 * 1024
