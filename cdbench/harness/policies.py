@@ -147,6 +147,13 @@ class SchedulerConfig(BaseModel):
         0.0, ge=0, description="CPU per structured row the engine's wrapper adds to the grammar's own fill (holds the GIL: serial)"
     )
     mask_alloc_byte_s: float = Field(0.0, ge=0, description="CPU per byte of a mask allocated each iteration over the batch's rows")
+    mask_build_byte_s: float = Field(
+        0.0, ge=0, description="CPU per byte of the bitmask array the model runner builds after the forward's launch, "
+        "before its copy, of every copied row (mask_copy_rows; vLLM 0.10 / 0.11: np.full of -1 each step): beside "
+        "the forward, wherever the fill runs")
+    mask_scatter_byte_s: float = Field(
+        0.0, ge=0, description="CPU per byte of the mask rows the model runner copies into that array (one NumPy row "
+        "assignment a structured row, with its index), beside the forward with mask_build_byte_s")
     sample_prep_s: float = Field(
         0.0, ge=0, description="CPU per step of the sampler's host work between the logits processors and its first "
         "GPU sync (vLLM V0's Sampler: SamplingTensors from the sampling metadata, the sampling kernels' calls): it "
@@ -193,6 +200,10 @@ class SchedulerConfig(BaseModel):
         "chunks of fill_chunk (llguidance's LLExecutor.consume_token_par; no engine preset does: vLLM and SGLang "
         "accept row by row); False: one accept after another (model mode)")
     pinned_mask: bool = Field(True, description="bitmask in pinned host memory (non-blocking copy)")
+    pageable_staged_bytes: int | None = Field(
+        None, ge=0, description="mask_apply batched, pinned_mask false: a non-blocking copy from pageable memory of at "
+        "most this many bytes is staged by the CUDA driver at once, so its host goes on and only the GPU copies after "
+        "the forward; a larger one holds its host until the forward is done (None: every one holds it)")
     mask_copy_rows: Literal["mask", "batch"] = Field(
         "mask", description="rows of the bitmask copied to the GPU in a step with mask rows: mask (those rows "
         "alone) or batch (every sampled row of the step: vLLM V1's apply_grammar_bitmask of 0.10 / 0.11 scatters "
@@ -218,6 +229,11 @@ class SchedulerConfig(BaseModel):
 
     # --- pipeline
     overlap: bool = Field(True, description="overlap scheduling (SGLang) / async scheduling (vLLM)")
+    sample_beside_schedule: bool = Field(
+        False, description="with overlap, where the loop waits on a pageable bitmask copy (pinned_mask false, "
+        "mask_transfer none): the loop returns once the copy is done and the apply and sampling run on the GPU while "
+        "it schedules and launches the next step (vLLM #26866's async loop: sample_tokens returns before the sampled "
+        "tokens are out); False: the step ends after its sampling")
     spec_grammar_overlap: bool = Field(
         True, description="with spec decoding, grammar CPU work still overlaps the verify forward; False: serialise such steps"
     )
@@ -410,10 +426,22 @@ def _vllm_0_10(cpus: int) -> dict:
         # (vLLM pins it since 0.24: PIN_MEMORY in vllm/v1/structured_output/utils.py). That array is np.full over
         # every logits row (-1: all allowed) with the structured rows scattered in, so once any row is structured
         # the copy's bytes follow the batch (0.10.1's GPUModelRunner.apply_grammar_bitmask; the same code in
-        # vllm/v1/structured_output/utils.py of #26866's October 2025). The host's np.full and scatter run on the
-        # worker side, which no CPU measurement ran (reports/engine_costs): not priced
+        # vllm/v1/structured_output/utils.py of #26866's October 2025). The host's np.full and scatter, after the
+        # forward's launch, are those steps timed on this CPU (measure_vllm_bitmask_build.py, fit.py: per byte of
+        # the array and per byte scattered in)
         pinned_mask=False,
+        # torch's .to(device, non_blocking=True) from pageable memory behind 20 ms of queued GPU work, on an H100 host
+        # (torch 2.11, CUDA 13.0, driver 580): up to 1.99 MiB the host returned in 0.3 ms, from 2.17 MiB it waited out
+        # the queue (reports/engine_costs/README.md, "The pageable copy on a GPU host"): the driver's 2 MiB staging
+        pageable_staged_bytes=2 * 1024 * 1024,
         mask_copy_rows="batch",
+        mask_build_byte_s=6.112e-11,
+        mask_scatter_byte_s=1.361e-10,
+        # with --async-scheduling (uniprocess), #26866's EngineCore.step_with_batch_queue calls sample_tokens, whose
+        # model runner returns after the pageable copy (which held it until the forward was done) and the sampling's
+        # launch, its tokens copied back on a stream of their own (AsyncGPUModelRunnerOutput): the loop schedules and
+        # launches the next step while the GPU applies the bitmask and samples
+        sample_beside_schedule=True,
         # host costs of vllm 0.10.1.1 with xgrammar 0.1.21 (reports/engine_costs/fitted.json, "vllm-0.10" entries;
         # scripts/engine_costs/measure_vllm.py in its environment, then fit.py). process_step_s: the fit's intercept
         # is 0 (update_from_output grows with the rows from 32 rows up); accept_row_s without xgrammar's own accept,
@@ -474,9 +502,9 @@ PRESETS = {"sglang": _sglang, "vllm": _vllm, "vllm-0.10": _vllm_0_10, "vllm-0.6"
 #: the engines' own host costs, measured from their code (``reports/engine_costs/``), and the step's launch
 #: (measured from live mode, ``reports/live/launch_h100.csv``); zero them to see the grammar and GPU costs alone
 HOST_COST_FIELDS = ("schedule_s", "schedule_row_s", "process_step_s", "process_row_s", "accept_row_s", "fill_step_s",
-                    "fill_row_s", "mask_alloc_byte_s", "sample_prep_s", "sample_prep_row_s", "sample_launch_s",
-                    "sample_launch_row_s", "row_launch_s", "ipc_s", "ipc_byte_s",
-                    "launch_s", "launch_prefill_s", "launch_row_s")
+                    "fill_row_s", "mask_alloc_byte_s", "mask_build_byte_s", "mask_scatter_byte_s", "sample_prep_s",
+                    "sample_prep_row_s", "sample_launch_s", "sample_launch_row_s", "row_launch_s", "ipc_s",
+                    "ipc_byte_s", "launch_s", "launch_prefill_s", "launch_row_s")
 
 
 def policy(name: str, host_cpus: int = 32, /, **overrides: object) -> SchedulerConfig:

@@ -32,7 +32,9 @@ iteration at virtual time ``t`` runs these phases (:meth:`Scheduler._iterate`):
    ``pre + max(forward, fill + copy) + apply + sample + process``. With overlap, a batch holding any
    grammar row waits for the previous step's processing and this step's mask: ``max(forward, pre +
    process(prev) + fill + copy) + apply + sample``; a batch without one: ``max(forward + sample,
-   pre + process(prev))``. Either way the host's launch of the step (``launch_s``;
+   pre + process(prev))``; vLLM 0.10 / 0.11's pageable bitmask copy waits for the forward (with overlap the loop
+   waits too, and may schedule the next step while the GPU applies and samples), and its model runner builds the
+   copied array beside the forward. Either way the host's launch of the step (``launch_s``;
    ``launch_prefill_s`` for a step with prefill chunks) is added: the GPU waits for it. A decode
    step's forward is priced at the next CUDA-graph capture size (``cuda_graph_sizes``), as the
    engines pad it.

@@ -161,7 +161,9 @@ class StepPricer:
         forward_s = self.gpu.forward_s(pf_chunks, cached[plan.pf_sel] if pf_tokens else pf_chunks, fw_tokens, fw_kv)
         if self.mtp and n_drafts:  # the head drafts the next step's k tokens for each decoding row
             forward_s += self.gpu.draft_s(n_dec, cfg.spec_tokens, kv)
-        copy_s = self.gpu.copy_s(sample_rows if self.batch_copy else mask_rows, cfg.pinned_mask) if mask_rows else 0.0
+        copied = sample_rows if self.batch_copy else mask_rows
+        copy_s = self.gpu.copy_s(copied, cfg.pinned_mask) if mask_rows else 0.0
+        build_s = self._build(copied, mask_rows, stretch) if mask_rows else 0.0
         apply_s = self.gpu.apply_s(mask_rows) if mask_rows else 0.0
         sample_s = self.gpu.sample_s(sample_rows)
         process_s = work.process_s * stretch + engine_process_s
@@ -170,14 +172,17 @@ class StepPricer:
         if self.per_row and mask_rows:
             return self._per_row(plan.pre, carry, forward_s, fill_s, host_fill_s, row_fill, stretch, transfer_s,
                                  sample_s, process_s, launch_s, prep_s, grammar_rows, mask_rows, dec_tokens, kv)
-        waiting_copy_s = 0.0 if cfg.pinned_mask else copy_s  # from pageable memory: it waits for the forward
+        waiting_copy_s = 0.0 if cfg.pinned_mask else copy_s  # from pageable memory: the GPU copies after the forward
+        holds = bool(mask_rows) and self._copy_holds_host(copied)  # ... and its host waits for that
         # the sampler's host work follows the mask's copy: beside the forward, or after it when the copy waited
-        prep_after = prep_s if waiting_copy_s else 0.0
+        prep_after = prep_s if holds else 0.0
         duration, after_token, exposed, hidden, carry_out = step_time(
             sync, has_grammar, plan.pre, carry, forward_s, fill_s + prep_s - prep_after,
             copy_s - waiting_copy_s + transfer_s, apply_s, sample_s, process_s, launch_s, cfg.fill_beside_forward,
-            after_forward_s=prep_after, waiting_copy_s=waiting_copy_s, loop_waits=cfg.mask_transfer == "none")
-        return StepCost(duration, after_token, exposed, hidden, carry_out, forward_s, fill_s, copy_s, apply_s,
+            after_forward_s=prep_after, waiting_copy_s=waiting_copy_s,
+            loop_waits=holds and cfg.mask_transfer == "none", build_s=build_s,
+            tail_beside_next=cfg.sample_beside_schedule)
+        return StepCost(duration, after_token, exposed, hidden, carry_out, forward_s, fill_s + build_s, copy_s, apply_s,
                         sample_s, process_s, transfer_s, launch_s, grammar_rows, mask_rows, dec_tokens, kv)
 
     def price_decode_run(self, rows: int | np.ndarray, grammar_rows: int | np.ndarray, lengths: Sequence[int],
@@ -193,7 +198,7 @@ class StepPricer:
         the bitmask in pinned memory (no copy waits for the forward)."""
         cfg, gpu = self.cfg, self.gpu
         if len(lengths) == 1:
-            host_fill_s, transfer_s, engine_process_s, copy_s, apply_s, sample_s, launch_s, prep_s = \
+            host_fill_s, transfer_s, engine_process_s, copy_s, apply_s, sample_s, launch_s, prep_s, build_s = \
                 self._decode_parts(rows, grammar_rows, stretch)
             fw_tokens, fw_kv = padded_decode(cfg.cuda_graph_sizes, rows, kv)
             forward_s = gpu.decode_forward_s(fw_tokens, fw_kv)
@@ -224,15 +229,18 @@ class StepPricer:
                 forward_s = np.empty(len(kv))
                 for size, a, b in spans:
                     forward_s[a:b] = gpu.decode_forward_s(size, fw_kv[a:b])
-            host_fill_s, transfer_s, engine_process_s, copy_s, apply_s, sample_s, launch_s, prep_s = \
+            host_fill_s, transfer_s, engine_process_s, copy_s, apply_s, sample_s, launch_s, prep_s, build_s = \
                 np.array(parts).repeat(lengths, axis=0).T
         fill = fill_s * stretch if fill_s is not None else np.zeros(len(kv))
         fill += host_fill_s
         process = process_s * stretch + engine_process_s
         waiting_copy_s = 0.0 if cfg.pinned_mask else copy_s
+        # (a pageable copy: one segment, so one count of rows for every step)
+        holds = not cfg.pinned_mask and bool(grammar_rows) and self._copy_holds_host(
+            int(rows if self.batch_copy else grammar_rows))
         host_path, prep_after = fill, 0.0  # the host's work beside the forward, and after it
         if self.sample_prep:  # (as price's)
-            prep_after = prep_s if waiting_copy_s else 0.0
+            prep_after = prep_s if holds else 0.0
             host_path = fill + (prep_s - prep_after)
         # each step carries the one before's processing in (step_time's carry_out: none without overlap)
         carried = np.empty(len(fill))
@@ -241,27 +249,45 @@ class StepPricer:
         duration, after_token, exposed, hidden, carry_out = step_time(
             sync, has_grammar, pre, carried, forward_s, host_path, copy_s - waiting_copy_s + transfer_s, apply_s,
             sample_s, process, launch_s, cfg.fill_beside_forward, after_forward_s=prep_after,
-            waiting_copy_s=waiting_copy_s, loop_waits=cfg.mask_transfer == "none", maximum=np.maximum)
-        return StepCost(duration, after_token, exposed, hidden, carry_out, forward_s, fill, copy_s, apply_s,
+            waiting_copy_s=waiting_copy_s, loop_waits=holds and cfg.mask_transfer == "none", build_s=build_s,
+            tail_beside_next=cfg.sample_beside_schedule, maximum=np.maximum)
+        return StepCost(duration, after_token, exposed, hidden, carry_out, forward_s, fill + build_s, copy_s, apply_s,
                         sample_s, process, transfer_s, launch_s, grammar_rows, grammar_rows, rows, kv)
 
     def _decode_parts(self, n_rows: int, mask_rows: int, stretch: float) -> tuple[float, ...]:
         """A decode step's parts that depend on its ``n_rows`` rows and ``mask_rows`` grammar rows (one mask row
         each): the host's fill wrapper, transfer and processing, the mask's copy and apply, the sampling,
-        the launch and the sampler's host work (remembered: a run asks for the same few again and again)."""
+        the launch, the sampler's host work and the model runner's bitmask build (remembered: a run asks for the
+        same few again and again)."""
         key = (n_rows, mask_rows, stretch)
         parts = self._parts.get(key)
         if parts is None:
             cfg, gpu = self.cfg, self.gpu
             host_fill_s, transfer_s, engine_process_s = self._host(0, mask_rows, mask_rows, n_rows, stretch)
-            copy_s = gpu.copy_s(n_rows if self.batch_copy else mask_rows, cfg.pinned_mask) if mask_rows else 0.0
+            copied = n_rows if self.batch_copy else mask_rows
+            copy_s = gpu.copy_s(copied, cfg.pinned_mask) if mask_rows else 0.0
+            build_s = self._build(copied, mask_rows, stretch) if mask_rows else 0.0
             apply_s = gpu.apply_s(mask_rows) if mask_rows else 0.0
             prep_s = (self.prep_step_s + self.prep_row_s * n_rows) * stretch if self.sample_prep else 0.0
             if len(self._parts) >= _PARTS:  # (bounded: a long run under contention meets many stretches)
                 self._parts.clear()
             parts = self._parts[key] = (host_fill_s, transfer_s, engine_process_s, copy_s, apply_s,
-                                        gpu.sample_s(n_rows), self._launch(0, n_rows, stretch), prep_s)
+                                        gpu.sample_s(n_rows), self._launch(0, n_rows, stretch), prep_s, build_s)
         return parts
+
+    def _copy_holds_host(self, copied_rows: int) -> bool:
+        """Whether a bitmask copy of ``copied_rows`` rows holds its host until the forward is done: from pageable
+        memory and larger than what the driver stages at once (``pageable_staged_bytes``)."""
+        cfg = self.cfg
+        if cfg.pinned_mask:
+            return False
+        return cfg.pageable_staged_bytes is None or copied_rows * self.row_bytes > cfg.pageable_staged_bytes
+
+    def _build(self, copied_rows: int, mask_rows: int, stretch: float) -> float:
+        """The model runner's host work on the bitmask after the forward's launch (stretched): the array of the
+        ``copied_rows`` it sends, filled, and the ``mask_rows`` scattered into it."""
+        cfg = self.cfg
+        return (cfg.mask_build_byte_s * copied_rows + cfg.mask_scatter_byte_s * mask_rows) * self.row_bytes * stretch
 
     def _host(self, n_filter: int, grammar_rows: int, mask_rows: int, n_sample: int,
               stretch: float) -> tuple[float, float, float]:

@@ -6,7 +6,9 @@ older engine versions' ``<engine>-<version>_steps.csv.gz`` (``VERSIONS``), the g
 (``*_grammar_accepts.csv.gz``, ``measure_grammar_accept.py``), vLLM V0's logits-processor path
 (``vllm-0.6.6_v0_processor.csv.gz``, ``measure_vllm_v0_processor.py``) and its sampler
 (``vllm-0.6.6_v0_sampler.csv.gz``, the same script's ``--part sampler``) and what their GPU launches cost the host
-(``vllm-0.6.6_v0_gpu_launch.csv.gz``, ``benchmarks/gpu_launch_costs.py`` on a GPU); takes the median of each case (engine, backend, vocabulary, batch,
+(``vllm-0.6.6_v0_gpu_launch.csv.gz``, ``benchmarks/gpu_launch_costs.py`` on a GPU) and vLLM 0.10.1's model runner
+building the bitmask it copies (``vllm-0.10.1_bitmask_build.csv.gz``, ``measure_vllm_bitmask_build.py``: medians
+already); takes the median of each case (engine, backend, vocabulary, batch,
 structured share: the steps of one case repeat the same work, and the machine is shared, so
 medians rather than means), fits each cost by least squares on those medians, and writes
 ``reports/engine_costs/fitted.json``: one entry per parameter with its value, the engine,
@@ -132,6 +134,22 @@ def fit_accept_wrapper(fitted: dict, accepts: pd.DataFrame, total_key: str = "xg
                                                    total["r2"], total["cases"])}
 
 
+def fit_bitmask_build(cases: pd.DataFrame) -> dict:
+    """vLLM 0.10.1's model runner building the bitmask it copies (``measure_vllm_bitmask_build.py``: the median of
+    each case, one row a case): per byte of the array of every logits row and per byte of the mask rows scattered
+    in, at the vocabularies of the models the entries run (the 8B models' and Qwen3's, as the other fits)."""
+    near = cases[(cases.version.astype(str) == "0.10.1") & cases.vocab.isin((128256, *PRESET_VOCABS))]
+    near = near.assign(array_bytes=4 * near.words * near.batch, mask_bytes=4 * near.words * near.structured)
+    (a, b, c), r2 = lstsq(near, "build_s", ["array_bytes", "mask_bytes"])
+    v = f"vllm 0.10.1's steps, numpy {near.numpy.iloc[0]}, torch {near['torch'].iloc[0]}"
+    fn = ("GPUModelRunner.apply_grammar_bitmask up to the copy: the batch's walk, np.full of every logits row, the "
+          "structured rows' row assignments, torch.from_numpy and the index tensor")
+    fit = "build_s ~ a + b*array_bytes + c*mask_bytes"
+    return {"mask_build_s": param(a, "vllm", v, fn, f"{fit}: a", r2, len(near)),
+            "mask_build_byte_s": param(b, "vllm", v, fn, f"{fit}: b", r2, len(near)),
+            "mask_scatter_byte_s": param(c, "vllm", v, fn, f"{fit}: c", r2, len(near))}
+
+
 def fit_v0_processor(steps: pd.DataFrame) -> dict:
     """vLLM V0's per-row logits-processor path less the grammar's own calls and the CPU-only detour
     (``measure_vllm_v0_processor.py``): per step and per structured row, from the batch sizes' medians."""
@@ -247,6 +265,7 @@ def fit_all(folder: Path = ROOT) -> dict:
         fitted[key] = {"vllm": fit_vllm}[engine](pd.read_csv(folder / name))
     for key, (name, total_key) in GRAMMAR_ACCEPTS.items():
         fitted[key].update(fit_accept_wrapper(fitted[key], pd.read_csv(folder / name), total_key))
+    fitted["vllm-0.10"].update(fit_bitmask_build(pd.read_csv(folder / "vllm-0.10.1_bitmask_build.csv.gz")))
     fitted["vllm-0.6"] = {**fit_v0_processor(pd.read_csv(folder / "vllm-0.6.6_v0_processor.csv.gz")),
                           **fit_v0_sampler(pd.read_csv(folder / "vllm-0.6.6_v0_sampler.csv.gz")),
                           **fit_v0_launches(folder / "vllm-0.6.6_v0_gpu_launch.csv.gz")}

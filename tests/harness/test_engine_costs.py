@@ -46,6 +46,11 @@ SOURCES = {
        "ipc_s": ("vllm-0.10", "ipc_s"), "ipc_byte_s": ("vllm-0.10", "ipc_byte_s"),
        "sample_prep_s": None, "sample_prep_row_s": None},
 }
+#: the model runner's bitmask build before its copy (measure_vllm_bitmask_build.py): vLLM 0.10.1's alone
+BUILD = ("mask_build_byte_s", "mask_scatter_byte_s")
+for _preset in ("vllm", "sglang"):
+    SOURCES[_preset] |= dict.fromkeys(BUILD)
+SOURCES["vllm-0.10"] |= {field: ("vllm-0.10", field) for field in BUILD}
 #: what V0's sampler and per-row path launch on a GPU (benchmarks/gpu_launch_costs.py): V0's preset alone
 LAUNCHES = ("sample_launch_s", "sample_launch_row_s", "row_launch_s")
 for _preset in ("vllm", "sglang", "vllm-0.10"):
