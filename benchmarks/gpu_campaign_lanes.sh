@@ -3,8 +3,8 @@
 # and cores (benchmarks/campaign_lane.py writes each lane's campaign); the wheels the GPU image lacks in .whl/.
 # Everything comes back as one $OUT/res_PHASE.tgz (the device returns few files). As run on 2026-11-28
 # (reports/fidelity/live_vs_model.md): DL=500 for rk1 and rk2, DL=360 for fam; later DL=330 for famm, DL=380 for famh,
-# DL=450 for rk1 and DL=380 for mtp.
-# usage: DL=SECONDS benchmarks/gpu_campaign_lanes.sh PHASE   (rk1 | rk2 | fam | famm | famh | mtp)
+# DL=450 for rk1, DL=380 for mtp, DL=240 for rk2s.
+# usage: DL=SECONDS benchmarks/gpu_campaign_lanes.sh PHASE   (rk1 | rk2 | rk2s | fam | famm | famh | mtp)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 CDBENCH_CACHE_DIR=/tmp/cdb_cache PYTHONUNBUFFERED=1 \
@@ -40,6 +40,9 @@ case $P in
         lane moes campaigns/model_family_vs_model.yaml "costs.model=qwen3-30b-a3b,load=sat" 1 16-31 & ;;
   famh) lane hybu campaigns/model_family_vs_model.yaml "costs.model=qwen3.5-35b-a3b,load=under" 0 0-15 qwen3.5-35b-a3b &
         lane hybs campaigns/model_family_vs_model.yaml "costs.model=qwen3.5-35b-a3b,load=sat" 1 16-31 qwen3.5-35b-a3b & ;;
+  # rk2's lanes one after the other on a host of two GPUs
+  rk2s) lane tpjson campaigns/ranks_under_vs_model.yaml "scheduler.parallel=tp,workload=json" 0,1 0-31
+        lane dpjson campaigns/ranks_under_vs_model.yaml "scheduler.parallel=dp,workload=json" 0,1 0-31 ;;
   # the hybrid drafting with its MTP head (campaigns/mtp_vs_model.yaml), one GPU a load
   mtp) lane mtpu campaigns/mtp_vs_model.yaml "load=under" 0 0-15 qwen3.5-35b-a3b &
        lane mtps campaigns/mtp_vs_model.yaml "load=sat" 1 16-31 qwen3.5-35b-a3b & ;;
