@@ -29,8 +29,8 @@ def test_shipped_for_both_models_on_both_gpus() -> None:
 
 
 _OVER_THE_BAR = {"qwen3-30b-a3b__h200": "the MoE's grid with written contexts (each request its own token ids): "
-                                     "10.6 % max (prefill 1x8192 +10.6 %), 3.0 % median "
-                                     "(reports/calibration/README.md)"}
+                                     "13.0 % max (prefill 1x8192 +13.0 %), 2.3 % median, the least-squares fit: "
+                                     "the refined one (10.6 %) misses the bar too (reports/calibration/README.md)"}
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=_OVER_THE_BAR[p.stem]))
@@ -398,6 +398,9 @@ def test_the_fit_prices_small_decode_steps_closer_with_the_decode_term(tp: int) 
     options = dict(all_reduce_token_s=cal.all_reduce_token_s) if tp > 1 else {}
     with pytest.MonkeyPatch.context() as patch:  # every term solved but the decode rows' one (0)
         patch.setattr(fitting, "_DECODE_LAYER_TERMS", ())
+        # refined as the shipped fit was (without the term its refined worst shape misses the bar, so the rule
+        # would keep its least-squares fit: another procedure, not the term's effect)
+        patch.setattr(fitting, "MAX_ERROR_BAR", np.inf)
         without = fit_calibration(rows, "qwen3-8b", "h200", measurements="x", command="t", **options)
     assert without.decode_layer_s == 0 and cal.decode_layer_s > 0
     assert small_bias(cal) < small_bias(without)
@@ -551,3 +554,22 @@ def test_draft_shapes_are_held_out_in_their_own_folds() -> None:
     assert np.abs(held[len(steps):]).max() < 1e-9
     with pytest.raises(CalibrationError, match="holding out the one draft shape"):
         holdout_errors(steps + drafts[:1], spec, "h200", 4)
+
+
+def test_a_refinement_that_still_misses_the_bar_is_not_kept() -> None:
+    """The eighth-power refinement lowers the worst shape at some cost to the rest; it is kept only when the worst
+    shape then meets the bar, otherwise the least-squares fit (lower errors on the other shapes) is."""
+    import cdbench.harness.costs.calibration_fit as fitting
+
+    shipped = ForwardCalibration.load(shipped_calibration_path("qwen3-8b", "h200"))
+    rows = read_measurements(REPO / shipped.measurements)
+    refined = fit_calibration(rows, "qwen3-8b", "h200", measurements="x", command="t")
+    with pytest.MonkeyPatch.context() as patch:  # a bar no fit of these shapes meets
+        patch.setattr(fitting, "MAX_ERROR_BAR", 1e-3)
+        least_squares = fit_calibration(rows, "qwen3-8b", "h200", measurements="x", command="t")
+
+    def errors(cal: ForwardCalibration) -> np.ndarray:
+        return np.array([s.error for s in cal.fit])
+
+    assert refined.max_abs_error < least_squares.max_abs_error and refined.max_abs_error <= fitting.MAX_ERROR_BAR
+    assert (errors(least_squares) ** 2).sum() < (errors(refined) ** 2).sum()
