@@ -18,7 +18,7 @@ profile (``model``) and the GPU cost model, and simulates.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Protocol
@@ -61,7 +61,7 @@ class RunResult:
     wall_s : wall-clock seconds the simulation took.
     backend_call_s : wall seconds spent inside grammar-backend calls (hybrid; 0 in model mode).
     validation_s : wall seconds spent checking finished outputs against their specs (hybrid).
-    compile_errors : specs that failed to compile (spec key → reason); their
+    compile_errors : specs that failed to compile (spec key → reason, in key order); their
         requests ended with ``abort_reason="compile_error"``.
     workload : the generated (or replayed) workload, with what did not make it into
         its requests (``Workload.report()``); ``None`` for :func:`simulate` on
@@ -82,7 +82,7 @@ class RunResult:
     wall_s: float = 0.0
     backend_call_s: float = 0.0
     validation_s: float = 0.0
-    compile_errors: dict[str, str] = field(default_factory=dict)
+    compile_errors: Mapping[str, str] = field(default_factory=dict)  # (a CompileErrors: built when read)
     workload: Workload | None = None
     tables_written: bool = False
     grammar_profile: GrammarProfile | None = None

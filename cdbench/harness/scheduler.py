@@ -68,6 +68,7 @@ import pandas as pd
 from cdbench.harness.admission import BatchFormer, StepPlan
 from cdbench.harness.batch import RunningBatch
 from cdbench.harness.collectives import RankAgreement
+from cdbench.harness.compile_errors import CompileErrors
 from cdbench.harness.compile_service import CompilePools, GrammarCache
 from cdbench.harness.contention import HostCores
 from cdbench.harness.costs.gpu import FixedGpuCosts, GpuCosts, RooflineGpuCosts
@@ -183,7 +184,7 @@ class Scheduler:
                          jump_forward=config.jump_forward, parallel_fill=pool if parallel else None,
                          drafts=config.spec_tokens > 0)
         self._outcomes: dict[int, CompileOutcome] = {}
-        self._errors: dict[int, tuple[str, str]] = {}  # failed copies' keys (forgotten otherwise): (text, error)
+        self._errors = CompileErrors()  # failed copies' (forgotten otherwise), compactly: about 1 % of a run of copies
         self._order: deque[int] = deque()  # issued slots whose rows were not handed out, in scheduler order
         self._free: list[int] = []  # slots to reuse
         self._used = 0  # slots handed out so far
@@ -455,16 +456,16 @@ class Scheduler:
             outcome = self.executor.compile(key)
             if self.keys.fresh(key):  # no other request compiles it: only a failure is kept, for compile_errors
                 if outcome.error is not None:
-                    self._errors[key] = (self.keys.texts[key], outcome.error)
+                    self._errors.add(key, self.keys.texts[key], outcome.error)
             else:
                 self._outcomes[key] = outcome
         return outcome
 
     @property
-    def compile_errors(self) -> dict[str, str]:
-        """Specs that failed to compile (cache key text → the backend's reason)."""
-        failed = {k: (self.keys.texts[k], o.error) for k, o in self._outcomes.items() if o.error is not None}
-        return dict(text_error for _, text_error in sorted({**failed, **self._errors}.items()))
+    def compile_errors(self) -> CompileErrors:
+        """Specs that failed to compile (cache key text → the backend's reason), in key order."""
+        return self._errors.merged({k: (self.keys.texts[k], o.error) for k, o in self._outcomes.items()
+                                    if o.error is not None})
 
     def _arrive(self, rid: int, t: float) -> None:
         rec, cfg = self.rec, self.cfg

@@ -190,6 +190,26 @@ def kind_sequence(p: np.ndarray, count: int, rng: np.random.Generator) -> np.nda
     return rng.permutation(np.repeat(np.arange(len(p), dtype=np.int8), counts))
 
 
+class _PackedKinds:
+    """A kind sequence packed at the fewest bits a value of 1, 2, 4 or 8 holds ``kinds`` in (the default's
+    four kinds: 2 bits a structured request, not a byte: the sequence is held for the whole run)."""
+
+    def __init__(self, sequence: np.ndarray, kinds: int) -> None:
+        self.bits = next(b for b in (1, 2, 4, 8) if kinds <= 1 << b)
+        per = 8 // self.bits
+        padded = np.zeros(-(-len(sequence) // per) * per, np.uint8)
+        padded[:len(sequence)] = sequence
+        columns = padded.reshape(-1, per)
+        self.packed = np.zeros(len(columns), np.uint8)
+        for j in range(per):
+            self.packed |= columns[:, j] << np.uint8(j * self.bits)
+
+    def slice(self, start: int, count: int) -> np.ndarray:
+        """The sequence's values ``start`` to ``start + count`` (as ``sequence[start:start + count]``)."""
+        at = np.arange(start, start + count) * self.bits
+        return ((self.packed[at >> 3] >> (at & 7).astype(np.uint8)) & np.uint8((1 << self.bits) - 1)).astype(np.int8)
+
+
 def distinct_specs(items: list[CorpusItem]) -> tuple[list[CorpusItem], dict[str, str], dict[str, str]]:
     """``items`` without repeats of an earlier item's spec (canonical text), the dropped ids
     (id → kept id), and each kept id's spec hash."""
@@ -260,7 +280,8 @@ class RequestStream:
             items, self.duplicates, hashes = distinct_specs(load.items)
         kinds, groups, kind_p = kind_groups(items, config.kind_weights)
         # only with several kinds, so a config without weights keeps its workload
-        self._kinds = kind_sequence(kind_p, structured_count, self.streams["kinds"]) if len(kinds) > 1 else None
+        self._kinds = (_PackedKinds(kind_sequence(kind_p, structured_count, self.streams["kinds"]), len(kinds))
+                       if len(kinds) > 1 else None)
         self._walk = None
         if config.token_source == "random_walk":
             self._walk = WalkParams(seed=int(self.streams["walk"].integers(2**63)),
@@ -300,7 +321,7 @@ class RequestStream:
             kind_of = np.zeros(size, dtype=np.intp)
             if self._kinds is not None:
                 count = int(np.count_nonzero(structured))
-                kind_of[structured] = self._kinds[kinds_at:kinds_at + count]
+                kind_of[structured] = self._kinds.slice(kinds_at, count)
                 kinds_at += count
             times = next(arrivals)
             prompt = np.maximum(config.prompt_len.sample(size, streams["prompt"]), 1)

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from cdbench.harness.config import RunConfig
 from cdbench.results.config_files import builtin_config_path, read_yaml_mapping
 from cdbench.workloads.config import WorkloadConfig
-from cdbench.workloads.generator import generate, kind_sequence
+from cdbench.workloads.generator import _PackedKinds, generate, kind_sequence
 
 
 def kind_counts(wl) -> Counter:
@@ -98,6 +98,18 @@ def test_kind_sequence_rounds_to_the_count(count):
     seq = kind_sequence(p, count, np.random.default_rng(0))
     counts = np.bincount(seq, minlength=4)
     assert counts.sum() == count and np.all(np.abs(counts - p * count) < 1)
+
+
+@pytest.mark.parametrize("kinds, bits", [(2, 1), (4, 2), (5, 4), (17, 8)])
+def test_a_packed_kind_sequence_reads_as_the_sequence_at_a_few_bits_a_request(kinds, bits):
+    """The sequence is held for a whole run (a value a structured request): the default's four kinds take
+    2 bits each, not a byte, and any slice reads as the sequence's."""
+    p = np.random.default_rng(kinds).random(kinds)
+    seq = kind_sequence(p / p.sum(), 10_001, np.random.default_rng(1))
+    packed = _PackedKinds(seq, kinds)
+    assert packed.packed.nbytes == -(-len(seq) * bits // 8)
+    for start, count in ((0, len(seq)), (3, 65), (9_990, 11), (5_000, 0)):
+        assert np.array_equal(packed.slice(start, count), seq[start:start + count])
 
 
 def test_slow_grammars_scenario_is_the_default_with_the_samples_own_mix():

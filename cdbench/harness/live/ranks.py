@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -135,7 +135,7 @@ class _RankOutput:
     fill_hist: LogHistogram
     idle_iterations: int
     draft_positions: DraftPositionCounts
-    compile_errors: dict[str, str]
+    compile_errors: Mapping[str, str]
     backend_call_s: float
     validation_s: float
     profile: GrammarProfile | None
@@ -481,7 +481,7 @@ class RanksRun:
     wall_s: float
     backend_call_s: float
     validation_s: float
-    compile_errors: dict[str, str]
+    compile_errors: Mapping[str, str]
     grammar_profile: GrammarProfile | None
     live: LiveInfo | None
     rank_steps: pd.DataFrame  # every rank's own step records (rank_steps.RANK_STEP_COLUMNS)
