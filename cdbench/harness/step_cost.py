@@ -206,14 +206,13 @@ class StepPricer:
             if not cfg.pinned_mask:
                 raise ValueError("decode steps of rows leaving between them are priced at once only with the "
                                  "bitmask in pinned memory")
-            parts, priced, pad_keys = [], [], []  # each segment's priced rows and its padding tokens' keys
+            parts, pad_keys = [], []  # each segment's parts and its padding tokens' keys
             spans: list[list[int]] = []  # [priced rows, first step, end] of consecutive segments of as many
             at = 0
             for length in lengths:  # (a segment's parts: one value for each of its steps)
                 n = int(rows[at])
                 parts.append(self._decode_parts(n, int(grammar_rows[at]), stretch))
                 size, keys = padded_decode(cfg.cuda_graph_sizes, n, 0)
-                priced.append(size)
                 pad_keys.append(keys)
                 if spans and spans[-1][0] == size:
                     spans[-1][2] = at + length
@@ -224,7 +223,7 @@ class StepPricer:
             # (the rows only leave: a size's segments follow one another)
             fw_kv = kv + np.array(pad_keys).repeat(lengths)
             if len(spans) == 1:
-                forward_s = gpu.decode_forward_s(priced[0], fw_kv)
+                forward_s = gpu.decode_forward_s(spans[0][0], fw_kv)
             else:
                 forward_s = np.empty(len(kv))
                 for size, a, b in spans:

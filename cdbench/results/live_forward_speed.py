@@ -3,8 +3,8 @@
 ``costs.forward_speed=live-run:<ref>`` fits :class:`~cdbench.harness.costs.forward_speed.ForwardSpeed` from
 the live run's steps against the forward model of the run being configured (its model, GPU, TP and
 calibration; the live run's must be the same): each step's measured forward over the model's price of its
-shape (:func:`step_ratios`), decode-only steps padded to the live run's CUDA-graph sizes as it replayed
-them, steps with prefill chunks priced with the prompts they admitted (:func:`prefill_prompts`), and in a run
+shape (:func:`step_ratios`), decode-only steps priced as model mode prices the live run's CUDA-graph
+replays (:func:`~cdbench.harness.policies.padded_decode`), steps with prefill chunks priced with the prompts they admitted (:func:`prefill_prompts`), and in a run
 drafting with the model's MTP head the head's passes added where a step verified drafts (the live step's
 forward holds them); the fit's rule is :mod:`cdbench.harness.costs.forward_speed`'s.
 """
