@@ -87,13 +87,14 @@ class WorkerPool:
     child would outlive it, its parent being the fork server, which waits for
     its children). ``warm_up``: each task meets its engine warmed and without
     the earlier tasks' cached work (:func:`~cdbench.backends.measure_worker.warm_up_engine`),
-    as an engine meets a new spec. The kernel ties a worker to the thread that started it, so
-    drive a pool from one thread. Use as a context manager; :meth:`run` yields
+    as an engine meets a new spec. ``pace``: each result carries its threads' run and wait times
+    (:attr:`~cdbench.backends.measure_worker.ItemResult.sched_ns`). The kernel ties a worker to the thread
+    that started it, so drive a pool from one thread. Use as a context manager; :meth:`run` yields
     one :class:`ItemResult` per job.
     """
 
-    def __init__(self, config: PoolSettings, warm_up: bool = False) -> None:
-        self.config, self.warm_up = config, warm_up
+    def __init__(self, config: PoolSettings, warm_up: bool = False, pace: bool = False) -> None:
+        self.config, self.warm_up, self.pace = config, warm_up, pace
         self._ctx = multiprocessing.get_context("spawn")
         self._workers: list[_Worker] = []
         self._logs = tempfile.TemporaryDirectory(prefix="cdbench-profile-workers-")
@@ -114,8 +115,8 @@ class WorkerPool:
         stderr = Path(self._logs.name) / f"worker-{self._started}.stderr"
         process = self._ctx.Process(
             target=worker_main,
-            args=(child, self.config.vocab, self.config.plugins, self.config.rollback_every, self.config.backend_options,
-                  self.config.worker_memory, str(stderr), self.warm_up),
+            args=(child, self.config.vocab, self.config.plugins, self.config.rollback_every,
+                  self.config.backend_options, self.config.worker_memory, str(stderr), self.warm_up, self.pace),
             daemon=True,
         )
         process.start()

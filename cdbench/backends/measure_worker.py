@@ -117,7 +117,10 @@ class ItemResult:
     ``refusals`` lists each refused instance's index and the position it was
     refused at (its length: accepted to the end, but not terminated).
     ``false_accepts`` counts invalid instances it accepted to the end, EOS
-    included; ``false_accept_labels`` names their mutations.
+    included; ``false_accept_labels`` names their mutations. ``sched_ns``:
+    nanoseconds the worker's threads ran and waited for a CPU over the item's
+    timed compile and walks, and their wall time (:func:`sched_delta`; ``None``:
+    not asked).
     """
 
     corpus: str
@@ -139,10 +142,55 @@ class ItemResult:
     false_accept_labels: list[str] = field(default_factory=list)
     walk_error: str = ""
     tokens: TokenTimes = field(default_factory=TokenTimes)
+    sched_ns: tuple[int, int, int] | None = None
 
     @property
     def key(self) -> tuple[str, str, str]:
         return (self.corpus, self.item_id, self.backend)
+
+
+SchedTimes = dict[str, tuple[int, int]]
+"""Per thread of this process (by thread id): nanoseconds on a CPU, and runnable but waiting for one; under
+:data:`WALL`, the monotonic clock's nanoseconds when they were read."""
+WALL = "wall"
+
+
+def sched_times() -> SchedTimes | None:
+    """This process's threads' :data:`SchedTimes`, from Linux's ``/proc/self/task/*/schedstat`` (``None``
+    where the kernel does not keep them)."""
+    out: SchedTimes = {}
+    try:
+        threads = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in threads:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", encoding="ascii") as file:
+                on_cpu, waiting, _ = file.read().split()
+        except (OSError, ValueError):
+            continue  # the thread ended meanwhile
+        out[tid] = (int(on_cpu), int(waiting))
+    if not out:
+        return None
+    out[WALL] = (time.monotonic_ns(), 0)
+    return out
+
+
+def sched_delta(before: SchedTimes | None, after: SchedTimes | None) -> tuple[int, int, int] | None:
+    """Nanoseconds this process's threads ran on a CPU, and waited runnable for one, between two
+    :func:`sched_times` (the threads alive at ``after``), and the wall nanoseconds between the two
+    (``None``: not measured). The waiting is the
+    threads' own as well as other work's: xgrammar's compile threads outnumbering the cores wait for
+    each other (:class:`~cdbench.harness.costs.host.CoreShare` tells the two apart)."""
+    if before is None or after is None:
+        return None
+    on_cpu = waiting = 0
+    for tid, (cpu, wait) in after.items():
+        if tid == WALL:
+            continue
+        cpu0, wait0 = before.get(tid, (0, 0))
+        on_cpu, waiting = on_cpu + cpu - cpu0, waiting + wait - wait0
+    return on_cpu, waiting, after[WALL][0] - before[WALL][0]
 
 
 def load_plugin(plugin: str) -> None:
@@ -323,11 +371,13 @@ def profile_item(
     rollback_every: int,
     decode: Any,
     notify: Any = None,
+    pace: bool = False,
 ) -> ItemResult:
     """Compile ``task.spec`` cold on ``backend`` and check and time its instances.
 
     ``notify`` (if given) receives ``("compiling",)`` before the timed compile
-    and ``("compiled", status, compile_ms)`` after it.
+    and ``("compiled", status, compile_ms)`` after it. ``pace``: set
+    ``result.sched_ns`` over the timed compile and walks (:func:`sched_delta`).
     """
     result = ItemResult(
         corpus=task.corpus,
@@ -339,6 +389,10 @@ def profile_item(
     )
     if notify:
         notify(("compiling",))
+        # the parent wakes to read it: on a core it shares with this process, let it read it now rather
+        # than inside the timed compile
+        os.sched_yield()
+    before = sched_times() if pace else None
     try:
         grammar, result.compile_ms = _compile_timed(backend, task.spec)
     except CompileError as exc:
@@ -354,6 +408,13 @@ def profile_item(
     if result.status != "ok":
         return result
     result.warnings = list(grammar.warnings)
+    if not (task.valid or task.invalid):
+        # nothing to walk (a run's compile sequence): no collection either, since a full one empties the
+        # caches the next compile would find warm, as no engine's loop does between compiles (xgrammar on
+        # Glaive schemas: 2.5 ms a compile after one, 1.5 ms without)
+        if pace:
+            result.sched_ns = sched_delta(before, sched_times())
+        return result
     gc.collect()
     # A collection pause inside a timed call would be charged to the engine.
     gc.disable()
@@ -379,6 +440,8 @@ def profile_item(
         result.walk_error = f"{type(exc).__name__}: {exc}"
     finally:
         gc.enable()
+    if pace:
+        result.sched_ns = sched_delta(before, sched_times())
     return result
 
 
@@ -486,14 +549,15 @@ def warm_up_engine(backend: GrammarBackend) -> None:
 
 
 def worker_main(conn: Any, vocab_name: str, plugins: list[str], rollback_every: int, backend_options: dict,
-                memory_budget: int, stderr_path: str, warm_up: bool = False) -> None:
+                memory_budget: int, stderr_path: str, warm_up: bool = False, pace: bool = False) -> None:
     """Serve tasks from ``conn`` until it sends ``None`` (the entry point of a worker process).
 
     ``memory_budget``: bytes the engines may use beyond the worker's start-up
     (:func:`cap_memory`). ``stderr_path``: a file that takes
     this process's descriptor 2, so the parent can read why it died (a native
     engine's last words, e.g. an allocation failure, come only there).
-    ``warm_up``: before each task, :func:`warm_up_engine`.
+    ``warm_up``: before each task, :func:`warm_up_engine`. ``pace``: each result carries its threads' run
+    and wait times over its timed work (:func:`sched_delta`).
     """
     die_with_parent()
     fd = os.open(stderr_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -527,10 +591,13 @@ def worker_main(conn: Any, vocab_name: str, plugins: list[str], rollback_every: 
                 continue
         if isinstance(task, BatchWalkTask):
             conn.send(("compiled", "ok", None))  # the whole walk runs under the walk deadline
-            conn.send(("done", walk_in_batch(backend_name, backends[backend_name], task)))
-            continue
-        if warm_up:
-            warm_up_engine(backends[backend_name])
-        conn.send(("done", profile_item(
-            backend_name, backends[backend_name], task, rollback_every, vocab.decode, conn.send
-        )))
+            before = sched_times() if pace else None
+            result = walk_in_batch(backend_name, backends[backend_name], task)
+            if pace:
+                result.sched_ns = sched_delta(before, sched_times())
+        else:
+            if warm_up:
+                warm_up_engine(backends[backend_name])
+            result = profile_item(backend_name, backends[backend_name], task, rollback_every, vocab.decode, conn.send,
+                                  pace)
+        conn.send(("done", result))

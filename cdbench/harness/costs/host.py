@@ -33,6 +33,7 @@ import os
 import platform
 import random
 import re
+import resource
 import tempfile
 import time
 import zlib
@@ -172,6 +173,78 @@ def run_benchmark() -> float:
     finally:
         gc.enable()
     return math.exp(sum(math.log(REFERENCE_S[n] / best[n]) for n in _PARTS) / len(_PARTS))
+
+
+# ----------------------------------------------------------------------------- contention
+
+def _busy_ns(cpus: set[int]) -> int | None:
+    """Nanoseconds the CPUs ``cpus`` have been busy since boot, steal included (a hypervisor running
+    something else), from ``/proc/stat`` (``None``: not Linux)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as file:
+            lines = file.readlines()
+    except OSError:
+        return None
+    ticks = 0
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+            ticks += user + nice + system + irq + softirq + steal
+    return ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_ns() -> int:
+    """CPU nanoseconds of this process and of its children that have ended (the measuring workers, once
+    their pool is closed)."""
+    self_, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return round((self_.ru_utime + self_.ru_stime + children.ru_utime + children.ru_stime) * 1e9)
+
+
+class CoreShare:
+    """How much of this process's cores other work took meanwhile (a context manager around a measurement
+    whose workers end inside it).
+
+    ``others_ns``: the busy time of the CPUs this process may use, less its own and its ended children's
+    CPU time, over ``wall_ns``. :meth:`pace` turns it, with the measured work's run, wait and wall times
+    (threads of the workers, :func:`~cdbench.backends.measure_worker.sched_delta`), into how much longer
+    that work took than it would have alone: its threads' waiting counts only as far as other work, in
+    the timed work's share of the wall time, could have caused it, since a multi-threaded engine's
+    threads also wait for each other where they outnumber the cores. ``/proc/stat`` counts in clock
+    ticks (10 ms), so a measurement of under a second reads coarsely.
+    """
+
+    def __init__(self) -> None:
+        self.cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+        self.others_ns: int | None = None
+        self.wall_ns = 0
+
+    def __enter__(self) -> CoreShare:
+        self._busy, self._own, self._start = _busy_ns(self.cpus), _own_cpu_ns(), time.monotonic_ns()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        busy = _busy_ns(self.cpus)
+        self.wall_ns = time.monotonic_ns() - self._start
+        if busy is not None and self._busy is not None:
+            self.others_ns = max(0, busy - self._busy - (_own_cpu_ns() - self._own))
+
+    def pace(self, on_cpu_ns: int, waiting_ns: int, timed_wall_ns: int) -> float | None:
+        """(run + the waiting other work explains) / run of timed work that ran ``timed_wall_ns`` of the
+        wall time: 1.0 uncontended, 2.0 as beside one busy thread on one core (``None``: not measured, or
+        no run time)."""
+        if self.others_ns is None or on_cpu_ns <= 0 or self.wall_ns <= 0:
+            return None
+        others = self.others_ns * min(1.0, timed_wall_ns / self.wall_ns)
+        return (on_cpu_ns + min(waiting_ns, others)) / on_cpu_ns
+
+
+def others_share_now(seconds: float = 0.3) -> float | None:
+    """The share of this process's cores that other work keeps busy now, over ``seconds`` of sleep
+    (``None``: not Linux)."""
+    with CoreShare() as share:
+        time.sleep(seconds)
+    return None if share.others_ns is None else share.others_ns / (max(1, len(share.cpus)) * seconds * 1e9)
 
 
 # ----------------------------------------------------------------------------- hosts

@@ -54,7 +54,7 @@ from cdbench.harness.costs.grammar_profile import (
     WalkMeasurement,
     with_sections,
 )
-from cdbench.harness.costs.host import HostInfo, load_host, this_host, time_scale
+from cdbench.harness.costs.host import CoreShare, HostInfo, load_host, others_share_now, this_host, time_scale
 from cdbench.harness.costs.spec_probe import PROBE_PREFIX, SpecHostScale, SpecProbeError
 from cdbench.harness.costs.spec_profile import (
     COPY_MARK,
@@ -130,6 +130,10 @@ class SpecCostSettings(BaseModel):
     ``median`` scales every compile by the probe's median ratio, ``by_size`` each compile by
     the probe's ratio at its stored seconds; ``auto`` (default) by size where the probe compiled
     run-order sequences (measured as the run's compiles are), else by the median.
+    ``measure_contended``: a store entry of this host measured while other work shared its cores
+    (:attr:`~.spec_store._StoreEntry.contended`) is measured again where the cores are freer now
+    (``remeasure``, the default, in ``measure`` mode), or priced as it is (``keep``: a given store
+    then always gives the same run).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -144,6 +148,7 @@ class SpecCostSettings(BaseModel):
     measure_batch_compiles: Literal["before", "between"] = "before"
     spec_host_scale: SpecHostScale | str | None = None
     spec_probe_compile: Literal["auto", "median", "by_size"] = "auto"
+    measure_contended: Literal["remeasure", "keep"] = "remeasure"
 
     @field_validator("spec_host_scale")
     @classmethod
@@ -171,7 +176,11 @@ class SpecCoverage(BaseModel):
 
     ``specs``/``requests``: how many distinct specs, and structured requests,
     each source priced (:data:`SPEC_SOURCES`). ``measured_now``: specs
-    measured for this run, in ``measure_wall_s`` seconds. ``failed``: specs
+    measured for this run, in ``measure_wall_s`` seconds. ``contended``: specs
+    priced by measurements taken while other work shared their host's cores
+    (:data:`~.spec_store.CONTENDED_PACE`); ``remeasured``: this host's contended
+    measurements (specs, a compile sequence, a batch walk) taken again for this
+    run because its cores were freer now. ``failed``: specs
     whose measurement failed (label: status and reason); their requests abort.
     ``predictor_error``: per kind, the predictor's held-out median relative
     error of compile time and mean fill (only when specs were predicted).
@@ -197,6 +206,8 @@ class SpecCoverage(BaseModel):
     requests: dict[str, int]
     measured_now: int = 0
     measure_wall_s: float = 0.0
+    contended: int = 0
+    remeasured: int = 0
     failed: dict[str, str] = {}
     predictor_error: dict[str, dict[str, float]] = {}
     host_scales: dict[str, float] = {}
@@ -225,6 +236,12 @@ class SpecCoverage(BaseModel):
                f"{total_requests} structured requests: " + "; ".join(parts)]
         if self.measured_now:
             out.append(f"measured {self.measured_now} specs now in {self.measure_wall_s:.1f} s")
+        if self.remeasured:
+            out.append(f"{self.remeasured} measurements taken again: measured while other work shared the host's "
+                       "cores, which are freer now")
+        if self.contended:
+            out.append(f"warning: {self.contended} specs priced by measurements taken while other work shared the "
+                       "host's cores (their threads waited for a CPU)")
         if self.compile_order != "alone":
             out.append(f"compile times in the run's order ({self.compile_order}): the engine reuses work of "
                        "earlier compiles")
@@ -278,6 +295,7 @@ class _RunSpec:
     batch_accepts: dict[tuple[int, ...], list[float | None]] | None = None  # per text, its accepts walked so
     message: str = ""  # why its measurement failed (the entry's message)
     order: int = 0  # its place among the run's keys
+    contended: bool = False  # its store entry was measured while other work shared the host's cores
 
     @property
     def label(self) -> str:
@@ -462,7 +480,9 @@ def _host_scales(host: HostInfo, target: HostInfo, probe: SpecHostScale | None,
 
 
 def _from_store(store: SpecCostStore, specs: list[_RunSpec], target: HostInfo, scales: dict[str, float],
-                probe: SpecHostScale | None) -> None:
+                probe: SpecHostScale | None, remeasure: _Remeasure | None = None) -> None:
+    """Price ``specs`` not priced yet by their store entries (the target host's, else the first other
+    host's, scaled); one that ``remeasure`` wants measured again is left unpriced."""
     for s in specs:
         if s.source != "kind_fallback":
             continue
@@ -477,6 +497,45 @@ def _from_store(store: SpecCostStore, specs: list[_RunSpec], target: HostInfo, s
         s.source = "measured_here" if factors is None else "measured_elsewhere"
         s.costs, s.instances, s.base = entry.costs, entry.instances, instance_base(s.digest)
         s.message = entry.message if entry.status != "ok" else ""
+        s.contended = entry.contended
+        if remeasure is not None and remeasure.wanted(entry):
+            s.source = "kind_fallback"  # measured again, then found again
+
+
+QUIET_SHARE = 0.1
+"""Cores are quiet enough to measure again where other work keeps under this share of them busy."""
+
+
+class _Remeasure:
+    """Which of this host's store entries a ``measure`` run takes again: those measured while other work
+    shared the host's cores (:attr:`~.spec_store._StoreEntry.contended`), where the cores are quiet now:
+    other work keeps under :data:`QUIET_SHARE` of them busy (:func:`~cdbench.harness.costs.host.others_share_now`,
+    read once, when first asked). ``taken``: how many entries were asked for again (the copies of a spec
+    share one)."""
+
+    def __init__(self, here: HostInfo) -> None:
+        self.here = here
+        self._now: float | None = None
+        self._taken: set[tuple[str, str]] = set()
+
+    @property
+    def taken(self) -> int:
+        return len(self._taken)
+
+    def wanted(self, entry: SpecCostEntry | SequenceEntry | BatchFillEntry) -> bool:
+        if not entry.contended or entry.host.id != self.here.id:
+            return False
+        if self._now is None:
+            self._now = others_share_now()
+        if self._now is not None and self._now < QUIET_SHARE:
+            self._taken.add((type(entry).__name__, entry.digest))
+            return True
+        return False
+
+
+def _pace_note(what: str, entry: SequenceEntry | BatchFillEntry) -> list[str]:
+    return [f"{what} measured while other work shared the host's cores (it ran at {1 / entry.pace:.0%} of a "
+            "core; priced as measured)"] if entry.contended else []
 
 
 @dataclass(frozen=True)
@@ -577,17 +636,44 @@ def measure_specs(items: Sequence[SpecToMeasure], backend: str, options: Mapping
     stage = f"measuring {len(jobs)} specs ({backend}, {workers} workers)"
     if progress is not None:
         progress(stage, 0.0)
-    with WorkerPool(pool_settings, warm_up=True) as pool:
+    stored: list[str] = []
+    run = _RunTimes()
+    with CoreShare() as share, WorkerPool(pool_settings, warm_up=True, pace=True) as pool:
         for result in pool.run(jobs):
             if result.message.startswith("backend construction failed"):
                 return MeasureOutcome(done, time.perf_counter() - start, result.message)
             store.put(_entry(result, by_digest[result.item_id], result.item_id, backend, version, vocab, host,
                              settings.measure_timeout_s))
+            stored.append(result.item_id)
+            run.add(result.sched_ns)
             done += 1
             if progress is not None:
                 left = (time.perf_counter() - start) / done * (len(jobs) - done)
                 progress(f"{stage}, about {left:.0f} s left", done / len(jobs))
+    pace = run.pace(share)
+    if pace is not None:  # known once the workers have ended: each entry stored again with it
+        for digest in stored:
+            for entry in store.entries(digest):
+                if entry.host.id == host.id:
+                    store.put(entry.model_copy(update={"pace": pace}))
     return MeasureOutcome(done, time.perf_counter() - start)
+
+
+class _RunTimes:
+    """The run and wait times of a measurement's timed work, summed over its results."""
+
+    def __init__(self) -> None:
+        self.on_cpu_ns = self.waiting_ns = self.wall_ns = 0
+
+    def add(self, sched_ns: tuple[int, int, int] | None) -> None:
+        if sched_ns is not None:
+            self.on_cpu_ns += sched_ns[0]
+            self.waiting_ns += sched_ns[1]
+            self.wall_ns += sched_ns[2]
+
+    def pace(self, share: CoreShare) -> float | None:
+        """How contended the cores were over the measurement (:meth:`~.host.CoreShare.pace`)."""
+        return share.pace(self.on_cpu_ns, self.waiting_ns, self.wall_ns)
 
 
 def measure_sequence(specs: Sequence[ConstraintSpec], backend: str, options: Mapping[str, Any], vocab: str,
@@ -611,17 +697,22 @@ def measure_sequence(specs: Sequence[ConstraintSpec], backend: str, options: Map
     if progress is not None:
         progress(stage, 0.0)
     jobs = [(backend, ProfileTask("spec-sequence", str(i), spec)) for i, spec in enumerate(specs)]
-    for repeat in range(repeats):
-        with WorkerPool(pool_settings) as pool:  # a fresh engine each time, as a run's engine starts
-            for done, result in enumerate(pool.run(jobs), 1):
-                if result.status == "ok" and result.compile_ms is not None:
-                    times[repeat, int(result.item_id)] = result.compile_ms / 1e3
-                if progress is not None:
-                    progress(stage, (repeat * len(specs) + done) / (repeats * len(specs)))
+    run = _RunTimes()
+    with CoreShare() as share:
+        for repeat in range(repeats):
+            with WorkerPool(pool_settings, pace=True) as pool:  # a fresh engine each time, as a run's engine starts
+                for done, result in enumerate(pool.run(jobs), 1):
+                    if result.status == "ok" and result.compile_ms is not None:
+                        times[repeat, int(result.item_id)] = result.compile_ms / 1e3
+                    run.add(result.sched_ns)
+                    if progress is not None:
+                        progress(stage, (repeat * len(specs) + done) / (repeats * len(specs)))
     failed = np.isnan(times).any(axis=0)
     median = np.median(np.where(np.isnan(times), 0.0, times), axis=0)
+    host = this_host(store.root)
     entry = SequenceEntry(digest=sequence_digest(backend, version, vocab, options, specs), backend=backend,
-                          backend_version=version, vocab=vocab, host=this_host(store.root),
+                          backend_version=version, vocab=vocab, host=host,
+                          pace=run.pace(share),
                           compile_s=[None if f else float(t) for f, t in zip(failed, median, strict=True)],
                           measured=f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}")
     store.put_sequence(entry)
@@ -630,19 +721,22 @@ def measure_sequence(specs: Sequence[ConstraintSpec], backend: str, options: Map
 
 def _in_run_order(specs: list[_RunSpec], backend: str, version: str, vocab: str, options: Mapping[str, Any],
                   settings: SpecCostSettings, store: SpecCostStore, target: HostInfo,
-                  progress: Progress | None, probe: SpecHostScale | None = None) -> str:
+                  progress: Progress | None, probe: SpecHostScale | None = None,
+                  remeasure: _Remeasure | None = None, notes: list[str] | None = None) -> str:
     """Give each spec the store measured alone its compile time after the run's earlier specs (stored,
     or measured now where ``measure``); returns how (:attr:`SpecCoverage.compile_order`). The sequence
     holds every spec of the run, since those a profile prices are compiled in the run too."""
     digest = sequence_digest(backend, version, vocab, options, [s.spec for s in specs])
     entries = store.sequences(digest)
     how = "run order"
-    if not entries and settings.spec_costs == "measure":
-        entries, how = [measure_sequence([s.spec for s in specs], backend, options, vocab, settings, progress)], \
+    entry = next((e for e in entries if e.host.id == target.id), entries[0]) if entries else None
+    if settings.spec_costs == "measure" and (entry is None or (remeasure is not None and remeasure.wanted(entry))):
+        entry, how = measure_sequence([s.spec for s in specs], backend, options, vocab, settings, progress), \
             "run order, measured now"
-    if not entries:
+    if entry is None:
         return "alone"
-    entry = next((e for e in entries if e.host.id == target.id), entries[0])
+    if notes is not None:
+        notes.extend(_pace_note("the run-order compile sequence", entry))
     for s, seconds in zip(specs, entry.compile_s, strict=True):
         if seconds is not None and s.source.startswith("measured") and s.costs is not None \
                 and s.costs.status in (None, "ok"):
@@ -689,8 +783,10 @@ def measure_batch_fills(specs: Sequence[ConstraintSpec], walks: Sequence[tuple[i
     compiles = settings.measure_batch_compiles
     task = BatchWalkTask("spec-batch", "walks", tuple(specs), tuple(walks), width, settings.measure_repeats, gap_s=gap,
                          compiles=compiles)
-    with WorkerPool(pool_settings) as pool:
+    run = _RunTimes()
+    with CoreShare() as share, WorkerPool(pool_settings, pace=True) as pool:
         result = next(iter(pool.run([(backend, task)])))
+        run.add(result.sched_ns)
     fill_s: list[list[float | None] | None] = [None] * len(walks)
     accept_s: list[list[float | None] | None] = [None] * len(walks)
     tokens = result.tokens
@@ -702,9 +798,11 @@ def measure_batch_fills(specs: Sequence[ConstraintSpec], walks: Sequence[tuple[i
             fill_s[walk], accept_s[walk] = by_position["fill"].tolist(), by_position["accept"].tolist()
     if progress is not None:
         progress("walked in batch", 1.0)
+    host = this_host(store.root)
     entry = BatchFillEntry(
         digest=batch_digest(backend, version, vocab, options, specs, walks, width, gap, compiles), backend=backend,
-        backend_version=version, vocab=vocab, host=this_host(store.root), width=width,
+        backend_version=version, vocab=vocab, host=host, width=width,
+        pace=run.pace(share),
         fill_s=fill_s, accept_s=accept_s,
         measured=f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}"
                  + ("" if result.status == "ok" else f", failed: {result.status}: {result.message[:200]}"))
@@ -714,9 +812,11 @@ def measure_batch_fills(specs: Sequence[ConstraintSpec], walks: Sequence[tuple[i
 
 def _in_batch(specs: list[_RunSpec], requests: RequestSource, backend: str, version: str, vocab: str,
               options: Mapping[str, Any], settings: SpecCostSettings, store: SpecCostStore, target: HostInfo,
-              progress: Progress | None, probe: SpecHostScale | None = None) -> tuple[str, str]:
+              progress: Progress | None, probe: SpecHostScale | None = None, remeasure: _Remeasure | None = None,
+              notes: list[str] | None = None) -> tuple[str, str]:
     """Give each measured spec's texts their fills and accepts walked in batch (stored, or measured now
-    where ``measure``); returns how (:attr:`SpecCoverage.fill_order`, :attr:`SpecCoverage.accept_order`).
+    where ``measure``: none stored, or this host's walked while other work shared its cores and ``remeasure``
+    wants it again); returns how (:attr:`SpecCoverage.fill_order`, :attr:`SpecCoverage.accept_order`).
 
     Fills come from the target host's entry, else the first other host's (by host id); accepts from the
     first entry that timed them, the target host's first. Where no entry timed accepts (entries of format
@@ -729,12 +829,15 @@ def _in_batch(specs: list[_RunSpec], requests: RequestSource, backend: str, vers
     gap, compiles = settings.measure_accept_gap_s, settings.measure_batch_compiles
     entries = store.batch_fills(batch_digest(backend, version, vocab, options, run_specs, walks, width, gap, compiles))
     new = None
-    if not any(e.accept_s for e in entries) and settings.spec_costs == "measure":
+    again = remeasure is not None and any(e.accept_s and remeasure.wanted(e) for e in entries if e.host.id == target.id)
+    if (again or not any(e.accept_s for e in entries)) and settings.spec_costs == "measure":
         new = measure_batch_fills(run_specs, walks, backend, options, vocab, settings, progress)
         entries = sorted([e for e in entries if e.host.id != new.host.id] + [new], key=lambda e: e.host.id)
     if not entries:
         return "alone", "alone"
     fills_from = next((e for e in entries if e.host.id == target.id), entries[0])
+    if notes is not None:
+        notes.extend(_pace_note("the batch walk", fills_from))
     timed = [e for e in entries if e.accept_s]
     accepts_from = next((e for e in timed if e.host.id == target.id), timed[0]) if timed else None
     out = []
@@ -838,7 +941,9 @@ def _price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any],
     elif named_profile:
         _from_profile(base, specs, by_key=True)
     scales: dict[str, float] = {}
-    _from_store(store, specs, target, scales, probe)
+    remeasure = _Remeasure(this_host(store.root)) \
+        if settings.spec_costs == "measure" and settings.measure_contended == "remeasure" else None
+    _from_store(store, specs, target, scales, probe, remeasure)
     missing = [s for s in specs if s.source == "kind_fallback"]
     coverage_notes: list[str] = []
     measured_now, wall = 0, 0.0
@@ -875,11 +980,12 @@ def _price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any],
     # a profile's compiles were timed in a run (in its order); only the store's were timed alone
     if any(s.source.startswith("measured") for s in specs) and settings.spec_costs != "predict" \
             and shares_compile_work(backend):
-        order = _in_run_order(specs, backend, version, vocab, options, settings, store, target, progress, probe)
+        order = _in_run_order(specs, backend, version, vocab, options, settings, store, target, progress, probe,
+                              remeasure, coverage_notes)
     fill_order = accept_order = "alone"
     if settings.measure_batch_rows is not None and settings.spec_costs != "predict":
         fill_order, accept_order = _in_batch(specs, requests, backend, version, vocab, options, settings, store,
-                                             target, progress, probe)
+                                             target, progress, probe, remeasure, coverage_notes)
     failed_in_order = [(s.order, s.label, f"{s.costs.status}: {s.message[:160]}" if s.message else s.costs.status)
                        for s in specs if s.costs is not None and s.costs.status not in (None, "ok")]
     if shared is not None:
@@ -894,6 +1000,8 @@ def _price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any],
         mode=settings.spec_costs, target_host=target.name, specs=spec_counts, requests=request_counts,
         measured_now=measured_now, measure_wall_s=wall, failed=failed, predictor_error=errors,
         host_scales=scales, host_probe=probe.describe() if probe is not None else None, compile_order=order,
+        contended=sum(s.contended for s in specs if s.source.startswith("measured")),
+        remeasured=remeasure.taken if remeasure is not None else 0,
         fill_order=fill_order, accept_order=accept_order,
         notes=coverage_notes)
     return profile, coverage

@@ -44,9 +44,9 @@ from cdbench.harness.costs.spec_profile import InstanceProfile, SpecProfile
 METHOD = 2
 """How specs are measured (a warmed engine without the earlier specs' cached work, every 4th token
 rolled back, refused texts kept: 2); bumped when that changes, so entries measured otherwise are not reused."""
-SEQUENCE_METHOD = 2
-"""How a run's compile sequence is measured (2: each spec's median over repeated sequences, each on a fresh
-engine); bumped when that changes."""
+SEQUENCE_METHOD = 3
+"""How a run's compile sequence is measured (each spec's median over repeated sequences, each on a fresh
+engine; 3: without a garbage collection between two compiles); bumped when that changes."""
 BATCH_METHOD = 2
 """How a run's texts are walked in batch (2: every text of the run in arrival order, ``width`` walks
 advancing together, each position's median over repeats, each repeat on freshly compiled grammars);
@@ -83,9 +83,15 @@ def instance_base(digest: str) -> str:
     return f"spec:{digest}"
 
 
+CONTENDED_PACE = 1.10
+"""A measurement whose pace (:attr:`_StoreEntry.pace`) is above this was taken while other work shared the
+host's cores: its timed work waited for them a tenth as long as it ran, or longer
+(``reports/spec_costs/out_of_sample.md``, "Measurements that know how busy the host was")."""
+
+
 class _StoreEntry(BaseModel):
     """What every store entry is keyed and labelled by: its digest, the engine and vocabulary it measured,
-    the host it ran on, and when and how."""
+    the host it ran on, when and how, and how contended the host was meanwhile (``pace``)."""
 
     model_config = ConfigDict(extra="forbid")
     format_version: Literal[1] = 1
@@ -95,6 +101,16 @@ class _StoreEntry(BaseModel):
     vocab: str
     host: HostInfo
     measured: str = Field(description="when and how: date, command, versions")
+    pace: float | None = Field(default=None, description=(
+        "how contended the host's cores were while this was measured (host.CoreShare.pace: 1.0 not at all, "
+        "2.0 its timed work waited for other work as long as it ran); one figure for all that one "
+        "measurement took (specs measured together, a sequence's repeats); None: not recorded"))
+
+    @property
+    def contended(self) -> bool:
+        """Whether other work shared the host's cores while this was measured (``pace`` over
+        :data:`CONTENDED_PACE`)."""
+        return self.pace is not None and self.pace > CONTENDED_PACE
 
 
 class SpecCostEntry(_StoreEntry):

@@ -44,7 +44,9 @@ def _config(corpus: Path, store: Path, **costs) -> RunConfig:
     return RunConfig.model_validate({
         "mode": "model", "vocab": "cl100k",
         # the shipped profile is qwen3.6's: its kind shapes serve specs measured on cl100k here
-        "costs": {"spec_store": str(store), "measure_workers": 1, "allow_mismatched_profile": True, **costs},
+        # keep: a store measured beside the other tests' work is not measured again (see the contention tests)
+        "costs": {"spec_store": str(store), "measure_workers": 1, "allow_mismatched_profile": True,
+                  "measure_contended": "keep", **costs},
         "workload": {"num_requests": 24, "corpus": [str(corpus)], "structured_ratio": 1.0,
                      "arrival": {"process": "poisson", "rate": 20.0}},
     })
@@ -335,3 +337,133 @@ def test_a_profiles_compile_times_were_measured_in_a_run_and_are_not_replaced_by
     coverage = run(config).summary.spec_costs
     assert coverage.specs["profile"] == sum(coverage.specs.values())
     assert coverage.compile_order == "alone" and len(SpecCostStore(tmp_path / "s")) == 0
+
+
+# --- measurements that know how contended the host was ----------------------------------------------
+
+
+def test_a_measurements_pace_counts_only_the_waiting_other_work_explains():
+    from cdbench.backends.measure_worker import WALL, sched_delta
+    from cdbench.harness.costs.host import CoreShare
+
+    before = {"1": (1_000, 0), "2": (500, 100), WALL: (0, 0)}
+    after = {"1": (3_000, 2_000), "2": (500, 100), "3": (1_000, 0), WALL: (9_000, 0)}  # thread 3 started between
+    assert sched_delta(before, after) == (3_000, 2_000, 9_000)
+    share = CoreShare()
+    share.wall_ns = 10_000
+    share.others_ns = 4_000  # others kept the cores busy 4 us of the 10: 3.6 us of them in the timed 9
+    assert share.pace(3_000, 2_000, 9_000) == pytest.approx((3_000 + 2_000) / 3_000)
+    assert share.pace(3_000, 5_000, 9_000) == pytest.approx((3_000 + 3_600) / 3_000)
+    share.others_ns = 0  # nothing else ran: the threads waited for each other
+    assert share.pace(3_000, 2_000, 9_000) == 1.0
+    assert share.pace(0, 2_000, 9_000) is None
+
+
+@pytest.mark.skipif(not Path("/proc/stat").is_file(), reason="busy times are Linux's")
+def test_other_work_on_the_cores_is_counted_and_the_process_own_is_not():
+    """On one core: a busy process beside it reads as most of the core taken; its own spinning does not."""
+    import subprocess
+    import sys
+
+    code = """
+import os, subprocess, sys, time
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+from cdbench.harness.costs.host import CoreShare, others_share_now
+with CoreShare() as own:
+    end = time.thread_time() + 0.3
+    while time.thread_time() < end:
+        pass
+busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+try:
+    time.sleep(0.2)
+    print(own.others_ns / own.wall_ns, others_share_now(0.5))
+finally:
+    busy.kill()
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    own, beside_busy = (float(v) for v in out.stdout.split()[-2:])
+    assert own < 0.5 and beside_busy > 0.7
+
+
+def test_every_measurement_records_how_contended_its_host_was(measured):
+    root, _, _, _ = measured
+    store = SpecCostStore(root / "store")
+    paces = [json.loads(p.read_text())["pace"] for p in (root / "store").glob("??/*/*.json")]
+    sequences = [json.loads(p.read_text())["pace"] for p in (root / "store" / "sequences").glob("*/*/*.json")]
+    walks = [json.loads(p.read_text())["pace"] for p in (root / "store" / "batch_fills").glob("*/*/*.json")]
+    assert len(paces) == 4 and sequences and walks and len(store) == 4
+    assert all(p is not None and p >= 1.0 for p in paces + sequences + walks)
+
+
+def _set_pace(path: Path, pace: float) -> None:
+    entry = json.loads(path.read_text())
+    entry["pace"] = pace
+    path.write_text(json.dumps(entry))
+
+
+def _quiet_copy(measured, tmp_path) -> Path:
+    """The fixture's store copied, every measurement in it marked as taken on uncontended cores (the
+    fixture's own may have shared them with the other tests)."""
+    import shutil
+
+    root, _, _, _ = measured
+    store = tmp_path / "store"
+    shutil.copytree(root / "store", store)
+    for path in store.rglob("*.json"):
+        if path.parent.name != "hosts":
+            _set_pace(path, 1.0)
+    return store
+
+
+def _contended_copy(measured, tmp_path, pace: float) -> Path:
+    """The fixture's store copied (quiet), its first spec's entry marked as measured beside other work."""
+    store = _quiet_copy(measured, tmp_path)
+    path = sorted(p for p in store.glob("??/*/*.json") if json.loads(p.read_text())["status"] == "ok")[0]
+    _set_pace(path, pace)
+    return path
+
+
+def test_a_contended_measurement_is_taken_again_once_the_cores_are_freer(measured, tmp_path, monkeypatch):
+    from cdbench.harness.costs import spec_costs
+
+    _, corpus, _, second = measured
+    path = _contended_copy(measured, tmp_path, pace=3.0)
+    monkeypatch.setattr(spec_costs, "others_share_now", lambda: 0.0)
+    result = run(_config(corpus, tmp_path / "store", measure_contended="remeasure"))
+    coverage = result.summary.spec_costs
+    assert coverage.measured_now == 1 and coverage.remeasured == 1
+    assert json.loads(path.read_text())["pace"] != 3.0  # replaced by the new measurement
+    assert any("taken again" in line for line in coverage.lines())
+    assert coverage.specs == second.summary.spec_costs.specs
+
+
+def test_a_contended_measurement_is_kept_and_flagged_while_the_cores_are_as_busy(measured, tmp_path, monkeypatch):
+    from cdbench.harness.costs import spec_costs
+
+    _, corpus, _, second = measured
+    path = _contended_copy(measured, tmp_path, pace=1.5)
+    monkeypatch.setattr(spec_costs, "others_share_now", lambda: 0.5)  # other work keeps half the cores busy
+    for mode in ("remeasure", "keep"):
+        result = run(_config(corpus, tmp_path / "store", measure_contended=mode))
+        coverage = result.summary.spec_costs
+        assert coverage.measured_now == 0 and coverage.remeasured == 0
+        assert coverage.contended >= 1
+        assert any(line.startswith("warning: ") and "shared the host's cores" in line for line in coverage.lines())
+        assert result.requests.equals(second.requests)  # priced as measured
+    assert json.loads(path.read_text())["pace"] == 1.5
+
+
+def test_a_compile_sequence_measured_beside_other_work_is_measured_again(measured, tmp_path, monkeypatch):
+    from cdbench.harness.costs import spec_costs
+
+    _, corpus, _, _ = measured
+    paths = list((_quiet_copy(measured, tmp_path) / "sequences").glob("*/*/*.json"))  # (other corpora's too)
+    for path in paths:
+        _set_pace(path, 2.0)
+    monkeypatch.setattr(spec_costs, "others_share_now", lambda: 0.0)
+    result = run(_config(corpus, tmp_path / "store", measure_contended="remeasure"))
+    assert result.summary.spec_costs.compile_order == "run order, measured now"
+    assert result.summary.spec_costs.remeasured == 1
+    assert sum(json.loads(path.read_text())["pace"] != 2.0 for path in paths) == 1
+    again = run(_config(corpus, tmp_path / "store"))  # (keep: the new one may have shared the cores too)
+    assert again.summary.spec_costs.compile_order == "run order"
