@@ -40,8 +40,9 @@ interpreter, torch, pandas and the vocabulary: 517.7 MiB resident at the check o
        100000 requests: peak 800.3 MiB (at the simulation's start 753.9 MiB, at its end 793.8 MiB)
       1000000 requests: peak 875.9 MiB (at the simulation's start 546.6 MiB, at its end 775.6 MiB)
 
-(load average 1.9 to 2.7; commit 0535289.) The peak is the report's (it reads the step table a row group at
-a time), on what the summary left. From a million requests on it does not grow with the count: three million
+(load average 1.9 to 2.7; commit 0535289.) The peak is the report's, on what the summary left; since it hands
+a row group on in slices (7a5e982) a million requests peaked at 803.4 MiB, the tree before at 852.8 in turn
+with it (``reports/scheduler_benchmark.md``). From a million requests on it does not grow with the count: three million
 requests peaked at 859.5 MiB against 913.9 for a million of the same tree, their summaries read back at 836.3
 MiB both (59ee3fb), and ten million requests at 995.9 MiB (cb3d18e, before the failed copies' errors and
 labels were held by item and the kind sequence packed: about 7 of the 11 bytes a request it added over its
