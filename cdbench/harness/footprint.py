@@ -8,19 +8,19 @@ pricing reads them (an item's copies priced once, by the item:
 ``costs/spec_costs.py``) and again as the scheduler issues them, each into a slot
 reused once it ended and its row was written (``harness/scheduler.py``), with the
 cost tables' per-request columns in the same slots and the cost pools of the
-requests in flight (``costs/cost_tables.py``). Its memory does not grow with the
-request count while it simulates (a million requests: resident memory between 566 and
-589 MiB from the spec pricing to the simulation's last step). What it holds beyond the
-requests in flight is bounded by the corpus (its items' spec keys, instance pools
-and texts) and by fixed sizes (the histograms, the remembered spec keys, the
-buffered steps and rows between two writes, the row groups joined at the end, the
-quantile candidates of the summary, at most ``streamed.SELECT_LIMIT`` values a
-statistic). The peak is set after the last step, when the tables are joined and the
-summary read back, and it still grows between 100,000 requests and a million
-(:data:`STREAMED_BYTES_PER_REQUEST`, a third of what it was: the row groups and the
-candidates have bounds, which a run reaches only past some size); the estimate is
-:data:`STREAMED_BYTES` plus that a request, so it keeps growing past a million,
-where the peak is expected to stop (ten million requests were not measured).
+requests in flight (``costs/cost_tables.py``). What it holds beyond the requests in
+flight is bounded by the corpus (its items' spec keys, instance pools and texts, the
+failed specs and compile errors by item) and by fixed sizes (the histograms, the
+remembered spec keys, the buffered steps and rows between two writes, the row groups
+joined at the end, the quantile candidates of the summary, at most
+``streamed.SELECT_LIMIT`` values a statistic), which a run fills within its first
+million requests or so. Past that its memory does not grow with the request count:
+:data:`STREAMED_BYTES` whatever the count, the largest peak measured (below). What still
+grows is the Parquet writers' and readers' metadata (a row group per 131,072 rows of a
+table: about 25 kB a row group of steps while the join writes it, 71 row groups at a
+million requests), tens of MiB at ten million requests, less than the peak's spread
+from run to run. The disk the run folder takes grows with the count (1.6 GB a million
+requests).
 
 Other runs hold the workload's requests and the scheduler's state for every
 request to their end (``hybrid`` and ``live`` modes, whose executor reads the
@@ -30,27 +30,31 @@ path before it streamed (commit 7a87bfc: the slope of the peak over 5,000 to a
 million requests of the default config, 1,459 bytes, and generating the default
 workload, 832 bytes a request at three quarters of a million requests).
 
-:data:`STREAMED_BYTES` and :data:`STREAMED_BYTES_PER_REQUEST` fit the peak resident memory of
-the built-in default config in ``model`` mode, run and saved (report included) in a fresh process per
-size, beyond the interpreter, torch, pandas and the vocabulary (about 500 MiB, resident
-before the check runs), measured on a 2-CPU x86-64 Linux machine shared with
-other work, each run pinned to one core::
+:data:`STREAMED_BYTES` is the peak resident memory of the built-in default config in ``model`` mode, run and
+saved (report included) in a fresh process per size, beyond what the process holds when this check runs (the
+interpreter, torch, pandas and the vocabulary: 517.7 MiB resident at the check of ``cdbench run --mode model -n
+1000000``), measured on a 2-CPU x86-64 Linux machine shared with other work, each run pinned to one core::
 
-    python benchmarks/bench_streaming.py --requests 100000 --core 1
-    python benchmarks/bench_streaming.py --requests 1000000 --core 1
+    python benchmarks/bench_streaming.py --requests 100000 1000000 --core 1
 
-       100000 requests: peak 724.4 MiB (at the simulation's start 518.1 MiB, at its end 722.9 MiB)
-      1000000 requests: peak 840.9 MiB (at the simulation's start 519.8 MiB, at its end 828.3 MiB)
+       100000 requests: peak 800.3 MiB (at the simulation's start 753.9 MiB, at its end 793.8 MiB)
+      1000000 requests: peak 875.9 MiB (at the simulation's start 546.6 MiB, at its end 775.6 MiB)
 
-(load average 1 to 11; the million's resident memory, sampled every 30 s, stayed between 566 and 589
-MiB until its last step.) The peak grows by 116.5 MiB from 100,000 requests to a million, 136 bytes a
-request (:data:`STREAMED_BYTES_PER_REQUEST`); :data:`STREAMED_BYTES` is the rest of the 100,000-request
-peak over the 500 MiB base. Before (d790d55) it grew 396 bytes a request from 100,000 to 200,000 requests,
-and before the requests were generated as they arrive (d63b13a) a million requests peaked at 2,025 MiB.
+(load average 1.9 to 2.7; commit 0535289.) The peak is the report's, on what the summary left; since it hands
+a row group on in slices (7a5e982) a million requests peaked at 803.4 MiB, the tree before at 852.8 in turn
+with it (``reports/scheduler_benchmark.md``). From a million requests on it does not grow with the count: three million
+requests peaked at 859.5 MiB against 913.9 for a million of the same tree, their summaries read back at 836.3
+MiB both (59ee3fb), and ten million requests at 995.9 MiB (cb3d18e, before the failed copies' errors and
+labels were held by item and the kind sequence packed: about 7 of the 11 bytes a request it added over its
+million, by the counts of ``reports/scheduler_benchmark.md``); the peaks of
+one size spread by tens of MiB from run to run (a million: 798 to 965 MiB over the sessions of
+``reports/scheduler_benchmark.md``, issue 32). :data:`STREAMED_BYTES` takes the highest of them, the ten
+million's 995.9 MiB, over the 517.7 MiB base. Before the requests were generated as they arrive (d63b13a) a
+million requests peaked at 2,025 MiB.
 
-The CPU time a request adds, :data:`SECONDS_PER_REQUEST`, is the fit of
-``bench_run_memory.py`` at 71293d8 (5,000 to 40,000 requests, a quieter
-machine); a request's CPU did not change since.
+The CPU time a request adds, :data:`SECONDS_PER_REQUEST`, is the whole command's CPU time over the
+million requests above (405.0 s: the simulation 339.1 s, the spec pricing, the joins, the summary and the
+report the rest).
 
 Other workloads differ (longer outputs mean more steps and inter-token
 latencies per request, a reused spec costs less than a new one; ``hybrid`` mode
@@ -70,12 +74,8 @@ from rich.filesize import decimal as _bytes
 if TYPE_CHECKING:
     from cdbench.harness.config import RunConfig
 
-STREAMED_BYTES = 212 * 2**20
-"""Peak resident memory a streamed ``model`` run adds whatever its request count (see the module docstring)."""
-
-STREAMED_BYTES_PER_REQUEST = 136
-"""What a request still adds to a streamed ``model`` run's peak (up to a million requests: the row groups joined
-and the summary's quantile candidates filling to their bounds; see the module docstring)."""
+STREAMED_BYTES = 479 * 2**20
+"""Peak resident memory a streamed ``model`` run adds, whatever its request count (see the module docstring)."""
 
 BYTES_PER_REQUEST = 1_459
 """Peak resident memory a request adds to a run that holds its requests' state to the end (see the module
@@ -85,7 +85,7 @@ HELD_WORKLOAD_BYTES = 832
 """What a request of the workload adds where the run holds the workload to its end (every run but a streamed
 ``model`` run)."""
 
-SECONDS_PER_REQUEST = 930e-6
+SECONDS_PER_REQUEST = 405e-6
 """CPU time a request adds to a ``model``-mode run (see the module docstring)."""
 
 
@@ -96,10 +96,13 @@ class Footprint:
     requests: int
     memory_bytes: int
     seconds: float | None
+    grows: bool = True  # whether the memory grows with the request count (``False``: a streamed run's bound)
 
     def describe(self) -> str:
         """E.g. ``about 8.8 TB of memory (8.8 kB a request) and 17.5 days of CPU time``."""
-        text = f"about {_bytes(self.memory_bytes)} of memory ({_bytes(self.memory_bytes // max(self.requests, 1))} a request)"
+        each = f"{_bytes(self.memory_bytes // max(self.requests, 1))} a request" if self.grows else \
+            "whatever the request count"
+        text = f"about {_bytes(self.memory_bytes)} of memory ({each})"
         if self.seconds is not None:
             text += f" and {_duration(self.seconds)} of CPU time"
         return text
@@ -121,7 +124,7 @@ def estimate(config: RunConfig) -> Footprint | None:
     if n is None:
         return None
     if streamed(config):
-        return Footprint(n, STREAMED_BYTES + n * STREAMED_BYTES_PER_REQUEST, n * SECONDS_PER_REQUEST)
+        return Footprint(n, STREAMED_BYTES, n * SECONDS_PER_REQUEST, grows=False)
     seconds = n * SECONDS_PER_REQUEST if config.mode == "model" else None
     return Footprint(n, n * (BYTES_PER_REQUEST + HELD_WORKLOAD_BYTES), seconds)
 

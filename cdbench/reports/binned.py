@@ -1,7 +1,7 @@
 """Distributions of a run's table drawn from its row groups: the values are binned, never held.
 
-A run of millions of requests has tens of millions of step rows; its report reads them a row group at
-a time (:meth:`~cdbench.results.run_folder.SavedRun.chunks`) in two passes over the columns it needs: the
+A run of millions of requests has tens of millions of step rows; its report reads them a slice of a row
+group at a time (:meth:`~cdbench.results.run_folder.SavedRun.chunks`) in two passes over the columns it needs: the
 range first, then counts over :data:`FINE_BINS` bins of it (log-spaced where the values spread over
 decades). The histograms draw those bins merged by :data:`MERGE`; quantiles and CDFs come from the fine
 bins, exact up to one fine bin (the value interpolated inside it).

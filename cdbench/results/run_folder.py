@@ -62,6 +62,12 @@ from cdbench.results.config_files import ConfigError, dump_config
 from cdbench.results.errors import ResultsError
 from cdbench.results.stopped_run import RecordSpill, RunStatus, stopped_summary
 
+READ_ROWS = 1 << 14
+"""Rows of a saved table handed on at a time (:meth:`SavedRun.chunks`): a row group (``ROW_GROUP``, 8 times as
+many) is read whole and converted and worked on in slices this long, which lowered the report's own peak over a
+million requests' tables from 603.5 to 535.4 MiB (``reports/scheduler_benchmark.md``, 2026-11-28). Arrow's batch
+reader (``iter_batches``) reads ahead: 973 MiB."""
+
 if TYPE_CHECKING:
     from cdbench.harness.config import RunConfig
     from cdbench.harness.costs.forward_speed import ForwardSpeed
@@ -152,13 +158,16 @@ class SavedRun:
 
     def chunks(self, table: str, columns: Sequence[str]) -> Iterator[pd.DataFrame]:
         """``columns`` of the ``requests`` or ``steps`` table in row order: the frame in memory, or the folder's
-        Parquet file a row group at a time (the whole table never held)."""
+        Parquet file a row group at a time, handed on :data:`READ_ROWS` rows at a time (the whole table never
+        held)."""
         if self.tables is not None or table in self.__dict__:
             yield getattr(self, table)[list(columns)]
             return
         source = pq.ParquetFile(self.folder / f"{table}.parquet")
         for group in range(source.num_row_groups):
-            yield source.read_row_group(group, columns=list(columns)).to_pandas()
+            rows = source.read_row_group(group, columns=list(columns))
+            for start in range(0, max(rows.num_rows, 1), READ_ROWS):
+                yield rows.slice(start, READ_ROWS).to_pandas()
 
     @property
     def label(self) -> str:
@@ -265,7 +274,7 @@ def save_run(result: RunResult, config: RunConfig, folder: Path, trace_max_spans
         result.rank_steps.to_parquet(folder / RANK_STEPS_FILE, index=False)
     if status is not None:
         summary["run_status"] = status.model_dump()
-    # a streamed run's tables stay on disk: the report reads them a row group at a time
+    # a streamed run's tables stay on disk: the report reads them a slice of a row group at a time
     tables = None if result.tables_written else (result.requests, result.steps)
     saved = SavedRun(folder, config.model_dump(mode="json"), summary, tables)
     if finish is not None:

@@ -17,13 +17,12 @@ def _nothing_run(folder):
     return not folder.exists()
 
 
-def _refused(result, requests: int, available: str):
+def _refused(result, requests: int, available: str, memory: int = footprint.STREAMED_BYTES):
+    """``memory``: the estimate (by default a streamed model run's, as the configs here are)."""
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    # (the configs here are streamed model runs)
-    memory = footprint._bytes(footprint.STREAMED_BYTES + requests * footprint.STREAMED_BYTES_PER_REQUEST)
-    assert f"{requests:,} requests need about {memory} of memory" in lines[0], lines[0]
+    assert f"{requests:,} requests need about {footprint._bytes(memory)} of memory" in lines[0], lines[0]
     assert f"this machine has {available} available" in lines[0] and "Traceback" not in result.output
 
 
@@ -32,18 +31,21 @@ def one_megabyte_free(monkeypatch):
     monkeypatch.setattr(footprint, "available_memory", lambda: 1_000_000)
 
 
-def test_an_absurd_request_count_is_refused_with_its_memory_and_time_estimate(tmp_path, monkeypatch):
+def test_an_absurd_request_count_is_refused_with_its_memory_estimate(tmp_path, monkeypatch):
+    """A hybrid run holds its requests (a streamed model run's memory does not grow with their count)."""
     monkeypatch.setattr(footprint, "available_memory", lambda: 16 * 10**9)
     out = tmp_path / "absurd"
-    result = runner.invoke(app, ["run", "--mode", "model", "--requests", "1000000000", "--out", str(out)])
-    _refused(result, 10**9, "16.0 GB")
-    assert "GB of memory" in result.output and "days of CPU time" in result.output
+    result = runner.invoke(app, ["run", "--mode", "hybrid", "--requests", "1000000000", "--out", str(out)])
+    _refused(result, 10**9, "16.0 GB", 10**9 * (footprint.BYTES_PER_REQUEST + footprint.HELD_WORKLOAD_BYTES))
+    assert "TB of memory (2.3 kB a request)" in result.output
     assert _nothing_run(out)
 
 
 def test_a_run_beyond_the_available_memory_is_refused_before_it_starts(tmp_path, one_megabyte_free):
     out = tmp_path / "run"
-    _refused(runner.invoke(app, ["run", CI, "--requests", "1000", "--out", str(out)]), 1000, "1.0 MB")
+    result = runner.invoke(app, ["run", CI, "--requests", "1000", "--out", str(out)])
+    _refused(result, 1000, "1.0 MB")
+    assert "of memory (whatever the request count) and " in result.output and " of CPU time" in result.output
     assert _nothing_run(out)
 
 
@@ -61,8 +63,7 @@ def test_compare_and_sweep_go_through_the_same_check(tmp_path, one_megabyte_free
 
 
 def test_a_run_that_fits_still_runs(tmp_path, monkeypatch):
-    monkeypatch.setattr(footprint, "available_memory",
-                        lambda: footprint.STREAMED_BYTES + 40 * footprint.STREAMED_BYTES_PER_REQUEST)
+    monkeypatch.setattr(footprint, "available_memory", lambda: footprint.STREAMED_BYTES)
     result = runner.invoke(app, ["run", CI, "--requests", "40", "--out", str(tmp_path / "ok")])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "ok" / "summary.json").is_file()

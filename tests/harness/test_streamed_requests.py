@@ -20,13 +20,16 @@ from cdbench.harness import tallies
 from cdbench.harness.config import RunConfig
 from cdbench.harness.costs import cost_tables
 from cdbench.harness.costs.gpu import FixedGpuCosts
+from cdbench.harness.costs.grammar_profile import GrammarProfile
+from cdbench.harness.costs.spec_profile import base_spec_id
 from cdbench.harness.executors.model import FixedGrammarCosts, ModelExecutor
 from cdbench.harness.metrics import LogHistogram
 from cdbench.harness.policies import policy
 from cdbench.harness.records import STEP_COLUMNS, StepLog
 from cdbench.harness.run import simulate
 from cdbench.harness.scheduler import Scheduler
-from cdbench.workloads.generator import generate
+from cdbench.workloads.generator import generate, original_of_copy
+from cdbench.workloads.instances import spec_hash
 from cdbench.workloads.request import Request
 from cdbench.workloads.trace import replay, write_trace
 
@@ -119,6 +122,34 @@ def test_failed_copies_errors_are_held_by_item_not_by_copy():
         assert list(errors.items()) == [(f"{SPEC.kind}:{k}", "invalid: listed in failing_keys") for k in failing]
         held[n] = len(sched._errors._stem_index), len(sched._errors._reason_index)
     assert held[200] == held[800] == (1, 1)
+
+
+def test_failed_specs_are_listed_once_a_content_with_their_copies_counted():
+    """The spec pricing lists a failed spec once per content with its copies' count (a listing of every copy
+    grew ``summary.json`` by about 0.5 byte a request), the same whether the run holds its requests (priced key
+    by key) or reads them as they are built (copies priced by their item)."""
+    config = RunConfig.model_validate({**DEFAULT, "mode": "model",
+                                       "workload": dict(DEFAULT["workload"], num_requests=1600)})
+    requests = generate(config.workload, load_vocab(config.vocab), progress=False).requests
+    profile = GrammarProfile.builtin(config.backend.name)
+    by_content = {content: key for key, content in reversed(profile.spec_contents.items())}
+    # counted apart: the run's spec keys whose content the profile has failed, by content, named by the first
+    failing: dict[str, list] = {}
+    for r in requests:
+        if r.spec is None:
+            continue
+        found = profile.specs.get(by_content.get(spec_hash(original_of_copy(r.spec)), ""))
+        if found is not None and found.status not in (None, "ok"):
+            keys = failing.setdefault(spec_hash(original_of_copy(r.spec)), [base_spec_id(r.spec_id), set()])[1]
+            keys.add(r.spec_id)
+    listed = {}
+    for source in (requests, lambda: iter(requests)):
+        coverage = config.costs.grammar_costs(config.backend.name, config.seed, config.backend.options,
+                                              requests=source, vocab=config.vocab).coverage
+        listed[callable(source)] = [(f.label, f.copies) for f in coverage.failed]
+    assert listed[True] == listed[False]
+    assert sorted(listed[True]) == sorted((label, len(keys)) for label, keys in failing.values())
+    assert sum(copies for _, copies in listed[True]) > 2 * len(listed[True]) > 0  # copies counted, not listed
 
 
 def test_slots_grow_when_the_requests_in_flight_need_more(monkeypatch):

@@ -1,3 +1,4 @@
+import pandas as pd
 import pytest
 from synthetic_run import write_synthetic_run
 
@@ -44,12 +45,14 @@ def test_load_run_round_trip_and_errors(synthetic_run, tmp_path):
         load_run(synthetic_run.folder)
 
 
-def test_report_of_tables_on_disk_reads_them_a_row_group_at_a_time(synthetic_run, tmp_path):
+def test_report_of_tables_on_disk_reads_them_a_slice_at_a_time(synthetic_run, tmp_path, monkeypatch):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from cdbench.results import run_folder
     from cdbench.results.run_folder import SavedRun
 
+    monkeypatch.setattr(run_folder, "READ_ROWS", 10)
     for name in ("requests", "steps"):  # several row groups, as a streamed run's joined tables have
         pq.write_table(pa.Table.from_pandas(getattr(synthetic_run, name), preserve_index=False),
                        synthetic_run.folder / f"{name}.parquet", row_group_size=7)
@@ -62,3 +65,24 @@ def test_report_of_tables_on_disk_reads_them_a_row_group_at_a_time(synthetic_run
     for name in ("ttft_cdf", "tpot_cdf", "step_breakdown", "compile_time", "mask_time", "rank_skew"):
         assert f"](plots/{name}.png)" in text
     assert on_disk.has_tables and on_disk.requests.shape == synthetic_run.requests.shape  # read when asked
+
+
+def test_a_row_group_is_read_in_slices_no_longer_than_read_rows(synthetic_run, monkeypatch):
+    """The report holds at most READ_ROWS rows of a table at a time, whatever the row groups' size, and the
+    slices give the table's rows in order, their values and dtypes (categories too) as read whole."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from cdbench.results import run_folder
+    from cdbench.results.run_folder import SavedRun
+
+    monkeypatch.setattr(run_folder, "READ_ROWS", 5)
+    steps = synthetic_run.steps
+    pq.write_table(pa.Table.from_pandas(steps, preserve_index=False), synthetic_run.folder / "steps.parquet",
+                   row_group_size=12)
+    assert len(steps) > 12
+    on_disk = SavedRun(synthetic_run.folder, synthetic_run.config, synthetic_run.summary)
+    columns = ["kind", "start_s", "duration_s"]
+    chunks = list(on_disk.chunks("steps", columns))
+    assert max(map(len, chunks)) == 5
+    pd.testing.assert_frame_equal(pd.concat(chunks, ignore_index=True), steps[columns].reset_index(drop=True))

@@ -27,7 +27,8 @@ other source, in the run's :class:`SpecCoverage` (``summary.json``, the console,
 
 A measurement that fails is kept as the engine would meet it: a compile error, crash, timeout or
 out-of-memory aborts the spec's requests (as a compile error does in the engines), and the spec is
-listed in :attr:`SpecCoverage.failed`.
+listed in :attr:`SpecCoverage.failed`: once per content (a corpus item's cache-distinct copies are one
+entry with their count), so the listing is bounded by the corpus, not by the run's length.
 """
 
 from __future__ import annotations
@@ -171,6 +172,47 @@ class SpecCostSettings(BaseModel):
         return SpecCostStore(self.spec_store if self.spec_store is not None else cache_dir() / "spec_costs")
 
 
+class FailedSpec(BaseModel):
+    """A spec content whose measurement failed, as :attr:`SpecCoverage.failed` lists it: the label of the
+    run's first key with it (a copy ``id#copyN`` named by its item ``id``), how many of the run's spec keys
+    have it (an item's copies: one each), and why (status and reason)."""
+
+    model_config = ConfigDict(extra="forbid")
+    label: str
+    copies: int
+    reason: str
+
+    def describe(self) -> str:
+        return f"{self.label}: {self.reason}" + (f" ({self.copies:,} copies)" if self.copies > 1 else "")
+
+
+class _FailedSpecs:
+    """The run's failed spec keys gathered by content and reason as they are met (a run of a million
+    requests has about 10,000 failed copies of a few dozen items): its entries are bounded by the corpus."""
+
+    def __init__(self) -> None:
+        self.by_content: dict[tuple[str, str], list] = {}  # (content, reason) -> [first order, label, copies]
+
+    def add(self, order: int, content: str, label: str, reason: str, copies: int = 1) -> None:
+        entry = self.by_content.get((content, reason))
+        if entry is None:
+            self.by_content[(content, reason)] = [order, label, copies]
+            return
+        entry[2] += copies
+        if order < entry[0]:  # the two pricing paths meet an item's keys out of order: the first one names it
+            entry[0], entry[1] = order, label
+
+    def merge(self, other: _FailedSpecs) -> None:
+        for (content, reason), (order, label, copies) in other.by_content.items():
+            self.add(order, content, label, reason, copies)
+
+    def listed(self) -> list[FailedSpec]:
+        """One entry a content and reason, in the order the run first meets them."""
+        entries = sorted((order, label, copies, reason) for (_, reason), (order, label, copies)
+                         in self.by_content.items())
+        return [FailedSpec(label=label, copies=copies, reason=reason) for _, label, copies, reason in entries]
+
+
 class SpecCoverage(BaseModel):
     """Where a ``model`` run's spec prices came from (``summary.json``'s ``spec_costs``).
 
@@ -181,7 +223,8 @@ class SpecCoverage(BaseModel):
     (:data:`~.spec_store.CONTENDED_PACE`); ``remeasured``: this host's contended
     measurements (specs, a compile sequence, a batch walk) taken again for this
     run because its cores were freer now. ``failed``: specs
-    whose measurement failed (label: status and reason); their requests abort.
+    whose measurement failed, one entry a content (:class:`FailedSpec`: its label, its copies in the run,
+    status and reason); their requests abort.
     ``predictor_error``: per kind, the predictor's held-out median relative
     error of compile time and mean fill (only when specs were predicted).
     ``host_scales``: per other host, the factor its times were scaled by (the score ratio);
@@ -208,7 +251,7 @@ class SpecCoverage(BaseModel):
     measure_wall_s: float = 0.0
     contended: int = 0
     remeasured: int = 0
-    failed: dict[str, str] = {}
+    failed: list[FailedSpec] = []
     predictor_error: dict[str, dict[str, float]] = {}
     host_scales: dict[str, float] = {}
     host_probe: str | None = None
@@ -217,6 +260,24 @@ class SpecCoverage(BaseModel):
     accept_order: str = "alone"
     notes: list[str] = []
     profile_mismatch: str | None = None
+
+    @field_validator("failed", mode="before")
+    @classmethod
+    def _copies_listed_one_by_one(cls, value: Any) -> Any:
+        """A summary saved before failed specs were listed by content (label: reason, one a copy) reads as
+        one entry an item and reason."""
+        if not isinstance(value, dict):
+            return value
+        gathered = _FailedSpecs()
+        for order, (label, reason) in enumerate(value.items()):
+            item = base_spec_id(label)
+            gathered.add(order, item, item, reason)
+        return gathered.listed()
+
+    @property
+    def failed_copies(self) -> int:
+        """How many of the run's spec keys failed (every copy of a failed item)."""
+        return sum(f.copies for f in self.failed)
 
     def request_share(self, source: str) -> float:
         total = sum(self.requests.values())
@@ -263,9 +324,11 @@ class SpecCoverage(BaseModel):
             out.append(f"warning: {self.specs['kind_fallback']} specs were priced by a guess per kind "
                        "(nothing measured or predicted them)")
         if self.failed:
-            shown = "; ".join(f"{k}: {v}" for k, v in list(self.failed.items())[:5])
+            shown = "; ".join(f.describe() for f in self.failed[:5])
             more = f" (and {len(self.failed) - 5} more)" if len(self.failed) > 5 else ""
-            out.append(f"{len(self.failed)} specs failed to measure, their requests abort: {shown}{more}")
+            copies = self.failed_copies
+            keys = f" ({copies:,} spec keys)" if copies != len(self.failed) else ""
+            out.append(f"{len(self.failed)} specs{keys} failed to measure, their requests abort: {shown}{more}")
         if self.profile_mismatch:
             out.append(f"warning: {self.profile_mismatch} (costs.allow_mismatched_profile)")
         return out + self.notes
@@ -344,6 +407,7 @@ class _Copies:
     key: str
     kind: str
     base: str  # the key text the profile's instances of it are known under
+    content: str  # its original's content hash
     keys: int = 0
     requests: int = 0
     texts: set[tuple[int, ...]] = dataclass_field(default_factory=set)
@@ -351,8 +415,8 @@ class _Copies:
 
 class _SharedCopies:
     """Prices a streamed run's copies by their item's content in ``profile`` as the run's requests are read,
-    without a spec record a copy (:func:`price_specs`); the failed ones' labels are kept in key order
-    (``failed``: (key order, label, status)). A copy of an item the profile did not measure is not shared."""
+    without a spec record a copy (:func:`price_specs`); the failed ones are counted by content (``failed``).
+    A copy of an item the profile did not measure is not shared."""
 
     def __init__(self, profile: GrammarProfile) -> None:
         self.profile = profile
@@ -360,7 +424,7 @@ class _SharedCopies:
         for key, content in profile.spec_contents.items():
             self.by_content.setdefault(content, key)
         self.items: dict[str, _Copies | None] = {}  # item key text -> its copies (None: not shared)
-        self.failed: list[tuple[int, str, str]] = []
+        self.failed = _FailedSpecs()
 
     def take(self, r, text: str, order: int) -> bool:
         """Whether copy ``r`` (key ``text``, the ``order``-th key of the run) is priced here."""
@@ -368,11 +432,12 @@ class _SharedCopies:
             return False
         item = spec_key_text(r.spec.kind, base_spec_id(r.spec_id))
         if item not in self.items:
-            key = self.by_content.get(spec_hash(original_of_copy(r.spec)))
+            content = spec_hash(original_of_copy(r.spec))
+            key = self.by_content.get(content)
             found = self.profile.specs[key] if key is not None and key in self.profile.specs else None
             # (a profiled spec without an id knows its instances by each copy's own key: priced copy by copy)
             self.items[item] = None if found is None or found.spec_id is None else _Copies(
-                item, key, r.spec.kind, spec_key_text(found.kind, base_spec_id(found.spec_id)))
+                item, key, r.spec.kind, spec_key_text(found.kind, base_spec_id(found.spec_id)), content)
         copies = self.items[item]
         if copies is None:
             return False
@@ -382,7 +447,7 @@ class _SharedCopies:
             copies.texts.add(r.output_tokens)
         status = self.profile.specs[copies.key].status
         if status not in (None, "ok"):
-            self.failed.append((order, r.spec_id, status))
+            self.failed.add(order, copies.content, base_spec_id(r.spec_id), status)
         return True
 
     def groups(self) -> list[_Copies]:
@@ -986,11 +1051,9 @@ def _price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any],
     if settings.measure_batch_rows is not None and settings.spec_costs != "predict":
         fill_order, accept_order = _in_batch(specs, requests, backend, version, vocab, options, settings, store,
                                              target, progress, probe, remeasure, coverage_notes)
-    failed_in_order = [(s.order, s.label, f"{s.costs.status}: {s.message[:160]}" if s.message else s.costs.status)
-                       for s in specs if s.costs is not None and s.costs.status not in (None, "ok")]
+    failed = _failed(specs)
     if shared is not None:
-        failed_in_order = sorted(failed_in_order + shared.failed)
-    failed = {label: why for _, label, why in failed_in_order}
+        failed.merge(shared.failed)
     profile = _run_profile(base, specs, groups)
     spec_counts = {src: sum(s.source == src for s in specs) for src in SPEC_SOURCES}
     request_counts = {src: sum(s.requests for s in specs if s.source == src) for src in SPEC_SOURCES}
@@ -998,13 +1061,28 @@ def _price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any],
     request_counts["profile"] += sum(c.requests for c in groups)
     coverage = SpecCoverage(
         mode=settings.spec_costs, target_host=target.name, specs=spec_counts, requests=request_counts,
-        measured_now=measured_now, measure_wall_s=wall, failed=failed, predictor_error=errors,
+        measured_now=measured_now, measure_wall_s=wall, failed=failed.listed(), predictor_error=errors,
         host_scales=scales, host_probe=probe.describe() if probe is not None else None, compile_order=order,
         contended=sum(s.contended for s in specs if s.source.startswith("measured")),
         remeasured=remeasure.taken if remeasure is not None else 0,
         fill_order=fill_order, accept_order=accept_order,
         notes=coverage_notes)
     return profile, coverage
+
+
+def _failed(specs: list[_RunSpec]) -> _FailedSpecs:
+    """The specs whose measurement failed, by content (copies share their original, so its hash is taken
+    once an item)."""
+    failed, hashes = _FailedSpecs(), {}
+    for s in specs:
+        if s.costs is None or s.costs.status in (None, "ok"):
+            continue
+        content = hashes.get(s.digest)
+        if content is None:
+            content = hashes[s.digest] = spec_hash(s.original)
+        label = base_spec_id(s.spec_id) if s.spec_id is not None else s.label
+        failed.add(s.order, content, label, f"{s.costs.status}: {s.message[:160]}" if s.message else s.costs.status)
+    return failed
 
 
 def _run_profile(base: GrammarProfile, specs: list[_RunSpec], groups: list[_Copies]) -> GrammarProfile:

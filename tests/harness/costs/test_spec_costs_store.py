@@ -17,7 +17,14 @@ from cdbench.backends.base import ConstraintSpec
 from cdbench.harness.config import RunConfig
 from cdbench.harness.costs.grammar_profile import GrammarProfile
 from cdbench.harness.costs.host import BENCHMARK_VERSION, HostInfo, this_host
-from cdbench.harness.costs.spec_costs import SPEC_SOURCES, SpecCostsError, SpecCostSettings, price_specs
+from cdbench.harness.costs.spec_costs import (
+    SPEC_SOURCES,
+    FailedSpec,
+    SpecCostsError,
+    SpecCostSettings,
+    SpecCoverage,
+    price_specs,
+)
 from cdbench.harness.costs.spec_profile import SpecProfile, spec_key_hash
 from cdbench.harness.costs.spec_store import SpecCostEntry, SpecCostStore, spec_digest
 from cdbench.harness.run import run
@@ -93,10 +100,12 @@ def test_coverage_counts_are_exact(measured):
 def test_a_spec_that_fails_to_compile_is_recorded_listed_and_aborts_its_requests(measured):
     _, _, first, _ = measured
     failed = first.summary.spec_costs.failed
-    assert failed and all(label.startswith("t/broken") for label in failed)
-    assert all(reason.startswith("error: ") and "definitions" in reason for reason in failed.values())
     aborted = first.requests[first.requests["abort_reason"] == "compile_error"]
     assert len(aborted) == first.summary.failed > 0
+    # listed once, by its item, with every copy of it the run met counted
+    assert [f.label for f in failed] == ["t/broken"]
+    assert failed[0].copies == aborted["spec_key"].nunique() == first.summary.spec_costs.failed_copies
+    assert failed[0].reason.startswith("error: ") and "definitions" in failed[0].reason
 
 
 def test_the_store_is_content_addressed_so_other_ids_reuse_the_measurements(measured):
@@ -263,7 +272,7 @@ def test_a_measurement_past_its_timeout_is_recorded_as_timeout_and_aborts_its_re
     requests = [Request(0, 0.0, 16, 8, slow, "r/slow"), Request(1, 0.1, 16, 8, ConstraintSpec("regex", "[ab]"), "r/fast")]
     settings = SpecCostSettings(spec_store=str(tmp_path), measure_timeout_s=2.0, measure_workers=1)
     profile, coverage = price_specs(GrammarProfile.builtin("outlines"), "outlines", {}, "cl100k", requests, settings)
-    assert coverage.failed == {"r/slow": "timeout: compile exceeded 2 s"}
+    assert coverage.failed == [FailedSpec(label="r/slow", copies=1, reason="timeout: compile exceeded 2 s")]
     assert coverage.specs["measured_here"] == 2
     slow_costs = profile.specs[spec_key_hash("regex:r/slow")]
     assert slow_costs.status == "timeout" and slow_costs.compile_s == 2.0
@@ -467,3 +476,16 @@ def test_a_compile_sequence_measured_beside_other_work_is_measured_again(measure
     assert sum(json.loads(path.read_text())["pace"] != 2.0 for path in paths) == 1
     again = run(_config(corpus, tmp_path / "store"))  # (keep: the new one may have shared the cores too)
     assert again.summary.spec_costs.compile_order == "run order"
+
+
+def test_a_summary_listing_failed_copies_one_by_one_reads_as_one_entry_an_item():
+    """``summary.json`` before failed specs were listed by content: label -> reason, a copy each."""
+    old = {"t/a": "error", "t/b#copy1": "unsupported", "t/a#copy3": "error", "t/b#copy2": "unsupported",
+           "t/a#copy9": "timeout"}
+    coverage = SpecCoverage.model_validate({"mode": "measure", "target_host": "h", "specs": {}, "requests": {},
+                                            "failed": old})
+    assert [(f.label, f.copies, f.reason) for f in coverage.failed] == [
+        ("t/a", 2, "error"), ("t/b", 2, "unsupported"), ("t/a", 1, "timeout")]
+    assert coverage.failed_copies == len(old)
+    assert coverage.lines()[-1].startswith("3 specs (5 spec keys) failed to measure, their requests abort: "
+                                           "t/a: error (2 copies); t/b: unsupported (2 copies); t/a: timeout")
