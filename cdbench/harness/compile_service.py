@@ -36,6 +36,8 @@ class CompilePools:
     ``jitter`` is the sigma of each rank's compile time about the spec's (a lognormal); the time given is
     one rank's draw (rank 0's: a grammar profile is measured in one process), so each other rank's is it
     times the ratio of two draws, a lognormal of sigma ``jitter * sqrt(2)``, and one rank alone has none;
+    ``jitter_by_size``: ``(seconds, sigma)`` points that give a compile of its seconds its own sigma
+    (interpolated in log seconds, flat beyond) in place of ``jitter``;
     ``scale`` multiplies each rank's compile times (a slow rank); ``host``:
     the cores every rank's pool shares, which stretch a compile that starts
     beside too many others (``None``: compiles never contend).
@@ -48,8 +50,11 @@ class CompilePools:
     """
 
     def __init__(self, ranks: int, threads: int, jitter: float = 0.0,
-                 scale: tuple[float, ...] | None = None, host: HostCores | None = None) -> None:
+                 scale: tuple[float, ...] | None = None, host: HostCores | None = None,
+                 jitter_by_size: tuple[tuple[float, float], ...] | None = None) -> None:
         self.ranks, self.threads, self.jitter, self.host = ranks, threads, jitter, host
+        self._by_size = None if not jitter_by_size else (np.log([p[0] for p in jitter_by_size]),
+                                                          np.array([p[1] for p in jitter_by_size]))
         self.scale = np.ones(ranks) if scale is None else np.asarray(scale, dtype=np.float64)
         self._free = [[(0.0, tid) for tid in range(threads)] for _ in range(ranks)]
         self._ends = [0.0] * (ranks * threads)  # every thread's free time, sorted (counted at every step)
@@ -86,8 +91,10 @@ class CompilePools:
             start, end, thread = self.submit_one(t, seconds)
             return np.array([start]), np.array([end]), np.array([thread])
         durations = (float(seconds) * self.scale).tolist()
-        if self.jitter > 0:
-            others = rng.lognormal(0.0, self.jitter * math.sqrt(2.0), size=self.ranks - 1).tolist()
+        jitter = self.jitter if self._by_size is None or seconds <= 0 else \
+            float(np.interp(math.log(seconds), *self._by_size))
+        if jitter > 0:
+            others = rng.lognormal(0.0, jitter * math.sqrt(2.0), size=self.ranks - 1).tolist()
             durations = [durations[0], *(d * f for d, f in zip(durations[1:], others))]
         begins = [t if t > heap[0][0] else heap[0][0] for heap in self._free]
         if self.host is not None:  # at each rank's start: the compiles running then, this one's on every rank too

@@ -112,6 +112,10 @@ class SchedulerConfig(BaseModel):
         "live mode shards the forward, one process and GPU a rank) or dp (requests dealt round robin, each rank "
         "its own batch and grammars, no agreement)")
     rank_jitter: float = Field(0.0, ge=0, description="per-rank compile-time jitter: lognormal sigma")
+    rank_jitter_by_size: tuple[tuple[float, float], ...] | None = Field(
+        None, description="per-rank compile-time jitter by the compile's size: (seconds, lognormal sigma) points, "
+        "a compile's sigma interpolated at its seconds in log seconds, flat beyond the points (measured by a live "
+        "tensor-parallel run: costs.rank_costs); None: rank_jitter for every compile")
     rank_compile_scale: tuple[float, ...] | None = Field(
         None, description="per-rank compile-time factors, one per rank (e.g. a slow rank); None: all 1"
     )

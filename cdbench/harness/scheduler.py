@@ -204,7 +204,7 @@ class Scheduler:
         self._stretch_until = math.inf  # when a compile thread frees and the stretch may change
         self._compiles, self._counted_until, self._counted_assigned = 0, -math.inf, -1  # the last count's
         self.pools = CompilePools(R, config.compile_threads, config.rank_jitter, config.rank_compile_scale,
-                                  self._host)
+                                  self._host, config.rank_jitter_by_size)
         self.cache = GrammarCache(config.cache, config.cache_write, config.cache_dedup_inflight,
                                   config.cache_capacity, config.cache_failures)
 

@@ -5,7 +5,9 @@ its live run, :mod:`cdbench.results.live_loop_costs`) replaces the scheduler's r
 live run's rank processes measured:
 
 - ``all_gather_s``: the median grammar all_gather of a poll (``live.json``'s ``ranks.all_gather_s``);
-- ``rank_jitter``: the spread of one spec's compile time among the ranks (``ranks.compile_sigma``);
+- ``rank_jitter``: the spread of one spec's compile time among the ranks (``ranks.compile_sigma``), and
+  ``rank_jitter_by_size`` that spread by the compile's size, from the run's requests
+  (:func:`~cdbench.harness.live.ranks.compile_sigma_by_size`; ``None`` where they kept no compile spread);
 - ``rank_fill_ratios``: each step's slowest rank's mask fill over rank 0's (whose fills the grammar profile
   keeps) beside rank 0's fill, from every rank's own step records (``rank_steps.parquet``,
   :func:`~cdbench.harness.live.rank_steps.fill_ratios`): what a priced step waits for, read from the
@@ -41,7 +43,7 @@ class LiveRankCosts:
 def live_rank_costs(ref: str) -> LiveRankCosts:
     """The rank prices of the live run ``ref``; :class:`ResultsError` naming it when it is not a live
     tensor-parallel run with its ranks' records."""
-    from cdbench.harness.live.ranks import model_parameters, ranks_info_of
+    from cdbench.harness.live.ranks import compile_sigma_by_size, model_parameters, ranks_info_of
     from cdbench.results.pack import open_run
     from cdbench.results.run_folder import LIVE_FILE
 
@@ -68,6 +70,9 @@ def live_rank_costs(ref: str) -> LiveRankCosts:
     values.pop("ranks")
     values["rank_fill_offset"] = spread.offset if spread else 0.0
     values["rank_fill_jitter"] = spread.sigma if spread else 0.0
+    requests = run.read_file("requests.parquet")
+    values["rank_jitter_by_size"] = None if requests is None else \
+        compile_sigma_by_size(pd.read_parquet(io.BytesIO(requests)), info.ranks)
     values["rank_fill_ratios"] = tuple((float(f"{f:.4g}"), float(f"{r:.4g}")) for f, r in fill_ratios(steps)) or None
     filled = int((steps[steps["fill_s"] > 0].groupby("step").size() == info.ranks).sum())
     return LiveRankCosts(run.ref, info.ranks, values, filled)

@@ -169,3 +169,14 @@ def test_the_given_compile_time_is_rank_zeros_and_the_other_ranks_spread_about_i
     assert (ends[:, 0] == 1.0).all()
     assert np.log(ends[:, 1]).std() == pytest.approx(0.2 * np.sqrt(2), rel=0.05)
     assert CompilePools(1, 4, jitter=0.2).submit_one(0.0, 1.0)[1] == 1.0
+
+
+def test_a_compiles_rank_spread_is_the_one_measured_at_its_size():
+    """With spreads by size, a compile takes the sigma at its seconds (interpolated in log seconds, flat beyond
+    the points) in place of the one jitter."""
+    rng = np.random.default_rng(0)
+    for seconds, sigma in ((0.0001, 0.05), (0.001, 0.05), (0.01, 0.15), (0.1, 0.25), (1.0, 0.25)):
+        pools = CompilePools(2, 10_000, jitter=0.01, jitter_by_size=((0.001, 0.05), (0.1, 0.25)))
+        ends = np.array([pools.submit(0.0, seconds, rng)[1] for _ in range(3000)])
+        assert (ends[:, 0] == seconds).all()
+        assert np.log(ends[:, 1] / seconds).std() == pytest.approx(sigma * np.sqrt(2), rel=0.06)

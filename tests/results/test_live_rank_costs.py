@@ -38,14 +38,25 @@ def _records(ranks=2, steps=600, seed=0) -> pd.DataFrame:
     return frame
 
 
-def _live_run(folder, parallel="tp", ranks=2, mode="live", records=True):
+def _compiles(ranks=2, specs=400, seed=0) -> pd.DataFrame:
+    """A tensor-parallel run's merged requests: each spec compiled once on every rank, small compiles spread
+    by a sigma of 0.05 among the ranks and large ones (over 20 ms) by 0.25."""
+    rng = np.random.default_rng(seed)
+    size = np.exp(rng.uniform(np.log(5e-4), np.log(0.5), specs))
+    sigma = np.where(size > 0.02, 0.25, 0.05)
+    seconds = size * rng.lognormal(0.0, 1.0, (ranks, specs)) ** sigma
+    return pd.DataFrame({"cache": "miss", "compile_start_s": 1.0, "compile_end_s": 1.0 + seconds.max(axis=0),
+                         "rank_skew_s": np.ptp(seconds, axis=0)})
+
+
+def _live_run(folder, parallel="tp", ranks=2, mode="live", records=True, compiles=False):
     folder.mkdir(parents=True)
     config = {"mode": mode, "seed": 0, "policy": {"name": "sglang"},
               "scheduler": {"ranks": ranks, "parallel": parallel}}
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
     (folder / "summary.json").write_text(json.dumps({"completed": 1}))
-    for name in ("steps.parquet", "requests.parquet"):
-        pd.DataFrame({"x": [0]}).to_parquet(folder / name, index=False)
+    pd.DataFrame({"x": [0]}).to_parquet(folder / "steps.parquet", index=False)
+    (_compiles(ranks) if compiles else pd.DataFrame({"x": [0]})).to_parquet(folder / "requests.parquet", index=False)
     spread = Spread(100, 7e-4, 6.5e-4, 9e-4, 2e-3)
     info = RanksInfo(parallel, ranks, ["cpu"] * ranks, all_gather_s=spread if parallel == "tp" else None,
                      compile_sigma=0.12 if parallel == "tp" else None)
@@ -82,6 +93,28 @@ def test_a_model_config_takes_the_live_runs_prices(tmp_path):
     assert sched.all_gather_s == 6.5e-4 and sched.rank_jitter == 0.12 and sched.schedule_s == 1e-4
     assert sched.rank_fill_jitter == pytest.approx(SIGMA * np.sqrt(2), rel=0.15)
     assert len(sched.rank_fill_ratios) == 540 and min(r for _, r in sched.rank_fill_ratios) == 1.0
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_the_ranks_compile_spread_is_read_by_size_from_the_runs_requests(ranks):
+    from cdbench.harness.live.ranks import MIN_SPECS_A_SIZE, compile_sigma_by_size
+
+    points = compile_sigma_by_size(_compiles(ranks), ranks)
+    sizes, sigmas = np.array([p[0] for p in points]), np.array([p[1] for p in points])
+    assert len(points) >= 4 and list(sizes) == sorted(sizes)
+    assert sigmas[sizes < 0.004] == pytest.approx(0.05, rel=0.25)  # (bins away from the 20 ms edge)
+    assert sigmas[sizes > 0.06] == pytest.approx(0.25, rel=0.25)
+    assert compile_sigma_by_size(_compiles(ranks, specs=MIN_SPECS_A_SIZE - 1), ranks) is None
+    assert compile_sigma_by_size(pd.DataFrame({"x": [0]}), ranks) is None
+
+
+def test_a_model_config_takes_the_compile_spread_by_size(tmp_path):
+    run = _live_run(tmp_path / "live-a", compiles=True)
+    tree = {"mode": "model", "scheduler": {"ranks": 2},
+            "costs": {"rank_costs": f"live-run:{run}", "fixed_grammar": {}, "fixed_gpu": {}}}
+    by_size = validate_run_config(tree).scheduler_config().rank_jitter_by_size
+    assert by_size and by_size[-1][1] > 3 * by_size[0][1]
+    assert live_rank_costs(str(_live_run(tmp_path / "old"))).values["rank_jitter_by_size"] is None
 
 
 @pytest.mark.parametrize("make,tree,message", [

@@ -428,6 +428,60 @@ def compile_sigma(seconds: np.ndarray) -> float | None:
     return float(np.sqrt((deviations ** 2).sum() / (logs.shape[1] * (ranks - 1))))
 
 
+SIZE_BIN_FACTOR = 4.0
+"""Compiles are grouped by size in bins this many times wide (edges at 5 ms times its powers)."""
+MIN_SPECS_A_SIZE = 5
+"""Fewest compiled specs one size's rank spread is taken from (a bin with fewer joins the next larger)."""
+
+
+def compile_sigma_by_size(requests: pd.DataFrame, ranks: int) -> tuple[tuple[float, float], ...] | None:
+    """The spread of one spec's compile time among ``ranks`` tensor-parallel ranks by the compile's size:
+    ``(seconds, sigma)`` points, from a live run's merged requests (each compiled one's earliest rank start,
+    latest rank end and spread of the ranks' ends, ``rank_skew_s``), ``None`` where it kept none.
+
+    A multi-threaded compile spreads far more among the ranks than a short one: in two-rank runs on an
+    H200 host, specs compiled in under 5 ms spread by a sigma of 0.07-0.11, those above by 0.15-0.24,
+    the same requests in every copy (``reports/fidelity/live_vs_model.md``, "Multi-GPU"), so one sigma
+    (:func:`compile_sigma`) prices the large compiles' spread at half. A request's slowest rank took its
+    end minus its start, its fastest that less the ends' spread; their log ratio is the range of ``ranks``
+    lognormal draws, whose mean square is ``sigma**2`` times that of ``ranks`` standard normals
+    (:func:`_range_square`). The point of a bin is its compiles' geometric mean size.
+    """
+    needed = {"cache", "compile_start_s", "compile_end_s", "rank_skew_s"}
+    if ranks < 2 or not needed <= set(requests.columns):
+        return None
+    compiled = requests[requests["cache"] == "miss"]
+    slow = (compiled["compile_end_s"] - compiled["compile_start_s"]).to_numpy(np.float64)
+    fast = slow - compiled["rank_skew_s"].to_numpy(np.float64)
+    keep = np.isfinite(slow) & np.isfinite(fast) & (fast > 0)
+    slow, fast = slow[keep], fast[keep]
+    if len(slow) < MIN_SPECS_A_SIZE:
+        return None
+    size, log_range = np.sqrt(slow * fast), np.log(slow / fast)
+    order = np.argsort(size)
+    size, log_range = size[order], log_range[order]
+    bins = np.floor(np.log(size / 5e-3) / np.log(SIZE_BIN_FACTOR)).astype(np.int64)
+    groups: list[np.ndarray] = []
+    start = 0
+    for end in [*(np.flatnonzero(np.diff(bins)) + 1), len(size)]:
+        if end - start >= MIN_SPECS_A_SIZE:
+            groups.append(np.arange(start, end))
+            start = end
+    if start < len(size):  # the largest compiles, too few alone: with the bin below
+        groups[-1] = np.arange(groups[-1][0], len(size)) if groups else np.arange(len(size))
+    scale = _range_square(ranks)
+    return tuple((float(f"{np.exp(np.log(size[g]).mean()):.4g}"),
+                  float(f"{np.sqrt((log_range[g] ** 2).mean() / scale):.4g}")) for g in groups)
+
+
+def _range_square(ranks: int) -> float:
+    """The mean square of the range of ``ranks`` standard normal draws (2 for two; by simulation, seeded)."""
+    if ranks == 2:
+        return 2.0
+    draws = np.random.default_rng(0).standard_normal((200_000, ranks))
+    return float((np.ptp(draws, axis=1) ** 2).mean())
+
+
 def model_parameters(info: RanksInfo) -> dict[str, float]:
     """The model's prices of a tensor-parallel run's ranks, from what it measured: ``all_gather_s`` (the
     median exchange), ``rank_jitter`` (the compile spread's sigma), ``rank_fill_offset`` and
