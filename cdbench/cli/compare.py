@@ -104,7 +104,8 @@ def compare(
         if out is not None and overwrite and any(out.resolve() in (run.folder.resolve(), *run.folder.resolve().parents)
                                                  for run in runs.values()):
             raise ConfigError(f"--out {out} holds a run being compared; --overwrite would delete it")
-        out = output_folder(out, default_out_dir("compare-"), "compare", overwrite=overwrite)
+        out = output_folder(out, default_out_dir("compare-"), "compare", overwrite=overwrite,
+                            runs=list(configs.values()) if not run_dirs else [])
     if not run_dirs:
         for label, run_config in configs.items():
             runs[label] = execute(run_config, out / label, label=label)

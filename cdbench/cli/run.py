@@ -67,7 +67,7 @@ def run_command(
     with user_errors():
         tree, source = load_run_tree(config, options, set_)
         run_config = validate_run_config(tree, source)
-        out = output_folder(out, default_out_dir(), "run", overwrite=overwrite)
+        out = output_folder(out, default_out_dir(), "run", overwrite=overwrite, runs=[run_config])
     saved = execute(run_config, out)
     for section in console_sections(saved.summary):
         console.print(to_rich(section))

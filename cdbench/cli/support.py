@@ -17,7 +17,7 @@ import os
 import signal
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -257,12 +257,21 @@ OverwriteOpt = Annotated[bool, typer.Option(
 
 
 def output_folder(out: Path | None, default: Path, command: Command, overwrite: bool = False,
-                  identity: Any = None, resumable: bool = False, adopt: bool = False) -> Path:
+                  identity: Any = None, resumable: bool = False, adopt: bool = False,
+                  runs: Sequence[RunConfig] = ()) -> Path:
     """The folder ``command`` writes into, claimed (see :func:`~cdbench.results.output_folder.claim_folder`):
-    ``out``, or else ``default`` (made unique unless the command resumes there); else a one-line error."""
+    ``out``, or else ``default`` (made unique unless the command resumes there); else a one-line error, also
+    where the folders of ``runs`` would not fit on its disk (:func:`~cdbench.harness.footprint.disk_refusal`:
+    refused before the folder is claimed)."""
     if out is None and not resumable:
         out = new_folder(default)
     folder = out if out is not None else default
+    if runs:
+        from cdbench.harness import footprint
+
+        too_big = footprint.disk_refusal(footprint.folder_bytes(runs), folder)
+        if too_big is not None:
+            raise ConfigError(too_big)
     claim_folder(folder, command, identity=identity, resumable=resumable, overwrite=overwrite, adopt=adopt)
     context = click.get_current_context(silent=True)
     if context is not None:  # the claim lasts as long as the command (a test runs many commands in one process)

@@ -68,7 +68,7 @@ def sweep(
                    for point in points]
         # The same sweep file content resumes; another sweep (or command) is refused.
         out = output_folder(out, Path("runs") / f"sweep-{spec.name}", "sweep", overwrite=overwrite,
-                            identity=spec.model_dump(mode="json"), resumable=True)
+                            identity=spec.model_dump(mode="json"), resumable=True, runs=configs)
     for warning in ineffective_parameters(spec, configs):
         err_console.print(f"[bold yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     failures: list[PointOutcome] = []

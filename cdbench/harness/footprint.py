@@ -20,7 +20,7 @@ grows is the Parquet writers' and readers' metadata (a row group per 131,072 row
 table: about 25 kB a row group of steps while the join writes it, 71 row groups at a
 million requests), tens of MiB at ten million requests, less than the peak's spread
 from run to run. The disk the run folder takes grows with the count (1.6 GB a million
-requests).
+requests): :func:`disk_refusal` refuses results that will not fit beside what is free.
 
 Other runs hold the workload's requests and the scheduler's state for every
 request to their end (``hybrid`` and ``live`` modes, whose executor reads the
@@ -65,7 +65,10 @@ not at its edge.
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psutil
@@ -84,6 +87,10 @@ docstring)."""
 HELD_WORKLOAD_BYTES = 832
 """What a request of the workload adds where the run holds the workload to its end (every run but a streamed
 ``model`` run)."""
+
+FOLDER_BYTES_PER_REQUEST = 1_600
+"""Disk a request adds to its run folder: ten million requests of the built-in default config in ``model`` mode
+took 16 GB (``reports/scheduler_benchmark.md``, "Ten million requests to the end")."""
 
 SECONDS_PER_REQUEST = 405e-6
 """CPU time a request adds to a ``model``-mode run (see the module docstring)."""
@@ -144,6 +151,36 @@ def refusal(config: RunConfig) -> str | None:
         return None
     return (f"{footprint.requests:,} requests need {footprint.describe()}; this machine has "
             f"{_bytes(available)} available: use fewer requests (workload.num_requests)")
+
+
+def folder_bytes(configs: Iterable[RunConfig]) -> int:
+    """The disk the run folders of ``configs`` will take together (:data:`FOLDER_BYTES_PER_REQUEST` a request;
+    a replayed trace counts its file's size, as its requests are not counted before it is read)."""
+    total = 0
+    for config in configs:
+        n = config.workload.num_requests
+        if n is not None:
+            total += n * FOLDER_BYTES_PER_REQUEST
+        elif config.workload.trace is not None and Path(config.workload.trace).is_file():
+            total += Path(config.workload.trace).stat().st_size
+    return total
+
+
+def free_disk(folder: Path) -> int:
+    """Bytes free on the file system ``folder`` is (or will be) on: its nearest existing parent's."""
+    folder = Path(folder).absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return shutil.disk_usage(folder).free
+
+
+def disk_refusal(needed: int, folder: Path) -> str | None:
+    """Why results of ``needed`` bytes cannot be written under ``folder`` (``None``: they fit)."""
+    free = free_disk(folder)
+    if needed <= free:
+        return None
+    return (f"the run folders need about {_bytes(needed)} of disk ({_bytes(FOLDER_BYTES_PER_REQUEST)} a request); "
+            f"{folder} has {_bytes(free)} free: use fewer requests (workload.num_requests) or another --out")
 
 
 def _duration(seconds: float) -> str:

@@ -67,3 +67,42 @@ def test_a_run_that_fits_still_runs(tmp_path, monkeypatch):
     result = runner.invoke(app, ["run", CI, "--requests", "40", "--out", str(tmp_path / "ok")])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "ok" / "summary.json").is_file()
+
+
+@pytest.fixture
+def one_megabyte_of_disk(monkeypatch):
+    monkeypatch.setattr(footprint, "free_disk", lambda folder: 1_000_000)
+
+
+def _refused_for_disk(result, needed: int):
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert f"the run folders need about {footprint._bytes(needed)} of disk" in lines[0], lines[0]
+    assert "has 1.0 MB free" in lines[0] and "Traceback" not in result.output
+
+
+def test_a_run_whose_folder_would_not_fit_on_the_disk_is_refused_before_it_starts(tmp_path, one_megabyte_of_disk):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", CI, "--requests", "1000", "--out", str(out)])
+    _refused_for_disk(result, 1000 * footprint.FOLDER_BYTES_PER_REQUEST)
+    assert _nothing_run(out)
+    small = runner.invoke(app, ["run", CI, "--requests", "100", "--out", str(tmp_path / "small")])
+    assert small.exit_code == 0, small.output  # 160 kB fit
+
+
+def test_compare_and_sweep_check_the_disk_their_runs_need_together(tmp_path, one_megabyte_of_disk):
+    result = runner.invoke(app, ["compare", "--policies", "sglang,vllm", "-c", CI, "--requests", "400",
+                                 "--out", str(tmp_path / "cmp")])
+    _refused_for_disk(result, 2 * 400 * footprint.FOLDER_BYTES_PER_REQUEST)
+    assert _nothing_run(tmp_path / "cmp")
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({"name": "t", "base": CI, "overrides": {"workload.num_requests": 400},
+                                     "grid": {"seed": [1, 2]}}))
+    result = runner.invoke(app, ["sweep", str(sweep), "--out", str(tmp_path / "sw")])
+    _refused_for_disk(result, 2 * 400 * footprint.FOLDER_BYTES_PER_REQUEST)
+    assert _nothing_run(tmp_path / "sw")
+
+
+def test_the_free_disk_is_read_where_the_folder_will_be(tmp_path):
+    assert footprint.free_disk(tmp_path / "not" / "yet") == footprint.free_disk(tmp_path) > 0
