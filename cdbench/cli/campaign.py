@@ -62,8 +62,9 @@ def _adoption(spec: CampaignSpec, out: Path | None, runs: list[PlannedRun], adop
                           f"{earlier[0].run_id}) but no campaign marker; --adopt takes them as finished runs")
     if adopt and not _unclaimed(out):
         raise ConfigError(f"--adopt takes a folder of runs made before campaigns; --out {out} is missing, empty or "
-                          "already a cdbench command's folder" if out is not None else "--adopt needs --out, the "
-                          "folder of the runs made before campaigns")
+                          "already a cdbench command's folder (a campaign's own folder resumes without --adopt: its "
+                          "finished runs kept, the missing ones run)" if out is not None else
+                          "--adopt needs --out, the folder of the runs made before campaigns")
     if adopt and not earlier:
         raise ConfigError(f"--adopt: --out {out} holds none of the campaign's runs at the folders its layout gives "
                           f"(e.g. {runs[0].run_id}); check the layout or --out")

@@ -150,6 +150,10 @@ def test_adopt_refuses_a_folder_it_cannot_take_in_one_line(tmp_path):
     assert "holds none of the campaign's runs at the folders its layout gives (e.g. all/seed0/a-1)" in \
         " ".join(unrelated.output.split())
     assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]
+    own = tmp_path / "own"
+    assert runner.invoke(app, ["campaign", "run", str(spec), "--out", str(own)]).exit_code == 0
+    again = runner.invoke(app, ["campaign", "run", str(spec), "--out", str(own), "--adopt"])
+    assert again.exit_code == 2 and "a campaign's own folder resumes without --adopt" in " ".join(again.output.split())
 
 
 def test_a_run_that_stopped_early_is_not_judged(tmp_path):
