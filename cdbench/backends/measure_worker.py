@@ -149,31 +149,31 @@ class ItemResult:
         return (self.corpus, self.item_id, self.backend)
 
 
-SchedTimes = dict[str, tuple[int, int]]
-"""Per thread of this process (by thread id): nanoseconds on a CPU, and runnable but waiting for one; under
-:data:`WALL`, the monotonic clock's nanoseconds when they were read."""
-WALL = "wall"
+@dataclass(frozen=True)
+class SchedTimes:
+    """This process's threads as the kernel's scheduler counted them at ``wall_ns`` (the monotonic clock):
+    per thread id, nanoseconds on a CPU and runnable but waiting for one."""
+
+    wall_ns: int
+    threads: dict[str, tuple[int, int]]
 
 
 def sched_times() -> SchedTimes | None:
-    """This process's threads' :data:`SchedTimes`, from Linux's ``/proc/self/task/*/schedstat`` (``None``
-    where the kernel does not keep them)."""
-    out: SchedTimes = {}
+    """This process's :class:`SchedTimes`, from Linux's ``/proc/self/task/*/schedstat`` (``None`` where the
+    kernel does not keep them)."""
+    threads: dict[str, tuple[int, int]] = {}
     try:
-        threads = os.listdir("/proc/self/task")
+        tids = os.listdir("/proc/self/task")
     except OSError:
         return None
-    for tid in threads:
+    for tid in tids:
         try:
             with open(f"/proc/self/task/{tid}/schedstat", encoding="ascii") as file:
                 on_cpu, waiting, _ = file.read().split()
         except (OSError, ValueError):
             continue  # the thread ended meanwhile
-        out[tid] = (int(on_cpu), int(waiting))
-    if not out:
-        return None
-    out[WALL] = (time.monotonic_ns(), 0)
-    return out
+        threads[tid] = (int(on_cpu), int(waiting))
+    return SchedTimes(time.monotonic_ns(), threads) if threads else None
 
 
 def sched_delta(before: SchedTimes | None, after: SchedTimes | None) -> tuple[int, int, int] | None:
@@ -185,12 +185,10 @@ def sched_delta(before: SchedTimes | None, after: SchedTimes | None) -> tuple[in
     if before is None or after is None:
         return None
     on_cpu = waiting = 0
-    for tid, (cpu, wait) in after.items():
-        if tid == WALL:
-            continue
-        cpu0, wait0 = before.get(tid, (0, 0))
+    for tid, (cpu, wait) in after.threads.items():
+        cpu0, wait0 = before.threads.get(tid, (0, 0))
         on_cpu, waiting = on_cpu + cpu - cpu0, waiting + wait - wait0
-    return on_cpu, waiting, after[WALL][0] - before[WALL][0]
+    return on_cpu, waiting, after.wall_ns - before.wall_ns
 
 
 def load_plugin(plugin: str) -> None:

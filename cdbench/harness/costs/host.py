@@ -244,7 +244,7 @@ def others_share_now(seconds: float = 0.3) -> float | None:
     (``None``: not Linux)."""
     with CoreShare() as share:
         time.sleep(seconds)
-    return None if share.others_ns is None else share.others_ns / (max(1, len(share.cpus)) * seconds * 1e9)
+    return None if share.others_ns is None else share.others_ns / (max(1, len(share.cpus)) * share.wall_ns)
 
 
 # ----------------------------------------------------------------------------- hosts

@@ -702,7 +702,7 @@ def measure_specs(items: Sequence[SpecToMeasure], backend: str, options: Mapping
     if progress is not None:
         progress(stage, 0.0)
     stored: list[str] = []
-    run = _RunTimes()
+    timed: list[tuple[int, int, int]] = []
     with CoreShare() as share, WorkerPool(pool_settings, warm_up=True, pace=True) as pool:
         for result in pool.run(jobs):
             if result.message.startswith("backend construction failed"):
@@ -710,12 +710,13 @@ def measure_specs(items: Sequence[SpecToMeasure], backend: str, options: Mapping
             store.put(_entry(result, by_digest[result.item_id], result.item_id, backend, version, vocab, host,
                              settings.measure_timeout_s))
             stored.append(result.item_id)
-            run.add(result.sched_ns)
+            if result.sched_ns is not None:
+                timed.append(result.sched_ns)
             done += 1
             if progress is not None:
                 left = (time.perf_counter() - start) / done * (len(jobs) - done)
                 progress(f"{stage}, about {left:.0f} s left", done / len(jobs))
-    pace = run.pace(share)
+    pace = _pace(share, timed)
     if pace is not None:  # known once the workers have ended: each entry stored again with it
         for digest in stored:
             for entry in store.entries(digest):
@@ -724,21 +725,10 @@ def measure_specs(items: Sequence[SpecToMeasure], backend: str, options: Mapping
     return MeasureOutcome(done, time.perf_counter() - start)
 
 
-class _RunTimes:
-    """The run and wait times of a measurement's timed work, summed over its results."""
-
-    def __init__(self) -> None:
-        self.on_cpu_ns = self.waiting_ns = self.wall_ns = 0
-
-    def add(self, sched_ns: tuple[int, int, int] | None) -> None:
-        if sched_ns is not None:
-            self.on_cpu_ns += sched_ns[0]
-            self.waiting_ns += sched_ns[1]
-            self.wall_ns += sched_ns[2]
-
-    def pace(self, share: CoreShare) -> float | None:
-        """How contended the cores were over the measurement (:meth:`~.host.CoreShare.pace`)."""
-        return share.pace(self.on_cpu_ns, self.waiting_ns, self.wall_ns)
+def _pace(share: CoreShare, timed: Sequence[tuple[int, int, int]]) -> float | None:
+    """How contended the cores were over a measurement (:meth:`~.host.CoreShare.pace`) whose results' timed
+    work ran and waited as ``timed`` says (each result's ``sched_ns``, summed)."""
+    return share.pace(*(sum(column) for column in zip(*timed))) if timed else None
 
 
 def measure_sequence(specs: Sequence[ConstraintSpec], backend: str, options: Mapping[str, Any], vocab: str,
@@ -762,14 +752,15 @@ def measure_sequence(specs: Sequence[ConstraintSpec], backend: str, options: Map
     if progress is not None:
         progress(stage, 0.0)
     jobs = [(backend, ProfileTask("spec-sequence", str(i), spec)) for i, spec in enumerate(specs)]
-    run = _RunTimes()
+    timed: list[tuple[int, int, int]] = []
     with CoreShare() as share:
         for repeat in range(repeats):
             with WorkerPool(pool_settings, pace=True) as pool:  # a fresh engine each time, as a run's engine starts
                 for done, result in enumerate(pool.run(jobs), 1):
                     if result.status == "ok" and result.compile_ms is not None:
                         times[repeat, int(result.item_id)] = result.compile_ms / 1e3
-                    run.add(result.sched_ns)
+                    if result.sched_ns is not None:
+                        timed.append(result.sched_ns)
                     if progress is not None:
                         progress(stage, (repeat * len(specs) + done) / (repeats * len(specs)))
     failed = np.isnan(times).any(axis=0)
@@ -777,7 +768,7 @@ def measure_sequence(specs: Sequence[ConstraintSpec], backend: str, options: Map
     host = this_host(store.root)
     entry = SequenceEntry(digest=sequence_digest(backend, version, vocab, options, specs), backend=backend,
                           backend_version=version, vocab=vocab, host=host,
-                          pace=run.pace(share),
+                          pace=_pace(share, timed),
                           compile_s=[None if f else float(t) for f, t in zip(failed, median, strict=True)],
                           measured=f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}")
     store.put_sequence(entry)
@@ -848,10 +839,8 @@ def measure_batch_fills(specs: Sequence[ConstraintSpec], walks: Sequence[tuple[i
     compiles = settings.measure_batch_compiles
     task = BatchWalkTask("spec-batch", "walks", tuple(specs), tuple(walks), width, settings.measure_repeats, gap_s=gap,
                          compiles=compiles)
-    run = _RunTimes()
     with CoreShare() as share, WorkerPool(pool_settings, pace=True) as pool:
         result = next(iter(pool.run([(backend, task)])))
-        run.add(result.sched_ns)
     fill_s: list[list[float | None] | None] = [None] * len(walks)
     accept_s: list[list[float | None] | None] = [None] * len(walks)
     tokens = result.tokens
@@ -867,7 +856,7 @@ def measure_batch_fills(specs: Sequence[ConstraintSpec], walks: Sequence[tuple[i
     entry = BatchFillEntry(
         digest=batch_digest(backend, version, vocab, options, specs, walks, width, gap, compiles), backend=backend,
         backend_version=version, vocab=vocab, host=host, width=width,
-        pace=run.pace(share),
+        pace=_pace(share, [result.sched_ns] if result.sched_ns is not None else []),
         fill_s=fill_s, accept_s=accept_s,
         measured=f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}"
                  + ("" if result.status == "ok" else f", failed: {result.status}: {result.message[:200]}"))

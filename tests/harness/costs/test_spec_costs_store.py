@@ -352,11 +352,11 @@ def test_a_profiles_compile_times_were_measured_in_a_run_and_are_not_replaced_by
 
 
 def test_a_measurements_pace_counts_only_the_waiting_other_work_explains():
-    from cdbench.backends.measure_worker import WALL, sched_delta
+    from cdbench.backends.measure_worker import SchedTimes, sched_delta
     from cdbench.harness.costs.host import CoreShare
 
-    before = {"1": (1_000, 0), "2": (500, 100), WALL: (0, 0)}
-    after = {"1": (3_000, 2_000), "2": (500, 100), "3": (1_000, 0), WALL: (9_000, 0)}  # thread 3 started between
+    before = SchedTimes(0, {"1": (1_000, 0), "2": (500, 100)})
+    after = SchedTimes(9_000, {"1": (3_000, 2_000), "2": (500, 100), "3": (1_000, 0)})  # thread 3 started between
     assert sched_delta(before, after) == (3_000, 2_000, 9_000)
     share = CoreShare()
     share.wall_ns = 10_000
