@@ -3,8 +3,8 @@
 # and cores (benchmarks/campaign_lane.py writes each lane's campaign); the wheels the GPU image lacks in .whl/.
 # Everything comes back as one $OUT/res_PHASE.tgz (the device returns few files). As run on 2026-11-28
 # (reports/fidelity/live_vs_model.md): DL=500 for rk1 and rk2, DL=360 for fam; later DL=330 for famm, DL=380 for famh,
-# DL=450 for rk1, DL=380 for mtp, DL=240 for rk2s, DL=255 for rkt, DL=430 for rk300.
-# usage: DL=SECONDS benchmarks/gpu_campaign_lanes.sh PHASE   (rk1 | rk2 | rk2s | rkt | rk300 | fam | famm | famh | mtp)
+# DL=450 for rk1, DL=380 for mtp, DL=240 for rk2s, DL=255 for rkt, DL=430 for rk300 and rk300d.
+# usage: DL=SECONDS benchmarks/gpu_campaign_lanes.sh PHASE   (rk1 | rk2 | rk2s | rkt | rk300 | rk300d | fam | famm | famh | mtp)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 CDBENCH_CACHE_DIR=/tmp/cdb_cache PYTHONUNBUFFERED=1 \
@@ -34,6 +34,7 @@ case $P in
        lane tpjson campaigns/ranks_under_vs_model.yaml "scheduler.parallel=tp,workload=json" 0,1 0-31 ;;
   # the TP=2 JSON cell with 300 requests a run (campaigns/ranks_under_300_vs_model.yaml)
   rk300) lane tpjson300 campaigns/ranks_under_300_vs_model.yaml "workload=json" 0,1 0-31 ;;
+  rk300d) lane tpdef300 campaigns/ranks_under_300_vs_model.yaml "workload=default" 0,1 0-31 ;;
   rk2) lane tpjson campaigns/ranks_under_vs_model.yaml "scheduler.parallel=tp,workload=json" 0,1 0-15 &
        lane dpjson campaigns/ranks_under_vs_model.yaml "scheduler.parallel=dp,workload=json" 2,3 16-31 & ;;
   fam) lane moeu campaigns/model_family_vs_model.yaml "costs.model=qwen3-30b-a3b,load=under" 0 0-7 &
