@@ -3,19 +3,19 @@
 # and cores (benchmarks/campaign_lane.py writes each lane's campaign); the wheels the GPU image lacks in .whl/.
 # Everything comes back as one $OUT/res_PHASE.tgz (the device returns few files). As run on 2026-11-28
 # (reports/fidelity/live_vs_model.md): DL=500 for rk1 and rk2, DL=360 for fam; later DL=330 for famm, DL=380 for famh,
-# DL=450 for rk1, DL=380 for mtp, DL=240 for rk2s, DL=255 for rkt, DL=430 for rk300 and rk300d.
-# usage: DL=SECONDS benchmarks/gpu_campaign_lanes.sh PHASE   (rk1 | rk2 | rk2s | rkt | rk300 | rk300d | fam | famm | famh | mtp)
+# DL=450 for rk1, DL=380 for mtp, DL=240 for rk2s, DL=255 for rkt, DL=430 for rk300 and rk300d, DL=470 for oos.
+# usage: DL=SECONDS benchmarks/gpu_campaign_lanes.sh PHASE   (rk1 | rk2 | rk2s | rkt | rk300 | rk300d | oos | fam | famm | famh | mtp)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 CDBENCH_CACHE_DIR=/tmp/cdb_cache PYTHONUNBUFFERED=1 \
-  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TRITON_CACHE_DIR=/tmp/triton_cache
+  CDBENCH_CORPORA=${CDBENCH_CORPORA:-$PWD/.cache/corpora} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TRITON_CACHE_DIR=/tmp/triton_cache
 P=$1; R=/tmp/res_$P; mkdir -p $R/logs /tmp/lanes
 { nvidia-smi --query-gpu=index,name,clocks.max.sm,memory.total --format=csv; nproc; git log -1 --format=%H 2>/dev/null;
   python3 -c "import torch, xgrammar; print(torch.__version__, xgrammar.__version__)"; } > $R/logs/device.txt 2>&1
 DL=${DL:-470}
-lane() {  # name campaign filters gpus cores [warm-up model]
-  local name=$1 camp=$2 filt=$3 gpus=$4 cores=$5 warm=${6:-}
-  python3 benchmarks/campaign_lane.py $camp "$filt" /tmp/lanes/$name.yaml > $R/logs/$name.log 2>&1
+lane() {  # name campaign filters gpus cores [warm-up model] [arms kept beside the live ones]
+  local name=$1 camp=$2 filt=$3 gpus=$4 cores=$5 warm=${6:-} keep=${7:-}
+  python3 benchmarks/campaign_lane.py $camp "$filt" /tmp/lanes/$name.yaml $keep > $R/logs/$name.log 2>&1
   if [ -n "$warm" ]; then
     CUDA_VISIBLE_DEVICES=$gpus taskset -c $cores timeout 150 python3 -m cdbench run --mode live --set costs.model=$warm \
       --set costs.gpu=h200 --set workload.num_requests=24 --set workload.arrival.rate=8 --set trace_steps=0 \
@@ -34,6 +34,9 @@ case $P in
        lane tpjson campaigns/ranks_under_vs_model.yaml "scheduler.parallel=tp,workload=json" 0,1 0-31 ;;
   # the TP=2 JSON cell with 300 requests a run (campaigns/ranks_under_300_vs_model.yaml)
   rk300) lane tpjson300 campaigns/ranks_under_300_vs_model.yaml "workload=json" 0,1 0-31 ;;
+  # issue 27's acceptance against live, one policy a GPU, the model arms measuring on the lane's cores
+  oos) lane oossg campaigns/spec_costs_vs_live.yaml "policy.name=sglang" 0 0-15 "" model-defaults,model-own &
+       lane oosvl campaigns/spec_costs_vs_live.yaml "policy.name=vllm" 1 16-31 "" model-defaults,model-own & ;;
   rk300d) lane tpdef300 campaigns/ranks_under_300_vs_model.yaml "workload=default" 0,1 0-31 ;;
   rk2) lane tpjson campaigns/ranks_under_vs_model.yaml "scheduler.parallel=tp,workload=json" 0,1 0-15 &
        lane dpjson campaigns/ranks_under_vs_model.yaml "scheduler.parallel=dp,workload=json" 2,3 16-31 & ;;
