@@ -496,8 +496,10 @@ class Scheduler:
             self.grammar_ok[rid] = self._outcome(key).error is None
             first, last, skew = t, float(end.max()), float(end.max() - end.min())
         else:
-            # a pooled cache hit makes a round trip through the compile pool; a miss compiles
-            seconds = cfg.cache_hit_s if found == "hit" else self._outcome(key).seconds
+            # a pooled cache hit makes a round trip through the compile pool; a miss compiles (once: a key no other
+            # request compiles is not kept, so asking again would compile it again)
+            outcome = None if found == "hit" else self._outcome(key)
+            seconds = cfg.cache_hit_s if outcome is None else outcome.seconds
             if cfg.ranks == 1:  # scalars: one-element arrays cost more than the bookkeeping itself
                 first, last, thread = self.pools.submit_one(t, seconds)
                 end, skew = None, 0.0
@@ -506,8 +508,8 @@ class Scheduler:
                 start, end, threads = self.pools.submit(t, seconds, self.rng_compile)
                 first, last, skew = float(start.min()), float(end.max()), float(end.max() - end.min())
                 self._trace_compile(start, end, threads, key, found)
-            if found == "miss":
-                self.grammar_ok[rid] = self._outcome(key).error is None
+            if outcome is not None:  # (a miss)
+                self.grammar_ok[rid] = outcome.error is None
                 self.cache.submitted(key, np.array([last]) if end is None else end, bool(self.grammar_ok[rid]))
         self.done_at[rid] = last if end is None else end
         self._ready_at[rid] = last

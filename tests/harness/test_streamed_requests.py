@@ -299,8 +299,9 @@ def test_decode_runs_past_a_finish_are_the_steps_one_by_one(name, scheduler, mon
 def test_accept_rows_and_curves_drawn_as_requests_enter_are_those_drawn_as_they_arrive(monkeypatch):
     """New cost specs' accept rows and replayed texts' curves drawn together as their requests enter (entered a
     few at a time, slots reused, the curves' width growing meanwhile; the curves only as far as their answers
-    read them, a text taken again by a longer answer written whole) give the run whose rows and curves are
-    each drawn as its request arrives (at the whole width)."""
+    read them, a text taken again by a longer answer written whole; a text's curve kept once drawn, drawn
+    again only wider or longer) give the run whose rows and curves are each drawn as its request arrives (at the
+    whole width)."""
     config = RunConfig.model_validate({**DEFAULT, "mode": "model", "workload": WORKLOADS["default"]})
     streamed = generate(config.workload, load_vocab(config.vocab), progress=False, held=False)
     requests = list(streamed.iter_requests())
@@ -324,8 +325,22 @@ def test_accept_rows_and_curves_drawn_as_requests_enter_are_those_drawn_as_they_
         write_curve(self, slot, item, reach), narrow.append(self._curve_len[slot] < self.width))[1])
     retaken = []
     narrow: list[bool] = []
+    kept, redrawn = [], []  # texts entering whose kept curve is taken again; curves drawn again no longer
+    curves_ahead = cost_tables.ProfileTables._curves_ahead
+
+    def tracked(self, texts, out_len):
+        before = dict(self._drawn_curves)
+        curves_ahead(self, texts, out_len)
+        for text, (width, curve) in self._drawn_curves.items():
+            old = before.get(text)
+            if old is not None and old[1] is not curve and old[0] == width and len(curve) <= len(old[1]):
+                redrawn.append(text)
+        kept.extend(text for text in texts if text in before and before[text] is self._drawn_curves.get(text))
+
+    monkeypatch.setattr(cost_tables.ProfileTables, "_curves_ahead", tracked)
     ahead = _run(config, requests, count=len(requests))
     assert sum(drawn) == len(requests)
+    assert not redrawn and len(kept) >= 10, (redrawn, len(kept))  # (a text's curve drawn once a width, then kept)
     assert sum(written) > 0.5 * len(requests)  # (most curves taken as drawn ahead)
     assert sum(narrow) > 0.5 * len(requests) and sum(retaken) > 10  # (most of them narrower than the width)
     monkeypatch.setattr(cost_tables, "_DRAWN_AHEAD", 0)  # none drawn ahead

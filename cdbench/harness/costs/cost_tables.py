@@ -374,6 +374,9 @@ _KEYS_REMEMBERED = 1 << 12
 """Spec keys whose cost spec, chain and refusals the tables remember (past it they are computed again)."""
 _DRAWN_AHEAD = 1 << 10  # requests entering at once whose new accept rows and curves are drawn together
 _DRAWN_TOGETHER = 16  # accept rows drawn as one array (in cache)
+# curve values of replayed texts kept once drawn (about 30k for the default workload's thousand texts): a text's
+# curve is the same whenever it is taken again at the same width, so it is drawn once, not again for each request
+_CURVE_VALUES_KEPT = 1 << 22
 
 
 class _Draws:
@@ -593,6 +596,7 @@ class ProfileTables(CostTables):
         self._drawn: dict[tuple, np.ndarray] = {}  # cost spec -> its accept row, drawn as its request entered
         self._bits = np.random.Generator(np.random.PCG64(0))  # (given each stream's state: _draw_ahead)
         self._drawn_curves: dict[str, tuple[int, np.ndarray]] = {}  # replayed text -> (width, its curve), the same
+        self._drawn_values = 0  # the positions of the curves kept there
         # curve slot -> the positions written from its start: the whole width, or as far as the answers read that
         # took it written ahead (a request reads its curve below its answer's length: the rest may be stale)
         self._curve_len: dict[int, int] = {}
@@ -695,21 +699,28 @@ class ProfileTables(CostTables):
 
     def _curves_ahead(self, texts: list[str | None], out_len: np.ndarray) -> None:
         """The curves of the entering requests' replayed ``texts`` (answers of ``out_len`` tokens) that no slot
-        holds, written together at the current width as far as those answers read them (their length + 1): their
-        measured fills, their spec's curve in the gaps, each value as :meth:`_write_curve` writes it alone; for
-        their first requests to take as they arrive, if the width is still the same. Not for texts whose accepts
-        were timed (their accept curves are written as they arrive)."""
-        if len(self._drawn_curves) > _DRAWN_AHEAD:  # (texts of requests that never arrived, or held meanwhile)
-            self._drawn_curves.clear()
+        holds and that were not drawn before at the current width as far, written together at the current width as
+        far as those answers read them (their length + 1): their measured fills, their spec's curve in the gaps, each
+        value as :meth:`_write_curve` writes it alone; kept for the requests that take them as they arrive, if the
+        width is still the same (up to :data:`_CURVE_VALUES_KEPT` positions in all). Not for texts whose accepts were
+        timed (their accept curves are written as they arrive)."""
         held, drawn, instances = self._curves.slot, self._drawn_curves, self.profile.instances
         reach: dict[str, int] = {}  # each text's positions read: the longest of its answers entering, + 1
         for text, length in zip(texts, out_len.tolist()):
             if text is not None and reach.get(text, 0) <= length:
                 reach[text] = length + 1
-        todo = [text for text in reach if ("text", text) not in held and text not in drawn
-                and not instances[text].accept_s]
+        width_now = self.width
+        todo = []
+        for text, read in reach.items():
+            kept = drawn.get(text)
+            if (kept is None or kept[0] != width_now or len(kept[1]) < read) and ("text", text) not in held \
+                    and not instances[text].accept_s:
+                todo.append(text)
         if not todo:
             return
+        if self._drawn_values > _CURVE_VALUES_KEPT:  # (a corpus of many long texts: drawn again past it)
+            drawn.clear()
+            self._drawn_values = 0
         lengths = [reach[text] for text in todo]
         width = max(lengths)  # (the positions past it are not read by the requests taking these curves)
         curves = np.full((len(todo), width), np.nan)
@@ -731,7 +742,11 @@ class ProfileTables(CostTables):
             _scatter(gaps, rows, [spec.fill_head[:width] for _, spec in own], scale)
         np.copyto(curves, gaps, where=np.isnan(curves))
         for text, curve, length in zip(todo, curves, lengths):
-            drawn[text] = (self.width, curve[:length])
+            replaced = drawn.get(text)
+            if replaced is not None:
+                self._drawn_values -= len(replaced[1])
+            drawn[text] = (width_now, curve[:length].copy())  # (not a view holding the others drawn with it)
+            self._drawn_values += length
 
     def _draw_ahead(self, cost_specs: list[tuple | None]) -> None:
         """The accept rows of the entering requests' ``cost_specs`` that no slot holds, drawn together (their
@@ -832,7 +847,7 @@ class ProfileTables(CostTables):
         if what == "spec":
             self.curve[at] = self._spec_curve(which)
         else:
-            drawn = self._drawn_curves.pop(which, None)
+            drawn = self._drawn_curves.get(which)
             if drawn is not None and drawn[0] == self.width and len(drawn[1]) >= reach:  # (written as it entered:
                 self.curve[at.start:at.start + len(drawn[1])] = drawn[1]  # its accepts were not timed)
                 self._curve_len[slot] = len(drawn[1])
@@ -869,8 +884,6 @@ class ProfileTables(CostTables):
                 self.accept_curve = _grown(self.accept_curve, len(self.curve))
             self._write_curve(curve, item, reach)
         else:
-            if text is not None and self._drawn_curves:  # (held since its request entered)
-                self._drawn_curves.pop(text, None)
             if self._curve_len[curve] < reach:  # written ahead for a shorter answer: written whole
                 self._write_curve(curve, item, reach)
         self._curve_slots[rid] = item
