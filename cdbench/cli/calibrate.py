@@ -283,6 +283,8 @@ def fit_table(cal: ForwardCalibration, roofline: np.ndarray, held: np.ndarray | 
             "mixed_row_layer_s", "decode_layer_s")),
         *(f"| {name} | {getattr(cal, name):.4g} |" for name in ("all_reduce_s", "all_reduce_token_s") if cal.tp > 1),
         *([f"| chunk_routing_skew | {cal.chunk_routing_skew:.4g} |"] if cal.chunk_routing_skew is not None else []),
+        *([f"| expert_small_tile_cost | {cal.expert_small_tile_cost:.4g} |"]
+          if cal.expert_small_tile_cost is not None else []),
         *([f"| mtp_pass_s | {cal.mtp_draft.pass_s:.4g} |", f"| mtp_roof_scale | {cal.mtp_draft.roof_scale:.4g} |"]
           if cal.mtp_draft is not None else []),
         "",

@@ -256,6 +256,12 @@ class ForwardCalibration(BaseModel):
     has each prefill chunk's tokens route over ``n_experts / chunk_routing_skew``
     of them while decode rows route uniformly
     (:meth:`~cdbench.harness.costs.forward.ForwardCostModel._experts_touched`).
+    The routed experts run as one grouped GEMM a layer, whose kernel runs a
+    smaller row tile when a step's mean rows an expert are few
+    (:data:`~cdbench.harness.costs.forward.SMALL_TILE_ROWS`, read from torch's
+    dispatch); ``expert_small_tile_cost`` (fitted for a MoE whose measured steps
+    lie on both sides of that switch, None otherwise) has the experts' FLOPs of
+    such a step cost ``1 + expert_small_tile_cost`` times theirs at the large tile.
     ``mtp_draft`` prices the MTP head's drafting passes (:class:`MtpDraftFit`), fitted to the draft shapes
     alone and only where they were measured (a model with an MTP head); the step terms ignore those
     shapes. None: the head's passes are the roofline's at the step fit's efficiencies.
@@ -293,6 +299,9 @@ class ForwardCalibration(BaseModel):
     chunk_routing_skew: float | None = Field(None, ge=1, description="a MoE's prefill chunk routes its tokens over "
                                              "n_experts / chunk_routing_skew experts (1: uniformly over all; None: "
                                              "not fitted, a dense model or a fit made before the term)")
+    expert_small_tile_cost: float | None = Field(None, ge=0, description="a MoE step's routed experts' FLOPs "
+                                                 "cost 1 + this times more when its grouped GEMM runs the small "
+                                                 "tile (mean rows an expert <= SMALL_TILE_ROWS; None: not fitted)")
     mtp_draft: MtpDraftFit | None = Field(None, description="the MTP head's passes, fitted to the draft shapes "
                                           "(None: none measured; priced by the roofline)")
     all_reduce_runs: list[str] = Field(default_factory=list, description="the live tensor-parallel runs whose "

@@ -47,15 +47,21 @@ MAX_ERROR_BAR = 0.10
 # per-layer cost in microseconds, solved where prefill-only steps and steps with decode rows were both
 # measured; the two all-reduce terms, solved only for tp > 1: the latency in microseconds, the per-token
 # time in nanoseconds; solved only for a MoE: a prefill chunk's routing skew (1 otherwise: uniform
-# routing); last, the prefill chunks' attention occupancy in thousands of query rows, solved where a
-# measured chunk follows a cached prefix. Terms not solved stay 0.
-_LOWER = np.array([0.05, 0.05, 0.05, 0.05, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0])
+# routing); the prefill chunks' attention occupancy in thousands of query rows, solved where a
+# measured chunk follows a cached prefix; last, solved only for a MoE with measured steps on both sides of its
+# grouped GEMM's tile switch: the experts' extra FLOP cost at the small tile (a share of their FLOPs, at most
+# 2: three times the large tile's). Terms not solved stay 0.
+_LOWER = np.array([0.05, 0.05, 0.05, 0.05, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0,
+                   0.0])
 _UPPER = np.array([1.5, 1.5, 1.5, 1.5, 64.0, 1e5, 1e4, 1e5, 1024.0, 64.0, 100.0, 1e3, 1e5, 1e3, 500.0, 1e3, 64.0,
-                   1e3])
+                   1e3, 2.0])
 _STARTS = (
-    np.array([0.6, 0.8, 0.5, 0.7, 4.0, 200.0, 10.0, 100.0, 8.0, 4.0, 5.0, 10.0, 100.0, 10.0, 20.0, 30.0, 2.0, 8.0]),
-    np.array([0.8, 0.9, 0.3, 0.5, 2.0, 1000.0, 1.0, 10.0, 32.0, 2.0, 0.0, 1.0, 10.0, 30.0, 40.0, 20.0, 4.0, 16.0]),
-    np.array([0.4, 0.6, 0.8, 0.9, 8.0, 50.0, 50.0, 500.0, 2.0, 8.0, 20.0, 30.0, 500.0, 1.0, 10.0, 50.0, 8.0, 2.0]),
+    np.array([0.6, 0.8, 0.5, 0.7, 4.0, 200.0, 10.0, 100.0, 8.0, 4.0, 5.0, 10.0, 100.0, 10.0, 20.0, 30.0, 2.0, 8.0,
+              0.5]),
+    np.array([0.8, 0.9, 0.3, 0.5, 2.0, 1000.0, 1.0, 10.0, 32.0, 2.0, 0.0, 1.0, 10.0, 30.0, 40.0, 20.0, 4.0, 16.0,
+              1.0]),
+    np.array([0.4, 0.6, 0.8, 0.9, 8.0, 50.0, 50.0, 500.0, 2.0, 8.0, 20.0, 30.0, 500.0, 1.0, 10.0, 50.0, 8.0, 2.0,
+              0.25]),
 )
 _BASE_TERMS = 11
 _SEVERAL_CHUNK_TERMS = (11, 12)
@@ -63,6 +69,7 @@ _DECODE_LAYER_TERMS = (13,)
 _TP_TERMS = (14, 15)
 _MOE_TERM = 16
 _CHUNK_OCCUPANCY_TERM = 17
+_SMALL_TILE_TERM = 18
 
 
 def _params(x: np.ndarray, tp: int = 1, moe: bool = False) -> ForwardParams:
@@ -73,7 +80,7 @@ def _params(x: np.ndarray, tp: int = 1, moe: bool = False) -> ForwardParams:
                          mixed_row_layer_s=x[12] * 1e-9, decode_layer_s=x[13] * 1e-6,
                          all_reduce_s=x[14] * 1e-6 if tp > 1 else None,
                          all_reduce_token_s=x[15] * 1e-9, chunk_routing_skew=x[16] if moe else 1.0,
-                         chunk_attention_rows=x[17] * 1e3)
+                         chunk_attention_rows=x[17] * 1e3, expert_small_tile_cost=x[18] if moe else 0.0)
 
 
 def peak_times(forward: ForwardCostModel, rows: Sequence[ForwardMeasurement]) -> PeakTimes:
@@ -173,12 +180,17 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
 
     best = solve(free, moe=False)
     moe = forward.model.is_moe
+    tile_terms: list[int] = []
     if moe:
         # the routing skew starts also from the fit without it (skew 1: the same prices), so the fit with it
         # never ends at a higher least-squares cost than the one without
         uniform = best.copy()
         uniform[_MOE_TERM] = 1.0
-        best = solve([*free, _MOE_TERM], moe=True, extra_starts=[uniform])
+        # the small tile's cost is told from the rest only by steps on both sides of the switch (tile_terms)
+        small_tile = peak.small_tile_flops_s > 0
+        if small_tile.any() and not small_tile.all():
+            tile_terms.append(_SMALL_TILE_TERM)
+        best = solve([*free, _MOE_TERM, *tile_terms], moe=True, extra_starts=[uniform])
     params = _params(best, tp, moe)
     cal = ForwardCalibration(
         model=forward.model.name, gpu=forward.gpu.name, gpu_device=devices.pop(),
@@ -192,6 +204,7 @@ def fit_calibration(rows: Sequence[ForwardMeasurement], model: str | ModelSpec, 
         mixed_row_layer_s=params.mixed_row_layer_s, decode_layer_s=params.decode_layer_s,
         all_reduce_s=params.all_reduce_s, all_reduce_token_s=params.all_reduce_token_s,
         chunk_routing_skew=params.chunk_routing_skew if moe else None,
+        expert_small_tile_cost=params.expert_small_tile_cost if tile_terms else None,
         all_reduce_runs=list(all_reduce_runs), measurements=measurements, command=command, torch_version=rows[0].torch_version,
         decode_attention=attention.pop(), tp=tp, idle_s=idles.pop(), contexts_written=written.pop(), fit=[],
     )

@@ -20,6 +20,11 @@ uniformly, so a calibration on it measures ρ = 1; a skew measured on real
 traffic (e.g. SGLang's expert-distribution recorder) goes in here. A MoE's
 calibration may route each prefill chunk's tokens over fewer experts than its
 decode rows (``chunk_routing_skew``, :meth:`ForwardCostModel._experts_touched`).
+Its routed experts run as one grouped GEMM a layer (live mode: torch's
+``grouped_mm``), whose kernel takes a smaller row tile when a step's mean rows an
+expert, ``tokens·k/E``, are at most ``SMALL_TILE_ROWS``; a calibration may price
+the experts' FLOPs of such a step ``1 + expert_small_tile_cost`` times
+(:attr:`PeakTimes.small_tile_flops_s`).
 
 A hybrid model's linear-attention (Gated DeltaNet) layers keep a fixed state per
 request instead of a KV cache: a decode row reads and writes its request's state
@@ -81,6 +86,10 @@ ACTIVATION_BYTES = 2  # all-reduced hidden states are bf16
 LINEAR_CHUNK = 64  # flash-linear-attention's chunk size for chunk_gated_delta_rule
 RECURRENT_FLOPS = 7  # per key x value element of a state, one decode token (module docstring)
 CHUNK_STATE_FLOPS = 6  # per key x value element, one prefill token: three state products
+# torch's grouped_mm on Hopper (aten/src/ATen/native/cuda/GroupMM.cu, CUTLASS) runs a 64x128x128 tile when the
+# mean rows a group (expert) are at most 128 (or the GEMM's N is: never, for the experts' 2·width and hidden
+# columns of the MoE specs), else a 128x256x64 tile
+SMALL_TILE_ROWS = 128
 
 
 def attention_pairs(new_tokens, cached_tokens):
@@ -152,6 +161,7 @@ class ForwardParams:
     chunk_routing_skew: float = 1.0
     multi_token_read: float = 0.0
     chunk_attention_rows: float = 0.0
+    expert_small_tile_cost: float = 0.0
 
     @classmethod
     def roofline(cls, gpu: GPUSpec, step_overhead_s: float) -> ForwardParams:
@@ -165,7 +175,7 @@ class ForwardParams:
                    cal.row_layer_s, cal.attention_rows, cal.attention_sharpness, cal.multi_token_s,
                    cal.chunk_layer_s, cal.mixed_row_layer_s, cal.decode_layer_s, cal.all_reduce_s,
                    cal.all_reduce_token_s, cal.chunk_routing_skew or 1.0, cal.multi_token_read,
-                   cal.chunk_attention_rows)
+                   cal.chunk_attention_rows, cal.expert_small_tile_cost or 0.0)
 
 
 @dataclass(frozen=True)
@@ -184,6 +194,8 @@ class PeakTimes:
     all_reduces: int = 0  # per step: two a layer with tensor parallelism, none on one GPU
     expert_bytes_s: object = 0.0  # the routed experts every token routed uniformly touches (weight_bytes_s: the rest)
     prefill_state_s: object = 0.0  # a hybrid's linear-attention layers over the prefill chunks
+    # the routed experts' FLOPs (in linear_flops_s) of a step whose grouped GEMM runs its small tile, else 0
+    small_tile_flops_s: object = 0.0
 
 
 def smooth_max(a, b, sharpness: float):
@@ -250,9 +262,12 @@ class ForwardCostModel:
             # a chunk's routing skew is measured after full-attention layers only (_experts_touched)
             self._skewed_layer_share = m.n_full_attention_layers / m.n_layers
             self._miss_prob = 1.0 - m.experts_per_token * moe_imbalance / m.n_experts  # one token skips one of them
+            self._expert_flops_s_per_token = 2.0 * m.experts_per_token * per_expert / tp / flops_rate
+            self._small_tile_tokens = SMALL_TILE_ROWS * m.n_experts / m.experts_per_token
         else:
             always_read, self._expert_s, self._n_experts, self._miss_prob = m.params_total, 0.0, 0, 1.0
             self._skewed_layer_share = 0.0
+            self._expert_flops_s_per_token, self._small_tile_tokens = 0.0, 0.0
         self.moe_imbalance = moe_imbalance
         self._dense_weight_s = always_read * m.bytes_per_weight / tp / byte_rate
         heads_per_rank = -(-m.n_heads // tp)
@@ -312,10 +327,17 @@ class ForwardCostModel:
             all_reduces=self._all_reduces,
             expert_bytes_s=self._expert_s * experts_touched,
             prefill_state_s=prefill_state_s,
+            # the kernel picks its tile from the step's pairs over all experts, however they are routed
+            small_tile_flops_s=self._expert_flops_s_per_token * tokens * (tokens <= self._small_tile_tokens),
         )
 
     def _parts(self, peak: PeakTimes, params: ForwardParams):
-        lc = peak.linear_flops_s / params.compute_efficiency
+        lc = peak.linear_flops_s
+        if params.expert_small_tile_cost:
+            # measured, not derived: the MoE's prefill steps of at most 2,048 tokens cost more a token than
+            # longer ones, where qwen3-30b-a3b's grouped GEMM changes tile (reports/calibration/README.md)
+            lc = lc + params.expert_small_tile_cost * peak.small_tile_flops_s
+        lc = lc / params.compute_efficiency
         experts = peak.expert_bytes_s
         if params.chunk_routing_skew > 1 and self._expert_s:
             share = self._skewed_layer_share

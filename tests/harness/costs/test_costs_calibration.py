@@ -28,13 +28,7 @@ def test_shipped_for_both_models_on_both_gpus() -> None:
     assert names >= {f"{m}__{g}.json" for m in ("llama-3.1-8b", "qwen3-8b") for g in ("h100-sxm", "h200")}
 
 
-_OVER_THE_BAR = {"qwen3-30b-a3b__h200": "the MoE's grid with written contexts (each request its own token ids): "
-                                     "13.0 % max (prefill 1x8192 +13.0 %), 2.3 % median, the least-squares fit: "
-                                     "the refined one (10.6 %) misses the bar too (reports/calibration/README.md)"}
-
-
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=_OVER_THE_BAR[p.stem]))
-                                  if p.stem in _OVER_THE_BAR else p for p in SHIPPED], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 def test_shipped_fit_meets_the_bar_on_its_measurements(path: Path) -> None:
     cal = ForwardCalibration.load(path)
     rows = read_measurements(REPO / cal.measurements)

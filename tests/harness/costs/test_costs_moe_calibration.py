@@ -1,4 +1,5 @@
-"""MoE forward fits: a prefill chunk's tokens route over a share of the experts, decode rows over all."""
+"""MoE forward fits: a prefill chunk's tokens route over a share of the experts, decode rows over all; the
+experts' grouped GEMM costs more a FLOP at its small tile."""
 
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ def test_dense_models_are_priced_as_before() -> None:
     assert shipped.chunk_routing_skew is None
     base = ForwardCostModel("qwen3-8b", "h100-sxm", forward_calibration=shipped)
     terms = ForwardCostModel("qwen3-8b", "h100-sxm", forward_calibration=shipped.model_copy(
-        update={"chunk_routing_skew": 8.0}))
+        update={"chunk_routing_skew": 8.0, "expert_small_tile_cost": 1.0}))
     for step in (dict(decode_rows=32, decode_kv_tokens=32 * 900),
                  dict(prefill_tokens=512, prefill_context_tokens=float(attention_pairs(512, 0)), prefill_chunks=1),
                  dict(prefill_tokens=512, prefill_context_tokens=2e5, decode_rows=4, decode_kv_tokens=4000,
@@ -95,7 +96,7 @@ def test_dense_models_are_priced_as_before() -> None:
     # a dense fit solves neither term
     rows = read_measurements(REPO / shipped.measurements)
     cal = fit_calibration(rows[::4], "qwen3-8b", "h100-sxm", measurements="x", command="test")
-    assert cal.chunk_routing_skew is None
+    assert cal.chunk_routing_skew is None and cal.expert_small_tile_cost is None
 
 
 def test_the_fit_recovers_a_known_chunk_routing_skew() -> None:
@@ -108,3 +109,47 @@ def test_the_fit_recovers_a_known_chunk_routing_skew() -> None:
     cal = fit_calibration(exact, "qwen3-30b-a3b", "h200", measurements="x", command="test")
     assert cal.max_abs_error < 0.005
     assert cal.chunk_routing_skew == pytest.approx(3.0, rel=0.1)
+
+
+def test_the_experts_flops_cost_more_at_the_grouped_gemms_small_tile() -> None:
+    """torch's grouped GEMM runs a smaller tile while a step's mean rows an expert (tokens x 8 / 128 for
+    qwen3-30b-a3b) are at most 128: up to 2,048 tokens the experts' FLOPs cost 1 + expert_small_tile_cost times
+    theirs above (the shipped fit's measured prefills: 1,024 and 2,048 tokens cost more a token than 4,096 and
+    8,192, reports/calibration/README.md)."""
+    shipped = ForwardCalibration.load(shipped_calibration_path("qwen3-30b-a3b", "h200"))
+    assert shipped.expert_small_tile_cost > 0.1
+    tiled, untiled = moe_model(), moe_model(expert_small_tile_cost=None)
+    spec = tiled.model
+    per_expert = (spec.params_total - spec.active) / (spec.n_experts - spec.experts_per_token)
+
+    def prefill(fwd: ForwardCostModel, n: int):
+        return fwd.breakdown(prefill_tokens=n, prefill_context_tokens=float(attention_pairs(n, 0)), prefill_chunks=1)
+
+    extra = tiled.params.expert_small_tile_cost / tiled.params.compute_efficiency / tiled.gpu.bf16_dense_flops
+    for n, small in ((1, True), (1024, True), (2048, True), (2049, False), (8192, False)):
+        expert_flops = 2.0 * spec.experts_per_token * per_expert * n
+        assert prefill(tiled, n).linear_compute_s - prefill(untiled, n).linear_compute_s == pytest.approx(
+            extra * expert_flops * small, rel=1e-9, abs=1e-15)
+    # one token past the switch the step is priced shorter: the large tile's FLOPs are cheaper
+    assert prefill(tiled, 2049).total_s < prefill(tiled, 2048).total_s
+    assert prefill(untiled, 2049).total_s > prefill(untiled, 2048).total_s
+    # decode rows take part: the tile follows the step's tokens, however they are split
+    mixed = dict(prefill_tokens=2000, prefill_context_tokens=float(attention_pairs(2000, 0)), decode_rows=64,
+                 decode_kv_tokens=64 * 1024, prefill_chunks=1)
+    assert tiled.breakdown(**mixed).linear_compute_s == untiled.breakdown(**mixed).linear_compute_s
+
+
+def test_the_fit_recovers_a_known_small_tile_cost() -> None:
+    truth = ForwardCalibration.load(shipped_calibration_path("qwen3-30b-a3b", "h200")).model_copy(
+        update={"expert_small_tile_cost": 0.6})
+    model = ForwardCostModel("qwen3-30b-a3b", "h200", forward_calibration=truth)
+    rows = read_measurements(REPO / truth.measurements)
+    exact = [dataclasses.replace(r, median_s=model.step_s(r.prefill_tokens, r.prefill_pairs, r.decode_rows,
+                                                          r.decode_kv_tokens, r.prefill_chunks)) for r in rows]
+    cal = fit_calibration(exact, "qwen3-30b-a3b", "h200", measurements="x", command="test")
+    assert cal.max_abs_error < 0.005
+    assert cal.expert_small_tile_cost == pytest.approx(0.6, rel=0.1)
+    # a grid with no step past the switch cannot tell the term from the rest: it is not solved
+    small = [r for r in exact if r.prefill_tokens + r.decode_rows <= 2048]
+    assert fit_calibration(small, "qwen3-30b-a3b", "h200", measurements="x", command="test").expert_small_tile_cost \
+        is None
