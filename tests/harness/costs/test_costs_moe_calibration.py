@@ -99,13 +99,17 @@ def test_dense_models_are_priced_as_before() -> None:
     assert cal.chunk_routing_skew is None and cal.expert_small_tile_cost is None
 
 
-def test_the_fit_recovers_a_known_chunk_routing_skew() -> None:
-    truth = ForwardCalibration.load(shipped_calibration_path("qwen3-30b-a3b", "h200")).model_copy(
-        update={"chunk_routing_skew": 3.0})
+def _priced_exactly(**update):
+    """The MoE's measured grid with every step at the price of the shipped fit with ``update``."""
+    truth = ForwardCalibration.load(shipped_calibration_path("qwen3-30b-a3b", "h200")).model_copy(update=update)
     model = ForwardCostModel("qwen3-30b-a3b", "h200", forward_calibration=truth)
-    rows = read_measurements(REPO / truth.measurements)
-    exact = [dataclasses.replace(r, median_s=model.step_s(r.prefill_tokens, r.prefill_pairs, r.decode_rows,
-                                                          r.decode_kv_tokens, r.prefill_chunks)) for r in rows]
+    return [dataclasses.replace(r, median_s=model.step_s(r.prefill_tokens, r.prefill_pairs, r.decode_rows,
+                                                         r.decode_kv_tokens, r.prefill_chunks))
+            for r in read_measurements(REPO / truth.measurements)]
+
+
+def test_the_fit_recovers_a_known_chunk_routing_skew() -> None:
+    exact = _priced_exactly(chunk_routing_skew=3.0)
     cal = fit_calibration(exact, "qwen3-30b-a3b", "h200", measurements="x", command="test")
     assert cal.max_abs_error < 0.005
     assert cal.chunk_routing_skew == pytest.approx(3.0, rel=0.1)
@@ -140,12 +144,7 @@ def test_the_experts_flops_cost_more_at_the_grouped_gemms_small_tile() -> None:
 
 
 def test_the_fit_recovers_a_known_small_tile_cost() -> None:
-    truth = ForwardCalibration.load(shipped_calibration_path("qwen3-30b-a3b", "h200")).model_copy(
-        update={"expert_small_tile_cost": 0.6})
-    model = ForwardCostModel("qwen3-30b-a3b", "h200", forward_calibration=truth)
-    rows = read_measurements(REPO / truth.measurements)
-    exact = [dataclasses.replace(r, median_s=model.step_s(r.prefill_tokens, r.prefill_pairs, r.decode_rows,
-                                                          r.decode_kv_tokens, r.prefill_chunks)) for r in rows]
+    exact = _priced_exactly(expert_small_tile_cost=0.6)
     cal = fit_calibration(exact, "qwen3-30b-a3b", "h200", measurements="x", command="test")
     assert cal.max_abs_error < 0.005
     assert cal.expert_small_tile_cost == pytest.approx(0.6, rel=0.1)
