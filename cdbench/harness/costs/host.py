@@ -37,7 +37,7 @@ import resource
 import tempfile
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -177,21 +177,27 @@ def run_benchmark() -> float:
 
 # ----------------------------------------------------------------------------- contention
 
-def _busy_ns(cpus: set[int]) -> int | None:
-    """Nanoseconds the CPUs ``cpus`` have been busy since boot, steal included (a hypervisor running
-    something else), from ``/proc/stat`` (``None``: not Linux)."""
+def _busy_ns() -> dict[int, int] | None:
+    """Nanoseconds each CPU has been busy since boot, steal included (a hypervisor running something
+    else), from ``/proc/stat`` (``None``: not Linux)."""
     try:
         with open("/proc/stat", encoding="ascii") as file:
             lines = file.readlines()
     except OSError:
         return None
-    ticks = 0
+    busy = {}
     for line in lines:
         name, *fields = line.split()
-        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+        if name.startswith("cpu") and name[3:].isdigit():
             user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
-            ticks += user + nice + system + irq + softirq + steal
-    return ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+            busy[int(name[3:])] = (user + nice + system + irq + softirq + steal) * 1_000_000_000 // os.sysconf(
+                "SC_CLK_TCK")
+    return busy
+
+
+def _took(before: dict[int, int], after: dict[int, int], cpus: Iterable[int]) -> int:
+    """Busy nanoseconds of ``cpus`` between two :func:`_busy_ns` readings."""
+    return sum(after[c] - before.get(c, after[c]) for c in cpus if c in after)
 
 
 def _own_cpu_ns() -> int:
@@ -212,22 +218,33 @@ class CoreShare:
     the timed work's share of the wall time, could have caused it, since a multi-threaded engine's
     threads also wait for each other where they outnumber the cores. ``/proc/stat`` counts in clock
     ticks (10 ms), so a measurement of under a second reads coarsely.
+
+    ``host_busy``: the share of the host's other CPUs (those this process may not use) busy meanwhile
+    (``None``: there are none, or not Linux). Work there makes no thread of the measurement wait, so
+    :meth:`pace` cannot see it, yet it slows the measurement through the caches and clocks the cores
+    share: twelve busy cores of sixteen slowed xgrammar compiles on the other four by up to 16 % at the
+    median (``reports/fidelity/live_vs_model.md``, "Out of sample again").
     """
 
     def __init__(self) -> None:
         self.cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
         self.others_ns: int | None = None
+        self.host_busy: float | None = None
         self.wall_ns = 0
 
     def __enter__(self) -> CoreShare:
-        self._busy, self._own, self._start = _busy_ns(self.cpus), _own_cpu_ns(), time.monotonic_ns()
+        self._busy, self._own, self._start = _busy_ns(), _own_cpu_ns(), time.monotonic_ns()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        busy = _busy_ns(self.cpus)
+        busy = _busy_ns()
         self.wall_ns = time.monotonic_ns() - self._start
-        if busy is not None and self._busy is not None:
-            self.others_ns = max(0, busy - self._busy - (_own_cpu_ns() - self._own))
+        if busy is None or self._busy is None:
+            return
+        self.others_ns = max(0, _took(self._busy, busy, self.cpus) - (_own_cpu_ns() - self._own))
+        elsewhere = busy.keys() - self.cpus
+        if elsewhere and self.wall_ns > 0:
+            self.host_busy = min(1.0, _took(self._busy, busy, elsewhere) / (len(elsewhere) * self.wall_ns))
 
     def pace(self, on_cpu_ns: int, waiting_ns: int, timed_wall_ns: int) -> float | None:
         """(run + the waiting other work explains) / run of timed work that ran ``timed_wall_ns`` of the

@@ -222,7 +222,9 @@ class SpecCoverage(BaseModel):
     priced by measurements taken while other work shared their host's cores
     (:data:`~.spec_store.CONTENDED_PACE`); ``remeasured``: this host's contended
     measurements (specs, a compile sequence, a batch walk) taken again for this
-    run because its cores were freer now. ``failed``: specs
+    run because its cores were freer now. ``busy_host``: specs priced by measurements taken while the
+    host's other CPUs were mostly busy (:data:`~.spec_store.BUSY_HOST_SHARE`), which their pace cannot
+    show and no run measures again. ``failed``: specs
     whose measurement failed, one entry a content (:class:`FailedSpec`: its label, its copies in the run,
     status and reason); their requests abort.
     ``predictor_error``: per kind, the predictor's held-out median relative
@@ -251,6 +253,7 @@ class SpecCoverage(BaseModel):
     measure_wall_s: float = 0.0
     contended: int = 0
     remeasured: int = 0
+    busy_host: int = 0
     failed: list[FailedSpec] = []
     predictor_error: dict[str, dict[str, float]] = {}
     host_scales: dict[str, float] = {}
@@ -303,6 +306,9 @@ class SpecCoverage(BaseModel):
         if self.contended:
             out.append(f"warning: {self.contended} specs priced by measurements taken while other work shared the "
                        "host's cores (their threads waited for a CPU)")
+        if self.busy_host:
+            out.append(f"note: {self.busy_host} specs priced by measurements taken while the host's other CPUs "
+                       "were mostly busy (such measurements ran up to a sixth slower)")
         if self.compile_order != "alone":
             out.append(f"compile times in the run's order ({self.compile_order}): the engine reuses work of "
                        "earlier compiles")
@@ -359,6 +365,7 @@ class _RunSpec:
     message: str = ""  # why its measurement failed (the entry's message)
     order: int = 0  # its place among the run's keys
     contended: bool = False  # its store entry was measured while other work shared the host's cores
+    busy_host: bool = False  # ... or while the host's other CPUs were mostly busy
 
     @property
     def label(self) -> str:
@@ -562,7 +569,7 @@ def _from_store(store: SpecCostStore, specs: list[_RunSpec], target: HostInfo, s
         s.source = "measured_here" if factors is None else "measured_elsewhere"
         s.costs, s.instances, s.base = entry.costs, entry.instances, instance_base(s.digest)
         s.message = entry.message if entry.status != "ok" else ""
-        s.contended = entry.contended
+        s.contended, s.busy_host = entry.contended, entry.beside_busy_host
         if remeasure is not None and remeasure.wanted(entry):
             s.source = "kind_fallback"  # measured again, then found again
 
@@ -599,8 +606,12 @@ class _Remeasure:
 
 
 def _pace_note(what: str, entry: SequenceEntry | BatchFillEntry) -> list[str]:
-    return [f"{what} measured while other work shared the host's cores (it ran at {1 / entry.pace:.0%} of a "
-            "core; priced as measured)"] if entry.contended else []
+    notes = [f"{what} measured while other work shared the host's cores (it ran at {1 / entry.pace:.0%} of a "
+             "core; priced as measured)"] if entry.contended else []
+    if entry.beside_busy_host:
+        notes.append(f"{what} measured while {entry.host_busy:.0%} of the host's other CPUs were busy (priced "
+                     "as measured)")
+    return notes
 
 
 @dataclass(frozen=True)
@@ -717,11 +728,11 @@ def measure_specs(items: Sequence[SpecToMeasure], backend: str, options: Mapping
                 left = (time.perf_counter() - start) / done * (len(jobs) - done)
                 progress(f"{stage}, about {left:.0f} s left", done / len(jobs))
     pace = _pace(share, timed)
-    if pace is not None:  # known once the workers have ended: each entry stored again with it
+    if pace is not None or share.host_busy is not None:  # known once the workers have ended: stored again
         for digest in stored:
             for entry in store.entries(digest):
                 if entry.host.id == host.id:
-                    store.put(entry.model_copy(update={"pace": pace}))
+                    store.put(entry.model_copy(update={"pace": pace, "host_busy": share.host_busy}))
     return MeasureOutcome(done, time.perf_counter() - start)
 
 
@@ -768,7 +779,7 @@ def measure_sequence(specs: Sequence[ConstraintSpec], backend: str, options: Map
     host = this_host(store.root)
     entry = SequenceEntry(digest=sequence_digest(backend, version, vocab, options, specs), backend=backend,
                           backend_version=version, vocab=vocab, host=host,
-                          pace=_pace(share, timed),
+                          pace=_pace(share, timed), host_busy=share.host_busy,
                           compile_s=[None if f else float(t) for f, t in zip(failed, median, strict=True)],
                           measured=f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}")
     store.put_sequence(entry)
@@ -856,7 +867,7 @@ def measure_batch_fills(specs: Sequence[ConstraintSpec], walks: Sequence[tuple[i
     entry = BatchFillEntry(
         digest=batch_digest(backend, version, vocab, options, specs, walks, width, gap, compiles), backend=backend,
         backend_version=version, vocab=vocab, host=host, width=width,
-        pace=_pace(share, [result.sched_ns] if result.sched_ns is not None else []),
+        pace=_pace(share, [result.sched_ns] if result.sched_ns is not None else []), host_busy=share.host_busy,
         fill_s=fill_s, accept_s=accept_s,
         measured=f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}"
                  + ("" if result.status == "ok" else f", failed: {result.status}: {result.message[:200]}"))
@@ -1053,6 +1064,7 @@ def _price_specs(base: GrammarProfile, backend: str, options: Mapping[str, Any],
         measured_now=measured_now, measure_wall_s=wall, failed=failed.listed(), predictor_error=errors,
         host_scales=scales, host_probe=probe.describe() if probe is not None else None, compile_order=order,
         contended=sum(s.contended for s in specs if s.source.startswith("measured")),
+        busy_host=sum(s.busy_host for s in specs if s.source.startswith("measured")),
         remeasured=remeasure.taken if remeasure is not None else 0,
         fill_order=fill_order, accept_order=accept_order,
         notes=coverage_notes)

@@ -89,6 +89,12 @@ host's cores: its timed work waited for them a tenth as long as it ran, or longe
 (``reports/spec_costs/out_of_sample.md``, "Measurements that know how busy the host was")."""
 
 
+BUSY_HOST_SHARE = 0.5
+"""A measurement taken while the host's other CPUs (those it did not run on) were busier than this share
+(:attr:`_StoreEntry.host_busy`) ran beside a busy host: slower by up to a sixth, which its ``pace`` does
+not show (:class:`~.host.CoreShare`)."""
+
+
 class _StoreEntry(BaseModel):
     """What every store entry is keyed and labelled by: its digest, the engine and vocabulary it measured,
     the host it ran on, when and how, and how contended the host was meanwhile (``pace``)."""
@@ -105,6 +111,15 @@ class _StoreEntry(BaseModel):
         "how contended the host's cores were while this was measured (host.CoreShare.pace: 1.0 not at all, "
         "2.0 its timed work waited for other work as long as it ran); one figure for all that one "
         "measurement took (specs measured together, a sequence's repeats); None: not recorded"))
+    host_busy: float | None = Field(default=None, description=(
+        "the share of the host's other CPUs (those the measurement did not run on) busy meanwhile "
+        "(host.CoreShare.host_busy); None: none, or not recorded"))
+
+    @property
+    def beside_busy_host(self) -> bool:
+        """Whether the host's other CPUs were mostly busy while this was measured (``host_busy`` of
+        :data:`BUSY_HOST_SHARE` or more)."""
+        return self.host_busy is not None and self.host_busy >= BUSY_HOST_SHARE
 
     @property
     def contended(self) -> bool:

@@ -7,6 +7,7 @@ here, so they cost seconds, not minutes.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -369,14 +370,49 @@ def test_a_measurements_pace_counts_only_the_waiting_other_work_explains():
 
 
 def test_the_share_of_the_cores_counts_other_work_and_not_the_process_own(monkeypatch):
+    import os
+
     from cdbench.harness.costs import host
 
-    busy, own = iter([100 * 10**9, 110 * 10**9]), iter([5 * 10**9, 12 * 10**9])
-    monkeypatch.setattr(host, "_busy_ns", lambda cpus: next(busy))
+    mine = sorted(os.sched_getaffinity(0))
+    elsewhere = [max(mine) + 1, max(mine) + 2]  # two CPUs this process may not use
+    readings = iter([{mine[0]: 100 * 10**9, elsewhere[0]: 0, elsewhere[1]: 50 * 10**9},
+                     {mine[0]: 110 * 10**9, elsewhere[0]: 8 * 10**9, elsewhere[1]: 50 * 10**9}])
+    monkeypatch.setattr(host, "_busy_ns", lambda: next(readings))
+    own = iter([5 * 10**9, 12 * 10**9])
     monkeypatch.setattr(host, "_own_cpu_ns", lambda: next(own))
+    clock = iter([0, 10 * 10**9])
+    monkeypatch.setattr(host.time, "monotonic_ns", lambda: next(clock))
     with host.CoreShare() as share:
         pass
     assert share.others_ns == 3 * 10**9  # 10 s busy, 7 of them this process's and its ended children's
+    assert share.host_busy == pytest.approx(8 / 20)  # the other CPUs: 8 s busy of 2 x 10 s
+
+
+@pytest.mark.skipif(not Path("/proc/stat").is_file() or len(os.sched_getaffinity(0)) < 2,
+                    reason="busy times are Linux's; needs a second CPU")
+def test_a_busy_process_on_another_cpu_reads_as_a_busy_host_and_not_as_contention():
+    import subprocess
+    import sys
+
+    code = """
+import os, subprocess, sys, time
+mine, other = sorted(os.sched_getaffinity(0))[:2]
+busy = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.sched_setaffinity(0, {other}))
+os.sched_setaffinity(0, {mine})
+from cdbench.harness.costs.host import CoreShare
+try:
+    time.sleep(0.3)
+    with CoreShare() as share:
+        time.sleep(0.6)
+    print(share.host_busy, os.cpu_count() - 1, share.others_ns / share.wall_ns)
+finally:
+    busy.kill()
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    host_busy, others, mine = (float(v) for v in out.stdout.split()[-3:])
+    assert host_busy >= 0.7 / others  # one busy CPU among the others
+    assert mine < 0.5  # nothing of it on the measurement's own CPU
 
 
 @pytest.mark.skipif(not Path("/proc/stat").is_file(), reason="busy times are Linux's")
@@ -450,6 +486,23 @@ def test_a_contended_measurement_is_taken_again_once_the_cores_are_freer(measure
     assert json.loads(path.read_text())["pace"] != 3.0  # replaced by the new measurement
     assert any("taken again" in line for line in coverage.lines())
     assert coverage.specs == second.summary.spec_costs.specs
+
+
+def test_a_measurement_beside_a_busy_host_is_priced_as_it_is_and_counted(measured, tmp_path):
+    _, corpus, _, second = measured
+    store = _quiet_copy(measured, tmp_path)
+    path = sorted(p for p in store.glob("??/*/*.json") if json.loads(p.read_text())["status"] == "ok")[0]
+    entry = json.loads(path.read_text())
+    entry["host_busy"] = 0.9
+    path.write_text(json.dumps(entry))
+    result = run(_config(corpus, store))
+    coverage = result.summary.spec_costs
+    # the run's specs of that entry's content (a corpus item's copies), not the others
+    assert 1 <= coverage.busy_host < coverage.specs["measured_here"]
+    assert coverage.contended == 0 and coverage.measured_now == 0
+    assert any(line.startswith(f"note: {coverage.busy_host} specs") and "other CPUs" in line
+               for line in coverage.lines())
+    assert result.requests.equals(second.requests)  # priced as measured
 
 
 def test_a_contended_measurement_is_kept_and_flagged_while_the_cores_are_as_busy(measured, tmp_path, monkeypatch):
