@@ -17,7 +17,7 @@ import os
 import signal
 import threading
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -258,14 +258,17 @@ OverwriteOpt = Annotated[bool, typer.Option(
 
 def output_folder(out: Path | None, default: Path, command: Command, overwrite: bool = False,
                   identity: Any = None, resumable: bool = False, adopt: bool = False,
-                  runs: Sequence[RunConfig] = ()) -> Path:
+                  runs: Sequence[RunConfig] | Callable[[Path], Sequence[RunConfig]] = ()) -> Path:
     """The folder ``command`` writes into, claimed (see :func:`~cdbench.results.output_folder.claim_folder`):
     ``out``, or else ``default`` (made unique unless the command resumes there); else a one-line error, also
-    where the folders of ``runs`` would not fit on its disk (:func:`~cdbench.harness.footprint.disk_refusal`:
-    refused before the folder is claimed)."""
+    where the folders of ``runs`` (or of those ``runs(folder)`` gives: a resumed command's runs still to do)
+    would not fit on its disk (:func:`~cdbench.harness.footprint.disk_refusal`: refused before the folder is
+    claimed)."""
     if out is None and not resumable:
         out = new_folder(default)
     folder = out if out is not None else default
+    if callable(runs):
+        runs = runs(folder)
     if runs:
         from cdbench.harness import footprint
 

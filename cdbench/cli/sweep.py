@@ -26,6 +26,7 @@ from cdbench.results.sweep import (
     expand_grid,
     grid_columns,
     ineffective_parameters,
+    is_finished,
     load_sweep,
     point_config,
     run_point,
@@ -67,8 +68,11 @@ def sweep(
         configs = [validate_run_config(point_config(base, point), source=f"sweep point {point.name}")
                    for point in points]
         # The same sweep file content resumes; another sweep (or command) is refused.
+        # the disk asked for: the points a rerun still has to run
         out = output_folder(out, Path("runs") / f"sweep-{spec.name}", "sweep", overwrite=overwrite,
-                            identity=spec.model_dump(mode="json"), resumable=True, runs=configs)
+                            identity=spec.model_dump(mode="json"), resumable=True,
+                            runs=lambda folder: [c for p, c in zip(points, configs, strict=True)
+                                                 if overwrite or not is_finished(folder / p.name)])
     for warning in ineffective_parameters(spec, configs):
         err_console.print(f"[bold yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     failures: list[PointOutcome] = []

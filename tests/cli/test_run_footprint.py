@@ -106,3 +106,20 @@ def test_compare_and_sweep_check_the_disk_their_runs_need_together(tmp_path, one
 
 def test_the_free_disk_is_read_where_the_folder_will_be(tmp_path):
     assert footprint.free_disk(tmp_path / "not" / "yet") == footprint.free_disk(tmp_path) > 0
+
+
+def test_a_resumed_sweep_asks_disk_for_the_points_it_still_has_to_run(tmp_path, monkeypatch):
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({"name": "t", "base": CI, "overrides": {"workload.num_requests": 400},
+                                     "grid": {"seed": [1, 2]}}))
+    out = tmp_path / "sw"
+    first = runner.invoke(app, ["sweep", str(sweep), "--out", str(out)])
+    assert first.exit_code == 0, first.output
+    (out / "seed=2" / "summary.json").unlink()  # one point left to run: 400 requests' folder
+    monkeypatch.setattr(footprint, "free_disk", lambda folder: 1_000_000)
+    resumed = runner.invoke(app, ["sweep", str(sweep), "--out", str(out)])
+    assert resumed.exit_code == 0, resumed.output  # 640 kB fit where both points (1.3 MB) would not
+    assert "1 run, 1 already done" in resumed.output
+    again = runner.invoke(app, ["sweep", str(sweep), "--out", str(out), "--overwrite"])
+    _refused_for_disk(again, 2 * 400 * footprint.FOLDER_BYTES_PER_REQUEST)  # overwriting runs both again
+
