@@ -391,7 +391,7 @@ def test_the_share_of_the_cores_counts_other_work_and_not_the_process_own(monkey
 
 @pytest.mark.skipif(not Path("/proc/stat").is_file() or len(os.sched_getaffinity(0)) < 2,
                     reason="busy times are Linux's; needs a second CPU")
-def test_a_busy_process_on_another_cpu_reads_as_a_busy_host_and_not_as_contention():
+def test_a_busy_process_on_another_cpu_reads_as_a_busy_host():
     import subprocess
     import sys
 
@@ -405,14 +405,13 @@ try:
     time.sleep(0.3)
     with CoreShare() as share:
         time.sleep(0.6)
-    print(share.host_busy, os.cpu_count() - 1, share.others_ns / share.wall_ns)
+    print(share.host_busy, os.cpu_count() - 1)
 finally:
     busy.kill()
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    host_busy, others, mine = (float(v) for v in out.stdout.split()[-3:])
-    assert host_busy >= 0.7 / others  # one busy CPU among the others
-    assert mine < 0.5  # nothing of it on the measurement's own CPU
+    host_busy, others = (float(v) for v in out.stdout.split()[-2:])
+    assert host_busy >= 0.7 / others  # one busy CPU among the others (its own CPU's load is pace's business)
 
 
 @pytest.mark.skipif(not Path("/proc/stat").is_file(), reason="busy times are Linux's")
