@@ -191,6 +191,11 @@ def sched_delta(before: SchedTimes | None, after: SchedTimes | None) -> tuple[in
     return on_cpu, waiting, after.wall_ns - before.wall_ns
 
 
+def sched_since(before: SchedTimes | None) -> tuple[int, int, int] | None:
+    """:func:`sched_delta` from ``before`` to now (``None``, reading nothing, where ``before`` is: not asked)."""
+    return None if before is None else sched_delta(before, sched_times())
+
+
 def load_plugin(plugin: str) -> None:
     """Import ``plugin`` so that it registers its backends.
 
@@ -410,8 +415,7 @@ def profile_item(
         # nothing to walk (a run's compile sequence): no collection either, since a full one empties the
         # caches the next compile would find warm, as no engine's loop does between compiles (xgrammar on
         # Glaive schemas: 2.5 ms a compile after one, 1.5 ms without)
-        if pace:
-            result.sched_ns = sched_delta(before, sched_times())
+        result.sched_ns = sched_since(before)
         return result
     gc.collect()
     # A collection pause inside a timed call would be charged to the engine.
@@ -438,8 +442,7 @@ def profile_item(
         result.walk_error = f"{type(exc).__name__}: {exc}"
     finally:
         gc.enable()
-    if pace:
-        result.sched_ns = sched_delta(before, sched_times())
+    result.sched_ns = sched_since(before)
     return result
 
 
@@ -591,8 +594,7 @@ def worker_main(conn: Any, vocab_name: str, plugins: list[str], rollback_every: 
             conn.send(("compiled", "ok", None))  # the whole walk runs under the walk deadline
             before = sched_times() if pace else None
             result = walk_in_batch(backend_name, backends[backend_name], task)
-            if pace:
-                result.sched_ns = sched_delta(before, sched_times())
+            result.sched_ns = sched_since(before)
         else:
             if warm_up:
                 warm_up_engine(backends[backend_name])
