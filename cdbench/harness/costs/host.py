@@ -185,13 +185,13 @@ def _busy_ns() -> dict[int, int] | None:
             lines = file.readlines()
     except OSError:
         return None
+    tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
     busy = {}
     for line in lines:
         name, *fields = line.split()
         if name.startswith("cpu") and name[3:].isdigit():
             user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
-            busy[int(name[3:])] = (user + nice + system + irq + softirq + steal) * 1_000_000_000 // os.sysconf(
-                "SC_CLK_TCK")
+            busy[int(name[3:])] = (user + nice + system + irq + softirq + steal) * tick_ns
     return busy
 
 
