@@ -70,7 +70,7 @@ def timed(engine, spec: ConstraintSpec, kept: list) -> float | None:
 
 
 class StepLoop:
-    """A decode step of the model replayed back to back on a thread (while ``running``)."""
+    """A decode step of the model (:attr:`replay` launches one), replayed back to back on a thread while entered."""
 
     def __init__(self, model: str, device: str, rows: int, kv: int) -> None:
         self.ref = ReferenceForward(resolve_model(model), device)
@@ -88,18 +88,18 @@ class StepLoop:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 self.ref.step(tokens, cache, routing)
-            self._run = graph.replay
+            self.replay = graph.replay
         else:
             def run():
                 self.ref.step(tokens, cache, routing)
-            self._run = run
+            self.replay = run
         self.steps = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._run()
+            self.replay()
             if self.cuda:
                 torch.cuda.synchronize(self.ref.device)
             self.steps += 1
