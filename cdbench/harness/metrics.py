@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from cdbench.harness.costs.forward_speed import ForwardSpeed
 from cdbench.harness.costs.spec_costs import SpecCoverage
 from cdbench.harness.records import DraftPositionCounts
-from cdbench.harness.windows import TimeWindows
+from cdbench.harness.windows import TimeWindows, latencies
 
 _sum = np.add.reduce
 
@@ -318,11 +318,8 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: LogHistogram, ma
     issued = requests["issued_s"].to_numpy()
     finish = requests["finish_s"].to_numpy()
     duration = float(np.nanmax(finish) - np.nanmin(issued)) if len(requests) and ok.any() else 0.0
-    ttft = (done["first_token_s"] - done["issued_s"]).to_numpy()
-    e2el = (done["finish_s"] - done["issued_s"]).to_numpy()
+    ttft, e2el, tpot = latencies(done)
     out = done["output_tokens"].to_numpy()
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(out > 1, (e2el - ttft) / np.maximum(out - 1, 1), np.nan)
     per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
     goodput = None
     if slo is not None:
