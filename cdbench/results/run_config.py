@@ -5,7 +5,9 @@ large for this machine, and resolves what a live run or a probe measured: ``cost
 into the live run's host costs (:mod:`cdbench.results.live_loop_costs`), ``costs.rank_costs=live-run:<ref>``
 into its ranks' prices (:mod:`cdbench.results.live_rank_costs`), ``costs.forward_speed=live-run:<ref>`` into
 its forward speed (:mod:`cdbench.results.live_forward_speed`), ``costs.forward_speed=probe:<file>`` into
-the probe's, and ``costs.spec_host_scale=probe:<file>`` into that spec-cost probe's scales.
+the probe's, ``costs.spec_host_scale=probe:<file>`` into that spec-cost probe's scales, and
+``costs.spec_host_scale=live-run:<ref>`` into the run's compile speed against the spec-cost store
+(:mod:`cdbench.results.live_compile_speed`).
 """
 
 from __future__ import annotations
@@ -145,22 +147,29 @@ def _with_forward_speed(config: RunConfig, source: str) -> RunConfig:
 
 
 def _with_spec_host_scale(config: RunConfig, source: str) -> RunConfig:
-    """``config`` with its ``costs.spec_host_scale`` probe file read into a
+    """``config`` with its ``costs.spec_host_scale`` source (a probe file, a live or hybrid run) read into a
     :class:`~cdbench.harness.costs.spec_probe.SpecHostScale` that names it (its config.yaml then reruns
-    without the file)."""
+    without the source)."""
     from cdbench.harness.costs.spec_probe import (
         PROBE_PREFIX,
         SpecProbeError,
         read_probe,
     )
+    from cdbench.results.live_compile_speed import live_compile_scale
+    from cdbench.results.live_loop_costs import LIVE_RUN_PREFIX
 
     if config.mode != "model":
         raise ConfigError(f"{source}: costs.spec_host_scale prices a model run's specs; a {config.mode} run times "
                           "its grammar work itself (leave it unset)")
+    value = config.costs.spec_host_scale
+    by_size = {"auto": None, "by_size": True, "median": False}[config.costs.spec_probe_compile]
     try:
-        scale = read_probe(config.costs.spec_host_scale.removeprefix(PROBE_PREFIX),
-                           by_size={"auto": None, "by_size": True, "median": False}[config.costs.spec_probe_compile])
-    except SpecProbeError as err:
+        if value.startswith(LIVE_RUN_PREFIX):
+            scale = live_compile_scale(value.removeprefix(LIVE_RUN_PREFIX), config.costs, config.backend.name,
+                                       config.vocab, config.backend.options, by_size is not False)
+        else:
+            scale = read_probe(value.removeprefix(PROBE_PREFIX), by_size=by_size)
+    except (SpecProbeError, ResultsError) as err:
         raise ConfigError(f"{source}: costs.spec_host_scale: {err}") from None
     return config.model_copy(update={"costs": config.costs.model_copy(update={"spec_host_scale": scale})})
 

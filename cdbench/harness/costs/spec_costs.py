@@ -126,8 +126,10 @@ class SpecCostSettings(BaseModel):
     the compiles leave (``reports/spec_costs/out_of_sample.md``). ``spec_host_scale``: ``probe:<file>``
     (``cdbench host --probe-specs``) prices the run for the probe's host, the specs
     measured on the probed host scaled by the probe's compile and fill scales instead of
-    the score ratio (resolved into a :class:`~.spec_probe.SpecHostScale` when the run's
-    configuration is checked); ``None`` (default): the score ratio. ``spec_probe_compile``:
+    the score ratio; ``live-run:<ref>`` prices its compiles at the speed a live or hybrid run of the same
+    workload compiled them against the store's run-order sequence
+    (:mod:`cdbench.results.live_compile_speed`); either is resolved into a :class:`~.spec_probe.SpecHostScale`
+    when the run's configuration is checked; ``None`` (default): the score ratio. ``spec_probe_compile``:
     ``median`` scales every compile by the probe's median ratio, ``by_size`` each compile by
     the probe's ratio at its stored seconds; ``auto`` (default) by size where the probe compiled
     run-order sequences (measured as the run's compiles are), else by the median.
@@ -154,12 +156,14 @@ class SpecCostSettings(BaseModel):
     @field_validator("spec_host_scale")
     @classmethod
     def _probe_source(cls, value: SpecHostScale | str | None) -> SpecHostScale | str | None:
-        if isinstance(value, str) and not (value.startswith(PROBE_PREFIX) and value.removeprefix(PROBE_PREFIX)):
-            raise ValueError("expected 'probe:<file>' (written by cdbench host --probe-specs)")
+        if isinstance(value, str) and not any(value.startswith(prefix) and value.removeprefix(prefix)
+                                              for prefix in (PROBE_PREFIX, "live-run:")):
+            raise ValueError("expected 'probe:<file>' (written by cdbench host --probe-specs) or "
+                             "'live-run:<run folder or PACK::RUN>' (a live or hybrid run of the workload)")
         return value
 
     def host_scale(self) -> SpecHostScale | None:
-        """``spec_host_scale`` resolved; a ``probe:`` source must have been read
+        """``spec_host_scale`` resolved; a ``probe:`` or ``live-run:`` source must have been read
         (:func:`cdbench.results.run_config.validate_run_config` does) before."""
         if isinstance(self.spec_host_scale, str):
             raise ValueError(f"costs.spec_host_scale {self.spec_host_scale!r} is read when the run's configuration "

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from cdbench.backends.base import ConstraintSpec
@@ -27,6 +28,7 @@ from cdbench.harness.costs.spec_costs import (
     SpecCostsError,
     SpecCostSettings,
     price_specs,
+    run_order,
 )
 from cdbench.harness.costs.spec_probe import (
     ProbedSpec,
@@ -43,14 +45,17 @@ from cdbench.harness.costs.spec_store import (
     SequenceEntry,
     SpecCostEntry,
     SpecCostStore,
+    backend_version,
     sequence_digest,
     spec_digest,
 )
 from cdbench.harness.run import run
 from cdbench.results.config_files import ConfigError
 from cdbench.results.run_config import validate_run_config
+from cdbench.results.run_folder import WORKLOAD_TRACE_FILE
 from cdbench.workloads.generator import generate
 from cdbench.workloads.request import Request
+from cdbench.workloads.trace import read_trace
 
 runner = CliRunner()
 SCHEMAS = [
@@ -80,15 +85,20 @@ def _config(corpus: Path, store: Path, **costs) -> dict:
                          "arrival": {"process": "poisson", "rate": 20.0}}}
 
 
+def _schema_corpus(root: Path) -> Path:
+    corpus = root / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"t/{i}", "kind": "json_schema", "spec": s, "source": "test",
+                                          "license": "CC0"}) + "\n" for i, s in enumerate(SCHEMAS)))
+    return corpus
+
+
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory):
     """A tiny store measured here by a model run, then probed here through the CLI with the run's requests."""
     mp = pytest.MonkeyPatch()
     mp.setattr(host_module, "run_benchmark", lambda: 1.0)
     root = tmp_path_factory.mktemp("probe")
-    corpus = root / "c.jsonl"
-    corpus.write_text("".join(json.dumps({"id": f"t/{i}", "kind": "json_schema", "spec": s, "source": "test",
-                                          "license": "CC0"}) + "\n" for i, s in enumerate(SCHEMAS)))
+    corpus = _schema_corpus(root)
     config = RunConfig.model_validate(_config(corpus, root / "store"))
     first = run(config)
     workload = generate(config.workload, load_vocab("cl100k"), progress=False)
@@ -394,3 +404,81 @@ def test_the_compile_beside_forward_benchmark_times_a_probes_specs_in_three_cond
         assert all(float(r[k]) > 0 for k in ("worker_s", "idle_s", "busy_s")) and int(r["busy_steps"]) >= 0
     printed = capsys.readouterr().out
     assert "stored 0-0.02 s: 1 specs, idle / worker" in printed and "stored 0.2-1 s: 1 specs" in printed
+
+
+@pytest.fixture(scope="module")
+def compiled_in_process(tmp_path_factory):
+    """A hybrid run of six JSON schemas (its compiles timed in its process, as a live run's are), then a model
+    run of the same workload that measured the store's run-order sequence; both saved."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(host_module, "run_benchmark", lambda: 1.0)
+    root = tmp_path_factory.mktemp("live_speed")
+    corpus = _schema_corpus(root)
+    for mode in ("hybrid", "model"):
+        (root / f"{mode}.yaml").write_text(yaml.safe_dump({**_config(corpus, root / "store"), "mode": mode}))
+        result = runner.invoke(app, ["run", str(root / f"{mode}.yaml"), "--out", str(root / mode)])
+        assert result.exit_code == 0, result.output
+    yield root, corpus
+    mp.undo()
+
+
+def test_a_hybrid_or_live_run_prices_the_stores_compiles_at_the_speed_it_compiled_them(compiled_in_process):
+    root, corpus = compiled_in_process
+    source = f"live-run:{root / 'hybrid'}"
+    scale = validate_run_config(_config(corpus, root / "store", spec_costs="strict", spec_host_scale=source,
+                                        spec_probe_compile="median")).costs.spec_host_scale
+    # by hand: each spec's compile in the hybrid run over the store's sequence, in the run's order
+    requests = read_trace(root / "hybrid" / WORKLOAD_TRACE_FILE).workload.requests
+    ordered = run_order(requests, "xgrammar", "cl100k")
+    (sequence,) = SpecCostStore(root / "store").sequences(sequence_digest(
+        "xgrammar", backend_version("xgrammar"), "cl100k", {}, [o.spec for o in ordered]))
+    compiled = GrammarProfile.load(root / "hybrid" / "grammar_profile.json").compile_by_spec
+    ratios = [compiled[o.label] / there for o, there in zip(ordered, sequence.compile_s, strict=True)]
+    assert len(ratios) == len(requests)  # each request its own copy of a schema: 24 specs
+    assert scale.source == source and scale.measured_on == scale.host == sequence.host
+    assert scale.compile_order == scale.compile == ProbeScale.of(ratios)
+    assert scale.compile_by_size == scale.order_by_size == [] and scale.fill is None and scale.fill_scale() == 1.0
+    profile, coverage = _price(SpecCostStore(root / "store"), requests, spec_host_scale=scale)
+    for o, there in zip(ordered, sequence.compile_s, strict=True):
+        assert profile.specs[spec_key_hash(f"json_schema:{o.label}")].compile_s == \
+            pytest.approx(there * scale.compile.scale)
+    assert f"by {source}: compile × {scale.compile.scale:.3f}" in coverage.host_probe
+    # auto: by size, the curve through the run's specs
+    by_size = validate_run_config(_config(corpus, root / "store", spec_costs="strict",
+                                          spec_host_scale=source)).costs.spec_host_scale
+    specs = [ProbedSpec(digest=o.digest, label=o.label, there_s=t, here_s=compiled[o.label])
+             for o, t in zip(ordered, sequence.compile_s, strict=True)]
+    assert by_size.order_by_size == by_size.compile_by_size == compile_curve(specs)
+
+
+def test_a_compile_speed_needs_a_run_that_compiled_and_the_stores_sequence_of_its_workload(compiled_in_process,
+                                                                                          tmp_path):
+    root, corpus = compiled_in_process
+    with pytest.raises(ConfigError, match=r"costs\.spec_host_scale: .*model is a model run: it compiled no spec"):
+        validate_run_config(_config(corpus, root / "store", spec_host_scale=f"live-run:{root / 'model'}"))
+    with pytest.raises(ConfigError, match=r"holds no run-order sequence of .*hybrid's 24 specs .*costs\.spec_costs="
+                                          r"measure"):
+        validate_run_config(_config(corpus, tmp_path / "empty", spec_host_scale=f"live-run:{root / 'hybrid'}"))
+    with pytest.raises(ConfigError, match=r"no such|not a cdbench run"):
+        validate_run_config(_config(corpus, root / "store", spec_host_scale=f"live-run:{tmp_path / 'none'}"))
+    with pytest.raises(ConfigError, match="or 'live-run:<run folder or PACK::RUN>'"):
+        validate_run_config(_config(corpus, root / "store", spec_host_scale="live-run:"))
+
+
+def test_the_compile_order_benchmark_times_a_traces_run_order_in_five_conditions(compiled_in_process, tmp_path,
+                                                                                 capsys):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+    import compile_order_beside_forward
+
+    root, _ = compiled_in_process
+    (tmp_path / "tiny.json").write_text(json.dumps(TINY_MODEL))
+    out = tmp_path / "order.csv"
+    compile_order_beside_forward.main([str(root / "hybrid" / WORKLOAD_TRACE_FILE), "--model",
+                                       str(tmp_path / "tiny.json"), "--device", "cpu", "--rows", "2", "--kv", "8",
+                                       "--queued", "1", "--rounds", "1", "--out", str(out)])
+    rows = list(csv.DictReader(out.open()))
+    assert {r["condition"] for r in rows} == set(compile_order_beside_forward.CONDITIONS)
+    assert len(rows) == 24 * len(compile_order_beside_forward.CONDITIONS)  # each request its own copy
+    assert all(float(r["compile_s"]) > 0 for r in rows)
+    printed = capsys.readouterr().out
+    assert "24 specs in run order (xgrammar, cl100k)" in printed and "sums over worker: process" in printed
