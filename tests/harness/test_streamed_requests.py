@@ -12,6 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scheduler_helpers import SPEC
 
 from cdbench.backends.vocab import load_vocab
@@ -527,3 +529,33 @@ def test_a_blocks_row_sums_are_each_rows_sum_alone():
     for width in (1, 5, 8, 9, 47, 130, 300):
         block = rng.lognormal(-11.0, 1.5, size=(64, width))
         assert np.add.reduce(block, axis=1).tolist() == [float(np.add.reduce(row)) for row in block]
+
+
+_COSTS = st.floats(-1e3, 1e3, allow_nan=False, allow_subnormal=False) | st.floats(1e-9, 1e-1) | st.sampled_from(
+    [1e16, -1e16, 1.0, 3.0e-7])  # (seconds, and magnitudes far apart, where the order of the adds shows)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.lists(_COSTS, min_size=7, max_size=7), min_size=1, max_size=64), st.integers(1, 7))
+def test_fewer_than_8_values_numpy_sums_left_to_right(block, width):
+    """The condition a decode run's sums in Python floats would need (issue 32, "Python floats for small runs"):
+    numpy's reduction of fewer than 8 values, alone or a C-ordered block's rows, is Python's ``sum`` of them
+    (left to right, from 0.0), and its running sum (``np.add.accumulate``) Python's running adds."""
+    values = np.array(block)[:, :width]
+    rows = [row[:width] for row in block]
+    assert np.add.reduce(values, axis=1).tolist() == [sum(row) for row in rows]
+    assert [float(np.add.reduce(np.array(row))) for row in rows] == [sum(row) for row in rows]
+    column = np.array([row[0] for row in block])
+    running, total = [], 0.0
+    for value in column.tolist():
+        total += value
+        running.append(total)
+    assert np.add.accumulate(column).tolist()[1:] == running[1:]  # (the first is the value, 0.0 + value but for -0.0)
+
+
+def test_from_8_values_numpy_sums_pairwise():
+    """... and from 8 values on it does not: its pairwise sum (8 running partial sums) differs from the sum left to
+    right, so a Python-float sum is the array's only on fewer rows."""
+    values = [1e16, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    assert float(np.add.reduce(np.array(values[:7]))) == sum(values[:7])
+    assert float(np.add.reduce(np.array(values))) != sum(values)
