@@ -805,13 +805,18 @@ class Scheduler:
             rows, g_rows, lengths = n, grammar_rows, (steps,)
         else:  # each segment's grammar rows summed as a run of those rows alone sums them
             n_step, g_step, context, used = seg.n_step, seg.g_step, seg.context, seg.used
-            fill_sum = np.empty(steps) if grammar_rows else None
-            process = np.empty(steps)
-            for a, b in zip(seg.starts, seg.stops):
-                cols = None if g_step[a] == grammar_rows else seg.g_alive[a].nonzero()[0]
-                if grammar_rows:
-                    _sum(fill[a:b] if cols is None else fill[a:b].take(cols, axis=1), axis=1, out=fill_sum[a:b])
-                _sum(accept[a:b] if cols is None else accept[a:b].take(cols, axis=1), axis=1, out=process[a:b])
+            if grammar_rows < _SUMMED_IN_TURN:  # (the rows gone as 0.0, which adds nothing to a sum left to right)
+                g_alive = seg.g_alive[:steps]
+                fill_sum = _sum(np.where(g_alive, fill[:steps], 0.0), axis=1) if grammar_rows else None
+                process = _sum(np.where(g_alive, accept[:steps], 0.0), axis=1)
+            else:
+                fill_sum = np.empty(steps) if grammar_rows else None
+                process = np.empty(steps)
+                for a, b in zip(seg.starts, seg.stops):
+                    cols = None if g_step[a] == grammar_rows else seg.g_alive[a].nonzero()[0]
+                    if grammar_rows:
+                        _sum(fill[a:b] if cols is None else fill[a:b].take(cols, axis=1), axis=1, out=fill_sum[a:b])
+                    _sum(accept[a:b] if cols is None else accept[a:b].take(cols, axis=1), axis=1, out=process[a:b])
             rows, g_rows, lengths = n_step, g_step, [b - a for a, b in zip(seg.starts, seg.stops)]
         # the loop's batch forming as the iteration prices it; the first step also pays the work done at events
         schedule = np.empty(steps)
@@ -936,7 +941,7 @@ class Scheduler:
         steps = min(cut)
         if steps < _MIN_RUN:
             return None
-        stops = sorted(set(gen_left[gen_left < steps].tolist()))
+        stops = sorted({left for left in gen_left.tolist() if left < steps})  # (a few rows: one numpy call)
         if not stops or stops[-1] != steps:
             stops.append(steps)
         return _Segments(steps, [0, *stops[:-1]], stops, n_step[:steps], g_step[:steps], g_alive, context[:steps],
@@ -1194,6 +1199,9 @@ def _steps(value, k: int):
 _FEW_QUEUED = 8  # a one-rank poll of at most this many queued requests runs in Python scalars (_poll_few)
 _MIN_RUN = 1  # identical decode steps worth taking at once (_decode_run)
 _RUN = 64  # the most taken at once (more are the next run's): steps priced past the next event are priced in vain
+# numpy sums fewer values than this left to right, as Python adds them (more: pairwise, in 8 running sums;
+# tests/harness/test_streamed_requests.py pins both): a sum of so few values is the same with zeros among them
+_SUMMED_IN_TURN = 8
 
 _SLOTS = 1 << 12  # request slots a scheduler reusing them starts with
 _AHEAD = 1 << 8  # requests entered into their slots at a time, ahead of their issue
