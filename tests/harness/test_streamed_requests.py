@@ -536,14 +536,20 @@ _COSTS = st.floats(-1e3, 1e3, allow_nan=False, allow_subnormal=False) | st.float
 
 
 @settings(max_examples=500, deadline=None)
-@given(st.lists(st.lists(_COSTS, min_size=7, max_size=7), min_size=1, max_size=64), st.integers(1, 7))
-def test_fewer_than_8_values_numpy_sums_left_to_right(block, width):
+@given(st.lists(st.lists(_COSTS, min_size=7, max_size=7), min_size=1, max_size=64), st.integers(1, 7),
+       st.lists(st.integers(0, 64), min_size=7, max_size=7))
+def test_fewer_than_8_values_numpy_sums_left_to_right(block, width, left):
     """The condition a decode run's sums in Python floats would need (issue 32, "Python floats for small runs"):
     numpy's reduction of fewer than 8 values, alone or a C-ordered block's rows, is Python's ``sum`` of them
-    (left to right, from 0.0), and its running sum (``np.add.accumulate``) Python's running adds."""
+    (left to right, from 0.0), and its running sum (``np.add.accumulate``) Python's running adds. So a run's
+    rows summed with the rows gone as 0.0 are the rows still there summed alone (``Scheduler._decode_run``'s
+    segments of fewer than ``_SUMMED_IN_TURN`` grammar rows)."""
     values = np.array(block)[:, :width]
     rows = [row[:width] for row in block]
     assert np.add.reduce(values, axis=1).tolist() == [sum(row) for row in rows]
+    alive = np.array(left[:width]) > np.arange(len(block))[:, None]  # (a row of g tokens left leaves after step g)
+    assert np.add.reduce(np.where(alive, values, 0.0), axis=1).tolist() == \
+        [sum(value for value, there in zip(row, step) if there) for row, step in zip(rows, alive.tolist())]
     assert [float(np.add.reduce(np.array(row))) for row in rows] == [sum(row) for row in rows]
     column = np.array([row[0] for row in block])
     running, total = [], 0.0
@@ -554,8 +560,10 @@ def test_fewer_than_8_values_numpy_sums_left_to_right(block, width):
 
 
 def test_from_8_values_numpy_sums_pairwise():
-    """... and from 8 values on it does not: its pairwise sum (8 running partial sums) differs from the sum left to
-    right, so a Python-float sum is the array's only on fewer rows."""
-    values = [1e16, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
-    assert float(np.add.reduce(np.array(values[:7]))) == sum(values[:7])
+    """... and from 8 values on it does not (``_SUMMED_IN_TURN``): its pairwise sum (8 running partial sums) differs
+    from the sum left to right, so a sum with zeros among the values, or in Python floats, is the array's only on
+    fewer rows."""
+    n = scheduler_module._SUMMED_IN_TURN
+    values = [1e16] + [1.0] * (n - 1)  # (each 1.0 lost added to 1e16 alone; 2.0 and more are not)
+    assert float(np.add.reduce(np.array(values[:n - 1]))) == sum(values[:n - 1])
     assert float(np.add.reduce(np.array(values))) != sum(values)
