@@ -852,13 +852,9 @@ class Scheduler:
             batch.gen_left -= k
             batch.cached += k
             batch.last_tok[:] = t_token[-1]
-            tokens = np.empty(n, np.int64)
-            tokens.fill(k)
-            self.tallies.add([rid, tokens], n * k)
+            self.tallies.add([rid, constant_ints(k, n)], n * k)  # (shared, read-only: the counters only read them)
             if grammar_rows:
-                ones = np.empty(k * grammar_rows, np.int64)
-                ones.fill(1)
-                self.fill_hist.add_steps(fill[:k].ravel(), grammar_rows, ones)
+                self.fill_hist.add_steps(fill[:k].ravel(), grammar_rows, constant_ints(1, k * grammar_rows))
             done = batch.gen_left <= 0
             if _any(done):  # (the run's last step) rows that emitted their last token leave
                 self._leave(slice(None), rid, done, None, float(t_token[-1]))
@@ -872,9 +868,7 @@ class Scheduler:
             self.tallies.add([rid, tokens], len(itl))
             if grammar_rows:
                 values = fill[:k][seg.g_alive[:k]]  # (step by step, each step's rows in order)
-                ones = np.empty(len(values), np.int64)
-                ones.fill(1)
-                self.fill_hist.add_steps(values, g_step, ones)
+                self.fill_hist.add_steps(values, g_step, constant_ints(1, len(values)))
             left = gen_left <= k
             leaving = rid[left]
             last = tokens[left] - 1  # (the step of each one's last token)
@@ -921,7 +915,7 @@ class Scheduler:
         alive = gen_left > col  # (steps, rows): a row of g tokens left emits its last at step g - 1
         n_step = _sum(alive, axis=1)  # (booleans summed as integers)
         g_alive = alive if len(structured) == _any(structured) else alive.compress(structured, axis=1)
-        g_step = _sum(g_alive, axis=1)
+        g_step = n_step if g_alive is alive else _sum(g_alive, axis=1)
         cut = [steps]
         if has_grammar and not g_step[-1]:  # (the grammar rows leave first)
             cut.append(int(np.searchsorted(-g_step, 0)))
