@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 
 _sum = np.add.reduce  # (the cheapest sum on small arrays: see scheduler.py)
 _PARTS = 1 << 12  # decode steps' parts remembered (_decode_parts)
-_PART_TABLES = 16  # and tables of them remembered, one a stretch (_part_table)
+_PART_TABLES = 64  # and tables of them remembered, one a stretch (_part_table: at most about 300 kB each)
+_TABLE_ROWS = 64  # runs of fewer rows take their parts from those tables
 
 
 class StepCost(NamedTuple):
@@ -211,11 +212,12 @@ class StepPricer:
                 raise ValueError("decode steps of rows leaving between them are priced at once only with the "
                                  "bitmask in pinned memory")
             step_rows = rows.tolist()
-            parts = self._part_table(step_rows[0], stretch)  # (the rows only leave: the first step has the most)
-            sizes, pads = self._padded_sizes(step_rows[0])
+            most = step_rows[0]  # (the rows only leave: the first step has the most)
+            sizes, pads = self._padded_sizes(most)
             spans: list[list[int]] = []  # [priced rows, first step, end] of consecutive segments of as many
-            at = 0
+            starts, at = [], 0
             for length in lengths:
+                starts.append(at)
                 size = sizes[step_rows[at]]
                 if spans and spans[-1][0] == size:
                     spans[-1][2] = at + length
@@ -231,8 +233,12 @@ class StepPricer:
                 forward_s = np.empty(len(kv))
                 for size, a, b in spans:
                     forward_s[a:b] = gpu.decode_forward_s(size, fw_kv[a:b])
-            host_fill_s, transfer_s, engine_process_s, copy_s, apply_s, sample_s, launch_s, prep_s, build_s = \
-                parts[:, rows, grammar_rows]  # (each step's segment's parts)
+            if most < _TABLE_ROWS:  # each step's segment's parts
+                parts = self._part_table(most, stretch)[:, rows, grammar_rows]
+            else:  # (a table of more rows would take more memory than the steps save)
+                parts = np.array([self._decode_parts(step_rows[a], int(grammar_rows[a]), stretch)
+                                  for a in starts]).repeat(lengths, axis=0).T
+            host_fill_s, transfer_s, engine_process_s, copy_s, apply_s, sample_s, launch_s, prep_s, build_s = parts
         fill = fill_s * stretch if fill_s is not None else np.zeros(len(kv))
         fill += host_fill_s
         process = process_s * stretch + engine_process_s
@@ -278,12 +284,13 @@ class StepPricer:
         return parts
 
     def _part_table(self, rows: int, stretch: float) -> np.ndarray:
-        """:meth:`_decode_parts` of every count of rows up to at least ``rows`` and of grammar rows up to those, as
-        one array ``[part, rows, grammar rows]`` (remembered by stretch, grown for a run of more rows): a decode
-        run's steps of several segments gather their parts at once, not a segment at a time."""
+        """:meth:`_decode_parts` of every count of rows up to at least ``rows`` (fewer than :data:`_TABLE_ROWS`) and
+        of grammar rows up to those, as one array ``[part, rows, grammar rows]`` (remembered by stretch, grown for a
+        run of more rows): a decode run's steps of several segments gather their parts at once, not a segment at a
+        time."""
         table = self._part_tables.get(stretch)
         if table is None or table.shape[1] <= rows:
-            size = max(rows + 1, 2 * table.shape[1] if table is not None else 16)
+            size = min(max(rows + 1, 2 * table.shape[1] if table is not None else 8), _TABLE_ROWS)
             table = np.zeros((9, size, size))
             for n in range(1, size):  # (a step has rows)
                 for g in range(n + 1):

@@ -18,7 +18,7 @@ from scheduler_helpers import SPEC
 
 from cdbench.backends.vocab import load_vocab
 from cdbench.harness import scheduler as scheduler_module
-from cdbench.harness import tallies
+from cdbench.harness import step_cost, tallies
 from cdbench.harness.config import RunConfig
 from cdbench.harness.costs import cost_tables
 from cdbench.harness.costs.gpu import FixedGpuCosts
@@ -279,12 +279,18 @@ def test_decode_runs_taken_at_once_are_the_steps_one_by_one(name, monkeypatch):
         assert not any(past)
 
 
-@pytest.mark.parametrize("name, scheduler", [("sglang", {}), ("sglang", {"schedule_s": 0.03}), ("vllm-0.10", {})])
-def test_decode_runs_past_a_finish_are_the_steps_one_by_one(name, scheduler, monkeypatch):
+@pytest.mark.parametrize("name, scheduler, table_rows", [("sglang", {}, None), ("sglang", {}, 1),
+                                                         ("sglang", {"schedule_s": 0.03}, None),
+                                                         ("vllm-0.10", {}, None)])
+def test_decode_runs_past_a_finish_are_the_steps_one_by_one(name, scheduler, table_rows, monkeypatch):
     """A third of the default workload's requests unconstrained (and longer): runs go on past rows' last
     tokens, the batch and its grammar rows shrinking (and stop where no grammar row is left: a step without
     one is timed otherwise, as a loop slower than the forward shows), where the bitmask is pinned (SGLang);
-    not where its copy waits for the forward (vLLM 0.10's pageable bitmask). Either way, the steps one by one."""
+    not where its copy waits for the forward (vLLM 0.10's pageable bitmask). Either way, the steps one by one; and
+    so with the segments' parts built a segment at a time (``table_rows``: as for runs of more rows than the
+    pricer's tables hold)."""
+    if table_rows is not None:
+        monkeypatch.setattr(step_cost, "_TABLE_ROWS", table_rows)
     config = RunConfig.model_validate({**DEFAULT, "mode": "model", "policy": {"name": name}, "scheduler": scheduler,
                                        "workload": dict(WORKLOADS["default"], arrival={"process": "poisson",
                                                                                       "rate": 5.0})})
