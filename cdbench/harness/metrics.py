@@ -77,14 +77,16 @@ class LogHistogram:
         order: binned where the steps added one by one are (what is binned together is summed together, so
         the sums do not change)."""
         at = 0
-        ends = None if isinstance(per_step, int) else np.add.accumulate(per_step)  # (each step's end)
+        ends = None  # (each step's end, where a step fills the buffer)
         while per_step is not None and len(values) - at + self._buffered >= self.BUFFER:
             need = at + self.BUFFER - self._buffered  # the step that fills the buffer ends at or past it
-            if ends is None:
+            if isinstance(per_step, int):
                 if not per_step:
                     break
                 end = at + -(-(need - at) // per_step) * per_step
             else:
+                if ends is None:
+                    ends = np.add.accumulate(per_step)
                 end = int(ends[ends.searchsorted(need)])
             self.add(values[at:end], None if weights is None else weights[at:end])
             at = end

@@ -805,13 +805,18 @@ class Scheduler:
             rows, g_rows, lengths = n, grammar_rows, (steps,)
         else:  # each segment's grammar rows summed as a run of those rows alone sums them
             n_step, g_step, context, used = seg.n_step, seg.g_step, seg.context, seg.used
-            fill_sum = np.empty(steps) if grammar_rows else None
-            process = np.empty(steps)
-            for a, b in zip(seg.starts, seg.stops):
-                cols = None if g_step[a] == grammar_rows else seg.g_alive[a].nonzero()[0]
-                if grammar_rows:
-                    _sum(fill[a:b] if cols is None else fill[a:b].take(cols, axis=1), axis=1, out=fill_sum[a:b])
-                _sum(accept[a:b] if cols is None else accept[a:b].take(cols, axis=1), axis=1, out=process[a:b])
+            if grammar_rows < _SUMMED_IN_TURN:  # (the rows gone as 0.0, which adds nothing to a sum left to right)
+                g_alive = seg.g_alive[:steps]
+                fill_sum = _sum(np.where(g_alive, fill[:steps], 0.0), axis=1) if grammar_rows else None
+                process = _sum(np.where(g_alive, accept[:steps], 0.0), axis=1)
+            else:
+                fill_sum = np.empty(steps) if grammar_rows else None
+                process = np.empty(steps)
+                for a, b in zip(seg.starts, seg.stops):
+                    cols = None if g_step[a] == grammar_rows else seg.g_alive[a].nonzero()[0]
+                    if grammar_rows:
+                        _sum(fill[a:b] if cols is None else fill[a:b].take(cols, axis=1), axis=1, out=fill_sum[a:b])
+                    _sum(accept[a:b] if cols is None else accept[a:b].take(cols, axis=1), axis=1, out=process[a:b])
             rows, g_rows, lengths = n_step, g_step, [b - a for a, b in zip(seg.starts, seg.stops)]
         # the loop's batch forming as the iteration prices it; the first step also pays the work done at events
         schedule = np.empty(steps)
@@ -847,13 +852,9 @@ class Scheduler:
             batch.gen_left -= k
             batch.cached += k
             batch.last_tok[:] = t_token[-1]
-            tokens = np.empty(n, np.int64)
-            tokens.fill(k)
-            self.tallies.add([rid, tokens], n * k)
+            self.tallies.add([rid, constant_ints(k, n)], n * k)  # (shared, read-only: the counters only read them)
             if grammar_rows:
-                ones = np.empty(k * grammar_rows, np.int64)
-                ones.fill(1)
-                self.fill_hist.add_steps(fill[:k].ravel(), grammar_rows, ones)
+                self.fill_hist.add_steps(fill[:k].ravel(), grammar_rows, constant_ints(1, k * grammar_rows))
             done = batch.gen_left <= 0
             if _any(done):  # (the run's last step) rows that emitted their last token leave
                 self._leave(slice(None), rid, done, None, float(t_token[-1]))
@@ -867,9 +868,7 @@ class Scheduler:
             self.tallies.add([rid, tokens], len(itl))
             if grammar_rows:
                 values = fill[:k][seg.g_alive[:k]]  # (step by step, each step's rows in order)
-                ones = np.empty(len(values), np.int64)
-                ones.fill(1)
-                self.fill_hist.add_steps(values, g_step, ones)
+                self.fill_hist.add_steps(values, g_step, constant_ints(1, len(values)))
             left = gen_left <= k
             leaving = rid[left]
             last = tokens[left] - 1  # (the step of each one's last token)
@@ -916,7 +915,7 @@ class Scheduler:
         alive = gen_left > col  # (steps, rows): a row of g tokens left emits its last at step g - 1
         n_step = _sum(alive, axis=1)  # (booleans summed as integers)
         g_alive = alive if len(structured) == _any(structured) else alive.compress(structured, axis=1)
-        g_step = _sum(g_alive, axis=1)
+        g_step = n_step if g_alive is alive else _sum(g_alive, axis=1)
         cut = [steps]
         if has_grammar and not g_step[-1]:  # (the grammar rows leave first)
             cut.append(int(np.searchsorted(-g_step, 0)))
@@ -936,7 +935,7 @@ class Scheduler:
         steps = min(cut)
         if steps < _MIN_RUN:
             return None
-        stops = sorted(set(gen_left[gen_left < steps].tolist()))
+        stops = sorted({left for left in gen_left.tolist() if left < steps})  # (a few rows: one numpy call)
         if not stops or stops[-1] != steps:
             stops.append(steps)
         return _Segments(steps, [0, *stops[:-1]], stops, n_step[:steps], g_step[:steps], g_alive, context[:steps],
@@ -1194,6 +1193,9 @@ def _steps(value, k: int):
 _FEW_QUEUED = 8  # a one-rank poll of at most this many queued requests runs in Python scalars (_poll_few)
 _MIN_RUN = 1  # identical decode steps worth taking at once (_decode_run)
 _RUN = 64  # the most taken at once (more are the next run's): steps priced past the next event are priced in vain
+# numpy sums fewer values than this left to right, as Python adds them (more: pairwise, in 8 running sums;
+# tests/harness/test_streamed_requests.py pins both): a sum of so few values is the same with zeros among them
+_SUMMED_IN_TURN = 8
 
 _SLOTS = 1 << 12  # request slots a scheduler reusing them starts with
 _AHEAD = 1 << 8  # requests entered into their slots at a time, ahead of their issue

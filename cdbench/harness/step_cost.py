@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 _sum = np.add.reduce  # (the cheapest sum on small arrays: see scheduler.py)
 _PARTS = 1 << 12  # decode steps' parts remembered (_decode_parts)
+_PART_TABLES = 64  # and tables of them remembered, one a stretch (_part_table: at most about 300 kB each)
+_TABLE_ROWS = 64  # runs of fewer rows take their parts from those tables
 
 
 class StepCost(NamedTuple):
@@ -96,6 +98,9 @@ class StepPricer:
         self.prep_step_s = cfg.sample_prep_s + cfg.sample_launch_s
         self.prep_row_s = cfg.sample_prep_row_s + cfg.sample_launch_row_s
         self._parts: dict[tuple[int, int, float], tuple[float, ...]] = {}  # _decode_parts, remembered
+        self._part_tables: dict[float, np.ndarray] = {}  # _part_table, by stretch
+        self._sizes: list[int] = []  # _padded_sizes
+        self._pads = np.zeros(0, np.int64)
 
     def _measured_fill_ratio(self, fill_s: float) -> float:
         """The slowest rank's fill over rank 0's in one of the measured steps (``rank_fill_ratios``) whose rank-0
@@ -206,14 +211,14 @@ class StepPricer:
             if not cfg.pinned_mask:
                 raise ValueError("decode steps of rows leaving between them are priced at once only with the "
                                  "bitmask in pinned memory")
-            parts, pad_keys = [], []  # each segment's parts and its padding tokens' keys
+            step_rows = rows.tolist()
+            most = step_rows[0]  # (the rows only leave: the first step has the most)
+            sizes, pads = self._padded_sizes(most)
             spans: list[list[int]] = []  # [priced rows, first step, end] of consecutive segments of as many
-            at = 0
-            for length in lengths:  # (a segment's parts: one value for each of its steps)
-                n = int(rows[at])
-                parts.append(self._decode_parts(n, int(grammar_rows[at]), stretch))
-                size, keys = padded_decode(cfg.cuda_graph_sizes, n, 0)
-                pad_keys.append(keys)
+            starts, at = [], 0
+            for length in lengths:
+                starts.append(at)
+                size = sizes[step_rows[at]]
                 if spans and spans[-1][0] == size:
                     spans[-1][2] = at + length
                 else:
@@ -221,15 +226,19 @@ class StepPricer:
                 at += length
             # each step's forward as padded_decode prices it, together for the steps of one priced size in a row
             # (the rows only leave: a size's segments follow one another)
-            fw_kv = kv + np.array(pad_keys).repeat(lengths)
+            fw_kv = kv + pads[rows]
             if len(spans) == 1:
                 forward_s = gpu.decode_forward_s(spans[0][0], fw_kv)
             else:
                 forward_s = np.empty(len(kv))
                 for size, a, b in spans:
                     forward_s[a:b] = gpu.decode_forward_s(size, fw_kv[a:b])
-            host_fill_s, transfer_s, engine_process_s, copy_s, apply_s, sample_s, launch_s, prep_s, build_s = \
-                np.array(parts).repeat(lengths, axis=0).T
+            if most < _TABLE_ROWS:  # each step's segment's parts
+                parts = self._part_table(most, stretch)[:, rows, grammar_rows]
+            else:  # (a table of more rows would take more memory than the steps save)
+                parts = np.array([self._decode_parts(step_rows[a], int(grammar_rows[a]), stretch)
+                                  for a in starts]).repeat(lengths, axis=0).T
+            host_fill_s, transfer_s, engine_process_s, copy_s, apply_s, sample_s, launch_s, prep_s, build_s = parts
         fill = fill_s * stretch if fill_s is not None else np.zeros(len(kv))
         fill += host_fill_s
         process = process_s * stretch + engine_process_s
@@ -273,6 +282,32 @@ class StepPricer:
             parts = self._parts[key] = (host_fill_s, transfer_s, engine_process_s, copy_s, apply_s,
                                         gpu.sample_s(n_rows), self._launch(0, n_rows, stretch), prep_s, build_s)
         return parts
+
+    def _part_table(self, rows: int, stretch: float) -> np.ndarray:
+        """:meth:`_decode_parts` of every count of rows up to at least ``rows`` (fewer than :data:`_TABLE_ROWS`) and
+        of grammar rows up to those, as one array ``[part, rows, grammar rows]`` (remembered by stretch, grown for a
+        run of more rows): a decode run's steps of several segments gather their parts at once, not a segment at a
+        time."""
+        table = self._part_tables.get(stretch)
+        if table is None or table.shape[1] <= rows:
+            size = min(max(rows + 1, 2 * table.shape[1] if table is not None else 8), _TABLE_ROWS)
+            table = np.zeros((9, size, size))
+            for n in range(1, size):  # (a step has rows)
+                for g in range(n + 1):
+                    table[:, n, g] = self._decode_parts(n, g, stretch)
+            if len(self._part_tables) >= _PART_TABLES:  # (bounded, as _decode_parts' memo)
+                self._part_tables.clear()
+            self._part_tables[stretch] = table
+        return table
+
+    def _padded_sizes(self, rows: int) -> tuple[list[int], np.ndarray]:
+        """:func:`~cdbench.harness.policies.padded_decode` of decode steps of every count of rows up to at least
+        ``rows``: the rows priced, and the padding's context tokens (an array to gather from)."""
+        if len(self._sizes) <= rows:
+            padded = [padded_decode(self.cfg.cuda_graph_sizes, n, 0) for n in range(max(rows + 1, 2 * len(self._sizes)))]
+            self._sizes = [size for size, _ in padded]
+            self._pads = np.array([pad for _, pad in padded], np.int64)
+        return self._sizes, self._pads
 
     def _copy_holds_host(self, copied_rows: int) -> bool:
         """Whether a bitmask copy of ``copied_rows`` rows holds its host until the forward is done: from pageable

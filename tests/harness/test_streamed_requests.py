@@ -12,11 +12,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scheduler_helpers import SPEC
 
 from cdbench.backends.vocab import load_vocab
 from cdbench.harness import scheduler as scheduler_module
-from cdbench.harness import tallies
+from cdbench.harness import step_cost, tallies
 from cdbench.harness.config import RunConfig
 from cdbench.harness.costs import cost_tables
 from cdbench.harness.costs.gpu import FixedGpuCosts
@@ -277,12 +279,18 @@ def test_decode_runs_taken_at_once_are_the_steps_one_by_one(name, monkeypatch):
         assert not any(past)
 
 
-@pytest.mark.parametrize("name, scheduler", [("sglang", {}), ("sglang", {"schedule_s": 0.03}), ("vllm-0.10", {})])
-def test_decode_runs_past_a_finish_are_the_steps_one_by_one(name, scheduler, monkeypatch):
+@pytest.mark.parametrize("name, scheduler, table_rows", [("sglang", {}, None), ("sglang", {}, 1),
+                                                         ("sglang", {"schedule_s": 0.03}, None),
+                                                         ("vllm-0.10", {}, None)])
+def test_decode_runs_past_a_finish_are_the_steps_one_by_one(name, scheduler, table_rows, monkeypatch):
     """A third of the default workload's requests unconstrained (and longer): runs go on past rows' last
     tokens, the batch and its grammar rows shrinking (and stop where no grammar row is left: a step without
     one is timed otherwise, as a loop slower than the forward shows), where the bitmask is pinned (SGLang);
-    not where its copy waits for the forward (vLLM 0.10's pageable bitmask). Either way, the steps one by one."""
+    not where its copy waits for the forward (vLLM 0.10's pageable bitmask). Either way, the steps one by one; and
+    so with the segments' parts built a segment at a time (``table_rows``: as for runs of more rows than the
+    pricer's tables hold)."""
+    if table_rows is not None:
+        monkeypatch.setattr(step_cost, "_TABLE_ROWS", table_rows)
     config = RunConfig.model_validate({**DEFAULT, "mode": "model", "policy": {"name": name}, "scheduler": scheduler,
                                        "workload": dict(WORKLOADS["default"], arrival={"process": "poisson",
                                                                                       "rate": 5.0})})
@@ -527,3 +535,41 @@ def test_a_blocks_row_sums_are_each_rows_sum_alone():
     for width in (1, 5, 8, 9, 47, 130, 300):
         block = rng.lognormal(-11.0, 1.5, size=(64, width))
         assert np.add.reduce(block, axis=1).tolist() == [float(np.add.reduce(row)) for row in block]
+
+
+_COSTS = st.floats(-1e3, 1e3, allow_nan=False, allow_subnormal=False) | st.floats(1e-9, 1e-1) | st.sampled_from(
+    [1e16, -1e16, 1.0, 3.0e-7])  # (seconds, and magnitudes far apart, where the order of the adds shows)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.lists(_COSTS, min_size=7, max_size=7), min_size=1, max_size=64), st.integers(1, 7),
+       st.lists(st.integers(0, 64), min_size=7, max_size=7))
+def test_fewer_than_8_values_numpy_sums_left_to_right(block, width, left):
+    """The condition a decode run's sums in Python floats would need (issue 32, "Python floats for small runs"):
+    numpy's reduction of fewer than 8 values, alone or a C-ordered block's rows, is Python's ``sum`` of them
+    (left to right, from 0.0), and its running sum (``np.add.accumulate``) Python's running adds. So a run's
+    rows summed with the rows gone as 0.0 are the rows still there summed alone (``Scheduler._decode_run``'s
+    segments of fewer than ``_SUMMED_IN_TURN`` grammar rows)."""
+    values = np.array(block)[:, :width]
+    rows = [row[:width] for row in block]
+    assert np.add.reduce(values, axis=1).tolist() == [sum(row) for row in rows]
+    alive = np.array(left[:width]) > np.arange(len(block))[:, None]  # (a row of g tokens left leaves after step g)
+    assert np.add.reduce(np.where(alive, values, 0.0), axis=1).tolist() == \
+        [sum(value for value, there in zip(row, step) if there) for row, step in zip(rows, alive.tolist())]
+    assert [float(np.add.reduce(np.array(row))) for row in rows] == [sum(row) for row in rows]
+    column = np.array([row[0] for row in block])
+    running, total = [], 0.0
+    for value in column.tolist():
+        total += value
+        running.append(total)
+    assert np.add.accumulate(column).tolist()[1:] == running[1:]  # (the first is the value, 0.0 + value but for -0.0)
+
+
+def test_from_8_values_numpy_sums_pairwise():
+    """... and from 8 values on it does not (``_SUMMED_IN_TURN``): its pairwise sum (8 running partial sums) differs
+    from the sum left to right, so a sum with zeros among the values, or in Python floats, is the array's only on
+    fewer rows."""
+    n = scheduler_module._SUMMED_IN_TURN
+    values = [1e16] + [1.0] * (n - 1)  # (each 1.0 lost added to 1e16 alone; 2.0 and more are not)
+    assert float(np.add.reduce(np.array(values[:n - 1]))) == sum(values[:n - 1])
+    assert float(np.add.reduce(np.array(values))) != sum(values)
