@@ -463,6 +463,21 @@ def test_a_compile_speed_needs_a_run_that_compiled_and_the_stores_sequence_of_it
         validate_run_config(_config(corpus, root / "store", spec_host_scale=f"live-run:{tmp_path / 'none'}"))
     with pytest.raises(ConfigError, match="or 'live-run:<run folder or PACK::RUN>'"):
         validate_run_config(_config(corpus, root / "store", spec_host_scale="live-run:"))
+    # a store holding the sequence from two other hosts: one must be named
+    import shutil
+
+    store = shutil.copytree(root / "store", tmp_path / "two_hosts")
+    (path,) = (store / "sequences").glob("*/*/*.json")
+    for host in ("hostx", "hosty"):
+        entry = json.loads(path.read_text())
+        entry["host"]["id"] = host
+        (path.parent / f"{host}.json").write_text(json.dumps(entry))
+    path.unlink()
+    source = f"live-run:{root / 'hybrid'}"
+    with pytest.raises(ConfigError, match=r"sequence from hosts hostx, hosty, none this machine's: name one"):
+        validate_run_config(_config(corpus, store, spec_host_scale=source))
+    named = validate_run_config(_config(corpus, store, spec_host_scale=source, host="hosty")).costs.spec_host_scale
+    assert named.measured_on.id == named.host.id == "hosty"
 
 
 def test_the_compile_order_benchmark_times_a_traces_run_order_in_five_conditions(compiled_in_process, tmp_path,
