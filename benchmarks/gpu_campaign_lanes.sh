@@ -35,8 +35,8 @@ case $P in
   # the TP=2 JSON cell with 300 requests a run (campaigns/ranks_under_300_vs_model.yaml)
   rk300) lane tpjson300 campaigns/ranks_under_300_vs_model.yaml "workload=json" 0,1 0-31 ;;
   # issue 27's acceptance against live, one policy a GPU, the model arms measuring on the lane's cores
-  oos) lane oossg campaigns/spec_costs_vs_live.yaml "policy.name=sglang" 0 0-15 "" model-defaults,model-own &
-       lane oosvl campaigns/spec_costs_vs_live.yaml "policy.name=vllm" 1 16-31 "" model-defaults,model-own & ;;
+  oos) lane oossg campaigns/spec_costs_vs_live.yaml "policy.name=sglang" 0 0-15 "" model-defaults,model-own,model-speed &
+       lane oosvl campaigns/spec_costs_vs_live.yaml "policy.name=vllm" 1 16-31 "" model-defaults,model-own,model-speed & ;;
   rk300d) lane tpdef300 campaigns/ranks_under_300_vs_model.yaml "workload=default" 0,1 0-31 ;;
   rk2) lane tpjson campaigns/ranks_under_vs_model.yaml "scheduler.parallel=tp,workload=json" 0,1 0-15 &
        lane dpjson campaigns/ranks_under_vs_model.yaml "scheduler.parallel=dp,workload=json" 2,3 16-31 & ;;
