@@ -60,6 +60,15 @@ def worker(conn, backend: str, vocab: str) -> None:
             conn.send(None)
 
 
+def write_rows(path: str, rows: list[dict]) -> None:
+    """``rows`` (one mapping a compile, all with the same keys) as a CSV file, and say where."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"compiles: {path}")
+
+
 def timed(engine, spec: ConstraintSpec, kept: list) -> float | None:
     start = time.perf_counter()
     try:
@@ -168,11 +177,7 @@ def main(argv: list[str] | None = None) -> None:
             busy = statistics.median(r["busy_s"] / r["worker_s"] for r in band)
             print(f"stored {low:g}-{high:g} s: {len(band)} specs, idle / worker {idle:.2f}, busy / worker {busy:.2f}")
     if args.out:
-        with open(args.out, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-        print(f"compiles: {args.out}")
+        write_rows(args.out, rows)
 
 
 if __name__ == "__main__":

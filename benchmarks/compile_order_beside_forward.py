@@ -25,7 +25,6 @@ condition over ``worker`` in the same round.
 from __future__ import annotations
 
 import argparse
-import csv
 import multiprocessing as mp
 import statistics
 import sys
@@ -37,9 +36,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compile_beside_forward import StepLoop  # noqa: E402
+from compile_beside_forward import StepLoop, timed, write_rows  # noqa: E402
 
-from cdbench.backends.base import CompileError, ConstraintSpec  # noqa: E402
+from cdbench.backends.base import ConstraintSpec  # noqa: E402
 from cdbench.backends.registry import create_backend  # noqa: E402
 from cdbench.backends.vocab import load_vocab  # noqa: E402
 from cdbench.harness.costs.spec_costs import SpecCostSettings, measure_sequence, run_order  # noqa: E402
@@ -59,12 +58,7 @@ def compile_in_order(backend: str, vocab: str, specs: list[ConstraintSpec],
     for spec in specs:
         if before is not None:
             before()
-        start = time.perf_counter()
-        try:
-            kept.append(engine.compile(spec))
-            times.append(time.perf_counter() - start)
-        except CompileError:
-            times.append(None)
+        times.append(timed(engine, spec, kept))
         if after is not None:
             after()
     return times
@@ -76,8 +70,9 @@ def _process_main(conn, backend: str, vocab: str, specs: list[ConstraintSpec]) -
 
 def in_process(backend: str, vocab: str, specs: list[ConstraintSpec]) -> list[float | None]:
     """:func:`compile_in_order` in a spawned process, which never imports the device's runtime state."""
-    here, there = mp.get_context("spawn").Pipe()
-    proc = mp.get_context("spawn").Process(target=_process_main, args=(there, backend, vocab, specs))
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=_process_main, args=(there, backend, vocab, specs))
     proc.start()
     times = here.recv()
     proc.join()
@@ -154,11 +149,7 @@ def main(argv: list[str] | None = None) -> None:
         sums = {c: sum(times[c][at] for at in both) for c in CONDITIONS}
         print("  sums over worker: " + " ".join(f"{c} {sums[c] / sums['worker']:.3f}" for c in CONDITIONS[1:]))
     if args.out:
-        with open(args.out, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-        print(f"compiles: {args.out}")
+        write_rows(args.out, rows)
 
 
 if __name__ == "__main__":

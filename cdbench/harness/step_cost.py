@@ -291,7 +291,7 @@ class StepPricer:
         table = self._part_tables.get(stretch)
         if table is None or table.shape[1] <= rows:
             size = min(max(rows + 1, 2 * table.shape[1] if table is not None else 8), _TABLE_ROWS)
-            table = np.zeros((9, size, size))
+            table = np.zeros((len(self._decode_parts(1, 0, stretch)), size, size))
             for n in range(1, size):  # (a step has rows)
                 for g in range(n + 1):
                     table[:, n, g] = self._decode_parts(n, g, stretch)
@@ -304,7 +304,8 @@ class StepPricer:
         """:func:`~cdbench.harness.policies.padded_decode` of decode steps of every count of rows up to at least
         ``rows``: the rows priced, and the padding's context tokens (an array to gather from)."""
         if len(self._sizes) <= rows:
-            padded = [padded_decode(self.cfg.cuda_graph_sizes, n, 0) for n in range(max(rows + 1, 2 * len(self._sizes)))]
+            count = max(rows + 1, 2 * len(self._sizes))
+            padded = [padded_decode(self.cfg.cuda_graph_sizes, n, 0) for n in range(count)]
             self._sizes = [size for size, _ in padded]
             self._pads = np.array([pad for _, pad in padded], np.int64)
         return self._sizes, self._pads

@@ -31,11 +31,7 @@ from cdbench.harness.costs.spec_probe import (
     SpecHostScale,
     compile_curve,
 )
-from cdbench.harness.costs.spec_store import (
-    SequenceEntry,
-    backend_version,
-    sequence_digest,
-)
+from cdbench.harness.costs.spec_store import backend_version, sequence_digest
 from cdbench.results.errors import ResultsError
 from cdbench.results.live_loop_costs import LIVE_RUN_PREFIX
 from cdbench.results.run_folder import GRAMMAR_PROFILE_FILE, WORKLOAD_TRACE_FILE
@@ -77,10 +73,13 @@ def live_compile_scale(ref: str, settings: SpecCostSettings, backend: str, vocab
     store = settings.store()
     digest = sequence_digest(backend, version, vocab, options or {}, [o.spec for o in ordered])
     entries = store.sequences(digest)
-    entry = _sequence_of(entries, settings.host, this_host(store.root).id)
-    if entry is None and settings.host == "this" and len(entries) > 1:
-        raise ResultsError(f"{store.root} holds {ref}'s run-order sequence from hosts "
-                           f"{', '.join(e.host.id for e in entries)}, none this machine's: name one (costs.host)")
+    host = this_host(store.root).id if settings.host == "this" else settings.host
+    entry = next((e for e in entries if e.host.id == host), None)
+    if entry is None and settings.host == "this" and entries:  # another host's: only where it is the one
+        if len(entries) > 1:
+            raise ResultsError(f"{store.root} holds {ref}'s run-order sequence from hosts "
+                               f"{', '.join(e.host.id for e in entries)}, none this machine's: name one (costs.host)")
+        entry = entries[0]
     if entry is None:
         raise ResultsError(f"{store.root} holds no run-order sequence of {ref}'s {len(ordered)} specs "
                            f"({backend} {version} on {vocab}, sequence {digest}"
@@ -93,17 +92,10 @@ def live_compile_scale(ref: str, settings: SpecCostSettings, backend: str, vocab
         raise ResultsError(f"{ref} compiled {len(specs)} of the sequence's {len(ordered)} specs that the store "
                            f"timed too; a compile speed needs {MIN_PROBE_SPECS}")
     scale = ProbeScale.of([s.here_s / s.there_s for s in specs])
+    curve = compile_curve(specs) if by_size else []  # (every compile of the run is one in run order)
     return SpecHostScale(source=f"{LIVE_RUN_PREFIX}{ref}", backend=backend, backend_version=version, vocab=vocab,
-                         measured_on=entry.host, host=entry.host, compile=scale, there={},
-                         compile_by_size=compile_curve(specs) if by_size else [], compile_order=scale,
-                         order_by_size=compile_curve(specs) if by_size else [], sequences=[digest])
-
-
-def _sequence_of(entries: list[SequenceEntry], host: str, this: str) -> SequenceEntry | None:
-    """The entry of ``host`` (``this``: this machine's, else the only one)."""
-    if host != "this":
-        return next((e for e in entries if e.host.id == host), None)
-    return next((e for e in entries if e.host.id == this), entries[0] if len(entries) == 1 else None)
+                         measured_on=entry.host, host=entry.host, compile=scale, there={}, compile_by_size=curve,
+                         compile_order=scale, order_by_size=curve, sequences=[digest])
 
 
 __all__ = ["live_compile_scale"]
