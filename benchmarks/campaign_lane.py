@@ -5,24 +5,30 @@ A host of several GPUs runs a campaign's live copies faster in lanes, each lane 
 campaign's (``cdbench campaign run FILE --out F --adopt`` runs the model arms beside them). A cell's list
 value (its own axis) is narrowed to the filter's value. Arms named after the filters are kept with the live
 ones (model arms that must run on the GPU host, e.g. measuring specs on its CPU), with the campaign's runner
-and its comparisons. Usage::
+and its comparisons. ``--live-copies N`` runs N copies of each live arm instead of the campaign's count, so
+that copies of one cell can run side by side in lanes of their own (a one-copy arm's folder has no copy
+letter: name it live-a, live-b, ... when the lanes' folders are put together). Usage::
 
     python benchmarks/campaign_lane.py campaigns/ranks_under_vs_model.yaml \
         "scheduler.parallel=tp,workload=default" /tmp/lanes/tpdef.yaml
     python benchmarks/campaign_lane.py campaigns/spec_costs_vs_live.yaml "policy.name=sglang" \
         /tmp/lanes/oos_sglang.yaml model-defaults,model-own
+    python benchmarks/campaign_lane.py campaigns/ranks_under_long_vs_model.yaml \
+        "workload=json,workload.num_requests=2000" /tmp/lanes/json2k_a.yaml --live-copies 1
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import yaml
 
 
-def lane(campaign: dict, filters: dict[str, str], keep_arms: frozenset[str] = frozenset()) -> dict:
+def lane(campaign: dict, filters: dict[str, str], keep_arms: frozenset[str] = frozenset(),
+         live_copies: int | None = None) -> dict:
     """``campaign`` with only its cells that match ``filters`` and only its live arms, one run at a time;
-    with ``keep_arms``, those arms too, run as the campaign's runner runs them."""
+    with ``keep_arms``, those arms too, run as the campaign's runner runs them; with ``live_copies``, that
+    many copies of each live arm."""
     cells = []
     for cell in campaign["cells"]:
         cell, keep = dict(cell), True
@@ -35,6 +41,9 @@ def lane(campaign: dict, filters: dict[str, str], keep_arms: frozenset[str] = fr
         if keep:
             cells.append(cell)
     arms = {name: arm for name, arm in campaign["arms"].items() if arm.get("mode") == "live" or name in keep_arms}
+    if live_copies is not None:
+        arms = {name: {**arm, "copies": live_copies} if arm.get("mode") == "live" else arm
+                for name, arm in arms.items()}
     if keep_arms:
         return {**campaign, "cells": cells, "arms": arms,
                 "comparisons": [c for c in campaign.get("comparisons", []) if set(c["runs"]) <= set(arms)]}
@@ -43,14 +52,20 @@ def lane(campaign: dict, filters: dict[str, str], keep_arms: frozenset[str] = fr
 
 
 def main() -> None:
-    source, filters, dest = sys.argv[1:4]
-    keep = frozenset(sys.argv[4].split(",")) if len(sys.argv) > 4 else frozenset()
-    wanted = dict(item.split("=", 1) for item in filters.split(",") if item)
-    with open(source, encoding="utf-8") as f:
-        written = lane(yaml.safe_load(f), wanted, keep)
-    with open(dest, "w", encoding="utf-8") as f:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("campaign")
+    parser.add_argument("filters", help="KEY=VALUE,... of the cells kept")
+    parser.add_argument("dest")
+    parser.add_argument("keep_arms", nargs="?", default="", help="ARM,... kept beside the live arms")
+    parser.add_argument("--live-copies", type=int, default=None, help="copies of each live arm in this lane")
+    args = parser.parse_args()
+    wanted = dict(item.split("=", 1) for item in args.filters.split(",") if item)
+    keep = frozenset(a for a in args.keep_arms.split(",") if a)
+    with open(args.campaign, encoding="utf-8") as f:
+        written = lane(yaml.safe_load(f), wanted, keep, args.live_copies)
+    with open(args.dest, "w", encoding="utf-8") as f:
         yaml.safe_dump(written, f, sort_keys=False)
-    print(f"{dest}: {len(written['cells'])} cells, arms {', '.join(written['arms'])}")
+    print(f"{args.dest}: {len(written['cells'])} cells, arms {', '.join(written['arms'])}")
 
 
 if __name__ == "__main__":

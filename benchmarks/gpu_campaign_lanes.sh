@@ -3,8 +3,8 @@
 # and cores (benchmarks/campaign_lane.py writes each lane's campaign); the wheels the GPU image lacks in .whl/.
 # Everything comes back as one $OUT/res_PHASE.tgz (the device returns few files). As run on 2026-11-28
 # (reports/fidelity/live_vs_model.md): DL=500 for rk1 and rk2, DL=360 for fam; later DL=330 for famm, DL=380 for famh,
-# DL=450 for rk1, DL=380 for mtp, DL=240 for rk2s, DL=255 for rkt, DL=430 for rk300 and rk300d, DL=470 for oos.
-# usage: DL=SECONDS benchmarks/gpu_campaign_lanes.sh PHASE   (rk1 | rk2 | rk2s | rkt | rk300 | rk300d | oos | fam | famm | famh | mtp)
+# DL=450 for rk1, DL=380 for mtp, DL=240 for rk2s, DL=255 for rkt, DL=430 for rk300 and rk300d, DL=420 for rk2kj and rk2kd, DL=470 for oos.
+# usage: DL=SECONDS benchmarks/gpu_campaign_lanes.sh PHASE   (rk1 | rk2 | rk2s | rkt | rk300 | rk300d | rk2kj | rk2kd | oos | fam | famm | famh | mtp)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 CDBENCH_CACHE_DIR=/tmp/cdb_cache PYTHONUNBUFFERED=1 \
@@ -13,9 +13,9 @@ P=$1; R=/tmp/res_$P; mkdir -p $R/logs /tmp/lanes
 { nvidia-smi --query-gpu=index,name,clocks.max.sm,memory.total --format=csv; nproc; git log -1 --format=%H 2>/dev/null;
   python3 -c "import torch, xgrammar; print(torch.__version__, xgrammar.__version__)"; } > $R/logs/device.txt 2>&1
 DL=${DL:-470}
-lane() {  # name campaign filters gpus cores [warm-up model] [arms kept beside the live ones]
-  local name=$1 camp=$2 filt=$3 gpus=$4 cores=$5 warm=${6:-} keep=${7:-}
-  python3 benchmarks/campaign_lane.py $camp "$filt" /tmp/lanes/$name.yaml $keep > $R/logs/$name.log 2>&1
+lane() {  # name campaign filters gpus cores [warm-up model] [arms kept beside the live ones] [campaign_lane options]
+  local name=$1 camp=$2 filt=$3 gpus=$4 cores=$5 warm=${6:-} keep=${7:-} opts=${8:-}
+  python3 benchmarks/campaign_lane.py $camp "$filt" /tmp/lanes/$name.yaml $keep $opts > $R/logs/$name.log 2>&1
   if [ -n "$warm" ]; then
     CUDA_VISIBLE_DEVICES=$gpus taskset -c $cores timeout 150 python3 -m cdbench run --mode live --set costs.model=$warm \
       --set costs.gpu=h200 --set workload.num_requests=24 --set workload.arrival.rate=8 --set trace_steps=0 \
@@ -32,12 +32,17 @@ case $P in
   # both workloads' TP=2 lanes one after the other on a host of two GPUs (a third replicate of the TP cells)
   rkt) lane tpdef campaigns/ranks_under_vs_model.yaml "scheduler.parallel=tp,workload=default" 0,1 0-31
        lane tpjson campaigns/ranks_under_vs_model.yaml "scheduler.parallel=tp,workload=json" 0,1 0-31 ;;
-  # the TP=2 JSON cell with 300 requests a run (campaigns/ranks_under_300_vs_model.yaml)
-  rk300) lane tpjson300 campaigns/ranks_under_300_vs_model.yaml "workload=json" 0,1 0-31 ;;
+  # the TP=2 cells with 300 requests a run (campaigns/ranks_under_long_vs_model.yaml)
+  rk300) lane tpjson300 campaigns/ranks_under_long_vs_model.yaml "workload=json,workload.num_requests=300" 0,1 0-31 ;;
   # issue 27's acceptance against live, one policy a GPU, the model arms measuring on the lane's cores
   oos) lane oossg campaigns/spec_costs_vs_live.yaml "policy.name=sglang" 0 0-15 "" model-defaults,model-own,model-speed &
        lane oosvl campaigns/spec_costs_vs_live.yaml "policy.name=vllm" 1 16-31 "" model-defaults,model-own,model-speed & ;;
-  rk300d) lane tpdef300 campaigns/ranks_under_300_vs_model.yaml "workload=default" 0,1 0-31 ;;
+  rk300d) lane tpdef300 campaigns/ranks_under_long_vs_model.yaml "workload=default,workload.num_requests=300" 0,1 0-31 ;;
+  # a 2,000-request TP=2 cell's two live copies side by side on a host of four GPUs, one copy a lane
+  rk2kj) lane json2ka campaigns/ranks_under_long_vs_model.yaml "workload=json,workload.num_requests=2000" 0,1 0-31 "" "" "--live-copies 1" &
+         lane json2kb campaigns/ranks_under_long_vs_model.yaml "workload=json,workload.num_requests=2000" 2,3 32-63 "" "" "--live-copies 1" & ;;
+  rk2kd) lane def2ka campaigns/ranks_under_long_vs_model.yaml "workload=default,workload.num_requests=2000" 0,1 0-31 "" "" "--live-copies 1" &
+         lane def2kb campaigns/ranks_under_long_vs_model.yaml "workload=default,workload.num_requests=2000" 2,3 32-63 "" "" "--live-copies 1" & ;;
   rk2) lane tpjson campaigns/ranks_under_vs_model.yaml "scheduler.parallel=tp,workload=json" 0,1 0-15 &
        lane dpjson campaigns/ranks_under_vs_model.yaml "scheduler.parallel=dp,workload=json" 2,3 16-31 & ;;
   fam) lane moeu campaigns/model_family_vs_model.yaml "costs.model=qwen3-30b-a3b,load=under" 0 0-7 &

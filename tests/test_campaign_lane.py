@@ -16,10 +16,10 @@ campaign_lane = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(campaign_lane)
 
 
-def _lane(tmp_path, campaign: str, filters: dict[str, str]):
+def _lane(tmp_path, campaign: str, filters: dict[str, str], live_copies: int | None = None):
     source = yaml.safe_load((REPO / "campaigns" / campaign).read_text())
     path = tmp_path / "lane.yaml"
-    path.write_text(yaml.safe_dump(campaign_lane.lane(source, filters), sort_keys=False))
+    path.write_text(yaml.safe_dump(campaign_lane.lane(source, filters, live_copies=live_copies), sort_keys=False))
     return plan_runs(load_campaign(path))
 
 
@@ -31,3 +31,10 @@ def test_a_lane_holds_the_matching_cells_live_copies_alone(tmp_path):
     assert [r.run_id for r in tp] == [f"under/json-tp2-live-{c}" for c in "abc"]
     source = yaml.safe_load((REPO / "campaigns" / "ranks_under_vs_model.yaml").read_text())
     assert campaign_lane.lane(source, {"workload": "none"})["cells"] == []
+
+
+def test_a_lane_of_one_live_copy_runs_one_copy_of_the_narrowed_cell(tmp_path):
+    runs = _lane(tmp_path, "ranks_under_long_vs_model.yaml", {"workload": "json", "workload.num_requests": "2000"},
+                 live_copies=1)
+    assert [r.run_id for r in runs] == ["under/json-2000-tp2-live"]
+    assert runs[0].cell.as_dict()["workload.num_requests"] == 2000
