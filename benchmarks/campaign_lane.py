@@ -14,7 +14,7 @@ letter: name it live-a, live-b, ... when the lanes' folders are put together). U
     python benchmarks/campaign_lane.py campaigns/spec_costs_vs_live.yaml "policy.name=sglang" \
         /tmp/lanes/oos_sglang.yaml model-defaults,model-own
     python benchmarks/campaign_lane.py campaigns/ranks_under_long_vs_model.yaml \
-        "workload=json,workload.num_requests=2000" /tmp/lanes/json2k_a.yaml --live-copies 1
+        "workload=json,workload.num_requests=1000" /tmp/lanes/json1k_a.yaml --live-copies 1
 """
 
 from __future__ import annotations

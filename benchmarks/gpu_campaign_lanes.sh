@@ -3,8 +3,8 @@
 # and cores (benchmarks/campaign_lane.py writes each lane's campaign); the wheels the GPU image lacks in .whl/.
 # Everything comes back as one $OUT/res_PHASE.tgz (the device returns few files). As run on 2026-11-28
 # (reports/fidelity/live_vs_model.md): DL=500 for rk1 and rk2, DL=360 for fam; later DL=330 for famm, DL=380 for famh,
-# DL=450 for rk1, DL=380 for mtp, DL=240 for rk2s, DL=255 for rkt, DL=430 for rk300 and rk300d, DL=420 for rk2kj and rk2kd, DL=470 for oos.
-# usage: DL=SECONDS benchmarks/gpu_campaign_lanes.sh PHASE   (rk1 | rk2 | rk2s | rkt | rk300 | rk300d | rk2kj | rk2kd | oos | fam | famm | famh | mtp)
+# DL=450 for rk1, DL=380 for mtp, DL=240 for rk2s, DL=255 for rkt, DL=430 for rk300 and rk300d, DL=540 for rk1kj and rk1kd, DL=470 for oos.
+# usage: DL=SECONDS benchmarks/gpu_campaign_lanes.sh PHASE   (rk1 | rk2 | rk2s | rkt | rk300 | rk300d | rk1kj | rk1kd | oos | fam | famm | famh | mtp)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 CDBENCH_CACHE_DIR=/tmp/cdb_cache PYTHONUNBUFFERED=1 \
@@ -38,11 +38,11 @@ case $P in
   oos) lane oossg campaigns/spec_costs_vs_live.yaml "policy.name=sglang" 0 0-15 "" model-defaults,model-own,model-speed &
        lane oosvl campaigns/spec_costs_vs_live.yaml "policy.name=vllm" 1 16-31 "" model-defaults,model-own,model-speed & ;;
   rk300d) lane tpdef300 campaigns/ranks_under_long_vs_model.yaml "workload=default,workload.num_requests=300" 0,1 0-31 ;;
-  # a 2,000-request TP=2 cell's two live copies side by side on a host of four GPUs, one copy a lane
-  rk2kj) lane json2ka campaigns/ranks_under_long_vs_model.yaml "workload=json,workload.num_requests=2000" 0,1 0-31 "" "" "--live-copies 1" &
-         lane json2kb campaigns/ranks_under_long_vs_model.yaml "workload=json,workload.num_requests=2000" 2,3 32-63 "" "" "--live-copies 1" & ;;
-  rk2kd) lane def2ka campaigns/ranks_under_long_vs_model.yaml "workload=default,workload.num_requests=2000" 0,1 0-31 "" "" "--live-copies 1" &
-         lane def2kb campaigns/ranks_under_long_vs_model.yaml "workload=default,workload.num_requests=2000" 2,3 32-63 "" "" "--live-copies 1" & ;;
+  # a 1,000-request TP=2 cell's two live copies side by side on a host of four GPUs, one copy a lane
+  rk1kj) lane json1ka campaigns/ranks_under_long_vs_model.yaml "workload=json,workload.num_requests=1000" 0,1 0-31 "" "" "--live-copies 1" &
+         lane json1kb campaigns/ranks_under_long_vs_model.yaml "workload=json,workload.num_requests=1000" 2,3 32-63 "" "" "--live-copies 1" & ;;
+  rk1kd) lane def1ka campaigns/ranks_under_long_vs_model.yaml "workload=default,workload.num_requests=1000" 0,1 0-31 "" "" "--live-copies 1" &
+         lane def1kb campaigns/ranks_under_long_vs_model.yaml "workload=default,workload.num_requests=1000" 2,3 32-63 "" "" "--live-copies 1" & ;;
   rk2) lane tpjson campaigns/ranks_under_vs_model.yaml "scheduler.parallel=tp,workload=json" 0,1 0-15 &
        lane dpjson campaigns/ranks_under_vs_model.yaml "scheduler.parallel=dp,workload=json" 2,3 16-31 & ;;
   fam) lane moeu campaigns/model_family_vs_model.yaml "costs.model=qwen3-30b-a3b,load=under" 0 0-7 &

@@ -34,7 +34,7 @@ def test_a_lane_holds_the_matching_cells_live_copies_alone(tmp_path):
 
 
 def test_a_lane_of_one_live_copy_runs_one_copy_of_the_narrowed_cell(tmp_path):
-    runs = _lane(tmp_path, "ranks_under_long_vs_model.yaml", {"workload": "json", "workload.num_requests": "2000"},
+    runs = _lane(tmp_path, "ranks_under_long_vs_model.yaml", {"workload": "json", "workload.num_requests": "1000"},
                  live_copies=1)
-    assert [r.run_id for r in runs] == ["under/json-2000-tp2-live"]
-    assert runs[0].cell.as_dict()["workload.num_requests"] == 2000
+    assert [r.run_id for r in runs] == ["under/json-1000-tp2-live"]
+    assert runs[0].cell.as_dict()["workload.num_requests"] == 1000
