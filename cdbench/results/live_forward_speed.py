@@ -78,7 +78,15 @@ def step_ratios(steps: pd.DataFrame, requests: pd.DataFrame, forward: ForwardCos
                 graph_sizes: Sequence[int], mtp_drafts: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
     """``(decode ratios, prefill ratios, steps with prefill chunks left out)``: each forward step's measured
     ``forward_s`` over ``forward``'s price of its shape (module doc), with the MTP head's ``mtp_drafts``
-    passes where the run drafted with it."""
+    passes where the run drafted with it (:func:`priced_steps` with the prefill steps' tokens)."""
+    decode, prefill, _, left_out = priced_steps(steps, requests, forward, graph_sizes, mtp_drafts)
+    return decode, prefill, left_out
+
+
+def priced_steps(steps: pd.DataFrame, requests: pd.DataFrame, forward: ForwardCostModel, graph_sizes: Sequence[int],
+                 mtp_drafts: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """:func:`step_ratios`' ``(decode ratios, prefill ratios, each prefill ratio's step's prefill tokens,
+    steps with prefill chunks left out)``."""
     ran = steps[(steps["kind"] != "idle") & (steps["forward_s"] > 0)]
     decode = ran[(ran["prefill_tokens"] == 0) & (ran["decode_tokens"] > 0)]
     tokens, context = decode["decode_tokens"].to_numpy(), decode["context_tokens"].to_numpy()
@@ -95,7 +103,7 @@ def step_ratios(steps: pd.DataFrame, requests: pd.DataFrame, forward: ForwardCos
         known["decode_tokens"].to_numpy(), known["context_tokens"].to_numpy(), [len(p) for p in chunks]
     ) + _drafting_s(known, forward, mtp_drafts)
     prefill_ratios = known["forward_s"].to_numpy() / prefill_price if len(known) else np.zeros(0)
-    return decode_ratios, prefill_ratios, len(with_prefill) - len(known)
+    return decode_ratios, prefill_ratios, known["prefill_tokens"].to_numpy(), len(with_prefill) - len(known)
 
 
 def _rank_logs(steps: pd.DataFrame, requests: pd.DataFrame) -> list[tuple[pd.DataFrame, pd.DataFrame]]:
@@ -129,17 +137,18 @@ def live_forward_speed(ref: str, costs: CostConfig) -> ForwardSpeed:
     sizes = live.scheduler_config().cuda_graph_sizes
     spec = live.workload.spec_decode
     mtp_drafts = spec.k if spec.drafter == "mtp" else 0
-    decode, prefill, left_out = [], [], 0
+    decode, prefill, tokens, left_out = [], [], [], 0
     for steps, requests in _rank_logs(run.steps, run.requests):
-        d, p, n = step_ratios(steps, requests, forward, sizes, mtp_drafts)
+        d, p, t, n = priced_steps(steps, requests, forward, sizes, mtp_drafts)
         decode.append(d)
         prefill.append(p)
+        tokens.append(t)
         left_out += n
-    decode, prefill = np.concatenate(decode), np.concatenate(prefill)
+    decode, prefill, tokens = np.concatenate(decode), np.concatenate(prefill), np.concatenate(tokens)
     try:
-        return fit_speed(decode, prefill, f"{LIVE_RUN_PREFIX}{ref}", left_out)
+        return fit_speed(decode, prefill, f"{LIVE_RUN_PREFIX}{ref}", left_out, prefill_tokens=tokens)
     except ForwardSpeedError as err:
         raise ResultsError(str(err)) from None
 
 
-__all__ = ["STEP_SHAPE_COLUMNS", "live_forward_speed", "prefill_prompts", "step_ratios"]
+__all__ = ["STEP_SHAPE_COLUMNS", "live_forward_speed", "prefill_prompts", "priced_steps", "step_ratios"]

@@ -20,7 +20,12 @@ price by it (1.04: this host's forwards take 4 % longer than the calibration's),
 The statistic is the median of the ratios, its spread the half-width of their interquartile range. The
 two kinds of step get a speed each when their medians differ by more than the larger of their spreads;
 otherwise both take the median over all steps (so a difference within the steps' own scatter does not
-split them).
+split them). Given each prefill step's tokens, the steps with prefill chunks are also binned by tokens
+(bins :data:`PREFILL_BIN_FACTOR` times wide, at least :data:`MIN_PREFILL_BIN` steps each): when the bins'
+medians range wider than the largest bin's spread (the calibration prices prompts of some sizes off by
+more than a step's own scatter), ``prefill_by_tokens`` holds ``(tokens, speed)`` points and a step with
+prefill chunks runs at the speed interpolated at its prefill tokens (in log tokens, flat beyond the
+points) instead of ``prefill``.
 
 >>> ForwardSpeed.given(1.04).describe()
 '1.04 (given)'
@@ -44,6 +49,10 @@ MIN_STEPS = 10
 """Fewest priced steps a fit of a live run takes: fewer say nothing about a host's speed."""
 MIN_PROBE_SHAPES = 4
 """Fewest shapes a probe fits (each the median of many timed repetitions)."""
+PREFILL_BIN_FACTOR = 2.0
+"""Width of a bin of prefill steps by tokens (its last token count over its first)."""
+MIN_PREFILL_BIN = 20
+"""Fewest steps with prefill chunks a bin of ``prefill_by_tokens`` takes."""
 
 
 class ForwardSpeedError(ValueError):
@@ -66,6 +75,21 @@ class ForwardSpeed(BaseModel):
     left_out_steps: int = Field(0, ge=0, description="steps with prefill chunks whose shape is unknown")
     decode_spread: float | None = Field(None, ge=0, description="half the decode ratios' interquartile range")
     prefill_spread: float | None = Field(None, ge=0, description="half the prefill ratios' interquartile range")
+    prefill_by_tokens: tuple[tuple[float, float], ...] | None = Field(
+        None, description="(prefill tokens, speed) points a step with prefill chunks takes its speed from, in "
+        "place of prefill (interpolated in log tokens, flat beyond)")
+
+    def prefill_at(self, tokens):
+        """The speed of steps with prefill chunks of ``tokens`` prefill tokens (a number or an array).
+
+        >>> ForwardSpeed(decode=1.0, prefill=1.0, prefill_by_tokens=((256, 1.06), (1024, 0.96))).prefill_at(
+        ...     [128, 512, 4096]).round(3).tolist()
+        [1.06, 1.01, 0.96]
+        """
+        if not self.prefill_by_tokens:
+            return np.full(np.shape(tokens), self.prefill)
+        points = np.asarray(self.prefill_by_tokens, np.float64)
+        return np.interp(np.log(np.maximum(np.asarray(tokens, np.float64), 1.0)), np.log(points[:, 0]), points[:, 1])
 
     @classmethod
     def given(cls, value: float) -> ForwardSpeed:
@@ -86,6 +110,8 @@ class ForwardSpeed(BaseModel):
             counts += f", {self.prefill_steps} with prefill (spread {_pct(self.prefill_spread)})"
         if self.left_out_steps:
             counts += f", {self.left_out_steps} left out"
+        if self.prefill_by_tokens:
+            speed += ", prefill by tokens " + " ".join(f"{t:.0f}:{r:.3g}" for t, r in self.prefill_by_tokens)
         return f"{speed}, fitted from {self.source}: {counts}"
 
 
@@ -98,15 +124,47 @@ def _median_spread(ratios: np.ndarray) -> tuple[float, float]:
     return float(median), float(q3 - q1) / 2.0
 
 
+def prefill_by_tokens(ratios: np.ndarray, tokens: np.ndarray) -> tuple[tuple[float, float], ...] | None:
+    """``(tokens, speed)`` points of steps with prefill chunks binned by their prefill tokens (module doc):
+    each bin's geometric-mean tokens and median ratio; ``None`` when fewer than two bins are full or their
+    medians lie within the largest bin's spread.
+
+    >>> rng = np.random.default_rng(0)
+    >>> tokens = np.exp(rng.uniform(np.log(200), np.log(3000), 400))
+    >>> ratios = np.where(tokens < 512, 1.06, 0.96) * rng.normal(1.0, 0.005, 400)
+    >>> [(round(t, -1), round(r, 2)) for t, r in prefill_by_tokens(ratios, tokens)]
+    [(230.0, 1.06), (360.0, 1.06), (740.0, 0.96), (1490.0, 0.96), (2480.0, 0.96)]
+    >>> prefill_by_tokens(rng.normal(1.0, 0.02, 400), tokens) is None
+    True
+    """
+    bins = np.floor(np.log(tokens) / np.log(PREFILL_BIN_FACTOR)).astype(np.int64)
+    points, spreads = [], []
+    for b in np.unique(bins):
+        inside = bins == b
+        if inside.sum() >= MIN_PREFILL_BIN:
+            median, spread = _median_spread(ratios[inside])
+            points.append((float(f"{np.exp(np.log(tokens[inside]).mean()):.4g}"), float(f"{median:.4g}")))
+            spreads.append(spread)
+    if len(points) < 2:
+        return None
+    medians = [r for _, r in points]
+    return tuple(points) if max(medians) - min(medians) > max(spreads) else None
+
+
 def fit_speed(decode_ratios: Sequence[float], prefill_ratios: Sequence[float], source: str,
-              left_out: int = 0, min_ratios: int = MIN_STEPS) -> ForwardSpeed:
+              left_out: int = 0, min_ratios: int = MIN_STEPS,
+              prefill_tokens: Sequence[float] | None = None) -> ForwardSpeed:
     """The speed from per-step measured / priced ratios of decode-only steps and steps with prefill chunks
-    (module doc for the rule); :class:`ForwardSpeedError` naming ``source`` when there are fewer than
-    ``min_ratios``."""
+    (module doc for the rule), with ``prefill_tokens`` (each prefill ratio's step's prefill tokens) a speed by
+    tokens too; :class:`ForwardSpeedError` naming ``source`` when there are fewer than ``min_ratios``."""
     dec, pre = np.asarray(decode_ratios, float), np.asarray(prefill_ratios, float)
     if len(dec) + len(pre) < min_ratios:
         raise ForwardSpeedError(f"{source}: {len(dec) + len(pre)} priced forward steps; a fit needs {min_ratios}")
     counts = dict(source=source, decode_steps=len(dec), prefill_steps=len(pre), left_out_steps=left_out)
+    if prefill_tokens is not None and len(pre):
+        if len(prefill_tokens) != len(pre):
+            raise ValueError(f"{len(prefill_tokens)} prefill token counts for {len(pre)} prefill ratios")
+        counts["prefill_by_tokens"] = prefill_by_tokens(pre, np.asarray(prefill_tokens, float))
     d_med, d_spread = _median_spread(dec) if len(dec) else (None, None)
     p_med, p_spread = _median_spread(pre) if len(pre) else (None, None)
     if d_med is not None and p_med is not None and abs(d_med - p_med) > max(d_spread, p_spread):
@@ -160,5 +218,5 @@ class ForwardProbe(BaseModel):
                    device=measured[0].gpu_device, shapes=[m.label for m in measured], ratios=ratios, speed=speed)
 
 
-__all__ = ["MIN_PROBE_SHAPES", "MIN_STEPS", "PROBE_PREFIX", "ForwardProbe", "ForwardSpeed", "ForwardSpeedError",
-           "fit_speed", "read_probe"]
+__all__ = ["MIN_PREFILL_BIN", "MIN_PROBE_SHAPES", "MIN_STEPS", "PREFILL_BIN_FACTOR", "PROBE_PREFIX", "ForwardProbe",
+           "ForwardSpeed", "ForwardSpeedError", "fit_speed", "prefill_by_tokens", "read_probe"]

@@ -18,7 +18,7 @@ from cdbench.harness.costs.forward_speed import (
     fit_speed,
 )
 from cdbench.harness.run import run
-from cdbench.results.live_forward_speed import step_ratios
+from cdbench.results.live_forward_speed import priced_steps, step_ratios
 
 
 def _ratios(centre: float, n: int, scatter: float = 0.005, seed: int = 0) -> np.ndarray:
@@ -134,3 +134,47 @@ def test_the_mtp_heads_passes_are_part_of_the_step_a_speed_is_read_from():
     assert prefill == pytest.approx(np.full(len(prefill), 1.05), rel=1e-12)
     without_head, _, _ = step_ratios(result.steps, result.requests, at_one, sizes)
     assert np.median(without_head) > 1.1
+
+
+BY_TOKENS = ForwardSpeed(decode=1.02, prefill=1.02, prefill_by_tokens=((300.0, 1.08), (1500.0, 0.95)))
+
+
+def _prefill_run(speed):
+    tree = {"mode": "model", "vocab": "cl100k", "seed": 4, "policy": {"name": "sglang"},
+            "costs": {"model": "qwen3-8b", "gpu": "h100-sxm", "fixed_grammar": {}, "forward_speed": speed},
+            "workload": {"num_requests": 160, "kinds": ["regex"], "arrival": {"process": "poisson", "rate": 8.0},
+                         "prompt_len": {"dist": "lognormal", "median": 600, "sigma": 0.8, "min": 64, "max": 4000},
+                         "output_len": {"dist": "uniform", "low": 4, "high": 12}}}
+    config = RunConfig.model_validate(tree)
+    return config, run(config)
+
+
+def test_a_step_with_prefill_chunks_runs_at_the_speed_of_its_tokens():
+    config, result = _prefill_run(BY_TOKENS.model_dump())
+    at_one = config.costs.model_copy(update={"forward_speed": 1.0}).build()
+    decode, prefill, tokens, _ = priced_steps(result.steps, result.requests, at_one,
+                                              config.scheduler_config().cuda_graph_sizes)
+    assert len(prefill) > 100 and tokens.min() < 300 and tokens.max() > 1500
+    assert prefill == pytest.approx(BY_TOKENS.prefill_at(tokens), rel=1e-12)
+    assert decode == pytest.approx(np.full(len(decode), 1.02), rel=1e-12)
+    # flat beyond the points, interpolated in log tokens between them
+    assert BY_TOKENS.prefill_at([100, 300, 670.8, 1500, 9000]) == pytest.approx([1.08, 1.08, 1.015, 0.95, 0.95],
+                                                                                  abs=1e-3)
+
+
+def test_a_speed_by_tokens_is_fitted_back_from_the_steps_it_priced():
+    config, result = _prefill_run(BY_TOKENS.model_dump())
+    at_one = config.costs.model_copy(update={"forward_speed": 1.0}).build()
+    decode, prefill, tokens, _ = priced_steps(result.steps, result.requests, at_one,
+                                              config.scheduler_config().cuda_graph_sizes)
+    fitted = fit_speed(decode, prefill, "live-run:x", prefill_tokens=tokens)
+    points = np.array(fitted.prefill_by_tokens)
+    assert len(points) >= 3
+    assert points[:, 1] == pytest.approx(BY_TOKENS.prefill_at(points[:, 0]), abs=0.01)
+    assert "prefill by tokens" in fitted.describe()
+    # one speed at every size: no curve
+    _, plain = _prefill_run(1.03)
+    d, p, t, _ = priced_steps(plain.steps, plain.requests, at_one, config.scheduler_config().cuda_graph_sizes)
+    assert fit_speed(d, p, "live-run:x", prefill_tokens=t).prefill_by_tokens is None
+    with pytest.raises(ValueError, match="prefill token counts"):
+        fit_speed(d, p, "live-run:x", prefill_tokens=t[:-1])
