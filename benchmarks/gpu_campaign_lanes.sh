@@ -3,8 +3,8 @@
 # and cores (benchmarks/campaign_lane.py writes each lane's campaign); the wheels the GPU image lacks in .whl/.
 # Everything comes back as one $OUT/res_PHASE.tgz (the device returns few files). As run on 2026-11-28
 # (reports/fidelity/live_vs_model.md): DL=500 for rk1 and rk2, DL=360 for fam; later DL=330 for famm, DL=380 for famh,
-# DL=450 for rk1, DL=380 for mtp, DL=240 for rk2s, DL=255 for rkt, DL=430 for rk300 and rk300d, DL=540 for rk1kj and rk1kd, DL=470 for oos.
-# usage: DL=SECONDS benchmarks/gpu_campaign_lanes.sh PHASE   (rk1 | rk2 | rk2s | rkt | rk300 | rk300d | rk1kj | rk1kd | oos | fam | famm | famh | mtp)
+# DL=450 for rk1, DL=380 for mtp, DL=240 for rk2s, DL=255 for rkt, DL=430 for rk300 and rk300d, DL=540 for rk1kj and rk1kd, DL=250 for rk600j, DL=470 for oos.
+# usage: DL=SECONDS benchmarks/gpu_campaign_lanes.sh PHASE   (rk1 | rk2 | rk2s | rkt | rk300 | rk300d | rk1kj | rk1kd | rk600j | oos | fam | famm | famh | mtp)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 CDBENCH_CACHE_DIR=/tmp/cdb_cache PYTHONUNBUFFERED=1 \
@@ -41,6 +41,8 @@ case $P in
   # a 1,000-request TP=2 cell's two live copies side by side on a host of four GPUs, one copy a lane
   rk1kj) lane json1ka campaigns/ranks_under_long_vs_model.yaml "workload=json,workload.num_requests=1000" 0,1 0-31 "" "" "--live-copies 1" &
          lane json1kb campaigns/ranks_under_long_vs_model.yaml "workload=json,workload.num_requests=1000" 2,3 32-63 "" "" "--live-copies 1" & ;;
+  rk600j) lane json6a campaigns/ranks_under_long_vs_model.yaml "workload=json,workload.num_requests=600" 0,1 0-31 "" "" "--live-copies 1" &
+          lane json6b campaigns/ranks_under_long_vs_model.yaml "workload=json,workload.num_requests=600" 2,3 32-63 "" "" "--live-copies 1" & ;;
   rk1kd) lane def1ka campaigns/ranks_under_long_vs_model.yaml "workload=default,workload.num_requests=1000" 0,1 0-31 "" "" "--live-copies 1" &
          lane def1kb campaigns/ranks_under_long_vs_model.yaml "workload=default,workload.num_requests=1000" 2,3 32-63 "" "" "--live-copies 1" & ;;
   rk2) lane tpjson campaigns/ranks_under_vs_model.yaml "scheduler.parallel=tp,workload=json" 0,1 0-15 &
