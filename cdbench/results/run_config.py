@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from cdbench.results.config_files import ConfigError, validate_config
 from cdbench.results.errors import ResultsError
 
@@ -49,6 +51,8 @@ def validate_run_config(tree: Mapping[str, Any], source: str = "config") -> RunC
         config = _with_live_rank_costs(config, source)
     if isinstance(config.costs.forward_speed, str):
         config = _with_forward_speed(config, source)
+    if config.costs.speed_sigma():
+        config = _with_speed_drawn(config, source)
     if isinstance(config.costs.spec_host_scale, str):
         config = _with_spec_host_scale(config, source)
     if config.mode == "model" and config.costs.fixed_grammar is None:
@@ -144,6 +148,30 @@ def _with_forward_speed(config: RunConfig, source: str) -> RunConfig:
         raise ConfigError(f"{source}: costs.forward_speed: {err}") from None
     costs = config.costs.model_copy(update={"forward_speed": speed})
     return config.model_copy(update={"costs": costs})
+
+
+def _with_speed_drawn(config: RunConfig, source: str) -> RunConfig:
+    """``config`` with its forward speed times a lognormal factor of ``costs.forward_speed_sigma`` drawn from the
+    run's seed (:class:`~cdbench.harness.costs.forward.ForwardConfig`), the draw named in the speed's source and
+    the sigma then 0 (its config.yaml reruns the same speed).
+
+    >>> from cdbench.harness.config import RunConfig
+    >>> tree = {"mode": "model", "seed": 3, "costs": {"forward_speed": 1.02, "forward_speed_sigma": 0.01}}
+    >>> drawn = _with_speed_drawn(RunConfig.model_validate(tree), "x").costs
+    >>> drawn.speed().describe(), drawn.forward_speed_sigma
+    ('1.01 (given, x0.9900 drawn: sigma 0.01, seed 3)', 0.0)
+    """
+    if config.mode == "live":
+        raise ConfigError(f"{source}: costs.forward_speed_sigma draws a model or hybrid run's forward speed; a live "
+                          "run runs its own (leave it 0)")
+    sigma = config.costs.speed_sigma()
+    factor = float(np.exp(sigma * np.random.default_rng([config.seed, _SPEED_STREAM]).standard_normal()))
+    speed = config.costs.speed().scaled(factor, f"x{factor:.4f} drawn: sigma {sigma:g}, seed {config.seed}")
+    costs = config.costs.model_copy(update={"forward_speed": speed, "forward_speed_sigma": 0.0})
+    return config.model_copy(update={"costs": costs})
+
+
+_SPEED_STREAM = 0x5EED  # the run speed's own random stream, apart from the run's other draws
 
 
 def _with_spec_host_scale(config: RunConfig, source: str) -> RunConfig:

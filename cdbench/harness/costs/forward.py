@@ -63,7 +63,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -73,7 +73,7 @@ from cdbench.harness.costs.calibration import (
     ForwardCalibration,
     shipped_calibration_path,
 )
-from cdbench.harness.costs.forward_speed import PROBE_PREFIX, ForwardSpeed
+from cdbench.harness.costs.forward_speed import PROBE_PREFIX, RUN_SPEED_SIGMA, ForwardSpeed
 from cdbench.harness.costs.hardware import (
     GPUSpec,
     ModelSpec,
@@ -578,6 +578,10 @@ class ForwardConfig(BaseModel):
         "multiplying every step's forward: a number; live-run:<run folder or PACK::RUN>, fitted from that live "
         "run's steps; or probe:<file>, from cdbench calibrate --probe (both resolved into a fitted speed, with "
         "its source, when the run's configuration is checked). 'calibration' is its earlier name")
+    forward_speed_sigma: float | Literal["measured"] = Field(
+        default=0.0, description="the forward speed's spread from run to run (a lognormal sigma): each run's speed "
+        "times a factor drawn from its seed (copies of a model arm then sample a host's run-to-run speed); "
+        "'measured': the spread measured between live copies (forward_speed.RUN_SPEED_SIGMA); 0: none")
     step_overhead_s: float = Field(default=2e-4, ge=0, description="uncalibrated roofline only")
     forward_calibration: str = Field(
         default="auto", description="auto (the shipped fit for this model and GPU, else none), none, or a file")
@@ -595,6 +599,17 @@ class ForwardConfig(BaseModel):
             elif earlier != 1.0:
                 raise ValueError("calibration is forward_speed's earlier name: set one of them")
         return data
+
+    @field_validator("forward_speed_sigma")
+    @classmethod
+    def _sigma(cls, value: float | str) -> float | str:
+        if value != "measured" and not 0.0 <= value < 0.5:
+            raise ValueError("a run-to-run speed sigma is 0 or more, below 0.5 (or 'measured')")
+        return value
+
+    def speed_sigma(self) -> float:
+        """``forward_speed_sigma`` as a number."""
+        return RUN_SPEED_SIGMA if self.forward_speed_sigma == "measured" else float(self.forward_speed_sigma)
 
     @field_validator("forward_speed")
     @classmethod

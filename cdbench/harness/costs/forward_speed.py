@@ -53,6 +53,10 @@ PREFILL_BIN_FACTOR = 2.0
 """Width of a bin of prefill steps by tokens (its last token count over its first)."""
 MIN_PREFILL_BIN = 20
 """Fewest steps with prefill chunks a bin of ``prefill_by_tokens`` takes."""
+RUN_SPEED_SIGMA = 0.0045
+"""The forward speed's spread from one run to the next on one host (a lognormal sigma): the decode speeds
+fitted from 15 pairs of live copies made back to back (TP=2, DP=2, MoE, hybrid, MTP on H200s; log ratio's
+standard deviation 0.0064 a pair), reports/fidelity/live_vs_model.md, "A run's forward speed drawn"."""
 
 
 class ForwardSpeedError(ValueError):
@@ -95,6 +99,16 @@ class ForwardSpeed(BaseModel):
     def given(cls, value: float) -> ForwardSpeed:
         return cls(decode=value, prefill=value)
 
+    def scaled(self, factor: float, note: str) -> ForwardSpeed:
+        """This speed times ``factor`` on every kind of step, ``note`` added to its source.
+
+        >>> ForwardSpeed.given(1.02).scaled(1.01, "x1.01 drawn").describe()
+        '1.03 (given, x1.01 drawn)'
+        """
+        points = None if not self.prefill_by_tokens else tuple((t, r * factor) for t, r in self.prefill_by_tokens)
+        return self.model_copy(update={"decode": self.decode * factor, "prefill": self.prefill * factor,
+                                       "prefill_by_tokens": points, "source": f"{self.source}, {note}"})
+
     @property
     def is_one(self) -> bool:
         return self.decode == 1.0 and self.prefill == 1.0
@@ -103,8 +117,8 @@ class ForwardSpeed(BaseModel):
         """One line: the speed and its origin."""
         speed = (f"{self.decode:.4g}" if self.decode == self.prefill
                  else f"decode {self.decode:.4g}, prefill {self.prefill:.4g}")
-        if self.source == "given":
-            return f"{speed} (given)"
+        if self.source.startswith("given"):
+            return f"{speed} ({self.source})"
         counts = f"{self.decode_steps} decode steps (spread {_pct(self.decode_spread)})"
         if self.prefill_steps:
             counts += f", {self.prefill_steps} with prefill (spread {_pct(self.prefill_spread)})"
@@ -218,5 +232,6 @@ class ForwardProbe(BaseModel):
                    device=measured[0].gpu_device, shapes=[m.label for m in measured], ratios=ratios, speed=speed)
 
 
-__all__ = ["MIN_PREFILL_BIN", "MIN_PROBE_SHAPES", "MIN_STEPS", "PREFILL_BIN_FACTOR", "PROBE_PREFIX", "ForwardProbe",
+__all__ = ["MIN_PREFILL_BIN", "MIN_PROBE_SHAPES", "MIN_STEPS", "PREFILL_BIN_FACTOR", "PROBE_PREFIX", "RUN_SPEED_SIGMA",
+           "ForwardProbe",
            "ForwardSpeed", "ForwardSpeedError", "fit_speed", "prefill_by_tokens", "read_probe"]

@@ -13,12 +13,15 @@ from cdbench.harness.costs.forward import (
     attention_pairs,
 )
 from cdbench.harness.costs.forward_speed import (
+    RUN_SPEED_SIGMA,
     ForwardSpeed,
     ForwardSpeedError,
     fit_speed,
 )
 from cdbench.harness.run import run
+from cdbench.results.config_files import ConfigError
 from cdbench.results.live_forward_speed import priced_steps, step_ratios
+from cdbench.results.run_config import validate_run_config
 
 
 def _ratios(centre: float, n: int, scatter: float = 0.005, seed: int = 0) -> np.ndarray:
@@ -178,3 +181,44 @@ def test_a_speed_by_tokens_is_fitted_back_from_the_steps_it_priced():
     assert fit_speed(d, p, "live-run:x", prefill_tokens=t).prefill_by_tokens is None
     with pytest.raises(ValueError, match="prefill token counts"):
         fit_speed(d, p, "live-run:x", prefill_tokens=t[:-1])
+
+
+def test_the_modules_examples_run():
+    import doctest
+
+    import cdbench.harness.costs.forward_speed as forward_speed_module
+    import cdbench.results.run_config as run_config_module
+
+    assert doctest.testmod(forward_speed_module).failed == 0
+    assert doctest.testmod(run_config_module).failed == 0
+
+
+def _drawn(seed, sigma=0.01, speed=1.02, mode="model"):
+    tree = {"mode": mode, "seed": seed, "costs": {"forward_speed": speed, "forward_speed_sigma": sigma}}
+    return validate_run_config(tree, "t").costs
+
+
+def test_a_run_draws_its_forward_speed_from_its_seed():
+    first, again, other = _drawn(3), _drawn(3), _drawn(4)
+    assert first.speed() == again.speed() and first.speed().decode != other.speed().decode
+    assert first.forward_speed_sigma == 0.0 and "sigma 0.01, seed 3" in first.speed().source
+    logs = np.log([_drawn(seed).speed().decode / 1.02 for seed in range(400)])
+    assert np.std(logs) == pytest.approx(0.01, rel=0.15) and abs(np.mean(logs)) < 0.002
+    # a fitted speed is scaled whole: both kinds and its points by tokens
+    fitted = ForwardSpeed(decode=1.0, prefill=0.98, prefill_by_tokens=((300.0, 1.05), (1500.0, 0.95)))
+    drawn = _drawn(3, speed=fitted.model_dump()).speed()
+    factor = drawn.decode
+    assert drawn.prefill == pytest.approx(0.98 * factor) and drawn.prefill_by_tokens[1][1] == pytest.approx(
+        0.95 * factor)
+    assert _drawn(3, sigma="measured").speed().decode != _drawn(3, sigma=0.0).speed().decode == 1.02
+    assert RUN_SPEED_SIGMA == 0.0045
+
+
+def test_a_drawn_speed_reruns_as_drawn_and_a_live_run_refuses_it(tmp_path):
+    drawn = validate_run_config({"mode": "model", "seed": 5, "costs": {"forward_speed_sigma": "measured"}}, "t")
+    again = validate_run_config(drawn.model_dump(mode="json"), "dumped")
+    assert again.costs.speed() == drawn.costs.speed()  # the dumped config holds the speed, its sigma 0
+    with pytest.raises(ConfigError, match="forward_speed_sigma draws a model or hybrid run's forward speed"):
+        _drawn(1, mode="live")
+    with pytest.raises(ValidationError, match="run-to-run speed sigma"):
+        ForwardConfig.model_validate({"forward_speed_sigma": 0.7})
