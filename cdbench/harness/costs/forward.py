@@ -410,11 +410,10 @@ class ForwardCostModel:
         lc, lm, pa, da, comm, per_token = self._parts(peak, params)
         body = smooth_max(lc, lm, params.linear_sharpness) + pa + da + comm + per_token
         speed = self._decode_speed
-        if self.speed.prefill_by_tokens:  # a step with prefill chunks at the speed measured for its tokens
+        if self._prefill_speed != speed or self.speed.prefill_by_tokens:
+            # a step with prefill chunks runs at its own measured speed (by its prefill tokens where measured so)
             prefill = np.asarray(peak.tokens) - np.asarray(peak.decode_rows)
             speed = np.where(prefill > 0, self.speed.prefill_at(prefill), speed)
-        elif self._prefill_speed != speed:  # a step with prefill chunks runs at its own measured speed
-            speed = np.where(np.asarray(peak.tokens) > np.asarray(peak.decode_rows), self._prefill_speed, speed)
         return speed * (body + params.step_overhead_s)
 
     def step_s(
