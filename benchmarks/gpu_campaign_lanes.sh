@@ -3,8 +3,8 @@
 # and cores (benchmarks/campaign_lane.py writes each lane's campaign); the wheels the GPU image lacks in .whl/.
 # Everything comes back as one $OUT/res_PHASE.tgz (the device returns few files). As run on 2026-11-28
 # (reports/fidelity/live_vs_model.md): DL=500 for rk1 and rk2, DL=360 for fam; later DL=330 for famm, DL=380 for famh,
-# DL=450 for rk1, DL=380 for mtp, DL=240 for rk2s, DL=255 for rkt, DL=430 for rk300 and rk300d, DL=540 for rk1kj and rk1kd, DL=250 for rk600j, DL=470 for oos.
-# usage: DL=SECONDS benchmarks/gpu_campaign_lanes.sh PHASE   (rk1 | rk2 | rk2s | rkt | rk300 | rk300d | rk1kj | rk1kd | rk600j | oos | fam | famm | famh | mtp)
+# DL=450 for rk1, DL=480 for oos4, DL=380 for mtp, DL=240 for rk2s, DL=255 for rkt, DL=430 for rk300 and rk300d, DL=540 for rk1kj and rk1kd, DL=250 for rk600j, DL=470 for oos.
+# usage: DL=SECONDS benchmarks/gpu_campaign_lanes.sh PHASE   (rk1 | rk2 | rk2s | rkt | rk300 | rk300d | rk1kj | rk1kd | rk600j | oos | oos4 | fam | famm | famh | mtp)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 CDBENCH_CACHE_DIR=/tmp/cdb_cache PYTHONUNBUFFERED=1 \
@@ -35,8 +35,13 @@ case $P in
   # the TP=2 cells with 300 requests a run (campaigns/ranks_under_long_vs_model.yaml)
   rk300) lane tpjson300 campaigns/ranks_under_long_vs_model.yaml "workload=json,workload.num_requests=300" 0,1 0-31 ;;
   # issue 27's acceptance against live, one policy a GPU, the model arms measuring on the lane's cores
-  oos) lane oossg campaigns/spec_costs_vs_live.yaml "policy.name=sglang" 0 0-15 "" model-defaults,model-own,model-speed &
-       lane oosvl campaigns/spec_costs_vs_live.yaml "policy.name=vllm" 1 16-31 "" model-defaults,model-own,model-speed & ;;
+  oos) lane oossg campaigns/spec_costs_vs_live.yaml "requests=150,policy.name=sglang" 0 0-15 "" model-defaults,model-own,model-speed &
+       lane oosvl campaigns/spec_costs_vs_live.yaml "requests=150,policy.name=vllm" 1 16-31 "" model-defaults,model-own,model-speed & ;;
+  # the same, one cell a GPU on a host of four GPUs, the longer runs (400 requests under capacity, 200 saturated)
+  oos4) for c in under,sglang,0,400 under,vllm,1,400 sat,sglang,2,200 sat,vllm,3,200; do IFS=, read ph pol g n <<< "$c"
+          lane oos4$ph$pol campaigns/spec_costs_vs_live.yaml "phase=$ph,requests=$n,policy.name=$pol" $g \
+            $((g * 16))-$((g * 16 + 15)) "" model-defaults,model-own,model-speed &
+        done ;;
   rk300d) lane tpdef300 campaigns/ranks_under_long_vs_model.yaml "workload=default,workload.num_requests=300" 0,1 0-31 ;;
   # a 1,000-request TP=2 cell's two live copies side by side on a host of four GPUs, one copy a lane
   rk1kj) lane json1ka campaigns/ranks_under_long_vs_model.yaml "workload=json,workload.num_requests=1000" 0,1 0-31 "" "" "--live-copies 1" &

@@ -38,3 +38,19 @@ def test_a_lane_of_one_live_copy_runs_one_copy_of_the_narrowed_cell(tmp_path):
                  live_copies=1)
     assert [r.run_id for r in runs] == ["under/json-1000-tp2-live"]
     assert runs[0].cell.as_dict()["workload.num_requests"] == 1000
+
+
+def test_a_lane_keeps_later_copies_waiting_only_for_arms_it_runs(tmp_path):
+    source = {"name": "t", "cells": [{"policy.name": ["sglang", "vllm"]}],
+              "arms": {"live": {"mode": "live", "copies": 2, "later_copies_after": ["store"]},
+                       "store": {"mode": "model"}, "other": {"mode": "model"}}}
+    kept = campaign_lane.lane(source, {"policy.name": "vllm"}, frozenset({"store"}))
+    assert kept["arms"]["live"]["later_copies_after"] == ["store"]
+    alone = campaign_lane.lane(source, {"policy.name": "vllm"})
+    assert "later_copies_after" not in alone["arms"]["live"]
+    one = campaign_lane.lane(source, {"policy.name": "vllm"}, frozenset({"store"}), live_copies=1)
+    assert "later_copies_after" not in one["arms"]["live"]
+    for i, written in enumerate((kept, alone, one)):
+        path = tmp_path / f"lane{i}.yaml"
+        path.write_text(yaml.safe_dump(written, sort_keys=False))
+        assert plan_runs(load_campaign(path))

@@ -5,10 +5,10 @@ runs only what is missing. Before a run starts, its configuration is written to
 ``<out>/.campaign/<run id>.yaml`` (its console to ``.log`` beside it); a finished run whose configuration
 would now differ (the campaign file changed under it) is refused in one line instead of being mixed in.
 
-Runs start when the runs their configuration refers to have finished, ``jobs`` at a time, one at a time per
-``lane``, and with ``pin``, each on cores of its own (``os.sched_setaffinity`` in the child before it
-starts, so every thread it makes inherits them) with one OpenMP / MKL / Rayon thread unless the runner
-says otherwise. On a GPU host the same command runs the campaign there.
+Runs start when the runs their configuration refers to have finished (and those an arm's later copies wait
+for have ended), ``jobs`` at a time, one at a time per ``lane``, and with ``pin``, each on cores of its own
+(``os.sched_setaffinity`` in the child before it starts, so every thread it makes inherits them) with one
+OpenMP / MKL / Rayon thread unless the runner says otherwise. On a GPU host the same command runs the campaign there.
 """
 
 from __future__ import annotations
@@ -185,7 +185,8 @@ def run_campaign(
                     continue
                 if time.monotonic() > deadline or len(running) >= spec.runner.jobs:
                     continue
-                if any(d not in outcomes for d in run.depends) or spec.arms[run.arm].lane in busy_lanes:
+                if (any(d not in outcomes for d in (*run.depends, *run.waits_for))
+                        or spec.arms[run.arm].lane in busy_lanes):
                     continue
                 cores: list[int] = []
                 if spec.runner.pin:

@@ -76,6 +76,7 @@ class PlannedRun:
     seed: int  # the campaign seed (the run's workload seed adds the arm's seed_offset)
     cell: Cell  # projected onto the arm's axes
     depends: tuple[str, ...]  # run ids this run's configuration refers to
+    waits_for: tuple[str, ...] = ()  # run ids that must have ended first, whatever their outcome
 
 
 def cells(spec: CampaignSpec) -> list[Cell]:
@@ -115,7 +116,9 @@ def plan_runs(spec: CampaignSpec) -> list[PlannedRun]:
             depends = tuple(run_id(spec, dep, cell, seed, copy) for dep, copy in spec.run_dependencies(arm_name))
             for copy in range(1, arm.copies + 1):
                 rid = run_id(spec, arm_name, cell, seed, copy)
-                run = PlannedRun(rid, arm_name, copy, seed, cell.only(arm.over), depends)
+                waits = tuple(run_id(spec, after, cell, seed, c) for after, c in spec.run_waits(arm_name, copy)
+                              if spec.runs_in(after, cell.as_dict()))
+                run = PlannedRun(rid, arm_name, copy, seed, cell.only(arm.over), depends, waits)
                 if rid in runs and runs[rid] != run:
                     raise ConfigError(f"campaign {spec.name}: two runs would share the folder {rid}; the layout "
                                       "must tell every arm, copy, cell and seed apart")

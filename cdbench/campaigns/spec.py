@@ -59,6 +59,10 @@ class Arm(BaseModel):
     cores: int | None = Field(None, ge=1, description="cores each run gets (default: the runner's cores_per_run)")
     lane: str | None = Field(None, description="runs of one lane go one at a time (e.g. the one GPU)")
     layout: str | None = Field(None, description="this arm's runs' folders (default: the campaign's layout)")
+    later_copies_after: list[str] = Field(
+        default_factory=list, description="arms whose runs of the same cell and seed this arm's copies after the "
+        "first wait for (whatever their outcome), so that the copies' spread, the noise floor, spans the time "
+        "those runs measured in: a host's speed drifts over minutes, which back-to-back copies understate")
 
 
 class Comparison(BaseModel):
@@ -172,8 +176,20 @@ class CampaignSpec(BaseModel):
                     if field is not None and not set(self.arms[ref].over or axes) <= set(arm.over or axes):
                         raise ValueError(f"arm {name}: set.{key} refers to arm {ref}, which varies with axes {name} "
                                          "does not; give it the same `over`")
+        for name, arm in self.arms.items():
+            for after in arm.later_copies_after:
+                if after not in self.arms or after == name:
+                    raise ValueError(f"arm {name}: later_copies_after names {after!r}, which is not another arm")
+                if arm.copies < 2:
+                    raise ValueError(f"arm {name}: later_copies_after needs copies >= 2 (copies after the first)")
+                if not set(self.arms[after].over or axes) <= set(arm.over or axes):
+                    raise ValueError(f"arm {name}: later_copies_after names {after}, which varies with axes "
+                                     f"{name} does not; give it the same `over`")
         for cycle_start in self.arms:
             _check_cycle(self, cycle_start, [])
+        for name, arm in self.arms.items():
+            for copy in range(1, arm.copies + 1):
+                _check_run_cycle(self, (name, copy), [])
         for comparison in self.comparisons:
             for arm in (comparison.reference, *comparison.runs, *([comparison.noise] if comparison.noise else [])):
                 if arm not in self.arms:
@@ -205,6 +221,14 @@ class CampaignSpec(BaseModel):
         return sorted({(ref, copy) for value in self.arms[arm].set.values() for ref, copy, field in references(value)
                        if field is not None})
 
+    def run_waits(self, arm: str, copy: int) -> list[tuple[str, int]]:
+        """The (arm, copy) runs that copy ``copy`` of ``arm`` waits for without needing them (its
+        ``later_copies_after``, for copies after the first)."""
+        if copy < 2:
+            return []
+        return [(after, c) for after in self.arms[arm].later_copies_after
+                for c in range(1, self.arms[after].copies + 1)]
+
 
 def references(value: Any) -> list[tuple[str, int, str | None]]:
     """The ``${...}`` references in a value: (name, copy (1 unless ``@b``... names another), field or None)."""
@@ -223,6 +247,15 @@ def _check_cycle(spec: CampaignSpec, arm: str, path: list[str]) -> None:
         raise ValueError(f"arms refer to each other in a cycle: {' -> '.join([*path, arm])}")
     for dep in spec.arm_dependencies(arm):
         _check_cycle(spec, dep, [*path, arm])
+
+
+def _check_run_cycle(spec: CampaignSpec, run: tuple[str, int], path: list[tuple[str, int]]) -> None:
+    """Runs that wait for each other (references and ``later_copies_after`` together) in a cycle."""
+    if run in path:
+        raise ValueError("runs wait for each other in a cycle: "
+                         + " -> ".join(f"{a}@{chr(ord('a') + c - 1)}" for a, c in [*path, run]))
+    for before in [*spec.run_dependencies(run[0]), *spec.run_waits(*run)]:
+        _check_run_cycle(spec, before, [*path, run])
 
 
 def load_campaign(path: Path) -> CampaignSpec:

@@ -166,6 +166,25 @@ layout: "{arm}{copy_suffix}"
     assert tree["scheduler"]["all_gather_s"] == 4.0
 
 
+def test_later_copies_of_an_arm_wait_for_the_arms_it_names(tmp_path):
+    """Copy b and c of ``live`` wait for every copy of ``store`` in their cell; copy a and the other cells' runs
+    do not; a run's configuration refers to nothing more for it."""
+    spec = load_campaign(write(tmp_path, """
+name: t
+cells: {load: [1, 2]}
+arms:
+  live: {mode: live, copies: 3, later_copies_after: [store]}
+  store: {mode: model, copies: 2, only: {load: [1]}}
+layout: "{cell}/{arm}{copy_suffix}"
+"""))
+    runs = {r.run_id: r for r in plan_runs(spec)}
+    assert runs["load=1/live-a"].waits_for == ()
+    for copy in "bc":
+        assert runs[f"load=1/live-{copy}"].waits_for == ("load=1/store-a", "load=1/store-b")
+        assert runs[f"load=2/live-{copy}"].waits_for == ()  # no store runs in that cell
+        assert runs[f"load=1/live-{copy}"].depends == ()
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("name: t\narms: {a: {mode: model, set: {x: '${b@c.folder}'}}, b: {mode: live, copies: 2}}",
      r"arm a: set\.x refers to copy c of arm b, which has 2"),
@@ -178,6 +197,15 @@ layout: "{arm}{copy_suffix}"
     ("name: t\narms: {a: {mode: model, set: {x: '${load}'}}}", r"\$\{load\}, which is neither a cell variable"),
     ("name: t\narms: {a: {mode: model, set: {x: '${b.folder}'}}, b: {mode: model, set: {x: '${a.folder}'}}}",
      r"cycle: a -> b -> a"),
+    ("name: t\narms: {a: {mode: live, copies: 2, later_copies_after: [z]}}",
+     r"arm a: later_copies_after names 'z', which is not another arm"),
+    ("name: t\narms: {a: {mode: live, later_copies_after: [b]}, b: {mode: model}}",
+     r"arm a: later_copies_after needs copies >= 2"),
+    ("name: t\narms: {a: {mode: live, copies: 2, later_copies_after: [b]}, "
+     "b: {mode: model, set: {x: '${a@b.folder}'}}}",
+     r"runs wait for each other in a cycle: a@b -> b@a -> a@b"),
+    ("name: t\ncells: {load: [1], rate: [2]}\narms: {a: {mode: live, copies: 2, over: [load], "
+     "later_copies_after: [b]}, b: {mode: model}}", r"later_copies_after names b, which varies with axes a does not"),
     ("name: t\narms: {a: {mode: model}}\ncomparisons: [{name: c, reference: a, runs: [z]}]",
      r"comparison c: 'z' is not an arm"),
     ("name: t\narms: {a: {mode: model}}\ncomparisons: [{name: c, reference: a, runs: [a], noise: a}]",

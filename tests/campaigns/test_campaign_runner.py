@@ -94,3 +94,21 @@ def test_an_arm_wider_than_the_machine_is_refused_only_while_it_has_runs_to_do(t
     (finished / "summary.json").write_text("{}")
     outcomes, runs = campaign(tmp_path, **fields)
     assert {o.run.arm: o.status for o in outcomes} == {"live": "skipped", "model": "done"}
+
+
+def test_later_copies_wait_for_the_named_arms_whatever_their_outcome(tmp_path):
+    """``later_copies_after``: the first copy runs beside the named arm, the second only once it has ended, and a
+    failure of the named arm does not block the copy (the floor is what it is for)."""
+    _, runs = campaign(tmp_path, arms={"live": {"mode": "live", "copies": 2, "later_copies_after": ["store"]},
+                                       "store": {"mode": "model", "set": {"sleep": 0.6}}},
+                       runner={"jobs": 3})
+    first, second, store = runs["all/seed0/live-1"], runs["all/seed0/live-2"], runs["all/seed0/store-1"]
+    assert overlaps(first, store)
+    assert second["start"] >= store["end"]
+    failing = tmp_path / "failing"
+    failing.mkdir()
+    outcomes, runs = campaign(failing, arms={"live": {"mode": "live", "copies": 2, "later_copies_after": ["store"]},
+                                             "store": {"mode": "model", "set": {"sleep": "not a number"}}},
+                              runner={"jobs": 2})
+    assert {o.run.run_id: o.status for o in outcomes} == {
+        "all/seed0/live-1": "done", "all/seed0/live-2": "done", "all/seed0/store-1": "failed"}
