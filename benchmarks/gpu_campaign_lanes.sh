@@ -3,7 +3,7 @@
 # and cores (benchmarks/campaign_lane.py writes each lane's campaign); the wheels the GPU image lacks in .whl/.
 # Everything comes back as one $OUT/res_PHASE.tgz (the device returns few files). As run on 2026-11-28
 # (reports/fidelity/live_vs_model.md): DL=500 for rk1 and rk2, DL=360 for fam; later DL=330 for famm, DL=380 for famh,
-# DL=450 for rk1, DL=480 for oos4, DL=380 for mtp, DL=240 for rk2s, DL=255 for rkt, DL=430 for rk300 and rk300d, DL=540 for rk1kj and rk1kd, DL=250 for rk600j, DL=470 for oos.
+# DL=450 for rk1, DL=500 for oos4, DL=380 for mtp, DL=240 for rk2s, DL=255 for rkt, DL=430 for rk300 and rk300d, DL=540 for rk1kj and rk1kd, DL=250 for rk600j, DL=470 for oos.
 # usage: DL=SECONDS benchmarks/gpu_campaign_lanes.sh PHASE   (rk1 | rk2 | rk2s | rkt | rk300 | rk300d | rk1kj | rk1kd | rk600j | oos | oos4 | fam | famm | famh | mtp)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

@@ -105,6 +105,12 @@ def test_later_copies_wait_for_the_named_arms_whatever_their_outcome(tmp_path):
     first, second, store = runs["all/seed0/live-1"], runs["all/seed0/live-2"], runs["all/seed0/store-1"]
     assert overlaps(first, store)
     assert second["start"] >= store["end"]
+    one_at_a_time = tmp_path / "one"
+    one_at_a_time.mkdir()
+    _, runs = campaign(one_at_a_time, arms={"live": {"mode": "live", "copies": 2, "later_copies_after": ["store"]},
+                                            "store": {"mode": "model"}}, runner={"jobs": 1})
+    first, second, store = runs["all/seed0/live-1"], runs["all/seed0/live-2"], runs["all/seed0/store-1"]
+    assert first["end"] <= store["start"] and store["end"] <= second["start"]  # the store between the copies
     failing = tmp_path / "failing"
     failing.mkdir()
     outcomes, runs = campaign(failing, arms={"live": {"mode": "live", "copies": 2, "later_copies_after": ["store"]},
