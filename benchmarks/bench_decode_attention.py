@@ -10,7 +10,14 @@ disjoint slots, so no call finds its keys in L2 and no launch gap is counted
 the rows need (each row's own length) per second. ``--sweep`` also times every
 splits × key block × warps, to choose the defaults.
 
-Run on a GPU host from the repo root: ``python benchmarks/bench_decode_attention.py [--sweep]``.
+``--paged``: the live forward's path instead, at the reference forward's decode shapes
+(``benchmarks/reference_forward.py``: every row ``kv`` cached keys, rows × kv at most
+2^18): the kernel over a paged cache of 16-token blocks (each row's blocks in a row of the
+block table, as a fresh pool hands them out), against the reference's attention (torch's
+``scaled_dot_product_attention`` over a contiguous cache, flash attention on a Hopper GPU);
+with ``--sweep`` every splits × key block × warps × pipeline stages of the paged kernel.
+
+Run on a GPU host from the repo root: ``python benchmarks/bench_decode_attention.py [--paged] [--sweep]``.
 """
 
 from __future__ import annotations
@@ -67,12 +74,62 @@ def time_case(rows: int, mean: int, max_len: int, sweep: bool, gen: torch.Genera
         module.BLOCK_N, module.NUM_WARPS = defaults
 
 
+def time_paged_case(rows: int, kv: int, sweep: bool, gen: torch.Generator, block_size: int = 16) -> None:
+    bytes_per_key = KV_HEADS * HEAD_DIM * 2 * 2
+    n_sets = rotation_count(rows * kv * bytes_per_key, target_bytes=256 << 20, hi=32)
+    per_row = -(-kv // block_size)
+    k = torch.randn(rows * per_row * n_sets, KV_HEADS, block_size, HEAD_DIM, device="cuda", dtype=torch.bfloat16,
+                    generator=gen)
+    v = torch.randn_like(k)
+    lengths = torch.full((rows,), kv, device="cuda", dtype=torch.int32)
+    slots = torch.arange(rows, device="cuda", dtype=torch.int32)
+    sets = []
+    for i in range(n_sets):
+        q = torch.randn(rows, KV_HEADS * GROUP, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
+        table = (torch.arange(rows * per_row, device="cuda", dtype=torch.int32) + i * rows * per_row).view(rows, -1)
+        contiguous = tuple(torch.randn(rows, KV_HEADS, kv, HEAD_DIM, device="cuda", dtype=torch.bfloat16,
+                                       generator=gen) for _ in range(2)) if i < 2 else None
+        sets.append((q, table, torch.empty_like(q), contiguous))
+    gbytes = rows * kv * bytes_per_key / 1e9
+
+    def report(variant: str, fn, rotation, splits="", block="", warps="", stages="") -> None:
+        us = graph_time(fn, rotation).median_us
+        print(f"{rows} {kv} {variant} {splits} {block} {warps} {stages} {us:.1f} {gbytes / (us * 1e-6):.0f}",
+              flush=True)
+
+    def paged(s, n=None):
+        return decode_attention(s[0], k, v, slots, lengths, out=s[2], splits=n, block_table=s[1])
+
+    report("paged", paged, Rotation(sets), module.default_splits(rows, KV_HEADS, kv, k.device),
+           module.key_block(kv), module.NUM_WARPS, module.NUM_STAGES)
+    # the reference's attention, two caches in turn (a contiguous cache a set would not fit the device)
+    # (as the reference does: a KV head's G query heads are its G query positions, one read of its keys)
+    report("reference_sdpa", lambda s: F.scaled_dot_product_attention(
+        s[0].view(rows, KV_HEADS, GROUP, HEAD_DIM), *s[3]), Rotation(sets[:2]))
+    if sweep:
+        defaults = module.BLOCK_N, module.NUM_WARPS, module.NUM_STAGES
+        for splits, block, warps, stages in itertools.product((1, 2, 4, 8, 16), (32, 64, 128), (4, 8), (2, 3, 4)):
+            module.BLOCK_N, module.NUM_WARPS, module.NUM_STAGES = block, warps, stages
+            report("sweep", lambda s, n=splits: paged(s, n), Rotation(sets), splits, block, warps, stages)
+        module.BLOCK_N, module.NUM_WARPS, module.NUM_STAGES = defaults
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-len", type=int, default=8192)
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--paged", action="store_true", help="the paged path at the reference forward's shapes")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
+    parser.add_argument("--kv", type=int, nargs="+", default=[512, 2048, 8192])
     args = parser.parse_args()
     gen = torch.Generator("cuda").manual_seed(0)
+    if args.paged:
+        print("rows kv variant splits block warps stages us GB/s")
+        for kv, rows in itertools.product(args.kv, args.rows):
+            if rows * kv <= 2**18:
+                time_paged_case(rows, kv, args.sweep, gen)
+                torch.cuda.empty_cache()
+        return
     print("rows mean_len variant splits block warps us GB/s")
     for rows, mean in itertools.product((1, 8, 32, 128, 256), (512, 4096)):
         time_case(rows, mean, args.max_len, args.sweep, gen)

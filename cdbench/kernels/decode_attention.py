@@ -75,17 +75,22 @@ _DTYPES = (torch.bfloat16, torch.float16)
 BLOCK_N = 64
 #: Warps per split program: 4 warps cover a 16 × 64 score block and a 64 × 128 value block.
 NUM_WARPS = 4
+#: Software-pipelining depth of the key loop: on an H200 two stages beat Triton's default three by 3-30 %
+#: at 16-128 rows of 2k-8k paged keys, and more stages gain nothing
+#: (``benchmarks/bench_decode_attention.py --paged --sweep``, reports/calibration/README.md).
+NUM_STAGES = 2
 #: Fewest keys worth giving a split of their own: below this the partial write and the merge
 #: cost more than the extra parallelism saves.
 MIN_KEYS_PER_SPLIT = 256
-#: Programs per SM the default ``splits`` aims for, so each SM has several key streams in
-#: flight while others wait on memory.
+#: Programs per SM the default ``splits`` aims for at most, so each SM has several key streams in
+#: flight while others wait on memory; past it the partials cost more than the streams gain (on an H200,
+#: 16-64 rows at 8 programs per SM took 9-17 % longer than at 4).
 PROGRAMS_PER_SM = 4
 
 
 def default_splits(rows: int, kv_heads: int, max_len: int, device: torch.device) -> int:
-    """Splits per row: the power of two that first gives :data:`PROGRAMS_PER_SM` (row, KV head,
-    split) programs per SM, but no more than leaves :data:`MIN_KEYS_PER_SPLIT` keys per split of a
+    """Splits per row: the largest power of two that keeps the (row, KV head, split) programs within
+    :data:`PROGRAMS_PER_SM` per SM (at least 1), and leaves :data:`MIN_KEYS_PER_SPLIT` keys per split of a
     full ``max_len`` row. Powers of two keep the number of compiled merge kernels small.
 
     1 off a GPU (the Triton interpreter runs programs one after another).
@@ -93,9 +98,9 @@ def default_splits(rows: int, kv_heads: int, max_len: int, device: torch.device)
     if device.type != "cuda":
         return 1
     index = device.index if device.index is not None else torch.cuda.current_device()
-    wanted = -(-PROGRAMS_PER_SM * sm_count(index) // max(1, rows * kv_heads))
+    wanted = max(1, PROGRAMS_PER_SM * sm_count(index) // max(1, rows * kv_heads))
     most = max(1, max_len // MIN_KEYS_PER_SPLIT)
-    return min(triton.next_power_of_2(wanted), 1 << (most.bit_length() - 1))
+    return 1 << (min(wanted, most).bit_length() - 1)
 
 
 def key_block(max_len: int) -> int:
@@ -361,7 +366,7 @@ def decode_attention(
         block_table.stride(0) if paged else 0,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
         BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, DIRECT=direct, ORDERED=balance,
-        PAGE=block_size if paged else 1, PAGED=paged, num_warps=NUM_WARPS,
+        PAGE=block_size if paged else 1, PAGED=paged, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
     if not direct:
         _decode_merge[(n_heads, rows)](
