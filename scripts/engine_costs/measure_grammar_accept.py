@@ -11,6 +11,11 @@ machine's 2 cores are shared). Every token is accepted (a refusal stops the scri
 
     .venv-engines/vllm-0.10.1/bin/python scripts/engine_costs/measure_grammar_accept.py \\
         --requests /tmp/engine_requests.json --out reports/engine_costs/vllm-0.10.1_grammar_accepts.csv.gz
+
+``--fills`` also times the mask fill before each accept (``fill_next_token_bitmask`` into a one-row bitmask,
+as an engine fills a row each step; ``fill_s``, the walk's sum), so that one xgrammar release's fills can be
+set beside another's on the same schemas, tokens and vocabulary (e.g. an older release installed with
+``pip install --target`` and put first on ``PYTHONPATH``).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from step_grid import (  # this folder's shared grid helpers
 )
 from transformers import AutoTokenizer
 
-FIELDS = ["backend", "backend_version", "vocab", "schema", "tokens", "accept_s"]
+FIELDS = ["backend", "backend_version", "vocab", "schema", "tokens", "accept_s", "fill_s"]
 
 
 def main() -> None:
@@ -38,6 +43,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--vocabs", default="129280,151936")
     ap.add_argument("--repeats", type=int, default=3, help="walks of each instance (the first is a warm-up)")
+    ap.add_argument("--fills", action="store_true", help="also time the mask fill before each accept")
     args = ap.parse_args()
     requests, _ = load_requests(args.requests)
     ver = version("xgrammar")
@@ -49,19 +55,26 @@ def main() -> None:
             schema = request["schema"] if isinstance(request["schema"], str) else json.dumps(request["schema"])
             grammar = compiler.compile_json_schema(schema)
             tokens = request["tokens"][:-1]  # the instance's tokens; its EOS ends the walk
-            spent = []
+            spent, filled = [], []
+            bitmask = xgr.allocate_token_bitmask(1, vocab)
             for _ in range(args.repeats):
                 matcher = xgr.GrammarMatcher(grammar)
-                total = 0.0
+                total = fill = 0.0
                 for token in tokens:
+                    if args.fills:
+                        t = time.thread_time()
+                        matcher.fill_next_token_bitmask(bitmask)
+                        fill += time.thread_time() - t
                     t = time.thread_time()
                     ok = matcher.accept_token(token)
                     total += time.thread_time() - t
                     if not ok:
                         raise SystemExit(f"schema {i}: xgrammar {ver} refused a token of its validated instance")
                 spent.append(total)
+                filled.append(fill)
             rows.append({"backend": "xgrammar", "backend_version": ver, "vocab": vocab, "schema": i,
-                         "tokens": len(tokens), "accept_s": min(spent[1:]) if len(spent) > 1 else spent[0]})
+                         "tokens": len(tokens), "accept_s": min(spent[1:] or spent),
+                         "fill_s": min(filled[1:] or filled) if args.fills else ""})
         print(f"vocab {vocab}: {len(requests)} schemas walked")
     write_rows(rows, FIELDS, args.out)
 
