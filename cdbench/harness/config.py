@@ -130,6 +130,10 @@ class CostConfig(ForwardConfig, SpecCostSettings):
     allow_mismatched_profile: bool = Field(False, description="model mode: use a grammar profile measured with "
                                            "another backend, engine version or vocabulary than the run's")
     fixed_grammar: FixedGrammarCosts | None = None
+    grammar_fill_scale: float = Field(
+        1.0, gt=0, description="model mode: every fill the grammar profile prices times this, for an engine that "
+        "ran another release of the backend than the profile measured (its fills over the profile release's on the "
+        "same schemas: scripts/engine_costs/measure_grammar_accept.py --fills); accepts and compiles as measured")
     host_costs: str = Field(
         "preset", description="the loop's host costs: preset (the policy's, measured from the engines' code), or "
         "live-run:<run folder or PACK::RUN>: a live run's own loop (the host costs it spun, from its config, and its "
@@ -241,7 +245,8 @@ class CostConfig(ForwardConfig, SpecCostSettings):
             profile, coverage = price_specs(profile, backend, options, vocab, requests, self,
                                             named_profile=named, progress=progress)
             coverage.profile_mismatch = mismatch
-        return ProfileGrammarCosts(profile, seed, coverage, requests=requests if callable(requests) else None)
+        return ProfileGrammarCosts(profile, seed, coverage, requests=requests if callable(requests) else None,
+                                   fill_scale=self.grammar_fill_scale)
 
 
 class RunConfig(BaseModel):

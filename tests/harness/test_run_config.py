@@ -94,6 +94,11 @@ def test_cost_sections_build_the_cost_sources(tmp_path):
     profile.save(path)
     from_file = RunConfig.model_validate({"costs": {"grammar_profile": str(path)}})
     assert isinstance(from_file.costs.grammar_costs("xgrammar", 0), ProfileGrammarCosts)
+    assert from_file.costs.grammar_costs("xgrammar", 0).fill_scale == 1.0
+    release = RunConfig.model_validate({"costs": {"grammar_profile": str(path), "grammar_fill_scale": 1.9}})
+    assert release.costs.grammar_costs("xgrammar", 0).fill_scale == 1.9
+    with pytest.raises(ValidationError, match="grammar_fill_scale"):
+        RunConfig.model_validate({"costs": {"grammar_fill_scale": 0}})
     with pytest.raises(ProfileError, match="no default grammar profile for backend 'nonesuch'"):
         RunConfig().costs.grammar_costs("nonesuch", 0)
 

@@ -127,6 +127,44 @@ def _model_run(name: str, seed: int):
     return simulate(_workload(seed), cfg, executor, gpu, seed=seed, trace_steps=100)
 
 
+def test_a_release_fill_scale_multiplies_every_fill_and_leaves_the_accepts():
+    """``fill_scale`` (costs.grammar_fill_scale): the fills of a step of many rows, of a lone row, of a decode
+    run and of drafted rows (less their drafts' accepts) times the scale; accepts as they were."""
+    from cdbench.harness.executors.base import SpecKeys, StepRows
+
+    requests = [Request(i, r.arrival_s, r.prompt_len, r.output_len, r.spec, r.spec_id)
+                for i, r in enumerate(r for r in _workload(5, 120) if r.spec is not None)]
+    n = len(requests)
+    every, grammar, none = np.arange(n), np.ones(n, bool), np.zeros(n, np.int64)
+    left = np.array([r.output_len for r in requests])
+    work = {}
+    for scale in (1.0, 3.0):
+        executor = ModelExecutor(ProfileGrammarCosts(_profile(), 7, fill_scale=scale))
+        executor.prepare(requests, SpecKeys.of(requests), n, drafts=True)
+        for rid in every:
+            executor.arrive(int(rid))
+        rng = np.random.default_rng(0)
+        many = executor.step(StepRows(every, grammar, none, left, none), rng)
+        lone = executor.step(StepRows(every[:1], grammar[:1], none[:1], left[:1], none[:1]), rng)
+        drafted = executor.step(StepRows(every, grammar, np.full(n, 2), left, none), rng)
+        run = executor.decode_run(every, grammar, left, 4)
+        work[scale] = many, lone, drafted, run
+    (many1, lone1, drafted1, run1), (many3, lone3, drafted3, run3) = work[1.0], work[3.0]
+    assert many1.fill_s.sum() > 0
+    np.testing.assert_allclose(many3.fill_s, 3 * many1.fill_s, rtol=1e-12)
+    np.testing.assert_allclose(lone3.fill_s, 3 * lone1.fill_s, rtol=1e-12)
+    np.testing.assert_allclose(run3.fill_s, 3 * run1.fill_s, rtol=1e-12)
+    np.testing.assert_array_equal(run3.accept_s, run1.accept_s)
+    assert (many3.process_s, lone3.process_s, drafted3.process_s) == (many1.process_s, lone1.process_s,
+                                                                      drafted1.process_s)
+    np.testing.assert_array_equal(drafted3.mask_rows, drafted1.mask_rows)
+    accepts = 2e-6 * (drafted1.mask_rows - 1)  # the profile's accept, once a valid draft
+    assert (drafted1.mask_rows > 1).any()
+    np.testing.assert_allclose(drafted3.fill_s - accepts, 3 * (drafted1.fill_s - accepts), rtol=1e-9)
+    with pytest.raises(ValueError, match="fill_scale must be positive"):
+        ProfileGrammarCosts(_profile(), 7, fill_scale=0.0)
+
+
 @pytest.mark.parametrize("name", ["sglang", "vllm"])
 def test_model_mode_is_deterministic_per_seed(name):
     a, b, c = _model_run(name, 7), _model_run(name, 7), _model_run(name, 8)

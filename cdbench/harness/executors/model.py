@@ -53,9 +53,11 @@ class GrammarCosts(Protocol):
     (:class:`~cdbench.harness.costs.cost_tables.CostTables`, whose pools a request acquires when it
     arrives and releases when it ends), and how far
     the engine's parallel fill pool falls short of its threads running side by side (a factor on
-    the pool's makespan; 1: it does not)."""
+    the pool's makespan; 1: it does not), and a factor on every fill (``fill_scale``: the grammar
+    library release an engine ran against the one the costs were measured with; 1: as measured)."""
 
     parallel_fill_factor: float
+    fill_scale: float
 
     def compile(self, spec_id: str | None, key_text: str, kind: str) -> CompileOutcome: ...
 
@@ -89,6 +91,11 @@ class FixedGrammarCosts(BaseModel):
     forced_tokens: int = Field(0, ge=0)
     parallel_fill_factor: float = Field(1.0, gt=0)
 
+    @property
+    def fill_scale(self) -> float:
+        """1: constants state their fill as it is."""
+        return 1.0
+
     def compile(self, spec_id: str | None, key_text: str, kind: str) -> CompileOutcome:
         names = {key_text} | ({spec_id} if spec_id is not None else set())
         seconds = next((self.compile_by_key[n] for n in names if n in self.compile_by_key), self.compile_time_s)
@@ -111,6 +118,8 @@ class ProfileGrammarCosts:
     kind's compile draw (:meth:`ProfileSampler.compile_one`), stable per spec.
     The parallel fill pool's factor is the one its run measured
     (:class:`~cdbench.harness.costs.grammar_profile.ParallelFillProfile`), else 1.
+    ``fill_scale``: every fill the profile prices times this (an engine's older release of the backend
+    against the profile's; accepts, rollbacks and compiles as measured).
     ``coverage``: where the profile's prices of the run's specs came from
     (:func:`~cdbench.harness.costs.spec_costs.price_specs`; ``None``: not priced spec by spec).
     ``requests``: builds the run's requests anew, for a run that does not hold them (read once more
@@ -118,8 +127,11 @@ class ProfileGrammarCosts:
     """
 
     def __init__(self, profile: GrammarProfile, seed: int, coverage: SpecCoverage | None = None,
-                 requests: Callable[[], Iterable[Request]] | None = None) -> None:
+                 requests: Callable[[], Iterable[Request]] | None = None, fill_scale: float = 1.0) -> None:
+        if not fill_scale > 0:
+            raise ValueError(f"fill_scale must be positive, got {fill_scale}")
         self.profile, self.seed, self.coverage, self.requests = profile, seed, coverage, requests
+        self.fill_scale = fill_scale
         self.sampler = profile.sampler(seed)
         self.index = SpecIndex(profile, seed)
         self.parallel_fill_factor = profile.parallel_fill.factor if profile.parallel_fill is not None else 1.0
@@ -171,6 +183,7 @@ class ModelExecutor(GrammarExecutor):
 
     def __init__(self, costs: GrammarCosts, alpha: float = 0.0) -> None:
         self.costs, self.alpha = costs, alpha
+        self._fill_scale = float(costs.fill_scale)
         self._runs = np.zeros(0, np.int64)  # pooled draws of accepted-draft run lengths
         self._runs_at = 0
         self._step_col = np.arange(64)[:, None]  # a decode run's step numbers, as a column
@@ -275,6 +288,8 @@ class ModelExecutor(GrammarExecutor):
         fill = float(t.fill[fat]) * float(t.curve[ci])  # (as _fills)
         if t.spike is not None:
             fill += float(t.spike[fat])
+        if self._fill_scale != 1.0:
+            fill *= self._fill_scale
         ended = rejected = None
         if t.end_left is not None:
             end = int(t.end_left[rid])
@@ -310,6 +325,8 @@ class ModelExecutor(GrammarExecutor):
         fill = t.fill[fat] * t.curve[ci]
         if t.spike is not None:
             fill += t.spike[fat]
+        if self._fill_scale != 1.0:
+            fill *= self._fill_scale
         return fill
 
     def step(self, rows: StepRows, rng: np.random.Generator) -> StepWork:
@@ -366,6 +383,8 @@ class ModelExecutor(GrammarExecutor):
                 row_fill = (csum[fat + per_row] - csum[fat]) * t.curve[ci]
                 if t.spike is not None:  # an outlier is one per measured row: a drafted row's is its mean over its rows
                     row_fill += t.spike[fat] * per_row
+                if self._fill_scale != 1.0:
+                    row_fill *= self._fill_scale
                 row_fill = row_fill + accept_one * valid  # valid drafts enter the grammar to fill their rows
                 rolled = valid - g_accepted
                 rolled_back = np.zeros(n, np.int64)
