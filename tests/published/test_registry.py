@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -31,6 +33,28 @@ def test_the_shipped_registry_holds_at_least_eight_published_effects():
     assert len(reg.entries) >= 8
     assert all(e.unstated for e in reg.entries if not e.reproducible)
     assert reg.entry("vllm-26866-structured-cost").published.effect == pytest.approx(69.36 / 103.16 - 1)
+
+
+def test_each_release_fill_factor_is_the_committed_measurement_of_that_release():
+    """An entry's ``costs.grammar_fill_scale`` is its xgrammar release's fills summed over 0.2.8's (the profile's
+    release) at Qwen3's 151,936 logits, in reports/engine_costs/xgrammar_release_fills.csv.gz: 0.1.23 for #24300
+    (vLLM's pin from August 2025), 0.1.25 for the #26866 cells (from September)."""
+    rows = pd.read_csv(Path(__file__).parents[2] / "reports" / "engine_costs" / "xgrammar_release_fills.csv.gz")
+    rows = rows[rows.vocab == 151936]
+
+    def summed(release: str) -> float:
+        per_schema = {v: rows[rows.backend_version == v].groupby("schema").fill_s.median() for v in (release, "0.2.8")}
+        both = per_schema[release].index
+        return float(per_schema[release].sum() / per_schema["0.2.8"].loc[both].sum())
+
+    reg = load_registry()
+    releases = {"vllm-24300": "0.1.23", **{e.id: "0.1.25" for e in reg.entries if e.id.startswith("vllm-26866")}}
+    for entry in reg.entries:
+        scale = entry.config.get("costs", {}).get("grammar_fill_scale")
+        if entry.id in releases:
+            assert scale == pytest.approx(summed(releases[entry.id]), abs=0.005), entry.id
+        else:
+            assert scale is None, entry.id
 
 
 def test_a_good_entry_validates_and_its_effect_is_the_relative_change():
