@@ -46,9 +46,8 @@ def lane(campaign: dict, filters: dict[str, str], keep_arms: frozenset[str] = fr
                 for name, arm in arms.items()}
     for name, arm in arms.items():  # later copies wait only for the arms this lane runs
         after = [a for a in arm.get("later_copies_after", []) if a in arms]
-        if "later_copies_after" in arm:
-            arms[name] = {**arm, "later_copies_after": after} if after and arm.get("copies", 1) > 1 else \
-                {k: v for k, v in arm.items() if k != "later_copies_after"}
+        rest = {k: v for k, v in arm.items() if k != "later_copies_after"}
+        arms[name] = {**rest, "later_copies_after": after} if after and arm.get("copies", 1) > 1 else rest
     if keep_arms:
         return {**campaign, "cells": cells, "arms": arms,
                 "comparisons": [c for c in campaign.get("comparisons", []) if set(c["runs"]) <= set(arms)]}

@@ -187,9 +187,10 @@ class CampaignSpec(BaseModel):
                                      f"{name} does not; give it the same `over`")
         for cycle_start in self.arms:
             _check_cycle(self, cycle_start, [])
+        checked: set[tuple[str, int]] = set()
         for name, arm in self.arms.items():
             for copy in range(1, arm.copies + 1):
-                _check_run_cycle(self, (name, copy), [])
+                _check_run_cycle(self, (name, copy), [], checked)
         for comparison in self.comparisons:
             for arm in (comparison.reference, *comparison.runs, *([comparison.noise] if comparison.noise else [])):
                 if arm not in self.arms:
@@ -249,13 +250,18 @@ def _check_cycle(spec: CampaignSpec, arm: str, path: list[str]) -> None:
         _check_cycle(spec, dep, [*path, arm])
 
 
-def _check_run_cycle(spec: CampaignSpec, run: tuple[str, int], path: list[tuple[str, int]]) -> None:
-    """Runs that wait for each other (references and ``later_copies_after`` together) in a cycle."""
+def _check_run_cycle(spec: CampaignSpec, run: tuple[str, int], path: list[tuple[str, int]],
+                     checked: set[tuple[str, int]]) -> None:
+    """Runs that wait for each other (references and ``later_copies_after`` together) in a cycle; ``checked``:
+    the runs already known to start no cycle (each run is walked from once)."""
     if run in path:
         raise ValueError("runs wait for each other in a cycle: "
                          + " -> ".join(f"{a}@{chr(ord('a') + c - 1)}" for a, c in [*path, run]))
+    if run in checked:
+        return
     for before in [*spec.run_dependencies(run[0]), *spec.run_waits(*run)]:
-        _check_run_cycle(spec, before, [*path, run])
+        _check_run_cycle(spec, before, [*path, run], checked)
+    checked.add(run)
 
 
 def load_campaign(path: Path) -> CampaignSpec:
