@@ -15,7 +15,7 @@ splits × key block × warps, to choose the defaults.
 2^18): the kernel over a paged cache of 16-token blocks (each row's blocks in a row of the
 block table, as a fresh pool hands them out), against the reference's attention (torch's
 ``scaled_dot_product_attention`` over a contiguous cache, flash attention on a Hopper GPU);
-with ``--sweep`` every splits × key block × warps × pipeline stages of the paged kernel.
+with ``--sweep`` every splits × key block × warps × pipeline stages × fewest keys a split of the paged kernel.
 
 Run on a GPU host from the repo root: ``python benchmarks/bench_decode_attention.py [--paged] [--sweep]``.
 """
@@ -92,13 +92,14 @@ def time_paged_case(rows: int, kv: int, sweep: bool, gen: torch.Generator, block
         sets.append((q, table, torch.empty_like(q), contiguous))
     gbytes = rows * kv * bytes_per_key / 1e9
 
-    def report(variant: str, fn, rotation, splits="", block="", warps="", stages="") -> None:
+    def report(variant: str, fn, rotation, splits="", block="", warps="", stages="", least="") -> None:
         us = graph_time(fn, rotation).median_us
-        print(f"{rows} {kv} {variant} {splits} {block} {warps} {stages} {us:.1f} {gbytes / (us * 1e-6):.0f}",
-              flush=True)
+        print(f"{rows} {kv} {variant} {splits} {block} {warps} {stages} {least} {us:.1f} "
+              f"{gbytes / (us * 1e-6):.0f}", flush=True)
 
-    def paged(s, n=None):
-        return decode_attention(s[0], k, v, slots, lengths, out=s[2], splits=n, block_table=s[1])
+    def paged(s, n=None, least=None):
+        return decode_attention(s[0], k, v, slots, lengths, out=s[2], splits=n, block_table=s[1],
+                                min_split_keys=least)
 
     report("paged", paged, Rotation(sets), module.default_splits(rows, KV_HEADS, kv, k.device),
            module.key_block(kv), module.NUM_WARPS, module.NUM_STAGES)
@@ -108,9 +109,13 @@ def time_paged_case(rows: int, kv: int, sweep: bool, gen: torch.Generator, block
         s[0].view(rows, KV_HEADS, GROUP, HEAD_DIM), *s[3]), Rotation(sets[:2]))
     if sweep:
         defaults = module.BLOCK_N, module.NUM_WARPS, module.NUM_STAGES
-        for splits, block, warps, stages in itertools.product((1, 2, 4, 8, 16), (32, 64, 128), (4, 8), (2, 3, 4)):
+        for splits, block, warps, stages, least in itertools.product((1, 2, 4, 8, 16, 32), (16, 32, 64, 128), (2, 4),
+                                                                     (2,), (16, 64, 256)):
+            if least < block and least != 16:
+                continue  # rounded up to the block: the same launch as the row with 16
             module.BLOCK_N, module.NUM_WARPS, module.NUM_STAGES = block, warps, stages
-            report("sweep", lambda s, n=splits: paged(s, n), Rotation(sets), splits, block, warps, stages)
+            report("sweep", lambda s, n=splits, m=least: paged(s, n, m), Rotation(sets), splits, block, warps, stages,
+                   least)
         module.BLOCK_N, module.NUM_WARPS, module.NUM_STAGES = defaults
 
 
@@ -124,7 +129,7 @@ def main() -> None:
     args = parser.parse_args()
     gen = torch.Generator("cuda").manual_seed(0)
     if args.paged:
-        print("rows kv variant splits block warps stages us GB/s")
+        print("rows kv variant splits block warps stages min_split_keys us GB/s")
         for kv, rows in itertools.product(args.kv, args.rows):
             if rows * kv <= 2**18:
                 time_paged_case(rows, kv, args.sweep, gen)

@@ -5,10 +5,12 @@ For a model, at decode shapes (rows x cached context; by default the calibration
 
 - ``live_ms``: the live forward's decode step as ``cdbench calibrate`` times it
   (:func:`cdbench.harness.live.measure.measure_grid`, per-row decode attention: the paged KV cache, the
-  fused rotary + KV write, the paged decode-attention kernel; a CUDA graph's replays on a GPU);
+  fused rotary + KV write, the paged decode-attention kernel, the fused add + RMSNorm and SiLU-and-multiply;
+  a CUDA graph's replays on a GPU);
 - ``reference_ms``: a minimal forward of the same shapes (:class:`ReferenceForward`): random bf16 weights,
   a fused QKV projection, torch's ``scaled_dot_product_attention`` (flash attention on a Hopper GPU) over a
-  contiguous cache of every row's keys, no rotary, no cache write, no q/k norm; a MoE's tokens go to the
+  contiguous cache of every row's keys, no rotary, no cache write, no q/k norm, the live forward's fused
+  add + RMSNorm and SiLU-and-multiply (:mod:`cdbench.kernels.layer_ops`); a MoE's tokens go to the
   experts uniform routing would touch, assigned once (no router, no sort: the grouped GEMMs and one gather
   and scatter); timed the same way;
 - ``floor_ms``: the bytes of the weights the step reads (every layer's projections and the LM head; a
@@ -36,6 +38,7 @@ import torch.nn.functional as F
 
 from cdbench.harness.costs.hardware import ModelSpec, intermediate_size, resolve_model
 from cdbench.harness.live.measure import StepShape, measure_grid, time_repetitions
+from cdbench.kernels.layer_ops import add_rms_norm, silu_and_mul
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 KV = (512, 2048, 8192)
@@ -122,27 +125,26 @@ class ReferenceForward:
              routing: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         spec, rows = self.spec, tokens.shape[0]
         group = spec.n_heads // spec.n_kv_heads
-        x = F.embedding(tokens, self.embed)
+        # the residual stream: each sublayer's output added and the sum normalized in one kernel
+        residual = F.embedding(tokens, self.embed)
+        normed, _ = add_rms_norm(residual, self.norm, NORM_EPS)
         for layer, (keys, values) in zip(self.layers, cache, strict=True):
-            q, _, _ = (F.rms_norm(x, (x.shape[-1],), self.norm, NORM_EPS) @ layer["qkv"]).split(
-                [self.q_width, self.kv_width, self.kv_width], dim=-1)
+            q, _, _ = (normed @ layer["qkv"]).split([self.q_width, self.kv_width, self.kv_width], dim=-1)
             # the G query heads sharing a KV head as its G query positions (one read of its keys)
             q = q.reshape(rows, spec.n_kv_heads, group, spec.head_dim)
             o = F.scaled_dot_product_attention(q, keys, values)
-            x = x + o.reshape(rows, self.q_width) @ layer["o"]
-            normed = F.rms_norm(x, (x.shape[-1],), self.norm, NORM_EPS)
+            normed, residual = add_rms_norm(residual, self.norm, NORM_EPS, o.reshape(rows, self.q_width) @ layer["o"])
             if routing is None:
-                gate, up = (normed @ layer["gate_up"]).chunk(2, dim=-1)
-                x = x + (F.silu(gate) * up) @ layer["down"]
-                continue
-            token_of, ends = routing
-            gate, up = F.grouped_mm(normed[token_of], layer["gate_up"], offs=ends).chunk(2, dim=-1)
-            y = F.grouped_mm(F.silu(gate) * up, layer["down"], offs=ends)
-            x = x.index_add(0, token_of, y)
-            if "shared_gate_up" in layer:
-                g, u = (normed @ layer["shared_gate_up"]).chunk(2, dim=-1)
-                x = x + (F.silu(g) * u) @ layer["shared_down"]
-        return F.rms_norm(x, (x.shape[-1],), self.norm, NORM_EPS) @ self.lm_head
+                ffn = silu_and_mul(normed @ layer["gate_up"]) @ layer["down"]
+            else:
+                token_of, ends = routing
+                y = F.grouped_mm(silu_and_mul(F.grouped_mm(normed[token_of], layer["gate_up"], offs=ends)),
+                                 layer["down"], offs=ends)
+                ffn = torch.zeros_like(normed).index_add_(0, token_of, y)
+                if "shared_gate_up" in layer:
+                    ffn += silu_and_mul(normed @ layer["shared_gate_up"]) @ layer["shared_down"]
+            normed, residual = add_rms_norm(residual, self.norm, NORM_EPS, ffn)
+        return normed @ self.lm_head
 
 
 def time_reference(ref: ReferenceForward, rows: int, kv: int, min_reps: int, min_time_s: float) -> float:

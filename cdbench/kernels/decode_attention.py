@@ -80,8 +80,13 @@ NUM_WARPS = 4
 #: (``benchmarks/bench_decode_attention.py --paged --sweep``, reports/calibration/README.md).
 NUM_STAGES = 2
 #: Fewest keys worth giving a split of their own: below this the partial write and the merge
-#: cost more than the extra parallelism saves.
-MIN_KEYS_PER_SPLIT = 256
+#: cost more than the extra parallelism saves. One key block: on an H200, a decode batch of 1-8 rows at 512
+#: cached keys took 11.7-20.0 µs a layer with it against 17.1-22.1 at 256 (its rows then got 2 splits,
+#: each a serial walk of 256 keys), within 1 µs of the sweep's best at every shape of 1-16 rows and
+#: 512-8,192 keys (``benchmarks/bench_decode_attention.py --paged --sweep``, reports/calibration/README.md).
+MIN_KEYS_PER_SPLIT = 64
+#: Most splits a row gets: the most the sweep measured (1-2 rows reach it at 2k+ keys).
+MAX_SPLITS = 32
 #: Programs per SM the default ``splits`` aims for at most, so each SM has several key streams in
 #: flight while others wait on memory; past it the partials cost more than the streams gain (on an H200,
 #: 16-64 rows at 8 programs per SM took 9-17 % longer than at 4).
@@ -90,8 +95,9 @@ PROGRAMS_PER_SM = 4
 
 def default_splits(rows: int, kv_heads: int, max_len: int, device: torch.device) -> int:
     """Splits per row: the largest power of two that keeps the (row, KV head, split) programs within
-    :data:`PROGRAMS_PER_SM` per SM (at least 1), and leaves :data:`MIN_KEYS_PER_SPLIT` keys per split of a
-    full ``max_len`` row. Powers of two keep the number of compiled merge kernels small.
+    :data:`PROGRAMS_PER_SM` per SM (at least 1), leaves :data:`MIN_KEYS_PER_SPLIT` keys per split of a
+    full ``max_len`` row and is at most :data:`MAX_SPLITS`. Powers of two keep the number of compiled merge
+    kernels small.
 
     1 off a GPU (the Triton interpreter runs programs one after another).
     """
@@ -100,7 +106,7 @@ def default_splits(rows: int, kv_heads: int, max_len: int, device: torch.device)
     index = device.index if device.index is not None else torch.cuda.current_device()
     wanted = max(1, PROGRAMS_PER_SM * sm_count(index) // max(1, rows * kv_heads))
     most = max(1, max_len // MIN_KEYS_PER_SPLIT)
-    return 1 << (min(wanted, most).bit_length() - 1)
+    return 1 << (min(wanted, most, MAX_SPLITS).bit_length() - 1)
 
 
 def key_block(max_len: int) -> int:

@@ -109,10 +109,14 @@ def test_default_splits_fill_the_gpu_without_short_splits(monkeypatch):
             assert splits & (splits - 1) == 0, "a power of two"
             assert splits == 1 or splits * module.MIN_KEYS_PER_SPLIT <= max_len
             assert splits == 1 or rows * 8 * splits <= budget, "no more programs than the budget"
-            doubled_fits = rows * 8 * splits * 2 <= budget
+            assert splits <= module.MAX_SPLITS
+            doubled_fits = rows * 8 * splits * 2 <= budget and splits * 2 <= module.MAX_SPLITS
             assert not doubled_fits or splits * 2 * module.MIN_KEYS_PER_SPLIT > max_len, (rows, max_len, splits)
     # the H200 sweep's best: 4 programs per SM or just under it, not the next power of two past it
     assert [default_splits(r, 8, 8192, cuda) for r in (16, 32, 64, 128)] == [4, 2, 1, 1]
+    # and short caches split into key blocks: one row at 512 and 2,048 keys, two at 512
+    assert [default_splits(1, 8, 512, cuda), default_splits(1, 8, 2048, cuda), default_splits(2, 8, 512, cuda)] \
+        == [8, 32, 8]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)

@@ -1,17 +1,12 @@
-"""The fused MoE GEMM: the pairs' alignment, its reference against a per-pair loop, the Triton kernel under the
-interpreter (in a subprocess), and on a GPU against torch's grouped GEMMs."""
+"""The fused MoE GEMM: the pairs' alignment, its reference against a per-pair loop, the Triton kernel on a GPU
+against torch's grouped GEMMs (under the interpreter: ``interpreted_cases.py``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from interpreter import run_under_interpreter
 
 from cdbench.kernels.fused_moe import align_pairs, fused_moe_gemm
-
-
-def test_triton_kernel_equals_reference_under_interpreter():
-    run_under_interpreter("fused_moe_interpreted.py")
 
 
 def test_pairs_are_sorted_by_expert_in_whole_blocks():

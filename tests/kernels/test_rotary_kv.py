@@ -1,22 +1,17 @@
 """The fused rotary + KV-write kernel: the reference against the live forward's unfused torch path, input
-checks, the Triton kernel under the interpreter (in a subprocess) and on a GPU."""
+checks, the Triton kernel on a GPU (under the interpreter: ``interpreted_cases.py``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
-from interpreter import run_under_interpreter
 from rotary_kv_cases import check_rotary_kv, rotary_kv_inputs
 
 from cdbench.kernels.reference import rotary_kv_reference
 from cdbench.kernels.rotary_kv import rotary_kv_write
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-def test_triton_kernel_equals_reference_under_interpreter():
-    run_under_interpreter("rotary_kv_interpreted.py")
 
 
 def test_reference_is_the_unfused_norm_rotary_and_cache_copy():

@@ -75,6 +75,7 @@ from cdbench.harness.live.experts import (
 )
 from cdbench.harness.live.paged import KVCache
 from cdbench.kernels.decode_attention import decode_attention, lpt_order
+from cdbench.kernels.layer_ops import add_rms_norm, silu_and_mul
 from cdbench.kernels.rotary_kv import rotary_kv_write
 
 ROPE_THETA = 500_000.0  # rotary base; the value only changes the numbers, not the time
@@ -353,29 +354,38 @@ class LiveForward:
 
         # the per-row decode kernel's launch order, sorted once for every layer
         order = lpt_order(decode.lengths) if rows and decode.lengths is not None and self.balance_decode else None
-        x = F.embedding(tokens, self.embed)
-        for layer in self.layers:
-            normed = F.rms_norm(x, (x.shape[-1],), layer.attn_norm, NORM_EPS)
+        def mixer(layer: _Layer, normed: torch.Tensor) -> torch.Tensor:
             i = layer.cache_index
             if layer.linear is None:
-                x = x + self._attention(layer, normed, cos, sin, cache, i, where, decode, rows, prefill, order)
-            else:
-                x = x + self._linear_attention(layer.linear, normed, cache.state[i], cache.conv[i], decode, rows,
-                                               prefill)
-            x = x + self._ffn(layer, F.rms_norm(x, (x.shape[-1],), layer.mlp_norm, NORM_EPS))
+                return self._attention(layer, normed, cos, sin, cache, i, where, decode, rows, prefill, order)
+            return self._linear_attention(layer.linear, normed, cache.state[i], cache.conv[i], decode, rows, prefill)
+
+        normed, _ = self._decoder(self.layers, F.embedding(tokens, self.embed), mixer)
         # Logits only for the tokens that are sampled: every decode row, each chunk's last token
         # (slices, so the step reads no host data and a CUDA graph can capture it).
         if prefill:
             ends = [rows + sum(c.new for c in prefill[: i + 1]) for i in range(len(prefill))]
-            x = torch.cat(([x[:rows]] if rows else []) + [x[end - 1:end] for end in ends])
-        logits = F.rms_norm(x, (x.shape[-1],), self.final_norm, NORM_EPS) @ self.lm_head
+            normed = torch.cat(([normed[:rows]] if rows else []) + [normed[end - 1:end] for end in ends])
+        logits = normed @ self.lm_head
         return logits if self.tp is None else self.tp.all_gather_columns(logits)[:, :self.full_spec.vocab_size]
+
+    def _decoder(self, layers: Sequence[_Layer], residual: torch.Tensor,
+                 mixer: Callable[[_Layer, torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``layers`` over the residual stream ``residual`` (changed in place): each layer's token mixer
+        ``mixer(layer, normed)`` and FFN, each output added to the stream and the sum normalized by the next
+        norm in one kernel (:func:`~cdbench.kernels.layer_ops.add_rms_norm`, the engines' fused add + RMSNorm).
+        Returns the stream after the final norm, and the stream."""
+        normed, _ = add_rms_norm(residual, layers[0].attn_norm, NORM_EPS)
+        for index, layer in enumerate(layers):
+            normed, residual = add_rms_norm(residual, layer.mlp_norm, NORM_EPS, mixer(layer, normed))
+            following = layers[index + 1].attn_norm if index + 1 < len(layers) else self.final_norm
+            normed, residual = add_rms_norm(residual, following, NORM_EPS, self._ffn(layer, normed))
+        return normed, residual
 
     def _ffn(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
         """The dense gated MLP, or the routed experts and the shared expert."""
         if layer.moe is None:
-            gate, up = (x @ layer.gate_up).chunk(2, dim=-1)
-            return self._reduce((F.silu(gate) * up) @ layer.down)
+            return self._reduce(silu_and_mul(x @ layer.gate_up) @ layer.down)
         moe = layer.moe
         weights, ids = route(x, moe.router, self.spec.experts_per_token)
         out = self._experts(x, weights, ids, moe.gate_up, moe.down)
@@ -556,13 +566,10 @@ class LiveForward:
             order = lpt_order(inputs.lengths) if self.balance_decode else None
             x = torch.cat([F.rms_norm(F.embedding(tokens, self.embed), (h,), enorm, NORM_EPS),
                            F.rms_norm(hidden, (h,), hnorm, NORM_EPS)], dim=-1) @ self.mtp_fc
-            for layer in self.mtp_layers:
-                normed = F.rms_norm(x, (h,), layer.attn_norm, NORM_EPS)
-                x = x + self._attention(layer, normed, cos, sin, cache, layer.cache_index, where, inputs, rows, (),
-                                        order)
-                x = x + self._ffn(layer, F.rms_norm(x, (h,), layer.mlp_norm, NORM_EPS))
-            hidden = x
-            logits = F.rms_norm(x, (h,), self.final_norm, NORM_EPS) @ self.lm_head
+            normed, hidden = self._decoder(
+                self.mtp_layers, x, lambda layer, normed: self._attention(
+                    layer, normed, cos, sin, cache, layer.cache_index, where, inputs, rows, (), order))
+            logits = normed @ self.lm_head
             if self.tp is not None:
                 logits = self.tp.all_gather_columns(logits)[:, :self.full_spec.vocab_size]
             tokens = logits.argmax(dim=-1)
