@@ -6,7 +6,8 @@ experts then run as engines run them: the ``tokens x k`` (token, expert) pairs
 are sorted by expert, so each expert's tokens are one contiguous block; the
 experts' gated SiLU MLPs are two grouped matrix multiplications over those
 blocks (``torch.nn.functional.grouped_mm``: one kernel for all experts, block
-boundaries read from a device tensor, so a CUDA graph can capture it); each
+boundaries read from a device tensor, so a CUDA graph can capture it), the
+SiLU-and-multiply between them one launch (:func:`~cdbench.kernels.layer_ops.silu_and_mul`); each
 pair's output, weighted, is added back into its token's row. A shared expert
 (Qwen3-Next, Qwen3.5) is a dense gated MLP every token passes through, scaled
 by a sigmoid gate of the token.
@@ -27,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from cdbench.kernels.fused_moe import align_pairs, fused_moe_gemm
+from cdbench.kernels.layer_ops import silu_and_mul
 
 
 def route(x: torch.Tensor, router: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,8 +50,7 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, g
     # which a CUDA graph's capture forbids
     counts = torch.zeros(n_experts, dtype=torch.int64, device=x.device).index_add_(0, flat, torch.ones_like(flat))
     ends = counts.cumsum(0).to(torch.int32)
-    gate, up = F.grouped_mm(x[token_of], gate_up, offs=ends).chunk(2, dim=-1)
-    y = F.grouped_mm(F.silu(gate) * up, down, offs=ends)
+    y = F.grouped_mm(silu_and_mul(F.grouped_mm(x[token_of], gate_up, offs=ends)), down, offs=ends)
     y = y * weights.reshape(-1)[order].to(y.dtype)[:, None]
     return torch.zeros_like(x).index_add_(0, token_of, y)
 
@@ -60,12 +61,11 @@ def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gat
     tokens, k = ids.shape
     pairs = tokens * k
     order, experts = align_pairs(ids, gate_up.shape[0])
-    gate, up = fused_moe_gemm(x, gate_up, order, experts, pairs, k).chunk(2, dim=-1)
-    y = fused_moe_gemm(F.silu(gate) * up, down, order, experts, pairs, 1, weights.reshape(-1))
+    hidden = silu_and_mul(fused_moe_gemm(x, gate_up, order, experts, pairs, k))
+    y = fused_moe_gemm(hidden, down, order, experts, pairs, 1, weights.reshape(-1))
     return y.view(tokens, k, -1).sum(1)
 
 
 def shared_expert(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """The shared expert's gated MLP, scaled per token by ``sigmoid(x @ gate)``."""
-    g, u = (x @ gate_up).chunk(2, dim=-1)
-    return torch.sigmoid(x @ gate) * ((F.silu(g) * u) @ down)
+    return torch.sigmoid(x @ gate) * (silu_and_mul(x @ gate_up) @ down)
