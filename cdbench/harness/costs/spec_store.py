@@ -260,20 +260,28 @@ class SpecCostStore:
     def _write(self, folder: Path, name: str, entry: BaseModel) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{name}.json"
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=_WRITING, suffix=".json")
         with os.fdopen(fd, "w", encoding="utf-8") as file:
             file.write(entry.model_dump_json())
         os.replace(tmp, path)
         return path
 
     def __len__(self) -> int:
-        return sum(1 for _ in self.root.glob("*/*/*.json")) if self.root.is_dir() else 0
+        if not self.root.is_dir():
+            return 0
+        return sum(1 for path in self.root.glob("*/*/*.json") if not path.name.startswith(_WRITING))
+
+
+#: The prefix of a file another process is still writing (renamed onto its entry's name when whole): readers
+#: sharing the store skip it (a glob's ``*`` matches names that start with a dot).
+_WRITING = ".tmp-"
 
 
 def _read(folder: Path, model: type[_Entry], what: str, again: str) -> list[_Entry]:
     """Every host's file in ``folder`` as ``model``, ordered by host id; a damaged one names itself."""
     out = []
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+    paths = sorted(p for p in folder.glob("*.json") if not p.name.startswith(_WRITING)) if folder.is_dir() else ()
+    for path in paths:
         try:
             out.append(model.model_validate_json(path.read_text(encoding="utf-8")))
         except (OSError, ValidationError) as exc:

@@ -166,6 +166,15 @@ def test_concurrent_writers_never_leave_a_torn_entry(tmp_path):
     assert not list(tmp_path.rglob(".tmp-*"))
 
 
+def test_a_file_another_process_is_writing_is_not_read(tmp_path):
+    # a run sharing the store lists the folder while another run's write is still in its temporary file
+    store = SpecCostStore(tmp_path)
+    path = store.put(_entry("23" * 16, _host("h1", 1.0), 0.01))
+    (path.parent / ".tmp-abc123.json").write_text('{"digest": "23')
+    assert [e.host.id for e in store.entries("23" * 16)] == ["h1"]
+    assert len(store) == 1
+
+
 def test_a_damaged_entry_is_named(tmp_path):
     store = SpecCostStore(tmp_path)
     path = store.put(_entry("01" * 16, _host("h", 1.0), 0.01))
