@@ -21,7 +21,11 @@ time would measure the other processes; torch runs one intra-op thread for the s
   and the reader's ``dequeue`` (pickle into shared memory, and back), with the bytes;
   ``enqueue_so``: the same for ``("execute_model", (scheduler_output,), ...)``;
 - ``update``: ``Scheduler.update_from_output()`` (accepting the sampled tokens into each
-  grammar, stop checks, finished requests, outputs).
+  grammar, stop checks, finished requests, outputs);
+- ``encode``: the engine core's output thread's serialization of those outputs
+  (``MsgpackEncoder.encode_into`` of each client's ``EngineCoreOutputs``, as
+  ``EngineCoreProc.process_output_sockets`` does before its zmq send), with the bytes: Python
+  under the GIL of the engine core's process, in a thread beside its loop.
 
     .venv-engines/vllm/bin/python scripts/engine_costs/measure_vllm.py \
         --requests /tmp/engine_requests.json --out reports/engine_costs/vllm_steps.csv.gz
@@ -69,6 +73,7 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
+from vllm.v1.serial_utils import MsgpackEncoder
 from vllm.v1.structured_output import StructuredOutputManager
 
 assert LEGACY != hasattr(Scheduler, "get_grammar_bitmask")
@@ -85,7 +90,8 @@ PROMPT = 32
 NUM_BLOCKS = 200_000
 FIELDS = ["engine", "version", "backend", "backend_version", "vocab", "batch", "share", "step", "rows",
           "structured_rows", "new_rows", "schedule_s", "bitmask_s", "raw_fill_s", "enqueue_s", "dequeue_s",
-          "bitmask_bytes", "message_bytes", "enqueue_so_s", "dequeue_so_s", "so_bytes", "update_s"]
+          "bitmask_bytes", "message_bytes", "enqueue_so_s", "dequeue_so_s", "so_bytes", "update_s",
+          "encode_s", "output_bytes"]
 
 
 def message_queue() -> tuple[MessageQueue, MessageQueue]:
@@ -130,6 +136,7 @@ def run_case(cfg, manager, backend, pool, eos, batch, share, steps, warmup, mq, 
         manager.grammar_bitmask = timed_fill
     tokens: dict[str, list[int]] = {}
     made = 0
+    encoder = MsgpackEncoder()
     # as EngineCore builds it (prefix caching on)
     hash_fn = get_hash_fn_by_name(cfg.cache_config.prefix_caching_hash_algo)
     init_none_hash(hash_fn)
@@ -211,7 +218,13 @@ def run_case(cfg, manager, backend, pool, eos, batch, share, steps, warmup, mq, 
         legacy_fields = dict(spec_token_ids=None, logprobs=None, prompt_logprobs_dict={}, pooler_output=[]) if LEGACY else {}
         out = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                 sampled_token_ids=sampled, **legacy_fields)
-        _, t_upd = timed(sched.update_from_output, so, out)
+        outputs, t_upd = timed(sched.update_from_output, so, out)
+        buf, t_enc, out_bytes = bytearray(), 0.0, 0
+        for client_outputs in outputs.values():  # the output thread, a message a client
+            t0 = time.thread_time()
+            frames = encoder.encode_into(client_outputs, buf)
+            t_enc += time.thread_time() - t0
+            out_bytes += sum(len(f) for f in frames)
         if step < warmup:
             continue
         n_struct = len(go.structured_output_request_ids) if go is not None else 0  # a list, or 0.10's dict
@@ -221,7 +234,7 @@ def run_case(cfg, manager, backend, pool, eos, batch, share, steps, warmup, mq, 
             "batch": batch, "share": share, "step": step - warmup, "rows": len(ids), "structured_rows": n_struct, "new_rows": new,
             "schedule_s": t_sched, "bitmask_s": t_mask, "raw_fill_s": raw, "enqueue_s": enq, "dequeue_s": deq,
             "bitmask_bytes": nbytes, "message_bytes": mbytes, "enqueue_so_s": enq_so, "dequeue_so_s": deq_so,
-            "so_bytes": so_bytes, "update_s": t_upd})
+            "so_bytes": so_bytes, "update_s": t_upd, "encode_s": t_enc, "output_bytes": out_bytes})
 
 
 def main() -> None:
@@ -247,7 +260,8 @@ def main() -> None:
                 print(f"V={vocab} {backend} B={batch} s={share}: "
                       f"sched {np.median([r['schedule_s'] for r in last])*1e3:.2f} ms, "
                       f"mask {np.median([r['bitmask_s'] for r in last])*1e3:.2f} ms, "
-                      f"update {np.median([r['update_s'] for r in last])*1e3:.2f} ms "
+                      f"update {np.median([r['update_s'] for r in last])*1e3:.2f} ms, "
+                      f"encode {np.median([r['encode_s'] for r in last])*1e3:.2f} ms "
                       f"({time.perf_counter()-t0:.1f} s)", flush=True)
     write_rows(rows, FIELDS, args.out)
 
