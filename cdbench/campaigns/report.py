@@ -27,7 +27,9 @@ from cdbench.reports.fidelity import (
     check_same_workload,
     evaluate_fidelity,
     fidelity_frame,
+    reference_resolution,
     spread_text,
+    unresolved_text,
     write_fidelity,
 )
 from cdbench.results.run_folder import ResultsError, SavedRun
@@ -101,7 +103,8 @@ def evaluate_campaign(spec: CampaignSpec, open_run: RunOpener, report_dir: Path)
             result = evaluate_fidelity({label: [c.summary for c in copies[label]] if label in copies else run.summary
                                         for label, run in runs.items()},
                                        [run.summary for run in noise.values()] or None, tolerances,
-                                       tuple(noise) if noise else None)
+                                       tuple(noise) if noise else None,
+                                       reference_resolution(runs[comparison.reference]))
             # the CDFs draw the other noise copies only beside runs of their own workload
             drawn = {k: v for k, v in noise.items() if k not in runs} if comparison.noise == comparison.reference \
                 else None
@@ -143,6 +146,9 @@ def _cell_text(row: pd.Series) -> str:
     if pd.notna(row["noise_pct"]) and row["noise_pct"] > row["tolerance_pct"]:
         text += f" (n {row['noise_pct']:.1f})"
     text = text if row["verdict"] == "within" else f"**{text}** ✗"
+    if pd.notna(row.get("unresolved")) and bool(row.get("unresolved")):
+        requests = row.get("requests_to_resolve")
+        text += unresolved_text(int(requests) if pd.notna(requests) else None)
     return text + spread_text(row.get("spread_min_pct"), row.get("spread_max_pct"))
 
 
@@ -158,20 +164,21 @@ def _table(spec: CampaignSpec, part: pd.DataFrame, checked: list[str]) -> list[s
     return lines
 
 
-def verdicts(spec: CampaignSpec, frame: pd.DataFrame) -> dict[str, tuple[int, int, int, int]]:
-    """Per comparison: (cells passing, cells judged, figures within their bar, figures checked); a cell of a
-    comparison with several runs counts once per run."""
+def verdicts(spec: CampaignSpec, frame: pd.DataFrame) -> dict[str, tuple[int, int, int, int, int]]:
+    """Per comparison: (cells passing, cells judged, figures within their bar, figures checked, figures beyond
+    their bar but unresolved); a cell of a comparison with several runs counts once per run."""
     out = {}
     keys = [*spec.axes, "seed", "run"]
     for comparison in spec.comparisons:
         part = frame[(frame["comparison"] == comparison.name) & (frame["metric"] != "")] if len(frame) else frame
         checked = part[part["tolerance_pct"].notna()] if len(part) else part
         if checked.empty:
-            out[comparison.name] = (0, 0, 0, 0)
+            out[comparison.name] = (0, 0, 0, 0, 0)
             continue
         cell_pass = checked.groupby(keys, dropna=False)["verdict"].apply(lambda v: (v == "within").all())
+        unresolved = int((checked["unresolved"] == True).sum()) if "unresolved" in checked else 0  # noqa: E712
         out[comparison.name] = (int(cell_pass.sum()), len(cell_pass), int((checked["verdict"] == "within").sum()),
-                                len(checked))
+                                len(checked), unresolved)
     return out
 
 
@@ -186,21 +193,25 @@ def write_campaign_report(spec: CampaignSpec, frame: pd.DataFrame, runs: pd.Data
         lines += [spec.description.strip(), ""]
     lines += ["Written by `cdbench campaign report`; every figure is read from the campaign's runs. Signed relative "
               "error of each run against the reference, in percent; `(n X)`: the noise floor X % when it exceeds "
-              "the tolerance; bold ✗: beyond the bar (max of tolerance and noise); an arm of several copies is "
-              "judged by the median of its copies' figures, `[low..high]` the range of the copies' errors.", ""]
+              "the tolerance; bold ✗: beyond the bar (max of tolerance and noise), `(unresolved: ~N requests)` where "
+              "the error lies inside the reference's own 95 % band over resamples of its requests (about the requests "
+              "that would judge it); an arm of several copies is judged by the median of its copies' figures, "
+              "`[low..high]` the range of the copies' errors.", ""]
     finished = int(runs["request_throughput"].notna().sum()) if "request_throughput" in runs else 0
     lines += [f"Runs: {finished} of {len(runs)} planned runs found (one row each in `runs.csv`).", ""]
     counts = verdicts(spec, frame)
     complete = frame[frame["metric"] != ""] if len(frame) else frame
     for comparison in spec.comparisons:
-        passing, judged, within, checked = counts[comparison.name]
+        passing, judged, within, checked, unresolved = counts[comparison.name]
         bar = ", ".join(f"{m} {p:g} %" for m, p in comparison.tolerances().items())
         noise = f"the copies of `{comparison.noise}`" if comparison.noise else "none"
         lines += [f"## {comparison.name}: {', '.join(comparison.runs)} against {comparison.reference}", ""]
         if comparison.title:
             lines += [comparison.title, ""]
         lines += [f"Bar: {bar}. Noise floor: {noise}.", "",
-                  f"Cells passing: {passing} of {judged}; figures within their bar: {within} of {checked}.", ""]
+                  f"Cells passing: {passing} of {judged}; figures within their bar: {within} of {checked}"
+                  + (f"; of the others, {unresolved} unresolved (inside the reference's own 95 % band over "
+                     "resamples of its requests: too few requests to judge)" if unresolved else "") + ".", ""]
         part = complete[complete["comparison"] == comparison.name] if len(complete) else complete
         if not part.empty:
             metrics = [m for m in comparison.tolerances() if m in set(part["metric"])]

@@ -173,8 +173,9 @@ def report(
     with user_errors(), err_console.status("judging the comparisons and drawing their plots"):
         frame = evaluate_campaign(spec, opener, report_dir)
         md = write_campaign_report(spec, frame, runs_table(spec, opener), report_dir)
-    for name, (passing, judged, within, checked) in verdicts(spec, frame).items():
-        console.print(f"{name}: cells passing {passing} of {judged}; figures within their bar {within} of {checked}")
+    for name, (passing, judged, within, checked, unresolved) in verdicts(spec, frame).items():
+        console.print(f"{name}: cells passing {passing} of {judged}; figures within their bar {within} of {checked}"
+                      + (f" ({unresolved} of the others unresolved: too few requests)" if unresolved else ""))
     console.print(f"report: {md} (table {report_dir / 'campaign.csv'})")
 
 

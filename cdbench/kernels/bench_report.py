@@ -45,7 +45,9 @@ def load_run(folder: Path) -> tuple[list[KernelResult], list[CopyResult], BenchE
             row["exact"] = row["exact"] in (True, "True")
         results.append(KernelResult(**row))
     h2d = folder / "h2d.csv"
-    copies = [CopyResult(**r) for r in pd.read_csv(h2d).to_dict("records")] if h2d.stat().st_size > 1 else []
+    # (a run that timed no copies wrote an empty file, or none)
+    copies = [CopyResult(**r) for r in pd.read_csv(h2d).to_dict("records")] if h2d.is_file() and h2d.stat().st_size > 1 \
+        else []
     env = BenchEnv(**json.loads((folder / "env.json").read_text(encoding="utf-8")))
     return results, copies, env
 

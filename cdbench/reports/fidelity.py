@@ -15,6 +15,11 @@ other draws of the model's own randomness): it is judged by the median of its
 copies' figures, metric by metric, and the range of the copies' errors is
 reported beside it, so one lucky or unlucky draw neither passes nor fails it.
 
+Given the reference's request resolution (:func:`cdbench.results.resolution.request_resolution`: each
+per-request latency figure's 95 % interval over resamples of its requests), each such cell carries
+it, and an error beyond its bar that lies inside the interval is *unresolved*: it still fails, and
+the report says the run is too short to judge it and about how many requests would.
+
 Examples
 --------
 >>> result = evaluate_fidelity({"hybrid": {"median_ttft_ms": 20.0}, "model": {"median_ttft_ms": 21.5}},
@@ -56,6 +61,7 @@ from rich.table import Table
 from cdbench.reports.compare import figure_sections, overlaid_cdfs, summary_only_lines
 from cdbench.reports.gate import GateError, check_tolerance_names, numeric_metrics
 from cdbench.reports.tables import format_value
+from cdbench.results.resolution import RESAMPLES, Resolution, request_resolution
 from cdbench.results.run_folder import WORKLOAD_TRACE_FILE, SavedRun
 
 FIDELITY_METRICS: tuple[str, ...] = (
@@ -109,6 +115,7 @@ class FidelityCell:
     verdict: FidelityVerdict
     copies: int = 1  # runs whose median is ``value``
     spread_pct: tuple[float, float] | None = None  # the copies' smallest and largest error (copies > 1)
+    resolution: Resolution | None = None  # the reference's interval of this figure over resamples of its requests
 
     @property
     def allowed_pct(self) -> float | None:
@@ -116,6 +123,19 @@ class FidelityCell:
         if self.tolerance_pct is None:
             return None
         return max(self.tolerance_pct, self.noise_pct or 0.0)
+
+    @property
+    def unresolved(self) -> bool:
+        """Beyond its bar, but inside the reference's own interval: the runs are too short to judge it."""
+        return (self.verdict is FidelityVerdict.BEYOND and self.resolution is not None
+                and self.error_pct is not None and self.resolution.holds(self.error_pct))
+
+    @property
+    def requests_to_resolve(self) -> int | None:
+        """For an unresolved cell, about how many requests would resolve it (:meth:`Resolution.requests_to_resolve`)."""
+        if not self.unresolved:
+            return None
+        return self.resolution.requests_to_resolve(self.error_pct, self.allowed_pct)  # type: ignore[union-attr,arg-type]
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +156,11 @@ class FidelityResult:
     @property
     def passed(self) -> bool:
         return not self.failures
+
+    @property
+    def unresolved(self) -> tuple[FidelityCell, ...]:
+        """The failures that lie inside the reference's own interval (:attr:`FidelityCell.unresolved`)."""
+        return tuple(c for c in self.failures if c.unresolved)
 
     def cell(self, metric: str, run: str) -> FidelityCell:
         return next(c for c in self.cells if c.metric == metric and c.run == run)
@@ -172,6 +197,7 @@ def evaluate_fidelity(
     noise: Sequence[Mapping[str, object]] | None = None,
     tolerances: Mapping[str, float] | None = None,
     noise_labels: Sequence[str] | None = None,
+    resolution: Mapping[str, Resolution] | None = None,
 ) -> FidelityResult:
     """Relative error of every run after the first against the first, per metric.
 
@@ -182,7 +208,8 @@ def evaluate_fidelity(
     noise floor, and a metric some noise run cannot be compared on (missing, or 0 in the first) has none.
     ``noise_labels``: their names, one per summary, in the same order. ``tolerances``: metric → percent; a
     metric named here that is not among :data:`FIDELITY_METRICS` is added to the rows (it must be a
-    numeric metric of a run).
+    numeric metric of a run). ``resolution``: the reference's figures' intervals
+    (:func:`~cdbench.results.resolution.request_resolution`), carried by the cells of those figures.
     """
     if len(summaries) < 2:
         raise FidelityError("fidelity needs at least two runs: the reference first, then the runs to check")
@@ -232,9 +259,16 @@ def evaluate_fidelity(
                 errors = [relative_error_pct(ref, run.get(metric)) for run in copies[label]]
                 spread = None if None in errors else (min(errors), max(errors))  # type: ignore[type-var]
             cells.append(FidelityCell(metric, label, ref, value, error, noise_pct, tol, verdict,
-                                      len(copies[label]) if label in copies else 1, spread))
+                                      len(copies[label]) if label in copies else 1, spread,
+                                      (resolution or {}).get(metric)))
     return FidelityResult(reference, tuple(labels[1:]), metrics, tuple(cells),
                           None if noise_labels is None else tuple(noise_labels))
+
+
+def reference_resolution(run: SavedRun) -> dict[str, Resolution] | None:
+    """The request resolution of a reference run (:func:`~cdbench.results.resolution.request_resolution`);
+    ``None`` for a run saved without its requests table."""
+    return request_resolution(run.requests) if run.has_tables else None
 
 
 # ----------------------------------------------------------------------------- same workload
@@ -294,10 +328,14 @@ def fidelity_frame(result: FidelityResult) -> pd.DataFrame:
              "noise_pct": c.noise_pct, "tolerance_pct": c.tolerance_pct, "allowed_pct": c.allowed_pct,
              "verdict": c.verdict.value, "copies": c.copies,
              "spread_min_pct": c.spread_pct[0] if c.spread_pct else None,
-             "spread_max_pct": c.spread_pct[1] if c.spread_pct else None} for c in result.cells]
+             "spread_max_pct": c.spread_pct[1] if c.spread_pct else None,
+             "resolution_low_pct": c.resolution.low_pct if c.resolution else None,
+             "resolution_high_pct": c.resolution.high_pct if c.resolution else None,
+             "unresolved": c.unresolved, "requests_to_resolve": c.requests_to_resolve} for c in result.cells]
     return pd.DataFrame(rows, columns=["metric", "run", "reference", "value", "error_pct", "abs_error_pct",
                                        "noise_pct", "tolerance_pct", "allowed_pct", "verdict", "copies",
-                                       "spread_min_pct", "spread_max_pct"])
+                                       "spread_min_pct", "spread_max_pct", "resolution_low_pct",
+                                       "resolution_high_pct", "unresolved", "requests_to_resolve"])
 
 
 def spread_text(low: float | None, high: float | None) -> str:
@@ -319,8 +357,29 @@ def _bar(cell: FidelityCell) -> str:
     return f"{cell.tolerance_pct:g}%"
 
 
+def resolution_text(low: float | None, high: float | None) -> str:
+    """A reference figure's interval over resamples of its requests, as the tables write it.
+
+    >>> resolution_text(-12.04, 30.5), resolution_text(None, None)
+    ('-12.0..+30.5', '-')
+    """
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return "-"
+    return f"{low:+.1f}..{high:+.1f}"
+
+
+def unresolved_text(requests: int | None) -> str:
+    """The note an unresolved error carries: about how many requests would judge it.
+
+    >>> unresolved_text(1900), unresolved_text(None)
+    (' (unresolved: ~1,900 requests)', ' (unresolved)')
+    """
+    return f" (unresolved: ~{requests:,} requests)" if requests else " (unresolved)"
+
+
 def _rows(result: FidelityResult, mark: tuple[str, str]) -> list[list[str]]:
-    """Table rows: metric, reference value, then per run its value and error, then noise and bar."""
+    """Table rows: metric, reference value, then per run its value and error, then noise, bar and the
+    reference's interval over resamples of its requests."""
     rows = []
     for metric in result.metrics:
         cells = [result.cell(metric, run) for run in result.runs]
@@ -329,19 +388,28 @@ def _rows(result: FidelityResult, mark: tuple[str, str]) -> list[list[str]]:
             error = _pct(cell.error_pct)
             if cell.tolerance_pct is not None and cell.verdict is not FidelityVerdict.WITHIN:
                 error = f"{mark[0]}{error}{mark[1]}"
+            if cell.unresolved:
+                error += unresolved_text(cell.requests_to_resolve)
             if cell.spread_pct:
                 error += spread_text(*cell.spread_pct)
             row += [format_value(cell.value), error]
         row += [_pct(cells[0].noise_pct, signed=False), _bar(cells[0])]
+        if _has_bands(result):
+            band = cells[0].resolution
+            row.append(resolution_text(band.low_pct, band.high_pct) if band else "-")
         rows.append(row)
     return rows
+
+
+def _has_bands(result: FidelityResult) -> bool:
+    return any(c.resolution for c in result.cells)
 
 
 def _header(result: FidelityResult) -> list[str]:
     header = ["metric", result.reference]
     for run in result.runs:
         header += [run, f"{run} error"]
-    return [*header, "noise", "bar"]
+    return [*header, "noise", "bar", *(["95 % band"] if _has_bands(result) else [])]
 
 
 def fidelity_markdown(result: FidelityResult) -> str:
@@ -368,7 +436,11 @@ def verdict_line(result: FidelityResult) -> str:
     if result.passed:
         return f"all {len(checked)} checked figures within their bar"
     names = ", ".join(f"{c.metric} ({c.run})" for c in result.failures)
-    return f"{len(result.failures)} of {len(checked)} checked figures beyond their bar: {names}"
+    line = f"{len(result.failures)} of {len(checked)} checked figures beyond their bar: {names}"
+    if result.unresolved:
+        line += (f"; {len(result.unresolved)} of them inside the reference's own 95 % band (unresolved: too few "
+                 "requests to judge)")
+    return line
 
 
 def _noise_text(labels: tuple[str, ...] | None) -> str:
@@ -388,6 +460,15 @@ def _copies_lines(result: FidelityResult) -> list[str]:
             "smallest and largest error." for run, n in copies.items()]
 
 
+def _resolution_lines(result: FidelityResult) -> list[str]:
+    """What the 95 % band column means, for ``fidelity.md`` (when any cell has one)."""
+    if not _has_bands(result):
+        return []
+    return [f"95 % band: the interval of `{result.reference}`'s figure over {RESAMPLES:,} resamples of its requests "
+            "(relative to the figure; per-request latencies only). An error beyond its bar but inside it is "
+            "unresolved: it fails, and the runs are too short to judge it (~N: about the requests that would)."]
+
+
 def write_fidelity(runs: Mapping[str, SavedRun], result: FidelityResult, out_dir: Path,
                    noise_runs: Mapping[str, SavedRun] | None = None) -> Path:
     """Write ``fidelity.md``, ``fidelity.csv`` and overlaid CDFs (``plots/``) into ``out_dir``; returns the md path.
@@ -402,7 +483,7 @@ def write_fidelity(runs: Mapping[str, SavedRun], result: FidelityResult, out_dir
              "Runs: " + ", ".join(f"`{label}` ({run.ref})" for label, run in runs.items()),
              f"Reference: `{result.reference}`; error = (run - reference) / |reference|.",
              f"Noise floor: {noise}. A checked figure passes when |error| <= max(tolerance, noise).",
-             *_copies_lines(result), "",
+             *_resolution_lines(result), *_copies_lines(result), "",
              fidelity_markdown(result), "", f"Verdict: {verdict_line(result)}.", "",
              *figure_sections(figures, out_dir), *summary_only_lines({**runs, **(noise_runs or {})})]
     md = out_dir / "fidelity.md"

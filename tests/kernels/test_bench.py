@@ -39,6 +39,8 @@ def test_quick_run_on_cpu_writes_reports(tmp_path):
     (stored / "results.csv.gz").write_bytes(gzip.compress((stored / "results.csv").read_bytes()))
     (stored / "results.csv").unlink()
     assert load_run(stored) == (results, copies, env)
+    (stored / "h2d.csv").unlink()  # a stored run that timed no copies may keep no file of them
+    assert load_run(stored) == (results, [], env)
     # a second run does not write over the first unasked
     again = ["kernels", "--quick", "--batch", "1", "--dtype", "fp32", "--density", "sparse", "--out", str(out)]
     refused = CliRunner().invoke(app, again)

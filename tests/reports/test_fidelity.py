@@ -1,10 +1,13 @@
 import json
 import math
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
-from synthetic_run import write_synthetic_run
+from synthetic_run import synthetic_frames, write_synthetic_run
 
+from cdbench.harness.metrics import LogHistogram, summarize
 from cdbench.reports.fidelity import (
     ACCEPTANCE_TOLERANCES,
     FIDELITY_METRICS,
@@ -12,13 +15,18 @@ from cdbench.reports.fidelity import (
     FidelityVerdict,
     check_same_workload,
     evaluate_fidelity,
+    fidelity_frame,
     fidelity_markdown,
     fidelity_rich,
+    reference_resolution,
     relative_error_pct,
+    verdict_line,
     workload_identity,
     write_fidelity,
 )
 from cdbench.reports.gate import GateError
+from cdbench.results.resolution import RESOLVED_FIGURES, Resolution, request_resolution
+from cdbench.results.run_folder import SavedRun
 
 REF = {"median_ttft_ms": 20.0, "p99_ttft_ms": 100.0, "request_throughput": 10.0, "mask_share": 0.1}
 
@@ -199,3 +207,94 @@ def test_write_fidelity_names_every_noise_run_and_the_one_they_are_measured_agai
     assert "the largest |relative error| of `hybrid-b`, `hybrid-c` against `hybrid` (same seed)" in text
     # request_throughput 20 / 22 / 23: the floor is the +15 % of hybrid-c, not hybrid-b's +10 %
     assert "| request_throughput | 20 | 21 | +5.0% | 15.0% | 15.0% (noise) |" in text
+
+
+# ----------------------------------------------------------------------------- request resolution
+
+
+def _latency_rows(ttft_s, output_tokens=None, aborted=None) -> pd.DataFrame:
+    n = len(ttft_s)
+    out = np.full(n, 11) if output_tokens is None else np.asarray(output_tokens)
+    first = np.asarray(ttft_s, float)
+    return pd.DataFrame({"issued_s": np.zeros(n), "first_token_s": first, "finish_s": first + 0.01 * (out - 1) * 2,
+                         "output_tokens": out, "abort_reason": aborted if aborted is not None else [""] * n})
+
+
+def test_resolution_figures_are_the_summarys_own():
+    run = write_synthetic_run_with_summary()
+    bands = request_resolution(run.requests)
+    assert set(bands) == set(RESOLVED_FIGURES)
+    for name, band in bands.items():
+        assert band.value == pytest.approx(run.summary[name], rel=1e-12), name
+        assert band.low_pct <= 0.0 <= band.high_pct
+
+
+def write_synthetic_run_with_summary() -> SavedRun:
+    """A synthetic run's frames with the summary :func:`summarize` computes from them."""
+    requests, steps = synthetic_frames(3, n=200)
+    summary = summarize(requests, steps, LogHistogram(), LogHistogram())
+    return SavedRun(Path("unsaved"), {}, {k: getattr(summary, k) for k in RESOLVED_FIGURES}, (requests, steps))
+
+
+def test_resolution_leaves_out_aborted_requests_and_single_token_tpots():
+    rows = _latency_rows([0.1, 0.2, 0.3, 0.4, 5.0], output_tokens=[1, 5, 5, 5, 5], aborted=["", "", "", "", "timeout"])
+    bands = request_resolution(rows, resamples=50)
+    assert bands["p99_ttft_ms"].samples == 4 and bands["p99_ttft_ms"].value < 400.0
+    assert bands["median_tpot_ms"].samples == 3  # the first has one output token
+
+
+def test_resolution_is_reproducible_for_a_seed():
+    rows = _latency_rows(np.random.default_rng(0).lognormal(-3, 1, 300))
+    assert request_resolution(rows, seed=4) == request_resolution(rows, seed=4)
+    assert request_resolution(rows, seed=4)["p99_ttft_ms"] != request_resolution(rows, seed=5)["p99_ttft_ms"]
+
+
+def test_a_longer_run_resolves_its_tail_more_finely():
+    rng = np.random.default_rng(1)
+    short, long = (request_resolution(_latency_rows(rng.lognormal(-3, 1, n)))["p99_ttft_ms"] for n in (150, 5000))
+    assert long.high_pct - long.low_pct < 0.5 * (short.high_pct - short.low_pct)
+
+
+def test_the_interval_covers_the_workloads_own_quantile_about_as_often_as_its_level():
+    # exponential TTFTs of mean 0.1 s: the population's p90 is 0.1 * ln 10 s
+    rng = np.random.default_rng(2)
+    truth_ms = 100.0 * math.log(10.0)
+    trials = 150
+    covered = 0
+    for i in range(trials):
+        band = request_resolution(_latency_rows(rng.exponential(0.1, 200)), resamples=300, seed=i)["p90_ttft_ms"]
+        covered += band.holds((truth_ms - band.value) / band.value * 100.0)
+    assert 0.85 <= covered / trials <= 0.99
+
+
+def test_requests_to_resolve_scales_with_the_square_of_the_sides_width():
+    band = Resolution("p99_ttft_ms", 100.0, -12.0, 30.0, 150)
+    assert band.requests_to_resolve(+15.0, 10.0) == math.ceil(150 * 3.0 ** 2)
+    assert band.requests_to_resolve(-11.0, 10.0) == math.ceil(150 * 1.2 ** 2)
+    assert band.requests_to_resolve(-11.0, 12.0) is None  # that side is already within the bar
+
+
+def test_an_error_beyond_its_bar_inside_the_references_band_is_unresolved_and_still_fails():
+    bands = {"p99_ttft_ms": Resolution("p99_ttft_ms", 100.0, -12.0, 30.0, 150)}
+    result = evaluate_fidelity({"hybrid": REF, "inside": {**REF, "p99_ttft_ms": 115.0},
+                                "outside": {**REF, "p99_ttft_ms": 135.0}, "close": {**REF, "p99_ttft_ms": 105.0}},
+                               tolerances=ACCEPTANCE_TOLERANCES, resolution=bands)
+    inside, outside, close = (result.cell("p99_ttft_ms", run) for run in ("inside", "outside", "close"))
+    assert inside.verdict is FidelityVerdict.BEYOND and inside.unresolved and inside.requests_to_resolve == 1350
+    assert outside.verdict is FidelityVerdict.BEYOND and not outside.unresolved and outside.requests_to_resolve is None
+    assert close.verdict is FidelityVerdict.WITHIN and not close.unresolved
+    assert not result.passed and result.unresolved == (inside,)
+    assert result.cell("median_ttft_ms", "inside").resolution is None
+    assert "1 of them inside the reference's own 95 % band" in verdict_line(result)
+    text = fidelity_markdown(result)
+    assert "**+15.0%** (unresolved: ~1,350 requests)" in text and "| -12.0..+30.0 |" in text
+    frame_row = fidelity_frame(result).set_index(["metric", "run"]).loc[("p99_ttft_ms", "inside")]
+    assert bool(frame_row["unresolved"]) and frame_row["requests_to_resolve"] == 1350
+    assert frame_row["resolution_low_pct"] == -12.0 and frame_row["resolution_high_pct"] == 30.0
+
+
+def test_reference_resolution_reads_the_runs_requests_or_gives_none(tmp_path):
+    run = write_synthetic_run(tmp_path / "a")
+    assert set(reference_resolution(run)) == set(RESOLVED_FIGURES)
+    (tmp_path / "a" / "requests.parquet").unlink()
+    assert reference_resolution(SavedRun(tmp_path / "a", run.config, run.summary)) is None
