@@ -27,7 +27,7 @@ from cdbench.reports.fidelity import (
     check_same_workload,
     evaluate_fidelity,
     fidelity_frame,
-    reference_resolution,
+    paired_intervals,
     spread_text,
     unresolved_text,
     write_fidelity,
@@ -104,7 +104,7 @@ def evaluate_campaign(spec: CampaignSpec, open_run: RunOpener, report_dir: Path)
                                         for label, run in runs.items()},
                                        [run.summary for run in noise.values()] or None, tolerances,
                                        tuple(noise) if noise else None,
-                                       reference_resolution(runs[comparison.reference]))
+                                       paired_intervals({label: copies.get(label, run) for label, run in runs.items()}))
             # the CDFs draw the other noise copies only beside runs of their own workload
             drawn = {k: v for k, v in noise.items() if k not in runs} if comparison.noise == comparison.reference \
                 else None
@@ -148,7 +148,8 @@ def _cell_text(row: pd.Series) -> str:
     text = text if row["verdict"] == "within" else f"**{text}** ✗"
     if pd.notna(row.get("unresolved")) and bool(row.get("unresolved")):
         requests = row.get("requests_to_resolve")
-        text += unresolved_text(int(requests) if pd.notna(requests) else None)
+        text += unresolved_text(row["interval_low_pct"], row["interval_high_pct"],
+                                int(requests) if pd.notna(requests) else None)
     return text + spread_text(row.get("spread_min_pct"), row.get("spread_max_pct"))
 
 
@@ -193,10 +194,10 @@ def write_campaign_report(spec: CampaignSpec, frame: pd.DataFrame, runs: pd.Data
         lines += [spec.description.strip(), ""]
     lines += ["Written by `cdbench campaign report`; every figure is read from the campaign's runs. Signed relative "
               "error of each run against the reference, in percent; `(n X)`: the noise floor X % when it exceeds "
-              "the tolerance; bold ✗: beyond the bar (max of tolerance and noise), `(unresolved: ~N requests)` where "
-              "the error lies inside the reference's own 95 % band over resamples of its requests (about the requests "
-              "that would judge it); an arm of several copies is judged by the median of its copies' figures, "
-              "`[low..high]` the range of the copies' errors.", ""]
+              "the tolerance; bold ✗: beyond the bar (max of tolerance and noise); `(unresolved: low..high, ~N "
+              "requests)`: the error's 95 % interval over paired resamples of the workload's requests reaches into "
+              "the bar (N: about the requests that would judge it); an arm of several copies is judged by the "
+              "median of its copies' figures, ""`[low..high]` the range of the copies' errors.", ""]
     finished = int(runs["request_throughput"].notna().sum()) if "request_throughput" in runs else 0
     lines += [f"Runs: {finished} of {len(runs)} planned runs found (one row each in `runs.csv`).", ""]
     counts = verdicts(spec, frame)
@@ -210,8 +211,8 @@ def write_campaign_report(spec: CampaignSpec, frame: pd.DataFrame, runs: pd.Data
             lines += [comparison.title, ""]
         lines += [f"Bar: {bar}. Noise floor: {noise}.", "",
                   f"Cells passing: {passing} of {judged}; figures within their bar: {within} of {checked}"
-                  + (f"; of the others, {unresolved} unresolved (inside the reference's own 95 % band over "
-                     "resamples of its requests: too few requests to judge)" if unresolved else "") + ".", ""]
+                  + (f"; of the others, {unresolved} unresolved (their 95 % interval over resampled requests "
+                     "reaches into the bar: too few requests to judge)" if unresolved else "") + ".", ""]
         part = complete[complete["comparison"] == comparison.name] if len(complete) else complete
         if not part.empty:
             metrics = [m for m in comparison.tolerances() if m in set(part["metric"])]

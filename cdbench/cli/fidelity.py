@@ -22,7 +22,7 @@ from cdbench.reports.fidelity import (
     check_same_workload,
     evaluate_fidelity,
     fidelity_rich,
-    reference_resolution,
+    paired_intervals,
     verdict_line,
     write_fidelity,
 )
@@ -97,7 +97,7 @@ def fidelity(
         noise_summaries = [run.summary for run in noise_runs.values()] if noise_runs else None
         result = evaluate_fidelity({label: run.summary for label, run in runs.items()}, noise_summaries, tolerances,
                                    tuple(noise_runs) if noise_runs else None,
-                                   reference_resolution(next(iter(runs.values()))))
+                                   paired_intervals(runs))
     with user_errors(out / "fidelity.log"), err_console.status("writing the fidelity report and its plots"):
         md = write_fidelity(runs, result, out, noise_runs)
     console.print(fidelity_rich(result))

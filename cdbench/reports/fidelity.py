@@ -15,10 +15,10 @@ other draws of the model's own randomness): it is judged by the median of its
 copies' figures, metric by metric, and the range of the copies' errors is
 reported beside it, so one lucky or unlucky draw neither passes nor fails it.
 
-Given the reference's request resolution (:func:`cdbench.results.resolution.request_resolution`: each
-per-request latency figure's 95 % interval over resamples of its requests), each such cell carries
-it, and an error beyond its bar that lies inside the interval is *unresolved*: it still fails, and
-the report says the run is too short to judge it and about how many requests would.
+Given the runs' requests, each per-request latency figure's error carries its 95 % interval over
+paired resamples of the workload's requests (:func:`cdbench.results.resolution.error_intervals`), and
+an error beyond its bar whose interval still reaches into the bar is *unresolved*: it still fails,
+and the report says the runs are too short to judge it and about how many requests would.
 
 Examples
 --------
@@ -61,7 +61,7 @@ from rich.table import Table
 from cdbench.reports.compare import figure_sections, overlaid_cdfs, summary_only_lines
 from cdbench.reports.gate import GateError, check_tolerance_names, numeric_metrics
 from cdbench.reports.tables import format_value
-from cdbench.results.resolution import RESAMPLES, Resolution, request_resolution
+from cdbench.results.resolution import RESAMPLES, ErrorInterval, ResolutionError, error_intervals
 from cdbench.results.run_folder import WORKLOAD_TRACE_FILE, SavedRun
 
 FIDELITY_METRICS: tuple[str, ...] = (
@@ -115,7 +115,7 @@ class FidelityCell:
     verdict: FidelityVerdict
     copies: int = 1  # runs whose median is ``value``
     spread_pct: tuple[float, float] | None = None  # the copies' smallest and largest error (copies > 1)
-    resolution: Resolution | None = None  # the reference's interval of this figure over resamples of its requests
+    interval: ErrorInterval | None = None  # the error's interval over paired resamples of the workload's requests
 
     @property
     def allowed_pct(self) -> float | None:
@@ -126,16 +126,17 @@ class FidelityCell:
 
     @property
     def unresolved(self) -> bool:
-        """Beyond its bar, but inside the reference's own interval: the runs are too short to judge it."""
-        return (self.verdict is FidelityVerdict.BEYOND and self.resolution is not None
-                and self.error_pct is not None and self.resolution.holds(self.error_pct))
+        """Beyond its bar, but its interval reaches into the bar: the runs are too short to judge it."""
+        return (self.verdict is FidelityVerdict.BEYOND and self.interval is not None
+                and self.interval.reaches(self.allowed_pct))  # type: ignore[arg-type]
 
     @property
     def requests_to_resolve(self) -> int | None:
-        """For an unresolved cell, about how many requests would resolve it (:meth:`Resolution.requests_to_resolve`)."""
+        """For an unresolved cell, about how many requests would judge it
+        (:meth:`~cdbench.results.resolution.ErrorInterval.requests_to_resolve`)."""
         if not self.unresolved:
             return None
-        return self.resolution.requests_to_resolve(self.error_pct, self.allowed_pct)  # type: ignore[union-attr,arg-type]
+        return self.interval.requests_to_resolve(self.allowed_pct)  # type: ignore[union-attr,arg-type]
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +160,7 @@ class FidelityResult:
 
     @property
     def unresolved(self) -> tuple[FidelityCell, ...]:
-        """The failures that lie inside the reference's own interval (:attr:`FidelityCell.unresolved`)."""
+        """The failures whose interval reaches into their bar (:attr:`FidelityCell.unresolved`)."""
         return tuple(c for c in self.failures if c.unresolved)
 
     def cell(self, metric: str, run: str) -> FidelityCell:
@@ -197,7 +198,7 @@ def evaluate_fidelity(
     noise: Sequence[Mapping[str, object]] | None = None,
     tolerances: Mapping[str, float] | None = None,
     noise_labels: Sequence[str] | None = None,
-    resolution: Mapping[str, Resolution] | None = None,
+    intervals: Mapping[str, Mapping[str, ErrorInterval]] | None = None,
 ) -> FidelityResult:
     """Relative error of every run after the first against the first, per metric.
 
@@ -208,8 +209,8 @@ def evaluate_fidelity(
     noise floor, and a metric some noise run cannot be compared on (missing, or 0 in the first) has none.
     ``noise_labels``: their names, one per summary, in the same order. ``tolerances``: metric → percent; a
     metric named here that is not among :data:`FIDELITY_METRICS` is added to the rows (it must be a
-    numeric metric of a run). ``resolution``: the reference's figures' intervals
-    (:func:`~cdbench.results.resolution.request_resolution`), carried by the cells of those figures.
+    numeric metric of a run). ``intervals``: label → figure → the error's interval
+    (:func:`~cdbench.results.resolution.error_intervals`), carried by that run's cells of those figures.
     """
     if len(summaries) < 2:
         raise FidelityError("fidelity needs at least two runs: the reference first, then the runs to check")
@@ -260,15 +261,30 @@ def evaluate_fidelity(
                 spread = None if None in errors else (min(errors), max(errors))  # type: ignore[type-var]
             cells.append(FidelityCell(metric, label, ref, value, error, noise_pct, tol, verdict,
                                       len(copies[label]) if label in copies else 1, spread,
-                                      (resolution or {}).get(metric)))
+                                      (intervals or {}).get(label, {}).get(metric)))
     return FidelityResult(reference, tuple(labels[1:]), metrics, tuple(cells),
                           None if noise_labels is None else tuple(noise_labels))
 
 
-def reference_resolution(run: SavedRun) -> dict[str, Resolution] | None:
-    """The request resolution of a reference run (:func:`~cdbench.results.resolution.request_resolution`);
-    ``None`` for a run saved without its requests table."""
-    return request_resolution(run.requests) if run.has_tables else None
+def paired_intervals(runs: Mapping[str, SavedRun | Sequence[SavedRun]]) -> dict[str, dict[str, ErrorInterval]]:
+    """Label → figure → the error's interval (:func:`~cdbench.results.resolution.error_intervals`) of each
+    run after the first (the reference) against it; a checked label may map to its copies. A run saved
+    without its requests table, or whose requests are not the reference's, has none."""
+    labels = list(runs)
+    reference = runs[labels[0]]
+    if not isinstance(reference, SavedRun) or not reference.has_tables:
+        return {}
+    out = {}
+    for label in labels[1:]:
+        value = runs[label]
+        checked = [value] if isinstance(value, SavedRun) else list(value)
+        if not checked or not all(run.has_tables for run in checked):
+            continue
+        try:
+            out[label] = error_intervals(reference.requests, [run.requests for run in checked])
+        except ResolutionError:
+            continue
+    return out
 
 
 # ----------------------------------------------------------------------------- same workload
@@ -329,13 +345,13 @@ def fidelity_frame(result: FidelityResult) -> pd.DataFrame:
              "verdict": c.verdict.value, "copies": c.copies,
              "spread_min_pct": c.spread_pct[0] if c.spread_pct else None,
              "spread_max_pct": c.spread_pct[1] if c.spread_pct else None,
-             "resolution_low_pct": c.resolution.low_pct if c.resolution else None,
-             "resolution_high_pct": c.resolution.high_pct if c.resolution else None,
+             "interval_low_pct": c.interval.low_pct if c.interval else None,
+             "interval_high_pct": c.interval.high_pct if c.interval else None,
              "unresolved": c.unresolved, "requests_to_resolve": c.requests_to_resolve} for c in result.cells]
     return pd.DataFrame(rows, columns=["metric", "run", "reference", "value", "error_pct", "abs_error_pct",
                                        "noise_pct", "tolerance_pct", "allowed_pct", "verdict", "copies",
-                                       "spread_min_pct", "spread_max_pct", "resolution_low_pct",
-                                       "resolution_high_pct", "unresolved", "requests_to_resolve"])
+                                       "spread_min_pct", "spread_max_pct", "interval_low_pct",
+                                       "interval_high_pct", "unresolved", "requests_to_resolve"])
 
 
 def spread_text(low: float | None, high: float | None) -> str:
@@ -357,24 +373,15 @@ def _bar(cell: FidelityCell) -> str:
     return f"{cell.tolerance_pct:g}%"
 
 
-def resolution_text(low: float | None, high: float | None) -> str:
-    """A reference figure's interval over resamples of its requests, as the tables write it.
+def unresolved_text(low: float, high: float, requests: int | None) -> str:
+    """The note an unresolved error carries: its interval, and about how many requests would judge it (``None``:
+    the error is at its bar's edge, where no run size would).
 
-    >>> resolution_text(-12.04, 30.5), resolution_text(None, None)
-    ('-12.0..+30.5', '-')
+    >>> unresolved_text(-50.34, 7.8, 1900), unresolved_text(-20.0, -9.0, None)
+    (' (unresolved: -50.3..+7.8, ~1,900 requests)', " (unresolved: -20.0..-9.0, at the bar's edge)")
     """
-    if low is None or high is None or math.isnan(low) or math.isnan(high):
-        return "-"
-    return f"{low:+.1f}..{high:+.1f}"
-
-
-def unresolved_text(requests: int | None) -> str:
-    """The note an unresolved error carries: about how many requests would judge it.
-
-    >>> unresolved_text(1900), unresolved_text(None)
-    (' (unresolved: ~1,900 requests)', ' (unresolved)')
-    """
-    return f" (unresolved: ~{requests:,} requests)" if requests else " (unresolved)"
+    more = f", ~{requests:,} requests" if requests else ", at the bar's edge"
+    return f" (unresolved: {low:+.1f}..{high:+.1f}{more})"
 
 
 def _rows(result: FidelityResult, mark: tuple[str, str]) -> list[list[str]]:
@@ -389,27 +396,21 @@ def _rows(result: FidelityResult, mark: tuple[str, str]) -> list[list[str]]:
             if cell.tolerance_pct is not None and cell.verdict is not FidelityVerdict.WITHIN:
                 error = f"{mark[0]}{error}{mark[1]}"
             if cell.unresolved:
-                error += unresolved_text(cell.requests_to_resolve)
+                error += unresolved_text(cell.interval.low_pct, cell.interval.high_pct,  # type: ignore[union-attr]
+                                         cell.requests_to_resolve)
             if cell.spread_pct:
                 error += spread_text(*cell.spread_pct)
             row += [format_value(cell.value), error]
         row += [_pct(cells[0].noise_pct, signed=False), _bar(cells[0])]
-        if _has_bands(result):
-            band = cells[0].resolution
-            row.append(resolution_text(band.low_pct, band.high_pct) if band else "-")
         rows.append(row)
     return rows
-
-
-def _has_bands(result: FidelityResult) -> bool:
-    return any(c.resolution for c in result.cells)
 
 
 def _header(result: FidelityResult) -> list[str]:
     header = ["metric", result.reference]
     for run in result.runs:
         header += [run, f"{run} error"]
-    return [*header, "noise", "bar", *(["95 % band"] if _has_bands(result) else [])]
+    return [*header, "noise", "bar"]
 
 
 def fidelity_markdown(result: FidelityResult) -> str:
@@ -438,8 +439,8 @@ def verdict_line(result: FidelityResult) -> str:
     names = ", ".join(f"{c.metric} ({c.run})" for c in result.failures)
     line = f"{len(result.failures)} of {len(checked)} checked figures beyond their bar: {names}"
     if result.unresolved:
-        line += (f"; {len(result.unresolved)} of them inside the reference's own 95 % band (unresolved: too few "
-                 "requests to judge)")
+        line += (f"; {len(result.unresolved)} of them unresolved (their 95 % interval over resampled requests "
+                 "reaches into the bar: too few requests to judge)")
     return line
 
 
@@ -461,12 +462,13 @@ def _copies_lines(result: FidelityResult) -> list[str]:
 
 
 def _resolution_lines(result: FidelityResult) -> list[str]:
-    """What the 95 % band column means, for ``fidelity.md`` (when any cell has one)."""
-    if not _has_bands(result):
+    """What an unresolved error's note means, for ``fidelity.md`` (when any cell has an interval)."""
+    if not any(c.interval for c in result.cells):
         return []
-    return [f"95 % band: the interval of `{result.reference}`'s figure over {RESAMPLES:,} resamples of its requests "
-            "(relative to the figure; per-request latencies only). An error beyond its bar but inside it is "
-            "unresolved: it fails, and the runs are too short to judge it (~N: about the requests that would)."]
+    return [f"Unresolved: an error beyond its bar whose 95 % interval over {RESAMPLES:,} paired resamples of the "
+            "workload's requests (per-request latencies only; in `fidelity.csv` for every such figure) reaches "
+            "into the bar. It fails; the runs are too short to judge it (~N: about the requests that would; at the "
+            "bar's edge: an error so near its bar that no run size would)."]
 
 
 def write_fidelity(runs: Mapping[str, SavedRun], result: FidelityResult, out_dir: Path,

@@ -1,29 +1,41 @@
-"""How finely a run's requests resolve its latency figures: a request bootstrap.
+"""How finely a workload's requests resolve a fidelity error: a paired request bootstrap.
 
-A p99 TTFT of 150 requests is their second-longest TTFT: another draw of 150 requests from the same
-workload could have put it anywhere among the five longest, so a model run 15 % off such a figure may
-be as right as the run it is judged against. For each per-request latency figure (median, p90 and p99
-of TTFT, TPOT and E2EL, as :func:`cdbench.harness.metrics.summarize` computes them) this gives its 95 %
-interval over resamples of the run's completed requests drawn with replacement, relative to the
-figure itself. A fidelity judgement (:mod:`cdbench.reports.fidelity`) shows it beside each error and
-names an error beyond its bar but inside this interval *unresolved*: the run is too short to judge it.
+A p99 TTFT of 150 requests is their second-longest TTFT: whether a model run's p99 sits 15 % below the
+reference's can hang on which two or three requests the workload happened to draw. Both runs serve the
+same requests, so the error is resampled pairwise: the workload's requests are drawn with replacement,
+each run's figure is computed over its own completed requests among those drawn (as
+:func:`cdbench.harness.metrics.summarize` computes it), and the relative error of the checked run against
+the reference over 1,000 such draws gives the error's 95 % interval. A checked run of several copies is
+judged by the median of its copies' figures, in each draw as well. The judgement
+(:mod:`cdbench.reports.fidelity`) names an error beyond its bar whose interval still reaches into the bar
+*unresolved*: another draw of as many requests could have met the bar, so the runs are too short to show
+the model wrong by more than that (nor right).
 
-Gaps between tokens (ITL) have no interval here: they are not kept by request, and the gaps of one step
-move together, so resampling them one by one would understate their spread.
+Only per-request latency figures (median, p90 and p99 of TTFT, TPOT and E2EL) have an interval: gaps
+between tokens (ITL) are not kept by request, and throughput is one figure of the whole run.
 
 Examples
 --------
 >>> import pandas as pd
->>> rows = pd.DataFrame({"issued_s": [0.0] * 4, "first_token_s": [0.1, 0.2, 0.3, 0.4],
-...                      "finish_s": [1.0, 1.2, 1.4, 1.6], "output_tokens": [10] * 4, "abort_reason": [""] * 4})
->>> band = request_resolution(rows, resamples=200)["p99_ttft_ms"]
->>> band.samples, band.value, band.low_pct <= 0.0 <= band.high_pct
-(4, 397.0, True)
+>>> def rows(ttft_s):
+...     n = len(ttft_s)
+...     return pd.DataFrame({"request_id": range(n), "issued_s": [0.0] * n, "first_token_s": ttft_s,
+...                          "finish_s": [t + 1.0 for t in ttft_s], "output_tokens": [11] * n,
+...                          "abort_reason": [""] * n})
+>>> ref = rows([0.10, 0.20, 0.30, 0.40, 0.50, 0.60])
+>>> twice = error_intervals(ref, [rows([0.20, 0.40, 0.60, 0.80, 1.00, 1.20])], resamples=200)
+>>> twice["median_ttft_ms"].error_pct, twice["median_ttft_ms"].low_pct, twice["median_ttft_ms"].high_pct
+(100.0, 100.0, 100.0)
+>>> same = error_intervals(ref, [ref], resamples=200)["p99_ttft_ms"]
+>>> (same.error_pct, same.low_pct, same.high_pct, same.samples)
+(0.0, 0.0, 0.0, 6)
 """
 
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,63 +44,105 @@ import pandas as pd
 from cdbench.harness.windows import latencies
 
 STATISTICS: tuple[tuple[str, float], ...] = (("median", 50.0), ("p90", 90.0), ("p99", 99.0))
-LATENCIES: tuple[str, ...] = ("ttft", "tpot", "e2el")
+LATENCIES: tuple[str, ...] = ("ttft", "e2el", "tpot")  # the order :func:`latencies` returns them in
 RESOLVED_FIGURES: tuple[str, ...] = tuple(f"{stat}_{lat}_ms" for lat in LATENCIES for stat, _ in STATISTICS)
-"""The ``summary.json`` figures a request bootstrap resolves."""
+"""The ``summary.json`` figures whose error a paired request bootstrap resolves."""
 
 RESAMPLES = 1000
 LEVEL = 0.95
-_CHUNK_VALUES = 1 << 22  # resampled values held at once (32 MiB of float64)
+EDGE_FACTOR = 100  # an error needing more than this many times the run's requests is at the bar's edge
+_CHUNK_VALUES = 1 << 21  # resampled values held at once, per run
+
+
+class ResolutionError(ValueError):
+    """Runs whose requests cannot be paired (not the same workload's request ids)."""
 
 
 @dataclass(frozen=True, slots=True)
-class Resolution:
-    """One figure's interval over resamples of the run's requests."""
+class ErrorInterval:
+    """One figure's relative error of a checked run against the reference, with its interval over paired
+    resamples of the workload's requests (percent)."""
 
     figure: str
-    value: float  # the figure as the run's summary computes it, ms
-    low_pct: float  # the interval's ends relative to ``value``, percent (low <= 0 <= high)
+    error_pct: float  # over the requests as they are
+    low_pct: float
     high_pct: float
-    samples: int  # the requests it is computed over (a TPOT needs two output tokens)
+    samples: int  # the workload's requests drawn in each resample
 
-    def holds(self, error_pct: float) -> bool:
-        """Whether a relative error (percent) lies inside the interval."""
-        return self.low_pct <= error_pct <= self.high_pct
+    def reaches(self, bar_pct: float) -> bool:
+        """Whether the interval reaches into ``[-bar, +bar]``: the error may be within the bar."""
+        return self.low_pct <= bar_pct and self.high_pct >= -bar_pct
 
-    def requests_to_resolve(self, error_pct: float, bar_pct: float) -> int | None:
-        """About how many requests the run would need for the interval's side toward ``error_pct`` to shrink
-        within ``bar_pct`` (the interval taken to narrow as one over the root of the requests); ``None`` when it
-        already is."""
-        side = self.high_pct if error_pct >= 0 else -self.low_pct
-        if side <= bar_pct or bar_pct <= 0:
+    def requests_to_resolve(self, bar_pct: float) -> int | None:
+        """About how many requests would keep the interval clear of the bar, were the error as it is: the side
+        toward the bar narrowing as one over the root of the requests. ``None`` where it already is clear, where
+        the error itself is within the bar, or where it sits so near the bar's edge that more than
+        :data:`EDGE_FACTOR` times the requests would be needed (no run size settles an error at the edge)."""
+        beyond = abs(self.error_pct) - bar_pct
+        if beyond <= 0 or not self.reaches(bar_pct):
             return None
-        return math.ceil(self.samples * (side / bar_pct) ** 2)
+        side = self.error_pct - self.low_pct if self.error_pct > 0 else self.high_pct - self.error_pct
+        needed = math.ceil(self.samples * (side / beyond) ** 2)
+        return needed if needed <= EDGE_FACTOR * self.samples else None
 
 
-def request_resolution(requests: pd.DataFrame, resamples: int = RESAMPLES, level: float = LEVEL,
-                       seed: int = 0) -> dict[str, Resolution]:
-    """Each figure of :data:`RESOLVED_FIGURES` with its ``level`` interval over ``resamples`` resamples of the
-    completed requests (``abort_reason`` empty) of ``requests`` (a run's ``requests.parquet`` frame); the same
-    ``seed`` draws the same resamples. A latency with fewer than two values has no entry."""
+def _latency_columns(requests: pd.DataFrame, ids: pd.Index) -> np.ndarray:
+    """``[latency, request]`` in ms, aligned to ``ids``, NaN where a request did not complete (or has no TPOT)."""
     done = requests[requests["abort_reason"] == ""]
+    values = np.stack(latencies(done)) * 1e3
+    frame = pd.DataFrame(values.T, index=done["request_id"].to_numpy())
+    if not frame.index.is_unique:
+        raise ResolutionError("a run's requests table has repeated request ids")
+    return frame.reindex(ids).to_numpy().T
+
+
+def _figures(values: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+    """``[draw, statistic]`` figures of ``values`` (one latency, by request) over each draw of request
+    positions (``rows``: ``[draw, request]``; ``None``: the requests as they are, one draw)."""
+    quantiles = [q for _, q in STATISTICS]
+    drawn = values[None, :] if rows is None else values[rows]
+    if not np.isnan(drawn).any():
+        return np.percentile(drawn, quantiles, axis=1).T
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a draw with no completed request: NaN, left out below
+        return np.nanpercentile(drawn, quantiles, axis=1).T
+
+
+def error_intervals(reference: pd.DataFrame, checked: Sequence[pd.DataFrame], resamples: int = RESAMPLES,
+                    level: float = LEVEL, seed: int = 0) -> dict[str, ErrorInterval]:
+    """Each figure of :data:`RESOLVED_FIGURES`: the relative error of ``checked`` (one run's requests table, or
+    several copies', judged by the median of their figures) against ``reference``, with its ``level`` interval
+    over ``resamples`` paired draws of the reference's request ids. The same ``seed`` draws the same requests.
+    A figure some draw leaves without a value (too few completed requests) or the reference has at 0 is left
+    out."""
+    ids = pd.Index(reference["request_id"].to_numpy())
+    if not ids.is_unique:
+        raise ResolutionError("the reference's requests table has repeated request ids")
+    for run in checked:
+        if not pd.Index(run["request_id"].to_numpy()).isin(ids).all():
+            raise ResolutionError("a checked run has requests the reference lacks: not the same workload")
+    columns = [_latency_columns(frame, ids) for frame in (reference, *checked)]
+    n = len(ids)
     rng = np.random.default_rng(seed)
+    rows = rng.integers(0, n, (resamples, n)) if n else np.zeros((resamples, 0), np.int64)
     tails = (100.0 * (1.0 - level) / 2.0, 100.0 * (1.0 + level) / 2.0)
-    out: dict[str, Resolution] = {}
-    for name, seconds in zip(("ttft", "e2el", "tpot"), latencies(done)):
-        values = seconds[~np.isnan(seconds)] * 1e3
-        n = len(values)
-        if n < 2:
-            continue
-        quantiles = [q for _, q in STATISTICS]
-        figures = np.percentile(values, quantiles)
-        drawn = np.empty((resamples, len(quantiles)))
-        chunk = max(1, _CHUNK_VALUES // n)
-        for at in range(0, resamples, chunk):
-            rows = min(chunk, resamples - at)
-            drawn[at:at + rows] = np.percentile(values[rng.integers(0, n, (rows, n))], quantiles, axis=1).T
-        for (stat, _), figure, column in zip(STATISTICS, figures, drawn.T):
-            low, high = np.percentile(column, tails)
-            scale = 100.0 / abs(figure) if figure else 0.0
-            out[f"{stat}_{name}_ms"] = Resolution(f"{stat}_{name}_ms", float(figure), float(min(low - figure, 0.0)
-                                                  * scale), float(max(high - figure, 0.0) * scale), n)
+    out: dict[str, ErrorInterval] = {}
+    for lat_index, lat in enumerate(LATENCIES):
+        whole = [_figures(c[lat_index], None)[0] for c in columns]
+        chunk = max(1, _CHUNK_VALUES // max(n, 1))
+        drawn = [np.concatenate([_figures(c[lat_index], rows[at:at + chunk]) for at in range(0, resamples, chunk)])
+                 for c in columns]
+        ref_whole, run_whole = whole[0], np.median(np.stack(whole[1:]), axis=0)
+        ref_drawn, run_drawn = drawn[0], np.median(np.stack(drawn[1:]), axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            errors = (run_drawn - ref_drawn) / np.abs(ref_drawn) * 100.0
+        for k, (stat, _) in enumerate(STATISTICS):
+            if not ref_whole[k] or np.isnan(ref_whole[k]) or np.isnan(run_whole[k]) \
+                    or not np.isfinite(errors[:, k]).all():
+                continue
+            low, high = np.percentile(errors[:, k], tails)
+            error = (run_whole[k] - ref_whole[k]) / abs(ref_whole[k]) * 100.0
+            # (a skewed spread can leave the error itself outside its percentiles: the interval keeps it)
+            out[f"{stat}_{lat}_ms"] = ErrorInterval(f"{stat}_{lat}_ms", float(error), float(min(low, error)),
+                                                    float(max(high, error)), n)
     return out
