@@ -5,8 +5,9 @@ reference's can hang on which two or three requests the workload happened to dra
 same requests, so the error is resampled pairwise: the workload's requests are drawn with replacement,
 each run's figure is computed over its own completed requests among those drawn (as
 :func:`cdbench.harness.metrics.summarize` computes it), and the relative error of the checked run against
-the reference over 1,000 such draws gives the error's 95 % interval. A checked run of several copies is
-judged by the median of its copies' figures, in each draw as well. The judgement
+the reference over 1,000 such draws (fewer for runs of over 20,000 requests) gives the error's 95 %
+interval. A checked run of several copies is judged by the median of its copies' figures, in each draw as
+well. The judgement
 (:mod:`cdbench.reports.fidelity`) names an error beyond its bar whose interval still reaches into the bar
 *unresolved*: another draw of as many requests could have met the bar, so the runs are too short to show
 the model wrong by more than that (nor right).
@@ -51,6 +52,8 @@ RESOLVED_FIGURES: tuple[str, ...] = tuple(f"{stat}_{lat}_ms" for lat in LATENCIE
 RESAMPLES = 1000
 LEVEL = 0.95
 EDGE_FACTOR = 100  # an error needing more than this many times the run's requests is at the bar's edge
+VALUES_DRAWN = 20_000_000  # a run's latencies drawn at most: a run of more than 20,000 requests takes fewer draws
+MIN_RESAMPLES = 100
 _CHUNK_VALUES = 1 << 21  # resampled values held at once, per run
 
 
@@ -108,11 +111,22 @@ def _figures(values: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
         return np.nanpercentile(drawn, quantiles, axis=1).T
 
 
+def resamples_for(requests: int, resamples: int = RESAMPLES) -> int:
+    """The draws a workload of ``requests`` requests takes: ``resamples``, fewer where they would draw more than
+    :data:`VALUES_DRAWN` values (at least :data:`MIN_RESAMPLES`; a long run's interval is narrow anyway).
+
+    >>> resamples_for(600), resamples_for(100_000), resamples_for(10_000_000)
+    (1000, 200, 100)
+    """
+    return max(MIN_RESAMPLES, min(resamples, VALUES_DRAWN // max(requests, 1)))
+
+
 def error_intervals(reference: pd.DataFrame, checked: Sequence[pd.DataFrame], resamples: int = RESAMPLES,
                     level: float = LEVEL, seed: int = 0) -> dict[str, ErrorInterval]:
     """Each figure of :data:`RESOLVED_FIGURES`: the relative error of ``checked`` (one run's requests table, or
     several copies', judged by the median of their figures) against ``reference``, with its ``level`` interval
-    over ``resamples`` paired draws of the reference's request ids. The same ``seed`` draws the same requests.
+    over ``resamples`` paired draws of the reference's request ids (:func:`resamples_for`: fewer for a long run).
+    The same ``seed`` draws the same requests.
     A figure some draw leaves without a value (too few completed requests) or the reference has at 0 is left
     out."""
     ids = pd.Index(reference["request_id"].to_numpy())
@@ -123,6 +137,7 @@ def error_intervals(reference: pd.DataFrame, checked: Sequence[pd.DataFrame], re
             raise ResolutionError("a checked run has requests the reference lacks: not the same workload")
     columns = [_latency_columns(frame, ids) for frame in (reference, *checked)]
     n = len(ids)
+    resamples = resamples_for(n, resamples)
     rng = np.random.default_rng(seed)
     rows = rng.integers(0, n, (resamples, n)) if n else np.zeros((resamples, 0), np.int64)
     tails = (100.0 * (1.0 - level) / 2.0, 100.0 * (1.0 + level) / 2.0)
