@@ -9,8 +9,10 @@ the reference over 1,000 such draws (fewer for runs of over 20,000 requests) giv
 interval. A checked run of several copies is judged by the median of its copies' figures, in each draw as
 well. The judgement
 (:mod:`cdbench.reports.fidelity`) names an error beyond its bar whose interval still reaches into the bar
-*unresolved*: another draw of as many requests could have met the bar, so the runs are too short to show
-the model wrong by more than that (nor right).
+*unresolved*: the error rests on few enough requests that resampling them carries it back within the bar,
+so the runs are too short to show the model wrong by more than that (nor right). Each request's latency is
+taken as the run gave it; the queue couples requests, so this measures how much the figure hangs on which
+requests it holds, not a rerun with other requests.
 
 Only per-request latency figures (median, p90 and p99 of TTFT, TPOT and E2EL) have an interval: gaps
 between tokens (ITL) are not kept by request, and throughput is one figure of the whole run.
