@@ -15,8 +15,8 @@ other draws of the model's own randomness): it is judged by the median of its
 copies' figures, metric by metric, and the range of the copies' errors is
 reported beside it, so one lucky or unlucky draw neither passes nor fails it.
 
-Given the runs' requests, each per-request latency figure's error carries its 95 % interval over
-paired resamples of the workload's requests (:func:`cdbench.results.resolution.error_intervals`), and
+Given the runs' requests (and steps, for ITL), each latency figure's error carries its 95 % interval over
+paired resamples of the workload's requests (:mod:`cdbench.results.resolution`), and
 an error beyond its bar whose interval still reaches into the bar is *unresolved*: it still fails,
 and the report says the runs are too short to judge it and about how many requests would.
 
@@ -61,7 +61,13 @@ from rich.table import Table
 from cdbench.reports.compare import figure_sections, overlaid_cdfs, summary_only_lines
 from cdbench.reports.gate import GateError, check_tolerance_names, numeric_metrics
 from cdbench.reports.tables import format_value
-from cdbench.results.resolution import RESAMPLES, ErrorInterval, ResolutionError, error_intervals
+from cdbench.results.resolution import (
+    RESAMPLES,
+    ErrorInterval,
+    ResolutionError,
+    error_intervals,
+    itl_error_intervals,
+)
 from cdbench.results.run_folder import WORKLOAD_TRACE_FILE, SavedRun
 
 FIDELITY_METRICS: tuple[str, ...] = (
@@ -281,10 +287,17 @@ def paired_intervals(runs: Mapping[str, SavedRun | Sequence[SavedRun]]) -> dict[
         if not checked or not all(run.has_tables for run in checked):
             continue
         try:
-            out[label] = error_intervals(reference.requests, [run.requests for run in checked])
+            out[label] = {**error_intervals(reference.requests, [run.requests for run in checked]),
+                          **itl_error_intervals(_records(reference), [_records(run) for run in checked])}
         except ResolutionError:
             continue
     return out
+
+
+def _records(run: SavedRun) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float]]:
+    """A run's requests, steps and numeric summary, as :func:`~cdbench.results.resolution.itl_error_intervals`
+    takes them."""
+    return run.requests, run.steps, numeric_metrics(run.summary)
 
 
 # ----------------------------------------------------------------------------- same workload
@@ -466,7 +479,7 @@ def _resolution_lines(result: FidelityResult) -> list[str]:
     if not any(c.interval for c in result.cells):
         return []
     return [f"Unresolved: an error beyond its bar whose 95 % interval over {RESAMPLES:,} paired resamples of the "
-            "workload's requests (per-request latencies only; in `fidelity.csv` for every such figure) reaches "
+            "workload's requests (latencies and ITL; in `fidelity.csv` for every such figure) reaches "
             "into the bar. It fails; the runs are too short to judge it (~N: about the requests that would; at the "
             "bar's edge: an error so near its bar that no run size would)."]
 

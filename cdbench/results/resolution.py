@@ -14,8 +14,12 @@ so the runs are too short to show the model wrong by more than that (nor right).
 taken as the run gave it; the queue couples requests, so this measures how much the figure hangs on which
 requests it holds, not a rerun with other requests.
 
-Only per-request latency figures (median, p90 and p99 of TTFT, TPOT and E2EL) have an interval: gaps
-between tokens (ITL) are not kept by request, and throughput is one figure of the whole run.
+Per-request latency figures (median, p90 and p99 of TTFT, TPOT and E2EL) are resampled as they are. A run
+keeps its gaps between tokens (ITL) in a histogram, not by request, so :func:`itl_error_intervals` rebuilds
+each request's gaps from the step log (a running request's next token comes at the end of each step with
+decode rows) and resamples those, where the rebuilt gaps give the run's own ITL figures within
+:data:`ITL_MATCH` (the histogram's bins are 1.2 % wide); a run whose steps do not rebuild them (ranks whose
+steps interleave) has no ITL interval. Throughput is one figure of the whole run and has none.
 
 Examples
 --------
@@ -38,18 +42,22 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from cdbench.harness.windows import latencies
+from cdbench.results.pack import STEP_QUANTUM_S
 
 STATISTICS: tuple[tuple[str, float], ...] = (("median", 50.0), ("p90", 90.0), ("p99", 99.0))
 LATENCIES: tuple[str, ...] = ("ttft", "e2el", "tpot")  # the order :func:`latencies` returns them in
 RESOLVED_FIGURES: tuple[str, ...] = tuple(f"{stat}_{lat}_ms" for lat in LATENCIES for stat, _ in STATISTICS)
-"""The ``summary.json`` figures whose error a paired request bootstrap resolves."""
+"""The ``summary.json`` figures whose error a paired request bootstrap resolves from the requests table."""
+ITL_FIGURES: tuple[str, ...] = tuple(f"{stat}_itl_ms" for stat, _ in STATISTICS)
+"""The ITL figures, resolved from gaps rebuilt from the step log (:func:`itl_error_intervals`)."""
+ITL_MATCH = 0.02  # rebuilt gaps must give each ITL figure within 2 % of the run's own to be resampled
 
 RESAMPLES = 1000
 LEVEL = 0.95
@@ -162,4 +170,103 @@ def error_intervals(reference: pd.DataFrame, checked: Sequence[pd.DataFrame], re
             # (a skewed spread can leave the error itself outside its percentiles: the interval keeps it)
             out[f"{stat}_{lat}_ms"] = ErrorInterval(f"{stat}_{lat}_ms", float(error), float(min(low, error)),
                                                     float(max(high, error)), n)
+    return out
+
+
+def token_gaps(requests: pd.DataFrame, steps: pd.DataFrame, ids: pd.Index) -> tuple[np.ndarray, np.ndarray]:
+    """Each completed request's gaps between its tokens (ms), rebuilt from the step log, with the request's
+    position in ``ids``: a request's tokens after its first come at the ends of the steps with decode rows
+    that end after its first token and no later than its finish."""
+    decode = steps[steps["decode_rows"] > 0]
+    # at a pack's resolution, so a run read from its folder and from a pack gives the same gaps
+    per_second = round(1 / STEP_QUANTUM_S)
+    start, duration = (np.rint(decode[column].to_numpy(np.float64) / STEP_QUANTUM_S) / per_second
+                       for column in ("start_s", "duration_s"))
+    ends = np.sort(start + duration)
+    done = requests[requests["abort_reason"] == ""]
+    first, finish = done["first_token_s"].to_numpy(), done["finish_s"].to_numpy()
+    keep = ~(np.isnan(first) | np.isnan(finish))
+    first, finish = first[keep], finish[keep]
+    position = ids.get_indexer(done["request_id"].to_numpy()[keep])
+    lo = np.searchsorted(ends, first, side="right")
+    hi = np.searchsorted(ends, finish * (1 + 1e-12) + 1e-12, side="right")  # (a finish is a step's end, rounded)
+    counts = np.maximum(hi - lo, 0)
+    owner = np.repeat(np.arange(len(first)), counts)
+    starts = np.cumsum(counts) - counts
+    times = ends[lo[owner] + np.arange(len(owner)) - starts[owner]]
+    previous = np.empty_like(times)
+    previous[1:] = times[:-1]
+    opens = starts[counts > 0]
+    previous[opens] = first[counts > 0]
+    return (times - previous) * 1e3, position[owner]
+
+
+def _weighted_figures(gaps: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """``[draw, statistic]`` percentiles of sorted ``gaps`` each counted ``weights[draw]`` times, as
+    ``np.percentile`` of that many copies of each would give (linear between order statistics)."""
+    quantiles = np.array([q for _, q in STATISTICS]) / 100.0
+    cumulative = np.cumsum(weights, axis=1)
+    out = np.full((len(weights), len(quantiles)), np.nan)
+    for draw, cum in enumerate(cumulative):
+        total = cum[-1] if len(cum) else 0
+        if total == 0:
+            continue
+        h = (total - 1) * quantiles
+        below = np.floor(h)
+        at = np.searchsorted(cum, np.concatenate([below, np.minimum(below + 1, total - 1)]), side="right")
+        low, high = gaps[at[:len(h)]], gaps[at[len(h):]]
+        out[draw] = low + (h - below) * (high - low)
+    return out
+
+
+def itl_error_intervals(reference: tuple[pd.DataFrame, pd.DataFrame, Mapping[str, float]],
+                        checked: Sequence[tuple[pd.DataFrame, pd.DataFrame, Mapping[str, float]]],
+                        resamples: int = RESAMPLES, level: float = LEVEL, seed: int = 0) -> dict[str, ErrorInterval]:
+    """:data:`ITL_FIGURES` as :func:`error_intervals` gives the per-request figures: each run a (requests, steps,
+    summary) triple, its gaps rebuilt by :func:`token_gaps` and resampled by request, pairwise. Empty where a
+    run's rebuilt gaps miss one of its own ITL figures by more than :data:`ITL_MATCH`, or it has none."""
+    ids = pd.Index(reference[0]["request_id"].to_numpy())
+    if not ids.is_unique:
+        raise ResolutionError("the reference's requests table has repeated request ids")
+    n = len(ids)
+    rebuilt = []
+    for requests, steps, summary in (reference, *checked):
+        if not pd.Index(requests["request_id"].to_numpy()).isin(ids).all():
+            raise ResolutionError("a checked run has requests the reference lacks: not the same workload")
+        gaps, owner = token_gaps(requests, steps, ids)
+        if not len(gaps):
+            return {}
+        whole = np.percentile(gaps, [q for _, q in STATISTICS])
+        for figure, value in zip(ITL_FIGURES, whole):
+            own = summary.get(figure)
+            if own is None or not own or abs(value - own) > ITL_MATCH * abs(own):
+                return {}
+        order = np.argsort(gaps, kind="stable")
+        rebuilt.append((gaps[order], owner[order], whole))
+    resamples = resamples_for(max(n, max(len(g) for g, _, _ in rebuilt)), resamples)
+    rng = np.random.default_rng(seed)
+    draws = np.zeros((resamples, n), np.int64)
+    np.add.at(draws, (np.repeat(np.arange(resamples), n), rng.integers(0, n, resamples * n)), 1)
+    figures = []
+    for gaps, owner, _ in rebuilt:
+        chunk = max(1, _CHUNK_VALUES // len(gaps))
+        figures.append(np.concatenate([_weighted_figures(gaps, draws[at:at + chunk][:, owner])
+                                       for at in range(0, resamples, chunk)]))
+    ref_drawn, run_drawn = figures[0], np.median(np.stack(figures[1:]), axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        errors = (run_drawn - ref_drawn) / np.abs(ref_drawn) * 100.0
+    tails = (100.0 * (1.0 - level) / 2.0, 100.0 * (1.0 + level) / 2.0)
+    out: dict[str, ErrorInterval] = {}
+    own_ref = reference[2]
+    own_run = np.median([[summary[f] for f in ITL_FIGURES] for _, _, summary in checked], axis=0)
+    for k, figure in enumerate(ITL_FIGURES):
+        if not np.isfinite(errors[:, k]).all():
+            continue
+        low, high = np.percentile(errors[:, k], tails)
+        # the judged error is the runs' own (from their histograms); the rebuilt gaps give its spread
+        error = (own_run[k] - own_ref[figure]) / abs(own_ref[figure]) * 100.0
+        rebuilt_error = (np.median([r[2][k] for r in rebuilt[1:]]) - rebuilt[0][2][k]) / abs(rebuilt[0][2][k]) * 100.0
+        shift = error - rebuilt_error
+        out[figure] = ErrorInterval(figure, float(error), float(min(low + shift, error)),
+                                    float(max(high + shift, error)), n)
     return out

@@ -24,7 +24,16 @@ from cdbench.reports.fidelity import (
     write_fidelity,
 )
 from cdbench.reports.gate import GateError
-from cdbench.results.resolution import RESOLVED_FIGURES, ErrorInterval, ResolutionError, error_intervals
+from cdbench.results.resolution import (
+    ITL_FIGURES,
+    RESOLVED_FIGURES,
+    ErrorInterval,
+    ResolutionError,
+    _weighted_figures,
+    error_intervals,
+    itl_error_intervals,
+    token_gaps,
+)
 from cdbench.results.run_folder import SavedRun
 
 REF = {"median_ttft_ms": 20.0, "p99_ttft_ms": 100.0, "request_throughput": 10.0, "mask_share": 0.1}
@@ -358,3 +367,80 @@ def test_the_modules_examples_hold():
     from cdbench.results import resolution
 
     assert doctest.testmod(fidelity).failed == 0 and doctest.testmod(resolution).failed == 0
+
+
+# ----------------------------------------------------------------------------- ITL rebuilt from the steps
+
+
+def _decoding_run(gap_s: float, n: int = 40, tokens: int = 12, slow_every: int = 0, slow_s: float = 0.0):
+    """Requests decoding together from t = 0, one token a step: a step log of equal steps (every
+    ``slow_every``-th one ``slow_s`` long), each request's first token at the first step's end."""
+    durations = np.full(tokens, gap_s)
+    if slow_every:
+        durations[slow_every - 1::slow_every] = slow_s
+    ends = np.cumsum(durations)
+    steps = pd.DataFrame({"start_s": ends - durations, "duration_s": durations, "decode_rows": n})
+    requests = pd.DataFrame({"request_id": np.arange(n), "issued_s": 0.0, "first_token_s": ends[0],
+                             "finish_s": ends[-1], "output_tokens": tokens, "abort_reason": ""})
+    gaps = np.repeat(durations[1:], n) * 1e3
+    summary = {f: float(v) for f, v in zip(ITL_FIGURES, np.percentile(gaps, [50, 90, 99]))}
+    return requests, steps, summary
+
+
+def test_token_gaps_are_rebuilt_from_the_steps_each_request_its_own():
+    requests, steps, _ = _decoding_run(0.01, n=3, tokens=5)
+    requests.loc[2, "first_token_s"] = steps["start_s"][2] + 0.01  # joined two steps late
+    gaps, owner = token_gaps(requests, steps, pd.Index(requests["request_id"]))
+    assert list(np.bincount(owner)) == [4, 4, 2]
+    assert gaps == pytest.approx(np.full(10, 10.0))
+
+
+def test_itl_intervals_pair_the_rebuilt_gaps_and_judge_the_runs_own_error():
+    ref = _decoding_run(0.010, slow_every=4, slow_s=0.05)
+    run = _decoding_run(0.011, slow_every=4, slow_s=0.05)
+    intervals = itl_error_intervals(ref, [run])
+    assert set(intervals) == set(ITL_FIGURES)
+    median = intervals["median_itl_ms"]
+    assert median.error_pct == pytest.approx(10.0) and median.low_pct == pytest.approx(10.0)
+    assert median.high_pct == pytest.approx(10.0)  # every request decodes in the same steps: no spread
+    shifted = itl_error_intervals(ref, [(run[0], run[1], {**run[2], "median_itl_ms": run[2]["median_itl_ms"] * 1.01})])
+    assert shifted["median_itl_ms"].error_pct == pytest.approx(11.1)  # the runs' own figures, not the rebuilt ones
+
+
+def test_itl_intervals_need_gaps_that_give_the_runs_own_figures():
+    ref, run = _decoding_run(0.010), _decoding_run(0.011)
+    assert itl_error_intervals(ref, [(run[0], run[1], {**run[2], "p99_itl_ms": run[2]["p99_itl_ms"] * 1.05})]) == {}
+    assert set(itl_error_intervals(ref, [(run[0], run[1], {**run[2], "p99_itl_ms": run[2]["p99_itl_ms"] * 1.01})]))
+
+
+def test_weighted_figures_are_the_percentiles_of_the_repeated_gaps():
+    rng = np.random.default_rng(3)
+    gaps = np.sort(rng.lognormal(0, 1, 50))
+    weights = rng.integers(0, 4, (5, 50))
+    expected = [np.percentile(np.repeat(gaps, w), [50, 90, 99]) for w in weights]
+    assert _weighted_figures(gaps, weights) == pytest.approx(np.array(expected))
+
+
+def _one_at_a_time(slow: set[int], n: int = 200, tokens: int = 40):
+    """``n`` requests decoding one after another, each alone: 10-ms steps, 80-ms ones for the ``slow`` requests."""
+    frames, steps = [], []
+    for i in range(n):
+        durations = np.full(tokens, 0.08 if i in slow else 0.01)
+        ends = i * 5.0 + np.cumsum(durations)
+        steps.append(pd.DataFrame({"start_s": ends - durations, "duration_s": durations, "decode_rows": 1}))
+        frames.append({"request_id": i, "issued_s": i * 5.0, "first_token_s": ends[0], "finish_s": ends[-1],
+                       "output_tokens": tokens, "abort_reason": ""})
+    requests, log = pd.DataFrame(frames), pd.concat(steps, ignore_index=True)
+    gaps, _ = token_gaps(requests, log, pd.Index(requests["request_id"]))
+    return requests, log, {f: float(v) for f, v in zip(ITL_FIGURES, np.percentile(gaps, [50, 90, 99]))}
+
+
+def test_an_itl_tail_set_by_other_requests_in_each_run_is_not_resolved():
+    # four slow requests of 200 in each run (2 % of the gaps: the p99 sits on them), the same ones or others
+    ref = _one_at_a_time({0, 50, 100, 150})
+    same, other = _one_at_a_time({0, 50, 100, 150}), _one_at_a_time({1, 51, 101, 151})
+    assert ref[2] == other[2]  # the runs' own figures agree either way
+    paired = itl_error_intervals(ref, [same])["p99_itl_ms"]
+    assert (paired.error_pct, paired.low_pct, paired.high_pct) == (0.0, 0.0, 0.0)
+    crossed = itl_error_intervals(ref, [other])["p99_itl_ms"]
+    assert crossed.error_pct == 0.0 and crossed.low_pct < -50.0 and crossed.high_pct > 100.0
