@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +58,7 @@ RESOLVED_FIGURES: tuple[str, ...] = tuple(f"{stat}_{lat}_ms" for lat in LATENCIE
 ITL_FIGURES: tuple[str, ...] = tuple(f"{stat}_itl_ms" for stat, _ in STATISTICS)
 """The ITL figures, resolved from gaps rebuilt from the step log (:func:`itl_error_intervals`)."""
 ITL_MATCH = 0.02  # rebuilt gaps must give each ITL figure within 2 % of the run's own to be resampled
+MAX_GAPS = 20_000_000  # a run of more output tokens gets no ITL interval (its gaps alone would take GBs)
 
 RESAMPLES = 1000
 LEVEL = 0.95
@@ -121,6 +122,16 @@ def _figures(values: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
         return np.nanpercentile(drawn, quantiles, axis=1).T
 
 
+def _drawn_rows(seed: int, n: int, resamples: int) -> Iterator[tuple[int, np.ndarray]]:
+    """The draws of request positions (``[draw, request]``), a chunk of at most :data:`_CHUNK_VALUES` values at a
+    time, with the chunk's first draw's number: each draw from its own stream of ``seed``, so the draws do not
+    depend on the chunks."""
+    chunk = max(1, _CHUNK_VALUES // max(n, 1))
+    for at in range(0, resamples, chunk):
+        draws = range(at, min(at + chunk, resamples))
+        yield at, np.stack([np.random.default_rng([seed, draw]).integers(0, n, n) for draw in draws])
+
+
 def resamples_for(requests: int, resamples: int = RESAMPLES) -> int:
     """The draws a workload of ``requests`` requests takes: ``resamples``, fewer where they would draw more than
     :data:`VALUES_DRAWN` values (at least :data:`MIN_RESAMPLES`; a long run's interval is narrow anyway).
@@ -142,21 +153,22 @@ def error_intervals(reference: pd.DataFrame, checked: Sequence[pd.DataFrame], re
     ids = pd.Index(reference["request_id"].to_numpy())
     if not ids.is_unique:
         raise ResolutionError("the reference's requests table has repeated request ids")
+    if ids.empty:
+        return {}
     for run in checked:
         if not pd.Index(run["request_id"].to_numpy()).isin(ids).all():
             raise ResolutionError("a checked run has requests the reference lacks: not the same workload")
     columns = [_latency_columns(frame, ids) for frame in (reference, *checked)]
     n = len(ids)
     resamples = resamples_for(n, resamples)
-    rng = np.random.default_rng(seed)
-    rows = rng.integers(0, n, (resamples, n)) if n else np.zeros((resamples, 0), np.int64)
     tails = (100.0 * (1.0 - level) / 2.0, 100.0 * (1.0 + level) / 2.0)
     out: dict[str, ErrorInterval] = {}
     for lat_index, lat in enumerate(LATENCIES):
         whole = [_figures(c[lat_index], None)[0] for c in columns]
-        chunk = max(1, _CHUNK_VALUES // max(n, 1))
-        drawn = [np.concatenate([_figures(c[lat_index], rows[at:at + chunk]) for at in range(0, resamples, chunk)])
-                 for c in columns]
+        drawn = [np.empty((resamples, len(STATISTICS))) for _ in columns]
+        for at, rows in _drawn_rows(seed, n, resamples):
+            for figures, c in zip(drawn, columns):
+                figures[at:at + len(rows)] = _figures(c[lat_index], rows)
         ref_whole, run_whole = whole[0], np.median(np.stack(whole[1:]), axis=0)
         ref_drawn, run_drawn = drawn[0], np.median(np.stack(drawn[1:]), axis=0)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -224,13 +236,18 @@ def itl_error_intervals(reference: tuple[pd.DataFrame, pd.DataFrame, Mapping[str
                         resamples: int = RESAMPLES, level: float = LEVEL, seed: int = 0) -> dict[str, ErrorInterval]:
     """:data:`ITL_FIGURES` as :func:`error_intervals` gives the per-request figures: each run a (requests, steps,
     summary) triple, its gaps rebuilt by :func:`token_gaps` and resampled by request, pairwise. Empty where a
-    run's rebuilt gaps miss one of its own ITL figures by more than :data:`ITL_MATCH`, or it has none."""
+    run's rebuilt gaps miss one of its own ITL figures by more than :data:`ITL_MATCH`, where it has none, or
+    where it has more than :data:`MAX_GAPS` output tokens."""
     ids = pd.Index(reference[0]["request_id"].to_numpy())
     if not ids.is_unique:
         raise ResolutionError("the reference's requests table has repeated request ids")
+    if ids.empty:
+        return {}
     n = len(ids)
     rebuilt = []
     for requests, steps, summary in (reference, *checked):
+        if int(requests["output_tokens"].sum()) > MAX_GAPS:
+            return {}
         if not pd.Index(requests["request_id"].to_numpy()).isin(ids).all():
             raise ResolutionError("a checked run has requests the reference lacks: not the same workload")
         gaps, owner = token_gaps(requests, steps, ids)
@@ -244,14 +261,14 @@ def itl_error_intervals(reference: tuple[pd.DataFrame, pd.DataFrame, Mapping[str
         order = np.argsort(gaps, kind="stable")
         rebuilt.append((gaps[order], owner[order], whole))
     resamples = resamples_for(max(n, max(len(g) for g, _, _ in rebuilt)), resamples)
-    rng = np.random.default_rng(seed)
-    draws = np.zeros((resamples, n), np.int64)
-    np.add.at(draws, (np.repeat(np.arange(resamples), n), rng.integers(0, n, resamples * n)), 1)
-    figures = []
-    for gaps, owner, _ in rebuilt:
-        chunk = max(1, _CHUNK_VALUES // len(gaps))
-        figures.append(np.concatenate([_weighted_figures(gaps, draws[at:at + chunk][:, owner])
-                                       for at in range(0, resamples, chunk)]))
+    figures = [np.empty((resamples, len(STATISTICS))) for _ in rebuilt]
+    for at, rows in _drawn_rows(seed, n, resamples):
+        counts = np.zeros((len(rows), n), np.int64)
+        np.add.at(counts, (np.repeat(np.arange(len(rows)), n), rows.ravel()), 1)
+        for drawn, (gaps, owner, _) in zip(figures, rebuilt):
+            step = max(1, _CHUNK_VALUES // len(gaps))
+            for sub in range(0, len(rows), step):
+                drawn[at + sub:at + sub + step] = _weighted_figures(gaps, counts[sub:sub + step][:, owner])
     ref_drawn, run_drawn = figures[0], np.median(np.stack(figures[1:]), axis=0)
     with np.errstate(invalid="ignore", divide="ignore"):
         errors = (run_drawn - ref_drawn) / np.abs(ref_drawn) * 100.0

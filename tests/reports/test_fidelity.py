@@ -444,3 +444,26 @@ def test_an_itl_tail_set_by_other_requests_in_each_run_is_not_resolved():
     assert (paired.error_pct, paired.low_pct, paired.high_pct) == (0.0, 0.0, 0.0)
     crossed = itl_error_intervals(ref, [other])["p99_itl_ms"]
     assert crossed.error_pct == 0.0 and crossed.low_pct < -50.0 and crossed.high_pct > 100.0
+
+
+def test_the_draws_do_not_depend_on_how_they_are_chunked(monkeypatch):
+    from cdbench.results import resolution
+
+    rng = np.random.default_rng(5)
+    ref, run = (_latency_rows(rng.lognormal(-3, 1, 120)) for _ in range(2))
+    slow, other = _one_at_a_time({0, 50}, n=120), _one_at_a_time({1, 51}, n=120)
+    whole = error_intervals(ref, [run], resamples=60), itl_error_intervals(slow, [other], resamples=60)
+    monkeypatch.setattr(resolution, "_CHUNK_VALUES", 500)  # four draws of 120 requests a chunk
+    assert (error_intervals(ref, [run], resamples=60), itl_error_intervals(slow, [other], resamples=60)) == whole
+
+
+def test_no_requests_give_no_intervals_and_too_many_gaps_no_itl_interval(monkeypatch):
+    from cdbench.results import resolution
+
+    empty = _latency_rows([])
+    assert error_intervals(empty, [empty]) == {} and itl_error_intervals((empty, pd.DataFrame(
+        {"start_s": [], "duration_s": [], "decode_rows": []}), {}), []) == {}
+    slow = _one_at_a_time({0}, n=20)
+    assert itl_error_intervals(slow, [slow])
+    monkeypatch.setattr(resolution, "MAX_GAPS", 100)  # 20 requests of 40 tokens
+    assert itl_error_intervals(slow, [slow]) == {}
