@@ -177,7 +177,7 @@ def verdicts(spec: CampaignSpec, frame: pd.DataFrame) -> dict[str, tuple[int, in
             out[comparison.name] = (0, 0, 0, 0, 0)
             continue
         cell_pass = checked.groupby(keys, dropna=False)["verdict"].apply(lambda v: (v == "within").all())
-        unresolved = int((checked["unresolved"] == True).sum()) if "unresolved" in checked else 0  # noqa: E712
+        unresolved = int(checked["unresolved"].eq(True).sum()) if "unresolved" in checked else 0
         out[comparison.name] = (int(cell_pass.sum()), len(cell_pass), int((checked["verdict"] == "within").sum()),
                                 len(checked), unresolved)
     return out
@@ -197,7 +197,7 @@ def write_campaign_report(spec: CampaignSpec, frame: pd.DataFrame, runs: pd.Data
               "the tolerance; bold ✗: beyond the bar (max of tolerance and noise); `(unresolved: low..high, ~N "
               "requests)`: the error's 95 % interval over paired resamples of the workload's requests reaches into "
               "the bar (N: about the requests that would judge it); an arm of several copies is judged by the "
-              "median of its copies' figures, ""`[low..high]` the range of the copies' errors.", ""]
+              "median of its copies' figures, `[low..high]` the range of the copies' errors.", ""]
     finished = int(runs["request_throughput"].notna().sum()) if "request_throughput" in runs else 0
     lines += [f"Runs: {finished} of {len(runs)} planned runs found (one row each in `runs.csv`).", ""]
     counts = verdicts(spec, frame)

@@ -55,6 +55,7 @@ STATISTICS: tuple[tuple[str, float], ...] = (("median", 50.0), ("p90", 90.0), ("
 LATENCIES: tuple[str, ...] = ("ttft", "e2el", "tpot")  # the order :func:`latencies` returns them in
 RESOLVED_FIGURES: tuple[str, ...] = tuple(f"{stat}_{lat}_ms" for lat in LATENCIES for stat, _ in STATISTICS)
 """The ``summary.json`` figures whose error a paired request bootstrap resolves from the requests table."""
+_QUANTILES: tuple[float, ...] = tuple(q for _, q in STATISTICS)
 ITL_FIGURES: tuple[str, ...] = tuple(f"{stat}_itl_ms" for stat, _ in STATISTICS)
 """The ITL figures, resolved from gaps rebuilt from the step log (:func:`itl_error_intervals`)."""
 ITL_MATCH = 0.02  # rebuilt gaps must give each ITL figure within 2 % of the run's own to be resampled
@@ -113,13 +114,12 @@ def _latency_columns(requests: pd.DataFrame, ids: pd.Index) -> np.ndarray:
 def _figures(values: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
     """``[draw, statistic]`` figures of ``values`` (one latency, by request) over each draw of request
     positions (``rows``: ``[draw, request]``; ``None``: the requests as they are, one draw)."""
-    quantiles = [q for _, q in STATISTICS]
     drawn = values[None, :] if rows is None else values[rows]
     if not np.isnan(drawn).any():
-        return np.percentile(drawn, quantiles, axis=1).T
+        return np.percentile(drawn, _QUANTILES, axis=1).T
     with np.errstate(invalid="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a draw with no completed request: NaN, left out below
-        return np.nanpercentile(drawn, quantiles, axis=1).T
+        return np.nanpercentile(drawn, _QUANTILES, axis=1).T
 
 
 def _drawn_rows(seed: int, n: int, resamples: int) -> Iterator[tuple[int, np.ndarray]]:
@@ -130,6 +130,24 @@ def _drawn_rows(seed: int, n: int, resamples: int) -> Iterator[tuple[int, np.nda
     for at in range(0, resamples, chunk):
         draws = range(at, min(at + chunk, resamples))
         yield at, np.stack([np.random.default_rng([seed, draw]).integers(0, n, n) for draw in draws])
+
+
+def _workload_ids(reference: pd.DataFrame, checked: Sequence[pd.DataFrame]) -> pd.Index:
+    """The reference's request ids, refusing a repeated id or a checked run with requests the reference lacks."""
+    ids = pd.Index(reference["request_id"].to_numpy())
+    if not ids.is_unique:
+        raise ResolutionError("the reference's requests table has repeated request ids")
+    for run in checked:
+        if not pd.Index(run["request_id"].to_numpy()).isin(ids).all():
+            raise ResolutionError("a checked run has requests the reference lacks: not the same workload")
+    return ids
+
+
+def _interval(figure: str, error: float, errors: np.ndarray, level: float, samples: int) -> ErrorInterval:
+    """``error`` with the ``level`` interval of its drawn ``errors``, widened to hold ``error`` itself (a skewed
+    spread can leave it outside its percentiles)."""
+    low, high = np.percentile(errors, (100.0 * (1.0 - level) / 2.0, 100.0 * (1.0 + level) / 2.0))
+    return ErrorInterval(figure, float(error), float(min(low, error)), float(max(high, error)), samples)
 
 
 def resamples_for(requests: int, resamples: int = RESAMPLES) -> int:
@@ -150,18 +168,12 @@ def error_intervals(reference: pd.DataFrame, checked: Sequence[pd.DataFrame], re
     The same ``seed`` draws the same requests.
     A figure some draw leaves without a value (too few completed requests) or the reference has at 0 is left
     out."""
-    ids = pd.Index(reference["request_id"].to_numpy())
-    if not ids.is_unique:
-        raise ResolutionError("the reference's requests table has repeated request ids")
+    ids = _workload_ids(reference, checked)
     if ids.empty:
         return {}
-    for run in checked:
-        if not pd.Index(run["request_id"].to_numpy()).isin(ids).all():
-            raise ResolutionError("a checked run has requests the reference lacks: not the same workload")
     columns = [_latency_columns(frame, ids) for frame in (reference, *checked)]
     n = len(ids)
     resamples = resamples_for(n, resamples)
-    tails = (100.0 * (1.0 - level) / 2.0, 100.0 * (1.0 + level) / 2.0)
     out: dict[str, ErrorInterval] = {}
     for lat_index, lat in enumerate(LATENCIES):
         whole = [_figures(c[lat_index], None)[0] for c in columns]
@@ -177,11 +189,8 @@ def error_intervals(reference: pd.DataFrame, checked: Sequence[pd.DataFrame], re
             if not ref_whole[k] or np.isnan(ref_whole[k]) or np.isnan(run_whole[k]) \
                     or not np.isfinite(errors[:, k]).all():
                 continue
-            low, high = np.percentile(errors[:, k], tails)
             error = (run_whole[k] - ref_whole[k]) / abs(ref_whole[k]) * 100.0
-            # (a skewed spread can leave the error itself outside its percentiles: the interval keeps it)
-            out[f"{stat}_{lat}_ms"] = ErrorInterval(f"{stat}_{lat}_ms", float(error), float(min(low, error)),
-                                                    float(max(high, error)), n)
+            out[f"{stat}_{lat}_ms"] = _interval(f"{stat}_{lat}_ms", error, errors[:, k], level, n)
     return out
 
 
@@ -216,7 +225,7 @@ def token_gaps(requests: pd.DataFrame, steps: pd.DataFrame, ids: pd.Index) -> tu
 def _weighted_figures(gaps: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """``[draw, statistic]`` percentiles of sorted ``gaps`` each counted ``weights[draw]`` times, as
     ``np.percentile`` of that many copies of each would give (linear between order statistics)."""
-    quantiles = np.array([q for _, q in STATISTICS]) / 100.0
+    quantiles = np.array(_QUANTILES) / 100.0
     cumulative = np.cumsum(weights, axis=1)
     out = np.full((len(weights), len(quantiles)), np.nan)
     for draw, cum in enumerate(cumulative):
@@ -238,9 +247,7 @@ def itl_error_intervals(reference: tuple[pd.DataFrame, pd.DataFrame, Mapping[str
     summary) triple, its gaps rebuilt by :func:`token_gaps` and resampled by request, pairwise. Empty where a
     run's rebuilt gaps miss one of its own ITL figures by more than :data:`ITL_MATCH`, where it has none, or
     where it has more than :data:`MAX_GAPS` output tokens."""
-    ids = pd.Index(reference[0]["request_id"].to_numpy())
-    if not ids.is_unique:
-        raise ResolutionError("the reference's requests table has repeated request ids")
+    ids = _workload_ids(reference[0], [requests for requests, _, _ in checked])
     if ids.empty:
         return {}
     n = len(ids)
@@ -248,12 +255,10 @@ def itl_error_intervals(reference: tuple[pd.DataFrame, pd.DataFrame, Mapping[str
     for requests, steps, summary in (reference, *checked):
         if int(requests["output_tokens"].sum()) > MAX_GAPS:
             return {}
-        if not pd.Index(requests["request_id"].to_numpy()).isin(ids).all():
-            raise ResolutionError("a checked run has requests the reference lacks: not the same workload")
         gaps, owner = token_gaps(requests, steps, ids)
         if not len(gaps):
             return {}
-        whole = np.percentile(gaps, [q for _, q in STATISTICS])
+        whole = np.percentile(gaps, _QUANTILES)
         for figure, value in zip(ITL_FIGURES, whole):
             own = summary.get(figure)
             if own is None or not own or abs(value - own) > ITL_MATCH * abs(own):
@@ -272,18 +277,14 @@ def itl_error_intervals(reference: tuple[pd.DataFrame, pd.DataFrame, Mapping[str
     ref_drawn, run_drawn = figures[0], np.median(np.stack(figures[1:]), axis=0)
     with np.errstate(invalid="ignore", divide="ignore"):
         errors = (run_drawn - ref_drawn) / np.abs(ref_drawn) * 100.0
-    tails = (100.0 * (1.0 - level) / 2.0, 100.0 * (1.0 + level) / 2.0)
     out: dict[str, ErrorInterval] = {}
     own_ref = reference[2]
     own_run = np.median([[summary[f] for f in ITL_FIGURES] for _, _, summary in checked], axis=0)
     for k, figure in enumerate(ITL_FIGURES):
         if not np.isfinite(errors[:, k]).all():
             continue
-        low, high = np.percentile(errors[:, k], tails)
         # the judged error is the runs' own (from their histograms); the rebuilt gaps give its spread
         error = (own_run[k] - own_ref[figure]) / abs(own_ref[figure]) * 100.0
         rebuilt_error = (np.median([r[2][k] for r in rebuilt[1:]]) - rebuilt[0][2][k]) / abs(rebuilt[0][2][k]) * 100.0
-        shift = error - rebuilt_error
-        out[figure] = ErrorInterval(figure, float(error), float(min(low + shift, error)),
-                                    float(max(high + shift, error)), n)
+        out[figure] = _interval(figure, error, errors[:, k] + (error - rebuilt_error), level, n)
     return out
